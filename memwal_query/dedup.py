@@ -1,0 +1,100 @@
+"""Vectorised last-write-wins: newest row per primary key, and key-set membership.
+
+Rows handed to :func:`newest_per_key` are in ascending (``_gen``, ``_rowaddr``) order per
+region (generations oldest first, then MemTables, rows in write order), and a key lives
+in one region, so the newest version of a key is simply its *last* occurrence: a hash
+aggregation ``max(row index) GROUP BY key``, no sort.
+
+:class:`KeySet` answers "is this base row's key overwritten by a newer source?" for
+whole batches: a dense lookup table for integer keys in a compact range, binary search
+for other integers, a hash-set join for everything else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_IDX = "__memwal_idx"
+_DENSE_LIMIT = 1 << 26
+
+
+def newest_per_key(rows: pa.Table, pk: list[str]) -> pa.Table:
+    """The last row of each key (rows must be oldest-first per key), in input order."""
+    if rows.num_rows == 0:
+        return rows
+    idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    keyed = rows.select(pk).append_column(_IDX, idx)
+    last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
+    if len(last) == rows.num_rows:
+        return rows
+    order = np.sort(last.to_numpy())
+    return rows.take(pa.array(order))
+
+
+def _int_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_temporal(t):
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        return pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False)
+    return None
+
+
+class KeySet:
+    """A set of primary keys with vectorised membership tests.
+
+    Parameters
+    ----------
+    keys : pa.Table
+        Primary-key column(s).
+    """
+
+    def __init__(self, keys: pa.Table) -> None:
+        self.pk = keys.column_names
+        self.size = keys.num_rows
+        self._dense: np.ndarray | None = None
+        self._sorted: np.ndarray | None = None
+        self._table: pa.Table | None = None
+        ints = _int_values(keys.column(0)) if len(self.pk) == 1 and self.size else None
+        if self.size == 0:
+            return
+        if ints is not None:
+            lo, hi = int(ints.min()), int(ints.max())
+            if hi - lo < _DENSE_LIMIT:
+                dense = np.zeros(hi - lo + 1, dtype=bool)
+                dense[ints - lo] = True
+                self._dense, self._lo, self._hi = dense, lo, hi
+            else:
+                self._sorted = np.unique(ints)
+        else:
+            self._table = keys.combine_chunks()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """Boolean mask: which rows of ``keys`` (same columns) are in the set."""
+        n = keys.num_rows
+        if self.size == 0 or n == 0:
+            return np.zeros(n, dtype=bool)
+        if self._dense is not None or self._sorted is not None:
+            v = _int_values(keys.column(0))
+            if self._dense is not None:
+                inside = (v >= self._lo) & (v <= self._hi)
+                out = np.zeros(n, dtype=bool)
+                out[inside] = self._dense[v[inside] - self._lo]
+                return out
+            pos = np.searchsorted(self._sorted, v)
+            pos[pos == len(self._sorted)] = 0
+            return self._sorted[pos] == v
+        if len(self.pk) == 1:
+            return pc.is_in(keys.column(0), value_set=self._table.column(0)).to_numpy(
+                zero_copy_only=False
+            )
+        probe = pa.table({**{k: keys.column(k) for k in self.pk}, _IDX: np.arange(n)})
+        hit = probe.join(self._table, keys=self.pk, join_type="left semi").column(_IDX)
+        out = np.zeros(n, dtype=bool)
+        out[hit.to_numpy()] = True
+        return out

@@ -1,0 +1,104 @@
+"""Every exception memwal_query raises on purpose, in one place.
+
+All inherit from :class:`MemWalError`, so ``except mq.MemWalError`` catches any of them.
+Each message names the file, column, region or value concerned.
+"""
+
+from __future__ import annotations
+
+
+class MemWalError(Exception):
+    """Base class of every error raised by memwal_query."""
+
+
+class StorageError(MemWalError):
+    """An object-store operation failed (I/O error, permission, missing bucket...)."""
+
+
+class AlreadyExistsError(StorageError):
+    """A put-if-not-exists found the object already present."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """An object that must exist does not."""
+
+
+class CorruptFileError(MemWalError):
+    """A file exists but cannot be decoded (truncated, garbage, wrong format).
+
+    Attributes
+    ----------
+    path : str
+        The offending file.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class WalCorruptError(CorruptFileError):
+    """A WAL entry is truncated or unreadable. Nothing is silently skipped."""
+
+
+class ManifestCorruptError(CorruptFileError):
+    """A region manifest version or version hint cannot be decoded."""
+
+
+class FencedError(MemWalError):
+    """This writer's epoch is older than the region's: another writer claimed the region."""
+
+    def __init__(self, region_id: str, local_epoch: int, stored_epoch: int | None) -> None:
+        stored = "unknown" if stored_epoch is None else str(stored_epoch)
+        super().__init__(
+            f"writer of region {region_id} was fenced: local epoch {local_epoch}, "
+            f"stored epoch {stored}"
+        )
+        self.region_id = region_id
+        self.local_epoch = local_epoch
+        self.stored_epoch = stored_epoch
+
+
+class CommitConflictError(MemWalError):
+    """A versioned commit lost a race and ran out of retries."""
+
+
+class TableNotFoundError(MemWalError, FileNotFoundError):
+    """No Lance table at the given URI."""
+
+
+class NotInitializedError(MemWalError):
+    """The base table has no MemWAL index; call ``MemWalTable.initialize`` first."""
+
+
+class AlreadyInitializedError(MemWalError):
+    """The base table already has a MemWAL index."""
+
+
+class SchemaError(MemWalError, ValueError):
+    """Input does not match the table schema (missing/extra column, wrong type...)."""
+
+
+class PrimaryKeyError(SchemaError):
+    """The table has no primary key, or input has a missing/NULL primary-key value."""
+
+
+class RegionSpecError(MemWalError, ValueError):
+    """A region spec or region field is invalid, or cannot be evaluated."""
+
+
+class WrongRegionError(MemWalError, ValueError):
+    """A row's region value belongs to another region than the writer's."""
+
+
+class InvalidPathError(MemWalError, ValueError):
+    """A region id, generation path or name is malformed or escapes its directory."""
+
+
+class WriterClosedError(MemWalError):
+    """The writer was closed (or failed) and accepts no more writes."""
+
+
+class GenerationGoneError(MemWalError):
+    """A flushed generation was garbage collected while a reader still needed it."""

@@ -1,0 +1,167 @@
+"""Table schema helpers: primary keys, input coercion and validation.
+
+The base table declares its (possibly composite) primary key with the Arrow field
+metadata ``lance-schema:unenforced-primary-key: true``. Everything a writer accepts is
+coerced here to the table schema, or rejected with a typed error naming the column,
+before a single byte is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .exceptions import PrimaryKeyError, SchemaError
+
+PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
+TOMBSTONE = "_tombstone"
+GEN_COLUMN = "_gen"
+ROWADDR_COLUMN = "_rowaddr"
+RESERVED_COLUMNS = (TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN, "_rowid", "_distance", "_score")
+
+
+def primary_key_columns(schema: pa.Schema) -> list[str]:
+    """Names of the top-level fields flagged as unenforced primary key, in schema order."""
+    keys = []
+    for f in schema:
+        meta = f.metadata or {}
+        if meta.get(PK_METADATA_KEY, b"").lower() == b"true":
+            keys.append(f.name)
+    return keys
+
+
+def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
+    """Primary-key columns, or PrimaryKeyError naming ``where`` when there are none."""
+    keys = primary_key_columns(schema)
+    if not keys:
+        raise PrimaryKeyError(
+            f"{where}: the table has no primary key; mark the key field(s) with metadata "
+            "'lance-schema:unenforced-primary-key': 'true'"
+        )
+    return keys
+
+
+def strip_metadata(schema: pa.Schema) -> pa.Schema:
+    """The schema without field or schema metadata (for type comparisons)."""
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+
+def to_table(data: Any, what: str = "input") -> pa.Table:
+    """Accept a pyarrow Table / RecordBatch / RecordBatchReader / pandas DataFrame / dict."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    if isinstance(data, dict):
+        return pa.table(data)
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if hasattr(data, "__arrow_c_stream__"):
+        return pa.table(data)
+    raise SchemaError(
+        f"{what}: expected a pyarrow Table, RecordBatch, RecordBatchReader or pandas "
+        f"DataFrame, got {type(data).__name__}"
+    )
+
+
+def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    if column.type == field.type:
+        return column
+    try:
+        return pc.cast(column, field.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaError(
+            f"column {field.name!r}: cannot convert {column.type} to {field.type}: {e}"
+        ) from e
+
+
+def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
+    """Coerce upsert rows to ``schema`` (without ``_tombstone``).
+
+    Unknown columns, missing non-nullable columns, unconvertible types, and missing or
+    NULL primary-key values raise; missing nullable columns become NULL.
+    """
+    table = to_table(data)
+    extra = [n for n in table.column_names if schema.get_field_index(n) < 0]
+    if extra:
+        raise SchemaError(f"column(s) {extra} are not in the table schema {schema.names}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise SchemaError(f"duplicate column names in input: {table.column_names}")
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = _cast_column(table.column(field.name), field)
+        elif field.name in pk:
+            raise PrimaryKeyError(f"primary-key column {field.name!r} is missing from the input")
+        elif field.nullable:
+            col = pa.chunked_array([pa.nulls(table.num_rows, field.type)], field.type)
+        else:
+            raise SchemaError(f"non-nullable column {field.name!r} is missing from the input")
+        if not field.nullable and field.name not in pk and col.null_count:
+            raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
+        columns.append(col)
+    out = pa.Table.from_arrays(columns, schema=schema)
+    check_keys(out, pk)
+    return out
+
+
+def coerce_keys(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
+    """Coerce a delete request (a table with the primary-key columns) to key columns only."""
+    table = to_table(data, "delete keys")
+    missing = [k for k in pk if k not in table.column_names]
+    if missing:
+        raise PrimaryKeyError(f"delete keys are missing primary-key column(s) {missing}")
+    columns = [_cast_column(table.column(k), schema.field(k)) for k in pk]
+    out = pa.Table.from_arrays(columns, schema=pa.schema([schema.field(k) for k in pk]))
+    check_keys(out, pk)
+    return out
+
+
+def check_keys(table: pa.Table, pk: list[str]) -> None:
+    """PrimaryKeyError when any primary-key value is NULL."""
+    for k in pk:
+        nulls = table.column(k).null_count
+        if nulls:
+            raise PrimaryKeyError(f"primary-key column {k!r} has {nulls} NULL value(s)")
+
+
+def with_tombstone(table: pa.Table, tombstone: bool) -> pa.Table:
+    """Append the non-null boolean ``_tombstone`` column."""
+    col = pa.repeat(pa.scalar(tombstone, pa.bool_()), table.num_rows)
+    return table.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), col)
+
+
+def tombstone_rows(keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Full-schema rows for deletes: keys set, other columns NULL, ``_tombstone`` true."""
+    n = keys.num_rows
+    columns = []
+    fields = []
+    for field in schema:
+        if field.name in keys.column_names:
+            columns.append(keys.column(field.name))
+            fields.append(field)
+        else:
+            columns.append(pa.nulls(n, field.type))
+            # Tombstones need NULL non-key columns: relax nullability, as pylance does.
+            fields.append(field.with_nullable(True))
+    table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=schema.metadata))
+    return with_tombstone(table, True)
+
+
+def storage_schema(schema: pa.Schema) -> pa.Schema:
+    """Schema of WAL entries and flushed generations: table columns + ``_tombstone``.
+
+    Non-key columns are nullable so that delete tombstones fit.
+    """
+    pk = set(primary_key_columns(schema))
+    fields = [f if f.name in pk else f.with_nullable(True) for f in schema]
+    fields.append(pa.field(TOMBSTONE, pa.bool_(), nullable=False))
+    return pa.schema(fields, metadata=schema.metadata)

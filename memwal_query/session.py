@@ -1,0 +1,49 @@
+"""Convenience registration of MemWAL tables (and their search functions) in DataFusion."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import datafusion
+
+    from .table import MemWalTable
+    from .writer import RegionWriter
+
+
+def register(
+    ctx: datafusion.SessionContext,
+    name: str,
+    uri: str | os.PathLike | MemWalTable,
+    consistency: str = "eventual",
+    writers: Sequence[RegionWriter] | None = None,
+    meta_columns: bool = False,
+    storage_options: dict[str, str] | None = None,
+) -> MemWalTable:
+    """Register the MemWAL table at ``uri`` as ``name`` in ``ctx``; return the table.
+
+    Eventual consistency by default (region snapshots of the MemWAL index, falling back
+    to the region manifests while no snapshot has been written); pass
+    ``consistency="strong"`` and ``writers=`` for read-your-writes.
+    """
+    from .table import MemWalTable
+
+    table = uri if isinstance(uri, MemWalTable) else MemWalTable.open(uri, storage_options)
+    provider = table.provider(consistency=consistency, writers=writers, meta_columns=meta_columns)
+    ctx.register_table(name, provider)
+    _registered(ctx)[name] = table
+    return table
+
+
+def _registered(ctx: Any) -> dict[str, MemWalTable]:
+    """Tables registered through :func:`register` on ``ctx`` (for the search functions)."""
+    registry = getattr(ctx, "_memwal_tables", None)
+    if registry is None:
+        registry = {}
+        try:
+            ctx._memwal_tables = registry
+        except AttributeError:  # pragma: no cover - slots
+            pass
+    return registry

@@ -1,0 +1,161 @@
+"""Region snapshots in the MemWAL index (read by ``eventual`` consistency).
+
+One row per region with the spec's schema (``region_id`` as ``fixed_size_binary(16)``,
+the manifest fields, ``flushed_generations`` as ``list<struct<generation, path>>`` and
+one ``region_field_{field_id}`` column per region field), serialized as a Lance file:
+inline in ``MemWalIndexDetails.inline_snapshots`` up to :data:`INLINE_THRESHOLD`
+regions, else at ``_indices/{index uuid}/index.lance`` (a new index uuid per refresh, so
+a file is never overwritten while readers use it).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid as uuid_mod
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from . import paths
+from ._proto import memwal_pb2 as pb
+from .exceptions import CorruptFileError
+from .index import MemWalIndex, commit_details
+from .io import join
+
+if TYPE_CHECKING:
+    from .table import MemWalTable
+
+INLINE_THRESHOLD = 100
+SNAPSHOT_FILE = "index.lance"
+
+_GEN_STRUCT = pa.struct([pa.field("generation", pa.uint64()), pa.field("path", pa.string())])
+BASE_FIELDS = [
+    pa.field("region_id", pa.binary(16)),
+    pa.field("version", pa.uint64()),
+    pa.field("region_spec_id", pa.uint32()),
+    pa.field("writer_epoch", pa.uint64()),
+    pa.field("replay_after_wal_entry_position", pa.uint64()),
+    pa.field("wal_entry_position_last_seen", pa.uint64()),
+    pa.field("current_generation", pa.uint64()),
+    pa.field("flushed_generations", pa.list_(_GEN_STRUCT)),
+]
+
+States = dict[str, tuple[Any, list[tuple[int, str]]]]
+
+
+def snapshot_table(table: MemWalTable) -> pa.Table:
+    """Build the region snapshot table from the current region manifests."""
+    spec = table.region_spec
+    field_ids = [f.field_id for f in spec.fields] if spec else []
+    rows: dict[str, list] = {f.name: [] for f in BASE_FIELDS}
+    region_cols: dict[str, list] = {fid: [] for fid in field_ids}
+    for region_id in table.region_ids():
+        m = table.region_manifest(region_id)
+        if m is None:
+            continue
+        rows["region_id"].append(paths.region_id_to_bytes(region_id))
+        rows["version"].append(m.version)
+        rows["region_spec_id"].append(m.region_spec_id)
+        rows["writer_epoch"].append(m.writer_epoch)
+        rows["replay_after_wal_entry_position"].append(m.replay_after_wal_entry_position)
+        rows["wal_entry_position_last_seen"].append(m.wal_entry_position_last_seen)
+        rows["current_generation"].append(m.current_generation)
+        rows["flushed_generations"].append(
+            [{"generation": g.generation, "path": g.path} for g in m.flushed_generations]
+        )
+        known = table.region_values(region_id)
+        values = known[1] if known and spec and known[0] == spec.spec_id else {}
+        for fid in field_ids:
+            region_cols[fid].append(values.get(fid))
+    arrays = [pa.array(rows[f.name], f.type) for f in BASE_FIELDS]
+    fields = list(BASE_FIELDS)
+    for fid in field_ids:
+        arr = pa.array(region_cols[fid]) if region_cols[fid] else pa.array([], pa.null())
+        if pa.types.is_null(arr.type):
+            arr = arr.cast(pa.string())
+        arrays.append(arr)
+        fields.append(pa.field(f"region_field_{fid}", arr.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _to_lance_bytes(t: pa.Table) -> bytes:
+    from lance.file import LanceFileWriter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, SNAPSHOT_FILE)
+        writer = LanceFileWriter(path, t.schema)
+        writer.write_batch(t)
+        writer.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _from_lance_bytes(data: bytes, where: str) -> pa.Table:
+    from lance.file import LanceFileReader
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, SNAPSHOT_FILE)
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            return LanceFileReader(path).read_all().to_table()
+        except Exception as e:  # noqa: BLE001
+            raise CorruptFileError(where, f"cannot read region snapshots: {e}") from e
+
+
+def refresh(table: MemWalTable, max_retries: int = 10) -> MemWalIndex:
+    """Write fresh region snapshots into the MemWAL index (one base-table commit)."""
+    last_error: Exception | None = None
+    for _ in range(max_retries):
+        index = table.index()
+        ds = table.dataset()
+        snap = snapshot_table(table)
+        details = pb.MemWalIndexDetails()
+        details.CopyFrom(index.details)
+        details.snapshot_ts_millis = int(time.time() * 1000)
+        details.num_regions = snap.num_rows
+        data = _to_lance_bytes(snap)
+        new_uuid = str(uuid_mod.uuid4())
+        if snap.num_rows <= INLINE_THRESHOLD:
+            details.inline_snapshots = data
+        else:
+            details.ClearField("inline_snapshots")
+            table.io.write(join(table.uri, "_indices", new_uuid, SNAPSHOT_FILE), data)
+        try:
+            commit_details(ds, details, index, new_uuid=new_uuid)
+            return table.index()
+        except OSError as e:  # Lance raises OSError on commit conflicts
+            last_error = e
+            continue
+    raise RuntimeError(f"{table.uri}: could not refresh snapshots: {last_error}")
+
+
+def read_snapshots(table: MemWalTable, index: MemWalIndex) -> States | None:
+    """Region states from the index snapshots, or None when none was ever written."""
+    d = index.details
+    if d.HasField("inline_snapshots"):
+        snap = _from_lance_bytes(d.inline_snapshots, f"{table.uri} (inline snapshots)")
+    elif d.num_regions > 0:
+        path = join(table.uri, "_indices", index.uuid, SNAPSHOT_FILE)
+        snap = _from_lance_bytes(table.io.read(path), path)
+    else:
+        return None
+    spec = table.region_spec
+    states: States = {}
+    cols = snap.to_pydict()
+    for i in range(snap.num_rows):
+        region_id = paths.region_id_from_bytes(cols["region_id"][i])
+        spec_id = cols["region_spec_id"][i]
+        values = None
+        if spec is not None and spec_id == spec.spec_id:
+            values = (
+                spec_id,
+                {f.field_id: cols[f"region_field_{f.field_id}"][i] for f in spec.fields},
+            )
+        gens = [(g["generation"], g["path"]) for g in cols["flushed_generations"][i]]
+        for _, p in gens:
+            paths.validate_generation_dir(p)
+        states[region_id] = (values, gens)
+    return states

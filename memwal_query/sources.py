@@ -1,0 +1,301 @@
+"""Collecting the sources of an LSM read: base table, flushed generations, MemTables.
+
+:func:`resolve` returns a :class:`ReadPlan` for one point in time:
+
+- the base table (generation 0) at its latest version, and the MemWAL index of that
+  version, whose ``merged_generations`` say which flushed generations are already in
+  it: those are not read again (a merged generation still listed produces no
+  duplicates, and a garbage-collected one is never needed);
+- per region, the flushed generations above the merged one, newest last, from the
+  region manifests (``strong``) or the region snapshots of the MemWAL index
+  (``eventual``; see :mod:`memwal_query.snapshots`);
+- the MemTables of the writers handed in (read-your-writes).
+
+Regions whose region value cannot satisfy the query's predicates are pruned.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+
+from . import paths
+from .exceptions import GenerationGoneError, MemWalError
+from .index import MemWalIndex
+from .memtable import MemTableSnapshot
+from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+
+if TYPE_CHECKING:
+    from .table import MemWalTable
+    from .writer import RegionWriter
+
+CONSISTENCY_MODES = ("strong", "eventual")
+
+
+@dataclass(frozen=True)
+class GenerationRef:
+    """A flushed generation to read.
+
+    Attributes
+    ----------
+    region_id : str
+    generation : int
+    uri : str
+        Directory of the generation's Lance table.
+    """
+
+    region_id: str
+    generation: int
+    uri: str
+
+
+@dataclass
+class RegionView:
+    """What one region contributes to a read."""
+
+    region_id: str
+    values: dict[str, Any] | None
+    merged_generation: int
+    generations: list[GenerationRef] = field(default_factory=list)
+    memtables: list[MemTableSnapshot] = field(default_factory=list)
+
+
+@dataclass
+class ReadPlan:
+    """The sources of one LSM read.
+
+    Attributes
+    ----------
+    base : lance.LanceDataset
+        The base table version read.
+    index : MemWalIndex
+        The MemWAL index of that version.
+    regions : list[RegionView]
+        Regions read (after pruning).
+    pruned : list[str]
+        Region ids skipped by region pruning.
+    consistency : str
+        ``"strong"`` or ``"eventual"``.
+    """
+
+    base: lance.LanceDataset
+    index: MemWalIndex
+    regions: list[RegionView]
+    pruned: list[str]
+    consistency: str
+
+    @property
+    def generations(self) -> list[GenerationRef]:
+        """All flushed generations read, region by region, oldest first."""
+        return [g for r in self.regions for g in r.generations]
+
+    def describe(self) -> str:
+        """Human-readable summary (what EXPLAIN-style debugging shows)."""
+        lines = [
+            f"MemWalScan: consistency={self.consistency} base_version={self.base.version} "
+            f"regions={len(self.regions)} pruned={len(self.pruned)}"
+        ]
+        for r in self.regions:
+            gens = ",".join(str(g.generation) for g in r.generations) or "-"
+            mems = ",".join(f"{m.generation}({m.num_rows} rows)" for m in r.memtables) or "-"
+            lines.append(
+                f"  region {r.region_id} values={r.values} merged<={r.merged_generation} "
+                f"generations=[{gens}] memtables=[{mems}]"
+            )
+        for rid in self.pruned:
+            lines.append(f"  pruned region {rid}")
+        return "\n".join(lines)
+
+
+def resolve(
+    table: MemWalTable,
+    consistency: str = "strong",
+    writers: Sequence[RegionWriter] | None = None,
+    predicates: list[tuple[str, str, Any]] | None = None,
+) -> ReadPlan:
+    """Collect the sources to read now (see module docs)."""
+    if consistency not in CONSISTENCY_MODES:
+        raise MemWalError(f"consistency must be one of {CONSISTENCY_MODES}, got {consistency!r}")
+    base = table.dataset()
+    index = table.index()
+    merged = index.merged_generations()
+    spec = table.region_spec
+    regions: list[RegionView] = []
+    pruned: list[str] = []
+
+    if consistency == "eventual":
+        from .snapshots import read_snapshots
+
+        states = read_snapshots(table, index)
+        if states is None:  # no snapshot written yet: fall back to the manifests
+            states = _manifest_states(table)
+    else:
+        states = _manifest_states(table)
+
+    mem_by_region: dict[str, list[MemTableSnapshot]] = {}
+    for w in writers or ():
+        if w.table.uri != table.uri:
+            raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
+        mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
+        if w.region_id not in states:
+            states[w.region_id] = (table.region_values(w.region_id), [])
+
+    for region_id, (values, flushed) in sorted(states.items()):
+        if predicates and spec is not None and values is not None:
+            spec_id, region_values = values
+            if spec_id == spec.spec_id and not spec.may_match(
+                region_values, predicates, table.lance_schema
+            ):
+                pruned.append(region_id)
+                continue
+        merged_gen = merged.get(region_id, 0)
+        view = RegionView(
+            region_id=region_id,
+            values=values[1] if values else None,
+            merged_generation=merged_gen,
+        )
+        for gen, gen_dir in flushed:
+            if gen <= merged_gen:
+                continue
+            view.generations.append(
+                GenerationRef(region_id, gen, paths.generation_path(table.uri, region_id, gen_dir))
+            )
+        view.generations.sort(key=lambda g: g.generation)
+        max_flushed = view.generations[-1].generation if view.generations else merged_gen
+        for m in sorted(mem_by_region.get(region_id, []), key=lambda m: m.generation):
+            # A MemTable sealed and flushed after we listed the manifest is read from
+            # memory; one already listed as flushed is not read twice.
+            if m.generation > max_flushed and m.generation > merged_gen:
+                view.memtables.append(m)
+        if view.generations or view.memtables:
+            regions.append(view)
+    return ReadPlan(base, index, regions, pruned, consistency)
+
+
+def _manifest_states(table: MemWalTable) -> dict[str, tuple[Any, list[tuple[int, str]]]]:
+    states = {}
+    for region_id in table.region_ids():
+        manifest = table.region_manifest(region_id)
+        if manifest is None:
+            continue
+        states[region_id] = (
+            table.region_values(region_id),
+            [(g.generation, g.path) for g in manifest.flushed_generations],
+        )
+    return states
+
+
+# -- reading flushed generations ---------------------------------------------------------
+class _GenerationCache:
+    """Process-wide LRU of decoded generation tables (generations are immutable)."""
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, uri: str) -> pa.Table | None:
+        with self._lock:
+            t = self._items.get(uri)
+            if t is not None:
+                self._items.move_to_end(uri)
+            return t
+
+    def put(self, uri: str, table: pa.Table) -> None:
+        with self._lock:
+            if uri in self._items:
+                return
+            self._items[uri] = table
+            self._bytes += table.nbytes
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= old.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+GENERATION_CACHE = _GenerationCache()
+
+
+def read_generation(ref: GenerationRef, schema: pa.Schema, storage_options=None) -> pa.Table:
+    """All rows of a flushed generation with ``_gen`` and ``_rowaddr``, in write order.
+
+    Conformed to ``schema`` + ``_tombstone`` (columns added to the base table after the
+    generation was written read as NULL). Raises GenerationGoneError when missing.
+    """
+    cached = GENERATION_CACHE.get(ref.uri)
+    if cached is None:
+        try:
+            ds = lance.dataset(ref.uri, storage_options=storage_options or None)
+            raw = ds.to_table(with_row_address=True)
+        except (ValueError, OSError, FileNotFoundError) as e:
+            raise GenerationGoneError(
+                f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
+                f"gone or unreadable: {e}"
+            ) from e
+        cached = _with_gen(raw, ref.generation)
+        GENERATION_CACHE.put(ref.uri, cached)
+    return conform(cached, schema)
+
+
+def _with_gen(raw: pa.Table, generation: int) -> pa.Table:
+    rowaddr = raw.column(ROWADDR_COLUMN)
+    raw = raw.drop_columns([ROWADDR_COLUMN])
+    gen = pa.repeat(pa.scalar(generation, pa.uint64()), raw.num_rows)
+    return raw.append_column(GEN_COLUMN, gen).append_column(ROWADDR_COLUMN, rowaddr)
+
+
+def memtable_rows(m: MemTableSnapshot) -> pa.Table:
+    """Rows of a MemTable snapshot with ``_gen`` and ``_rowaddr`` (= row index)."""
+    t = m.to_table()
+    gen = pa.repeat(pa.scalar(m.generation, pa.uint64()), t.num_rows)
+    addr = pa.array(range(t.num_rows), pa.uint64())
+    return t.append_column(GEN_COLUMN, gen).append_column(ROWADDR_COLUMN, addr)
+
+
+def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select/cast ``t`` to ``schema`` + ``_tombstone``/``_gen``/``_rowaddr``; missing = NULL."""
+    fields = list(schema) + [
+        pa.field(TOMBSTONE, pa.bool_()),
+        pa.field(GEN_COLUMN, pa.uint64()),
+        pa.field(ROWADDR_COLUMN, pa.uint64()),
+    ]
+    if t.schema.names == [f.name for f in fields] and all(
+        t.schema.field(i).type == f.type for i, f in enumerate(fields)
+    ):
+        return t
+    cols = []
+    for f in fields:
+        if f.name in t.column_names:
+            c = t.column(f.name)
+            cols.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+    return pa.Table.from_arrays(cols, names=[f.name for f in fields])
+
+
+def newer_rows(plan: ReadPlan, schema: pa.Schema, storage_options=None) -> pa.Table:
+    """Every row of the plan's generations and MemTables, oldest first per region."""
+    parts: list[pa.Table] = []
+    for region in plan.regions:
+        for ref in region.generations:
+            parts.append(read_generation(ref, schema, storage_options))
+        for m in region.memtables:
+            parts.append(conform(memtable_rows(m), schema))
+    if not parts:
+        return _empty(schema)
+    return pa.concat_tables(parts)
+
+
+def _empty(schema: pa.Schema) -> pa.Table:
+    return conform(schema.empty_table(), schema)

@@ -1,0 +1,500 @@
+"""MemWalTable: a Lance base table plus its MemWAL regions.
+
+Entry point of the library::
+
+    t = MemWalTable.initialize(uri, region_spec=bucket_spec(...))   # once
+    t = MemWalTable.open(uri)
+    with t.writer(region_values={"bucket": 3}) as w:
+        w.put(rows)
+
+Finding a region from its value
+-------------------------------
+With a region spec, the id of the region holding region value ``v`` is *derived* from
+``(spec_id, v)``: the first 16 bytes of ``sha256("memwal-region/{spec_id}/{v}")`` with
+the UUID version-4 and variant bits set (:func:`region_id_for`). Two writers for the same
+value therefore always compute the same region id, and the region manifest's
+put-if-not-exists + epoch fencing decides which of them owns it: two regions for one
+value can never be created. The region's values are also written next to its manifest
+in ``_mem_wal/{region}/region.json`` (memwal_query's own sidecar, ignored by pylance)
+so strong-consistency readers can prune regions without the MemWAL index snapshot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import json
+import os
+import uuid as uuid_mod
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import index as mwindex
+from . import paths
+from .exceptions import (
+    AlreadyExistsError,
+    AlreadyInitializedError,
+    InvalidPathError,
+    NotInitializedError,
+    RegionSpecError,
+    TableNotFoundError,
+)
+from .io import FileIO, file_io_for, join, normalize_uri
+from .manifest import RegionManifest, RegionManifestStore
+from .schema import coerce_rows, require_primary_key
+from .writer import RegionWriter
+
+if TYPE_CHECKING:
+    from .provider import MemWalDataset
+    from .regionspec import RegionSpec
+
+REGION_SIDECAR = "region.json"
+
+
+def _canonical(value: Any) -> str:
+    """Type-tagged canonical text of a region value (same value -> same text)."""
+    if value is None:
+        return "n"
+    if isinstance(value, bool):
+        return f"i:{int(value)}"
+    if isinstance(value, int):
+        return f"i:{value}"
+    if isinstance(value, float):
+        return f"i:{int(value)}" if value.is_integer() else f"f:{value!r}"
+    if isinstance(value, decimal.Decimal):
+        return f"d:{value.normalize()}"
+    if isinstance(value, str):
+        return "s:" + value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "b:" + bytes(value).hex()
+    if isinstance(value, dt.datetime):
+        return "t:" + value.isoformat()
+    if isinstance(value, dt.date):
+        return "D:" + value.isoformat()
+    return "r:" + repr(value)
+
+
+def region_id_for(spec_id: int, values: dict[str, Any]) -> str:
+    """Deterministic region id (UUID v4 layout) of a region value under a spec."""
+    text = f"memwal-region/{spec_id}/" + json.dumps(
+        [[k, _canonical(values[k])] for k in sorted(values)], ensure_ascii=False
+    )
+    digest = hashlib.sha256(text.encode()).digest()[:16]
+    return str(uuid_mod.UUID(bytes=digest, version=4))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return {"$bytes": bytes(value).hex()}
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    return value
+
+
+def _from_jsonable(value: Any) -> Any:
+    if isinstance(value, dict) and len(value) == 1:
+        ((k, v),) = value.items()
+        if k == "$bytes":
+            return bytes.fromhex(v)
+        if k == "$datetime":
+            return dt.datetime.fromisoformat(v)
+        if k == "$date":
+            return dt.date.fromisoformat(v)
+        if k == "$decimal":
+            return decimal.Decimal(v)
+    return value
+
+
+class MemWalTable:
+    """A Lance base table with a MemWAL index: streaming upserts through regions.
+
+    Use :meth:`initialize` once on an existing Lance dataset with a primary key, then
+    :meth:`open`. Not thread-safe for :meth:`write` from several threads; writers are.
+
+    Parameters
+    ----------
+    uri : str
+        Base table URI (local path or ``file://``).
+    storage_options : dict, optional
+        Passed to Lance and to the object-store layer.
+    """
+
+    def __init__(self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None):
+        self.uri = normalize_uri(uri)
+        self.storage_options = dict(storage_options or {})
+        self.io: FileIO = file_io_for(self.uri, self.storage_options)
+        self._dataset = _open_dataset(self.uri, self.storage_options)
+        index = mwindex.read_index(self.io, self._dataset)
+        if index is None:
+            raise NotInitializedError(
+                f"{self.uri}: the table has no MemWAL index; call MemWalTable.initialize"
+            )
+        self._index = index
+        self.schema: pa.Schema = self._dataset.schema
+        self.primary_key: list[str] = require_primary_key(self.schema, self.uri)
+        self.lance_schema = self._dataset.lance_schema
+        self._writers: dict[str, RegionWriter] = {}
+        self._writer_options: dict[str, Any] = {}
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def initialize(
+        cls,
+        uri: str | os.PathLike,
+        region_spec: RegionSpec | None = None,
+        maintained_indexes: Iterable[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> MemWalTable:
+        """Write the MemWAL index into an existing Lance table and open it.
+
+        Parameters
+        ----------
+        uri : str
+            The base table; it must have a primary key.
+        region_spec : RegionSpec, optional
+            How rows map to regions (spec ids must be positive). None: regions are
+            created by hand with :meth:`writer`.
+        maintained_indexes : list of str, optional
+            Names of base-table indexes to build for every flushed generation too.
+
+        Raises
+        ------
+        TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError
+        """
+        norm = normalize_uri(uri)
+        options = dict(storage_options or {})
+        io = file_io_for(norm, options)
+        ds = _open_dataset(norm, options)
+        require_primary_key(ds.schema, norm)
+        if mwindex.read_index(io, ds) is not None:
+            raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
+        specs = []
+        if region_spec is not None:
+            if region_spec.spec_id <= 0:
+                raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
+            _check_spec_sources(region_spec, ds.lance_schema, norm)
+            specs.append(region_spec.to_proto())
+        names = list(maintained_indexes or [])
+        existing = {i["name"] for i in ds.list_indices()}
+        missing = [n for n in names if n not in existing]
+        if missing:
+            raise NotInitializedError(
+                f"{norm}: maintained index(es) {missing} do not exist on the base table "
+                f"(existing: {sorted(existing)})"
+            )
+        mwindex.commit_details(ds, mwindex.new_details(specs, names), None)
+        return cls(norm, options)
+
+    @classmethod
+    def open(
+        cls, uri: str | os.PathLike, storage_options: dict[str, str] | None = None
+    ) -> MemWalTable:
+        """Open an initialized table."""
+        return cls(uri, storage_options)
+
+    # -- base table and index ----------------------------------------------------------
+    def dataset(self, version: int | None = None) -> lance.LanceDataset:
+        """The base Lance dataset (latest version unless ``version`` is given)."""
+        if version is not None:
+            return lance.dataset(self.uri, version=version, storage_options=self.storage_options)
+        self._dataset = self._dataset.checkout_version(self._dataset.latest_version)
+        return self._dataset
+
+    def index(self) -> mwindex.MemWalIndex:
+        """The MemWAL index of the latest base-table version."""
+        idx = mwindex.read_index(self.io, self.dataset())
+        if idx is None:
+            raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
+        self._index = idx
+        return idx
+
+    @property
+    def region_spec(self) -> RegionSpec | None:
+        """The current region spec (highest spec id), or None."""
+        specs = self._index.details.region_specs
+        if not specs:
+            return None
+        from .regionspec import RegionSpec
+
+        return RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
+
+    @property
+    def maintained_indexes(self) -> list[str]:
+        """Base-table index names also built for flushed generations."""
+        return list(self._index.details.maintained_indexes)
+
+    # -- regions -----------------------------------------------------------------------
+    def region_ids(self) -> list[str]:
+        """Ids of every region that has a directory under ``_mem_wal/``."""
+        out = []
+        for name in self.io.list(paths.mem_wal_root(self.uri)):
+            try:
+                out.append(paths.validate_region_id(name))
+            except InvalidPathError:
+                continue
+        return out
+
+    def region_manifest(self, region_id: str) -> RegionManifest | None:
+        """Newest manifest of a region (None when it has none)."""
+        return RegionManifestStore(self.io, self.uri, region_id).load_latest()
+
+    def region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
+        """``(spec_id, {field_id: value})`` recorded for a region, or None."""
+        path = join(paths.region_dir(self.uri, region_id), REGION_SIDECAR)
+        try:
+            data = json.loads(self.io.read(path))
+        except Exception:  # noqa: BLE001 - missing/corrupt sidecar: no pruning
+            return None
+        return int(data["region_spec_id"]), {
+            k: _from_jsonable(v) for k, v in data["values"].items()
+        }
+
+    def region_id_for(self, values: dict[str, Any]) -> str:
+        """Region id of a region value under the current spec (see module docs)."""
+        spec = self.region_spec
+        if spec is None:
+            raise RegionSpecError(f"{self.uri}: the table has no region spec")
+        wanted = {f.field_id for f in spec.fields}
+        if set(values) != wanted:
+            raise RegionSpecError(
+                f"region values must name exactly the spec's fields {sorted(wanted)}, "
+                f"got {sorted(values)}"
+            )
+        return region_id_for(spec.spec_id, values)
+
+    def writer(
+        self,
+        region_id: str | None = None,
+        *,
+        region_values: dict[str, Any] | None = None,
+        durable: bool = True,
+        **options: Any,
+    ) -> RegionWriter:
+        """Claim a region and return its writer (fencing any previous writer).
+
+        Parameters
+        ----------
+        region_id : str, optional
+            Region to write. None with ``region_values``: the region of that value under
+            the spec; None without a spec: a new manual region (random UUID).
+        region_values : dict, optional
+            ``{field_id: value}`` of the region; rows of other regions are rejected.
+        durable : bool
+            See :class:`RegionWriter`.
+        **options
+            ``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_buffer_bytes``,
+            ``wal_flush_interval``.
+        """
+        spec = self.region_spec
+        spec_id = 0
+        if region_values is not None:
+            if spec is None:
+                raise RegionSpecError(f"{self.uri}: region_values given but no region spec")
+            derived = self.region_id_for(region_values)
+            if region_id is not None and paths.validate_region_id(region_id) != derived:
+                raise RegionSpecError(
+                    f"region {region_id} is not the region of values {region_values} ({derived})"
+                )
+            region_id = derived
+            spec_id = spec.spec_id
+            self._write_sidecar(region_id, spec_id, region_values)
+        elif region_id is None:
+            if spec is not None:
+                raise RegionSpecError(
+                    f"{self.uri}: the table has a region spec; pass region_values "
+                    "(or use MemWalTable.write to route rows)"
+                )
+            region_id = str(uuid_mod.uuid4())
+        else:
+            known = self.region_values(region_id)
+            if known is not None:
+                spec_id, region_values = known
+        return RegionWriter(
+            self,
+            region_id,
+            durable=durable,
+            region_values=region_values,
+            region_spec_id=spec_id,
+            **options,
+        )
+
+    def _write_sidecar(self, region_id: str, spec_id: int, values: dict[str, Any]) -> None:
+        path = join(paths.region_dir(self.uri, region_id), REGION_SIDECAR)
+        body = {"region_spec_id": spec_id, "values": {k: _jsonable(v) for k, v in values.items()}}
+        try:
+            self.io.put_if_not_exists(path, json.dumps(body, sort_keys=True).encode())
+        except AlreadyExistsError:
+            pass
+
+    def refresh_snapshots(self) -> mwindex.MemWalIndex:
+        """Write the current region states as snapshots into the MemWAL index."""
+        from .snapshots import refresh
+
+        idx = refresh(self)
+        self._index = idx
+        return idx
+
+    # -- background work ---------------------------------------------------------------
+    def merge(
+        self, region_id: str | None = None, max_generations: int | None = None
+    ) -> list[tuple[str, int]]:
+        """Merge flushed generations into the base table; ``[(region_id, generation)]``.
+
+        See :mod:`memwal_query.merger` for the ordering and atomicity guarantees.
+        """
+        from .merger import merge
+
+        return [(r.region_id, r.generation) for r in merge(self, region_id, max_generations)]
+
+    # -- reading -----------------------------------------------------------------------
+    def provider(
+        self,
+        consistency: str = "strong",
+        writers: Sequence[RegionWriter] | None = None,
+        meta_columns: bool = False,
+    ) -> MemWalDataset:
+        """A deduplicated view to register in DataFusion (``ctx.register_table``).
+
+        Parameters
+        ----------
+        consistency : str
+            ``"strong"``: region manifests (+ ``writers``' MemTables);
+            ``"eventual"``: region snapshots of the MemWAL index.
+        writers : list of RegionWriter, optional
+            Writers whose unflushed rows are read too (read-your-writes). Defaults to
+            the writers opened by :meth:`write` on this object.
+        meta_columns : bool
+            Expose ``_gen`` and ``_rowaddr``.
+        """
+        from .provider import MemWalDataset
+
+        if writers is None:
+            writers = list(self._writers.values())
+        return MemWalDataset(self, consistency, writers, meta_columns)
+
+    def to_table(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: Any = None,
+        consistency: str = "strong",
+        writers: Sequence[RegionWriter] | None = None,
+    ) -> pa.Table:
+        """The deduplicated table (newest row per key) as a pyarrow Table.
+
+        ``filter`` is a ``pyarrow.compute.Expression`` evaluated on the newest version.
+        """
+        return self.provider(consistency, writers).to_table(columns=columns, filter=filter)
+
+    def count_rows(self, consistency: str = "strong", writers=None) -> int:
+        """Number of live rows in the deduplicated view."""
+        return self.provider(consistency, writers).count_rows()
+
+    # -- routing writes ----------------------------------------------------------------
+    def configure_writers(self, **options: Any) -> None:
+        """Options (``durable``, ``max_memtable_rows``...) for writers opened by write()."""
+        self._writer_options = dict(options)
+
+    def write(self, data: Any) -> dict[str, int]:
+        """Route rows to their regions by the region spec and put them.
+
+        One writer per region is opened on first use and kept for later calls (close
+        them with :meth:`close`). Returns ``{region_id: rows written}``. Without a region
+        spec, all rows go to one manual region owned by this table object.
+        """
+        rows = coerce_rows(data, self.schema, self.primary_key)
+        spec = self.region_spec
+        if spec is None:
+            w = self._writers.get("")
+            if w is None:
+                w = self._writers[""] = self.writer(**self._writer_options)
+            w.put(rows)
+            return {w.region_id: rows.num_rows}
+        written: dict[str, int] = {}
+        for values, part in split_by_region(spec, rows, self.lance_schema):
+            region_id = self.region_id_for(values)
+            w = self._writers.get(region_id)
+            if w is None:
+                w = self._writers[region_id] = self.writer(
+                    region_values=values, **self._writer_options
+                )
+            w._put_routed(part)
+            written[region_id] = written.get(region_id, 0) + part.num_rows
+        return written
+
+    def writers(self) -> list[RegionWriter]:
+        """Writers opened by :meth:`write`."""
+        return list(self._writers.values())
+
+    def flush(self) -> dict[str, int | None]:
+        """Flush every writer opened by :meth:`write`; ``{region_id: generation}``."""
+        return {w.region_id: w.flush() for w in self._writers.values()}
+
+    def close(self, flush: bool = True) -> None:
+        """Close the writers opened by :meth:`write`."""
+        writers, self._writers = self._writers, {}
+        for w in writers.values():
+            w.close(flush=flush)
+
+    def __enter__(self) -> MemWalTable:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(flush=exc[0] is None)
+
+    def __repr__(self) -> str:
+        return f"MemWalTable({self.uri!r}, primary_key={self.primary_key})"
+
+
+def split_by_region(
+    spec: RegionSpec, rows: pa.Table, lance_schema: Any
+) -> list[tuple[dict[str, Any], pa.Table]]:
+    """Split ``rows`` by region value: ``[(values, rows_of_that_region), ...]``."""
+    if rows.num_rows == 0:
+        return []
+    values = pa.Table.from_batches([spec.evaluate(rows, lance_schema)])
+    field_ids = values.column_names
+    keyed = values.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+    # NULL region values form their own group, as they form their own region.
+    groups = keyed.group_by(field_ids, use_threads=False).aggregate([("__row", "list")])
+    out = []
+    for i in range(groups.num_rows):
+        region = {f: groups.column(f)[i].as_py() for f in field_ids}
+        idx = groups.column("__row_list")[i].values
+        out.append((region, rows.take(pc.cast(idx, pa.int64()))))
+    return out
+
+
+def _field_ids(lance_schema: Any) -> set[int]:
+    ids: set[int] = set()
+    stack = list(lance_schema.fields())
+    while stack:
+        f = stack.pop()
+        ids.add(f.id())
+        stack.extend(f.children())
+    return ids
+
+
+def _check_spec_sources(spec: RegionSpec, lance_schema: Any, uri: str) -> None:
+    known = _field_ids(lance_schema)
+    for f in spec.fields:
+        missing = [i for i in f.source_ids if i not in known]
+        if missing:
+            raise RegionSpecError(
+                f"{uri}: region field {f.field_id!r} refers to unknown field id(s) {missing}"
+            )
+
+
+def _open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDataset:
+    try:
+        return lance.dataset(uri, storage_options=storage_options or None)
+    except (ValueError, OSError, RuntimeError) as e:
+        raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e

@@ -1,0 +1,504 @@
+"""RegionWriter: durable puts and deletes into one region's WAL and MemTable.
+
+Life of a write
+---------------
+1. ``put``/``delete`` coerce the input to the table schema (typed errors, nothing
+   written on failure) and check that every row belongs to this writer's region.
+2. Durable mode (default): the rows join a queue; one caller at a time becomes the
+   *leader*, takes everything queued (group commit), writes it as ONE WAL entry with
+   put-if-not-exists (fsync'd on local disk), appends it to the MemTable and wakes the
+   others. ``put`` returns only once its rows are in the WAL.
+   Non-durable mode: rows go to the MemTable at once and to the WAL when the buffer
+   passes ``max_wal_buffer_bytes``, every ``wal_flush_interval`` seconds, or on
+   ``sync()``.
+3. When the MemTable passes ``max_memtable_rows``/``max_memtable_bytes`` (or on
+   ``flush()``) it is *sealed*: swapped for an empty one under the lock (the only time
+   puts wait), and flushed in a background thread as generation ``i`` (see
+   :mod:`memwal_query.flush`). Then the region manifest is updated, fenced by epoch.
+
+Recovery: opening a writer claims the region (epoch + 1) and replays WAL entries after
+``replay_after_wal_entry_position`` into the MemTable before accepting writes. A WAL
+entry found at the writer's next position that was written by an older (fenced) writer
+is adopted, not lost (spec, Appendix 1); one by a newer writer fences this one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import paths
+from .exceptions import (
+    AlreadyExistsError,
+    FencedError,
+    MemWalError,
+    WriterClosedError,
+    WrongRegionError,
+)
+from .manifest import RegionManifest, RegionManifestStore
+from .memtable import MemTable, MemTableSnapshot
+from .schema import coerce_keys, coerce_rows, storage_schema, tombstone_rows, with_tombstone
+from .wal import Wal, encode_entry
+
+if TYPE_CHECKING:
+    from .table import MemWalTable
+
+DEFAULT_MAX_MEMTABLE_ROWS = 100_000
+DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_WAL_BUFFER_BYTES = 8 * 1024 * 1024
+DEFAULT_WAL_FLUSH_INTERVAL = 0.1
+
+
+@dataclass
+class _Request:
+    rows: pa.Table
+    done: bool = False
+    error: BaseException | None = None
+
+
+@dataclass
+class WriterStats:
+    """Counters of one writer (all since it was opened)."""
+
+    put_rows: int = 0
+    delete_rows: int = 0
+    wal_entries: int = 0
+    wal_bytes: int = 0
+    replayed_entries: int = 0
+    replayed_rows: int = 0
+    adopted_entries: int = 0
+    memtable_flushes: int = 0
+    flushed_rows: int = 0
+    flush_seconds: float = 0.0
+    flushed_generations: list[int] = field(default_factory=list)
+
+
+class RegionWriter:
+    """The single writer of one region. Obtain one with :meth:`MemWalTable.writer`.
+
+    Parameters
+    ----------
+    table : MemWalTable
+        The table.
+    region_id : str
+        Region UUID.
+    durable : bool
+        ``True``: ``put``/``delete`` return once the rows are in a WAL entry.
+    max_memtable_rows, max_memtable_bytes : int
+        Seal and flush the MemTable when it passes either limit.
+    max_wal_buffer_bytes : int
+        Non-durable mode: write a WAL entry when this many bytes are buffered.
+    wal_flush_interval : float
+        Non-durable mode: write buffered rows to the WAL at least this often (seconds).
+    region_values : dict, optional
+        Region field values of this region (``{field_id: value}``); rows whose region
+        value differs are rejected with :class:`WrongRegionError`.
+    region_spec_id : int
+        Spec id recorded when the region is created (0: manual region).
+    """
+
+    def __init__(
+        self,
+        table: MemWalTable,
+        region_id: str,
+        *,
+        durable: bool = True,
+        max_memtable_rows: int = DEFAULT_MAX_MEMTABLE_ROWS,
+        max_memtable_bytes: int = DEFAULT_MAX_MEMTABLE_BYTES,
+        max_wal_buffer_bytes: int = DEFAULT_MAX_WAL_BUFFER_BYTES,
+        wal_flush_interval: float = DEFAULT_WAL_FLUSH_INTERVAL,
+        region_values: dict[str, Any] | None = None,
+        region_spec_id: int = 0,
+    ) -> None:
+        self.table = table
+        self.region_id = paths.validate_region_id(region_id)
+        self.durable = durable
+        self.max_memtable_rows = max_memtable_rows
+        self.max_memtable_bytes = max_memtable_bytes
+        self.max_wal_buffer_bytes = max_wal_buffer_bytes
+        self.wal_flush_interval = wal_flush_interval
+        self.region_values = dict(region_values) if region_values else None
+        self.stats = WriterStats()
+
+        self._schema = table.schema
+        self._pk = table.primary_key
+        self._storage_schema = storage_schema(self._schema)
+        self._store = RegionManifestStore(table.io, table.uri, self.region_id)
+        self._wal = Wal(table.io, paths.wal_dir(table.uri, self.region_id), self.region_id)
+
+        self._cond = threading.Condition()
+        self._wal_busy = False
+        self._pending: list[_Request] = []
+        self._unsynced: list[pa.Table] = []
+        self._unsynced_bytes = 0
+        self._sealed: list[MemTable] = []
+        self._flush_futures: list[Future] = []
+        self._flush_error: BaseException | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
+
+        manifest = self._store.claim(region_spec_id)
+        self.epoch = manifest.writer_epoch
+        self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
+        self._next_wal_position = manifest.replay_after_wal_entry_position + 1
+        self._replay(manifest)
+
+        self._ticker: threading.Thread | None = None
+        if not durable:
+            self._ticker = threading.Thread(
+                target=self._tick, name=f"memwal-wal-{region_id[:8]}", daemon=True
+            )
+            self._ticker.start()
+
+    # -- recovery --------------------------------------------------------------------
+    def _conform(self, table: pa.Table) -> pa.Table:
+        """Conform a WAL entry to the current storage schema (added columns -> NULL)."""
+        if table.schema.equals(self._storage_schema, check_metadata=False):
+            return table.replace_schema_metadata(None).cast(self._storage_schema)
+        columns = []
+        for f in self._storage_schema:
+            if f.name in table.column_names:
+                columns.append(table.column(f.name).cast(f.type))
+            else:
+                columns.append(pa.nulls(table.num_rows, f.type))
+        return pa.Table.from_arrays(columns, schema=self._storage_schema)
+
+    def _replay(self, manifest: RegionManifest) -> None:
+        for entry in self._wal.replay(manifest.replay_after_wal_entry_position, self.epoch):
+            self._active.append(self._conform(entry.table), entry.position)
+            self._next_wal_position = entry.position + 1
+            self.stats.replayed_entries += 1
+            self.stats.replayed_rows += entry.table.num_rows
+
+    # -- public API ------------------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        """Generation number of the active MemTable."""
+        return self._active.generation
+
+    def put(self, data: Any) -> None:
+        """Upsert rows (full rows; missing nullable columns become NULL).
+
+        Accepts a pyarrow Table / RecordBatch / RecordBatchReader or pandas DataFrame.
+        Raises SchemaError / PrimaryKeyError / WrongRegionError without writing anything.
+        """
+        rows = coerce_rows(data, self._schema, self._pk)
+        self._check_region(rows)
+        self._write(with_tombstone(rows, False).cast(self._storage_schema))
+        self.stats.put_rows += rows.num_rows
+
+    def _put_routed(self, rows: pa.Table) -> None:
+        """Put rows already coerced and routed to this region (used by table.write)."""
+        self._write(with_tombstone(rows, False).cast(self._storage_schema))
+        self.stats.put_rows += rows.num_rows
+
+    def delete(self, keys: Any) -> None:
+        """Delete rows by primary key (a table holding the primary-key column(s))."""
+        key_table = coerce_keys(keys, self._schema, self._pk)
+        self._check_region(key_table)
+        self._write(tombstone_rows(key_table, self._schema).cast(self._storage_schema))
+        self.stats.delete_rows += key_table.num_rows
+
+    def sync(self) -> None:
+        """Write every buffered row to the WAL now (non-durable mode); no-op otherwise."""
+        self._check_open()
+        with self._wal_token():
+            self._sync_locked_token()
+
+    def flush(self) -> int | None:
+        """Seal the MemTable and flush it (and any earlier sealed one) as generations.
+
+        Returns the newest flushed generation number, or None when there was nothing to
+        flush. Raises the flush error, if any (FencedError when fenced).
+        """
+        self._check_open()
+        self._seal(force=True)
+        return self._wait_flushes()
+
+    def close(self, flush: bool = True) -> None:
+        """Close the writer; with ``flush=True`` (default) flush the MemTable first.
+
+        With ``flush=False`` unflushed rows stay in the WAL (durable) and the next
+        writer of the region replays them.
+        """
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                if flush:
+                    self.flush()
+                else:
+                    self.sync()
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=True)
+            with self._cond:
+                self._cond.notify_all()
+
+    def __enter__(self) -> RegionWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close(flush=False)
+            except MemWalError:
+                pass
+
+    def memtables(self) -> list[MemTableSnapshot]:
+        """Snapshots of the unflushed MemTables (sealed ones first, then the active one).
+
+        Readers use these for read-your-writes; rows are visible once acknowledged.
+        """
+        with self._cond:
+            tables = [m.snapshot() for m in self._sealed]
+            tables.append(self._active.snapshot())
+        return [t for t in tables if t.batches]
+
+    def manifest(self) -> RegionManifest:
+        """The region's newest manifest (re-read from storage)."""
+        latest = self._store.load_latest()
+        assert latest is not None
+        return latest
+
+    @property
+    def unflushed_rows(self) -> int:
+        """Rows in the active and sealed MemTables."""
+        with self._cond:
+            return self._active.num_rows + sum(m.num_rows for m in self._sealed)
+
+    # -- internals -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise WriterClosedError(
+                f"writer of region {self.region_id} failed earlier: {self._failed}"
+            ) from self._failed
+        if self._closed:
+            raise WriterClosedError(f"writer of region {self.region_id} is closed")
+
+    def _check_region(self, rows: pa.Table) -> None:
+        if self.region_values is None or self.table.region_spec is None or rows.num_rows == 0:
+            return
+        values = self.table.region_spec.evaluate(rows, self.table.lance_schema)
+        for field_id, expected in self.region_values.items():
+            col = values.column(field_id)
+            scalar = pa.scalar(expected, type=col.type) if expected is not None else None
+            if scalar is None:
+                bad = pc.is_valid(col)
+            else:
+                bad = pc.invert(pc.fill_null(pc.equal(col, scalar), False))
+            n_bad = pc.sum(bad.cast(pa.int64())).as_py() or 0
+            if n_bad:
+                idx = pc.index(bad, True).as_py()
+                raise WrongRegionError(
+                    f"{n_bad} row(s) belong to another region than {self.region_id} "
+                    f"({field_id}={expected!r}); first: row {idx} has "
+                    f"{field_id}={col[idx].as_py()!r}"
+                )
+
+    @contextmanager
+    def _wal_token(self) -> Iterator[None]:
+        """Exclusive right to write the WAL and swap MemTables (held briefly)."""
+        with self._cond:
+            while self._wal_busy:
+                self._cond.wait()
+            self._wal_busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._wal_busy = False
+                self._cond.notify_all()
+
+    def _append_wal(self, rows: pa.Table) -> int:
+        """Write ``rows`` as the next WAL entry (caller holds the WAL token)."""
+        while True:
+            position = self._next_wal_position
+            data = encode_entry(rows, self.epoch, self._active.generation)
+            try:
+                self._wal.write_encoded(position, data)
+            except AlreadyExistsError:
+                # Someone wrote this position: adopt a fenced writer's entry, or give up.
+                entry = self._wal.read(position)
+                if entry.writer_epoch >= self.epoch:
+                    err = FencedError(self.region_id, self.epoch, entry.writer_epoch)
+                    self._failed = err
+                    raise err from None
+                with self._cond:
+                    self._active.append(self._conform(entry.table), position)
+                self._next_wal_position = position + 1
+                self.stats.adopted_entries += 1
+                continue
+            self._next_wal_position = position + 1
+            self.stats.wal_entries += 1
+            self.stats.wal_bytes += len(data)
+            return position
+
+    def _write(self, rows: pa.Table) -> None:
+        self._check_open()
+        if rows.num_rows == 0:
+            return
+        if self.durable:
+            self._durable_write(rows)
+        else:
+            with self._cond:
+                self._active.append(rows, None)
+                self._unsynced.append(rows)
+                self._unsynced_bytes += rows.nbytes
+                over = self._unsynced_bytes >= self.max_wal_buffer_bytes
+            if over:
+                self.sync()
+        self._seal(force=False)
+
+    def _durable_write(self, rows: pa.Table) -> None:
+        req = _Request(rows)
+        with self._cond:
+            self._pending.append(req)
+            while not req.done and self._wal_busy:
+                self._cond.wait()
+            if req.done:
+                if req.error is not None:
+                    raise req.error
+                return
+            self._wal_busy = True  # leader
+            group, self._pending = self._pending, []
+        error: BaseException | None = None
+        try:
+            table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
+            position = self._append_wal(table)
+            with self._cond:
+                self._active.append(table, position)
+        except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
+            error = e
+        with self._cond:
+            for r in group:
+                r.done = True
+                r.error = error
+            self._wal_busy = False
+            self._cond.notify_all()
+        if error is not None:
+            raise error
+
+    def _sync_locked_token(self) -> None:
+        """Write unsynced rows as one WAL entry (caller holds the WAL token)."""
+        with self._cond:
+            rows, self._unsynced = self._unsynced, []
+            self._unsynced_bytes = 0
+        if not rows:
+            return
+        position = self._append_wal(pa.concat_tables(rows))
+        with self._cond:
+            self._active.last_wal_position = position
+            if self._active.first_wal_position is None:
+                self._active.first_wal_position = position
+
+    def _tick(self) -> None:
+        while not self._closed and self._failed is None:
+            time.sleep(self.wal_flush_interval)
+            if self._unsynced and not self._closed:
+                try:
+                    self.sync()
+                except MemWalError:
+                    return
+
+    def _seal(self, force: bool) -> None:
+        """Swap the active MemTable for a new one and schedule its flush."""
+        active = self._active
+        if not force and (
+            active.num_rows < self.max_memtable_rows and active.nbytes < self.max_memtable_bytes
+        ):
+            return
+        with self._wal_token():
+            while True:
+                self._sync_locked_token()
+                with self._cond:
+                    if self._unsynced:
+                        continue  # rows arrived while syncing: they belong to this MemTable
+                    self._swap_locked(force)
+                    return
+
+    def _swap_locked(self, force: bool) -> None:
+        """Seal the active MemTable (caller holds the WAL token and the condition)."""
+        active = self._active
+        if active.num_rows == 0:
+            return
+        if not force and (
+            active.num_rows < self.max_memtable_rows and active.nbytes < self.max_memtable_bytes
+        ):
+            return
+        self._sealed.append(active)
+        self._active = MemTable(self.region_id, active.generation + 1, self._storage_schema)
+        self._flush_futures.append(self._executor.submit(self._flush_sealed))
+
+    def _flush_sealed(self) -> int | None:
+        """Flush the oldest sealed MemTable (runs on the flush thread, in order)."""
+        from .flush import write_generation
+
+        with self._cond:
+            if not self._sealed:
+                return None
+            memtable = self._sealed[0]
+        started = time.perf_counter()
+        try:
+            gen_dir = paths.new_generation_dir(memtable.generation)
+            flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
+
+            def update(current: RegionManifest) -> RegionManifest:
+                if current.current_generation != memtable.generation:
+                    raise MemWalError(
+                        f"region {self.region_id}: manifest expects generation "
+                        f"{current.current_generation}, flushing {memtable.generation}"
+                    )
+                return current.replace(
+                    flushed_generations=current.flushed_generations + (flushed,),
+                    current_generation=memtable.generation + 1,
+                    replay_after_wal_entry_position=memtable.last_wal_position
+                    or current.replay_after_wal_entry_position,
+                    wal_entry_position_last_seen=max(
+                        current.wal_entry_position_last_seen, self._next_wal_position - 1
+                    ),
+                )
+
+            self._store.commit_update(self.epoch, update)
+        except FencedError as e:
+            self._failed = e
+            raise
+        with self._cond:
+            self._sealed.pop(0)
+        self.stats.memtable_flushes += 1
+        self.stats.flushed_rows += memtable.num_rows
+        self.stats.flush_seconds += time.perf_counter() - started
+        self.stats.flushed_generations.append(memtable.generation)
+        return memtable.generation
+
+    def _wait_flushes(self) -> int | None:
+        with self._cond:
+            futures, self._flush_futures = self._flush_futures, []
+        last: int | None = None
+        error: BaseException | None = None
+        for f in futures:
+            try:
+                gen = f.result()
+                if gen is not None:
+                    last = gen
+            except BaseException as e:  # noqa: BLE001
+                error = error or e
+        if error is not None:
+            # Sealed MemTables that failed stay queued; a later flush() retries them.
+            if self._failed is None:
+                with self._cond:
+                    for _ in self._sealed:
+                        self._flush_futures.append(self._executor.submit(self._flush_sealed))
+            raise error
+        return last

@@ -1,0 +1,83 @@
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from memwal_query.exceptions import FencedError, WalCorruptError
+from memwal_query.io import LocalFileIO
+from memwal_query.schema import with_tombstone
+from memwal_query.wal import Wal
+
+
+def rows(ids):
+    return with_tombstone(pa.table({"id": pa.array(ids, pa.int64())}), False)
+
+
+@pytest.fixture
+def wal(tmp_path):
+    return Wal(LocalFileIO(), str(tmp_path / "wal"), str(uuid.uuid4()))
+
+
+def test_append_and_replay_in_order(wal):
+    for pos in range(1, 6):
+        wal.append(pos, rows([pos * 10, pos * 10 + 1]), writer_epoch=1, generation=1)
+    entries = list(wal.replay(after=2, current_epoch=1))
+    assert [e.position for e in entries] == [3, 4, 5]
+    assert entries[0].table.column("id").to_pylist() == [30, 31]
+    assert entries[0].writer_epoch == 1 and entries[0].generation == 1
+    assert wal.last_position() == 5
+
+
+def test_replay_across_two_writers_epochs(wal):
+    wal.append(1, rows([1]), writer_epoch=6, generation=1)
+    wal.append(2, rows([2]), writer_epoch=6, generation=1)
+    wal.append(3, rows([3]), writer_epoch=7, generation=1)
+    entries = list(wal.replay(after=0, current_epoch=7))
+    assert [e.writer_epoch for e in entries] == [6, 6, 7]
+    # A writer with epoch 6 replaying finds a newer writer's entry: it is fenced.
+    with pytest.raises(FencedError):
+        list(wal.replay(after=0, current_epoch=6))
+
+
+def test_position_taken_means_fenced(wal):
+    wal.append(1, rows([1]), writer_epoch=1, generation=1)
+    with pytest.raises(FencedError):
+        wal.append(1, rows([2]), writer_epoch=2, generation=1)
+    assert wal.read(1).table.column("id").to_pylist() == [1]
+
+
+def test_truncated_entry_every_byte_of_last_64(wal):
+    wal.append(1, rows(list(range(50))), writer_epoch=1, generation=1)
+    path = wal.path(1)
+    io = LocalFileIO()
+    data = io.read(path)
+    for cut in range(1, 65):
+        io.write(path, data[:-cut])
+        with pytest.raises(WalCorruptError) as e:
+            list(wal.replay(after=0, current_epoch=1))
+        assert path in str(e.value)
+    io.write(path, data)
+    assert len(list(wal.replay(after=0, current_epoch=1))) == 1
+
+
+def test_garbage_entry(wal):
+    LocalFileIO().write(wal.path(1), b"garbage" * 10 + b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    with pytest.raises(WalCorruptError):
+        wal.read(1)
+
+
+def test_native_entry_format_is_read(tmp_path):
+    """An entry as pylance writes it (no num_rows key) replays."""
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("_tombstone", pa.bool_(), nullable=False)],
+        metadata={"writer_epoch": "3", "generation": "2"},
+    )
+    t = pa.table({"id": [5], "_tombstone": [True]}, schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as w:
+        w.write_table(t)
+    w = Wal(LocalFileIO(), str(tmp_path), str(uuid.uuid4()))
+    LocalFileIO().write(w.path(1), sink.getvalue().to_pybytes())
+    (entry,) = list(w.replay(0, 3))
+    assert (entry.writer_epoch, entry.generation) == (3, 2)
+    assert entry.table.column("_tombstone").to_pylist() == [True]
