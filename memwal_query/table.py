@@ -184,7 +184,7 @@ class MemWalTable:
             _check_spec_sources(region_spec, ds.lance_schema, norm)
             specs.append(region_spec.to_proto())
         names = list(maintained_indexes or [])
-        existing = {i["name"] for i in ds.list_indices()}
+        existing = {i.name for i in ds.describe_indices()}
         missing = [n for n in names if n not in existing]
         if missing:
             raise NotInitializedError(

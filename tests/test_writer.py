@@ -1,0 +1,280 @@
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_query as mq
+from memwal_query import bloom, paths
+from memwal_query.wal import Wal
+
+from helpers import BASIC_SCHEMA, basic_rows
+
+
+def tree(path: str) -> dict[str, bytes]:
+    """Every file under ``path`` with its bytes (to prove nothing changed)."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            p = os.path.join(root, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, path)] = fh.read()
+    return out
+
+
+def live(t: mq.MemWalTable, writers=None) -> dict[int, tuple]:
+    rows = t.to_table(writers=writers).to_pylist()
+    return {r["id"]: (r["val"], r["name"]) for r in rows}
+
+
+def test_put_delete_flush_round_trip(table):
+    w = table.writer()
+    w.put(basic_rows([1, 2, 200], val=[10.0, 20.0, 2000.0]))
+    w.delete(pa.table({"id": [2, 3]}))
+    w.put(basic_rows([1], val=[11.0]))
+    assert live(table, [w])[1] == (11.0, "n1")
+    assert 2 not in live(table, [w]) and 3 not in live(table, [w])
+    gen = w.flush()
+    assert gen == 1
+    m = w.manifest()
+    assert m.current_generation == 2
+    assert [g.generation for g in m.flushed_generations] == [1]
+    assert m.flushed_generations[0].num_rows == 6
+    assert m.replay_after_wal_entry_position == 3  # three WAL entries, positions 1..3
+    gen_dir = paths.generation_path(table.uri, w.region_id, m.flushed_generations[0].path)
+    ds = lance.dataset(gen_dir)
+    got = ds.to_table(with_row_address=True)
+    assert got.column("id").to_pylist() == [1, 2, 200, 2, 3, 1]  # write order
+    assert got.column("_tombstone").to_pylist() == [False, False, False, True, True, False]
+    assert got.column("_rowaddr").to_pylist() == list(range(6))
+    assert [i.name for i in ds.describe_indices()]  # primary-key BTREE index
+    bf = bloom.BloomFilter.from_bytes(open(os.path.join(gen_dir, "bloom_filter.bin"), "rb").read())
+    assert bf.might_contain(pa.table({"id": pa.array([1, 2, 3, 200], pa.int64())})).all()
+    # Without the writer (flushed data only) the view is the same.
+    w.close()
+    view = live(table)
+    assert view[1] == (11.0, "n1") and view[200] == (2000.0, "n200")
+    assert 2 not in view and 3 not in view and len(view) == 99
+
+
+def test_group_commit_from_threads(table):
+    w = table.writer()
+    n_threads, per_thread = 8, 40
+    errors = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(per_thread):
+                k = 1000 + t * per_thread + i
+                w.put(basic_rows([k]))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    total = n_threads * per_thread
+    assert w.stats.put_rows == total
+    # Concurrent puts shared WAL entries (group commit) ...
+    assert w.stats.wal_entries < total
+    # ... and every acknowledged row is in the WAL exactly once.
+    wal = Wal(table.io, paths.wal_dir(table.uri, w.region_id), w.region_id)
+    ids = [i for e in wal.replay(0, w.epoch) for i in e.table.column("id").to_pylist()]
+    assert sorted(ids) == list(range(1000, 1000 + total))
+    w.close()
+    assert len(live(table)) == 100 + total
+
+
+def test_recovery_replays_unflushed_wal(table):
+    w = table.writer()
+    w.put(basic_rows([500, 501]))
+    w.flush()
+    w.put(basic_rows([502]))
+    w.delete(pa.table({"id": [500]}))
+    w.close(flush=False)
+    w2 = table.writer(w.region_id)
+    assert w2.stats.replayed_entries == 2
+    assert w2.generation == 2
+    view = live(table, [w2])
+    assert 502 in view and 500 not in view and 501 in view
+    w2.flush()
+    w2.close()
+    view = live(table)
+    assert 502 in view and 500 not in view and 501 in view
+
+
+def test_two_writers_one_region_fencing(table):
+    a = table.writer()
+    a.put(basic_rows([700]))
+    b = table.writer(a.region_id)  # claims the region: epoch + 1, replays a's entry
+    assert b.epoch == a.epoch + 1
+    b.put(basic_rows([701]))
+    with pytest.raises(mq.FencedError):
+        a.put(basic_rows([702]))  # its next WAL position is taken by b
+    with pytest.raises((mq.FencedError, mq.WriterClosedError)):
+        a.flush()
+    b.flush()
+    b.close()
+    view = live(table)
+    assert 700 in view and 701 in view and 702 not in view
+
+
+def test_fenced_writer_flush_is_rejected(table):
+    a = table.writer()
+    a.put(basic_rows([800]))
+    b = table.writer(a.region_id)
+    with pytest.raises(mq.FencedError):
+        a.flush()  # the epoch check before the manifest update
+    b.close()
+    assert 800 in live(table)  # a's acknowledged write was replayed by b
+
+
+def test_auto_flush_by_rows(table):
+    w = table.writer(max_memtable_rows=10)
+    for i in range(5):
+        w.put(basic_rows(range(1000 + i * 10, 1010 + i * 10)))
+    w.flush()
+    gens = [g.generation for g in w.manifest().flushed_generations]
+    assert gens == [1, 2, 3, 4, 5]
+    w.close()
+    assert len(live(table)) == 150
+
+
+def test_non_durable_mode_and_sync(table):
+    w = table.writer(durable=False, wal_flush_interval=60)
+    w.put(basic_rows([900]))
+    assert 900 in live(table, [w])  # visible to read-your-writes at once
+    wal = Wal(table.io, paths.wal_dir(table.uri, w.region_id), w.region_id)
+    assert wal.last_position() == 0  # not yet in the WAL
+    w.sync()
+    assert wal.last_position() == 1
+    w.close(flush=False)
+    w2 = table.writer(w.region_id)
+    assert 900 in live(table, [w2])
+    w2.close()
+
+
+def test_pandas_and_reader_inputs(table):
+    import pandas as pd
+
+    w = table.writer()
+    w.put(pd.DataFrame({"id": [1001], "val": [1.5], "name": ["p"]}))
+    w.put(basic_rows([1002]).to_batches()[0])
+    w.put(pa.RecordBatchReader.from_batches(BASIC_SCHEMA, basic_rows([1003]).to_batches()))
+    w.put(pa.table({"id": [1004]}))  # missing nullable columns become NULL
+    view = live(table, [w])
+    assert view[1001] == (1.5, "p") and 1002 in view and 1003 in view
+    assert view[1004] == (None, None)
+    w.close()
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (pa.table({"id": [1], "val": [1.0], "name": ["x"], "extra": [1]}), mq.SchemaError),
+        (pa.table({"val": [1.0]}), mq.PrimaryKeyError),
+        (pa.table({"id": pa.array([1, None], pa.int64())}), mq.PrimaryKeyError),
+        (pa.table({"id": ["not-a-number"]}), mq.SchemaError),
+        (pa.table({"id": [1], "val": ["x"]}), mq.SchemaError),
+        ("a string", mq.SchemaError),
+    ],
+)
+def test_bad_input_changes_nothing(table, bad, error):
+    w = table.writer()
+    w.put(basic_rows([1]))
+    before = tree(table.uri)
+    with pytest.raises(error) as e:
+        w.put(bad)
+    assert tree(table.uri) == before
+    if error is mq.SchemaError and isinstance(bad, pa.Table) and "extra" in bad.column_names:
+        assert "extra" in str(e.value)
+    w.close(flush=False)
+
+
+def test_bad_delete_keys(table):
+    w = table.writer()
+    before = tree(table.uri)
+    with pytest.raises(mq.PrimaryKeyError):
+        w.delete(pa.table({"val": [1.0]}))
+    with pytest.raises(mq.PrimaryKeyError):
+        w.delete(pa.table({"id": pa.array([None], pa.int64())}))
+    assert tree(table.uri) == before
+    w.close(flush=False)
+
+
+def test_closed_writer_rejects(table):
+    w = table.writer()
+    w.close()
+    with pytest.raises(mq.WriterClosedError):
+        w.put(basic_rows([1]))
+
+
+def test_initialize_errors(tmp_path):
+    uri = str(tmp_path / "nopk")
+    lance.write_dataset(pa.table({"id": [1]}), uri)
+    with pytest.raises(mq.PrimaryKeyError):
+        mq.MemWalTable.initialize(uri)
+    with pytest.raises(mq.TableNotFoundError):
+        mq.MemWalTable.initialize(str(tmp_path / "missing"))
+    with pytest.raises(mq.NotInitializedError):
+        mq.MemWalTable.open(uri)
+
+
+def test_initialize_twice(base_uri):
+    mq.MemWalTable.initialize(base_uri)
+    with pytest.raises(mq.AlreadyInitializedError):
+        mq.MemWalTable.initialize(base_uri)
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, pyarrow as pa, memwal_query as mq
+    t = mq.MemWalTable.open(sys.argv[1])
+    w = t.writer(sys.argv[2], max_memtable_rows=int(sys.argv[3]))
+    i = 0
+    while True:
+        ids = list(range(i * 10, i * 10 + 10))
+        w.put(pa.table({"id": pa.array(ids, pa.int64()), "val": [float(i)] * 10,
+                        "name": ["k"] * 10}))
+        print(i, flush=True)  # acknowledged: durable in the WAL
+        i += 1
+    """
+)
+
+
+@pytest.mark.parametrize("memtable_rows", [10_000_000, 35])
+def test_sigkill_mid_stream_loses_no_acknowledged_put(table, tmp_path, memtable_rows):
+    region = str(uuid.uuid4())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, table.uri, region, str(memtable_rows)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    acked = -1
+    for line in proc.stdout:
+        acked = int(line)
+        if acked >= 40:
+            break
+    proc.kill()
+    proc.wait()
+    # Any output after the last line we read may also be acknowledged; take all.
+    rest = proc.stdout.read().split()
+    if rest:
+        acked = max(acked, int(rest[-1]))
+    w = table.writer(region)
+    rows = table.to_table(writers=[w]).to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids))  # nothing twice
+    view = {r["id"]: r["val"] for r in rows}
+    for i in range(acked + 1):  # every acknowledged put is there, with its value
+        for k in range(i * 10, i * 10 + 10):
+            assert view[k] == float(i), (i, k)
+    w.close()
