@@ -5,6 +5,7 @@ from __future__ import annotations
 import lance
 import numpy as np
 import pytest
+
 from helpers import basic_rows
 
 

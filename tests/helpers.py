@@ -7,9 +7,10 @@ import pyarrow as pa
 PK = {"lance-schema:unenforced-primary-key": "true"}
 
 
-def pk_schema(*extra: pa.Field, key_type: pa.DataType = pa.int64()) -> pa.Schema:
+def pk_schema(*extra: pa.Field, key_type: pa.DataType | None = None) -> pa.Schema:
     """Schema ``id`` (primary key) + ``extra`` fields."""
-    return pa.schema([pa.field("id", key_type, nullable=False, metadata=PK), *extra])
+    key = pa.int64() if key_type is None else key_type
+    return pa.schema([pa.field("id", key, nullable=False, metadata=PK), *extra])
 
 
 BASIC_SCHEMA = pk_schema(pa.field("val", pa.float64()), pa.field("name", pa.string()))

@@ -3,12 +3,13 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from helpers import PK, basic_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_query as mq
 from memwal_query.io import LocalFileIO
+
+from helpers import PK, basic_rows
 
 
 def test_filter_applies_to_newest_version_only(tmp_path):
