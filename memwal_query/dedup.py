@@ -22,14 +22,9 @@ _DENSE_LIMIT = 1 << 26
 
 def newest_per_key(rows: pa.Table, pk: list[str]) -> pa.Table:
     """The last row of each key (rows must be oldest-first per key), in input order."""
-    if rows.num_rows == 0:
+    order = newest_indices(rows, pk)
+    if len(order) == rows.num_rows:
         return rows
-    idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    keyed = rows.select(pk).append_column(_IDX, idx)
-    last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
-    if len(last) == rows.num_rows:
-        return rows
-    order = np.sort(last.to_numpy())
     return rows.take(pa.array(order))
 
 
@@ -98,3 +93,21 @@ class KeySet:
         out = np.zeros(n, dtype=bool)
         out[hit.to_numpy()] = True
         return out
+
+
+def newest_indices(rows: pa.Table, pk: list[str]) -> np.ndarray:
+    """Sorted row indices of the last row per key (rows oldest-first per key)."""
+    if rows.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(pk) == 1:
+        ints = _int_values(rows.column(pk[0]))
+        if ints is not None:
+            lo, hi = int(ints.min()), int(ints.max())
+            if hi - lo < max(_DENSE_LIMIT // 8, 4 * len(ints)):
+                last = np.full(hi - lo + 1, -1, dtype=np.int64)
+                np.maximum.at(last, ints - lo, np.arange(len(ints), dtype=np.int64))
+                return np.sort(last[last >= 0])
+    idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    keyed = rows.select(pk).append_column(_IDX, idx)
+    last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
+    return np.sort(last.to_numpy())

@@ -6,7 +6,8 @@
   ``_tombstone`` column, as one Lance fragment;
 - ``bloom_filter.bin`` over the primary key (see :mod:`memwal_query.bloom`);
 - a BTREE scalar index on a single-column primary key (composite keys rely on the
-  bloom filter and a scan);
+  bloom filter and a scan), whose files are also copied to ``_pk_index/`` where
+  pylance's native MemWAL reader looks for them;
 - the maintained indexes (see :mod:`memwal_query.genindex`).
 
 The caller then commits the region manifest (fenced by epoch). A flush that dies part
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .table import MemWalTable
 
 BLOOM_FILE = "bloom_filter.bin"
+PK_INDEX_NAME = "__memwal_pk"
+PK_INDEX_DIR = "_pk_index"
 _MAX_ROWS_PER_FILE = 1 << 30
 
 
@@ -50,7 +53,8 @@ def write_generation(
     keys = data.select(table.primary_key)
     table.io.write(join(uri, BLOOM_FILE), bloom.build(keys))
     if len(table.primary_key) == 1 and _btree_indexable(keys.schema[0].type):
-        ds.create_scalar_index(table.primary_key[0], "BTREE")
+        ds.create_scalar_index(table.primary_key[0], "BTREE", name=PK_INDEX_NAME)
+        _publish_pk_index(table, ds, uri)
     if table.maintained_indexes:
         from .genindex import build_maintained_indexes
 
@@ -62,6 +66,14 @@ def write_generation(
         num_rows=data.num_rows,
         pk_bytes=keys.nbytes,
     )
+
+
+def _publish_pk_index(table: MemWalTable, ds: lance.LanceDataset, uri: str) -> None:
+    """Copy the BTREE files to ``_pk_index/``, where pylance's native reader expects them."""
+    (desc,) = [d for d in ds.describe_indices() if d.name == PK_INDEX_NAME]
+    index_dir = join(uri, "_indices", desc.segments[0].uuid)
+    for name in table.io.list(index_dir):
+        table.io.write(join(uri, PK_INDEX_DIR, name), table.io.read(join(index_dir, name)))
 
 
 def _btree_indexable(t: pa.DataType) -> bool:

@@ -40,13 +40,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from . import pruning, sources
-from .dedup import KeySet, newest_per_key
-from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+from .dedup import KeySet
+from .schema import GEN_COLUMN, ROWADDR_COLUMN
 
 if TYPE_CHECKING:
     from .table import MemWalTable
     from .writer import RegionWriter
 
+BASE_BATCH_ROWS = 65536  # fewer, larger batches: less per-batch Python overhead
 META_FIELDS = [pa.field(GEN_COLUMN, pa.uint64()), pa.field(ROWADDR_COLUMN, pa.uint64())]
 
 
@@ -60,31 +61,22 @@ class _QueryState:
         predicates = pruning.predicates_from_expression(filter)
         self.plan = sources.resolve(table, dataset.consistency, dataset.writers, predicates)
         self._lock = threading.Lock()
-        self._newest: pa.Table | None = None
-        self._keys: KeySet | None = None
+        self._view: sources.NewerView | None = None
 
-    def _compute(self) -> None:
+    @property
+    def view(self) -> sources.NewerView:
+        """Newest row per key of the newer sources (computed once per query)."""
         with self._lock:
-            if self._newest is not None:
-                return
-            table = self.dataset.table
-            rows = sources.newer_rows(self.plan, table.schema, table.storage_options)
-            newest = newest_per_key(rows, table.primary_key)
-            self._keys = KeySet(newest.select(table.primary_key))
-            self._newest = newest
+            if self._view is None:
+                table = self.dataset.table
+                self._view = sources.newer_view(
+                    self.plan, table.schema, table.primary_key, table.storage_options
+                )
+            return self._view
 
     @property
     def keys(self) -> KeySet:
-        self._compute()
-        assert self._keys is not None
-        return self._keys
-
-    @property
-    def newest(self) -> pa.Table:
-        """Newest row per key of the newer sources, tombstones included."""
-        self._compute()
-        assert self._newest is not None
-        return self._newest
+        return self.view.keys
 
 
 def _output_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
@@ -147,7 +139,7 @@ class _BaseFragment:
             filter=filter,
             fragments=self.lance_fragments,
             with_row_address=want_addr,
-            batch_size=batch_size or 8192,
+            batch_size=max(batch_size or 0, BASE_BATCH_ROWS),
         )
         for batch in scanner.to_batches():
             if len(keys):
@@ -177,12 +169,12 @@ class _NewerFragment:
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
     ) -> Iterator[pa.RecordBatch]:
-        newest = self.state.newest
-        if newest.num_rows == 0:
+        view = self.state.view
+        if len(view.winners) == 0:
             return
-        live = newest.filter(pc.invert(newest.column(TOMBSTONE)))
-        if filter is not None and live.num_rows:
-            live = live.filter(filter)
+        names = list(self.state.dataset.schema.names)
+        wanted = [c for c in out_schema.names]
+        live = view.live(wanted, filter, pruning.referenced_columns(filter, names))
         if live.num_rows == 0:
             return
         for batch in live.to_batches(max_chunksize=batch_size or 8192):
@@ -258,12 +250,15 @@ class MemWalDataset(pads.Dataset):
     def scanner(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
     ) -> _Scanner:  # type: ignore[override]
-        """A scanner over the deduplicated view (also usable without DataFusion)."""
-        fragments = self.get_fragments(filter)
+        """A scanner over the deduplicated view (also usable without DataFusion).
+
+        Sources are resolved when batches are first requested (DataFusion calls this
+        method only for the projected schema).
+        """
         out_schema = _output_schema(self._schema, columns)
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for frag in fragments:
+            for frag in self.get_fragments(filter):
                 yield from frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
 
         return _Scanner(out_schema, batches())

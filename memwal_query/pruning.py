@@ -195,3 +195,13 @@ def predicates_from_expression(expr: Any) -> list[Predicate]:
     except (_Unknown, ValueError, IndexError):
         return []
     return [p for p in _conjuncts(node) if p[2] is not None or p[1] == "in"]
+
+
+def referenced_columns(expr: Any, names: list[str]) -> list[str]:
+    """Columns of ``names`` that a filter expression may read (a superset)."""
+    if expr is None:
+        return []
+    idents = {text for kind, text in _tokens(str(expr)) if kind == "ident"}
+    if any(n not in idents for n in names) and any(not n.isidentifier() for n in names):
+        return list(names)  # a name the tokenizer cannot see: be safe
+    return [n for n in names if n in idents]

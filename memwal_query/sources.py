@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import lance
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import paths
+from .dedup import KeySet, newest_indices
 from .exceptions import GenerationGoneError, MemWalError
 from .index import MemWalIndex
 from .memtable import MemTableSnapshot
@@ -259,29 +262,39 @@ def memtable_rows(m: MemTableSnapshot) -> pa.Table:
     """Rows of a MemTable snapshot with ``_gen`` and ``_rowaddr`` (= row index)."""
     t = m.to_table()
     gen = pa.repeat(pa.scalar(m.generation, pa.uint64()), t.num_rows)
-    addr = pa.array(range(t.num_rows), pa.uint64())
+    addr = pa.array(np.arange(t.num_rows, dtype=np.uint64))
     return t.append_column(GEN_COLUMN, gen).append_column(ROWADDR_COLUMN, addr)
 
 
 def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select/cast ``t`` to ``schema`` + ``_tombstone``/``_gen``/``_rowaddr``; missing = NULL."""
-    fields = list(schema) + [
-        pa.field(TOMBSTONE, pa.bool_()),
-        pa.field(GEN_COLUMN, pa.uint64()),
-        pa.field(ROWADDR_COLUMN, pa.uint64()),
-    ]
-    if t.schema.names == [f.name for f in fields] and all(
-        t.schema.field(i).type == f.type for i, f in enumerate(fields)
-    ):
+    target = _storage_read_schema(schema)
+    if t.schema.equals(target, check_metadata=False):
         return t
     cols = []
-    for f in fields:
+    for f in target:
         if f.name in t.column_names:
             c = t.column(f.name)
             cols.append(c if c.type == f.type else c.cast(f.type))
         else:
             cols.append(pa.nulls(t.num_rows, f.type))
-    return pa.Table.from_arrays(cols, names=[f.name for f in fields])
+    return pa.Table.from_arrays(cols, schema=target)
+
+
+_READ_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
+
+
+def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
+    out = _READ_SCHEMAS.get(schema)
+    if out is None:
+        fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
+        fields += [
+            pa.field(TOMBSTONE, pa.bool_()),
+            pa.field(GEN_COLUMN, pa.uint64()),
+            pa.field(ROWADDR_COLUMN, pa.uint64()),
+        ]
+        out = _READ_SCHEMAS[schema] = pa.schema(fields)
+    return out
 
 
 def newer_rows(plan: ReadPlan, schema: pa.Schema, storage_options=None) -> pa.Table:
@@ -299,3 +312,116 @@ def newer_rows(plan: ReadPlan, schema: pa.Schema, storage_options=None) -> pa.Ta
 
 def _empty(schema: pa.Schema) -> pa.Table:
     return conform(schema.empty_table(), schema)
+
+
+_POS = "__memwal_pos"
+
+
+class NewerView:
+    """Newest version of every key among a plan's generations and MemTables.
+
+    Held as row indices (``winners``) into the zero-copy concatenation of the sources'
+    rows, so that a query materializes only the columns it needs. The flushed part is
+    cached per set of generations (they are immutable); MemTable rows, always newer than
+    every flushed generation of their region, are combined per query.
+
+    Attributes
+    ----------
+    rows : pa.Table
+        All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``).
+    winners : np.ndarray
+        Sorted indices of the newest row per key (tombstones included).
+    keys : KeySet
+        Every key present in a newer source (to drop their base-table rows).
+    """
+
+    def __init__(self, rows: pa.Table, winners: np.ndarray, keys: KeySet) -> None:
+        self.rows = rows
+        self.winners = winners
+        self.keys = keys
+
+    def live(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        filter_columns: Sequence[str] = (),
+    ) -> pa.Table:
+        """Newest live rows (tombstones removed) matching ``filter``; only ``columns``.
+
+        The filter is evaluated on the newest version of each key, reading only
+        ``filter_columns`` first; the output columns are then taken for matches only.
+        """
+        cols = list(self.rows.column_names if columns is None else columns)
+        check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
+        probe = self.rows.select(check).take(pa.array(self.winners))
+        probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
+        probe = probe.filter(pc.invert(probe.column(TOMBSTONE)))
+        if filter is not None and probe.num_rows:
+            probe = probe.filter(filter)
+        selected = self.winners[probe.column(_POS).to_numpy()]
+        if not cols:  # e.g. count(*): no columns, but the right number of rows
+            return pa.table({_POS: pa.nulls(len(selected))}).select([])
+        return self.rows.select(cols).take(pa.array(selected))
+
+
+_FLUSHED_VIEWS: OrderedDict[tuple, tuple[pa.Table, np.ndarray]] = OrderedDict()
+_FLUSHED_LOCK = threading.Lock()
+_FLUSHED_MAX = 8
+
+
+def _flushed_view(
+    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
+) -> tuple[pa.Table, np.ndarray]:
+    key = (tuple(g.uri for g in plan.generations), schema)
+    with _FLUSHED_LOCK:
+        hit = _FLUSHED_VIEWS.get(key)
+        if hit is not None:
+            _FLUSHED_VIEWS.move_to_end(key)
+            return hit
+    parts = [read_generation(g, schema, storage_options) for g in plan.generations]
+    rows = pa.concat_tables(parts) if parts else _empty(schema)
+    view = (rows, newest_indices(rows, pk))
+    with _FLUSHED_LOCK:
+        _FLUSHED_VIEWS[key] = view
+        while len(_FLUSHED_VIEWS) > _FLUSHED_MAX:
+            _FLUSHED_VIEWS.popitem(last=False)
+    return view
+
+
+_MEM_VIEWS: OrderedDict[tuple, tuple[pa.Table, np.ndarray, KeySet]] = OrderedDict()
+
+
+def _memtable_view(
+    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str]
+) -> tuple[pa.Table, np.ndarray, KeySet]:
+    """Rows, newest indices and keys of MemTable snapshots (cached: they only grow)."""
+    key = (
+        tuple((m.region_id, m.generation, len(m.batches), id(m.batches[-1])) for m in mems),
+        schema,
+    )
+    with _FLUSHED_LOCK:
+        hit = _MEM_VIEWS.get(key)
+        if hit is not None:
+            return hit
+    rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
+    view = (rows_m, newest_indices(rows_m, pk), KeySet(rows_m.select(pk)))
+    with _FLUSHED_LOCK:
+        _MEM_VIEWS[key] = view
+        while len(_MEM_VIEWS) > _FLUSHED_MAX:
+            _MEM_VIEWS.popitem(last=False)
+    return view
+
+
+def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
+    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
+    rows_f, win_f = _flushed_view(plan, schema, pk, storage_options)
+    mems = [m for r in plan.regions for m in r.memtables]
+    if not mems:
+        return NewerView(rows_f, win_f, KeySet(rows_f.select(pk)))
+    rows_m, win_m, mem_keys = _memtable_view(mems, schema, pk)
+    if len(win_f):
+        overwritten = mem_keys.contains(rows_f.select(pk).take(pa.array(win_f)))
+        win_f = win_f[~overwritten]
+    winners = np.concatenate([win_f, win_m + rows_f.num_rows])
+    rows = pa.concat_tables([rows_f, rows_m])
+    return NewerView(rows, winners, KeySet(rows.select(pk)))

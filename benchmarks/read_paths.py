@@ -1,0 +1,192 @@
+"""Read paths: SQL scans over an LSM table vs plain Lance vs pylance's native LsmScanner.
+
+Setup (built once per run in a temp dir): a 1M-row base table (id int64, val float64,
+cat int32, vec 32-d float32); 150k upserts (20% new keys) flushed as 3 generations of
+one region; 50k more upserts in a live MemTable.
+
+Prints medians and ratios for ``SELECT count(*)``, ``SELECT id, val`` (all rows) and
+``WHERE cat = 7``; point lookups when the search module is available.
+``--quick`` uses a 100k-row base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import datafusion
+import lance
+import numpy as np
+import pyarrow as pa
+from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, median, pct, print_table, timed  # noqa: E402
+
+import memwal_query as mq  # noqa: E402
+
+PK = {"lance-schema:unenforced-primary-key": "true"}
+DIM = 32
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK),
+        pa.field("val", pa.float64()),
+        pa.field("cat", pa.int32()),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    vec = rng.standard_normal((len(ids), DIM), dtype=np.float32)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "val": pa.array(rng.random(len(ids))),
+            "cat": pa.array(rng.integers(0, 100, len(ids)), pa.int32()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+def upserts(n: int, base: int, rng: np.random.Generator) -> np.ndarray:
+    new = int(n * 0.2)
+    old = rng.choice(base, n - new, replace=False)
+    fresh = rng.choice(np.arange(base, base * 2), new, replace=False)
+    ids = np.concatenate([old, fresh])
+    rng.shuffle(ids)
+    return ids
+
+
+def setup(root: str, base_rows: int):
+    rng = np.random.default_rng(42)
+    uri = f"{root}/t"
+    lance.write_dataset(rows(np.arange(base_rows), rng), uri, max_rows_per_file=base_rows)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer(max_memtable_rows=10_000_000, max_memtable_bytes=1 << 40)
+    n_flushed = int(base_rows * 0.15)
+    for _ in range(3):
+        ids = upserts(n_flushed // 3, base_rows, rng)
+        for chunk in np.array_split(ids, 10):
+            w.put(rows(chunk, rng))
+        w.flush()
+    for chunk in np.array_split(upserts(base_rows // 20, base_rows, rng), 10):
+        w.put(rows(chunk, rng))
+    return t, w
+
+
+def native_snapshot(t: mq.MemWalTable, region_id: str) -> ShardSnapshot:
+    m = t.region_manifest(region_id)
+    snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)
+    for g in m.flushed_generations:
+        snap = snap.with_sstable(g.generation, g.path)
+    return snap
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    base_rows = 100_000 if args.quick else 1_000_000
+    with tempfile.TemporaryDirectory() as root:
+        started = time.perf_counter()
+        t, w = setup(root, base_rows)
+        print(f"setup: {time.perf_counter() - started:.1f}s", file=sys.stderr)
+        base = lance.dataset(t.uri)
+        snap = native_snapshot(t, w.region_id)
+        ctx = datafusion.SessionContext()
+        ctx.register_table("live", t.provider(writers=[w]))  # + live MemTable
+        ctx.register_table("flushed", t.provider())  # flushed generations only
+
+        def native(project=None, filt=None):
+            def run():
+                s = LsmScanner.from_snapshots(base, [snap])
+                if project:
+                    s = s.project(project)
+                if filt:
+                    s = s.filter(filt)
+                return s.to_table()
+
+            return run
+
+        queries = [
+            (
+                "SELECT count(*)",
+                lambda: ctx.sql("SELECT count(*) FROM live").to_arrow_table(),
+                lambda: ctx.sql("SELECT count(*) FROM flushed").to_arrow_table(),
+                lambda: base.count_rows(),
+                lambda: LsmScanner.from_snapshots(base, [snap]).count_rows(),
+            ),
+            (
+                "SELECT id, val",
+                lambda: ctx.sql("SELECT id, val FROM live").to_arrow_table(),
+                lambda: ctx.sql("SELECT id, val FROM flushed").to_arrow_table(),
+                lambda: base.to_table(columns=["id", "val"]),
+                native(["id", "val"]),
+            ),
+            (
+                "WHERE cat = 7",
+                lambda: ctx.sql("SELECT * FROM live WHERE cat = 7").to_arrow_table(),
+                lambda: ctx.sql("SELECT * FROM flushed WHERE cat = 7").to_arrow_table(),
+                lambda: base.to_table(filter="cat = 7"),
+                native(None, "cat = 7"),
+            ),
+        ]
+        out = []
+        for name, live_q, flushed_q, plain_q, native_q in queries:
+            m_live = median(timed(live_q, args.repeat))
+            m_flushed = median(timed(flushed_q, args.repeat))
+            m_plain = median(timed(plain_q, args.repeat))
+            m_native = median(timed(native_q, max(1, args.repeat // 2)))
+            out.append(
+                [
+                    name,
+                    m_live * 1e3,
+                    m_flushed * 1e3,
+                    m_plain * 1e3,
+                    m_native * 1e3,
+                    m_live / m_plain,
+                    m_flushed / m_native,
+                ]
+            )
+        print_table(
+            f"Scans, {base_rows:,}-row base + 3 generations + live MemTable "
+            f"({machine()}, {time.strftime('%Y-%m-%d')})",
+            [
+                "query",
+                "ours +MemTable ms",
+                "ours flushed ms",
+                "plain Lance ms",
+                "native LsmScanner ms",
+                "ours/plain",
+                "ours flushed/native",
+            ],
+            out,
+        )
+        lookup_rows = []
+        keys = np.random.default_rng(7).integers(0, base_rows, 200)
+        if hasattr(t, "lookup"):
+            lat = []
+            for k in keys:
+                s = time.perf_counter()
+                t.lookup(pa.array([k], pa.int64()), writers=[w])
+                lat.append(time.perf_counter() - s)
+            lookup_rows.append(["memwal_query lookup", pct(lat, 50) * 1e3, pct(lat, 99) * 1e3])
+        planner = LsmPointLookupPlanner(base, [snap])
+        lat = []
+        for k in keys[:50]:
+            s = time.perf_counter()
+            planner.plan_lookup(pa.array([k], pa.int64())).to_table()
+            lat.append(time.perf_counter() - s)
+        lookup_rows.append(["native LsmPointLookupPlanner", pct(lat, 50) * 1e3, pct(lat, 99) * 1e3])
+        print_table("Single-key point lookup", ["reader", "p50 ms", "p99 ms"], lookup_rows)
+        w.close(flush=False)
+
+
+if __name__ == "__main__":
+    main()
