@@ -388,28 +388,27 @@ def _flushed_view(
     return view
 
 
-_MEM_VIEWS: OrderedDict[tuple, tuple[pa.Table, np.ndarray, KeySet]] = OrderedDict()
+_MEM_VIEWS: OrderedDict[tuple, tuple[tuple, pa.Table, np.ndarray, KeySet]] = OrderedDict()
 
 
 def _memtable_view(
     mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str]
 ) -> tuple[pa.Table, np.ndarray, KeySet]:
     """Rows, newest indices and keys of MemTable snapshots (cached: they only grow)."""
-    key = (
-        tuple((m.region_id, m.generation, len(m.batches), id(m.batches[-1])) for m in mems),
-        schema,
-    )
+    key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
+    lasts = tuple(m.batches[-1] for m in mems)
     with _FLUSHED_LOCK:
         hit = _MEM_VIEWS.get(key)
-        if hit is not None:
-            return hit
+        if hit is not None and all(a is b for a, b in zip(hit[0], lasts)):
+            return hit[1], hit[2], hit[3]
     rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
-    view = (rows_m, newest_indices(rows_m, pk), KeySet(rows_m.select(pk)))
+    win_m = newest_indices(rows_m, pk)
+    keys = KeySet(rows_m.select(pk))
     with _FLUSHED_LOCK:
-        _MEM_VIEWS[key] = view
+        _MEM_VIEWS[key] = (lasts, rows_m, win_m, keys)
         while len(_MEM_VIEWS) > _FLUSHED_MAX:
             _MEM_VIEWS.popitem(last=False)
-    return view
+    return rows_m, win_m, keys
 
 
 def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
