@@ -159,3 +159,71 @@ def new_details(
         region_specs=region_specs,
         maintained_indexes=maintained_indexes,
     )
+
+
+def _max_progress(target, other) -> None:
+    """Raise ``target.merged_generations`` / ``index_catchup`` to at least ``other``'s."""
+    merged = {m.region_id.uuid: m.generation for m in target.merged_generations}
+    for m in other.merged_generations:
+        if m.generation > merged.get(m.region_id.uuid, 0):
+            merged[m.region_id.uuid] = m.generation
+    del target.merged_generations[:]
+    for rid, gen in sorted(merged.items()):
+        target.merged_generations.add(region_id=pb.UUID(uuid=rid), generation=gen)
+    catch = {
+        p.index_name: {m.region_id.uuid: m.generation for m in p.caught_up_generations}
+        for p in target.index_catchup
+    }
+    for p in other.index_catchup:
+        regions = catch.setdefault(p.index_name, {})
+        for m in p.caught_up_generations:
+            if m.generation > regions.get(m.region_id.uuid, 0):
+                regions[m.region_id.uuid] = m.generation
+    del target.index_catchup[:]
+    for name, regions in sorted(catch.items()):
+        entry = target.index_catchup.add(index_name=name)
+        for rid, gen in sorted(regions.items()):
+            entry.caught_up_generations.add(region_id=pb.UUID(uuid=rid), generation=gen)
+
+
+def update_details(
+    io: FileIO,
+    uri: str,
+    mutate,
+    storage_options: dict[str, str] | None = None,
+    new_uuid: str | None = None,
+    max_rounds: int = 10,
+) -> MemWalIndex:
+    """Read-modify-write the MemWAL index details without losing merge progress.
+
+    ``mutate(details)`` edits a copy of the latest details in place. Runs under the
+    table's index lock (see :mod:`memwal_query.locking`); if a commit from outside the
+    lock slipped in between, merge and catch-up progress are re-raised monotonically.
+    """
+    from .locking import index_lock
+
+    carry: pb.MemWalIndexDetails | None = None
+    with index_lock(uri):
+        for _ in range(max_rounds):
+            ds = lance.dataset(uri, storage_options=storage_options or None)
+            current = read_index(io, ds)
+            if current is None:
+                raise ObjectNotFoundError(f"{uri}: the table has no MemWAL index")
+            details = pb.MemWalIndexDetails()
+            details.CopyFrom(current.details)
+            mutate(details)
+            if carry is not None:
+                _max_progress(details, carry)
+            _max_progress(details, current.details)  # mutate may not lower progress
+            new_ds = commit_details(ds, details, current, new_uuid=new_uuid)
+            if new_ds.version == ds.version + 1:
+                return read_index(io, new_ds)  # type: ignore[return-value]
+            # Someone committed between our read and our commit: keep their progress.
+            between = read_index(io, lance.dataset(uri, version=new_ds.version - 1))
+            if between is None or (
+                list(between.details.merged_generations) == list(details.merged_generations)
+                and list(between.details.index_catchup) == list(details.index_catchup)
+            ):
+                return read_index(io, new_ds)  # type: ignore[return-value]
+            carry = between.details
+    raise CorruptFileError(uri, "could not commit MemWAL index details without conflicts")

@@ -35,6 +35,7 @@ from lance.mem_wal import CompactedSsTable
 from . import crashpoints, sources
 from .dedup import newest_per_key
 from .exceptions import CommitConflictError, MemWalError
+from .locking import index_lock
 from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
 
 if TYPE_CHECKING:
@@ -140,7 +141,8 @@ def merge_region(
         ).conflict_retries(0)
         crashpoints.point("merge.before_commit")
         try:
-            builder.execute(upserts)
+            with index_lock(table.uri):
+                builder.execute(upserts)
         except OSError as e:
             if not _is_conflict(e):
                 raise

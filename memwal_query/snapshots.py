@@ -21,7 +21,7 @@ import pyarrow as pa
 from . import paths
 from ._proto import memwal_pb2 as pb
 from .exceptions import CorruptFileError
-from .index import MemWalIndex, commit_details
+from .index import MemWalIndex, update_details
 from .io import join
 
 if TYPE_CHECKING:
@@ -105,31 +105,28 @@ def _from_lance_bytes(data: bytes, where: str) -> pa.Table:
             raise CorruptFileError(where, f"cannot read region snapshots: {e}") from e
 
 
-def refresh(table: MemWalTable, max_retries: int = 10) -> MemWalIndex:
-    """Write fresh region snapshots into the MemWAL index (one base-table commit)."""
-    last_error: Exception | None = None
-    for _ in range(max_retries):
-        index = table.index()
-        ds = table.dataset()
-        snap = snapshot_table(table)
-        details = pb.MemWalIndexDetails()
-        details.CopyFrom(index.details)
+def refresh(table: MemWalTable) -> MemWalIndex:
+    """Write fresh region snapshots into the MemWAL index (one base-table commit).
+
+    Inline up to :data:`INLINE_THRESHOLD` regions, else an ``index.lance`` file under a
+    new index uuid. Merge progress committed concurrently is never lost (see
+    :func:`memwal_query.index.update_details`).
+    """
+    snap = snapshot_table(table)
+    data = _to_lance_bytes(snap)
+    new_uuid = str(uuid_mod.uuid4())
+    if snap.num_rows > INLINE_THRESHOLD:
+        table.io.write(join(table.uri, "_indices", new_uuid, SNAPSHOT_FILE), data)
+
+    def mutate(details: pb.MemWalIndexDetails) -> None:
         details.snapshot_ts_millis = int(time.time() * 1000)
         details.num_regions = snap.num_rows
-        data = _to_lance_bytes(snap)
-        new_uuid = str(uuid_mod.uuid4())
         if snap.num_rows <= INLINE_THRESHOLD:
             details.inline_snapshots = data
         else:
             details.ClearField("inline_snapshots")
-            table.io.write(join(table.uri, "_indices", new_uuid, SNAPSHOT_FILE), data)
-        try:
-            commit_details(ds, details, index, new_uuid=new_uuid)
-            return table.index()
-        except OSError as e:  # Lance raises OSError on commit conflicts
-            last_error = e
-            continue
-    raise RuntimeError(f"{table.uri}: could not refresh snapshots: {last_error}")
+
+    return update_details(table.io, table.uri, mutate, table.storage_options, new_uuid=new_uuid)
 
 
 def read_snapshots(table: MemWalTable, index: MemWalIndex) -> States | None:
