@@ -62,9 +62,9 @@ def write_generation(
     return FlushedGeneration(
         generation=memtable.generation,
         path=gen_dir,
-        size_bytes=table.io.tree_size(uri),
-        num_rows=data.num_rows,
-        pk_bytes=keys.nbytes,
+        in_memory_bytes=data.nbytes,
+        physical_rows=data.num_rows,
+        primary_key_bytes=keys.nbytes,
     )
 
 

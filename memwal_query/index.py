@@ -177,7 +177,7 @@ def _max_progress(target, other) -> None:
     for p in other.index_catchup:
         regions = catch.setdefault(p.index_name, {})
         for m in p.caught_up_generations:
-            if m.generation > regions.get(m.region_id.uuid, 0):
+            if m.generation > regions.get(m.region_id.uuid, -1):
                 regions[m.region_id.uuid] = m.generation
     del target.index_catchup[:]
     for name, regions in sorted(catch.items()):

@@ -46,15 +46,15 @@ class FlushedGeneration:
         Generation number (1, 2, ...); higher is newer.
     path : str
         Directory name relative to the region directory (``{8 hex}_gen_{n}``).
-    size_bytes, num_rows, pk_bytes : int
-        Statistics that pylance's native writer also records (0 when unknown).
+    in_memory_bytes, physical_rows, primary_key_bytes : int or None
+        Statistics that pylance's native writer also records (None when absent).
     """
 
     generation: int
     path: str
-    size_bytes: int = 0
-    num_rows: int = 0
-    pk_bytes: int = 0
+    in_memory_bytes: int | None = None
+    physical_rows: int | None = None
+    primary_key_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class RegionManifest:
     wal_entry_position_last_seen: int = 0
     current_generation: int = 1
     flushed_generations: tuple[FlushedGeneration, ...] = field(default_factory=tuple)
+    region_field_entries: tuple[tuple[str, bytes], ...] = ()
+    sealed: bool = False
 
     def to_proto(self) -> pb.RegionManifest:
         """The protobuf message for this manifest."""
@@ -87,12 +89,16 @@ class RegionManifest:
                 pb.FlushedGeneration(
                     generation=g.generation,
                     path=g.path,
-                    size_bytes=g.size_bytes,
-                    num_rows=g.num_rows,
-                    pk_bytes=g.pk_bytes,
+                    in_memory_bytes=g.in_memory_bytes,
+                    physical_rows=g.physical_rows,
+                    primary_key_bytes=g.primary_key_bytes,
                 )
                 for g in self.flushed_generations
             ],
+            region_field_entries=[
+                pb.RegionFieldEntry(field_id=k, value=v) for k, v in self.region_field_entries
+            ],
+            status=pb.SEALED if self.sealed else pb.ACTIVE,
         )
 
     def to_bytes(self) -> bytes:
@@ -106,7 +112,13 @@ class RegionManifest:
         for g in msg.flushed_generations:
             paths.validate_generation_dir(g.path, g.generation)
             gens.append(
-                FlushedGeneration(g.generation, g.path, g.size_bytes, g.num_rows, g.pk_bytes)
+                FlushedGeneration(
+                    g.generation,
+                    g.path,
+                    g.in_memory_bytes if g.HasField("in_memory_bytes") else None,
+                    g.physical_rows if g.HasField("physical_rows") else None,
+                    g.primary_key_bytes if g.HasField("primary_key_bytes") else None,
+                )
             )
         return cls(
             region_id=paths.region_id_from_bytes(msg.region_id.uuid),
@@ -117,6 +129,8 @@ class RegionManifest:
             wal_entry_position_last_seen=msg.wal_entry_position_last_seen,
             current_generation=msg.current_generation,
             flushed_generations=tuple(sorted(gens, key=lambda g: g.generation)),
+            region_field_entries=tuple((e.field_id, e.value) for e in msg.region_field_entries),
+            sealed=msg.status == pb.SEALED,
         )
 
     def replace(self, **changes) -> RegionManifest:
@@ -228,12 +242,17 @@ class RegionManifestStore:
         return True
 
     def claim(
-        self, region_spec_id: int = 0, max_retries: int = DEFAULT_MAX_RETRIES
+        self,
+        region_spec_id: int = 0,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        region_field_entries: tuple[tuple[str, bytes], ...] = (),
     ) -> RegionManifest:
         """Claim the region: commit the next version with ``writer_epoch + 1``.
 
-        Creates the region (version 1, epoch 1) when it has no manifest yet. Returns the
-        committed manifest, whose ``writer_epoch`` is the new writer's fencing token.
+        Creates the region (version 1, epoch 1, with its spec id and field values) when
+        it has no manifest yet. Returns the committed manifest, whose ``writer_epoch``
+        is the new writer's fencing token. A SEALED region (pylance's drop protocol)
+        is refused.
         """
         for _ in range(max_retries):
             latest = self.load_latest()
@@ -244,7 +263,10 @@ class RegionManifestStore:
                     writer_epoch=1,
                     region_spec_id=region_spec_id,
                     current_generation=1,
+                    region_field_entries=tuple(region_field_entries),
                 )
+            elif latest.sealed:
+                raise FencedError(self.region_id, 0, latest.writer_epoch)
             else:
                 new = latest.replace(
                     version=latest.version + 1, writer_epoch=latest.writer_epoch + 1

@@ -14,9 +14,9 @@ With a region spec, the id of the region holding region value ``v`` is *derived*
 the UUID version-4 and variant bits set (:func:`region_id_for`). Two writers for the same
 value therefore always compute the same region id, and the region manifest's
 put-if-not-exists + epoch fencing decides which of them owns it: two regions for one
-value can never be created. The region's values are also written next to its manifest
-in ``_mem_wal/{region}/region.json`` (memwal_query's own sidecar, ignored by pylance)
-so strong-consistency readers can prune regions without the MemWAL index snapshot.
+value can never be created. The region's values are recorded in its manifest
+(``region_field_entries``, as pylance does) so strong-consistency readers can prune
+regions without the MemWAL index snapshot.
 """
 
 from __future__ import annotations
@@ -34,17 +34,16 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import fieldvalues, paths
 from . import index as mwindex
-from . import paths
 from .exceptions import (
-    AlreadyExistsError,
     AlreadyInitializedError,
     InvalidPathError,
     NotInitializedError,
     RegionSpecError,
     TableNotFoundError,
 )
-from .io import FileIO, file_io_for, join, normalize_uri
+from .io import FileIO, file_io_for, normalize_uri
 from .manifest import RegionManifest, RegionManifestStore
 from .schema import coerce_rows, require_primary_key
 from .writer import RegionWriter
@@ -52,8 +51,6 @@ from .writer import RegionWriter
 if TYPE_CHECKING:
     from .provider import MemWalDataset
     from .regionspec import RegionSpec
-
-REGION_SIDECAR = "region.json"
 
 
 def _canonical(value: Any) -> str:
@@ -86,32 +83,6 @@ def region_id_for(spec_id: int, values: dict[str, Any]) -> str:
     )
     digest = hashlib.sha256(text.encode()).digest()[:16]
     return str(uuid_mod.UUID(bytes=digest, version=4))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes | bytearray):
-        return {"$bytes": bytes(value).hex()}
-    if isinstance(value, dt.datetime):
-        return {"$datetime": value.isoformat()}
-    if isinstance(value, dt.date):
-        return {"$date": value.isoformat()}
-    if isinstance(value, decimal.Decimal):
-        return {"$decimal": str(value)}
-    return value
-
-
-def _from_jsonable(value: Any) -> Any:
-    if isinstance(value, dict) and len(value) == 1:
-        ((k, v),) = value.items()
-        if k == "$bytes":
-            return bytes.fromhex(v)
-        if k == "$datetime":
-            return dt.datetime.fromisoformat(v)
-        if k == "$date":
-            return dt.date.fromisoformat(v)
-        if k == "$decimal":
-            return decimal.Decimal(v)
-    return value
 
 
 class MemWalTable:
@@ -214,6 +185,11 @@ class MemWalTable:
         idx = mwindex.read_index(self.io, self.dataset())
         if idx is None:
             raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
+        from .catchup import read_progress
+
+        progress = read_progress(self.io, self.uri)
+        if progress.index_catchup:
+            mwindex._max_progress(idx.details, progress)
         self._index = idx
         return idx
 
@@ -248,15 +224,48 @@ class MemWalTable:
         return RegionManifestStore(self.io, self.uri, region_id).load_latest()
 
     def region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
-        """``(spec_id, {field_id: value})`` recorded for a region, or None."""
-        path = join(paths.region_dir(self.uri, region_id), REGION_SIDECAR)
-        try:
-            data = json.loads(self.io.read(path))
-        except Exception:  # noqa: BLE001 - missing/corrupt sidecar: no pruning
+        """``(spec_id, {field_id: value})`` recorded in a region's manifest, or None.
+
+        Values are read from the manifest's ``region_field_entries`` (as pylance's
+        native writer records them); None for manual regions or another spec.
+        """
+        manifest = self.region_manifest(region_id)
+        spec = self.region_spec
+        if manifest is None or spec is None or manifest.region_spec_id != spec.spec_id:
             return None
-        return int(data["region_spec_id"]), {
-            k: _from_jsonable(v) for k, v in data["values"].items()
-        }
+        raw = dict(manifest.region_field_entries)
+        values = {}
+        for f in spec.fields:
+            entry = raw.get(f.field_id)
+            values[f.field_id] = (
+                None if entry is None else fieldvalues.decode(entry, self._field_type(f))
+            )
+        return spec.spec_id, values
+
+    def _field_type(self, f: Any) -> pa.DataType:
+        """Arrow type of a region field's values (``result_type`` or its source's type)."""
+        if f.result_type:
+            return fieldvalues.arrow_type(f.result_type)
+        by_id = {}
+        stack = list(self.lance_schema.fields())
+        while stack:
+            x = stack.pop()
+            by_id[x.id()] = x.name()
+            stack.extend(x.children())
+        name = by_id.get(f.source_ids[0]) if f.source_ids else None
+        if name is None or self.schema.get_field_index(name) < 0:
+            raise RegionSpecError(f"region field {f.field_id!r}: no result type and no source")
+        return self.schema.field(name).type
+
+    def _field_entries(self, values: dict[str, Any]) -> tuple[tuple[str, bytes], ...]:
+        spec = self.region_spec
+        assert spec is not None
+        out = []
+        for f in spec.fields:
+            raw = fieldvalues.encode(values.get(f.field_id), self._field_type(f))
+            if raw is not None:
+                out.append((f.field_id, raw))
+        return tuple(out)
 
     def region_id_for(self, values: dict[str, Any]) -> str:
         """Region id of a region value under the current spec (see module docs)."""
@@ -296,6 +305,7 @@ class MemWalTable:
         """
         spec = self.region_spec
         spec_id = 0
+        entries: tuple[tuple[str, bytes], ...] = ()
         if region_values is not None:
             if spec is None:
                 raise RegionSpecError(f"{self.uri}: region_values given but no region spec")
@@ -306,7 +316,7 @@ class MemWalTable:
                 )
             region_id = derived
             spec_id = spec.spec_id
-            self._write_sidecar(region_id, spec_id, region_values)
+            entries = self._field_entries(region_values)
         elif region_id is None:
             if spec is not None:
                 raise RegionSpecError(
@@ -324,24 +334,9 @@ class MemWalTable:
             durable=durable,
             region_values=region_values,
             region_spec_id=spec_id,
+            region_field_entries=entries,
             **options,
         )
-
-    def _write_sidecar(self, region_id: str, spec_id: int, values: dict[str, Any]) -> None:
-        path = join(paths.region_dir(self.uri, region_id), REGION_SIDECAR)
-        body = {"region_spec_id": spec_id, "values": {k: _jsonable(v) for k, v in values.items()}}
-        try:
-            self.io.put_if_not_exists(path, json.dumps(body, sort_keys=True).encode())
-        except AlreadyExistsError:
-            pass
-
-    def refresh_snapshots(self) -> mwindex.MemWalIndex:
-        """Write the current region states as snapshots into the MemWAL index."""
-        from .snapshots import refresh
-
-        idx = refresh(self)
-        self._index = idx
-        return idx
 
     # -- background work ---------------------------------------------------------------
     def merge(
@@ -354,6 +349,38 @@ class MemWalTable:
         from .merger import merge
 
         return [(r.region_id, r.generation) for r in merge(self, region_id, max_generations)]
+
+    def refresh_snapshots(self) -> mwindex.MemWalIndex:
+        """Write the current region states as snapshots into the MemWAL index.
+
+        ``eventual`` readers use them (see :mod:`memwal_query.snapshots`).
+        """
+        from .snapshots import refresh
+
+        refresh(self)
+        return self.index()
+
+    def catch_up_indexes(self, names: list[str] | None = None) -> dict[str, dict[str, int]]:
+        """Extend base indexes over merged data and record ``index_catchup``."""
+        from .catchup import catch_up_indexes
+
+        return catch_up_indexes(self, names)
+
+    def gc(self, dry_run: bool = False, cleanup_older_than=None) -> list[str]:
+        """Delete merged, caught-up, unreferenced generations and WAL entries.
+
+        See :mod:`memwal_query.gc` for the rules. ``cleanup_older_than`` (a
+        ``datetime.timedelta``) first removes older base-table versions with Lance.
+        """
+        from .gc import gc
+
+        return gc(self, dry_run=dry_run, cleanup_older_than=cleanup_older_than)
+
+    def status(self) -> dict[str, Any]:
+        """Per region: epoch, generations flushed/merged, WAL span, sizes."""
+        from .gc import status
+
+        return status(self)
 
     # -- reading -----------------------------------------------------------------------
     def provider(

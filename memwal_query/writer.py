@@ -117,6 +117,7 @@ class RegionWriter:
         wal_flush_interval: float = DEFAULT_WAL_FLUSH_INTERVAL,
         region_values: dict[str, Any] | None = None,
         region_spec_id: int = 0,
+        region_field_entries: tuple[tuple[str, bytes], ...] = (),
     ) -> None:
         self.table = table
         self.region_id = paths.validate_region_id(region_id)
@@ -146,7 +147,7 @@ class RegionWriter:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
 
-        manifest = self._store.claim(region_spec_id)
+        manifest = self._store.claim(region_spec_id, region_field_entries=region_field_entries)
         self.epoch = manifest.writer_epoch
         self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
         self._next_wal_position = manifest.replay_after_wal_entry_position + 1
@@ -454,14 +455,23 @@ class RegionWriter:
             gen_dir = paths.new_generation_dir(memtable.generation)
             flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
 
+            merged = self.table.index().merged_generations().get(self.region_id, 0)
+            region_dir = paths.region_dir(self.table.uri, self.region_id)
+
             def update(current: RegionManifest) -> RegionManifest:
+                # Generations merged and already garbage collected leave the list.
+                kept = tuple(
+                    g
+                    for g in current.flushed_generations
+                    if g.generation > merged or self.table.io.exists(f"{region_dir}/{g.path}")
+                )
                 if current.current_generation != memtable.generation:
                     raise MemWalError(
                         f"region {self.region_id}: manifest expects generation "
                         f"{current.current_generation}, flushing {memtable.generation}"
                     )
                 return current.replace(
-                    flushed_generations=current.flushed_generations + (flushed,),
+                    flushed_generations=kept + (flushed,),
                     current_generation=memtable.generation + 1,
                     replay_after_wal_entry_position=memtable.last_wal_position
                     or current.replay_after_wal_entry_position,

@@ -44,7 +44,8 @@ def test_put_delete_flush_round_trip(table):
     m = w.manifest()
     assert m.current_generation == 2
     assert [g.generation for g in m.flushed_generations] == [1]
-    assert m.flushed_generations[0].num_rows == 6
+    assert m.flushed_generations[0].physical_rows == 6
+    assert m.flushed_generations[0].primary_key_bytes == 6 * 8
     assert m.replay_after_wal_entry_position == 3  # three WAL entries, positions 1..3
     gen_dir = paths.generation_path(table.uri, w.region_id, m.flushed_generations[0].path)
     ds = lance.dataset(gen_dir)

@@ -1,10 +1,18 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegionStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTIVE: _ClassVar[RegionStatus]
+    SEALED: _ClassVar[RegionStatus]
+ACTIVE: RegionStatus
+SEALED: RegionStatus
 
 class UUID(_message.Message):
     __slots__ = ("uuid",)
@@ -13,21 +21,29 @@ class UUID(_message.Message):
     def __init__(self, uuid: _Optional[bytes] = ...) -> None: ...
 
 class FlushedGeneration(_message.Message):
-    __slots__ = ("generation", "path", "size_bytes", "num_rows", "pk_bytes")
+    __slots__ = ("generation", "path", "in_memory_bytes", "physical_rows", "primary_key_bytes")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
-    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
-    PK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PHYSICAL_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_KEY_BYTES_FIELD_NUMBER: _ClassVar[int]
     generation: int
     path: str
-    size_bytes: int
-    num_rows: int
-    pk_bytes: int
-    def __init__(self, generation: _Optional[int] = ..., path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., pk_bytes: _Optional[int] = ...) -> None: ...
+    in_memory_bytes: int
+    physical_rows: int
+    primary_key_bytes: int
+    def __init__(self, generation: _Optional[int] = ..., path: _Optional[str] = ..., in_memory_bytes: _Optional[int] = ..., physical_rows: _Optional[int] = ..., primary_key_bytes: _Optional[int] = ...) -> None: ...
+
+class RegionFieldEntry(_message.Message):
+    __slots__ = ("field_id", "value")
+    FIELD_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    field_id: str
+    value: bytes
+    def __init__(self, field_id: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class RegionManifest(_message.Message):
-    __slots__ = ("region_id", "version", "region_spec_id", "writer_epoch", "replay_after_wal_entry_position", "wal_entry_position_last_seen", "current_generation", "flushed_generations")
+    __slots__ = ("region_id", "version", "region_spec_id", "writer_epoch", "replay_after_wal_entry_position", "wal_entry_position_last_seen", "current_generation", "flushed_generations", "region_field_entries", "status")
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REGION_SPEC_ID_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +52,8 @@ class RegionManifest(_message.Message):
     WAL_ENTRY_POSITION_LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     CURRENT_GENERATION_FIELD_NUMBER: _ClassVar[int]
     FLUSHED_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     region_id: UUID
     version: int
     region_spec_id: int
@@ -44,7 +62,9 @@ class RegionManifest(_message.Message):
     wal_entry_position_last_seen: int
     current_generation: int
     flushed_generations: _containers.RepeatedCompositeFieldContainer[FlushedGeneration]
-    def __init__(self, region_id: _Optional[_Union[UUID, _Mapping]] = ..., version: _Optional[int] = ..., region_spec_id: _Optional[int] = ..., writer_epoch: _Optional[int] = ..., replay_after_wal_entry_position: _Optional[int] = ..., wal_entry_position_last_seen: _Optional[int] = ..., current_generation: _Optional[int] = ..., flushed_generations: _Optional[_Iterable[_Union[FlushedGeneration, _Mapping]]] = ...) -> None: ...
+    region_field_entries: _containers.RepeatedCompositeFieldContainer[RegionFieldEntry]
+    status: RegionStatus
+    def __init__(self, region_id: _Optional[_Union[UUID, _Mapping]] = ..., version: _Optional[int] = ..., region_spec_id: _Optional[int] = ..., writer_epoch: _Optional[int] = ..., replay_after_wal_entry_position: _Optional[int] = ..., wal_entry_position_last_seen: _Optional[int] = ..., current_generation: _Optional[int] = ..., flushed_generations: _Optional[_Iterable[_Union[FlushedGeneration, _Mapping]]] = ..., region_field_entries: _Optional[_Iterable[_Union[RegionFieldEntry, _Mapping]]] = ..., status: _Optional[_Union[RegionStatus, str]] = ...) -> None: ...
 
 class MergedGeneration(_message.Message):
     __slots__ = ("region_id", "generation")
@@ -94,7 +114,14 @@ class RegionSpec(_message.Message):
     def __init__(self, spec_id: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[RegionField, _Mapping]]] = ...) -> None: ...
 
 class MemWalIndexDetails(_message.Message):
-    __slots__ = ("snapshot_ts_millis", "num_regions", "inline_snapshots", "region_specs", "maintained_indexes", "merged_generations", "index_catchup")
+    __slots__ = ("snapshot_ts_millis", "num_regions", "inline_snapshots", "region_specs", "maintained_indexes", "merged_generations", "index_catchup", "writer_config_defaults")
+    class WriterConfigDefaultsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SNAPSHOT_TS_MILLIS_FIELD_NUMBER: _ClassVar[int]
     NUM_REGIONS_FIELD_NUMBER: _ClassVar[int]
     INLINE_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +129,7 @@ class MemWalIndexDetails(_message.Message):
     MAINTAINED_INDEXES_FIELD_NUMBER: _ClassVar[int]
     MERGED_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     INDEX_CATCHUP_FIELD_NUMBER: _ClassVar[int]
+    WRITER_CONFIG_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
     snapshot_ts_millis: int
     num_regions: int
     inline_snapshots: bytes
@@ -109,4 +137,5 @@ class MemWalIndexDetails(_message.Message):
     maintained_indexes: _containers.RepeatedScalarFieldContainer[str]
     merged_generations: _containers.RepeatedCompositeFieldContainer[MergedGeneration]
     index_catchup: _containers.RepeatedCompositeFieldContainer[IndexCatchupProgress]
-    def __init__(self, snapshot_ts_millis: _Optional[int] = ..., num_regions: _Optional[int] = ..., inline_snapshots: _Optional[bytes] = ..., region_specs: _Optional[_Iterable[_Union[RegionSpec, _Mapping]]] = ..., maintained_indexes: _Optional[_Iterable[str]] = ..., merged_generations: _Optional[_Iterable[_Union[MergedGeneration, _Mapping]]] = ..., index_catchup: _Optional[_Iterable[_Union[IndexCatchupProgress, _Mapping]]] = ...) -> None: ...
+    writer_config_defaults: _containers.ScalarMap[str, str]
+    def __init__(self, snapshot_ts_millis: _Optional[int] = ..., num_regions: _Optional[int] = ..., inline_snapshots: _Optional[bytes] = ..., region_specs: _Optional[_Iterable[_Union[RegionSpec, _Mapping]]] = ..., maintained_indexes: _Optional[_Iterable[str]] = ..., merged_generations: _Optional[_Iterable[_Union[MergedGeneration, _Mapping]]] = ..., index_catchup: _Optional[_Iterable[_Union[IndexCatchupProgress, _Mapping]]] = ..., writer_config_defaults: _Optional[_Mapping[str, str]] = ...) -> None: ...

@@ -1,0 +1,175 @@
+"""Garbage collection of flushed generations and WAL entries, and table status.
+
+A flushed generation ``g`` of a region (and the WAL entries it was built from) is
+deleted only when all of these hold (spec, "Garbage Collector"):
+
+1. ``g <= merged_generations[region]`` in **every retained version** of the base table
+   (a version that has not merged ``g`` still needs it for time travel; versions
+   from before MemWAL initialization count as "nothing merged", so run
+   ``gc(cleanup_older_than=...)`` or Lance's ``cleanup_old_versions`` to let GC
+   reclaim space);
+2. every maintained index has caught up to ``g`` (``index_catchup``; an index or
+   region missing there counts as caught up).
+
+Directories of failed flush attempts (a ``*_gen_i`` directory no manifest lists, with
+``i`` below the region's ``current_generation``) are removed too. The region
+manifests are not rewritten (they belong to the writers); readers skip listed
+generations at or below the merged generation, and writers drop them from the list at
+their next flush.
+
+WAL entries: the first manifest version whose ``current_generation`` passed ``g``
+recorded ``replay_after_wal_entry_position = P``; entries ``1..P`` are covered by
+generations ``<= g`` and are deleted with them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import TYPE_CHECKING, Any
+
+import lance
+
+from . import crashpoints, paths
+from .index import read_index
+from .io import join
+from .manifest import RegionManifestStore
+from .naming import WAL_SUFFIX, from_bit_reversed
+from .wal import Wal
+
+if TYPE_CHECKING:
+    from .table import MemWalTable
+
+_GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
+
+
+def gc_limits(table: MemWalTable) -> dict[str, int]:
+    """Per region, the highest generation that may be garbage collected."""
+    ds = table.dataset()
+    versions = [v["version"] for v in ds.versions()]
+    per_version: list[dict[str, int] | None] = []
+    for v in versions:
+        idx = read_index(table.io, lance.dataset(table.uri, version=v))
+        per_version.append(None if idx is None else idx.merged_generations())
+    latest = table.index()
+    catchup = latest.index_catchup()
+    limits = {}
+    for region_id in table.region_ids():
+        limit = (
+            min((0 if m is None else m.get(region_id, 0)) for m in per_version)
+            if per_version
+            else 0
+        )
+        for name in table.maintained_indexes:
+            caught = catchup.get(name, {})
+            if region_id in caught:
+                limit = min(limit, caught[region_id])
+        limits[region_id] = limit
+    return limits
+
+
+def _wal_bound(store: RegionManifestStore, limit: int) -> int:
+    """WAL position covered by generations ``<= limit`` (0 if none)."""
+    latest = store.latest_version()
+    for version in range(1, latest + 1):
+        try:
+            m = store.load(version)
+        except Exception:  # noqa: BLE001 - missing old versions: keep scanning
+            continue
+        if m.current_generation > limit:
+            return m.replay_after_wal_entry_position if limit > 0 else 0
+    return 0
+
+
+def gc(
+    table: MemWalTable,
+    dry_run: bool = False,
+    cleanup_older_than: dt.timedelta | None = None,
+) -> list[str]:
+    """Delete what the rules above allow; return the paths removed (or that would be)."""
+    if cleanup_older_than is not None and not dry_run:
+        table.dataset().cleanup_old_versions(older_than=cleanup_older_than)
+    removed: list[str] = []
+    limits = gc_limits(table)
+    for region_id, limit in limits.items():
+        store = RegionManifestStore(table.io, table.uri, region_id)
+        manifest = store.load_latest()
+        if manifest is None:
+            continue
+        region_dir = paths.region_dir(table.uri, region_id)
+        listed = {g.path for g in manifest.flushed_generations}
+        for name in table.io.list(region_dir):
+            m = _GEN_DIR.match(name)
+            if m is None:
+                continue
+            gen = int(m.group(1))
+            orphan = name not in listed and gen < manifest.current_generation
+            if gen <= limit or orphan:
+                path = join(region_dir, name)
+                removed.append(path)
+                if not dry_run:
+                    table.io.delete_tree(path)
+                    crashpoints.point("gc.mid")
+        bound = _wal_bound(store, limit)
+        if bound:
+            wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+            for name in table.io.list(wal.dir):
+                if not name.endswith(WAL_SUFFIX):
+                    continue
+                try:
+                    position = from_bit_reversed(name)
+                except ValueError:
+                    continue
+                if position <= bound:
+                    removed.append(join(wal.dir, name))
+                    if not dry_run:
+                        table.io.delete(join(wal.dir, name))
+    return removed
+
+
+def status(table: MemWalTable) -> dict[str, Any]:
+    """Per-region state: epoch, generations flushed/merged, WAL span, sizes."""
+    index = table.index()
+    merged = index.merged_generations()
+    regions = {}
+    for region_id in table.region_ids():
+        store = RegionManifestStore(table.io, table.uri, region_id)
+        m = store.load_latest()
+        if m is None:
+            continue
+        wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+        last = wal.last_position(m.replay_after_wal_entry_position)
+        gen_bytes = sum(
+            table.io.tree_size(join(paths.region_dir(table.uri, region_id), g.path))
+            for g in m.flushed_generations
+        )
+        values = table.region_values(region_id)
+        regions[region_id] = {
+            "region_values": values[1] if values else None,
+            "manifest_version": m.version,
+            "writer_epoch": m.writer_epoch,
+            "current_generation": m.current_generation,
+            "flushed_generations": [g.generation for g in m.flushed_generations],
+            "merged_generation": merged.get(region_id, 0),
+            "replay_after_wal_entry_position": m.replay_after_wal_entry_position,
+            "wal_last_position": last,
+            "unflushed_wal_entries": last - m.replay_after_wal_entry_position,
+            "unflushed_rows": sum(
+                wal.read(p).table.num_rows
+                for p in range(m.replay_after_wal_entry_position + 1, last + 1)
+            ),
+            "generation_bytes": gen_bytes,
+            "wal_bytes": table.io.tree_size(wal.dir),
+        }
+    ds = table.dataset()
+    return {
+        "uri": table.uri,
+        "base_version": ds.version,
+        "base_rows": ds.count_rows(),
+        "primary_key": table.primary_key,
+        "region_spec": None if table.region_spec is None else repr(table.region_spec),
+        "maintained_indexes": table.maintained_indexes,
+        "index_catchup": index.index_catchup(),
+        "snapshot_regions": index.details.num_regions,
+        "regions": regions,
+    }

@@ -1,0 +1,47 @@
+"""Apache Spark (PySpark 4.x) integration: ingest, streaming sink, merge, reader.
+
+::
+
+    from memwal_query import spark as mqs
+
+    mqs.write(df, uri, mode="upsert")                      # batch DataFrame -> regions
+    query = stream_df.writeStream.foreachBatch(mqs.sink(uri)).start()
+    mqs.merge(spark, uri)                                  # merge regions as Spark tasks
+    mqs.register_source(spark)
+    spark.read.format("memwal").load(uri)                  # deduplicated LSM view
+
+Needs the ``spark`` extra (``pip install memwal_query[spark]``) and a table initialized
+with a region spec. See ``docs/spark.md`` and the submodules for the guarantees:
+:mod:`~memwal_query.spark.ingest` (routing, task retries and fencing),
+:mod:`~memwal_query.spark.streaming` (exactly-once micro-batches),
+:mod:`~memwal_query.spark.merge` (commit coordination) and
+:mod:`~memwal_query.spark.source` (partitions, pruning, pushdown).
+"""
+
+from __future__ import annotations
+
+from ._common import REGION_COLUMN, InjectedFault, region_id_array
+from .ingest import RegionWriteResult, WriteResult, route, write
+from .merge import MergedGeneration, MergeSummary, merge, pending_generations
+from .source import MemWalDataSource, filter_expression, read, register_source
+from .streaming import MemWalSink, sink
+
+__all__ = [
+    "REGION_COLUMN",
+    "InjectedFault",
+    "MemWalDataSource",
+    "MemWalSink",
+    "MergeSummary",
+    "MergedGeneration",
+    "RegionWriteResult",
+    "WriteResult",
+    "filter_expression",
+    "merge",
+    "pending_generations",
+    "read",
+    "region_id_array",
+    "route",
+    "register_source",
+    "sink",
+    "write",
+]

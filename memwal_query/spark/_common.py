@@ -1,0 +1,120 @@
+"""Helpers shared by the Spark ingest, sink, merge and reader (driver and executors)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..exceptions import MemWalError
+
+if TYPE_CHECKING:
+    from ..regionspec import RegionSpec
+    from ..table import MemWalTable
+
+REGION_COLUMN = "__memwal_region"
+"""Column the routing stage adds: the derived region id of the row."""
+
+SPARK_DIR = "_spark"
+"""Directory under ``_mem_wal/`` holding Spark state (streaming sink markers)."""
+
+FAULT_DIR_ENV = "MEMWAL_SPARK_FAULT_DIR"
+FAULT_POINTS = (
+    "ingest.after_put",
+    "sink.before_marker",
+    "sink.after_marker",
+    "merge.after_generation",
+)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by an armed fault point (tests of task retries and restarts)."""
+
+
+def fault(name: str) -> None:
+    """Raise :class:`InjectedFault` once if the fault point ``name`` is armed.
+
+    A point is armed by creating the file ``$MEMWAL_SPARK_FAULT_DIR/{name}``; the first
+    process that removes it raises, so exactly one task attempt (or one micro-batch)
+    fails, and its retry proceeds. Free when the variable is unset. The variable must be
+    set before the SparkSession starts, so that Python workers inherit it.
+    """
+    directory = os.environ.get(FAULT_DIR_ENV)
+    if not directory:
+        return
+    try:
+        os.unlink(os.path.join(directory, name))
+    except FileNotFoundError:
+        return
+    raise InjectedFault(f"injected fault at {name}")
+
+
+def open_table(uri: str, storage_options: dict[str, str] | None) -> MemWalTable:
+    """Open the table (a fresh object: newest base version, index and region spec)."""
+    from ..table import MemWalTable
+
+    return MemWalTable.open(uri, storage_options)
+
+
+def require_spec(table: MemWalTable) -> RegionSpec:
+    """The table's region spec, or MemWalError: Spark ingest routes rows by the spec."""
+    spec = table.region_spec
+    if spec is None:
+        raise MemWalError(
+            f"{table.uri}: Spark ingest needs a region spec (MemWalTable.initialize("
+            "..., region_spec=...)) so that every key has one region and tasks own "
+            "whole regions"
+        )
+    return spec
+
+
+def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.Array:
+    """Derived region id (``region_id_for``) of every row of evaluated region values.
+
+    ``values`` is :meth:`RegionSpec.evaluate`'s output (one column per region field).
+    Vectorised: each distinct combination of values is hashed once; NULL is a value of
+    its own, as it is a region of its own.
+    """
+    from ..table import region_id_for
+
+    n = values.num_rows
+    if n == 0:
+        return pa.array([], pa.string())
+    names = list(values.schema.names)
+    uniques: list[pa.Array] = []
+    codes = np.empty((n, len(names)), dtype=np.int64)
+    for j, name in enumerate(names):
+        col = values.column(name)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        distinct = pc.unique(col)
+        uniques.append(distinct)
+        codes[:, j] = pc.index_in(col, value_set=distinct, skip_nulls=False).to_numpy(
+            zero_copy_only=False
+        )
+    combos, inverse = np.unique(codes, axis=0, return_inverse=True)
+    ids = [
+        region_id_for(
+            spec.spec_id, {name: uniques[j][int(c[j])].as_py() for j, name in enumerate(names)}
+        )
+        for c in combos
+    ]
+    return pa.array(ids, pa.string()).take(pa.array(np.asarray(inverse).reshape(-1)))
+
+
+def split_by_value(column: pa.Array) -> list[tuple[Any, np.ndarray]]:
+    """``[(value, row indices in order), ...]`` for each distinct value of ``column``."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.flatnonzero(np.diff(codes[order])) + 1
+    out = []
+    for idx in np.split(order, bounds):
+        if len(idx):
+            out.append((encoded.dictionary[int(codes[idx[0]])].as_py(), idx))
+    return out

@@ -1,0 +1,508 @@
+"""Batch ingest of a Spark DataFrame into the regions of a MemWAL table.
+
+One Spark job, two stages, no per-row Python:
+
+1. **Route** (``mapInArrow``, narrow): each Arrow batch is coerced to the table schema
+   and :meth:`RegionSpec.evaluate` computes the region values of its rows - the very
+   function :meth:`MemWalTable.write` and :class:`RegionWriter` use, so the values are
+   identical - and the derived region id (:func:`memwal_query.table.region_id_for`) is
+   added as the column ``__memwal_region``.
+2. **Write** (``repartition(n, "__memwal_region")`` then ``mapInArrow``): hash
+   partitioning sends all rows of a region to one partition, so each task owns whole
+   regions (a task may own several). The task opens one :class:`RegionWriter` per region
+   it sees (claiming it: ``writer_epoch + 1``), buffers each region's rows up to
+   ``buffer_rows`` and puts them as one durable WAL entry, and at the end flushes the
+   MemTable as a generation (``flush=True``) or leaves it in the WAL (``flush=False``).
+   Only then does it yield its small result batch (region, rows, generation, epoch).
+
+Task retries and speculative attempts
+-------------------------------------
+A second attempt of a task opens the same regions again, which *claims* them with a
+higher epoch: from then on the earlier attempt is fenced (its next WAL entry or manifest
+commit raises :class:`~memwal_query.exceptions.FencedError`). The new writer replays the
+earlier attempt's durable WAL entries (or adopts one written concurrently, spec
+Appendix 1) and then writes the whole partition again. The rows written twice are the
+same rows in the same order, and the view keeps the newest row per key, so nothing is
+lost and nothing is doubled in reads.
+
+Ordering
+--------
+Within one call, rows of one key are applied in the order they reach the write task,
+which after a shuffle is not the input order: give ``order_by`` (a column, e.g. an
+event time or sequence number) to sort each task's rows first, or write unique keys.
+Across calls (and streaming micro-batches) order is the call order.
+
+A job that fails for good (retries exhausted) may leave part of its rows written, as
+any non-transactional sink does; running the same write again converges to the same
+view (upserts and deletes by key are idempotent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..exceptions import MemWalError, SchemaError
+from ..schema import coerce_keys, coerce_rows
+from ._common import (
+    REGION_COLUMN,
+    fault,
+    open_table,
+    region_id_array,
+    require_spec,
+    split_by_value,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from ..table import MemWalTable
+    from ..writer import RegionWriter
+
+MODES = ("upsert", "delete")
+DEFAULT_BUFFER_ROWS = 200_000
+
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("region_id", pa.string()),
+        pa.field("upserted", pa.int64()),
+        pa.field("deleted", pa.int64()),
+        pa.field("generation", pa.int64()),
+        pa.field("epoch", pa.int64()),
+        pa.field("partition", pa.int32()),
+        pa.field("attempt", pa.int32()),
+    ]
+)
+RESULT_DDL = (
+    "region_id string, upserted long, deleted long, generation long, epoch long, "
+    "partition int, attempt int"
+)
+
+
+@dataclass(frozen=True)
+class RegionWriteResult:
+    """What one Spark task wrote into one region.
+
+    Attributes
+    ----------
+    region_id : str
+    upserted, deleted : int
+        Rows put and keys deleted.
+    generation : int or None
+        Newest generation flushed by the task (None with ``flush=False``).
+    epoch : int
+        Writer epoch the task claimed the region with.
+    partition, attempt : int
+        Spark partition id and attempt number of the task.
+    """
+
+    region_id: str
+    upserted: int
+    deleted: int
+    generation: int | None
+    epoch: int
+    partition: int
+    attempt: int
+
+
+@dataclass
+class WriteResult:
+    """Summary of :func:`write`.
+
+    Attributes
+    ----------
+    regions : list of RegionWriteResult
+        One entry per region written (by the successful task attempt).
+    seconds : float
+        Wall-clock time of the Spark job.
+    """
+
+    regions: list[RegionWriteResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def upserted(self) -> int:
+        """Rows put."""
+        return sum(r.upserted for r in self.regions)
+
+    @property
+    def deleted(self) -> int:
+        """Keys deleted."""
+        return sum(r.deleted for r in self.regions)
+
+    @property
+    def rows(self) -> int:
+        """Rows put plus keys deleted."""
+        return self.upserted + self.deleted
+
+    def by_region(self) -> dict[str, int]:
+        """``{region_id: rows written}``."""
+        return {r.region_id: r.upserted + r.deleted for r in self.regions}
+
+
+# -- driver side -----------------------------------------------------------------------
+def write(
+    df: DataFrame,
+    uri: str,
+    mode: str = "upsert",
+    *,
+    delete_column: str | None = None,
+    order_by: str | list[str] | None = None,
+    num_partitions: int | None = None,
+    flush: bool = True,
+    buffer_rows: int = DEFAULT_BUFFER_ROWS,
+    writer_options: dict[str, Any] | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> WriteResult:
+    """Write a batch DataFrame into the table's regions (see the module docs).
+
+    Parameters
+    ----------
+    df : pyspark.sql.DataFrame
+        Rows to write. Columns must be table columns (missing nullable ones become
+        NULL); with ``mode="delete"`` only the primary-key columns are used.
+    uri : str
+        Table URI; the table must be initialized with a region spec.
+    mode : {"upsert", "delete"}
+        Put the rows, or delete their keys.
+    delete_column : str, optional
+        A boolean column: rows where it is true are deletes of their key, the others
+        upserts (CDC input). Overrides ``mode``; the column is not written.
+    order_by : str or list of str, optional
+        Sort each task's rows by these columns before writing, so that among rows of
+        one key the last in this order wins. Columns that are not table columns (a
+        sequence number...) are used for sorting only.
+    num_partitions : int, optional
+        Write tasks (each owns whole regions). Default: the session's default
+        parallelism.
+    flush : bool
+        ``True`` (default): each task flushes its MemTables as generations before it
+        reports success, so the rows are visible to every reader. ``False``: the rows
+        are only durable in the WAL; the next writer of the region replays them, and
+        readers see them once that writer flushes.
+    buffer_rows : int
+        Rows of one region buffered in a task before a durable put (one WAL entry).
+    writer_options : dict, optional
+        :class:`RegionWriter` options (``max_memtable_rows``, ``max_memtable_bytes``...).
+    storage_options : dict, optional
+        Object-store options of the table.
+
+    Returns
+    -------
+    WriteResult
+
+    Raises
+    ------
+    SchemaError
+        When a column is not in the table, or a primary-key column is missing.
+    MemWalError
+        When the table has no region spec, or a task failed for good.
+    """
+    spark = df.sparkSession
+    if num_partitions is None:
+        num_partitions = max(1, spark.sparkContext.defaultParallelism)
+    order = [order_by] if isinstance(order_by, str) else list(order_by or [])
+    routed, options = _route(
+        df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
+    )
+    routed = routed.repartition(num_partitions, REGION_COLUMN)
+    if order:
+        routed = routed.sortWithinPartitions(*order)
+
+    def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return write_partition(batches, options)
+
+    started = time.perf_counter()
+    rows = routed.mapInArrow(write_task, RESULT_DDL).collect()
+    seconds = time.perf_counter() - started
+    regions = sorted(
+        (RegionWriteResult(**r.asDict()) for r in rows), key=lambda r: (r.region_id, r.partition)
+    )
+    return WriteResult(regions, seconds)
+
+
+def route(
+    df: DataFrame,
+    uri: str,
+    mode: str = "upsert",
+    *,
+    delete_column: str | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> DataFrame:
+    """``df`` plus the derived region id of every row (column ``__memwal_region``).
+
+    The first stage of :func:`write`, exposed to inspect the routing: the region values
+    come from :meth:`RegionSpec.evaluate` on Arrow batches, as in the writer.
+    """
+    return _route(df, uri, mode, delete_column, [], storage_options)[0]
+
+
+def _route(
+    df: DataFrame,
+    uri: str,
+    mode: str,
+    delete_column: str | None,
+    order: list[str],
+    storage_options: dict[str, str] | None,
+    flush: bool = True,
+    buffer_rows: int = DEFAULT_BUFFER_ROWS,
+    writer_options: dict[str, Any] | None = None,
+) -> tuple[DataFrame, dict[str, Any]]:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    if mode not in MODES:
+        raise MemWalError(f"mode must be one of {MODES}, got {mode!r}")
+    table = open_table(uri, storage_options)
+    require_spec(table)
+    ignore = _check_columns(df, table, mode, delete_column, order)
+    options = {
+        "uri": table.uri,
+        "storage_options": dict(storage_options or {}),
+        "mode": mode,
+        "delete_column": delete_column,
+        "ignore": ignore,
+        "flush": flush,
+        "buffer_rows": max(1, int(buffer_rows)),
+        "writer_options": dict(writer_options or {}),
+    }
+    schema = StructType(
+        [*df.schema.fields, StructField(REGION_COLUMN, StringType(), nullable=False)]
+    )
+
+    def route_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return route_batches(batches, options)
+
+    return df.mapInArrow(route_task, schema), options
+
+
+def _check_columns(
+    df: DataFrame, table: MemWalTable, mode: str, delete_column: str | None, order: list[str]
+) -> list[str]:
+    """Validate the DataFrame's columns; return those not to write (delete flag, sort)."""
+    names = list(df.columns)
+    if REGION_COLUMN in names:
+        raise SchemaError(f"column name {REGION_COLUMN!r} is reserved")
+    if delete_column is not None and delete_column not in names:
+        raise SchemaError(f"delete_column {delete_column!r} is not a column of the DataFrame")
+    unknown = [c for c in order if c not in names]
+    if unknown:
+        raise SchemaError(f"order_by column(s) {unknown} are not columns of the DataFrame")
+    ignore = [
+        c for c in names if c == delete_column or (c in order and c not in table.schema.names)
+    ]
+    data = [c for c in names if c not in ignore]
+    missing_pk = [k for k in table.primary_key if k not in data]
+    if missing_pk:
+        raise SchemaError(f"the DataFrame lacks primary-key column(s) {missing_pk}")
+    if mode == "upsert" or delete_column is not None:
+        extra = [c for c in data if table.schema.get_field_index(c) < 0]
+        if extra:
+            raise SchemaError(f"column(s) {extra} are not in the table schema {table.schema.names}")
+    return ignore
+
+
+# -- executor side: routing ------------------------------------------------------------
+def _delete_mask(batch: pa.RecordBatch, delete_column: str | None) -> np.ndarray | None:
+    if delete_column is None:
+        return None
+    col = batch.column(delete_column)
+    if col.type != pa.bool_():
+        col = pc.cast(col, pa.bool_())
+    return pc.fill_null(col, False).to_numpy(zero_copy_only=False)
+
+
+def _data(batch: pa.RecordBatch, drop: list[str]) -> pa.Table:
+    keep = [n for n in batch.schema.names if n not in drop]
+    return pa.Table.from_batches([batch.select(keep)])
+
+
+def route_batches(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Stage 1: append the derived region id of every row (``__memwal_region``)."""
+    table = open_table(options["uri"], options["storage_options"])
+    spec = require_spec(table)
+    delete_column = options["delete_column"]
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        data = _data(batch, options["ignore"])
+        deletes = _delete_mask(batch, delete_column)
+        if deletes is None:
+            deletes = np.full(batch.num_rows, options["mode"] == "delete")
+        ids = np.empty(batch.num_rows, dtype=object)
+        for is_delete in (False, True):
+            idx = np.flatnonzero(deletes == is_delete)
+            if not len(idx):
+                continue
+            part = data if len(idx) == batch.num_rows else data.take(pa.array(idx))
+            ids[idx] = region_id_array(spec, region_values(table, part, is_delete)).to_numpy(
+                zero_copy_only=False
+            )
+        yield batch.append_column(
+            pa.field(REGION_COLUMN, pa.string(), nullable=False), pa.array(ids, pa.string())
+        )
+
+
+def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.RecordBatch:
+    """Region values of upsert rows (full rows) or delete keys, as the writer computes them.
+
+    :meth:`RegionWriter.put` checks ``spec.evaluate`` on the coerced rows, and
+    :meth:`RegionWriter.delete` on the key table, so routing does exactly the same.
+    """
+    spec = require_spec(table)
+    if is_delete:
+        rows = coerce_keys(data, table.schema, table.primary_key)
+    else:
+        rows = coerce_rows(data, table.schema, table.primary_key)
+    return spec.evaluate(rows, table.lance_schema)
+
+
+# -- executor side: writing ------------------------------------------------------------
+class _RegionSink:
+    """One region's writer inside a write task, with its row buffer."""
+
+    def __init__(self, table: MemWalTable, region_id: str, options: dict[str, Any]) -> None:
+        self.table = table
+        self.region_id = region_id
+        self.options = options
+        self.writer: RegionWriter | None = None
+        self.buffer: list[tuple[bool, pa.Table]] = []
+        self.buffered = 0
+        self.upserted = 0
+        self.deleted = 0
+        self.generation: int | None = None
+
+    def _open(self, first: pa.Table, is_delete: bool) -> RegionWriter:
+        values = region_values(self.table, first.slice(0, 1), is_delete)
+        region = {name: values.column(name)[0].as_py() for name in values.schema.names}
+        writer = self.table.writer(region_values=region, **self.options["writer_options"])
+        if writer.region_id != self.region_id:  # routing and writer disagree: a bug
+            writer.close(flush=False)
+            raise MemWalError(
+                f"routed region {self.region_id} but the writer derived {writer.region_id}"
+            )
+        return writer
+
+    def add(self, rows: pa.Table, deletes: np.ndarray) -> None:
+        """Buffer ``rows`` (runs of upserts and deletes, in order); put when full."""
+        if not deletes.any() or deletes.all():
+            self.buffer.append((bool(deletes[0]), rows))
+        else:
+            bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
+            start = 0
+            for end in [*bounds.tolist(), len(deletes)]:
+                self.buffer.append((bool(deletes[start]), rows.slice(start, end - start)))
+                start = end
+        self.buffered += rows.num_rows
+        if self.buffered >= self.options["buffer_rows"]:
+            self.drain()
+
+    def drain(self) -> None:
+        """Write the buffer: one durable put/delete per run of the same kind."""
+        if not self.buffer:
+            return
+        if self.writer is None:
+            kind, first = self.buffer[0]
+            self.writer = self._open(first, kind)
+        runs: list[tuple[bool, list[pa.Table]]] = []
+        for kind, rows in self.buffer:
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(rows)
+            else:
+                runs.append((kind, [rows]))
+        self.buffer, self.buffered = [], 0
+        schema, pk = self.table.schema, self.table.primary_key
+        for kind, parts in runs:
+            rows = pa.concat_tables(parts, promote_options="default")
+            if kind:
+                keys = coerce_keys(rows, schema, pk)
+                self.writer.delete(keys)
+                self.deleted += keys.num_rows
+            else:
+                # Routed with spec.evaluate on these coerced rows: put without re-checking.
+                self.writer._put_routed(coerce_rows(rows, schema, pk))
+                self.upserted += rows.num_rows
+            fault("ingest.after_put")
+
+    def finish(self) -> None:
+        """Write what is buffered, then flush (or sync the WAL) and close the writer."""
+        self.drain()
+        if self.writer is None:
+            return
+        if self.options["flush"]:
+            self.generation = self.writer.flush()
+            self.writer.close(flush=False)
+        else:
+            self.writer.close(flush=False)  # syncs the WAL: durable, replayed later
+
+    def abort(self) -> None:
+        """Close without flushing (the WAL keeps what was acknowledged)."""
+        if self.writer is not None:
+            try:
+                self.writer.close(flush=False)
+            except Exception:  # noqa: BLE001 - the task is failing anyway
+                pass
+
+
+def _task_info() -> tuple[int, int]:
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover
+        return 0, 0
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, 0
+    return ctx.partitionId(), ctx.attemptNumber()
+
+
+def write_partition(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Stage 2: write a partition's rows through one RegionWriter per region.
+
+    Yields one small result batch (:data:`RESULT_SCHEMA`) once every region's rows are
+    durable (flushed or in the WAL), so Spark sees success only after durability.
+    """
+    partition, attempt = _task_info()
+    table = open_table(options["uri"], options["storage_options"])
+    delete_column = options["delete_column"]
+    drop = [REGION_COLUMN, *options["ignore"]]
+    sinks: dict[str, _RegionSink] = {}
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            deletes = _delete_mask(batch, delete_column)
+            if deletes is None:
+                deletes = np.full(batch.num_rows, options["mode"] == "delete")
+            data = _data(batch, drop)
+            for region_id, idx in split_by_value(batch.column(REGION_COLUMN)):
+                sink = sinks.get(region_id)
+                if sink is None:
+                    sink = sinks[region_id] = _RegionSink(table, region_id, options)
+                part = data if len(idx) == batch.num_rows else data.take(pa.array(idx))
+                sink.add(part, deletes[idx])
+        for sink in sinks.values():
+            sink.finish()
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        raise
+    out = {name: [] for name in RESULT_SCHEMA.names}
+    for region_id, sink in sorted(sinks.items()):
+        out["region_id"].append(region_id)
+        out["upserted"].append(sink.upserted)
+        out["deleted"].append(sink.deleted)
+        out["generation"].append(sink.generation)
+        out["epoch"].append(sink.writer.epoch if sink.writer is not None else None)
+        out["partition"].append(partition)
+        out["attempt"].append(attempt)
+    if sinks:
+        yield pa.RecordBatch.from_pydict(out, schema=RESULT_SCHEMA)

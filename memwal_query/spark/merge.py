@@ -1,0 +1,226 @@
+"""Merging flushed generations into the base table as Spark tasks.
+
+The driver lists the regions with unmerged generations (region manifest vs. the MemWAL
+index's ``merged_generations``) and runs one Spark task per region, in parallel. A task
+runs :func:`memwal_query.merger.merge_region` for its region, which merges the
+region's generations strictly in ascending order, one generation per Lance commit.
+
+How commits to the one base table are coordinated
+-------------------------------------------------
+There is no lock and no coordinator: every task commits to the base table on its own,
+with Lance's optimistic concurrency.
+
+- Each generation is ONE Lance ``merge_insert`` transaction that carries both the data
+  and the progress marker (``mark_sstables_as_compacted``: ``merged_generations[region]
+  = generation`` in the MemWAL index). Data and progress can never diverge.
+- The commit is made with ``conflict_retries(0)``. When another task committed first
+  (a different region, or the same region from a retried or speculative attempt), the
+  commit fails with a conflict; the task re-reads the newest version and its index and
+  starts again from ``merged_generations[region] + 1``. If the generation it was
+  merging is already recorded there, it moves to the next one; Lance itself rejects a
+  progress marker that is not above the recorded one. So a generation is never merged
+  twice nor skipped, whatever the interleaving (spec, Appendix 2).
+- A task that keeps losing races (``CommitConflictError`` after ``max_retries``)
+  reports it instead of failing the job; the driver runs such regions again in a
+  following round, with fewer tasks (so fewer races), until every region is merged or
+  no round makes progress.
+
+A retried task (after a crash between generations, or a speculative copy) therefore
+only continues where the region's committed progress stands.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import CommitConflictError
+from ._common import fault, open_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from ..table import MemWalTable
+
+
+@dataclass(frozen=True)
+class MergedGeneration:
+    """One generation merged by a Spark task."""
+
+    region_id: str
+    generation: int
+    upserted: int
+    deleted: int
+    seconds: float
+    partition: int
+    attempt: int
+
+
+@dataclass
+class MergeSummary:
+    """Result of :func:`merge`.
+
+    Attributes
+    ----------
+    merged : list of MergedGeneration
+        Generations merged, per region in ascending order.
+    rounds : int
+        Spark jobs run (more than one when some region lost too many commit races).
+    pending : dict
+        ``{region_id: unmerged generations}`` left when merging stopped making progress
+        (empty on success).
+    progress : dict
+        ``{region_id: (merged generation before, after)}`` from the MemWAL index: the
+        authoritative record (``merged`` misses generations committed by a task
+        attempt that failed afterwards; its retry continued after them).
+    seconds : float
+        Wall-clock time.
+    """
+
+    merged: list[MergedGeneration] = field(default_factory=list)
+    rounds: int = 0
+    pending: dict[str, int] = field(default_factory=dict)
+    progress: dict[str, tuple[int, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def by_region(self) -> dict[str, list[int]]:
+        """``{region_id: [generations merged, ascending]}``."""
+        out: dict[str, list[int]] = {}
+        for m in self.merged:
+            out.setdefault(m.region_id, []).append(m.generation)
+        return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def pending_generations(table: MemWalTable) -> dict[str, int]:
+    """``{region_id: number of flushed generations not merged yet}`` (non-zero only)."""
+    merged = table.index().merged_generations()
+    out = {}
+    for region_id in table.region_ids():
+        manifest = table.region_manifest(region_id)
+        if manifest is None:
+            continue
+        done = merged.get(region_id, 0)
+        n = sum(1 for g in manifest.flushed_generations if g.generation > done)
+        if n:
+            out[region_id] = n
+    return out
+
+
+def merge(
+    spark: SparkSession,
+    uri: str,
+    *,
+    regions: list[str] | None = None,
+    max_generations: int | None = None,
+    max_retries: int = 20,
+    max_rounds: int = 5,
+    parallelism: int | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> MergeSummary:
+    """Merge all regions' flushed generations into the base table, one task per region.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    uri : str
+        Table URI.
+    regions : list of str, optional
+        Only these regions (default: every region with unmerged generations).
+    max_generations : int, optional
+        At most this many generations per region per round.
+    max_retries : int
+        Commit races a task tolerates per region before reporting a conflict.
+    max_rounds : int
+        Spark jobs at most (a round re-runs regions that lost too many races).
+    parallelism : int, optional
+        Tasks of the first round (default: one per region). Later rounds halve it.
+    storage_options : dict, optional
+        Object-store options of the table.
+
+    Returns
+    -------
+    MergeSummary
+    """
+    started = time.perf_counter()
+    table = open_table(uri, storage_options)
+    options = {
+        "uri": table.uri,
+        "storage_options": dict(storage_options or {}),
+        "max_generations": max_generations,
+        "max_retries": max_retries,
+    }
+    summary = MergeSummary()
+    before = table.index().merged_generations()
+    todo = pending_generations(table)
+    if regions is not None:
+        todo = {r: n for r, n in todo.items() if r in set(regions)}
+    touched = set(todo)
+    slices = parallelism
+    while todo and summary.rounds < max_rounds:
+        summary.rounds += 1
+        ids = sorted(todo)
+        n = max(1, min(len(ids), slices or len(ids)))
+
+        def task(it: Iterator[str]) -> Iterator[dict[str, Any]]:
+            return merge_partition(it, options)
+
+        rows = spark.sparkContext.parallelize(ids, n).mapPartitions(task).collect()
+        conflicts = False
+        for r in rows:
+            if r["kind"] == "merged":
+                summary.merged.append(MergedGeneration(**r["merged"]))
+            else:
+                conflicts = True
+        if not conflicts or max_generations is not None:
+            break
+        last = todo
+        todo = {r: c for r, c in pending_generations(table).items() if r in last}
+        if todo == last:
+            break  # no progress at all: give up, report what is pending
+        slices = max(1, n // 2)
+    todo = pending_generations(table)
+    if regions is not None:
+        todo = {r: c for r, c in todo.items() if r in set(regions)}
+    summary.pending = todo if max_generations is None else {}
+    after = table.index().merged_generations()
+    summary.progress = {r: (before.get(r, 0), after.get(r, 0)) for r in sorted(touched)}
+    summary.merged.sort(key=lambda m: (m.region_id, m.generation))
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def merge_partition(region_ids: Iterator[str], options: dict[str, Any]) -> Iterator[dict]:
+    """Executor side: merge each region of this partition, generation by generation."""
+    from ..merger import merge_region
+    from .ingest import _task_info
+
+    partition, attempt = _task_info()
+    table = open_table(options["uri"], options["storage_options"])
+    for region_id in region_ids:
+        budget = options["max_generations"]
+        while budget is None or budget > 0:
+            try:
+                done = merge_region(table, region_id, 1, options["max_retries"])
+            except CommitConflictError as e:
+                yield {"kind": "conflict", "region_id": region_id, "error": str(e)}
+                break
+            if not done:
+                break
+            for m in done:
+                yield {
+                    "kind": "merged",
+                    "merged": {
+                        "region_id": m.region_id,
+                        "generation": m.generation,
+                        "upserted": m.upserted,
+                        "deleted": m.deleted,
+                        "seconds": m.seconds,
+                        "partition": partition,
+                        "attempt": attempt,
+                    },
+                }
+            if budget is not None:
+                budget -= len(done)
+            fault("merge.after_generation")

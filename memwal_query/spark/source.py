@@ -1,0 +1,465 @@
+"""``spark.read.format("memwal")``: a PySpark Python Data Source over the LSM view.
+
+Register once per session with :func:`register_source`, then::
+
+    df = spark.read.format("memwal").load(uri)                      # every column
+    df = spark.read.format("memwal").option("columns", "id,val").load(uri)
+    df = spark.read.format("memwal").schema("id long, val double").load(uri)
+
+It returns the same rows as the DataFusion provider (:meth:`MemWalTable.provider`) with
+the same consistency (``option("consistency", "strong" | "eventual")``, default
+``strong``): the newest version of every key, deletes applied. Unflushed MemTables live
+in their writer's process and are not visible (as for any other process).
+
+Partitions (planned once per query, in Spark's planning worker)
+---------------------------------------------------------------
+The sources are resolved at planning time (:func:`memwal_query.sources.resolve`): the
+base table version, the merged generation of every region, and the unmerged flushed
+generations of each region. Each partition then reads a fixed, immutable piece:
+
+- **one partition per region** with unmerged generations: its generations' rows,
+  newest per key (a key lives in one region, so this is the key's newest version
+  overall), tombstones removed, then filtered;
+- **base-table splits**: groups of the pinned base version's fragments (about
+  ``rowsPerSplit`` rows each), read by Lance's scanner with the pushed filter, minus
+  the rows whose key appears in *any* region's partition (whatever its filter
+  outcome). Each split loads the primary-key columns of every planned generation to
+  drop them; generations are immutable, so this is cached per worker process.
+
+Column pruning and filter pushdown
+----------------------------------
+The Python Data Source API (PySpark 4.x) passes no required-column list to a reader, so
+Spark cannot prune columns by itself: ask for the columns with ``option("columns",
+...)`` or a user schema, and only those (plus the key) are read.
+Filters are pushed (``pushFilters``, PySpark >= 4.1 with
+``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on):
+``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS [NOT] NULL``, ``NOT``,
+``LIKE 'a%'/'%a'/'%a%'`` on integer, string, boolean, date, decimal and binary columns
+are evaluated exactly here (Lance pushdown on the base table, after deduplication on
+the regions) and prune regions whose region value cannot match; other filters (floats
+with NaN semantics, timestamps with session time zones, nested fields) stay in Spark.
+A pushed filter is evaluated on the newest version of a key only, as in the provider.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from .. import sources
+from ..dedup import KeySet, newest_per_key
+from ..exceptions import MemWalError, SchemaError
+from ..schema import TOMBSTONE
+from ._common import open_table
+
+try:  # PySpark >= 4.1
+    from pyspark.sql import datasource as _ds
+
+    _FILTERS = {
+        name: getattr(_ds, name)
+        for name in (
+            "EqualTo",
+            "EqualNullSafe",
+            "GreaterThan",
+            "GreaterThanOrEqual",
+            "LessThan",
+            "LessThanOrEqual",
+            "In",
+            "IsNull",
+            "IsNotNull",
+            "Not",
+            "StringStartsWith",
+            "StringEndsWith",
+            "StringContains",
+        )
+    }
+except AttributeError:  # pragma: no cover - PySpark 4.0: no pushdown API
+    _FILTERS = {}
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+FORMAT = "memwal"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+DEFAULT_ROWS_PER_SPLIT = 1_000_000
+
+_CMP = {
+    "EqualTo": ("==", "!="),
+    "GreaterThan": (">", "<="),
+    "GreaterThanOrEqual": (">=", "<"),
+    "LessThan": ("<", ">="),
+    "LessThanOrEqual": ("<=", ">"),
+}
+_PRUNE_OP = {"==": "=", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
+_STRING_FNS = {
+    "StringStartsWith": pc.starts_with,
+    "StringEndsWith": pc.ends_with,
+    "StringContains": pc.match_substring,
+}
+
+
+# -- filters ---------------------------------------------------------------------------
+def _pushable_type(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_date(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    )
+
+
+def _literal(value: Any, t: pa.DataType) -> pa.Scalar:
+    if value is None or isinstance(value, float) and math.isnan(value):
+        raise ValueError("NULL/NaN literal")
+    if isinstance(value, dt.datetime):
+        raise ValueError("timestamp literal")
+    if isinstance(value, bool) != pa.types.is_boolean(t):
+        raise ValueError("boolean mismatch")
+    if isinstance(value, float) and not pa.types.is_floating(t):
+        if not value.is_integer():
+            raise ValueError("fractional literal on a non-float column")
+        value = int(value) if not pa.types.is_decimal(t) else decimal.Decimal(value)
+    return pa.scalar(value, type=t)
+
+
+def filter_expression(
+    f: Any, schema: pa.Schema, negate: bool = False
+) -> tuple[pc.Expression, list[tuple[str, str, Any]]]:
+    """A Spark data source ``Filter`` as a pyarrow expression (+ pruning predicates).
+
+    The expression keeps exactly the rows for which Spark's filter (or its negation)
+    is true, NULLs included. Raises ValueError for a filter that is not supported
+    (then Spark evaluates it).
+    """
+    kind = type(f).__name__
+    if kind == "Not":
+        expr, _ = filter_expression(f.child, schema, not negate)
+        return expr, []
+    attr = getattr(f, "attribute", None)
+    if not isinstance(attr, tuple) or len(attr) != 1:
+        raise ValueError("nested or missing column")
+    name = attr[0]
+    idx = schema.get_field_index(name)
+    if idx < 0:
+        raise ValueError(f"unknown column {name!r}")
+    t = schema.field(idx).type
+    if not _pushable_type(t):
+        raise ValueError(f"type {t} is not pushed")
+    col = pc.field(name)
+    if kind == "IsNull" or kind == "IsNotNull":
+        want_null = (kind == "IsNull") != negate
+        return (col.is_null() if want_null else col.is_valid()), []
+    if kind in _CMP:
+        op = _CMP[kind][1 if negate else 0]
+        lit = _literal(f.value, t)
+        expr = {
+            "==": col == lit,
+            "!=": col != lit,
+            "<": col < lit,
+            "<=": col <= lit,
+            ">": col > lit,
+            ">=": col >= lit,
+        }[op]
+        preds = [(name, _PRUNE_OP[op], lit.as_py())] if op in _PRUNE_OP else []
+        return expr, preds
+    if kind == "EqualNullSafe":
+        if f.value is None:
+            return (col.is_valid() if negate else col.is_null()), []
+        raise ValueError("null-safe equality with a value")
+    if kind == "In":
+        values = [_literal(v, t) for v in f.value]
+        if not values:
+            raise ValueError("empty IN")
+        isin = col.isin(pa.array([v.as_py() for v in values], type=t))
+        if negate:  # NOT IN: NULL stays NULL (dropped)
+            return (~isin) & col.is_valid(), []
+        return isin, [(name, "in", [v.as_py() for v in values])]
+    if kind in _STRING_FNS:
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise ValueError("string filter on a non-string column")
+        if not isinstance(f.value, str):
+            raise ValueError("non-string pattern")
+        expr = _STRING_FNS[kind](col, pattern=f.value)
+        return ((~expr) & col.is_valid() if negate else expr), []
+    raise ValueError(f"filter {kind} is not supported")
+
+
+def _combine(filters: Sequence[Any], schema: pa.Schema):
+    expr = None
+    preds: list[tuple[str, str, Any]] = []
+    for f in filters:
+        e, p = filter_expression(f, schema)
+        expr = e if expr is None else expr & e
+        preds.extend(p)
+    return expr, preds
+
+
+# -- partitions ------------------------------------------------------------------------
+class RegionPartition(InputPartition):
+    """One region's unmerged generations ``[(generation, uri), ...]``, oldest first."""
+
+    def __init__(self, region_id: str, generations: list[tuple[int, str]]) -> None:
+        super().__init__(region_id)
+        self.region_id = region_id
+        self.generations = generations
+
+
+class BasePartition(InputPartition):
+    """Fragments of the pinned base version, minus keys of ``newer`` generations."""
+
+    def __init__(
+        self, version: int, fragment_ids: list[int] | None, newer: list[tuple[str, int, str]]
+    ) -> None:
+        super().__init__(fragment_ids)
+        self.version = version
+        self.fragment_ids = fragment_ids
+        self.newer = newer
+
+
+_KEY_CACHE: OrderedDict[tuple, KeySet] = OrderedDict()
+_KEY_LOCK = threading.Lock()
+_KEY_CACHE_MAX = 4
+
+
+def _newer_keys(newer: list[tuple[str, int, str]], pk: list[str], storage_options) -> KeySet:
+    """Every key of the given generations (cached per worker: generations are immutable)."""
+    cache_key = (tuple(u for _, _, u in newer), tuple(pk))
+    with _KEY_LOCK:
+        hit = _KEY_CACHE.get(cache_key)
+        if hit is not None:
+            _KEY_CACHE.move_to_end(cache_key)
+            return hit
+    parts = []
+    for region_id, generation, uri in newer:
+        try:
+            ds = lance.dataset(uri, storage_options=storage_options or None)
+            parts.append(ds.to_table(columns=pk))
+        except (ValueError, OSError) as e:
+            from ..exceptions import GenerationGoneError
+
+            raise GenerationGoneError(
+                f"generation {generation} of region {region_id} at {uri} is gone: {e}"
+            ) from e
+    keys = KeySet(pa.concat_tables(parts) if parts else pa.table({k: [] for k in pk}))
+    with _KEY_LOCK:
+        _KEY_CACHE[cache_key] = keys
+        while len(_KEY_CACHE) > _KEY_CACHE_MAX:
+            _KEY_CACHE.popitem(last=False)
+    return keys
+
+
+# -- the data source -------------------------------------------------------------------
+def _spark_schema(schema: pa.Schema) -> StructType:
+    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    return from_arrow_schema(plain)
+
+
+class MemWalReader(DataSourceReader):
+    """Reader of one query (picklable; see the module docs).
+
+    Parameters
+    ----------
+    uri : str
+    options : dict
+        Data source options.
+    schema : StructType
+        Columns to return (a subset of the table's, by name).
+    """
+
+    def __init__(self, uri: str, options: dict[str, str], schema: StructType) -> None:
+        self.uri = uri
+        self.options = options
+        self.schema = schema
+        self.consistency = options.get("consistency", "strong")
+        self.rows_per_split = int(options.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
+        self.storage_options = {
+            k[len("storage.") :]: v for k, v in options.items() if k.startswith("storage.")
+        }
+        self.filters: list[Any] = []
+        table = open_table(uri, self.storage_options)
+        self.table_schema = table.schema
+        self.primary_key = list(table.primary_key)
+        missing = [n for n in schema.fieldNames() if table.schema.get_field_index(n) < 0]
+        if missing:
+            raise SchemaError(f"{uri}: column(s) {missing} are not in the table")
+        self.columns = schema.fieldNames()
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+
+    # planning ------------------------------------------------------------------------
+    def _expression(self):
+        return _combine(self.filters, self.table_schema)
+
+    def partitions(self) -> list[InputPartition]:
+        """Resolve the sources now: one partition per region, plus base splits."""
+        table = open_table(self.uri, self.storage_options)
+        _, preds = self._expression()
+        plan = sources.resolve(table, self.consistency, None, preds or None)
+        parts: list[InputPartition] = []
+        newer: list[tuple[str, int, str]] = []
+        for region in plan.regions:
+            gens = [(g.generation, g.uri) for g in region.generations]
+            if gens:
+                parts.append(RegionPartition(region.region_id, gens))
+                newer.extend((region.region_id, g, u) for g, u in gens)
+        base = plan.base
+        frags = base.get_fragments()
+        if not frags:
+            parts.append(BasePartition(base.version, None, newer))
+            return parts
+        group: list[int] = []
+        rows = 0
+        for frag in frags:
+            group.append(frag.fragment_id)
+            rows += frag.count_rows()
+            if rows >= self.rows_per_split:
+                parts.append(BasePartition(base.version, group, newer))
+                group, rows = [], 0
+        if group:
+            parts.append(BasePartition(base.version, group, newer))
+        return parts
+
+    # reading -------------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Rows of one partition as Arrow batches of the output schema."""
+        expr, _ = self._expression()
+        if isinstance(partition, RegionPartition):
+            yield from self._read_region(partition, expr)
+        elif isinstance(partition, BasePartition):
+            yield from self._read_base(partition, expr)
+        else:  # pragma: no cover
+            raise MemWalError(f"unknown partition {partition!r}")
+
+    def _out(self, batch: pa.RecordBatch | pa.Table) -> Iterator[pa.RecordBatch]:
+        if isinstance(batch, pa.Table):
+            batches = batch.to_batches(max_chunksize=65536)
+        else:
+            batches = [batch]
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            arrays = []
+            for f in self.arrow_schema:
+                a = b.column(f.name)
+                arrays.append(a if a.type == f.type else a.cast(f.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
+
+    def _read_region(self, part: RegionPartition, expr) -> Iterator[pa.RecordBatch]:
+        rows = pa.concat_tables(
+            [
+                sources.read_generation(
+                    sources.GenerationRef(part.region_id, g, uri),
+                    self.table_schema,
+                    self.storage_options,
+                )
+                for g, uri in part.generations
+            ]
+        )
+        newest = newest_per_key(rows, self.primary_key)
+        live = newest.filter(pc.invert(newest.column(TOMBSTONE)))
+        if expr is not None and live.num_rows:
+            live = live.filter(expr)
+        yield from self._out(live.select(self.columns))
+
+    def _read_base(self, part: BasePartition, expr) -> Iterator[pa.RecordBatch]:
+        ds = lance.dataset(
+            self.uri, version=part.version, storage_options=self.storage_options or None
+        )
+        keys = _newer_keys(part.newer, self.primary_key, self.storage_options)
+        read_cols = list(dict.fromkeys(self.columns + (self.primary_key if len(keys) else [])))
+        fragments = (
+            None if part.fragment_ids is None else [ds.get_fragment(i) for i in part.fragment_ids]
+        )
+        scanner = ds.scanner(columns=read_cols, filter=expr, fragments=fragments, batch_size=65536)
+        for batch in scanner.to_batches():
+            if len(keys):
+                mask = keys.contains(batch.select(self.primary_key))
+                if mask.any():
+                    batch = batch.filter(pa.array(~mask))
+            yield from self._out(batch.select(self.columns))
+
+
+class MemWalPushdownReader(MemWalReader):
+    """:class:`MemWalReader` that takes Spark's filters (PySpark >= 4.1)."""
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        """Keep the filters evaluated exactly here; return the others to Spark."""
+        for f in filters:
+            try:
+                filter_expression(f, self.table_schema)
+            except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                yield f
+                continue
+            self.filters.append(f)
+
+
+class MemWalDataSource(DataSource):
+    """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
+
+    Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
+    ``consistency`` (``strong``/``eventual``), ``rowsPerSplit`` (base rows per
+    partition), ``pushFilters`` (``false`` to disable filter pushdown),
+    ``storage.<key>`` (object-store options).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        """Format name: ``memwal``."""
+        return FORMAT
+
+    def _uri(self) -> str:
+        uri = self.options.get("path")
+        if not uri:
+            raise MemWalError('memwal data source: give the table URI: .load("/path")')
+        return uri
+
+    def schema(self) -> StructType:
+        """The table schema (or the ``columns`` option's subset), as Spark types."""
+        storage = {
+            k[len("storage.") :]: v for k, v in self.options.items() if k.startswith("storage.")
+        }
+        table = open_table(self._uri(), storage)
+        schema = table.schema
+        cols = self.options.get("columns")
+        if cols:
+            names = [c.strip() for c in cols.split(",") if c.strip()]
+            missing = [n for n in names if schema.get_field_index(n) < 0]
+            if missing:
+                raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
+            schema = pa.schema([schema.field(n) for n in names])
+        return _spark_schema(schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A reader returning ``schema``'s columns."""
+        options = {k.lower(): v for k, v in self.options.items()}
+        pushdown = options.get("pushfilters", "true").lower() != "false"
+        cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
+        return cls(self._uri(), options, schema)
+
+
+def register_source(spark: SparkSession) -> None:
+    """Register the ``memwal`` format in ``spark`` and enable Python filter pushdown."""
+    spark.dataSource.register(MemWalDataSource)
+    if _FILTERS:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+
+
+def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
+    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first)."""
+    register_source(spark)
+    return spark.read.format(FORMAT).options(**options).load(uri)
