@@ -457,6 +457,37 @@ class MemWalTable:
             written[region_id] = written.get(region_id, 0) + part.num_rows
         return written
 
+    def delete(self, keys: Any) -> dict[str, int]:
+        """Route delete tombstones to their regions (the spec must read key columns only)."""
+        from .schema import coerce_keys
+
+        key_table = coerce_keys(keys, self.schema, self.primary_key)
+        spec = self.region_spec
+        if spec is None:
+            w = self._writers.get("")
+            if w is None:
+                w = self._writers[""] = self.writer(**self._writer_options)
+            w.delete(key_table)
+            return {w.region_id: key_table.num_rows}
+        names = _field_names(self.lance_schema)
+        sources = {names.get(i) for f in spec.fields for i in f.source_ids}
+        if not sources <= set(self.primary_key):
+            raise RegionSpecError(
+                f"cannot route deletes by key: the region spec reads {sorted(map(str, sources))}, "
+                f"not only the primary key {self.primary_key}; delete through the region's writer"
+            )
+        written: dict[str, int] = {}
+        for values, part in split_by_region(spec, key_table, self.lance_schema):
+            region_id = self.region_id_for(values)
+            w = self._writers.get(region_id)
+            if w is None:
+                w = self._writers[region_id] = self.writer(
+                    region_values=values, **self._writer_options
+                )
+            w.delete(part)
+            written[region_id] = written.get(region_id, 0) + part.num_rows
+        return written
+
     def writers(self) -> list[RegionWriter]:
         """Writers opened by :meth:`write`."""
         return list(self._writers.values())
@@ -497,6 +528,16 @@ def split_by_region(
         region = {f: groups.column(f)[i].as_py() for f in field_ids}
         idx = groups.column("__row_list")[i].values
         out.append((region, rows.take(pc.cast(idx, pa.int64()))))
+    return out
+
+
+def _field_names(lance_schema: Any) -> dict[int, str]:
+    out: dict[int, str] = {}
+    stack = list(lance_schema.fields())
+    while stack:
+        f = stack.pop()
+        out[f.id()] = f.name()
+        stack.extend(f.children())
     return out
 
 
