@@ -41,6 +41,9 @@ _LAZY = {
     "region_id_for": ".table",
     "RegionWriter": ".writer",
     "MemWalDataset": ".provider",
+    "bucket_spec": ".regionspec",
+    "identity_spec": ".regionspec",
+    "expression_spec": ".regionspec",
     "register": ".session",
 }
 
@@ -92,4 +95,7 @@ __all__ = [
     "region_id_for",
     "MemWalDataset",
     "register",
+    "bucket_spec",
+    "identity_spec",
+    "expression_spec",
 ]

@@ -58,7 +58,8 @@ def run(directory: str | None = None, rows: int = 20_000, batches: int = 40) -> 
     root = directory or tempfile.mkdtemp(prefix="memwal-demo-")
     uri = os.path.join(root, "events")
     rng = np.random.default_rng(7)
-    lance.write_dataset(_rows(np.arange(rows), rng, 0), uri, mode="overwrite")
+    mode = "overwrite" if os.path.exists(uri) else "create"
+    lance.write_dataset(_rows(np.arange(rows), rng, 0), uri, mode=mode)
     id_field = lance.dataset(uri).lance_schema.field("id").id()
     spec = RegionSpec(
         spec_id=1,
