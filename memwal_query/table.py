@@ -243,9 +243,10 @@ class MemWalTable:
         return spec.spec_id, values
 
     def _field_type(self, f: Any) -> pa.DataType:
-        """Arrow type of a region field's values (``result_type`` or its source's type)."""
-        if f.result_type:
-            return fieldvalues.arrow_type(f.result_type)
+        """Arrow type of a region field's values (declared, or its source's type)."""
+        declared = f.declared_type
+        if declared is not None:
+            return declared
         by_id = {}
         stack = list(self.lance_schema.fields())
         while stack:

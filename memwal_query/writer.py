@@ -302,9 +302,10 @@ class RegionWriter:
             n_bad = pc.sum(bad.cast(pa.int64())).as_py() or 0
             if n_bad:
                 idx = pc.index(bad, True).as_py()
+                key = {k: rows.column(k)[idx].as_py() for k in self._pk}
                 raise WrongRegionError(
                     f"{n_bad} row(s) belong to another region than {self.region_id} "
-                    f"({field_id}={expected!r}); first: row {idx} has "
+                    f"({field_id}={expected!r}); first: row {idx}, key {key}, has "
                     f"{field_id}={col[idx].as_py()!r}"
                 )
 

@@ -8,12 +8,13 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
-from helpers import basic_rows
 from lance.mem_wal import CompactedSsTable
 
 import memwal_query as mq
 from memwal_query import index as mwindex
 from memwal_query import paths
+
+from helpers import basic_rows
 
 
 def view(t, **kw):
