@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .schema import as_int64
+
 _SALT = np.array(
     [
         0x47B6137B,
@@ -59,10 +61,8 @@ def xxh64_u64(values: np.ndarray) -> np.ndarray:
 def _column_u64(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
     """Integer-like columns as uint64 bit patterns of their int64 value, else None."""
     t = col.type
-    if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return pc.cast(col, pa.int64()).to_numpy().view(np.uint64)
-    if pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t):
-        return pc.cast(col, pa.int64()).to_numpy().view(np.uint64)
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
+        return as_int64(col).to_numpy().view(np.uint64)
     if pa.types.is_floating(t):
         f = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
         f = np.where(f == 0.0, 0.0, f)  # -0.0 and 0.0 are one key

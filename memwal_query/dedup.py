@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .schema import as_int64
+
 _IDX = "__memwal_idx"
 _DENSE_LIMIT = 1 << 26
 
@@ -33,7 +35,7 @@ def _int_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
     if pa.types.is_integer(t) or pa.types.is_temporal(t):
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        return pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False)
+        return as_int64(col).to_numpy(zero_copy_only=False)
     return None
 
 

@@ -165,3 +165,13 @@ def storage_schema(schema: pa.Schema) -> pa.Schema:
     fields = [f if f.name in pk else f.with_nullable(True) for f in schema]
     fields.append(pa.field(TOMBSTONE, pa.bool_(), nullable=False))
     return pa.schema(fields, metadata=schema.metadata)
+
+
+def as_int64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Integer, boolean or temporal values as int64 (dates in days, times in their unit)."""
+    t = col.type
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pc.cast(pc.cast(col, pa.int32()), pa.int64())
+    if pa.types.is_boolean(t):
+        return pc.cast(pc.cast(col, pa.int8()), pa.int64())
+    return pc.cast(col, pa.int64())
