@@ -133,6 +133,18 @@ def init(
     if missing:
         raise click.BadParameter(f"no column(s) {missing} in {uri}")
     if primary_key_columns(ds.schema) != keys:
+        nullable = [k for k in keys if ds.schema.field(k).nullable]
+        if nullable:
+            nulls = ds.to_table(
+                columns=nullable, filter=" OR ".join(f"{k} IS NULL" for k in nullable)
+            )
+            if nulls.num_rows:
+                raise click.ClickException(
+                    f"primary-key column(s) {nullable} hold {nulls.num_rows} NULL value(s)"
+                )
+            for k in nullable:  # Lance requires non-nullable primary-key columns
+                ds.alter_columns({"path": k, "nullable": False})
+            ds = lance.dataset(uri)
         ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
     spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
     t = MemWalTable.initialize(uri, region_spec=spec, maintained_indexes=list(maintain))
