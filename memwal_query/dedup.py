@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schema import as_int64
+from .schema import as_int64, normalize_keys
 
 _IDX = "__memwal_idx"
 _DENSE_LIMIT = 1 << 26
@@ -66,7 +66,7 @@ class KeySet:
             else:
                 self._sorted = np.unique(ints)
         else:
-            self._table = keys.combine_chunks()
+            self._table = normalize_keys(keys, self.pk).combine_chunks()
 
     def __len__(self) -> int:
         return self.size
@@ -86,6 +86,9 @@ class KeySet:
             pos = np.searchsorted(self._sorted, v)
             pos[pos == len(self._sorted)] = 0
             return self._sorted[pos] == v
+        if isinstance(keys, pa.RecordBatch):
+            keys = pa.Table.from_batches([keys])
+        keys = normalize_keys(keys, self.pk)
         if len(self.pk) == 1:
             return pc.is_in(keys.column(0), value_set=self._table.column(0)).to_numpy(
                 zero_copy_only=False
@@ -110,6 +113,6 @@ def newest_indices(rows: pa.Table, pk: list[str]) -> np.ndarray:
                 np.maximum.at(last, ints - lo, np.arange(len(ints), dtype=np.int64))
                 return np.sort(last[last >= 0])
     idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    keyed = rows.select(pk).append_column(_IDX, idx)
+    keyed = normalize_keys(rows.select(pk), pk).append_column(_IDX, idx)
     last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
     return np.sort(last.to_numpy())

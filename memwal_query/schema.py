@@ -108,7 +108,7 @@ def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
         if not field.nullable and field.name not in pk and col.null_count:
             raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
         columns.append(col)
-    out = pa.Table.from_arrays(columns, schema=schema)
+    out = normalize_keys(pa.Table.from_arrays(columns, schema=schema), pk)
     check_keys(out, pk)
     return out
 
@@ -121,6 +121,7 @@ def coerce_keys(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
         raise PrimaryKeyError(f"delete keys are missing primary-key column(s) {missing}")
     columns = [_cast_column(table.column(k), schema.field(k)) for k in pk]
     out = pa.Table.from_arrays(columns, schema=pa.schema([schema.field(k) for k in pk]))
+    out = normalize_keys(out, pk)
     check_keys(out, pk)
     return out
 
@@ -175,3 +176,21 @@ def as_int64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     if pa.types.is_boolean(t):
         return pc.cast(pc.cast(col, pa.int8()), pa.int64())
     return pc.cast(col, pa.int64())
+
+
+def normalize_key_column(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Canonical key values: floating ``-0.0`` becomes ``0.0`` (one key, as in Lance)."""
+    if pa.types.is_floating(col.type):
+        return pc.add(col, pa.scalar(0.0, col.type))  # -0.0 + 0.0 == +0.0
+    return col
+
+
+def normalize_keys(table: pa.Table, pk: list[str]) -> pa.Table:
+    """``table`` with its primary-key columns normalized (see normalize_key_column)."""
+    for k in pk:
+        i = table.schema.get_field_index(k)
+        if i >= 0 and pa.types.is_floating(table.schema.field(i).type):
+            table = table.set_column(
+                i, table.schema.field(i), normalize_key_column(table.column(i))
+            )
+    return table
