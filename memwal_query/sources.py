@@ -125,6 +125,14 @@ def resolve(
     """Collect the sources to read now (see module docs)."""
     if consistency not in CONSISTENCY_MODES:
         raise MemWalError(f"consistency must be one of {CONSISTENCY_MODES}, got {consistency!r}")
+    # Order matters: MemTables first, then the base table, then the region manifests.
+    # A MemTable flushed (and even merged) while we look is then found in the manifest
+    # (or the base table); the other order could miss it between the two reads.
+    mem_by_region: dict[str, list[MemTableSnapshot]] = {}
+    for w in writers or ():
+        if w.table.uri != table.uri:
+            raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
+        mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
     base = table.dataset()
     index = table.index()
     merged = index.merged_generations()
@@ -141,11 +149,7 @@ def resolve(
     else:
         states = _manifest_states(table)
 
-    mem_by_region: dict[str, list[MemTableSnapshot]] = {}
     for w in writers or ():
-        if w.table.uri != table.uri:
-            raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
-        mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
         if w.region_id not in states:
             states[w.region_id] = (table.region_values(w.region_id), [])
 
