@@ -105,7 +105,7 @@ def merge_region(
     conflicts = 0
     while max_generations is None or len(done) < max_generations:
         ds = table.dataset()
-        index = table.index()
+        index = table.index(ds)
         merged = index.merged_generations().get(region_id, 0)
         manifest = table.region_manifest(region_id)
         if manifest is None:

@@ -134,7 +134,7 @@ def resolve(
             raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
         mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
     base = table.dataset()
-    index = table.index()
+    index = table.index(base)  # progress of exactly the version we read
     merged = index.merged_generations()
     spec = table.region_spec
     regions: list[RegionView] = []

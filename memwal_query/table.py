@@ -26,6 +26,7 @@ import decimal
 import hashlib
 import json
 import os
+import threading
 import uuid as uuid_mod
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,7 @@ class MemWalTable:
         self.storage_options = dict(storage_options or {})
         self.io: FileIO = file_io_for(self.uri, self.storage_options)
         self._dataset = _open_dataset(self.uri, self.storage_options)
+        self._dataset_lock = threading.Lock()
         index = mwindex.read_index(self.io, self._dataset)
         if index is None:
             raise NotInitializedError(
@@ -177,12 +179,19 @@ class MemWalTable:
         """The base Lance dataset (latest version unless ``version`` is given)."""
         if version is not None:
             return lance.dataset(self.uri, version=version, storage_options=self.storage_options)
-        self._dataset = self._dataset.checkout_version(self._dataset.latest_version)
-        return self._dataset
+        # A LanceDataset object must not be used from two threads at once (PyO3 borrow
+        # panics), so every caller gets its own object, checked out under a lock.
+        with self._dataset_lock:
+            return self._dataset.checkout_version(self._dataset.latest_version)
 
-    def index(self) -> mwindex.MemWalIndex:
-        """The MemWAL index of the latest base-table version."""
-        idx = mwindex.read_index(self.io, self.dataset())
+    def index(self, dataset: lance.LanceDataset | None = None) -> mwindex.MemWalIndex:
+        """The MemWAL index of ``dataset``'s version (default: the latest version).
+
+        Pass the dataset you read so that data and merge progress come from the same
+        version (reading "latest" twice could pair old data with newer progress).
+        """
+        ds = dataset if dataset is not None else self.dataset()
+        idx = mwindex.read_index(self.io, ds)
         if idx is None:
             raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
         from .catchup import read_progress
@@ -190,7 +199,8 @@ class MemWalTable:
         progress = read_progress(self.io, self.uri)
         if progress.index_catchup:
             mwindex._max_progress(idx.details, progress)
-        self._index = idx
+        if dataset is None:
+            self._index = idx
         return idx
 
     @property
