@@ -1,0 +1,118 @@
+"""bloom_filter.bin is byte-identical to the one pylance's native MemWAL writes."""
+
+import glob
+import os
+import uuid
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from memwal_query import bloom
+
+from helpers import PK
+
+CASES = {
+    "int64": (pa.int64(), [1, 2, 3, -7, 2**40]),
+    "int32": (pa.int32(), [5, -5, 0]),
+    "utf8": (pa.string(), ["", "a", "héllo", "x" * 70]),
+    "binary": (pa.binary(), [b"", b"\x00\xff", b"abc" * 20]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_same_bytes_as_native(tmp_path, name):
+    key_type, keys = CASES[name]
+    schema = pa.schema([pa.field("k", key_type, False, PK), pa.field("v", pa.int64())])
+    uri = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"k": pa.array(keys[:1], key_type), "v": [0]}, schema=schema), uri)
+    ds = lance.dataset(uri)
+    ds.initialize_mem_wal()
+    with ds.mem_wal_writer(str(uuid.uuid4())) as w:
+        w.put(pa.table({"k": pa.array(keys, key_type), "v": list(range(len(keys)))}, schema=schema))
+    (path,) = glob.glob(os.path.join(uri, "_mem_wal", "*", "*_gen_*", "bloom_filter.bin"))
+    native = open(path, "rb").read()
+    ours = bloom.build(pa.table({"k": pa.array(keys, key_type)}))
+    assert ours == native
+    bf = bloom.BloomFilter.from_bytes(native)
+    assert bf.might_contain(pa.table({"k": pa.array(keys, key_type)})).all()
+
+
+def test_composite_key_same_bytes_as_native(tmp_path):
+    schema = pa.schema(
+        [pa.field("a", pa.int32(), False, PK), pa.field("b", pa.string(), False, PK)]
+    )
+    data = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"]}, schema=schema)
+    uri = str(tmp_path / "t")
+    lance.write_dataset(data.slice(0, 1), uri)
+    ds = lance.dataset(uri)
+    ds.initialize_mem_wal()
+    with ds.mem_wal_writer(str(uuid.uuid4())) as w:
+        w.put(data)
+    (path,) = glob.glob(os.path.join(uri, "_mem_wal", "*", "*_gen_*", "bloom_filter.bin"))
+    assert bloom.build(data) == open(path, "rb").read()
+
+
+def test_false_positive_rate_and_no_false_negatives():
+    present = pa.table({"k": pa.array(np.arange(0, 200_000, 2), pa.int64())})
+    absent = pa.table({"k": pa.array(np.arange(1, 200_000, 2), pa.int64())})
+    bf = bloom.BloomFilter.from_bytes(bloom.build(present))
+    assert bf.might_contain(present).all()
+    assert bf.might_contain(absent).mean() < 0.01
+
+
+def test_siphash_matches_reference():
+    import struct
+
+    mask = (1 << 64) - 1
+
+    def rotl(x, b):
+        return ((x << b) | (x >> (64 - b))) & mask
+
+    def ref(data: bytes) -> int:  # SipHash-1-3, keys (0, 0), a straight transcription
+        v0, v1, v2, v3 = (
+            0x736F6D6570736575,
+            0x646F72616E646F6D,
+            0x6C7967656E657261,
+            0x7465646279746573,
+        )
+
+        def rnd(v0, v1, v2, v3):
+            v0 = (v0 + v1) & mask
+            v1 = rotl(v1, 13) ^ v0
+            v0 = rotl(v0, 32)
+            v2 = (v2 + v3) & mask
+            v3 = rotl(v3, 16) ^ v2
+            v0 = (v0 + v3) & mask
+            v3 = rotl(v3, 21) ^ v0
+            v2 = (v2 + v1) & mask
+            v1 = rotl(v1, 17) ^ v2
+            v2 = rotl(v2, 32)
+            return v0, v1, v2, v3
+
+        n = len(data)
+        end = n - n % 8
+        for i in range(0, end, 8):
+            m = struct.unpack_from("<Q", data, i)[0]
+            v3 ^= m
+            v0, v1, v2, v3 = rnd(v0, v1, v2, v3)
+            v0 ^= m
+        b = (n & 0xFF) << 56
+        for j, c in enumerate(data[end:]):
+            b |= c << (8 * j)
+        v3 ^= b
+        v0, v1, v2, v3 = rnd(v0, v1, v2, v3)
+        v0 ^= b
+        v2 ^= 0xFF
+        for _ in range(3):
+            v0, v1, v2, v3 = rnd(v0, v1, v2, v3)
+        return v0 ^ v1 ^ v2 ^ v3
+
+    msgs = [b"", b"a", b"abcdefgh", b"abcdefghi", bytes(range(40))]
+    width = 48
+    mat = np.zeros((len(msgs), width), np.uint8)
+    for i, m in enumerate(msgs):
+        mat[i, : len(m)] = list(m)
+    got = bloom.siphash13(mat, np.array([len(m) for m in msgs]))
+    assert [int(x) for x in got] == [ref(m) for m in msgs]
