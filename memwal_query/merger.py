@@ -127,7 +127,7 @@ def merge_region(
         upserts = newest.filter(pc.invert(tomb)).drop_columns(
             [TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN]
         )
-        upserts = upserts.cast(table.schema)
+        upserts = upserts.cast(table.schema).combine_chunks()
         deletes = newest.filter(tomb).select(table.primary_key)
         builder = (
             ds.merge_insert(table.primary_key)
@@ -141,7 +141,7 @@ def merge_region(
         ).conflict_retries(0)
         crashpoints.point("merge.before_commit")
         try:
-            with index_lock(table.uri):
+            with index_lock(table.uri, table.io):
                 builder.execute(upserts)
         except OSError as e:
             if not _is_conflict(e):
