@@ -45,6 +45,7 @@ _LAZY = {
     "identity_spec": ".regionspec",
     "expression_spec": ".regionspec",
     "register": ".session",
+    "register_search_functions": ".search",
 }
 
 
@@ -95,6 +96,7 @@ __all__ = [
     "region_id_for",
     "MemWalDataset",
     "register",
+    "register_search_functions",
     "bucket_spec",
     "identity_spec",
     "expression_spec",

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from .io import join
+from .schema import TOMBSTONE
 
 if TYPE_CHECKING:
     from .table import MemWalTable
@@ -115,6 +116,7 @@ class _Cache:
     lock: threading.Lock = field(default_factory=threading.Lock)
     vector: dict[tuple, VectorModel] = field(default_factory=dict)
     fts: dict[tuple, dict[str, Any]] = field(default_factory=dict)
+    indexes: dict[tuple, dict[str, BaseIndexInfo]] = field(default_factory=dict)
 
 
 _CACHE = _Cache()
@@ -130,7 +132,15 @@ def _kind(index_type: str) -> str:
 
 
 def base_indexes(ds: lance.LanceDataset) -> dict[str, BaseIndexInfo]:
-    """``{name: BaseIndexInfo}`` of the user indexes of ``ds`` (MemWAL index excluded)."""
+    """``{name: BaseIndexInfo}`` of the user indexes of ``ds`` (MemWAL index excluded).
+
+    Cached per dataset version (a version's indexes never change).
+    """
+    key = (ds.uri, ds.version)
+    with _CACHE.lock:
+        cached = _CACHE.indexes.get(key)
+    if cached is not None:
+        return cached
     out: dict[str, BaseIndexInfo] = {}
     for d in ds.describe_indices():
         if d.name.startswith("__") or not d.field_names:
@@ -146,6 +156,10 @@ def base_indexes(ds: lance.LanceDataset) -> dict[str, BaseIndexInfo]:
             fragment_ids=frozenset(frags),
             segment_uuids=tuple(str(s.uuid) for s in d.segments),
         )
+    with _CACHE.lock:
+        if len(_CACHE.indexes) > 256:
+            _CACHE.indexes.clear()
+        _CACHE.indexes[key] = out
     return out
 
 
@@ -319,8 +333,8 @@ def _build_vector(
     gen_ds: lance.LanceDataset, info: BaseIndexInfo, model: VectorModel
 ) -> dict[str, Any]:
     col = info.column
-    if gen_ds.count_rows(filter=f"{_quote(col)} IS NOT NULL") == 0:
-        return {"status": "skipped", "reason": "no non-null vectors"}
+    if TOMBSTONE in gen_ds.schema.names and gen_ds.count_rows(filter=f"NOT {TOMBSTONE}") == 0:
+        return {"status": "skipped", "reason": "only tombstones"}
     common = dict(
         name=info.name,
         metric=model.metric,
@@ -350,10 +364,6 @@ def _build_vector(
             out["reason"] = "; ".join(errors)
         return out
     return {"status": "skipped", "reason": "; ".join(errors)}
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def build_maintained_indexes(table: MemWalTable, gen_ds: lance.LanceDataset) -> dict[str, Any]:

@@ -24,9 +24,11 @@ def register(
 ) -> MemWalTable:
     """Register the MemWAL table at ``uri`` as ``name`` in ``ctx``; return the table.
 
-    Eventual consistency by default (region snapshots of the MemWAL index, falling back
-    to the region manifests while no snapshot has been written); pass
-    ``consistency="strong"`` and ``writers=`` for read-your-writes.
+    Also registers the SQL table functions ``vector_search``, ``fts_search`` and
+    ``lookup`` (see :mod:`memwal_query.search`). Eventual consistency by default
+    (region snapshots of the MemWAL index, falling back to the region manifests while
+    no snapshot has been written); pass ``consistency="strong"`` and ``writers=`` for
+    read-your-writes.
     """
     from .table import MemWalTable
 
@@ -34,6 +36,9 @@ def register(
     provider = table.provider(consistency=consistency, writers=writers, meta_columns=meta_columns)
     ctx.register_table(name, provider)
     _registered(ctx)[name] = table
+    from .search import register_search_functions
+
+    register_search_functions(ctx)
     return table
 
 

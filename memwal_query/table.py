@@ -164,7 +164,7 @@ class MemWalTable:
                 f"{norm}: maintained index(es) {missing} do not exist on the base table "
                 f"(existing: {sorted(existing)})"
             )
-        mwindex.commit_details(ds, mwindex.new_details(specs, names), None)
+        mwindex.commit_details(ds, mwindex.new_details(specs, names), None, storage_options=options)
         return cls(norm, options)
 
     @classmethod
@@ -435,6 +435,62 @@ class MemWalTable:
     def count_rows(self, consistency: str = "strong", writers=None) -> int:
         """Number of live rows in the deduplicated view."""
         return self.provider(consistency, writers).count_rows()
+
+    # -- search ------------------------------------------------------------------------
+    def lookup(
+        self,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        writers: Sequence[RegionWriter] | None = None,
+        **kw: Any,
+    ) -> pa.Table:
+        """Newest live rows of the given primary keys (see :mod:`memwal_query.search`)."""
+        from .search import lookup
+
+        return lookup(self, keys, columns, self._default_writers(writers), **kw)
+
+    def vector_search(
+        self,
+        column: str,
+        query: Any,
+        k: int = 10,
+        filter: Any = None,
+        nprobes: int = 20,
+        refine_factor: int | None = None,
+        writers: Sequence[RegionWriter] | None = None,
+        **kw: Any,
+    ) -> pa.Table:
+        """Top-k nearest rows across all LSM levels, with ``_distance``."""
+        from .search import vector_search
+
+        return vector_search(
+            self,
+            column,
+            query,
+            k,
+            filter,
+            nprobes,
+            refine_factor,
+            self._default_writers(writers),
+            **kw,
+        )
+
+    def fts_search(
+        self,
+        column: str,
+        query: str,
+        k: int = 10,
+        filter: Any = None,
+        writers: Sequence[RegionWriter] | None = None,
+        **kw: Any,
+    ) -> pa.Table:
+        """Top-k full-text matches across all LSM levels, with globally comparable ``_score``."""
+        from .search import fts_search
+
+        return fts_search(self, column, query, k, filter, self._default_writers(writers), **kw)
+
+    def _default_writers(self, writers: Sequence[RegionWriter] | None) -> list[RegionWriter]:
+        return list(self._writers.values()) if writers is None else list(writers)
 
     # -- routing writes ----------------------------------------------------------------
     def configure_writers(self, **options: Any) -> None:

@@ -1,0 +1,1809 @@
+"""Indexed reads of a MemWAL table: point lookup, vector search, full-text search.
+
+Every search reads the same sources as a scan (spec, "MemTable Collection"): the base
+table (generation 0), the flushed generations of each region, and optionally the
+MemTables of in-process writers. A key lives in one region, so "newer" always means a
+higher generation of the same region (or any generation/MemTable, for the base).
+
+Point lookup (:func:`lookup`)
+-----------------------------
+Per region, newest source first: the MemTables (a vectorised ``is_in`` over their
+keys), then the flushed generations: a generation whose bloom filter says "absent" is
+skipped, otherwise the keys are probed in the generation's key index (sorted 64-bit key
+hashes, cached per generation; generations are immutable) and the rows fetched with
+``take``. The first hit answers the key (a tombstone answers "not found"). Keys found
+nowhere are read from the base table with one ``pk IN (...)`` filter, which Lance
+serves from the primary key's BTREE index when there is one. All steps work on
+arrays of keys: a batch of many keys costs a few vectorised operations per source.
+
+Vector search (:func:`vector_search`) and full-text search (:func:`fts_search`)
+-------------------------------------------------------------------------------
+Each source answers a top-k query with its own index: the base table's index, each
+generation's index built at flush time (:mod:`memwal_query.genindex`; IVF-PQ with the
+base's centroids and codebook), and the MemTables by exact search. Then:
+
+- **Within a generation**, rows superseded by a later write of the same key and
+  tombstones are excluded *before* ranking, with Lance's ``row_addr_blocklist``
+  prefilter (computed once per generation).
+- **Across sources**, a candidate from generation ``g`` is *stale* when its key exists
+  in a newer source of its region (any generation or MemTable, for the base). Newer
+  generations are checked with their bloom filter first and exactly (key index) only
+  on a bloom hit; MemTables exactly. Stale candidates are dropped - so a deleted or
+  updated row never comes back with its old vector or old words.
+- **Over-fetch**: a source whose candidates lost some rows to staleness is asked again
+  for more (4x) while it still has rows and all its surviving candidates made the
+  global top-k, so the result is filled up to ``k`` whenever enough live rows match.
+- **filter** is a prefilter evaluated by each source on its own rows. Because
+  staleness is decided on *unfiltered* keys, a row whose newest version fails the
+  filter is never returned through an older version that passed it (base ``id=1,
+  x=10``, generation 1 ``id=1, x=0``, filter ``x > 5``: id 1 is not returned).
+- Vector results are merged by **exact distance**: the candidates' stored vectors are
+  re-scored with the index metric (``l2`` = squared L2, ``cosine`` = 1 - cos, ``dot``
+  = 1 - dot, as Lance reports them), which makes distances of all sources compare
+  exactly whatever their quantization (``refine_factor`` is still passed to Lance,
+  to widen each source's re-ranked candidate pool).
+- **BM25 across sources** (full-text): each source ranks its candidates with its own
+  index statistics, which differ between a 1M-row base and a 1k-row generation. The
+  merged candidates are therefore **re-scored with global statistics**: ``N`` and
+  total tokens summed over all sources, and the document frequency ``df(t)`` of each
+  query token summed over all sources, using Lance's BM25 (``k1=1.2, b=0.75``,
+  ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``, score ``sum_t idf(t) * (k1 + 1) * tf
+  / (tf + k1 * (1 - b + b * dl / avgdl))``). Per indexed source, ``N`` comes from the
+  index statistics, total tokens from the index's document file metadata, and
+  ``df(t)`` from Lance itself: the BM25 score of the best document of the one-token
+  query, whose ``tf`` and length are known (it is re-tokenized with
+  ``lance.tokenize`` and the index's tokenizer parameters), gives back ``idf`` and thus
+  ``df`` (cached per index version and token; a count query is the fallback). MemTables
+  (and generations without a full-text index) keep an in-memory token index and give
+  exact statistics over their live rows. With the base table alone, the global score
+  equals Lance's own ``_score``. Superseded rows still counted by an index (a base row
+  updated in a generation) stay in its statistics, as Lance keeps deleted rows in its
+  own until the index is rebuilt. Queries are Lance ``MatchQuery`` (OR of the tokens).
+- **Cost**: the sources are queried concurrently (a Lance query has a few milliseconds
+  of fixed cost however small the generation). They answer with the key, the searched
+  column and their row id only; the other output columns are read by row id for the
+  final ``k`` rows. SQL-text filters are evaluated on MemTable rows by DataFusion
+  (a ``pyarrow.compute.Expression`` works everywhere and also prunes regions).
+
+Indexed read plan
+-----------------
+For the index used by a search, ``index_catchup`` of the MemWAL index says up to which
+merged generation the base index covers each region. When it is behind
+``merged_generations``, the generations in ``(index_gen, merged_gen]`` (still on disk:
+garbage collection waits for index catch-up) are searched with their own indexes and
+the base only over its *indexed* fragments (Lance ``fast_search``), so nothing falls
+back to a flat scan of unindexed base data. As a safety net, the unindexed fragments
+must hold exactly the rows the gap generations upserted (merging writes those rows, and
+only those, to new fragments); anything else there (a direct append, a compaction, a
+region without a catch-up record) makes the base be searched in full - still correct,
+just not index-only. Without a catch-up record the index counts as caught up (spec)
+and Lance searches the base's unindexed fragments itself. Pass ``debug={}`` to any
+search to get the plan (:meth:`SearchPlan.describe`), per-source counters, and Lance's
+plan of the base query.
+
+Measuring recall
+----------------
+recall@k of a search against exact brute force over the *deduplicated* data::
+
+    rows = table.to_table(columns=["id", "vec"])                 # newest row per key
+    mat = np.stack(rows["vec"].to_numpy(zero_copy_only=False))
+    truth = set(rows["id"].to_numpy()[np.argsort(((mat - q) ** 2).sum(1))[:k]])
+    got = set(table.vector_search("vec", q, k=k)["id"].to_pylist())
+    recall = len(truth & got) / k
+
+averaged over queries; the native baseline is ``lance.mem_wal.LsmVectorSearchPlanner``
+on the same sources (region snapshots built from the region manifests) with the same
+``nprobes`` and index.
+
+SQL
+---
+:func:`register_search_functions` registers the table functions ``vector_search``,
+``fts_search`` and ``lookup`` in a DataFusion context (see there).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import genindex, sources
+from .bloom import BloomFilter, hash_keys
+from .dedup import KeySet
+from .exceptions import GenerationGoneError, MemWalError, SchemaError
+from .io import join
+from .schema import ROWADDR_COLUMN, TOMBSTONE, coerce_keys, to_table
+
+if TYPE_CHECKING:
+    import datafusion
+
+    from .memtable import MemTableSnapshot
+    from .table import MemWalTable
+    from .writer import RegionWriter
+
+DISTANCE = "_distance"
+ROWID = "_rowid"
+SCORE = "_score"
+K1 = 1.2
+B = 0.75
+BLOOM_FILE = "bloom_filter.bin"
+_PROBE = "__memwal_probe"
+_IDX = "__memwal_idx"
+_SRC = "__memwal_src"
+_GEN_CACHE_SIZE = 256
+_MEM_FTS_CACHE_SIZE = 64
+_PRUNE_MAX_KEYS = 64
+_BASE_LOOKUP_CHUNK = 20_000
+_MAX_ROUNDS = 12
+
+__all__ = [
+    "SearchPlan",
+    "clear_caches",
+    "fts_search",
+    "lookup",
+    "register_search_functions",
+    "resolve_search",
+    "vector_search",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# Key indexes and per-generation caches
+# ----------------------------------------------------------------------------------------
+def _last_occurrence(keys: pa.Table) -> np.ndarray:
+    """Sorted row indices of the last occurrence of each key (rows in write order)."""
+    n = keys.num_rows
+    if n == 0:
+        return np.zeros(0, np.int64)
+    idx = pa.array(np.arange(n, dtype=np.int64))
+    last = keys.append_column(_IDX, idx).group_by(keys.column_names).aggregate([(_IDX, "max")])
+    return np.sort(last.column(f"{_IDX}_max").to_numpy())
+
+
+def _mask_to_indices(mask: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+class _KeyIndex:
+    """Newest row of each key of an immutable source, probed by sorted key hashes.
+
+    Parameters
+    ----------
+    keys : pa.Table
+        Primary-key columns of every row, in write order.
+    tombstone : np.ndarray
+        Tombstone flag of every row.
+    row_index : np.ndarray
+        Dataset row index of every row (what ``take`` accepts).
+    """
+
+    def __init__(self, keys: pa.Table, tombstone: np.ndarray, row_index: np.ndarray) -> None:
+        last = _last_occurrence(keys)
+        newest = keys.take(pa.array(last))
+        hashes = hash_keys(newest)
+        order = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[order]
+        self.keys = newest.take(pa.array(order)).combine_chunks()
+        self.rows = row_index[last][order]
+        self.tombstone = tombstone[last][order]
+        self.num_keys = len(order)
+
+    def probe(self, keys: pa.Table, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Position in this index of each probe key, -1 when absent."""
+        n = keys.num_rows
+        out = np.full(n, -1, np.int64)
+        if n == 0 or self.num_keys == 0:
+            return out
+        h = hash_keys(keys) if hashes is None else hashes
+        pos = np.searchsorted(self.hashes, h)
+        pos[pos >= self.num_keys] = self.num_keys - 1
+        cand = np.flatnonzero(self.hashes[pos] == h)
+        if len(cand) == 0:
+            return out
+        ok = np.ones(len(cand), bool)
+        for name in keys.column_names:
+            mine = self.keys.column(name).take(pa.array(pos[cand]))
+            theirs = keys.column(name).take(pa.array(cand))
+            eq = pc.equal(mine, theirs)
+            ok &= pc.fill_null(eq, False).to_numpy(zero_copy_only=False)
+        out[cand[ok]] = pos[cand[ok]]
+        bad = cand[~ok]
+        if len(bad):  # 64-bit hash collision (or equal hashes in a run): scan the run
+            for i in bad:
+                lo = np.searchsorted(self.hashes, h[i], "left")
+                hi = np.searchsorted(self.hashes, h[i], "right")
+                probe_row = keys.slice(int(i), 1).to_pylist()
+                for j in range(lo, hi):
+                    if self.keys.slice(int(j), 1).to_pylist() == probe_row:
+                        out[i] = j
+                        break
+        return out
+
+    def contains(self, keys: pa.Table, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Boolean mask: which probe keys exist (as a row or a tombstone)."""
+        return self.probe(keys, hashes) >= 0
+
+
+_CHECKOUT_LOCK = threading.Lock()
+
+
+def _own(ds: lance.LanceDataset) -> lance.LanceDataset:
+    """A private handle on the same version (a LanceDataset object must not be used by
+    two threads at once; checking out is cheap and shares Lance's caches)."""
+    with _CHECKOUT_LOCK:
+        return ds.checkout_version(ds.version)
+
+
+class _GenInfo:
+    """What searches need from one flushed generation (cached: generations are immutable)."""
+
+    def __init__(self, table: MemWalTable, ref: sources.GenerationRef) -> None:
+        self.ref = ref
+        self.uri = ref.uri
+        self.pk = list(table.primary_key)
+        try:
+            self.ds = lance.dataset(ref.uri, storage_options=table.storage_options or None)
+            self.num_rows = self.ds.count_rows()
+        except (ValueError, OSError, FileNotFoundError) as e:
+            raise GenerationGoneError(
+                f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
+                f"gone or unreadable: {e}"
+            ) from e
+        try:
+            self.bloom: BloomFilter | None = BloomFilter.from_bytes(
+                table.io.read(join(ref.uri, BLOOM_FILE))
+            )
+        except Exception:  # noqa: BLE001 - no/invalid bloom filter: exact checks only
+            self.bloom = None
+        self.indexes = {d.name: d for d in self.ds.describe_indices()}
+        self._lock = threading.Lock()
+        self._keys: _KeyIndex | None = None
+        self._blocklist: bytes | None = None
+        self._token_index: dict[tuple, _TokenIndex] = {}
+
+    def _load_keys(self) -> None:
+        with self._lock:
+            if self._keys is not None:
+                return
+            cols = [*self.pk, TOMBSTONE]
+            raw = self.dataset().to_table(columns=cols, with_row_address=True)
+            tomb = pc.fill_null(raw.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
+            index = np.arange(raw.num_rows, dtype=np.int64)
+            keys = raw.select(self.pk)
+            self._keys = _KeyIndex(keys, tomb, index)
+            live = np.zeros(raw.num_rows, bool)
+            live[self._keys.rows[~self._keys.tombstone]] = True
+            dead = raw.column(ROWADDR_COLUMN).to_numpy()[~live]
+            if len(dead):
+                from lance.dataset import serialize_row_addrs
+
+                self._blocklist = serialize_row_addrs(dead.tolist())
+
+    def dataset(self) -> lance.LanceDataset:
+        """A private handle on the generation's Lance table (see :func:`_own`)."""
+        return _own(self.ds)
+
+    @property
+    def keys(self) -> _KeyIndex:
+        """Key index of the generation (loaded on first use)."""
+        self._load_keys()
+        assert self._keys is not None
+        return self._keys
+
+    @property
+    def blocklist(self) -> bytes | None:
+        """Row addresses of superseded rows and tombstones (Lance prefilter), or None."""
+        self._load_keys()
+        return self._blocklist
+
+    def live_mask(self) -> np.ndarray:
+        """Which dataset rows are the newest version of a live key."""
+        keys = self.keys
+        live = np.zeros(self.num_rows, bool)
+        live[keys.rows[~keys.tombstone]] = True
+        return live
+
+    def has_index(self, name: str | None) -> bool:
+        return name is not None and name in self.indexes
+
+    def might_contain(self, hashes: np.ndarray) -> np.ndarray:
+        if self.bloom is None:
+            return np.ones(len(hashes), bool)
+        return self.bloom.might_contain_hashes(hashes)
+
+
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+_GENERATIONS = _LRU(_GEN_CACHE_SIZE)
+_MEM_FTS = _LRU(_MEM_FTS_CACHE_SIZE)
+_INDEX_STATS = _LRU(1024)
+
+
+def _gen_info(table: MemWalTable, ref: sources.GenerationRef) -> _GenInfo:
+    info = _GENERATIONS.get(ref.uri)
+    if info is None:
+        info = _GenInfo(table, ref)
+        _GENERATIONS.put(ref.uri, info)
+    return info
+
+
+def clear_caches() -> None:
+    """Forget cached generation key indexes, token indexes and BM25 statistics."""
+    _GENERATIONS.clear()
+    _MEM_FTS.clear()
+    _INDEX_STATS.clear()
+
+
+# ----------------------------------------------------------------------------------------
+# MemTables of a region
+# ----------------------------------------------------------------------------------------
+class _MemRegion:
+    """The unflushed MemTables of one region, merged (they are its newest data)."""
+
+    def __init__(
+        self, region_id: str, memtables: list[MemTableSnapshot], schema: pa.Schema, pk: list[str]
+    ) -> None:
+        self.region_id = region_id
+        self.memtables = sorted(memtables, key=lambda m: m.generation)
+        self.generation = self.memtables[-1].generation
+        parts = [sources.conform(sources.memtable_rows(m), schema) for m in self.memtables]
+        self.offsets = np.cumsum([0] + [p.num_rows for p in parts])
+        self.rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        keys = self.rows.select(pk)
+        last = _last_occurrence(keys)
+        tomb = pc.fill_null(self.rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
+        self.live_idx = last[~tomb[last]]
+        self.keyset = KeySet(keys.take(pa.array(last)))
+        self.live = np.zeros(self.rows.num_rows, bool)
+        self.live[self.live_idx] = True
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+
+# ----------------------------------------------------------------------------------------
+# Source resolution (with the indexed read plan)
+# ----------------------------------------------------------------------------------------
+@dataclass
+class _Region:
+    region_id: str
+    merged_generation: int = 0
+    caught_up: int | None = None
+    gap: list[sources.GenerationRef] = field(default_factory=list)
+    generations: list[sources.GenerationRef] = field(default_factory=list)
+    memtables: list[MemTableSnapshot] = field(default_factory=list)
+
+
+@dataclass
+class SearchPlan:
+    """The sources of one search and how the base table is read.
+
+    Attributes
+    ----------
+    base : lance.LanceDataset
+        Base table version read.
+    read_plan : sources.ReadPlan
+        The regular LSM read plan (generations above the merged one, MemTables).
+    regions : dict
+        Per region: merged/caught-up generations, gap generations, generations,
+        MemTables.
+    index : genindex.BaseIndexInfo or None
+        Base index the search relies on.
+    indexed_only : bool
+        True when the base is searched over its indexed fragments only, the gap
+        generations covering the rest.
+    base_fragments : list[int]
+        Fragment ids of the base version.
+    notes : list[str]
+        Decisions worth knowing (e.g. a gap generation that could not be opened).
+    """
+
+    base: lance.LanceDataset
+    read_plan: sources.ReadPlan
+    regions: dict[str, _Region]
+    index: genindex.BaseIndexInfo | None
+    indexed_only: bool
+    base_fragments: list[int]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def indexed_fragments(self) -> list[int]:
+        """Base fragments covered by the search index (none when there is no index)."""
+        if self.index is None:
+            return []
+        return sorted(f for f in self.base_fragments if f in self.index.fragment_ids)
+
+    @property
+    def skipped_fragments(self) -> list[int]:
+        """Unindexed base fragments not scanned (covered by gap generations)."""
+        if not self.indexed_only or self.index is None:
+            return []
+        return sorted(f for f in self.base_fragments if f not in self.index.fragment_ids)
+
+    def describe(self) -> str:
+        """Human-readable plan (regions, gap generations, base fragments read)."""
+        idx = "-" if self.index is None else f"{self.index.name}({self.index.index_type})"
+        mode = "indexed-only" if self.indexed_only else "full"
+        lines = [
+            f"MemWalSearch: index={idx} base_version={self.base.version} "
+            f"consistency={self.read_plan.consistency} base_mode={mode}",
+            f"  base fragments={self.base_fragments} indexed={self.indexed_fragments} "
+            f"skipped_unindexed={self.skipped_fragments}",
+        ]
+        for rid, r in sorted(self.regions.items()):
+            lines.append(
+                f"  region {rid} merged<={r.merged_generation} "
+                f"index_caught_up<={'-' if r.caught_up is None else r.caught_up} "
+                f"gap_generations=[{','.join(str(g.generation) for g in r.gap) or '-'}] "
+                f"generations=[{','.join(str(g.generation) for g in r.generations) or '-'}] "
+                f"memtables=[{','.join(str(m.generation) for m in r.memtables) or '-'}]"
+            )
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def resolve_search(
+    table: MemWalTable,
+    column: str | None = None,
+    kind: str = "vector",
+    consistency: str = "strong",
+    writers: Sequence[RegionWriter] | None = None,
+    predicates: list[tuple[str, str, Any]] | None = None,
+) -> SearchPlan:
+    """Sources of a search on ``column`` with its ``kind`` of index, and the read plan.
+
+    Parameters
+    ----------
+    table : MemWalTable
+    column : str, optional
+        Searched column; its base index (``kind``: ``"vector"``, ``"fts"`` or
+        ``"scalar"``) is looked up on the base version the plan reads.
+    kind : str
+    consistency, writers, predicates
+        As for :func:`memwal_query.sources.resolve`.
+
+    Notes
+    -----
+    Like :func:`memwal_query.sources.resolve`, plus, for each region whose
+    ``index_catchup[index]`` is behind ``merged_generations``, the generations in
+    ``(caught_up, merged]`` as *gap* generations; the base is then searched over its
+    indexed fragments only. If a gap generation cannot be listed or opened, or the
+    unindexed fragments hold rows the gap does not explain, the base is searched in
+    full instead (correct, just not index-only).
+    """
+    plan = sources.resolve(table, consistency, writers, predicates)
+    base = plan.base
+    index = genindex.find_index(base, column, kind) if column is not None else None
+    merged = plan.index.merged_generations()
+    regions: dict[str, _Region] = {}
+    for view in plan.regions:
+        regions[view.region_id] = _Region(
+            view.region_id,
+            merged_generation=view.merged_generation,
+            generations=list(view.generations),
+            memtables=list(view.memtables),
+        )
+    notes: list[str] = []
+    indexed_only = False
+    catchup = plan.index.index_catchup().get(index.name, {}) if index is not None else {}
+    behind = {
+        rid: gen
+        for rid, gen in catchup.items()
+        if gen < merged.get(rid, 0) and rid not in plan.pruned
+    }
+    if behind:
+        ok = True
+        for rid, caught in sorted(behind.items()):
+            mg = merged[rid]
+            region = regions.setdefault(rid, _Region(rid, merged_generation=mg))
+            region.caught_up = caught
+            manifest = table.region_manifest(rid)
+            flushed = {
+                g.generation: g.path for g in (manifest.flushed_generations if manifest else ())
+            }
+            wanted = range(caught + 1, mg + 1)
+            missing = [g for g in wanted if g not in flushed]
+            if missing:
+                notes.append(f"region {rid}: gap generations {missing} are gone; full base scan")
+                ok = False
+                break
+            from . import paths
+
+            for g in wanted:
+                ref = sources.GenerationRef(
+                    rid, g, paths.generation_path(table.uri, rid, flushed[g])
+                )
+                try:
+                    _gen_info(table, ref)
+                except GenerationGoneError as e:
+                    notes.append(f"region {rid}: {e}; full base scan")
+                    ok = False
+                    break
+                region.gap.append(ref)
+            if not ok:
+                break
+        if ok:
+            ok = _gap_covers_unindexed(table, base, index, regions, notes)
+        if ok:
+            indexed_only = True
+        else:
+            for r in regions.values():
+                r.gap = []
+    for rid, r in regions.items():
+        if r.caught_up is None and rid in catchup:
+            r.caught_up = catchup[rid]
+    frags = [f.fragment_id for f in base.get_fragments()]
+    return SearchPlan(base, plan, regions, index, indexed_only, frags, notes)
+
+
+def _gap_covers_unindexed(
+    table: MemWalTable,
+    base: lance.LanceDataset,
+    index: genindex.BaseIndexInfo,
+    regions: dict[str, _Region],
+    notes: list[str],
+) -> bool:
+    """Whether the gap generations account for every row of the unindexed fragments.
+
+    Merging a generation writes exactly its upserted rows (newest live row per key)
+    into new fragments. If the unindexed fragments hold any other rows (a region with
+    no catch-up record, a direct append, a compaction), skipping them would lose rows:
+    then the base is searched in full.
+    """
+    unindexed = [f for f in base.get_fragments() if f.fragment_id not in index.fragment_ids]
+    physical = sum(int(f.metadata.physical_rows) for f in unindexed)
+    expected = 0
+    for r in regions.values():
+        for ref in r.gap:
+            keys = _gen_info(table, ref).keys
+            expected += int((~keys.tombstone).sum())
+    if physical != expected:
+        notes.append(
+            f"unindexed base fragments hold {physical} rows, gap generations upserted "
+            f"{expected}: full base scan"
+        )
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------
+# Filters on in-memory rows
+# ----------------------------------------------------------------------------------------
+def _filter_indices(rows: pa.Table, filter: Any) -> np.ndarray:
+    """Indices of ``rows`` matching ``filter`` (SQL text or pyarrow Expression)."""
+    n = rows.num_rows
+    if filter is None or n == 0:
+        return np.arange(n, dtype=np.int64)
+    keyed = rows.append_column(_IDX, pa.array(np.arange(n, dtype=np.int64)))
+    if isinstance(filter, pc.Expression):
+        return keyed.filter(filter).column(_IDX).to_numpy()
+    if not isinstance(filter, str):
+        raise MemWalError(f"filter must be SQL text or a pyarrow Expression, got {filter!r}")
+    # DataFusion evaluates the SQL text; in a worker thread, because the search may run
+    # inside DataFusion's own runtime (the SQL table functions), which cannot nest.
+    return _SQL_POOL.submit(_sql_filter, keyed, filter).result()
+
+
+def _sql_filter(keyed: pa.Table, filter: str) -> np.ndarray:
+    import datafusion
+
+    ctx = datafusion.SessionContext()
+    ctx.register_record_batches("__memwal_rows", [keyed.to_batches()])
+    got = ctx.sql(f"SELECT {_IDX} FROM __memwal_rows WHERE {filter}").to_arrow_table()
+    return np.sort(got.column(0).to_numpy())
+
+
+_SQL_POOL = ThreadPoolExecutor(2, thread_name_prefix="memwal-sql-filter")
+
+
+def _predicates(table: MemWalTable, filter: Any) -> list[tuple[str, str, Any]] | None:
+    if isinstance(filter, pc.Expression):
+        from . import pruning
+
+        return pruning.predicates_from_expression(filter)
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# Shared top-k machinery
+# ----------------------------------------------------------------------------------------
+@dataclass
+class _Source:
+    kind: str  # "base" | "generation" | "memtable"
+    region_id: str | None
+    generation: int
+    gap: bool = False
+    gen: _GenInfo | None = None
+    mem: _MemRegion | None = None
+    newer_gens: list[_GenInfo] = field(default_factory=list)
+    newer_mems: list[_MemRegion] = field(default_factory=list)
+    k_fetch: int = 0
+    exhausted: bool = False
+    candidates: pa.Table | None = None
+    live: pa.Table | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        if self.kind == "base":
+            return "base"
+        gap = " (gap)" if self.gap else ""
+        return f"{self.kind} {self.generation}{gap} of region {self.region_id}"
+
+
+def _build_sources(table: MemWalTable, plan: SearchPlan) -> list[_Source]:
+    """Sources, base first; each knows the newer sources its candidates must beat."""
+    pk = table.primary_key
+    out: list[_Source] = []
+    all_gens: list[_GenInfo] = []
+    all_mems: list[_MemRegion] = []
+    per_region: list[_Source] = []
+    for rid, region in sorted(plan.regions.items()):
+        refs = [(g, True) for g in region.gap] + [(g, False) for g in region.generations]
+        refs.sort(key=lambda x: x[0].generation)
+        gens = [(ref, gap, _gen_info(table, ref)) for ref, gap in refs]
+        mem = _MemRegion(rid, region.memtables, table.schema, pk) if region.memtables else None
+        for i, (ref, gap, info) in enumerate(gens):
+            per_region.append(
+                _Source(
+                    "generation",
+                    rid,
+                    ref.generation,
+                    gap=gap,
+                    gen=info,
+                    newer_gens=[g for _, _, g in gens[i + 1 :]],
+                    newer_mems=[mem] if mem is not None else [],
+                )
+            )
+        if mem is not None:
+            per_region.append(_Source("memtable", rid, mem.generation, mem=mem))
+            all_mems.append(mem)
+        all_gens.extend(info for _, _, info in gens)
+    out.append(_Source("base", None, 0, newer_gens=all_gens, newer_mems=all_mems))
+    out.extend(per_region)
+    return out
+
+
+def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
+    """Remove candidates whose key exists in a newer source (bloom first, then exact)."""
+    n = cands.num_rows
+    st = src.stats
+    if n == 0 or (not src.newer_gens and not src.newer_mems):
+        return cands
+    keys = cands.select(pk)
+    stale = np.zeros(n, bool)
+    hashes = hash_keys(keys) if src.newer_gens else None
+    for g in src.newer_gens:
+        todo = ~stale
+        maybe = np.zeros(n, bool)
+        maybe[todo] = g.might_contain(hashes[todo])
+        st["bloom_checks"] = st.get("bloom_checks", 0) + int(todo.sum())
+        st["bloom_hits"] = st.get("bloom_hits", 0) + int(maybe.sum())
+        if maybe.any():
+            idx = _mask_to_indices(maybe)
+            exact = g.keys.contains(keys.take(pa.array(idx)), hashes[idx])
+            stale[idx[exact]] = True
+    for m in src.newer_mems:
+        stale |= m.keyset.contains(keys)
+    st["stale"] = st.get("stale", 0) + int(stale.sum())
+    if not stale.any():
+        return cands
+    return cands.filter(pa.array(~stale))
+
+
+def _run_topk(
+    sources_: list[_Source],
+    fetch,
+    k: int,
+    score_col: str,
+    descending: bool,
+    pk: list[str],
+) -> pa.Table | None:
+    """Fetch, drop stale, merge; re-fetch sources that may still hold better live rows.
+
+    The sources are queried concurrently (Lance releases the GIL; a query costs a few
+    milliseconds of fixed overhead however small the generation).
+    """
+    for s in sources_:
+        has_newer = bool(s.newer_gens or s.newer_mems)
+        s.k_fetch = 2 * k + 8 if has_newer else k
+
+    def run(s: _Source) -> None:
+        cands = fetch(s, s.k_fetch)
+        s.stats["fetched"] = cands.num_rows
+        s.stats["rounds"] = s.stats.get("rounds", 0) + 1
+        s.exhausted = cands.num_rows < s.k_fetch
+        s.candidates = cands
+        s.stats["stale"] = 0
+        s.live = _drop_stale(s, cands, pk)
+        s.stats["live"] = s.live.num_rows
+
+    pending = list(sources_)
+    merged = None
+    order = "descending" if descending else "ascending"
+    for _round in range(_MAX_ROUNDS):
+        if len(pending) == 1:
+            run(pending[0])
+        else:
+            for f in [_SEARCH_POOL.submit(run, s) for s in pending]:
+                f.result()
+        parts = []
+        for i, s in enumerate(sources_):
+            if s.live is not None and s.live.num_rows:
+                src = pa.repeat(pa.scalar(i, pa.int32()), s.live.num_rows)
+                parts.append(s.live.append_column(_SRC, src))
+        if not parts:
+            return None
+        merged = pa.concat_tables(parts, promote_options="permissive")
+        merged = merged.sort_by([(score_col, order)]).slice(0, k)
+        counts = collections.Counter(merged.column(_SRC).to_pylist())
+        pending = []
+        for i, s in enumerate(sources_):
+            live = s.live.num_rows if s.live is not None else 0
+            if s.exhausted or live >= k:
+                continue
+            if counts.get(i, 0) == live:  # every live candidate made the top-k: want more
+                s.k_fetch = s.k_fetch * 4
+                pending.append(s)
+        if not pending:
+            break
+    return merged
+
+
+_SEARCH_POOL = ThreadPoolExecutor(8, thread_name_prefix="memwal-search")
+
+
+# ----------------------------------------------------------------------------------------
+# Vector search
+# ----------------------------------------------------------------------------------------
+def _query_vector(query: Any) -> np.ndarray:
+    if isinstance(query, pa.ChunkedArray):
+        query = query.combine_chunks()
+    if isinstance(query, pa.FixedSizeListScalar | pa.ListScalar):
+        query = query.values
+    if isinstance(query, pa.Array):
+        query = query.to_numpy(zero_copy_only=False)
+    q = np.asarray(query, dtype=np.float32)
+    if q.ndim != 1 or q.size == 0:
+        raise MemWalError(f"query must be one non-empty vector, got shape {q.shape}")
+    return q
+
+
+def _vectors(col: pa.ChunkedArray | pa.Array, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 matrix of the non-null vectors, their row indices)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    n = len(col)
+    valid = (
+        np.ones(n, bool) if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
+    )
+    idx = _mask_to_indices(valid)
+    if len(idx) == 0:
+        return np.zeros((0, dim), np.float32), idx
+    if col.null_count:
+        col = col.filter(pa.array(valid))
+    flat = col.flatten() if isinstance(col, pa.FixedSizeListArray) else pc.list_flatten(col)
+    mat = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, dim)
+    return mat, idx
+
+
+def _distances(mat: np.ndarray, q: np.ndarray, metric: str) -> np.ndarray:
+    if metric in ("l2", "euclidean"):
+        diff = mat - q
+        return np.einsum("ij,ij->i", diff, diff)
+    if metric == "cosine":
+        denom = np.linalg.norm(mat, axis=1) * float(np.linalg.norm(q))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = 1.0 - (mat @ q) / denom
+        return np.where(np.isfinite(d), d, np.inf)
+    if metric == "dot":
+        return 1.0 - mat @ q
+    if metric == "hamming":  # uint8 vectors: differing bits
+        diff = np.bitwise_xor(mat.astype(np.uint8), q.astype(np.uint8))
+        return np.unpackbits(diff, axis=1).sum(1).astype(np.float32)
+    raise MemWalError(f"exact re-scoring does not support metric {metric!r}")
+
+
+def _conform_output(t: pa.Table, schema: pa.Schema, extra: list[pa.Field]) -> pa.Table:
+    cols, names = [], []
+    for f in list(schema) + extra:
+        if f.name in t.column_names:
+            c = t.column(f.name)
+            cols.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+        names.append(f.name)
+    return pa.Table.from_arrays(cols, schema=pa.schema(list(schema) + extra))
+
+
+def _read_columns(table: MemWalTable, columns: Sequence[str] | None, need: list[str]) -> tuple:
+    names = list(table.schema.names) if columns is None else list(columns)
+    unknown = [c for c in names if c not in table.schema.names]
+    if unknown:
+        raise SchemaError(f"unknown column(s) {unknown}; table columns: {table.schema.names}")
+    out_schema = pa.schema([table.schema.field(c) for c in names])
+    read = list(dict.fromkeys(names + need))
+    return out_schema, read
+
+
+def _lance_columns(ds: lance.LanceDataset, wanted: list[str]) -> list[str]:
+    present = set(ds.schema.names)
+    return [c for c in wanted if c in present]
+
+
+def vector_search(
+    table: MemWalTable,
+    column: str,
+    query: Any,
+    k: int = 10,
+    filter: str | pc.Expression | None = None,
+    nprobes: int = 20,
+    refine_factor: int | None = None,
+    writers: Sequence[RegionWriter] | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+    consistency: str = "strong",
+    debug: dict | None = None,
+) -> pa.Table:
+    """K nearest live rows of ``column`` to ``query`` across every source.
+
+    Parameters
+    ----------
+    table : MemWalTable
+    column : str
+        A ``FixedSizeList<float>`` vector column.
+    query : array-like
+        The query vector.
+    k : int
+        Number of rows to return.
+    filter : str or pyarrow.compute.Expression, optional
+        Prefilter (Lance SQL); it applies to the newest version of each row.
+    nprobes : int
+        IVF partitions probed by each indexed source.
+    refine_factor : int, optional
+        Passed to Lance for each indexed source.
+    writers : list of RegionWriter, optional
+        Writers whose MemTables are searched too (default: the table's own writers).
+    columns : list of str, optional
+        Output columns (default: all table columns).
+    consistency : str
+        ``"strong"`` (region manifests) or ``"eventual"`` (MemWAL index snapshots).
+    debug : dict, optional
+        Filled with ``plan`` (:class:`SearchPlan`), ``explain`` (text), ``sources``
+        (per-source counters) and ``base_lance_plan`` (Lance's plan of the base query).
+
+    Returns
+    -------
+    pa.Table
+        Output columns plus ``_distance`` (exact, ascending), at most ``k`` rows.
+    """
+    if k <= 0:
+        raise MemWalError(f"k must be positive, got {k}")
+    if column not in table.schema.names:
+        raise SchemaError(f"unknown vector column {column!r}")
+    q = _query_vector(query)
+    vtype = table.schema.field(column).type
+    dim = getattr(vtype, "list_size", None)
+    if dim is not None and dim != q.size:
+        raise MemWalError(f"query has {q.size} dimensions, column {column!r} has {dim}")
+    pk = table.primary_key
+    out_schema, _ = _read_columns(table, columns, [*pk, column])
+    if writers is None:
+        writers = table.writers()
+    plan = resolve_search(table, column, "vector", consistency, writers, _predicates(table, filter))
+    info = plan.index
+    metric = genindex.vector_metric(plan.base, info) if info is not None else "l2"
+    exact = metric in ("l2", "euclidean", "cosine", "dot", "hamming")
+    srcs = _build_sources(table, plan)
+
+    def nearest(kk: int) -> dict[str, Any]:
+        spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
+        if info is not None:
+            spec["metric"] = metric
+        if refine_factor is not None:
+            spec["refine_factor"] = refine_factor
+        return spec
+
+    narrow = list(dict.fromkeys([*pk, column]))
+
+    def fetch(s: _Source, kk: int) -> pa.Table:
+        if s.kind == "memtable":
+            return _memtable_knn(s.mem, column, q, kk, metric, filter, narrow)
+        ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+        kwargs: dict[str, Any] = dict(
+            nearest=nearest(kk),
+            columns=[*_lance_columns(ds, narrow), DISTANCE],
+            with_row_id=True,
+        )
+        if filter is not None:
+            kwargs.update(filter=filter, prefilter=True)
+        if s.kind == "base":
+            if plan.indexed_only:
+                kwargs["fast_search"] = True
+        else:
+            s.stats["index"] = info.name if s.gen.has_index(info and info.name) else "flat"
+            if s.gen.blocklist is not None:
+                kwargs["row_addr_blocklist"] = s.gen.blocklist
+        scanner = ds.scanner(**kwargs)
+        if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
+            debug["base_lance_plan"] = scanner.explain_plan(True)
+        got = scanner.to_table()
+        if exact and got.num_rows:
+            mat, idx = _vectors(got.column(column), q.size)
+            d = np.full(got.num_rows, np.inf, np.float32)
+            d[idx] = _distances(mat, q, metric)
+            got = got.set_column(got.schema.get_field_index(DISTANCE), DISTANCE, pa.array(d))
+        return got
+
+    merged = _run_topk(srcs, fetch, k, DISTANCE, False, pk)
+    _fill_debug(debug, plan, srcs)
+    dist_field = pa.field(DISTANCE, pa.float32())
+    if merged is None:
+        return out_schema.empty_table().append_column(dist_field, pa.array([], pa.float32()))
+    merged = _materialize(merged, srcs, plan, out_schema)
+    return _conform_output(merged, out_schema, [dist_field])
+
+
+def _memtable_knn(
+    mem: _MemRegion,
+    column: str,
+    q: np.ndarray,
+    k: int,
+    metric: str,
+    filter: Any,
+    cols: list[str],
+) -> pa.Table:
+    """Exact k nearest live MemTable rows (``_rowid`` = row index in ``mem.rows``)."""
+    live = mem.live_idx
+    keep = live
+    if filter is not None:
+        keep = live[_filter_indices(mem.rows.take(pa.array(live)), filter)]
+    mat, idx = _vectors(mem.rows.column(column).take(pa.array(keep)), q.size)
+    d = _distances(mat, q, metric)
+    top = np.argsort(d, kind="stable")[:k]
+    rows = keep[idx[top]]
+    out = mem.rows.select(cols).take(pa.array(rows))
+    out = out.append_column(DISTANCE, pa.array(d[top].astype(np.float32)))
+    return out.append_column(ROWID, pa.array(rows.astype(np.uint64)))
+
+
+def _materialize(
+    merged: pa.Table, srcs: list[_Source], plan: SearchPlan, out_schema: pa.Schema
+) -> pa.Table:
+    """Fetch the output columns the candidates lack, for the final rows only.
+
+    Sources answered with the key, the searched column and their row id; the other
+    columns are read by row id from the sources that contributed to the result.
+    """
+    need = [c for c in out_schema.names if c not in merged.column_names]
+    if not need or merged.num_rows == 0:
+        return merged
+    src = merged.column(_SRC).to_numpy()
+    rowid = merged.column(ROWID).to_numpy()
+
+    def take(i: int) -> tuple[np.ndarray, pa.Table]:
+        s = srcs[i]
+        pos = np.flatnonzero(src == i)
+        ids = rowid[pos]
+        if s.kind == "memtable":
+            part = s.mem.rows.select(need).take(pa.array(ids.astype(np.int64)))
+        else:
+            ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+            cols = _lance_columns(ds, need)
+            if cols:
+                part = ds._take_rows(ids.tolist(), columns=cols)
+            else:  # columns the source predates: NULL
+                part = pa.table({_IDX: np.zeros(len(ids), np.int64)})
+        return pos, part
+
+    groups = [int(i) for i in np.unique(src)]
+    if len(groups) == 1:
+        results = [take(groups[0])]
+    else:
+        results = [f.result() for f in [_SEARCH_POOL.submit(take, i) for i in groups]]
+    fields = [out_schema.field(c) for c in need]
+    order = np.concatenate([pos for pos, _ in results])
+    parts = [_conform_output(part, pa.schema(fields), []) for _, part in results]
+    cols = pa.concat_tables(parts).take(pa.array(np.argsort(order, kind="stable")))
+    for f in fields:
+        merged = merged.append_column(f, cols.column(f.name))
+    return merged
+
+
+def _fill_debug(debug: dict | None, plan: SearchPlan, srcs: list[_Source]) -> None:
+    if debug is None:
+        return
+    debug["plan"] = plan
+    debug["explain"] = plan.describe()
+    debug["sources"] = [
+        {
+            "source": s.label(),
+            "kind": s.kind,
+            "region_id": s.region_id,
+            "generation": s.generation,
+            "gap": s.gap,
+            **s.stats,
+        }
+        for s in srcs
+    ]
+
+
+# ----------------------------------------------------------------------------------------
+# Full-text search
+# ----------------------------------------------------------------------------------------
+def _texts(col: pa.ChunkedArray | pa.Array) -> list[str | None]:
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [None if v is None else " ".join(x for x in v if x) for v in col.to_pylist()]
+    return col.to_pylist()
+
+
+class _TokenIndex:
+    """In-memory token postings of a growing list of documents (MemTables, fallbacks)."""
+
+    def __init__(self, tok_kwargs: dict[str, Any]) -> None:
+        self.tok_kwargs = tok_kwargs
+        self.postings: dict[str, tuple[list[int], list[int]]] = {}
+        self.doc_len: list[int] = []
+        self.num_docs = 0  # non-null documents
+        self.total_tokens = 0
+        self.source: tuple = ()
+
+    def extend(self, texts: list[str | None]) -> None:
+        start = len(self.doc_len)
+        for i, text in enumerate(texts):
+            if text is None:
+                self.doc_len.append(0)
+                continue
+            toks = [t.text for t in lance.tokenize(text, **self.tok_kwargs)]
+            self.doc_len.append(len(toks))
+            self.num_docs += 1
+            self.total_tokens += len(toks)
+            for tok, c in collections.Counter(toks).items():
+                rows, tfs = self.postings.setdefault(tok, ([], []))
+                rows.append(start + i)
+                tfs.append(c)
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        rows, tfs = self.postings.get(token, ((), ()))
+        return np.asarray(rows, np.int64), np.asarray(tfs, np.float64)
+
+
+def _memtable_token_index(
+    table: MemWalTable, m: MemTableSnapshot, column: str, tok_kwargs: dict[str, Any]
+) -> _TokenIndex:
+    """Token index of one MemTable, extended incrementally as it grows (batch identity)."""
+    key = (table.uri, m.region_id, m.generation, column, repr(sorted(tok_kwargs.items())))
+    idx: _TokenIndex | None = _MEM_FTS.get(key)
+    batches = m.batches
+    if idx is not None:
+        done = len(idx.source)
+        if done > len(batches) or any(a is not b for a, b in zip(idx.source, batches[:done])):
+            idx = None
+    if idx is None:
+        idx = _TokenIndex(tok_kwargs)
+    for b in batches[len(idx.source) :]:
+        idx.extend(_texts(b.column(column)))
+    idx.source = tuple(batches)
+    _MEM_FTS.put(key, idx)
+    return idx
+
+
+@dataclass
+class _FtsStats:
+    num_docs: int
+    total_tokens: int
+    df: dict[str, int]
+
+
+class _MemFts:
+    """Full-text matching over in-memory rows: a MemTable region or an unindexed gen."""
+
+    def __init__(
+        self, rows: pa.Table, parts: list[tuple[int, _TokenIndex]], live: np.ndarray
+    ) -> None:
+        self.rows = rows
+        self.parts = parts
+        self.live = live
+        self.doc_len = np.zeros(rows.num_rows, np.float64)
+        for off, ti in parts:
+            dl = np.asarray(ti.doc_len, np.float64)
+            self.doc_len[off : off + len(dl)] = dl[: rows.num_rows - off]
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        rows, tfs = [], []
+        for off, ti in self.parts:
+            r, t = ti.posting(token)
+            rows.append(r + off)
+            tfs.append(t)
+        r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        t = np.concatenate(tfs) if tfs else np.zeros(0)
+        keep = r < len(self.live)
+        r, t = r[keep], t[keep]
+        keep = self.live[r]
+        return r[keep], t[keep]
+
+    def stats(self, tokens: list[str]) -> _FtsStats:
+        valid = self.live & (self.doc_len > 0)
+        return _FtsStats(
+            num_docs=int(valid.sum()),
+            total_tokens=int(self.doc_len[self.live].sum()),
+            df={t: len(self.posting(t)[0]) for t in set(tokens)},
+        )
+
+    def match(self, tokens: list[str], filter: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(matching live row indices, tf matrix [rows x unique tokens]) after filter."""
+        uniq = list(dict.fromkeys(tokens))
+        posts = [self.posting(t) for t in uniq]
+        allrows = np.unique(np.concatenate([p[0] for p in posts])) if posts else np.zeros(0)
+        allrows = allrows.astype(np.int64)
+        if len(allrows) and filter is not None:
+            keep = _filter_indices(self.rows.take(pa.array(allrows)), filter)
+            allrows = allrows[keep]
+        tf = np.zeros((len(allrows), len(uniq)), np.float64)
+        if len(allrows) == 0:
+            return allrows, tf
+        for j, (r, t) in enumerate(posts):
+            pos = np.searchsorted(allrows, r)
+            ok = (pos < len(allrows)) & (allrows[np.minimum(pos, len(allrows) - 1)] == r)
+            tf[pos[ok], j] = t[ok]
+        return allrows, tf
+
+
+@dataclass
+class _IndexFtsStats:
+    """N, total tokens and cached per-token df of one Lance INVERTED index version."""
+
+    num_docs: int
+    total_tokens: int
+    df: dict[str, int] = field(default_factory=dict)
+
+
+def _index_total_tokens(ds: lance.LanceDataset, info_segments: list[str], storage) -> int | None:
+    import json
+
+    from lance.file import LanceFileReader
+
+    total = 0
+    try:
+        for seg in info_segments:
+            d = join(ds.uri, "_indices", seg)
+            meta = LanceFileReader(join(d, "metadata.lance"), storage_options=storage)
+            parts = json.loads(meta.metadata().schema.metadata[b"partitions"])
+            for p in parts:
+                r = LanceFileReader(join(d, f"part_{p}_docs.lance"), storage_options=storage)
+                total += int(r.metadata().schema.metadata[b"total_tokens"])
+    except Exception:  # noqa: BLE001 - unknown layout: estimate instead
+        return None
+    return total
+
+
+def _fts_index_stats(
+    ds: lance.LanceDataset,
+    index_name: str,
+    column: str,
+    tok_kwargs: dict[str, Any],
+    storage: dict[str, str] | None,
+) -> _IndexFtsStats:
+    key = (ds.uri, ds.version, index_name)
+    cached = _INDEX_STATS.get(key)
+    if cached is not None:
+        return cached
+    stats = ds.stats.index_stats(index_name)
+    n = int(sum(int(i.get("num_docs", 0)) for i in stats.get("indices", [])))
+    segs = [str(s.uuid) for d in ds.describe_indices() if d.name == index_name for s in d.segments]
+    total = _index_total_tokens(ds, segs, storage or None)
+    if total is None:  # estimate the average document length from a sample
+        sample = ds.to_table(columns=[column], limit=2000).column(column)
+        lens = [len(lance.tokenize(t, **tok_kwargs)) for t in _texts(sample) if t is not None]
+        total = int(round((sum(lens) / max(len(lens), 1)) * n))
+    out = _IndexFtsStats(n, total)
+    _INDEX_STATS.put(key, out)
+    return out
+
+
+def _doc_weight(tf: np.ndarray, dl: np.ndarray, avgdl: float) -> np.ndarray:
+    norm = K1 * (1.0 - B + B * dl / avgdl)
+    return (K1 + 1.0) * tf / (tf + norm)
+
+
+def _idf(df: np.ndarray | float, n: float) -> np.ndarray:
+    return np.log((n - df + 0.5) / (df + 0.5) + 1.0)
+
+
+def _index_df(
+    ds: lance.LanceDataset,
+    st: _IndexFtsStats,
+    column: str,
+    token: str,
+    word: str,
+    tok_kwargs: dict[str, Any],
+) -> int:
+    """df of ``token`` in a Lance INVERTED index, inverted from Lance's own BM25 score."""
+    from lance.query import MatchQuery
+
+    if token in st.df:
+        return st.df[token]
+    df: int | None = None
+    if st.num_docs > 0 and st.total_tokens > 0:
+        top = ds.to_table(
+            full_text_query=MatchQuery(word, column),
+            columns=[column, SCORE],
+            limit=1,
+            fast_search=True,
+        )
+        if top.num_rows == 0:
+            df = 0
+        else:
+            text = _texts(top.column(column))[0] or ""
+            toks = [t.text for t in lance.tokenize(text, **tok_kwargs)]
+            tf = toks.count(token)
+            score = float(top.column(SCORE)[0].as_py())
+            if tf > 0 and score > 0:
+                avgdl = st.total_tokens / st.num_docs
+                w = float(_doc_weight(np.array([tf]), np.array([len(toks)]), avgdl)[0])
+                r = math.exp(score / w) - 1.0
+                est = (st.num_docs + 0.5 - 0.5 * r) / (1.0 + r)
+                df = int(min(max(round(est), 1), st.num_docs))
+    if df is None:  # fall back to counting the matches
+        df = ds.scanner(
+            full_text_query=MatchQuery(word, column),
+            columns=[],
+            with_row_id=True,
+            fast_search=True,
+        ).count_rows()
+    st.df[token] = df
+    return df
+
+
+def _query_tokens(query: str, tok_kwargs: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """Query tokens (with repeats, as Lance scores them) and a word producing each."""
+    tokens = [t.text for t in lance.tokenize(query, **tok_kwargs)]
+    words: dict[str, str] = {}
+    for word in query.split():
+        got = [t.text for t in lance.tokenize(word, **tok_kwargs)]
+        if len(got) == 1 and got[0] not in words:
+            words[got[0]] = word
+    for t in tokens:
+        words.setdefault(t, t)
+    return tokens, words
+
+
+def fts_search(
+    table: MemWalTable,
+    column: str,
+    query: str,
+    k: int = 10,
+    filter: str | pc.Expression | None = None,
+    writers: Sequence[RegionWriter] | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+    consistency: str = "strong",
+    debug: dict | None = None,
+) -> pa.Table:
+    """Top-``k`` live rows of a BM25 full-text match on ``column`` across every source.
+
+    Parameters
+    ----------
+    table : MemWalTable
+    column : str
+        A text column with an INVERTED index on the base table.
+    query : str
+        Query text (tokens are OR-ed, as Lance's ``MatchQuery``).
+    k : int
+        Number of rows to return.
+    filter : str or pyarrow.compute.Expression, optional
+        Prefilter; it applies to the newest version of each row.
+    writers : list of RegionWriter, optional
+        Writers whose MemTables are searched too (default: the table's own writers).
+    columns : list of str, optional
+        Output columns (default: all table columns).
+    consistency : str
+        ``"strong"`` or ``"eventual"``.
+    debug : dict, optional
+        As for :func:`vector_search`, plus ``stats`` (global N, avgdl, df).
+
+    Returns
+    -------
+    pa.Table
+        Output columns plus ``_score`` (global BM25, descending), at most ``k`` rows.
+    """
+    if k <= 0:
+        raise MemWalError(f"k must be positive, got {k}")
+    if column not in table.schema.names:
+        raise SchemaError(f"unknown text column {column!r}")
+    pk = table.primary_key
+    out_schema, _ = _read_columns(table, columns, [*pk, column])
+    score_field = pa.field(SCORE, pa.float32())
+    empty = out_schema.empty_table().append_column(score_field, pa.array([], pa.float32()))
+    if writers is None:
+        writers = table.writers()
+    plan = resolve_search(table, column, "fts", consistency, writers, _predicates(table, filter))
+    info = plan.index
+    if info is None:
+        raise MemWalError(f"{table.uri}: column {column!r} has no INVERTED index on the base")
+    tok_kwargs = genindex.tokenize_kwargs(genindex.fts_params(plan.base, info.name))
+    tokens, words = _query_tokens(query, tok_kwargs)
+    if not tokens:
+        return empty
+    srcs = _build_sources(table, plan)
+    storage = table.storage_options or None
+
+    # -- per-source matchers and global statistics ------------------------------------
+    mem_fts: dict[int, _MemFts] = {}
+
+    def source_stats(i: int, s: _Source) -> _FtsStats:
+        if s.kind == "memtable":
+            parts = [
+                (int(off), _memtable_token_index(table, m, column, tok_kwargs))
+                for off, m in zip(s.mem.offsets, s.mem.memtables)
+            ]
+            mem_fts[i] = _MemFts(s.mem.rows, parts, s.mem.live)
+            s.stats["index"] = "memory"
+            return mem_fts[i].stats(tokens)
+        if s.kind == "generation" and not s.gen.has_index(info.name):
+            mem_fts[i] = _gen_mem_fts(s.gen, table, column, tok_kwargs)
+            s.stats["index"] = "memory"
+            return mem_fts[i].stats(tokens)
+        ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+        ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
+        s.stats["index"] = info.name
+        df = {t: _index_df(ds, ist, column, t, words[t], tok_kwargs) for t in set(tokens)}
+        return _FtsStats(ist.num_docs, ist.total_tokens, df)
+
+    # Sources' statistics are independent (and cached per immutable index version):
+    # gather them concurrently, then sum.
+    futures = [_SEARCH_POOL.submit(source_stats, i, s) for i, s in enumerate(srcs)]
+    per_source = [f.result() for f in futures]
+    n_total = sum(st.num_docs for st in per_source)
+    t_total = sum(st.total_tokens for st in per_source)
+    df_total: collections.Counter = collections.Counter()
+    for st in per_source:
+        df_total.update(st.df)
+    avgdl = t_total / n_total if n_total else 1.0
+    uniq = list(dict.fromkeys(tokens))
+    mult = np.array([tokens.count(t) for t in uniq], np.float64)
+    idf = np.array(
+        [_idf(df_total[t], n_total) if df_total[t] > 0 else 0.0 for t in uniq], np.float64
+    )
+    if debug is not None:
+        debug["stats"] = {
+            "num_docs": n_total,
+            "avgdl": avgdl,
+            "df": dict(df_total),
+            "idf": dict(zip(uniq, idf.tolist())),
+        }
+
+    def score(tf: np.ndarray, dl: np.ndarray) -> np.ndarray:
+        if len(dl) == 0:
+            return np.zeros(0, np.float32)
+        w = _doc_weight(tf, dl[:, None], avgdl)
+        return (w * (idf * mult)[None, :]).sum(1).astype(np.float32)
+
+    def rescore_lance(got: pa.Table) -> pa.Table:
+        texts = _texts(got.column(column))
+        tf = np.zeros((len(texts), len(uniq)))
+        dl = np.zeros(len(texts))
+        pos = {t: j for j, t in enumerate(uniq)}
+        for r, text in enumerate(texts):
+            if text is None:
+                continue
+            toks = [t.text for t in lance.tokenize(text, **tok_kwargs)]
+            dl[r] = len(toks)
+            for tok, c in collections.Counter(toks).items():
+                j = pos.get(tok)
+                if j is not None:
+                    tf[r, j] = c
+        got = got.set_column(got.schema.get_field_index(SCORE), SCORE, pa.array(score(tf, dl)))
+        return got.sort_by([(SCORE, "descending")])
+
+    from lance.query import MatchQuery
+
+    narrow = list(dict.fromkeys([*pk, column]))
+
+    def fetch(s: _Source, kk: int) -> pa.Table:
+        i = srcs.index(s)
+        if i in mem_fts:
+            mf = mem_fts[i]
+            rows_idx, tf = mf.match(tokens, filter)
+            sc = score(tf, mf.doc_len[rows_idx])
+            best = np.argsort(-sc, kind="stable")[:kk]
+            top = rows_idx[best]
+            out = mf.rows.select(narrow).take(pa.array(top))
+            out = out.append_column(SCORE, pa.array(sc[best].astype(np.float32)))
+            if s.kind == "generation":  # row ids of the generation's Lance table
+                rowid = mf.rows.column(ROWADDR_COLUMN).take(pa.array(top))
+            else:
+                rowid = pa.array(top.astype(np.uint64))
+            return out.append_column(ROWID, rowid.cast(pa.uint64()))
+        ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+        kwargs: dict[str, Any] = dict(
+            full_text_query=MatchQuery(query, column),
+            columns=[*_lance_columns(ds, narrow), SCORE],
+            limit=kk,
+            with_row_id=True,
+        )
+        if filter is not None:
+            kwargs.update(filter=filter, prefilter=True)
+        if s.kind == "base":
+            if plan.indexed_only:
+                kwargs["fast_search"] = True
+        elif s.gen.blocklist is not None:
+            kwargs["row_addr_blocklist"] = s.gen.blocklist
+        scanner = ds.scanner(**kwargs)
+        if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
+            debug["base_lance_plan"] = scanner.explain_plan(True)
+        return rescore_lance(scanner.to_table())
+
+    merged = _run_topk(srcs, fetch, k, SCORE, True, pk)
+    _fill_debug(debug, plan, srcs)
+    if merged is None:
+        return empty
+    merged = _materialize(merged, srcs, plan, out_schema)
+    return _conform_output(merged, out_schema, [score_field])
+
+
+def _gen_mem_fts(
+    gen: _GenInfo, table: MemWalTable, column: str, tok_kwargs: dict[str, Any]
+) -> _MemFts:
+    """In-memory full-text matching for a generation without an INVERTED index."""
+    key = (column, repr(sorted(tok_kwargs.items())))
+    ti = gen._token_index.get(key)
+    rows = sources.read_generation(gen.ref, table.schema, table.storage_options)
+    if ti is None:
+        ti = _TokenIndex(tok_kwargs)
+        ti.extend(_texts(rows.column(column)))
+        gen._token_index[key] = ti
+    return _MemFts(rows, [(0, ti)], gen.live_mask())
+
+
+# ----------------------------------------------------------------------------------------
+# Point lookup
+# ----------------------------------------------------------------------------------------
+def _key_table(table: MemWalTable, keys: Any) -> pa.Table:
+    pk = table.primary_key
+    is_frame = hasattr(keys, "columns") and hasattr(keys, "to_numpy")
+    if isinstance(keys, pa.Table | pa.RecordBatch | dict) or is_frame:
+        return coerce_keys(to_table(keys, "lookup keys"), table.schema, pk)
+    if len(pk) != 1:
+        raise SchemaError(f"composite primary key {pk}: pass the keys as a table")
+    if isinstance(keys, pa.ChunkedArray):
+        arr = keys
+    elif isinstance(keys, pa.Array):
+        arr = keys
+    else:
+        if np.isscalar(keys) or isinstance(keys, str | bytes):
+            keys = [keys]
+        arr = pa.array(keys)
+    return coerce_keys(pa.table({pk[0]: arr}), table.schema, pk)
+
+
+def lookup(
+    table: MemWalTable,
+    keys: Any,
+    columns: Sequence[str] | None = None,
+    writers: Sequence[RegionWriter] | None = None,
+    *,
+    consistency: str = "strong",
+    debug: dict | None = None,
+) -> pa.Table:
+    """The newest live row of each primary key (vectorised over many keys).
+
+    Parameters
+    ----------
+    table : MemWalTable
+    keys : array-like, pa.Array, pa.Table or dict
+        Primary-key values: an array (or list, or scalar) for a single-column key, a
+        table/dict with the key columns otherwise.
+    columns : list of str, optional
+        Output columns (default: all table columns).
+    writers : list of RegionWriter, optional
+        Writers whose MemTables are read too (default: the table's own writers).
+    consistency : str
+        ``"strong"`` or ``"eventual"``.
+    debug : dict, optional
+        Filled with per-source counters (``sources``) and the read plan.
+
+    Returns
+    -------
+    pa.Table
+        One row per key found (deleted and unknown keys are absent), in the order of
+        the keys' first occurrence in ``keys``.
+    """
+    pk = table.primary_key
+    out_schema, read_cols = _read_columns(table, columns, list(pk))
+    probe = _key_table(table, keys)
+    if probe.num_rows:
+        first = _first_occurrence(probe)
+        if len(first) != probe.num_rows:
+            probe = probe.take(pa.array(first))
+    n = probe.num_rows
+    if n == 0:
+        return out_schema.empty_table()
+    if writers is None:
+        writers = table.writers()
+    predicates = None
+    if len(pk) == 1 and n <= _PRUNE_MAX_KEYS and table.region_spec is not None:
+        predicates = [(pk[0], "in", probe.column(0).to_pylist())]
+    plan = sources.resolve(table, consistency, writers, predicates)
+    resolved = np.zeros(n, bool)
+    parts: list[pa.Table] = []
+    counters: list[dict[str, Any]] = []
+    hashes = hash_keys(probe)
+
+    def add(rows: pa.Table, probe_idx: np.ndarray) -> None:
+        if rows.num_rows:
+            parts.append(
+                _conform_output(rows, out_schema, []).append_column(
+                    _PROBE, pa.array(probe_idx.astype(np.int64))
+                )
+            )
+
+    for region in plan.regions:
+        if resolved.all():
+            break
+        # MemTables, newest first: the last write of a key in write order wins.
+        for m in sorted(region.memtables, key=lambda m: m.generation, reverse=True):
+            todo = _mask_to_indices(~resolved)
+            if len(todo) == 0:
+                break
+            found = _memtable_lookup(m, probe.take(pa.array(todo)), pk)
+            c = {"source": f"memtable {m.generation} of region {region.region_id}"}
+            c["probed"] = len(todo)
+            counters.append(c)
+            if found is None:
+                continue
+            rows, local = found
+            hit = todo[local]
+            resolved[hit] = True
+            live = ~pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
+            add(rows.filter(pa.array(live)), hit[live])
+            c["hits"] = len(hit)
+        for ref in reversed(region.generations):
+            if resolved.all():
+                break
+            gen = _gen_info(table, ref)
+            todo = _mask_to_indices(~resolved)
+            maybe = gen.might_contain(hashes[todo])
+            c = {"source": f"generation {ref.generation} of region {ref.region_id}"}
+            c.update(probed=len(todo), bloom_hits=int(maybe.sum()))
+            counters.append(c)
+            if not maybe.any():
+                continue
+            cand = todo[maybe]
+            pos = gen.keys.probe(probe.take(pa.array(cand)), hashes[cand])
+            hit = pos >= 0
+            c["hits"] = int(hit.sum())
+            if not hit.any():
+                continue
+            cand, pos = cand[hit], pos[hit]
+            resolved[cand] = True
+            live = ~gen.keys.tombstone[pos]
+            if live.any():
+                gds = gen.dataset()
+                cols = _lance_columns(gds, read_cols)
+                rows = gds.take(gen.keys.rows[pos[live]].tolist(), columns=cols)
+                add(rows, cand[live])
+    todo = _mask_to_indices(~resolved)
+    if len(todo):
+        got = _base_lookup(plan.base, probe.take(pa.array(todo)), pk, read_cols)
+        counters.append({"source": "base", "probed": len(todo), "hits": got[0].num_rows})
+        add(got[0], todo[got[1]])
+    if debug is not None:
+        debug["read_plan"] = plan
+        debug["explain"] = plan.describe()
+        debug["sources"] = counters
+    if not parts:
+        return out_schema.empty_table()
+    out = pa.concat_tables(parts)
+    out = out.sort_by(_PROBE).drop_columns([_PROBE])
+    return out
+
+
+def _first_occurrence(keys: pa.Table) -> np.ndarray:
+    n = keys.num_rows
+    if n <= 1:
+        return np.arange(n, dtype=np.int64)
+    if keys.num_columns == 1:
+        ints = _ints(keys.column(0))
+        if ints is not None:
+            return np.sort(np.unique(ints, return_index=True)[1]).astype(np.int64)
+    idx = pa.array(np.arange(n, dtype=np.int64))
+    first = keys.append_column(_IDX, idx).group_by(keys.column_names).aggregate([(_IDX, "min")])
+    return np.sort(first.column(f"{_IDX}_min").to_numpy())
+
+
+def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    if pa.types.is_integer(col.type) and col.null_count == 0:
+        return pc.cast(col, pa.int64()).to_numpy()
+    return None
+
+
+def _match_keys(rows_keys: pa.Table, probe: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (row index, probe index) with equal keys (probe keys are distinct)."""
+    if rows_keys.num_columns == 1:
+        pos = pc.index_in(rows_keys.column(0), value_set=probe.column(0).combine_chunks())
+        found = pc.is_valid(pos).to_numpy(zero_copy_only=False)
+        r = _mask_to_indices(found)
+        return r, pos.to_numpy(zero_copy_only=False)[found].astype(np.int64)
+    left = rows_keys.append_column(_IDX, pa.array(np.arange(rows_keys.num_rows, dtype=np.int64)))
+    right = probe.append_column(_PROBE, pa.array(np.arange(probe.num_rows, dtype=np.int64)))
+    joined = left.join(right, keys=rows_keys.column_names, join_type="inner")
+    return joined.column(_IDX).to_numpy(), joined.column(_PROBE).to_numpy()
+
+
+def _memtable_lookup(
+    m: MemTableSnapshot, probe: pa.Table, pk: list[str]
+) -> tuple[pa.Table, np.ndarray] | None:
+    """Newest row (maybe a tombstone) of each probe key in one MemTable, and its probe index."""
+    rows = m.to_table()
+    r, _ = _match_keys(rows.select(pk), probe)
+    if len(r) == 0:
+        return None
+    sub = rows.take(pa.array(np.sort(r)))
+    if sub.num_rows > 1:
+        sub = sub.take(pa.array(_last_occurrence(sub.select(pk))))
+    r, p = _match_keys(sub.select(pk), probe)
+    return sub.take(pa.array(r)), p
+
+
+def _base_lookup(
+    base: lance.LanceDataset, probe: pa.Table, pk: list[str], read_cols: list[str]
+) -> tuple[pa.Table, np.ndarray]:
+    """Base rows of the probe keys (the pk BTREE serves the filter), and their probe index."""
+    from .merger import _quote, _sql_literal, delete_predicate
+
+    cols = _lance_columns(base, read_cols)
+    parts = []
+    for start in range(0, probe.num_rows, _BASE_LOOKUP_CHUNK):
+        chunk = probe.slice(start, _BASE_LOOKUP_CHUNK)
+        ints = _ints(chunk.column(0)) if len(pk) == 1 else None
+        if chunk.num_rows == 1:
+            row = chunk.to_pylist()[0]
+            flt = " AND ".join(f"{_quote(c)} = {_sql_literal(row[c])}" for c in pk)
+        elif ints is not None:  # integers: the IN list is built without a Python loop
+            flt = f"{_quote(pk[0])} IN ({','.join(map(str, ints.tolist()))})"
+        else:
+            flt = delete_predicate(chunk)
+        parts.append(base.scanner(columns=cols, filter=flt, scan_in_order=False).to_table())
+    got = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    if got.num_rows == 0:
+        return got, np.zeros(0, np.int64)
+    r, p = _match_keys(got.select(pk), probe)
+    return got.take(pa.array(r)), p
+
+
+# ----------------------------------------------------------------------------------------
+# SQL table functions
+# ----------------------------------------------------------------------------------------
+def _literal(expr: Any) -> Any:
+    """The Python value of a literal DataFusion expression argument."""
+    fn = getattr(expr, "python_value", None)
+    if fn is None:
+        raise MemWalError(f"search table functions take literal arguments, got {expr}")
+    try:
+        value = fn()
+    except Exception as e:  # noqa: BLE001 - not a literal
+        raise MemWalError(f"search table functions take literal arguments, got {expr}") from e
+    return value.as_py() if isinstance(value, pa.Scalar) else value
+
+
+def register_search_functions(
+    ctx: datafusion.SessionContext,
+    tables: dict[str, MemWalTable] | None = None,
+    writers: dict[str, Sequence[RegionWriter]] | None = None,
+) -> None:
+    """Register the SQL table functions ``vector_search``, ``fts_search`` and ``lookup``.
+
+    Parameters
+    ----------
+    ctx : datafusion.SessionContext
+    tables : dict, optional
+        ``{name: MemWalTable}`` the functions can search. Default: the tables
+        registered on ``ctx`` with :func:`memwal_query.register` (looked up at call
+        time, so tables registered later are found too).
+    writers : dict, optional
+        ``{name: [RegionWriter, ...]}``: writers whose MemTables the functions read
+        for that table (default: the writers opened by ``MemWalTable.write``).
+
+    Notes
+    -----
+    Arguments are literals; optional trailing ones may be omitted::
+
+        SELECT * FROM vector_search('events', 'vec', [0.1, 0.2, ...], 10)
+        SELECT * FROM vector_search('events', 'vec', [...], 10, 'x > 5', 40)  -- filter, nprobes
+        SELECT id, _score FROM fts_search('events', 'text', 'hello world', 5)
+        SELECT * FROM fts_search('events', 'text', 'hello', 5, 'x > 5')       -- filter
+        SELECT * FROM lookup('events', 42)
+        SELECT * FROM lookup('events', [1, 2, 3])
+
+    The search runs when DataFusion plans the query (the function's result is a
+    table), with strong consistency and the MemTables of ``writers`` (by default the
+    writers opened by ``MemWalTable.write`` on that table object). An empty filter
+    string means none.
+    """
+    from datafusion import Table, udtf
+
+    if tables is None:
+        from .session import _registered
+
+        tables = _registered(ctx)
+    registry = tables
+    table_writers = writers if writers is not None else {}
+
+    def table_of(name: Any) -> MemWalTable:
+        t = registry.get(str(name))
+        if t is None:
+            raise MemWalError(f"no MemWAL table named {name!r} (known: {sorted(registry)})")
+        return t
+
+    def writers_of(name: Any) -> Sequence[RegionWriter] | None:
+        return table_writers.get(str(name))
+
+    def as_table(result: pa.Table) -> Any:
+        import pyarrow.dataset as pads
+
+        return Table(pads.dataset(result))
+
+    def sql_vector_search(*args: Any) -> Any:
+        vals = [_literal(a) for a in args]
+        if len(vals) < 3:
+            raise MemWalError("vector_search(table, column, query [, k [, filter [, nprobes]]])")
+        name, column, query = vals[:3]
+        k = int(vals[3]) if len(vals) > 3 else 10
+        flt = vals[4] if len(vals) > 4 and vals[4] else None
+        nprobes = int(vals[5]) if len(vals) > 5 else 20
+        t = table_of(name)
+        return as_table(vector_search(t, column, query, k, flt, nprobes, writers=writers_of(name)))
+
+    def sql_fts_search(*args: Any) -> Any:
+        vals = [_literal(a) for a in args]
+        if len(vals) < 3:
+            raise MemWalError("fts_search(table, column, query [, k [, filter]])")
+        name, column, query = vals[:3]
+        k = int(vals[3]) if len(vals) > 3 else 10
+        flt = vals[4] if len(vals) > 4 and vals[4] else None
+        t = table_of(name)
+        return as_table(fts_search(t, column, str(query), k, flt, writers=writers_of(name)))
+
+    def sql_lookup(*args: Any) -> Any:
+        vals = [_literal(a) for a in args]
+        if len(vals) != 2:
+            raise MemWalError("lookup(table, key_or_list_of_keys)")
+        return as_table(lookup(table_of(vals[0]), vals[1], writers=writers_of(vals[0])))
+
+    ctx.register_udtf(udtf(sql_vector_search, "vector_search"))
+    ctx.register_udtf(udtf(sql_fts_search, "fts_search"))
+    ctx.register_udtf(udtf(sql_lookup, "lookup"))
