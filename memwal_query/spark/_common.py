@@ -85,17 +85,32 @@ def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.A
         return pa.array([], pa.string())
     names = list(values.schema.names)
     uniques: list[pa.Array] = []
-    codes = np.empty((n, len(names)), dtype=np.int64)
-    for j, name in enumerate(names):
+    codes: list[np.ndarray] = []
+    for name in names:
         col = values.column(name)
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
         distinct = pc.unique(col)
         uniques.append(distinct)
-        codes[:, j] = pc.index_in(col, value_set=distinct, skip_nulls=False).to_numpy(
-            zero_copy_only=False
+        codes.append(
+            pc.index_in(col, value_set=distinct, skip_nulls=False)
+            .to_numpy(zero_copy_only=False)
+            .astype(np.int64)
         )
-    combos, inverse = np.unique(codes, axis=0, return_inverse=True)
+    sizes = [len(u) for u in uniques]
+    if len(names) == 1:
+        combos = np.arange(sizes[0], dtype=np.int64)[:, None]
+        inverse = codes[0]
+    elif float(np.prod([float(s) for s in sizes])) < 2**62:
+        combined = np.zeros(n, dtype=np.int64)  # mixed-radix code of the combination
+        for code, size in zip(codes, sizes):
+            combined = combined * size + code
+        present, inverse = np.unique(combined, return_inverse=True)
+        combos = np.empty((len(present), len(names)), dtype=np.int64)
+        for j in range(len(names) - 1, -1, -1):
+            present, combos[:, j] = np.divmod(present, sizes[j])
+    else:  # pragma: no cover - astronomically many distinct combinations
+        combos, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
     ids = [
         region_id_for(
             spec.spec_id, {name: uniques[j][int(c[j])].as_py() for j, name in enumerate(names)}

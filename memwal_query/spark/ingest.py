@@ -5,15 +5,20 @@ One Spark job, two stages, no per-row Python:
 1. **Route** (``mapInArrow``, narrow): each Arrow batch is coerced to the table schema
    and :meth:`RegionSpec.evaluate` computes the region values of its rows - the very
    function :meth:`MemWalTable.write` and :class:`RegionWriter` use, so the values are
-   identical - and the derived region id (:func:`memwal_query.table.region_id_for`) is
-   added as the column ``__memwal_region``.
+   identical - then the derived region id (:func:`memwal_query.table.region_id_for`,
+   hashed once per distinct value). The batch's rows of each region leave the stage as
+   one Arrow IPC blob: ``(__memwal_region, payload)``. (:func:`route` gives the same
+   region ids row by row, to inspect them.)
 2. **Write** (``repartition(n, "__memwal_region")`` then ``mapInArrow``): hash
-   partitioning sends all rows of a region to one partition, so each task owns whole
+   partitioning sends all blobs of a region to one partition, so each task owns whole
    regions (a task may own several). The task opens one :class:`RegionWriter` per region
    it sees (claiming it: ``writer_epoch + 1``), buffers each region's rows up to
    ``buffer_rows`` and puts them as one durable WAL entry, and at the end flushes the
    MemTable as a generation (``flush=True``) or leaves it in the WAL (``flush=False``).
    Only then does it yield its small result batch (region, rows, generation, epoch).
+
+Shuffling blobs rather than rows spares Spark the conversion of every row from Arrow to
+its row format and back; the shuffle moves a few records per input batch.
 
 Task retries and speculative attempts
 -------------------------------------
@@ -28,9 +33,11 @@ lost and nothing is doubled in reads.
 Ordering
 --------
 Within one call, rows of one key are applied in the order they reach the write task,
-which after a shuffle is not the input order: give ``order_by`` (a column, e.g. an
-event time or sequence number) to sort each task's rows first, or write unique keys.
-Across calls (and streaming micro-batches) order is the call order.
+which after a shuffle is not the input order (the rows of one input batch do keep their
+order): give ``order_by`` (e.g. an event time or a sequence number) and each task sorts
+every region's rows by it (ascending, stable, NULLs last) before writing them - it then
+holds the region's rows until the end of the task - or write unique keys. Across calls
+(and streaming micro-batches) order is the call order.
 
 A job that fails for good (retries exhausted) may leave part of its rows written, as
 any non-transactional sink does; running the same write again converges to the same
@@ -79,6 +86,14 @@ RESULT_SCHEMA = pa.schema(
         pa.field("attempt", pa.int32()),
     ]
 )
+PAYLOAD_COLUMN = "__memwal_payload"
+PACKED_SCHEMA = pa.schema(
+    [
+        pa.field(REGION_COLUMN, pa.string(), nullable=False),
+        pa.field(PAYLOAD_COLUMN, pa.binary(), nullable=False),
+    ]
+)
+PACKED_DDL = f"{REGION_COLUMN} string not null, {PAYLOAD_COLUMN} binary not null"
 RESULT_DDL = (
     "region_id string, upserted long, deleted long, generation long, epoch long, "
     "partition int, attempt int"
@@ -175,9 +190,10 @@ def write(
         A boolean column: rows where it is true are deletes of their key, the others
         upserts (CDC input). Overrides ``mode``; the column is not written.
     order_by : str or list of str, optional
-        Sort each task's rows by these columns before writing, so that among rows of
-        one key the last in this order wins. Columns that are not table columns (a
-        sequence number...) are used for sorting only.
+        Each task sorts every region's rows by these columns (ascending, stable, NULLs
+        last) before writing them, so that among rows of one key the last in this
+        order wins; the task then holds each region's rows until its end. Columns that
+        are not table columns (a sequence number...) are used for sorting only.
     num_partitions : int, optional
         Write tasks (each owns whole regions). Default: the session's default
         parallelism.
@@ -204,22 +220,26 @@ def write(
     MemWalError
         When the table has no region spec, or a task failed for good.
     """
-    spark = df.sparkSession
     if num_partitions is None:
-        num_partitions = max(1, spark.sparkContext.defaultParallelism)
+        num_partitions = max(1, df.sparkSession.sparkContext.defaultParallelism)
     order = [order_by] if isinstance(order_by, str) else list(order_by or [])
-    routed, options = _route(
+    options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
     )
-    routed = routed.repartition(num_partitions, REGION_COLUMN)
-    if order:
-        routed = routed.sortWithinPartitions(*order)
+
+    def pack_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return pack_batches(batches, options)
 
     def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return write_partition(batches, options)
 
     started = time.perf_counter()
-    rows = routed.mapInArrow(write_task, RESULT_DDL).collect()
+    rows = (
+        df.mapInArrow(pack_task, PACKED_DDL)
+        .repartition(num_partitions, REGION_COLUMN)
+        .mapInArrow(write_task, RESULT_DDL)
+        .collect()
+    )
     seconds = time.perf_counter() - started
     regions = sorted(
         (RegionWriteResult(**r.asDict()) for r in rows), key=lambda r: (r.region_id, r.partition)
@@ -237,13 +257,23 @@ def route(
 ) -> DataFrame:
     """``df`` plus the derived region id of every row (column ``__memwal_region``).
 
-    The first stage of :func:`write`, exposed to inspect the routing: the region values
-    come from :meth:`RegionSpec.evaluate` on Arrow batches, as in the writer.
+    The routing of :func:`write`, row by row, to inspect it: the region values come
+    from :meth:`RegionSpec.evaluate` on Arrow batches, as in the writer.
     """
-    return _route(df, uri, mode, delete_column, [], storage_options)[0]
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    options = _options(df, uri, mode, delete_column, [], storage_options)
+    schema = StructType(
+        [*df.schema.fields, StructField(REGION_COLUMN, StringType(), nullable=False)]
+    )
+
+    def route_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return route_batches(batches, options)
+
+    return df.mapInArrow(route_task, schema)
 
 
-def _route(
+def _options(
     df: DataFrame,
     uri: str,
     mode: str,
@@ -253,32 +283,23 @@ def _route(
     flush: bool = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
-) -> tuple[DataFrame, dict[str, Any]]:
-    from pyspark.sql.types import StringType, StructField, StructType
-
+) -> dict[str, Any]:
+    """Validate the request in the driver; the options the executor functions get."""
     if mode not in MODES:
         raise MemWalError(f"mode must be one of {MODES}, got {mode!r}")
     table = open_table(uri, storage_options)
     require_spec(table)
-    ignore = _check_columns(df, table, mode, delete_column, order)
-    options = {
+    return {
         "uri": table.uri,
         "storage_options": dict(storage_options or {}),
         "mode": mode,
         "delete_column": delete_column,
-        "ignore": ignore,
+        "order": order,
+        "ignore": _check_columns(df, table, mode, delete_column, order),
         "flush": flush,
         "buffer_rows": max(1, int(buffer_rows)),
         "writer_options": dict(writer_options or {}),
     }
-    schema = StructType(
-        [*df.schema.fields, StructField(REGION_COLUMN, StringType(), nullable=False)]
-    )
-
-    def route_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return route_batches(batches, options)
-
-    return df.mapInArrow(route_task, schema), options
 
 
 def _check_columns(
@@ -308,46 +329,24 @@ def _check_columns(
 
 
 # -- executor side: routing ------------------------------------------------------------
-def _delete_mask(batch: pa.RecordBatch, delete_column: str | None) -> np.ndarray | None:
-    if delete_column is None:
-        return None
-    col = batch.column(delete_column)
+def _delete_mask(batch: pa.RecordBatch | pa.Table, options: dict[str, Any]) -> np.ndarray:
+    """Which rows are deletes (``delete_column`` true, or every row in delete mode)."""
+    column = options["delete_column"]
+    if column is None:
+        return np.full(batch.num_rows, options["mode"] == "delete")
+    col = batch.column(column)
     if col.type != pa.bool_():
         col = pc.cast(col, pa.bool_())
     return pc.fill_null(col, False).to_numpy(zero_copy_only=False)
 
 
-def _data(batch: pa.RecordBatch, drop: list[str]) -> pa.Table:
+def _data(batch: pa.RecordBatch | pa.Table, options: dict[str, Any]) -> pa.Table:
+    """The columns to write (without the delete flag, sort-only columns, region id)."""
+    drop = {REGION_COLUMN, *options["ignore"]}
     keep = [n for n in batch.schema.names if n not in drop]
-    return pa.Table.from_batches([batch.select(keep)])
-
-
-def route_batches(
-    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
-) -> Iterator[pa.RecordBatch]:
-    """Stage 1: append the derived region id of every row (``__memwal_region``)."""
-    table = open_table(options["uri"], options["storage_options"])
-    spec = require_spec(table)
-    delete_column = options["delete_column"]
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        data = _data(batch, options["ignore"])
-        deletes = _delete_mask(batch, delete_column)
-        if deletes is None:
-            deletes = np.full(batch.num_rows, options["mode"] == "delete")
-        ids = np.empty(batch.num_rows, dtype=object)
-        for is_delete in (False, True):
-            idx = np.flatnonzero(deletes == is_delete)
-            if not len(idx):
-                continue
-            part = data if len(idx) == batch.num_rows else data.take(pa.array(idx))
-            ids[idx] = region_id_array(spec, region_values(table, part, is_delete)).to_numpy(
-                zero_copy_only=False
-            )
-        yield batch.append_column(
-            pa.field(REGION_COLUMN, pa.string(), nullable=False), pa.array(ids, pa.string())
-        )
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch.select(keep)])
+    return batch.select(keep)
 
 
 def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.RecordBatch:
@@ -364,6 +363,77 @@ def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.Rec
     return spec.evaluate(rows, table.lance_schema)
 
 
+def batch_region_ids(
+    table: MemWalTable, batch: pa.RecordBatch, options: dict[str, Any]
+) -> pa.Array:
+    """Derived region id of every row of an input batch."""
+    spec = require_spec(table)
+    data = _data(batch, options)
+    deletes = _delete_mask(batch, options)
+    parts: list[tuple[np.ndarray, pa.Array]] = []
+    for is_delete in (False, True):
+        idx = np.flatnonzero(deletes == is_delete)
+        if not len(idx):
+            continue
+        part = data if len(idx) == batch.num_rows else data.take(pa.array(idx))
+        parts.append((idx, region_id_array(spec, region_values(table, part, is_delete))))
+    if len(parts) == 1:
+        return parts[0][1]
+    # upserts and deletes: put each row's id back in its place
+    where = np.empty(batch.num_rows, dtype=np.int64)
+    where[np.concatenate([idx for idx, _ in parts])] = np.arange(batch.num_rows)
+    return pa.concat_arrays([a for _, a in parts]).take(pa.array(where))
+
+
+def route_batches(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """:func:`route`: append the derived region id of every row (``__memwal_region``)."""
+    table = open_table(options["uri"], options["storage_options"])
+    for batch in batches:
+        if batch.num_rows:
+            ids = batch_region_ids(table, batch, options)
+            yield batch.append_column(pa.field(REGION_COLUMN, pa.string(), nullable=False), ids)
+
+
+def pack_batches(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Stage 1 of :func:`write`: each batch's rows of one region as one Arrow IPC blob.
+
+    Yields ``(__memwal_region, payload)`` rows: the shuffle then moves a few blobs per
+    input batch instead of converting every row to Spark's row format and back.
+    """
+    table = open_table(options["uri"], options["storage_options"])
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        ids = batch_region_ids(table, batch, options)
+        regions: list[str] = []
+        offsets = [0]
+        out = pa.BufferOutputStream()  # every region's IPC stream, back to back
+        for region_id, idx in split_by_value(ids):
+            part = batch if len(idx) == batch.num_rows else batch.take(pa.array(idx))
+            with pa.ipc.new_stream(out, part.schema) as w:
+                w.write_batch(part)
+            regions.append(region_id)
+            offsets.append(out.tell())
+        payload = pa.Array.from_buffers(
+            pa.large_binary(),
+            len(regions),
+            [None, pa.py_buffer(np.asarray(offsets, dtype=np.int64)), out.getvalue()],
+        )
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(regions, pa.string()), payload.cast(pa.binary())], schema=PACKED_SCHEMA
+        )
+
+
+def unpack(payload: pa.Array) -> Iterator[pa.Table]:
+    """The tables of a ``payload`` column (see :func:`pack_batches`)."""
+    for i in range(len(payload)):
+        yield pa.ipc.open_stream(payload[i].as_buffer()).read_all()
+
+
 # -- executor side: writing ------------------------------------------------------------
 class _RegionSink:
     """One region's writer inside a write task, with its row buffer."""
@@ -373,14 +443,14 @@ class _RegionSink:
         self.region_id = region_id
         self.options = options
         self.writer: RegionWriter | None = None
-        self.buffer: list[tuple[bool, pa.Table]] = []
+        self.buffer: list[pa.Table] = []
         self.buffered = 0
         self.upserted = 0
         self.deleted = 0
         self.generation: int | None = None
 
     def _open(self, first: pa.Table, is_delete: bool) -> RegionWriter:
-        values = region_values(self.table, first.slice(0, 1), is_delete)
+        values = region_values(self.table, first, is_delete)
         region = {name: values.column(name)[0].as_py() for name in values.schema.names}
         writer = self.table.writer(region_values=region, **self.options["writer_options"])
         if writer.region_id != self.region_id:  # routing and writer disagree: a bug
@@ -390,45 +460,41 @@ class _RegionSink:
             )
         return writer
 
-    def add(self, rows: pa.Table, deletes: np.ndarray) -> None:
-        """Buffer ``rows`` (runs of upserts and deletes, in order); put when full."""
-        if not deletes.any() or deletes.all():
-            self.buffer.append((bool(deletes[0]), rows))
-        else:
-            bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
-            start = 0
-            for end in [*bounds.tolist(), len(deletes)]:
-                self.buffer.append((bool(deletes[start]), rows.slice(start, end - start)))
-                start = end
+    def add(self, rows: pa.Table) -> None:
+        """Buffer ``rows`` (input columns); write when ``buffer_rows`` are buffered.
+
+        With ``order_by`` everything is kept until :meth:`finish`, which sorts it.
+        """
+        self.buffer.append(rows)
         self.buffered += rows.num_rows
-        if self.buffered >= self.options["buffer_rows"]:
+        if not self.options["order"] and self.buffered >= self.options["buffer_rows"]:
             self.drain()
 
     def drain(self) -> None:
-        """Write the buffer: one durable put/delete per run of the same kind."""
+        """Write the buffer: one durable put/delete per run of upserts or deletes."""
         if not self.buffer:
             return
-        if self.writer is None:
-            kind, first = self.buffer[0]
-            self.writer = self._open(first, kind)
-        runs: list[tuple[bool, list[pa.Table]]] = []
-        for kind, rows in self.buffer:
-            if runs and runs[-1][0] == kind:
-                runs[-1][1].append(rows)
-            else:
-                runs.append((kind, [rows]))
+        rows = pa.concat_tables(self.buffer, promote_options="default")
         self.buffer, self.buffered = [], 0
+        if self.options["order"]:
+            rows = rows.sort_by([(c, "ascending") for c in self.options["order"]])
+        deletes = _delete_mask(rows, self.options)
+        data = _data(rows, self.options)
+        bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
         schema, pk = self.table.schema, self.table.primary_key
-        for kind, parts in runs:
-            rows = pa.concat_tables(parts, promote_options="default")
-            if kind:
-                keys = coerce_keys(rows, schema, pk)
+        for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]):
+            run = data.slice(start, end - start)
+            is_delete = bool(deletes[start])
+            if self.writer is None:
+                self.writer = self._open(run.slice(0, 1), is_delete)
+            if is_delete:
+                keys = coerce_keys(run, schema, pk)
                 self.writer.delete(keys)
                 self.deleted += keys.num_rows
             else:
                 # Routed with spec.evaluate on these coerced rows: put without re-checking.
-                self.writer._put_routed(coerce_rows(rows, schema, pk))
-                self.upserted += rows.num_rows
+                self.writer._put_routed(coerce_rows(run, schema, pk))
+                self.upserted += run.num_rows
             fault("ingest.after_put")
 
     def finish(self) -> None:
@@ -438,9 +504,7 @@ class _RegionSink:
             return
         if self.options["flush"]:
             self.generation = self.writer.flush()
-            self.writer.close(flush=False)
-        else:
-            self.writer.close(flush=False)  # syncs the WAL: durable, replayed later
+        self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
 
     def abort(self) -> None:
         """Close without flushing (the WAL keeps what was acknowledged)."""
@@ -465,37 +529,30 @@ def _task_info() -> tuple[int, int]:
 def write_partition(
     batches: Iterator[pa.RecordBatch], options: dict[str, Any]
 ) -> Iterator[pa.RecordBatch]:
-    """Stage 2: write a partition's rows through one RegionWriter per region.
+    """Stage 2: write a partition's packed rows through one RegionWriter per region.
 
-    Yields one small result batch (:data:`RESULT_SCHEMA`) once every region's rows are
-    durable (flushed or in the WAL), so Spark sees success only after durability.
+    Input: :func:`pack_batches` output. Yields one small result batch
+    (:data:`RESULT_SCHEMA`) once every region's rows are durable (flushed or in the
+    WAL), so Spark sees success only after durability.
     """
     partition, attempt = _task_info()
     table = open_table(options["uri"], options["storage_options"])
-    delete_column = options["delete_column"]
-    drop = [REGION_COLUMN, *options["ignore"]]
     sinks: dict[str, _RegionSink] = {}
     try:
         for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            deletes = _delete_mask(batch, delete_column)
-            if deletes is None:
-                deletes = np.full(batch.num_rows, options["mode"] == "delete")
-            data = _data(batch, drop)
-            for region_id, idx in split_by_value(batch.column(REGION_COLUMN)):
+            regions = batch.column(REGION_COLUMN).to_pylist()
+            for region_id, rows in zip(regions, unpack(batch.column(PAYLOAD_COLUMN))):
                 sink = sinks.get(region_id)
                 if sink is None:
                     sink = sinks[region_id] = _RegionSink(table, region_id, options)
-                part = data if len(idx) == batch.num_rows else data.take(pa.array(idx))
-                sink.add(part, deletes[idx])
+                sink.add(rows)
         for sink in sinks.values():
             sink.finish()
     except BaseException:
         for sink in sinks.values():
             sink.abort()
         raise
-    out = {name: [] for name in RESULT_SCHEMA.names}
+    out: dict[str, list] = {name: [] for name in RESULT_SCHEMA.names}
     for region_id, sink in sorted(sinks.items()):
         out["region_id"].append(region_id)
         out["upserted"].append(sink.upserted)

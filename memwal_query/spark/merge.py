@@ -7,26 +7,31 @@ region's generations strictly in ascending order, one generation per Lance commi
 
 How commits to the one base table are coordinated
 -------------------------------------------------
-There is no lock and no coordinator: every task commits to the base table on its own,
-with Lance's optimistic concurrency.
+No coordinator task and no driver-side commit: each task commits its own generations,
+and three mechanisms of the merger keep the one base table consistent.
 
-- Each generation is ONE Lance ``merge_insert`` transaction that carries both the data
-  and the progress marker (``mark_sstables_as_compacted``: ``merged_generations[region]
-  = generation`` in the MemWAL index). Data and progress can never diverge.
-- The commit is made with ``conflict_retries(0)``. When another task committed first
-  (a different region, or the same region from a retried or speculative attempt), the
-  commit fails with a conflict; the task re-reads the newest version and its index and
-  starts again from ``merged_generations[region] + 1``. If the generation it was
-  merging is already recorded there, it moves to the next one; Lance itself rejects a
-  progress marker that is not above the recorded one. So a generation is never merged
-  twice nor skipped, whatever the interleaving (spec, Appendix 2).
-- A task that keeps losing races (``CommitConflictError`` after ``max_retries``)
-  reports it instead of failing the job; the driver runs such regions again in a
-  following round, with fewer tasks (so fewer races), until every region is merged or
-  no round makes progress.
+- **One transaction per generation.** A generation is ONE Lance ``merge_insert``
+  commit carrying both the data and the progress marker (``mark_sstables_as_compacted``:
+  ``merged_generations[region] = generation`` in the MemWAL index). Data and progress
+  never diverge.
+- **The table's index lock** (:mod:`memwal_query.locking`: ``flock`` on
+  ``_mem_wal/.index.lock`` for local tables, a lease object on object stores) is held
+  around each commit, so the tasks' commits to the base table are serialized, and no
+  memwal_query commit can overwrite another's merge progress. Reading and deduplicating
+  the generations runs in parallel across tasks, outside the lock.
+- **Optimistic concurrency as the safety net.** The commit is made with
+  ``conflict_retries(0)``; on a conflict (a writer that does not take the lock, or a
+  retried or speculative copy of the same region's task) the task re-reads the newest
+  version and index and starts again from ``merged_generations[region] + 1``: a
+  generation already recorded is skipped, and Lance rejects a progress marker that is
+  not above the recorded one. So a generation is never merged twice nor skipped,
+  whatever the interleaving (spec, Appendix 2).
 
-A retried task (after a crash between generations, or a speculative copy) therefore
-only continues where the region's committed progress stands.
+A task that keeps losing races (``CommitConflictError`` after ``max_retries``) reports it
+instead of failing the job; the driver runs such regions again in a following round,
+with fewer tasks, until every region is merged or no round makes progress. A retried
+task (after a crash between generations, or a speculative copy) only continues where
+the region's committed progress stands.
 """
 
 from __future__ import annotations
@@ -153,9 +158,8 @@ def merge(
     }
     summary = MergeSummary()
     before = table.index().merged_generations()
-    todo = pending_generations(table)
-    if regions is not None:
-        todo = {r: n for r, n in todo.items() if r in set(regions)}
+    wanted = None if regions is None else set(regions)
+    todo = {r: n for r, n in pending_generations(table).items() if wanted is None or r in wanted}
     touched = set(todo)
     slices = parallelism
     while todo and summary.rounds < max_rounds:
@@ -180,10 +184,8 @@ def merge(
         if todo == last:
             break  # no progress at all: give up, report what is pending
         slices = max(1, n // 2)
-    todo = pending_generations(table)
-    if regions is not None:
-        todo = {r: c for r, c in todo.items() if r in set(regions)}
-    summary.pending = todo if max_generations is None else {}
+    if max_generations is None:
+        summary.pending = {r: c for r, c in pending_generations(table).items() if r in touched}
     after = table.index().merged_generations()
     summary.progress = {r: (before.get(r, 0), after.get(r, 0)) for r in sorted(touched)}
     summary.merged.sort(key=lambda m: (m.region_id, m.generation))

@@ -265,6 +265,12 @@ def _newer_keys(newer: list[tuple[str, int, str]], pk: list[str], storage_option
 
 
 # -- the data source -------------------------------------------------------------------
+def _storage_options(options: Any) -> dict[str, str]:
+    """``storage.<key>`` data source options, without the prefix."""
+    prefix = "storage."
+    return {k[len(prefix) :]: v for k, v in options.items() if k.lower().startswith(prefix)}
+
+
 def _spark_schema(schema: pa.Schema) -> StructType:
     plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
     return from_arrow_schema(plain)
@@ -288,11 +294,10 @@ class MemWalReader(DataSourceReader):
         self.schema = schema
         self.consistency = options.get("consistency", "strong")
         self.rows_per_split = int(options.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
-        self.storage_options = {
-            k[len("storage.") :]: v for k, v in options.items() if k.startswith("storage.")
-        }
+        self.storage_options = _storage_options(options)
         self.filters: list[Any] = []
         table = open_table(uri, self.storage_options)
+        self.uri = table.uri
         self.table_schema = table.schema
         self.primary_key = list(table.primary_key)
         missing = [n for n in schema.fieldNames() if table.schema.get_field_index(n) < 0]
@@ -402,7 +407,7 @@ class MemWalPushdownReader(MemWalReader):
         for f in filters:
             try:
                 filter_expression(f, self.table_schema)
-            except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            except Exception:  # noqa: BLE001 - anything we cannot express stays with Spark
                 yield f
                 continue
             self.filters.append(f)
@@ -414,7 +419,7 @@ class MemWalDataSource(DataSource):
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
     ``consistency`` (``strong``/``eventual``), ``rowsPerSplit`` (base rows per
     partition), ``pushFilters`` (``false`` to disable filter pushdown),
-    ``storage.<key>`` (object-store options).
+    ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
     """
 
     @classmethod
@@ -430,10 +435,7 @@ class MemWalDataSource(DataSource):
 
     def schema(self) -> StructType:
         """The table schema (or the ``columns`` option's subset), as Spark types."""
-        storage = {
-            k[len("storage.") :]: v for k, v in self.options.items() if k.startswith("storage.")
-        }
-        table = open_table(self._uri(), storage)
+        table = open_table(self._uri(), _storage_options(self.options))
         schema = table.schema
         cols = self.options.get("columns")
         if cols:

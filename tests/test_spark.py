@@ -1,0 +1,598 @@
+"""memwal_query.spark on real PySpark in local mode (local[2,2]: 2 cores, 2 attempts/task).
+
+One SparkSession for the module. Fault points (``memwal_query.spark._common.fault``) are
+armed by creating a file in ``$MEMWAL_SPARK_FAULT_DIR``, set before the JVM starts so
+that Python workers inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import datafusion
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import memwal_query as mq
+from memwal_query import FencedError, SchemaError
+from memwal_query.paths import generation_path
+from memwal_query.table import region_id_for, split_by_region
+
+from helpers import BASIC_SCHEMA, basic_rows
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from memwal_query import spark as mqs  # noqa: E402
+from memwal_query.spark import ingest, source  # noqa: E402
+from memwal_query.spark._common import FAULT_DIR_ENV  # noqa: E402
+
+BUCKETS = 16
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:PySpark does not yet fully support pandas:FutureWarning",
+    # the driver starts the JVM with fork+exec after lance is loaded: harmless
+    "ignore:lance is not fork-safe:UserWarning",
+)
+
+
+@pytest.fixture(scope="module")
+def fault_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="module")
+def spark(fault_dir):
+    old = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", FAULT_DIR_ENV)}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ[FAULT_DIR_ENV] = fault_dir
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("memwal_query-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    mqs.register_source(session)
+    yield session
+    session.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def disarm(fault_dir):
+    """No armed fault point outlives its test (a failed test must not trip the next)."""
+    yield
+    for name in os.listdir(fault_dir):
+        os.unlink(os.path.join(fault_dir, name))
+
+
+def arm(fault_dir: str, name: str) -> str:
+    """Arm a fault point: the first process reaching it raises once."""
+    path = os.path.join(fault_dir, name)
+    open(path, "w").close()
+    return path
+
+
+def new_table(
+    tmp_path, base_ids=range(1000), name: str = "t", buckets: int = BUCKETS
+) -> mq.MemWalTable:
+    from memwal_query.regionspec import bucket_spec
+
+    uri = str(tmp_path / name)
+    ds = lance.write_dataset(basic_rows(base_ids), uri, max_rows_per_file=400)
+    return mq.MemWalTable.initialize(uri, region_spec=bucket_spec(ds.lance_schema, "id", buckets))
+
+
+def spark_rows(spark, start: int, end: int, tag: str = "s", step: int = 1):
+    """DataFrame of BASIC_SCHEMA rows: id, val = id * 0.5, name = tag + id."""
+    return spark.range(start, end, step, numPartitions=2).select(
+        F.col("id"),
+        (F.col("id") * 0.5).alias("val"),
+        F.concat(F.lit(tag), F.col("id").cast("string")).alias("name"),
+    )
+
+
+def view(uri: str) -> pa.Table:
+    """The deduplicated view through a fresh table (strong: region manifests)."""
+    return mq.MemWalTable.open(uri).to_table().sort_by("id")
+
+
+def model_table(model: dict[int, tuple[float, str]]) -> pa.Table:
+    ids = sorted(model)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "val": [model[i][0] for i in ids],
+            "name": [model[i][1] for i in ids],
+        }
+    )
+
+
+def assert_view(uri: str, model: dict[int, tuple[float, str]]) -> None:
+    got = view(uri)
+    want = model_table(model)
+    assert got.num_rows == want.num_rows
+    assert got.column("id").to_pylist() == want.column("id").to_pylist()
+    assert got.column("val").to_pylist() == want.column("val").to_pylist()
+    assert got.column("name").to_pylist() == want.column("name").to_pylist()
+
+
+def base_model(ids) -> dict[int, tuple[float, str]]:
+    return {i: (float(i), f"n{i}") for i in ids}
+
+
+def upsert_model(model, ids, tag: str = "s") -> None:
+    for i in ids:
+        model[i] = (i * 0.5, f"{tag}{i}")
+
+
+# -- routing -------------------------------------------------------------------------
+def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
+    t = new_table(tmp_path)
+    spec = t.region_spec
+    df = spark_rows(spark, -500, 3000, step=7)
+    routed = mqs.route(df, t.uri).toArrow()
+    rows = routed.select(["id", "val", "name"]).cast(BASIC_SCHEMA)
+    values = spec.evaluate(rows, t.lance_schema)
+    field_ids = values.schema.names
+    expected = [
+        region_id_for(spec.spec_id, {f: values.column(f)[i].as_py() for f in field_ids})
+        for i in range(rows.num_rows)
+    ]
+    assert routed.column(mqs.REGION_COLUMN).to_pylist() == expected
+    # ... and the same grouping as MemWalTable.write's routing
+    by_split = {}
+    for vals, part in split_by_region(spec, rows, t.lance_schema):
+        by_split[t.region_id_for(vals)] = sorted(part.column("id").to_pylist())
+    by_spark: dict[str, list[int]] = {}
+    for rid, i in zip(expected, rows.column("id").to_pylist()):
+        by_spark.setdefault(rid, []).append(i)
+    assert {k: sorted(v) for k, v in by_spark.items()} == by_split
+    assert len(by_split) == BUCKETS
+
+
+def test_region_id_array_handles_nulls_and_several_fields():
+    spec = type("S", (), {"spec_id": 3})()
+    values = pa.record_batch(
+        {"a": pa.array([1, None, 1, 2, None], pa.int32()), "b": ["x", "y", "x", None, "y"]}
+    )
+    got = mqs.region_id_array(spec, values).to_pylist()
+    want = [region_id_for(3, {"a": a, "b": b}) for a, b in zip(*values.to_pydict().values())]
+    assert got == want
+    assert got[0] == got[2] and got[1] == got[4] and len(set(got)) == 3
+    single = pa.record_batch({"b": pa.array([3, None, 3, 1], pa.int32())})
+    want = [region_id_for(3, {"b": b}) for b in [3, None, 3, 1]]
+    assert mqs.region_id_array(spec, single).to_pylist() == want
+
+
+def test_write_rejects_bad_input(spark, tmp_path):
+    t = new_table(tmp_path)
+    with pytest.raises(SchemaError, match="not in the table schema"):
+        mqs.write(spark_rows(spark, 0, 10).withColumn("zzz", F.lit(1)), t.uri)
+    with pytest.raises(SchemaError, match="primary-key"):
+        mqs.write(spark_rows(spark, 0, 10).drop("id"), t.uri)
+    plain = str(tmp_path / "plain")
+    lance.write_dataset(basic_rows(range(10)), plain)
+    mq.MemWalTable.initialize(plain)
+    with pytest.raises(mq.MemWalError, match="region spec"):
+        mqs.write(spark_rows(spark, 0, 10), plain)
+
+
+# -- batch ingest ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_batch_ingest_1m_rows_16_regions(spark, tmp_path):
+    n = 1_000_000
+    t = new_table(tmp_path, base_ids=range(0, 200_000, 2))
+    res = mqs.write(spark_rows(spark, 0, n), t.uri)
+    assert res.upserted == n and res.deleted == 0
+    # 16 regions, each written by exactly one task, each flushed as generation 1
+    assert len(res.regions) == BUCKETS
+    assert len({r.region_id for r in res.regions}) == BUCKETS
+    assert all(r.generation == 1 and r.attempt == 0 for r in res.regions)
+    assert sorted(t.region_ids()) == sorted(r.region_id for r in res.regions)
+    got = view(t.uri)
+    assert got.num_rows == n
+    ids = got.column("id").to_numpy()
+    assert (ids == np.arange(n)).all()
+    assert (got.column("val").to_numpy() == np.arange(n) * 0.5).all()
+    names = got.column("name")
+    assert names[0].as_py() == "s0" and names[n - 1].as_py() == f"s{n - 1}"
+    assert pc.all(pc.starts_with(names, "s")).as_py()
+
+
+def test_upsert_delete_column_and_order_by(spark, tmp_path):
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    mqs.write(spark_rows(spark, 500, 1500, tag="a"), t.uri)
+    upsert_model(model, range(500, 1500), "a")
+    # CDC input: several versions of a key, ordered by seq; deletes in between
+    rows = []
+    seq = 0
+    for i in range(0, 1500, 3):
+        rows.append((i, 1.0, "old", False, seq))
+        rows.append((i, None, None, True, seq + 1))  # delete
+        seq += 2
+        if i % 2 == 0:
+            rows.append((i, 2.0, f"new{i}", False, seq))
+            model[i] = (2.0, f"new{i}")
+            seq += 1
+        else:
+            model.pop(i, None)
+    df = spark.createDataFrame(
+        rows, "id long, val double, name string, is_delete boolean, seq long"
+    ).repartition(3)
+    res = mqs.write(df, t.uri, delete_column="is_delete", order_by="seq")
+    assert res.deleted == 500 and res.upserted == 500 + 250
+    assert_view(t.uri, model)
+    # mode="delete": only the key column is needed
+    mqs.write(spark.range(0, 100).select("id"), t.uri, mode="delete")
+    for i in range(100):
+        model.pop(i, None)
+    assert_view(t.uri, model)
+
+
+# -- task retries and fencing ----------------------------------------------------------
+def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    arm(fault_dir, "ingest.after_put")
+    res = mqs.write(spark_rows(spark, 0, 40_000), t.uri, buffer_rows=500, num_partitions=2)
+    upsert_model(model, range(40_000))
+    assert not os.path.exists(os.path.join(fault_dir, "ingest.after_put"))  # it fired
+    retried = [r for r in res.regions if r.attempt == 1]
+    assert retried, res.regions  # one task failed on attempt 0 and was retried
+    assert all(r.attempt == 0 for r in res.regions if r.partition != retried[0].partition)
+    # The failed attempt claimed one region (epoch 1) and made one WAL entry durable;
+    # the retry claimed it again (epoch 2) and replayed that entry: its rows are in the
+    # flushed generation twice (written twice), and read once.
+    reclaimed = [r for r in retried if r.epoch == 2]
+    assert len(reclaimed) == 1
+    (r,) = reclaimed
+    gen = t.region_manifest(r.region_id).flushed_generations[-1]
+    assert lance.dataset(generation_path(t.uri, r.region_id, gen.path)).count_rows() > r.upserted
+    assert res.upserted == 40_000
+    assert_view(t.uri, model)
+
+
+def test_stale_attempt_is_fenced_by_spark_retry(spark, tmp_path):
+    """An earlier attempt's writer (still alive) is fenced once a later attempt claims."""
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    spec = t.region_spec
+    ids = range(2000, 4000)
+    rows = basic_rows(ids, val=[i * 0.5 for i in ids], name=[f"s{i}" for i in ids])
+    (values, part), *_ = split_by_region(spec, rows, t.lance_schema)
+    assert part.num_rows > 20
+    stale = t.writer(region_values=values)  # "attempt 0" of the region's task
+    stale.put(part.slice(0, 10))
+    mqs.write(spark_rows(spark, 2000, 4000), t.uri)  # "attempt 1" covers the same rows
+    upsert_model(model, ids)
+    with pytest.raises(FencedError):
+        stale.put(part.slice(10, 5))
+    with pytest.raises(mq.MemWalError):  # fenced (or closed after failing)
+        stale.flush()
+    stale.close(flush=False)
+    assert_view(t.uri, model)
+
+
+def test_speculative_attempts_interleaved(tmp_path):
+    """Two attempts of one write task, the second starting while the first runs."""
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    ids = np.arange(5000, 9000)
+    data = pa.table(
+        {"id": ids, "val": ids * 0.5, "name": [f"s{i}" for i in ids]}, schema=BASIC_SCHEMA
+    )
+    options = {
+        "uri": t.uri,
+        "storage_options": {},
+        "mode": "upsert",
+        "delete_column": None,
+        "order": [],
+        "ignore": [],
+        "flush": True,
+        "buffer_rows": 20,
+        "writer_options": {},
+    }
+    batches = list(ingest.pack_batches(iter(data.to_batches(max_chunksize=500)), options))
+    results: dict[str, list] = {}
+
+    def first_attempt():
+        for i, b in enumerate(batches):
+            if i == 3:  # a speculative copy runs (and finishes) meanwhile
+                results["second"] = list(ingest.write_partition(iter(batches), options))
+            yield b
+
+    with pytest.raises(FencedError):
+        list(ingest.write_partition(first_attempt(), options))
+    second = pa.Table.from_batches(results["second"])
+    assert sum(second.column("upserted").to_pylist()) == 4000
+    assert set(second.column("epoch").to_pylist()) == {2}
+    upsert_model(model, ids.tolist())
+    assert_view(t.uri, model)
+
+
+# -- streaming -------------------------------------------------------------------------
+def _stream_file(directory: str, n: int, rows: list[tuple]) -> None:
+    table = pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "val": pa.array([r[1] for r in rows], pa.float64()),
+            "name": pa.array([r[2] for r in rows], pa.string()),
+            "is_delete": pa.array([r[3] for r in rows], pa.bool_()),
+            "seq": pa.array([r[4] for r in rows], pa.int64()),
+        }
+    )
+    tmp = os.path.join(directory, f".part-{n:04d}.tmp")
+    pq.write_table(table, tmp)
+    os.utime(tmp, (1_700_000_000 + n, 1_700_000_000 + n))
+    os.rename(tmp, os.path.join(directory, f"part-{n:04d}.parquet"))
+
+
+def _micro_batch(n: int, model: dict) -> list[tuple]:
+    """Rows of micro-batch n: upserts (two versions of some keys), deletes."""
+    rng = np.random.default_rng(n)
+    rows = []
+    seq = n * 1_000_000
+    for k in rng.choice(3000, 400, replace=False).tolist():
+        op = rng.integers(0, 4)
+        if op == 0:
+            rows.append((k, None, None, True, seq))
+            model.pop(k, None)
+        else:
+            rows.append((k, -1.0, "stale", False, seq))
+            rows.append((k, float(n), f"b{n}-{k}", False, seq + 1))
+            model[k] = (float(n), f"b{n}-{k}")
+        seq += 2
+    return rows
+
+
+def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    src = str(tmp_path / "in")
+    ckpt = str(tmp_path / "ckpt")
+    os.makedirs(src)
+    sink = mqs.sink(t.uri, delete_column="is_delete", order_by="seq", num_partitions=2)
+    schema = "id long, val double, name string, is_delete boolean, seq long"
+
+    def run() -> None:
+        q = (
+            spark.readStream.schema(schema)
+            .option("maxFilesPerTrigger", 1)
+            .parquet(src)
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", ckpt)
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination()
+        finally:
+            q.stop()
+        return q.id
+
+    for n in range(3):
+        _stream_file(src, n, _micro_batch(n, model))
+    query_id = run()
+    assert_view(t.uri, model)
+    assert sink.committed_batches(query_id) == [0, 1, 2]
+
+    # crash after batch 3 is durable but before its marker: replayed and rewritten
+    for n in (3, 4):
+        _stream_file(src, n, _micro_batch(n, model))
+    arm(fault_dir, "sink.before_marker")
+    with pytest.raises(Exception, match="injected fault"):
+        run()
+    assert sink.committed_batches(query_id) == [0, 1, 2]
+    assert run() == query_id  # restarted from the checkpoint: same query id
+    assert sink.committed_batches(query_id) == [0, 1, 2, 3, 4]
+    assert_view(t.uri, model)
+
+    # crash after the marker, before Spark's commit: the replay is skipped
+    _stream_file(src, 5, _micro_batch(5, model))
+    arm(fault_dir, "sink.after_marker")
+    with pytest.raises(Exception, match="injected fault"):
+        run()
+    written = dict(sink.last_result.by_region())
+    run()
+    assert sink.skipped == [5]
+    assert sink.last_result.by_region() == written
+    assert_view(t.uri, model)
+
+
+# -- merge ---------------------------------------------------------------------------
+def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    for round_, (lo, hi) in enumerate([(0, 3000), (2000, 5000), (4000, 6000)]):
+        mqs.write(spark_rows(spark, lo, hi, tag=f"r{round_}-"), t.uri)
+        upsert_model(model, range(lo, hi), f"r{round_}-")
+    mqs.write(spark.range(0, 6000, 5).select("id"), t.uri, mode="delete")
+    for i in range(0, 6000, 5):
+        model.pop(i, None)
+    pending = mqs.pending_generations(t)
+    assert len(pending) == BUCKETS and set(pending.values()) == {4}
+    arm(fault_dir, "merge.after_generation")  # one task dies after its first generation
+    summary = mqs.merge(spark, t.uri)
+    assert summary.pending == {}
+    assert mqs.pending_generations(t) == {}
+    assert summary.progress == {r: (0, 4) for r in pending}
+    # per region: generations merged in order, none twice (task output of a failed
+    # attempt is dropped by Spark, so its first generation may be missing here)
+    for gens in summary.by_region().values():
+        assert gens == sorted(set(gens)) and gens[-1] == 4
+    assert sum(len(g) for g in summary.by_region().values()) >= 4 * BUCKETS - 1
+    merged = t.index().merged_generations()
+    assert merged == {r: 4 for r in pending}
+    assert_view(t.uri, model)
+    got = spark.read.format("memwal").load(t.uri).orderBy("id").toArrow()
+    assert same(got, model_table(model))
+    # nothing left: a second merge is a no-op
+    again = mqs.merge(spark, t.uri)
+    assert again.merged == [] and again.rounds == 0
+    # the base table alone holds the model now
+    base = lance.dataset(t.uri).to_table().sort_by("id")
+    assert base.column("id").to_pylist() == sorted(model)
+
+
+# -- reader ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def read_table(spark, tmp_path_factory):
+    """Base table + merged + unmerged generations + deletes (and NULL names).
+
+    Four regions (fewer Spark tasks per query than 16; one partition per region all the
+    same).
+    """
+    tmp = tmp_path_factory.mktemp("reader")
+    t = new_table(tmp, base_ids=range(0, 5000), buckets=4)
+    mqs.write(spark_rows(spark, 4000, 7000, tag="a"), t.uri)
+    mqs.merge(spark, t.uri, regions=sorted(t.region_ids())[:2])
+    mqs.write(spark_rows(spark, 0, 8000, step=3, tag="b"), t.uri)
+    mqs.write(spark.range(0, 8000, 7).select("id"), t.uri, mode="delete")
+    nulls = spark.createDataFrame([(i, None, None) for i in range(100, 200)], BASIC_SCHEMA_DDL)
+    mqs.write(nulls, t.uri)
+    return t
+
+
+BASIC_SCHEMA_DDL = "id long, val double, name string"
+
+
+def datafusion_sql(uri: str, sql: str) -> pa.Table:
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "t", uri, consistency="strong")
+    return ctx.sql(sql).to_arrow_table()
+
+
+def spark_sql(spark, uri: str, sql: str, **options) -> pa.Table:
+    reader = spark.read.format("memwal").options(**options)
+    reader.load(uri).createOrReplaceTempView("t")
+    return spark.sql(sql).toArrow()
+
+
+def same(a: pa.Table, b: pa.Table) -> bool:
+    a = a.replace_schema_metadata(None)
+    b = b.replace_schema_metadata(None)
+    return a.to_pylist() == b.to_pylist()
+
+
+def test_reader_equals_datafusion(spark, read_table):
+    uri = read_table.uri
+    sql = "SELECT id, val, name FROM t ORDER BY id"
+    want = datafusion_sql(uri, sql)
+    got = spark_sql(spark, uri, sql)
+    assert want.num_rows > 5000
+    assert same(got, want)
+    df = spark.read.format("memwal").load(uri)
+    plan = mq.MemWalTable.open(uri).provider().explain()
+    regions = sum(1 for line in plan.splitlines() if line.strip().startswith("region "))
+    base_rows = lance.dataset(uri).count_rows()
+    splits = -(-base_rows // source.DEFAULT_ROWS_PER_SPLIT)
+    assert df.rdd.getNumPartitions() == regions + splits
+    # smaller base splits: more partitions, same rows
+    got = spark_sql(spark, uri, sql, rowsPerSplit="1000")
+    assert same(got, want)
+    assert (
+        spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri).rdd.getNumPartitions()
+        > regions + splits
+    )
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "id = 4003",
+        "id > 6500",
+        "id >= 10 AND id < 400",
+        "id IN (1, 2, 3, 4002, 4003, 4005, 7999)",
+        "NOT id IN (1, 2, 3) AND id < 50",
+        "id <> 5",
+        "name LIKE 'a4%'",
+        "name LIKE '%99'",
+        "name LIKE '%b1%'",
+        "NOT name LIKE 'n%'",
+        "name IS NULL",
+        "name IS NOT NULL AND id < 300",
+        "val > 3000.0",
+        "val IS NULL OR id = 7",
+        "name = 'b4002'",
+    ],
+)
+def test_reader_filters_equal_datafusion(spark, read_table, where):
+    uri = read_table.uri
+    sql = f"SELECT id, val, name FROM t WHERE {where} ORDER BY id"
+    assert same(spark_sql(spark, uri, sql), datafusion_sql(uri, sql))
+
+
+def test_reader_projection(spark, read_table):
+    uri = read_table.uri
+    want = datafusion_sql(uri, "SELECT name, id FROM t WHERE id < 500 ORDER BY id")
+    got = (
+        spark.read.format("memwal")
+        .option("columns", "name, id")
+        .load(uri)
+        .where("id < 500")
+        .orderBy("id")
+    )
+    assert got.columns == ["name", "id"]
+    assert same(got.toArrow(), want)
+    got = spark.read.format("memwal").schema("id long, name string").load(uri)
+    assert same(got.where("id < 500").orderBy("id").select("name", "id").toArrow(), want)
+    with pytest.raises(Exception, match="not in the table"):
+        spark.read.format("memwal").option("columns", "id,nope").load(uri).collect()
+
+
+def test_reader_pushdown_prunes_regions(read_table):
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, Not, StringStartsWith
+
+    uri = read_table.uri
+    ds = source.MemWalDataSource({"path": uri})
+    schema = ds.schema()
+    reader = ds.reader(schema)
+    filters = [
+        EqualTo(("id",), 4003),
+        Not(In(("id",), (1, 2))),
+        StringStartsWith(("name",), "a"),
+        GreaterThan(("val",), 1.0),  # float: left to Spark
+    ]
+    left = list(reader.pushFilters(filters))
+    assert left == [filters[3]] and left[0] is filters[3]
+    parts = reader.partitions()
+    regions = [p for p in parts if isinstance(p, source.RegionPartition)]
+    assert len(regions) <= 1  # bucket pruning: id = 4003 lives in one region
+    rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
+    assert rows == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
+
+
+def test_filter_expression_null_semantics():
+    from pyspark.sql.datasource import EqualTo, In, IsNull, Not, StringContains
+
+    t = pa.table({"a": pa.array([1, 2, None], pa.int64()), "s": ["xa", None, "b"]})
+
+    def keep(f):
+        expr, _ = mqs.filter_expression(f, t.schema)
+        return t.filter(expr).column("a").to_pylist()
+
+    assert keep(EqualTo(("a",), 1)) == [1]
+    assert keep(Not(EqualTo(("a",), 1))) == [2]  # NULL <> 1 is NULL: dropped
+    assert keep(Not(In(("a",), (1,)))) == [2]
+    assert keep(Not(IsNull(("a",)))) == [1, 2]
+    assert keep(Not(StringContains(("s",), "a"))) == [None]  # s = 'b' (a is NULL)
+    assert keep(Not(Not(EqualTo(("a",), 2)))) == [2]
+    with pytest.raises(ValueError):
+        mqs.filter_expression(EqualTo(("a",), 1.5), t.schema)
