@@ -28,8 +28,6 @@ import datetime as dt
 import re
 from typing import TYPE_CHECKING, Any
 
-import lance
-
 from . import crashpoints, paths
 from .index import read_index
 from .io import join
@@ -49,7 +47,7 @@ def gc_limits(table: MemWalTable) -> dict[str, int]:
     versions = [v["version"] for v in ds.versions()]
     per_version: list[dict[str, int] | None] = []
     for v in versions:
-        idx = read_index(table.io, lance.dataset(table.uri, version=v))
+        idx = read_index(table.io, table.dataset(version=v))
         per_version.append(None if idx is None else idx.merged_generations())
     latest = table.index()
     catchup = latest.index_catchup()

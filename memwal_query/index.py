@@ -131,6 +131,7 @@ def commit_details(
     details: pb.MemWalIndexDetails,
     previous: MemWalIndex | None,
     new_uuid: str | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> lance.LanceDataset:
     """Commit ``details`` as the MemWAL index, replacing ``previous`` (one transaction).
 
@@ -146,7 +147,9 @@ def commit_details(
         new_indices=[_index_entry(index_uuid, dataset.version, details)],
         removed_indices=removed,
     )
-    return lance.LanceDataset.commit(dataset.uri, op, read_version=dataset.version)
+    return lance.LanceDataset.commit(
+        dataset.uri, op, read_version=dataset.version, storage_options=storage_options or None
+    )
 
 
 def new_details(
@@ -203,7 +206,7 @@ def update_details(
     from .locking import index_lock
 
     carry: pb.MemWalIndexDetails | None = None
-    with index_lock(uri):
+    with index_lock(uri, io):
         for _ in range(max_rounds):
             ds = lance.dataset(uri, storage_options=storage_options or None)
             current = read_index(io, ds)
@@ -215,11 +218,18 @@ def update_details(
             if carry is not None:
                 _max_progress(details, carry)
             _max_progress(details, current.details)  # mutate may not lower progress
-            new_ds = commit_details(ds, details, current, new_uuid=new_uuid)
+            new_ds = commit_details(
+                ds, details, current, new_uuid=new_uuid, storage_options=storage_options
+            )
             if new_ds.version == ds.version + 1:
                 return read_index(io, new_ds)  # type: ignore[return-value]
             # Someone committed between our read and our commit: keep their progress.
-            between = read_index(io, lance.dataset(uri, version=new_ds.version - 1))
+            between = read_index(
+                io,
+                lance.dataset(
+                    uri, version=new_ds.version - 1, storage_options=storage_options or None
+                ),
+            )
             if between is None or (
                 list(between.details.merged_generations) == list(details.merged_generations)
                 and list(between.details.index_catchup) == list(details.index_catchup)

@@ -7,7 +7,8 @@ object stores offer: whole-object read/write, HEAD, list, delete, and an atomic
 under concurrent writers.
 
 Paths are plain strings joined with ``/``. :func:`file_io_for` picks the implementation
-from a URI (a local path or ``file://`` URI today).
+from a URI (a local path or ``file://`` URI, or ``s3://`` through
+:mod:`memwal_query.objectstore`).
 """
 
 from __future__ import annotations
@@ -214,11 +215,24 @@ def _unlink_quiet(path: str) -> None:
 
 
 def file_io_for(uri: str, storage_options: Mapping[str, str] | None = None) -> FileIO:
-    """Return the :class:`FileIO` for a table URI (local path or ``file://`` URI)."""
-    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    """Return the :class:`FileIO` for a table URI.
+
+    A local path or ``file://`` URI: :class:`LocalFileIO`; ``s3://bucket/path``:
+    :class:`memwal_query.objectstore.S3FileIO` configured from ``storage_options``.
+    """
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "file"
     if scheme == "file":
         fsync = (storage_options or {}).get("fsync", "true").lower() != "false"
         return LocalFileIO(fsync=fsync)
+    if scheme == "s3":
+        try:
+            from .objectstore import S3FileIO
+        except ImportError as e:
+            raise StorageError(
+                f"{uri}: s3:// tables need the 'obstore' package ({e}); "
+                "pip install 'memwal_query[s3]'"
+            ) from e
+        return S3FileIO.from_storage_options(storage_options)
     raise StorageError(f"{uri}: object store scheme {scheme!r} is not supported yet")
 
 

@@ -14,9 +14,11 @@ memwal_query therefore:
    one did and it changed merge progress, it re-commits the progress monotonically
    (max per region) at once, inside the lock.
 
-The lock is an advisory ``flock`` on ``_mem_wal/.index.lock`` for local tables (object
-stores need an external lock, see the README). Do not run pylance's native merger
-concurrently with memwal_query's snapshot refresh or catch-up on the same table.
+The lock is an advisory ``flock`` on ``_mem_wal/.index.lock`` for local tables; on object
+stores (``s3://``) it is a lease object at the same path, or the configured external
+commit lock (see :func:`memwal_query.objectstore.index_lease`). Do not run pylance's
+native merger concurrently with memwal_query's snapshot refresh or catch-up on the same
+table.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import threading
 from collections.abc import Iterator
 
+from .io import FileIO
 from .paths import mem_wal_root
 
 _LOCK_FILE = ".index.lock"
@@ -36,10 +39,11 @@ _held = threading.local()
 
 
 @contextlib.contextmanager
-def index_lock(table_uri: str) -> Iterator[None]:
+def index_lock(table_uri: str, io: FileIO | None = None) -> Iterator[None]:
     """Exclusive (across threads and processes) right to commit MemWAL index changes.
 
-    Re-entrant within a thread.
+    Re-entrant within a thread. ``io`` (the table's FileIO) is required for tables on
+    object stores, where the lock is a lease object.
     """
     local = table_uri[len("file://") :] if table_uri.startswith("file://") else table_uri
     depth = getattr(_held, table_uri, 0)
@@ -53,6 +57,16 @@ def index_lock(table_uri: str) -> Iterator[None]:
     with _guard:
         tlock = _thread_locks.setdefault(table_uri, threading.RLock())
     with tlock:
+        if "://" in table_uri and not table_uri.startswith("file://"):
+            from .objectstore import index_lease
+
+            with index_lease(io, table_uri):
+                setattr(_held, table_uri, 1)
+                try:
+                    yield
+                finally:
+                    setattr(_held, table_uri, 0)
+            return
         root = mem_wal_root(local)
         os.makedirs(root, exist_ok=True)
         fd = os.open(os.path.join(root, _LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)

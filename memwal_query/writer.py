@@ -464,7 +464,7 @@ class RegionWriter:
                 kept = tuple(
                     g
                     for g in current.flushed_generations
-                    if g.generation > merged or self.table.io.exists(f"{region_dir}/{g.path}")
+                    if g.generation > merged or self.table.io.is_dir(f"{region_dir}/{g.path}")
                 )
                 if current.current_generation != memtable.generation:
                     raise MemWalError(

@@ -1,0 +1,617 @@
+"""The same guarantees on S3-compatible storage as on local disk.
+
+Every test taking the ``backend`` fixture runs twice: on local disk and on a local S3
+server (moto, on 127.0.0.1, started and stopped by this module; see ``s3server.py``).
+Tests below the ``S3 only`` line exercise what only object stores have: the lease lock,
+conditional-put verification, ambiguous-put resolution and option translation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import datafusion
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_query as mq
+from memwal_query import paths
+from memwal_query.exceptions import (
+    AlreadyExistsError,
+    FencedError,
+    ObjectNotFoundError,
+    StorageError,
+    WriterClosedError,
+)
+from memwal_query.io import FileIO, file_io_for, join
+from memwal_query.manifest import RegionManifestStore
+from memwal_query.naming import from_bit_reversed, wal_entry_name
+
+from helpers import basic_rows
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+from s3server import LocalS3Server, lock_worker, race_worker  # noqa: E402
+
+from memwal_query import objectstore  # noqa: E402
+from memwal_query.objectstore import (  # noqa: E402
+    ConditionalPutUnsupportedError,
+    LeaseLock,
+    LockTimeoutError,
+    S3FileIO,
+    s3_settings,
+)
+
+BUCKET = "memwal-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto S3 on a free loopback port for the whole session, with one bucket."""
+    server = LocalS3Server().start()
+    try:
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class Backend:
+    """Where a test's tables live: a local directory or a fresh prefix in the bucket."""
+
+    name: str
+    root: str
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+    def uri(self, *parts: str) -> str:
+        return join(self.root, *parts)
+
+    def io(self) -> FileIO:
+        return file_io_for(self.root, self.storage_options)
+
+    def base_table(self, ids=range(100), name: str = "base") -> str:
+        uri = self.uri(name)
+        lance.write_dataset(basic_rows(ids), uri, storage_options=self.storage_options or None)
+        return uri
+
+    def table(self, ids=range(100), name: str = "base") -> mq.MemWalTable:
+        uri = self.base_table(ids, name)
+        return mq.MemWalTable.initialize(uri, storage_options=self.storage_options)
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request, tmp_path) -> Backend:
+    """The same test on local disk and on the local S3 server."""
+    if request.param == "local":
+        return Backend("local", str(tmp_path))
+    server = request.getfixturevalue("s3_server")
+    # memwal_lock_ttl also checks that Lance accepts (ignores) memwal_* options.
+    options = server.storage_options(memwal_lock_ttl="10")
+    return Backend("s3", f"s3://{BUCKET}/{uuid.uuid4().hex}", options)
+
+
+def live(t: mq.MemWalTable, writers=None) -> dict[int, float]:
+    return {r["id"]: r["val"] for r in t.to_table(writers=writers).to_pylist()}
+
+
+# -- FileIO contract ------------------------------------------------------------------------
+def test_file_io_contract(backend):
+    io = backend.io()
+    obj = backend.uri("a/b/c.bin")
+    assert not io.exists(obj)
+    with pytest.raises(ObjectNotFoundError):
+        io.read(obj)
+    with pytest.raises(ObjectNotFoundError):
+        io.size(obj)
+    io.put_if_not_exists(obj, b"one")
+    assert io.read(obj) == b"one" and io.size(obj) == 3 and io.exists(obj)
+    with pytest.raises(AlreadyExistsError):
+        io.put_if_not_exists(obj, b"two")
+    assert io.read(obj) == b"one"
+    io.write(obj, b"three")
+    io.write(backend.uri("a/b/d/e.bin"), b"12")
+    io.write(backend.uri("a/bb.bin"), b"x")  # a sibling sharing the prefix "a/b"
+    assert io.read(obj) == b"three"
+    assert io.list(backend.uri("a/b")) == ["c.bin", "d"]
+    assert io.list(backend.uri("a")) == ["b", "bb.bin"]
+    assert io.list(backend.uri("missing")) == []
+    assert io.is_dir(backend.uri("a/b")) and io.is_dir(backend.uri("a/b/d"))
+    assert not io.is_dir(backend.uri("a/b/c.bin")) and not io.is_dir(backend.uri("nope"))
+    assert io.tree_size(backend.uri("a/b")) == 7
+    io.delete(obj)
+    io.delete(obj)  # idempotent
+    assert not io.exists(obj)
+    io.delete_tree(backend.uri("a/b"))
+    io.delete_tree(backend.uri("a/b"))
+    assert not io.is_dir(backend.uri("a/b"))
+    assert io.read(backend.uri("a/bb.bin")) == b"x"  # the sibling survives
+
+
+# -- put-if-not-exists races ----------------------------------------------------------------
+def test_put_if_not_exists_race_threads(backend):
+    io = backend.io()
+    n = 12
+    for round_ in range(3):
+        path = backend.uri(f"race/{round_}.bin")
+        barrier = threading.Barrier(n)
+        payloads = [bytes([i]) * 8 + os.urandom(50_000) for i in range(n)]
+        outcomes: list[tuple[str, bytes]] = []
+
+        def racer(payload: bytes, path=path, barrier=barrier, outcomes=outcomes) -> None:
+            barrier.wait()
+            try:
+                io.put_if_not_exists(path, payload)
+                outcomes.append(("won", payload))
+            except AlreadyExistsError:
+                outcomes.append(("lost", payload))
+
+        threads = [threading.Thread(target=racer, args=(p,)) for p in payloads]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        winners = [p for o, p in outcomes if o == "won"]
+        assert len(outcomes) == n and len(winners) == 1
+        assert io.read(path) == winners[0]  # whole, and the winner's
+
+
+def test_put_if_not_exists_race_processes(backend):
+    ctx = mp.get_context("forkserver")
+    n = 5
+    path = backend.uri("race-proc.bin")
+    barrier = ctx.Barrier(n)
+    results = ctx.Queue()
+    payloads = [bytes([i]) * 8 + os.urandom(200_000) for i in range(n)]
+    procs = [
+        ctx.Process(
+            target=race_worker,
+            args=(backend.root, backend.storage_options, path, p, barrier, results),
+        )
+        for p in payloads
+    ]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=60) for _ in range(n)]
+    for p in procs:
+        p.join(30)
+    winners = [tag for o, tag in outcomes if o == "won"]
+    assert len(winners) == 1
+    data = backend.io().read(path)
+    assert data in payloads and data[:8] == winners[0]
+
+
+def test_concurrent_claims_get_distinct_epochs(backend):
+    """Manifest versions are put-if-not-exists: racing claims never share an epoch."""
+    t = backend.table(range(10))
+    region = str(uuid.uuid4())
+    n = 6
+    barrier = threading.Barrier(n)
+    epochs: list[int] = []
+
+    def claim() -> None:
+        store = RegionManifestStore(t.io, t.uri, region)
+        barrier.wait()
+        epochs.append(store.claim().writer_epoch)
+
+    threads = [threading.Thread(target=claim) for _ in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert sorted(epochs) == list(range(1, n + 1))
+    assert t.region_manifest(region).writer_epoch == n
+
+
+# -- writer, reader, merger, GC -------------------------------------------------------------
+def test_writer_put_delete_flush_recovery(backend):
+    t = backend.table()
+    w = t.writer()
+    w.put(basic_rows([1, 200], val=[-1.0, 200.0]))
+    w.delete(pa.table({"id": [2]}))
+    assert w.flush() == 1
+    w.put(basic_rows([300], val=[300.0]))
+    w.close(flush=False)  # 300 stays in the WAL only
+    wal_dir = paths.wal_dir(t.uri, w.region_id)
+    assert t.io.list(wal_dir) == sorted(wal_entry_name(p) for p in (1, 2, 3))
+    # A new writer claims the region and replays the unflushed entry.
+    w2 = t.writer(w.region_id)
+    assert w2.epoch == w.epoch + 1 and w2.stats.replayed_rows == 1
+    with pytest.raises((FencedError, WriterClosedError)):
+        w.put(basic_rows([301]))
+    expected = {i: float(i) for i in range(100) if i != 2}
+    expected.update({1: -1.0, 200: 200.0, 300: 300.0})
+    assert live(t, [w2]) == expected
+    assert w2.flush() == 2
+    w2.close()
+    m = t.region_manifest(w.region_id)
+    assert [g.generation for g in m.flushed_generations] == [1, 2]
+    for g in m.flushed_generations:
+        gen_dir = paths.generation_path(t.uri, w.region_id, g.path)
+        assert t.io.is_dir(gen_dir) and t.io.exists(join(gen_dir, "bloom_filter.bin"))
+    reopened = mq.MemWalTable.open(t.uri, storage_options=backend.storage_options)
+    assert live(reopened) == expected
+
+
+def test_fencing(backend):
+    t = backend.table(range(10))
+    a = t.writer()
+    a.put(basic_rows([700]))
+    b = t.writer(a.region_id)  # epoch + 1, replays a's entry
+    assert b.epoch == a.epoch + 1
+    b.put(basic_rows([701]))
+    with pytest.raises(FencedError):
+        a.put(basic_rows([702]))  # its next WAL position is taken by b
+    with pytest.raises((FencedError, WriterClosedError)):
+        a.flush()
+    b.close()
+    view = live(t)
+    assert 700 in view and 701 in view and 702 not in view
+
+
+def test_reader_provider_and_sql(backend):
+    t = backend.table()
+    w = t.writer()
+    w.put(basic_rows([5, 500], val=[50.0, 500.0], name=["five", "big"]))
+    w.delete(pa.table({"id": [6]}))
+    ctx = datafusion.SessionContext()
+    ctx.register_table("live", t.provider(consistency="strong", writers=[w]))
+    got = ctx.sql("SELECT count(*) AS n, sum(val) AS s FROM live").to_pydict()
+    assert got == {"n": [100], "s": [sum(range(100)) - 5 - 6 + 50.0 + 500.0]}
+    got = ctx.sql("SELECT id, name FROM live WHERE val >= 50 ORDER BY id DESC LIMIT 2").to_pydict()
+    assert got == {"id": [500, 99], "name": ["big", "n99"]}
+    w.flush()
+    w.close()
+    t.refresh_snapshots()
+    ctx2 = datafusion.SessionContext()
+    mq.register(ctx2, "events", t.uri, storage_options=backend.storage_options)  # eventual
+    got = ctx2.sql("SELECT id, val FROM events WHERE id IN (5, 6, 500) ORDER BY id").to_pydict()
+    assert got == {"id": [5, 500], "val": [50.0, 500.0]}
+
+
+def test_merger_and_gc(backend):
+    t = backend.table()
+    w = t.writer()
+    w.put(basic_rows([1, 1000], val=[10.0, 1000.0]))
+    w.flush()
+    w.delete(pa.table({"id": [3]}))
+    w.put(basic_rows([1001], val=[1001.0]))
+    w.flush()
+    w.close()
+    expected = live(t)
+    m = t.region_manifest(w.region_id)
+    gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
+    assert t.merge() == [(w.region_id, 1), (w.region_id, 2)]
+    assert t.index().merged_generations() == {w.region_id: 2}
+    base = lance.dataset(t.uri, storage_options=backend.storage_options)
+    rows = {r["id"]: r["val"] for r in base.to_table().to_pylist()}
+    assert rows == expected  # the base table alone now holds everything
+    assert t.gc() == []  # older base versions still need the generations
+    removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    assert set(gen_dirs) <= set(removed)
+    assert any(p.endswith(".arrow") for p in removed)
+    for d in gen_dirs:
+        assert not t.io.is_dir(d)
+    assert live(t) == expected
+    assert t.status()["regions"][w.region_id]["merged_generation"] == 2
+
+
+# -- WAL naming -------------------------------------------------------------------------------
+def test_wal_entry_names_spread(backend):
+    """Consecutive WAL entries differ in their first bits (bit-reversed positions)."""
+    t = backend.table(range(10))
+    w = t.writer()
+    for i in range(16):
+        w.put(basic_rows([1000 + i]))
+    names = t.io.list(paths.wal_dir(t.uri, w.region_id))
+    w.close(flush=False)
+    positions = sorted(from_bit_reversed(n) for n in names)
+    assert positions == list(range(1, 17))
+    by_pos = {from_bit_reversed(n): n for n in names}
+    for p in range(1, 16):
+        assert by_pos[p][0] != by_pos[p + 1][0]  # neighbours never share the first bit
+    # 16 consecutive entries cover all 16 four-bit prefixes: perfectly spread.
+    assert len({by_pos[p][:4] for p in range(1, 17)}) == 16
+
+
+# -- index lock across processes -------------------------------------------------------------
+def test_index_lock_excludes_processes(backend):
+    ctx = mp.get_context("forkserver")
+    uri = backend.uri("locked")
+    counter = backend.uri("counter.txt")
+    backend.io().write(counter, b"0")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=lock_worker, args=(uri, backend.storage_options, counter, 4, results))
+        for _ in range(3)
+    ]
+    for p in procs:
+        p.start()
+    assert [results.get(timeout=60) for _ in procs] == ["done"] * 3
+    for p in procs:
+        p.join(30)
+    assert backend.io().read(counter) == b"12"  # no lost update
+
+
+# == S3 only ==================================================================================
+@pytest.fixture
+def s3(s3_server):
+    """(S3FileIO, root URI of a fresh prefix, storage_options)."""
+    options = s3_server.storage_options()
+    return S3FileIO.from_storage_options(options), f"s3://{BUCKET}/{uuid.uuid4().hex}", options
+
+
+def test_storage_options_translation():
+    s = s3_settings(
+        {
+            "aws_access_key_id": "AK",
+            "AWS_SECRET_ACCESS_KEY": "SK",
+            "aws_session_token": "T",
+            "aws_endpoint": "http://127.0.0.1:9000",
+            "aws_region": "eu-west-1",
+            "allow_http": "true",
+            "aws_virtual_hosted_style_request": "false",
+            "timeout": "30s",
+            "client_max_retries": "3",
+            "block_size": "4096",  # a Lance-only option
+            "memwal_lock_ttl": "5",
+        }
+    )
+    assert s.config == {
+        "access_key_id": "AK",
+        "secret_access_key": "SK",
+        "session_token": "T",
+        "endpoint": "http://127.0.0.1:9000",
+        "region": "eu-west-1",
+        "virtual_hosted_style_request": False,
+    }
+    assert s.client_options == {"allow_http": True, "timeout": "30s"}
+    assert s.retry_config == {"max_retries": 3}
+    assert s.ignored == ("block_size",) and s.lock_ttl == 5.0 and s.conditional_put
+    assert s3_settings({"endpoint": "http://h", "region": "r"}).config == {
+        "endpoint": "http://h",
+        "region": "r",
+    }
+    assert not s3_settings({"aws_conditional_put": "disabled"}).conditional_put
+    with pytest.raises(StorageError):
+        s3_settings({"allow_http": "maybe"})
+
+
+def test_file_io_for_dispatch(s3_server):
+    io = file_io_for(f"s3://{BUCKET}/x", s3_server.storage_options())
+    assert isinstance(io, S3FileIO) and io.conditional_put
+    with pytest.raises(StorageError):
+        file_io_for("gs://bucket/x")
+
+
+def test_missing_bucket_is_a_storage_error(s3_server):
+    io = file_io_for("s3://no-such-bucket/x", s3_server.storage_options())
+    with pytest.raises(StorageError, match="no such bucket"):
+        io.write("s3://no-such-bucket/x/a", b"1")
+    with pytest.raises(StorageError, match="no such bucket"):
+        io.put_if_not_exists("s3://no-such-bucket/x/b", b"1")
+    assert not io.exists("s3://no-such-bucket/x/a")
+
+
+def test_conditional_put_disabled_requires_a_commit_lock(s3_server, tmp_path):
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    options = s3_server.storage_options(memwal_conditional_put="false")
+    with pytest.raises(ConditionalPutUnsupportedError):
+        file_io_for(root, options)
+    lance.write_dataset(basic_rows(range(5)), root + "/t", storage_options=options)
+    with pytest.raises(ConditionalPutUnsupportedError):
+        mq.MemWalTable.initialize(root + "/t", storage_options=options)
+    # With an external lock, check-then-put under the lock is atomic again.
+    options["memwal_commit_lock"] = "file://" + str(tmp_path / "commit.lock")
+    io = file_io_for(root, options)
+    n = 8
+    barrier = threading.Barrier(n)
+    won: list[int] = []
+
+    def racer(i: int) -> None:
+        barrier.wait()
+        try:
+            io.put_if_not_exists(root + "/k", bytes([i]))
+            won.append(i)
+        except AlreadyExistsError:
+            pass
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert len(won) == 1 and io.read(root + "/k") == bytes(won)
+    t = mq.MemWalTable.initialize(root + "/t", storage_options=options)
+    with t.writer() as w:
+        w.put(basic_rows([42]))
+    t.merge()  # the index lock is the external lock here
+    assert 42 in live(t)
+
+
+def test_store_ignoring_if_none_match_is_refused():
+    with LocalS3Server(strip_conditions=True) as server:
+        io = file_io_for(f"s3://{BUCKET}/x", server.storage_options())
+        server.create_bucket("ignores-conditions")
+        with pytest.raises(ConditionalPutUnsupportedError):
+            io.put_if_not_exists("s3://ignores-conditions/x/a", b"1")
+
+
+def test_unknown_commit_lock_name_is_refused(s3_server):
+    options = s3_server.storage_options(
+        memwal_conditional_put="false", memwal_commit_lock="no-such-lock"
+    )
+    with pytest.raises(StorageError):
+        file_io_for(f"s3://{BUCKET}/x", options)
+
+
+def test_registered_commit_lock(s3_server):
+    lock = threading.Lock()
+    calls: list[str] = []
+
+    class Lock:
+        def __call__(self, name):
+            calls.append(name)
+            return lock
+
+    objectstore.register_commit_lock("test-lock", Lock())
+    options = s3_server.storage_options(
+        memwal_conditional_put="false", memwal_commit_lock="test-lock"
+    )
+    root = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    io = file_io_for(root, options)
+    io.put_if_not_exists(root + "/a", b"1")
+    with pytest.raises(AlreadyExistsError):
+        io.put_if_not_exists(root + "/a", b"2")
+    assert calls == ["put", "put"]
+
+
+def test_ambiguous_put_is_resolved_by_token(s3, monkeypatch):
+    io, root, _ = s3
+    io.put_if_not_exists(root + "/probe-first", b"")  # the one-off conditional-put probe
+    real_put = objectstore.obstore.put
+
+    def lost_response(store, key, data, **kwargs):
+        real_put(store, key, data, **kwargs)  # it lands, but the client sees an error
+        raise objectstore.obx.GenericError("connection reset")
+
+    monkeypatch.setattr(objectstore.obstore, "put", lost_response)
+    io.put_if_not_exists(root + "/a", b"mine")  # ours: success
+    assert io.read(root + "/a") == b"mine"
+
+    def retried(store, key, data, **kwargs):
+        real_put(store, key, data, **kwargs)  # first attempt lands, the retry sees 412
+        raise objectstore.obx.AlreadyExistsError("412")
+
+    monkeypatch.setattr(objectstore.obstore, "put", retried)
+    io.put_if_not_exists(root + "/b", b"mine")
+    assert io.read(root + "/b") == b"mine"
+    monkeypatch.setattr(objectstore.obstore, "put", real_put)
+    with pytest.raises(AlreadyExistsError):  # someone else's object: a real loss
+        io.put_if_not_exists(root + "/b", b"other")
+
+    calls = []
+
+    def flaky(store, key, data, **kwargs):
+        calls.append(key)
+        if len(calls) == 1:
+            raise objectstore.obx.GenericError("503 slow down")  # did not land
+        return real_put(store, key, data, **kwargs)
+
+    monkeypatch.setattr(objectstore.obstore, "put", flaky)
+    io.put_if_not_exists(root + "/c", b"c")
+    assert io.read(root + "/c") == b"c" and len(calls) == 2
+
+
+def _write_lease(io, path, owner, expires_in):
+    lease = {"owner": owner, "expires_at": time.time() + expires_in, "ttl": 1, "released": False}
+    io.write(path, json.dumps(lease).encode())
+
+
+def test_lease_takeover_of_expired_lease(s3):
+    io, root, _ = s3
+    path = root + "/.index.lock"
+    _write_lease(io, path, "crashed-holder", expires_in=-100)
+    with LeaseLock(io, path, skew=0) as lock:
+        assert lock.took_over == "crashed-holder"
+        assert json.loads(io.read(path))["owner"] == lock.owner
+    assert json.loads(io.read(path))["released"] is True
+    # A live lease blocks until it expires (crashed holder: no renewal).
+    _write_lease(io, path, "stalled-holder", expires_in=0.6)
+    started = time.monotonic()
+    with LeaseLock(io, path, skew=0, poll=0.05) as lock:
+        assert time.monotonic() - started >= 0.5
+        assert lock.took_over == "stalled-holder"
+    _write_lease(io, path, "live-holder", expires_in=30)
+    with pytest.raises(LockTimeoutError, match="live-holder"):
+        LeaseLock(io, path, timeout=0.3).acquire()
+
+
+def test_lease_is_renewed_while_held(s3):
+    io, root, _ = s3
+    path = root + "/.index.lock"
+    holder = LeaseLock(io, path, ttl=0.3, skew=0)
+    holder.acquire()
+    try:
+        with pytest.raises(LockTimeoutError):  # 1 s > 3 lease periods: renewal works
+            LeaseLock(io, path, ttl=0.3, skew=0, timeout=1.0).acquire()
+        assert not holder.lost
+    finally:
+        holder.release()
+    started = time.monotonic()
+    with LeaseLock(io, path, skew=0):
+        assert time.monotonic() - started < 0.5  # released: no waiting for expiry
+
+
+def test_lease_lost_is_detected(s3):
+    io, root, _ = s3
+    path = root + "/.index.lock"
+    holder = LeaseLock(io, path, ttl=30)
+    holder.acquire()
+    _write_lease(io, path, "usurper", expires_in=30)  # someone overwrote it
+    holder.release()
+    assert holder.lost  # release did not clobber the usurper's lease
+    assert json.loads(io.read(path))["owner"] == "usurper"
+
+
+def test_lease_mutual_exclusion_threads(s3):
+    io, root, _ = s3
+    path = root + "/.index.lock"
+    inside = 0
+    peak = 0
+    guard = threading.Lock()
+
+    def worker() -> None:
+        nonlocal inside, peak
+        for _ in range(3):
+            with LeaseLock(io, path, poll=0.01, max_poll=0.05):
+                with guard:
+                    inside += 1
+                    peak = max(peak, inside)
+                time.sleep(0.01)
+                with guard:
+                    inside -= 1
+
+    threads = [threading.Thread(target=worker) for _ in range(5)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert peak == 1
+
+
+def test_lance_concurrent_commits_on_s3(s3):
+    """Lance commits through If-None-Match on the server: no append is lost."""
+    _, root, options = s3
+    uri = root + "/appends"
+    lance.write_dataset(basic_rows(range(3)), uri, storage_options=options)
+    errors: list[BaseException] = []
+
+    def append(i: int) -> None:
+        try:
+            lance.write_dataset(
+                basic_rows(range(100 * (i + 1), 100 * (i + 1) + 5)),
+                uri,
+                mode="append",
+                storage_options=options,
+            )
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors
+    ds = lance.dataset(uri, storage_options=options)
+    assert ds.count_rows() == 3 + 4 * 5 and ds.version == 5
