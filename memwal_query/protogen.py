@@ -24,11 +24,11 @@ OUT_DIR = PACKAGE_DIR / "_proto"
 PROTO_FILES = ["memwal.proto", "lance_table.proto"]
 
 
-def _protoc(args: list[str]) -> None:
+def _protoc(args: list[str], proto_dir: Path = PROTO_DIR) -> None:
     from grpc_tools import protoc  # type: ignore[import-untyped]
 
     well_known = Path(protoc.__file__).resolve().parent / "_proto"
-    rc = protoc.main(["protoc", f"-I{PROTO_DIR}", f"-I{well_known}", *args])
+    rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{well_known}", *args])
     if rc != 0:
         raise RuntimeError(f"protoc failed with exit code {rc}: {args}")
 
@@ -39,13 +39,13 @@ def generate(out_dir: Path = OUT_DIR) -> None:
     _protoc([f"--python_out={out_dir}", f"--pyi_out={out_dir}", *PROTO_FILES])
 
 
-def compiled_descriptor(proto_file: str) -> bytes:
-    """Return the serialized ``FileDescriptorProto`` that protoc builds from ``protos/``."""
+def compiled_descriptor(proto_file: str, proto_dir: Path = PROTO_DIR) -> bytes:
+    """Return the serialized ``FileDescriptorProto`` that protoc builds from ``proto_dir``."""
     from google.protobuf import descriptor_pb2
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "set.pb"
-        _protoc([f"--descriptor_set_out={out}", proto_file])
+        _protoc([f"--descriptor_set_out={out}", proto_file], proto_dir)
         fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     (fd,) = [f for f in fds.file if f.name == proto_file]
     return _normalized(fd)
@@ -76,9 +76,9 @@ def checked_in_descriptor(proto_file: str) -> bytes:
     return _normalized(fd)
 
 
-def stale_files() -> list[str]:
-    """Names of proto files whose checked-in generated code does not match ``protos/``."""
-    return [f for f in PROTO_FILES if compiled_descriptor(f) != checked_in_descriptor(f)]
+def stale_files(proto_dir: Path = PROTO_DIR) -> list[str]:
+    """Names of proto files whose checked-in generated code does not match ``proto_dir``."""
+    return [f for f in PROTO_FILES if compiled_descriptor(f, proto_dir) != checked_in_descriptor(f)]
 
 
 def main(argv: list[str] | None = None) -> int:
