@@ -63,7 +63,9 @@ def siphash13(messages: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
     ``messages`` is a zero-padded ``uint8`` matrix (one row per message, width a
     multiple of 8 and larger than every length); ``lengths`` the byte lengths.
-    Vectorised over messages with numpy.
+    Vectorised over messages with numpy. Messages of very different lengths are best
+    hashed in groups of similar length (:func:`hash_keys` does), as the padding costs
+    memory and every message pays for the longest one's rounds.
     """
     n = len(lengths)
     words = np.ascontiguousarray(messages).view("<u8").astype(np.uint64)
@@ -73,7 +75,12 @@ def siphash13(messages: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     v2 = np.full(n, _K2, np.uint64)
     v3 = np.full(n, _K3, np.uint64)
     with np.errstate(over="ignore"):
-        for j in range(int(full.max()) if n else 0):
+        shortest = int(full.min()) if n else 0
+        for j in range(shortest):  # every message has word j: no masking
+            m = words[:, j]
+            v0, v1, v2, v3 = _round(v0, v1, v2, v3 ^ m)
+            v0 = v0 ^ m
+        for j in range(shortest, int(full.max()) if n else 0):
             active = full > j
             m = words[:, j]
             a0, a1, a2, a3 = _round(v0, v1, v2, v3 ^ m)
@@ -96,13 +103,25 @@ def siphash13(messages: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return v0 ^ v1 ^ v2 ^ v3
 
 
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Start offsets of consecutive pieces of the given lengths."""
+    return np.cumsum(lengths) - lengths
+
+
+def _within(lengths: np.ndarray) -> np.ndarray:
+    """For every byte of consecutive pieces, its offset inside its piece."""
+    return np.arange(int(lengths.sum())) - np.repeat(_starts(lengths), lengths)
+
+
 def _column_segments(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row byte strings of one key column in pylance's encoding: (matrix, lengths).
+    """Per-row byte strings of one key column in pylance's encoding: (bytes, lengths).
 
     1 byte null flag, then int32 as 4 bytes LE, int64 as 8 bytes LE, utf8 as its bytes +
     0xFF, binary as a u64 LE length + bytes. Other types contribute the flag only (as
     pylance 14 does: its writer hashes only the flag for them, so such a filter never
-    excludes a key).
+    excludes a key). The strings are returned concatenated (``uint8`` array) with
+    their lengths, so memory is proportional to the total key bytes, not to
+    rows x longest key.
     """
     n = len(col)
     valid = ~np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
@@ -113,31 +132,31 @@ def _column_segments(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         mat = np.zeros((n, 1 + width), np.uint8)
         mat[:, 0] = ~valid
         mat[:, 1:] = vals.view(np.uint8).reshape(n, width)
-        lengths = np.where(valid, 1 + width, 1)
-        return mat, lengths
+        lengths = np.where(valid, 1 + width, 1).astype(np.int64)
+        return mat[np.arange(1 + width)[None, :] < lengths[:, None]], lengths
     if pa.types.is_string(t) or pa.types.is_binary(t):
         offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset : col.offset + n + 1]
         data = col.buffers()[2]
         data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-        sizes = np.where(valid, offsets[1:] - offsets[:-1], 0)
-        extra = 1 if pa.types.is_string(t) else 8  # 0xFF terminator / u64 length prefix
-        lengths = np.where(valid, 1 + sizes + extra, 1)
-        mat = np.zeros((n, int(lengths.max()) if n else 1), np.uint8)
-        mat[:, 0] = ~valid
-        start = 1
-        if pa.types.is_binary(t):
-            mat[:, 1:9] = sizes.astype("<u8").view(np.uint8).reshape(n, 8) * valid[:, None]
-            start = 9
-        rows = np.repeat(np.arange(n), sizes)
-        within = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        src = np.repeat(offsets[:-1], sizes) + within
-        mat[rows, start + within] = data[src]
-        if pa.types.is_string(t):
-            mat[np.flatnonzero(valid), start + sizes[valid]] = 0xFF
-        return mat, lengths
-    mat = np.zeros((n, 1), np.uint8)
-    mat[:, 0] = ~valid
-    return mat, np.ones(n, np.int64)
+        sizes = np.where(valid, offsets[1:] - offsets[:-1], 0).astype(np.int64)
+        binary = pa.types.is_binary(t)
+        prefix = 8 if binary else 0  # u64 length prefix
+        suffix = 0 if binary else 1  # 0xFF terminator
+        lengths = np.where(valid, 1 + prefix + sizes + suffix, 1).astype(np.int64)
+        starts = _starts(lengths)
+        out = np.zeros(int(lengths.sum()), np.uint8)
+        out[starts] = ~valid
+        if binary:
+            out[starts[valid][:, None] + 1 + np.arange(8)] = (
+                sizes[valid].astype("<u8").view(np.uint8).reshape(-1, 8)
+            )
+        within = _within(sizes)
+        src = np.repeat(offsets[:-1].astype(np.int64), sizes) + within
+        out[np.repeat(starts + 1 + prefix, sizes) + within] = data[src]
+        if not binary:
+            out[starts[valid] + 1 + sizes[valid]] = 0xFF
+        return out, lengths
+    return (~valid).astype(np.uint8), np.ones(n, np.int64)
 
 
 def hash_keys(keys: pa.Table) -> np.ndarray:
@@ -147,22 +166,40 @@ def hash_keys(keys: pa.Table) -> np.ndarray:
     hashed with SipHash-1-3 (keys 0, 0). Verified byte-for-byte against filters pylance
     14 wrote (``tests/test_bloom.py``), so both implementations read each other's
     ``bloom_filter.bin``.
+
+    Messages are hashed in groups whose lengths are within a factor of two (a handful
+    of groups, each vectorised), so one very long key costs its own bytes only instead
+    of padding every key to its length.
     """
     n = keys.num_rows
     if n == 0:
         return np.zeros(0, np.uint64)
     parts = [_column_segments(c.combine_chunks()) for c in keys.columns]
-    lengths = np.sum([ln for _, ln in parts], axis=0)
-    width = (int(lengths.max()) // 8 + 1) * 8
-    msg = np.zeros((n, width), np.uint8)
-    offset = np.zeros(n, np.int64)
-    for mat, ln in parts:
-        cols = np.arange(mat.shape[1])
-        inside = cols[None, :] < ln[:, None]
-        r, c = np.nonzero(inside)
-        msg[r, offset[r] + c] = mat[r, c]
-        offset += ln
-    return siphash13(msg, lengths.astype(np.int64))
+    if len(parts) == 1:
+        flat, lengths = parts[0]
+    else:
+        lengths = np.sum([ln for _, ln in parts], axis=0)
+        flat = np.zeros(int(lengths.sum()), np.uint8)
+        offset = _starts(lengths)  # where each row's next column segment goes
+        for seg, ln in parts:
+            flat[np.repeat(offset, ln) + _within(ln)] = seg
+            offset = offset + ln
+    starts = _starts(lengths)
+    words = lengths // 8
+    group = np.zeros(n, np.int64)  # 0 for < 8 bytes, else 1 + floor(log2(words))
+    nz = words > 0
+    group[nz] = np.frexp(words[nz].astype(np.float64))[1]
+    out = np.empty(n, np.uint64)
+    for g in np.unique(group):
+        rows = np.flatnonzero(group == g)
+        ln = lengths[rows]
+        width = (int(ln.max()) // 8 + 1) * 8
+        msg = np.zeros((len(rows), width), np.uint8)
+        within = _within(ln)
+        src = np.repeat(starts[rows], ln) + within
+        msg[np.repeat(np.arange(len(rows)), ln), within] = flat[src]
+        out[rows] = siphash13(msg, ln)
+    return out
 
 
 class BloomFilter:

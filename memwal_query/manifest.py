@@ -285,6 +285,22 @@ class RegionManifestStore:
             raise FencedError(self.region_id, local_epoch, stored)
         return latest
 
+    def check_superseded(self, known_version: int, local_epoch: int) -> int:
+        """Cheap fencing check between manifest updates; FencedError if claimed since.
+
+        HEADs version ``known_version + 1`` (usually missing: one request). Versions
+        found there are read: this writer's own (committed by its concurrent flush) are
+        skipped, one with another epoch means a newer writer claimed the region. Returns
+        the newest version known to be this writer's (or ``known_version``).
+        """
+        version = known_version
+        while self.io.exists(self.path(version + 1)):
+            newer = self.load(version + 1)
+            if newer.writer_epoch != local_epoch:
+                raise FencedError(self.region_id, local_epoch, newer.writer_epoch)
+            version += 1
+        return version
+
     def commit_update(
         self,
         local_epoch: int,

@@ -50,6 +50,12 @@ class MemTableSnapshot:
 class MemTable:
     """Mutable MemTable; owned by one :class:`~memwal_query.writer.RegionWriter`.
 
+    Rows are kept in WAL order, so flushing the MemTable and replaying the WAL agree on
+    which write of a key is the newest. In non-durable mode rows are appended before
+    they reach the WAL (``wal_position=None``); a WAL entry of another writer adopted
+    while they are being synced goes *before* them (:meth:`adopt`), which is where
+    replay puts it.
+
     Parameters
     ----------
     region_id : str
@@ -69,18 +75,61 @@ class MemTable:
         self.nbytes = 0
         self.first_wal_position: int | None = None
         self.last_wal_position: int | None = None
+        # Index of the first batch not yet in the WAL (None: every batch is), and, while
+        # a sync writes them, the end of the batches that sync covers.
+        self._unsynced_from: int | None = None
+        self._sync_end: int | None = None
+
+    def _note_position(self, wal_position: int | None) -> None:
+        if wal_position is None:
+            return
+        if self.first_wal_position is None or wal_position < self.first_wal_position:
+            self.first_wal_position = wal_position
+        if self.last_wal_position is None or wal_position > self.last_wal_position:
+            self.last_wal_position = wal_position
+
+    def _insert(self, at: int, table: pa.Table) -> int:
+        batches = table.combine_chunks().to_batches() if table.num_rows else []
+        self._batches[at:at] = batches
+        self.num_rows += table.num_rows
+        self.nbytes += table.nbytes
+        return len(batches)
 
     def append(self, table: pa.Table, wal_position: int | None) -> None:
-        """Append rows (already in the storage schema) written at ``wal_position``."""
-        if table.num_rows:
-            for batch in table.combine_chunks().to_batches():
-                self._batches.append(batch)
-            self.num_rows += table.num_rows
-            self.nbytes += table.nbytes
-        if wal_position is not None:
-            if self.first_wal_position is None:
-                self.first_wal_position = wal_position
-            self.last_wal_position = wal_position
+        """Append rows (already in the storage schema) written at ``wal_position``.
+
+        ``wal_position=None``: the rows are not in the WAL yet (non-durable mode).
+        """
+        at = len(self._batches)
+        if self._insert(at, table) and wal_position is None and self._unsynced_from is None:
+            self._unsynced_from = at
+        self._note_position(wal_position)
+
+    def adopt(self, table: pa.Table, wal_position: int) -> None:
+        """Add the rows of a WAL entry written before the rows not yet in the WAL.
+
+        They go before the unsynced rows (at the end when there are none), so the
+        MemTable stays in WAL order.
+        """
+        at = len(self._batches) if self._unsynced_from is None else self._unsynced_from
+        n = self._insert(at, table)
+        if self._unsynced_from is not None:
+            self._unsynced_from += n
+        if self._sync_end is not None:
+            self._sync_end += n
+        self._note_position(wal_position)
+
+    def begin_sync(self) -> None:
+        """The rows appended so far are being written as one WAL entry."""
+        self._sync_end = len(self._batches)
+
+    def end_sync(self, wal_position: int | None) -> None:
+        """The sync started by :meth:`begin_sync` finished (None: it failed)."""
+        if wal_position is not None and self._sync_end is not None:
+            end = self._sync_end
+            self._unsynced_from = end if end < len(self._batches) else None
+            self._note_position(wal_position)
+        self._sync_end = None
 
     def snapshot(self) -> MemTableSnapshot:
         """An immutable view of the rows appended so far."""

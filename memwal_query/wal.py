@@ -68,29 +68,103 @@ def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def _int_meta(path: str, meta: dict, key: bytes, required: bool) -> int | None:
+    """A non-negative decimal integer from the entry's schema metadata."""
+    raw = meta.get(key)
+    if raw is None:
+        if required:
+            raise WalCorruptError(path, f"WAL entry has no {key.decode()} metadata")
+        return None
+    if not (isinstance(raw, bytes) and raw.isdigit() and len(raw) <= 20):
+        raise WalCorruptError(
+            path, f"WAL entry metadata {key.decode()}={raw!r} is not a non-negative integer"
+        )
+    return int(raw)
+
+
 def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
-    """Decode and validate one entry; raise WalCorruptError naming ``path``."""
+    """Decode and validate one entry; raise WalCorruptError naming ``path``.
+
+    Checks the framing, that the Arrow data is well formed (full validation, so a
+    damaged buffer cannot turn into wrong rows later), the integer metadata, and a
+    non-null boolean ``_tombstone`` column. Checks against the table schema are
+    :func:`conform_entry`'s.
+    """
     if not data.endswith(_EOS):
         raise WalCorruptError(path, "truncated WAL entry (no end-of-stream marker)")
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(data))
         table = reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise WalCorruptError(path, f"unreadable WAL entry: {e}") from e
-    meta = table.schema.metadata or {}
-    try:
-        epoch = int(meta[EPOCH_KEY])
-    except (KeyError, ValueError) as e:
-        raise WalCorruptError(path, "WAL entry has no valid writer_epoch metadata") from e
-    generation = int(meta[GENERATION_KEY]) if GENERATION_KEY in meta else None
-    if NUM_ROWS_KEY in meta and int(meta[NUM_ROWS_KEY]) != table.num_rows:
+        table.validate(full=True)
+        meta = table.schema.metadata or {}
+    except (pa.ArrowException, OSError, ValueError, NotImplementedError) as e:
+        # ArrowException covers ArrowInvalid, ArrowKeyError, ArrowNotImplementedError...;
+        # ValueError includes UnicodeDecodeError from damaged metadata.
+        raise WalCorruptError(path, f"unreadable WAL entry: {type(e).__name__}: {e}") from e
+    epoch = _int_meta(path, meta, EPOCH_KEY, required=True)
+    generation = _int_meta(path, meta, GENERATION_KEY, required=False)
+    num_rows = _int_meta(path, meta, NUM_ROWS_KEY, required=False)
+    if num_rows is not None and num_rows != table.num_rows:
         raise WalCorruptError(
-            path,
-            f"WAL entry holds {table.num_rows} rows, its header says {int(meta[NUM_ROWS_KEY])}",
+            path, f"WAL entry holds {table.num_rows} rows, its header says {num_rows}"
         )
     if TOMBSTONE not in table.column_names:
         raise WalCorruptError(path, f"WAL entry has no {TOMBSTONE} column")
+    tomb = table.column(TOMBSTONE)
+    if not pa.types.is_boolean(tomb.type):
+        raise WalCorruptError(path, f"WAL entry column {TOMBSTONE} is {tomb.type}, not bool")
+    if tomb.null_count:
+        raise WalCorruptError(path, f"WAL entry column {TOMBSTONE} holds {tomb.null_count} NULL(s)")
+    assert epoch is not None
     return WalEntry(position, epoch, generation, table)
+
+
+def conform_entry(
+    path: str, table: pa.Table, storage_schema: pa.Schema, primary_key: list[str]
+) -> pa.Table:
+    """The rows of a decoded entry in ``storage_schema``; WalCorruptError naming ``path``.
+
+    Columns added to the table after the entry was written read as NULL; columns the
+    table no longer has are dropped. Primary-key columns must be present with exactly
+    the table's type (a cast could silently turn one key into another), and no
+    non-nullable column (the keys, ``_tombstone``) may hold a NULL: such an entry
+    could be replayed but never flushed.
+    """
+    if table.schema.equals(storage_schema, check_metadata=False):
+        out = table.replace_schema_metadata(None)
+    else:
+        columns = []
+        for f in storage_schema:
+            if f.name not in table.column_names:
+                if f.name in primary_key:
+                    raise WalCorruptError(path, f"WAL entry has no primary-key column {f.name!r}")
+                columns.append(pa.nulls(table.num_rows, f.type))
+                continue
+            col = table.column(f.name)
+            if col.type != f.type:
+                if f.name in primary_key:
+                    raise WalCorruptError(
+                        path,
+                        f"WAL entry primary-key column {f.name!r} is {col.type}, "
+                        f"the table's is {f.type}",
+                    )
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowException, ValueError, NotImplementedError) as e:
+                    raise WalCorruptError(
+                        path,
+                        f"WAL entry column {f.name!r}: cannot read {col.type} as {f.type}: {e}",
+                    ) from e
+            columns.append(col)
+        out = pa.Table.from_arrays(columns, schema=storage_schema)
+    for f in storage_schema:
+        if not f.nullable and out.column(f.name).null_count:
+            raise WalCorruptError(
+                path,
+                f"WAL entry column {f.name!r} holds {out.column(f.name).null_count} NULL(s) "
+                "but is non-nullable",
+            )
+    return out.cast(storage_schema)
 
 
 class Wal:

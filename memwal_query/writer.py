@@ -18,8 +18,19 @@ Life of a write
 
 Recovery: opening a writer claims the region (epoch + 1) and replays WAL entries after
 ``replay_after_wal_entry_position`` into the MemTable before accepting writes. A WAL
-entry found at the writer's next position that was written by an older (fenced) writer
-is adopted, not lost (spec, Appendix 1); one by a newer writer fences this one.
+entry found at the writer's next position that was written by an older (fenced) writer,
+or by this writer in a write whose outcome was unknown, is adopted, not lost (spec,
+Appendix 1); one by a newer writer fences this one. Entries are validated against the
+table schema when replayed or adopted (:func:`~memwal_query.wal.conform_entry`).
+
+Fencing on the write path (a deliberate addition to the spec): after each WAL entry is
+written and before the put is acknowledged, the writer HEADs the region manifest version
+after the newest one it knows (:meth:`RegionWriter._check_superseded`); see there why.
+
+Background errors: a failed background flush (or, in non-durable mode, a failed
+background WAL write) is raised once by the next ``put``/``delete``, before it writes
+anything, and the failed work is retried. ``flush()`` and ``sync()`` retry it themselves
+and raise only if that retry fails. Once fenced, every call raises :class:`FencedError`.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -46,7 +57,7 @@ from .exceptions import (
 from .manifest import RegionManifest, RegionManifestStore
 from .memtable import MemTable, MemTableSnapshot
 from .schema import coerce_keys, coerce_rows, storage_schema, tombstone_rows, with_tombstone
-from .wal import Wal, encode_entry
+from .wal import Wal, WalEntry, conform_entry, encode_entry
 
 if TYPE_CHECKING:
     from .table import MemWalTable
@@ -79,6 +90,8 @@ class WriterStats:
     flushed_rows: int = 0
     flush_seconds: float = 0.0
     flushed_generations: list[int] = field(default_factory=list)
+    flush_errors: int = 0
+    wal_write_errors: int = 0
 
 
 class RegionWriter:
@@ -141,14 +154,19 @@ class RegionWriter:
         self._unsynced: list[pa.Table] = []
         self._unsynced_bytes = 0
         self._sealed: list[MemTable] = []
-        self._flush_futures: list[Future] = []
+        self._flush_active = False  # a drain task is queued or running on the executor
+        # Errors of background work, raised once by the next put/delete (see module doc).
         self._flush_error: BaseException | None = None
+        self._wal_error: BaseException | None = None
         self._failed: BaseException | None = None
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
 
         manifest = self._store.claim(region_spec_id, region_field_entries=region_field_entries)
         self.epoch = manifest.writer_epoch
+        # Newest region manifest version known to be this writer's (its claim, then its
+        # flushes): the fencing check after each WAL write HEADs the version after it.
+        self._known_version = manifest.version
         self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
         self._next_wal_position = manifest.replay_after_wal_entry_position + 1
         self._replay(manifest)
@@ -161,21 +179,15 @@ class RegionWriter:
             self._ticker.start()
 
     # -- recovery --------------------------------------------------------------------
-    def _conform(self, table: pa.Table) -> pa.Table:
-        """Conform a WAL entry to the current storage schema (added columns -> NULL)."""
-        if table.schema.equals(self._storage_schema, check_metadata=False):
-            return table.replace_schema_metadata(None).cast(self._storage_schema)
-        columns = []
-        for f in self._storage_schema:
-            if f.name in table.column_names:
-                columns.append(table.column(f.name).cast(f.type))
-            else:
-                columns.append(pa.nulls(table.num_rows, f.type))
-        return pa.Table.from_arrays(columns, schema=self._storage_schema)
+    def _conform(self, entry: WalEntry) -> pa.Table:
+        """An entry's rows in the current storage schema; WalCorruptError if hostile."""
+        return conform_entry(
+            self._wal.path(entry.position), entry.table, self._storage_schema, self._pk
+        )
 
     def _replay(self, manifest: RegionManifest) -> None:
         for entry in self._wal.replay(manifest.replay_after_wal_entry_position, self.epoch):
-            self._active.append(self._conform(entry.table), entry.position)
+            self._active.append(self._conform(entry), entry.position)
             self._next_wal_position = entry.position + 1
             self.stats.replayed_entries += 1
             self.stats.replayed_rows += entry.table.num_rows
@@ -191,6 +203,8 @@ class RegionWriter:
 
         Accepts a pyarrow Table / RecordBatch / RecordBatchReader or pandas DataFrame.
         Raises SchemaError / PrimaryKeyError / WrongRegionError without writing anything.
+        An error of earlier background work (a flush, or a non-durable WAL write) is
+        raised once, also before anything is written.
         """
         rows = coerce_rows(data, self._schema, self._pk)
         self._check_region(rows)
@@ -210,20 +224,46 @@ class RegionWriter:
         self.stats.delete_rows += key_table.num_rows
 
     def sync(self) -> None:
-        """Write every buffered row to the WAL now (non-durable mode); no-op otherwise."""
+        """Write every buffered row to the WAL now (non-durable mode); no-op otherwise.
+
+        Rows whose earlier (background) WAL write failed are still buffered and written
+        here; this raises only if this write fails.
+        """
         self._check_open()
         with self._wal_token():
+            with self._cond:
+                self._wal_error = None  # superseded by this attempt's outcome
             self._sync_locked_token()
 
     def flush(self) -> int | None:
         """Seal the MemTable and flush it (and any earlier sealed one) as generations.
 
-        Returns the newest flushed generation number, or None when there was nothing to
-        flush. Raises the flush error, if any (FencedError when fenced).
+        Returns the newest generation flushed during this call, or None when there was
+        nothing to flush. Sealed MemTables whose background flush failed are retried
+        here; this raises only if this attempt fails (FencedError when fenced).
         """
         self._check_open()
+        with self._cond:
+            done_before = len(self.stats.flushed_generations)
+            self._wal_error = None  # _seal syncs every buffered row first
         self._seal(force=True)
-        return self._wait_flushes()
+        with self._cond:
+            self._flush_error = None  # superseded by this attempt's outcome
+            while True:
+                while self._flush_active:
+                    self._cond.wait()
+                if self._failed is not None:
+                    break
+                if self._flush_error is not None:
+                    error, self._flush_error = self._flush_error, None
+                    raise error
+                if not self._sealed:
+                    return (self.stats.flushed_generations[done_before:] or [None])[-1]
+                self._schedule_flush_locked()
+                if not self._flush_active:  # could not start: closed meanwhile
+                    break
+        self._check_open()  # raises FencedError / WriterClosedError
+        raise WriterClosedError(f"writer of region {self.region_id} is closed")
 
     def close(self, flush: bool = True) -> None:
         """Close the writer; with ``flush=True`` (default) flush the MemTable first.
@@ -281,12 +321,41 @@ class RegionWriter:
 
     # -- internals -------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._failed is not None:
+        failed = self._failed
+        if failed is not None:
+            if isinstance(failed, FencedError):
+                # Keep the type, so callers can tell "fenced" from "closed"; a fresh
+                # exception each time (re-raising one object grows its traceback).
+                raise FencedError(
+                    failed.region_id, failed.local_epoch, failed.stored_epoch
+                ) from failed
             raise WriterClosedError(
-                f"writer of region {self.region_id} failed earlier: {self._failed}"
-            ) from self._failed
+                f"writer of region {self.region_id} failed earlier: {failed}"
+            ) from failed
         if self._closed:
             raise WriterClosedError(f"writer of region {self.region_id} is closed")
+
+    def _fenced(self, err: FencedError) -> FencedError:
+        """Record that this writer is fenced (every later call raises FencedError)."""
+        with self._cond:
+            if self._failed is None:
+                self._failed = err
+            self._cond.notify_all()
+        return err
+
+    def _raise_background_error(self) -> None:
+        """Raise, once, the error of failed background work; schedule a flush retry."""
+        if self._flush_error is None and self._wal_error is None:
+            return  # unlocked fast path; the locked check below decides
+        with self._cond:
+            if self._wal_error is not None:
+                error, self._wal_error = self._wal_error, None  # the ticker keeps retrying
+            elif self._flush_error is not None:
+                error, self._flush_error = self._flush_error, None
+                self._schedule_flush_locked()
+            else:
+                return
+        raise error
 
     def _check_region(self, rows: pa.Table) -> None:
         if self.region_values is None or self.table.region_spec is None or rows.num_rows == 0:
@@ -324,44 +393,104 @@ class RegionWriter:
                 self._cond.notify_all()
 
     def _append_wal(self, rows: pa.Table) -> int:
-        """Write ``rows`` as the next WAL entry (caller holds the WAL token)."""
+        """Write ``rows`` as the next WAL entry (caller holds the WAL token).
+
+        Returns its position once it is written and this writer is known not to be
+        fenced; only then may the rows be acknowledged.
+        """
+        data = encode_entry(rows, self.epoch, self._active.generation)
         while True:
             position = self._next_wal_position
-            data = encode_entry(rows, self.epoch, self._active.generation)
             try:
                 self._wal.write_encoded(position, data)
             except AlreadyExistsError:
-                # Someone wrote this position: adopt a fenced writer's entry, or give up.
-                entry = self._wal.read(position)
-                if entry.writer_epoch >= self.epoch:
-                    err = FencedError(self.region_id, self.epoch, entry.writer_epoch)
-                    self._failed = err
-                    raise err from None
-                with self._cond:
-                    self._active.append(self._conform(entry.table), position)
-                self._next_wal_position = position + 1
-                self.stats.adopted_entries += 1
+                self._adopt(position)
                 continue
+            # Not advancing _next_wal_position before the check passes: if the check
+            # fails for another reason (storage error), the next write finds this entry
+            # at the same position and adopts it, so MemTable and WAL still agree.
+            self._check_superseded()
             self._next_wal_position = position + 1
             self.stats.wal_entries += 1
             self.stats.wal_bytes += len(data)
             return position
 
+    def _adopt(self, position: int) -> None:
+        """Take over the entry someone already wrote at our next position.
+
+        Written by an older (fenced) writer, or by this writer in a write whose outcome
+        was unknown (it raised, e.g. a timeout, but the object was stored): the entry
+        will be replayed after a crash, so it must be in the MemTable too, in WAL order
+        (before rows not yet in the WAL). Written by a newer writer: we are fenced.
+        """
+        entry = self._wal.read(position)
+        if entry.writer_epoch > self.epoch:
+            raise self._fenced(FencedError(self.region_id, self.epoch, entry.writer_epoch))
+        table = self._conform(entry)
+        with self._cond:
+            self._active.adopt(table, position)
+        self._next_wal_position = position + 1
+        self.stats.adopted_entries += 1
+
+    def _check_superseded(self) -> None:
+        """FencedError if another writer claimed the region (one HEAD, usually).
+
+        The spec checks the epoch only before manifest updates, which leaves a hole: a
+        fenced writer A may write a WAL position that the new writer B already wrote,
+        flushed, merged and garbage collected; the slot is free again, A's
+        put-if-not-exists succeeds, and B (or any later writer) never replays it because
+        replay starts after B's ``replay_after_wal_entry_position``. A would acknowledge
+        a lost write.
+
+        Why one HEAD of version ``known + 1`` after the WAL write closes it: B can flush
+        (and so make merge and GC delete entries) only after claiming, and claiming
+        commits a manifest version with a higher epoch. Versions are put-if-not-exists
+        in sequence, and A's own commits are fenced, so every version after A's newest
+        one is either A's own (its concurrent flush; skipped) or comes after B's claim.
+        So if version ``known + 1`` is absent *after* A's entry is stored, no one has
+        claimed yet: the next claimer replays from a position at or below A's entry and
+        sees it. If it is present with another epoch, A is fenced and the put is not
+        acknowledged (the entry may still be replayed: the outcome is in doubt, as with
+        any failed put).
+
+        Cost: one HEAD per WAL entry (shared by a group commit), a deliberate departure
+        from the spec, which checks epochs only at manifest updates.
+        """
+        try:
+            known = self._store.check_superseded(self._known_version, self.epoch)
+        except FencedError as e:
+            raise self._fenced(e) from None
+        if known != self._known_version:
+            with self._cond:
+                self._known_version = max(self._known_version, known)
+
     def _write(self, rows: pa.Table) -> None:
         self._check_open()
+        self._raise_background_error()
         if rows.num_rows == 0:
             return
         if self.durable:
             self._durable_write(rows)
-        else:
-            with self._cond:
-                self._active.append(rows, None)
-                self._unsynced.append(rows)
-                self._unsynced_bytes += rows.nbytes
-                over = self._unsynced_bytes >= self.max_wal_buffer_bytes
+            self._seal(force=False)
+            return
+        with self._cond:
+            self._active.append(rows, None)
+            self._unsynced.append(rows)
+            self._unsynced_bytes += rows.nbytes
+            over = self._unsynced_bytes >= self.max_wal_buffer_bytes
+        # The rows are accepted (non-durable puts never wait for the WAL). A failed WAL
+        # write keeps them buffered and is reported by the next call, not this one.
+        try:
             if over:
-                self.sync()
-        self._seal(force=False)
+                with self._wal_token():
+                    self._sync_locked_token()
+            self._seal(force=False)
+        except FencedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete
+            with self._cond:
+                self._wal_error = e
+            self.stats.wal_write_errors += 1
 
     def _durable_write(self, rows: pa.Table) -> None:
         req = _Request(rows)
@@ -393,26 +522,49 @@ class RegionWriter:
             raise error
 
     def _sync_locked_token(self) -> None:
-        """Write unsynced rows as one WAL entry (caller holds the WAL token)."""
+        """Write unsynced rows as one WAL entry (caller holds the WAL token).
+
+        On failure the rows stay buffered (oldest first), so a later sync writes them
+        or raises; they are already in the MemTable.
+        """
         with self._cond:
+            if not self._unsynced:
+                return
             rows, self._unsynced = self._unsynced, []
-            self._unsynced_bytes = 0
-        if not rows:
-            return
-        position = self._append_wal(pa.concat_tables(rows))
-        with self._cond:
-            self._active.last_wal_position = position
-            if self._active.first_wal_position is None:
-                self._active.first_wal_position = position
+            nbytes, self._unsynced_bytes = self._unsynced_bytes, 0
+            active = self._active  # swapped only under the WAL token, which we hold
+            active.begin_sync()
+        position: int | None = None
+        try:
+            position = self._append_wal(pa.concat_tables(rows))
+        finally:
+            with self._cond:
+                active.end_sync(position)
+                if position is None:
+                    self._unsynced[:0] = rows
+                    self._unsynced_bytes += nbytes
 
     def _tick(self) -> None:
+        """Non-durable mode: write buffered rows every ``wal_flush_interval`` seconds.
+
+        Keeps going after a failed write (the rows stay buffered and are retried); the
+        error is raised by the next put/delete unless a later write succeeds first.
+        """
         while not self._closed and self._failed is None:
             time.sleep(self.wal_flush_interval)
-            if self._unsynced and not self._closed:
-                try:
-                    self.sync()
-                except MemWalError:
-                    return
+            if not self._unsynced or self._closed or self._failed is not None:
+                continue
+            try:
+                with self._wal_token():
+                    self._sync_locked_token()
+                    with self._cond:
+                        self._wal_error = None  # everything buffered is in the WAL now
+            except FencedError:
+                return
+            except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete/sync
+                with self._cond:
+                    self._wal_error = e
+                self.stats.wal_write_errors += 1
 
     def _seal(self, force: bool) -> None:
         """Swap the active MemTable for a new one and schedule its flush."""
@@ -441,75 +593,80 @@ class RegionWriter:
             return
         self._sealed.append(active)
         self._active = MemTable(self.region_id, active.generation + 1, self._storage_schema)
-        self._flush_futures.append(self._executor.submit(self._flush_sealed))
+        self._schedule_flush_locked()
 
-    def _flush_sealed(self) -> int | None:
-        """Flush the oldest sealed MemTable (runs on the flush thread, in order)."""
+    def _schedule_flush_locked(self) -> None:
+        """Start a drain of the sealed MemTables unless one is running (holds _cond).
+
+        One drain flushes every sealed MemTable, oldest first, including those sealed
+        while it runs; a failed one stays queued and the next drain retries it.
+        """
+        if self._flush_active or not self._sealed or self._failed is not None:
+            return
+        try:
+            self._executor.submit(self._drain_flushes)
+        except RuntimeError:  # executor shut down: closed writer
+            return
+        self._flush_active = True
+
+    def _drain_flushes(self) -> None:
+        """Flush sealed MemTables in order until none is left (runs on the flush thread)."""
+        try:
+            while True:
+                with self._cond:
+                    if not self._sealed or self._failed is not None:
+                        return
+                    memtable = self._sealed[0]
+                self._flush_one(memtable)
+        except FencedError as e:
+            self._fenced(e)
+        except BaseException as e:  # noqa: BLE001 - surfaced by the next put/delete/flush
+            with self._cond:
+                self._flush_error = e
+            self.stats.flush_errors += 1
+        finally:
+            with self._cond:
+                self._flush_active = False
+                self._cond.notify_all()
+
+    def _flush_one(self, memtable: MemTable) -> None:
+        """Flush the oldest sealed MemTable and commit the region manifest."""
         from .flush import write_generation
 
-        with self._cond:
-            if not self._sealed:
-                return None
-            memtable = self._sealed[0]
         started = time.perf_counter()
-        try:
-            gen_dir = paths.new_generation_dir(memtable.generation)
-            flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
+        gen_dir = paths.new_generation_dir(memtable.generation)
+        flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
 
-            merged = self.table.index().merged_generations().get(self.region_id, 0)
-            region_dir = paths.region_dir(self.table.uri, self.region_id)
+        merged = self.table.index().merged_generations().get(self.region_id, 0)
+        region_dir = paths.region_dir(self.table.uri, self.region_id)
 
-            def update(current: RegionManifest) -> RegionManifest:
-                # Generations merged and already garbage collected leave the list.
-                kept = tuple(
-                    g
-                    for g in current.flushed_generations
-                    if g.generation > merged or self.table.io.is_dir(f"{region_dir}/{g.path}")
+        def update(current: RegionManifest) -> RegionManifest:
+            # Generations merged and already garbage collected leave the list.
+            kept = tuple(
+                g
+                for g in current.flushed_generations
+                if g.generation > merged or self.table.io.is_dir(f"{region_dir}/{g.path}")
+            )
+            if current.current_generation != memtable.generation:
+                raise MemWalError(
+                    f"region {self.region_id}: manifest expects generation "
+                    f"{current.current_generation}, flushing {memtable.generation}"
                 )
-                if current.current_generation != memtable.generation:
-                    raise MemWalError(
-                        f"region {self.region_id}: manifest expects generation "
-                        f"{current.current_generation}, flushing {memtable.generation}"
-                    )
-                return current.replace(
-                    flushed_generations=kept + (flushed,),
-                    current_generation=memtable.generation + 1,
-                    replay_after_wal_entry_position=memtable.last_wal_position
-                    or current.replay_after_wal_entry_position,
-                    wal_entry_position_last_seen=max(
-                        current.wal_entry_position_last_seen, self._next_wal_position - 1
-                    ),
-                )
+            return current.replace(
+                flushed_generations=kept + (flushed,),
+                current_generation=memtable.generation + 1,
+                replay_after_wal_entry_position=memtable.last_wal_position
+                or current.replay_after_wal_entry_position,
+                wal_entry_position_last_seen=max(
+                    current.wal_entry_position_last_seen, self._next_wal_position - 1
+                ),
+            )
 
-            self._store.commit_update(self.epoch, update)
-        except FencedError as e:
-            self._failed = e
-            raise
+        committed = self._store.commit_update(self.epoch, update)
         with self._cond:
+            self._known_version = max(self._known_version, committed.version)
             self._sealed.pop(0)
-        self.stats.memtable_flushes += 1
-        self.stats.flushed_rows += memtable.num_rows
-        self.stats.flush_seconds += time.perf_counter() - started
-        self.stats.flushed_generations.append(memtable.generation)
-        return memtable.generation
-
-    def _wait_flushes(self) -> int | None:
-        with self._cond:
-            futures, self._flush_futures = self._flush_futures, []
-        last: int | None = None
-        error: BaseException | None = None
-        for f in futures:
-            try:
-                gen = f.result()
-                if gen is not None:
-                    last = gen
-            except BaseException as e:  # noqa: BLE001
-                error = error or e
-        if error is not None:
-            # Sealed MemTables that failed stay queued; a later flush() retries them.
-            if self._failed is None:
-                with self._cond:
-                    for _ in self._sealed:
-                        self._flush_futures.append(self._executor.submit(self._flush_sealed))
-            raise error
-        return last
+            self.stats.memtable_flushes += 1
+            self.stats.flushed_rows += memtable.num_rows
+            self.stats.flush_seconds += time.perf_counter() - started
+            self.stats.flushed_generations.append(memtable.generation)

@@ -116,3 +116,41 @@ def test_siphash_matches_reference():
         mat[i, : len(m)] = list(m)
     got = bloom.siphash13(mat, np.array([len(m) for m in msgs]))
     assert [int(x) for x in got] == [ref(m) for m in msgs]
+
+
+@pytest.mark.parametrize("key_type", [pa.string(), pa.binary()])
+def test_one_long_key_costs_its_own_bytes_only(key_type):
+    """Keys are not padded to the longest one (a 50 KB key used to need rows x 50 KB)."""
+    import tracemalloc
+
+    n, long_len = 2000, 50_000
+    short = [f"k{i}" for i in range(n - 1)]
+    values = short + ["x" * long_len]
+    if key_type == pa.binary():
+        values = [v.encode() for v in values]
+    keys = pa.table({"k": pa.array(values, key_type)})
+    tracemalloc.start()
+    try:
+        data = bloom.build(keys)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 1024 * 1024, peak  # padded: n x 50 KB = 100 MB (several copies)
+    # Same hashes as hashing each key on its own (the padded, single-length path).
+    each = np.concatenate([bloom.hash_keys(keys.slice(i, 1)) for i in (0, 1, n - 2, n - 1)])
+    assert (bloom.hash_keys(keys)[[0, 1, n - 2, n - 1]] == each).all()
+    bf = bloom.BloomFilter.from_bytes(data)
+    assert bf.might_contain(keys).all()
+
+
+def test_mixed_length_composite_keys_hash_like_single_rows():
+    keys = pa.table(
+        {
+            "a": pa.array([1, None, 3, 4, 5], pa.int32()),
+            "b": pa.array(["", "y" * 9, None, "z" * 300, "w" * 17], pa.string()),
+            "c": pa.array([b"\x00", b"", b"q" * 70, None, b"r"], pa.binary()),
+        }
+    )
+    each = np.concatenate([bloom.hash_keys(keys.slice(i, 1)) for i in range(keys.num_rows)])
+    assert (bloom.hash_keys(keys) == each).all()
+    assert (bloom.hash_keys(keys.slice(1, 3)) == each[1:4]).all()  # sliced arrays

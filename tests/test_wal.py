@@ -6,7 +6,7 @@ import pytest
 from memwal_query.exceptions import FencedError, WalCorruptError
 from memwal_query.io import LocalFileIO
 from memwal_query.schema import with_tombstone
-from memwal_query.wal import Wal
+from memwal_query.wal import Wal, decode_entry, encode_entry
 
 
 def rows(ids):
@@ -81,3 +81,51 @@ def test_native_entry_format_is_read(tmp_path):
     (entry,) = list(w.replay(0, 3))
     assert (entry.writer_epoch, entry.generation) == (3, 2)
     assert entry.table.column("_tombstone").to_pylist() == [True]
+
+
+def _reencode_with_metadata(data: bytes, key: bytes, value: bytes) -> bytes:
+    t = pa.ipc.open_stream(data).read_all()
+    t = t.replace_schema_metadata({**t.schema.metadata, key: value})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        (b"generation", b"x"),
+        (b"num_rows", b"1.5"),
+        (b"num_rows", b"-1"),
+        (b"writer_epoch", b""),
+        (b"writer_epoch", b"\xff"),
+    ],
+)
+def test_non_integer_metadata_is_a_typed_error(wal, key, value):
+    data = _reencode_with_metadata(encode_entry(rows([1]), 1, 1), key, value)
+    with pytest.raises(WalCorruptError) as e:
+        decode_entry(wal.path(1), 1, data)
+    assert wal.path(1) in str(e.value) and key.decode() in str(e.value)
+
+
+def test_every_single_bit_flip_decodes_or_is_a_typed_error(wal):
+    data = encode_entry(
+        with_tombstone(
+            pa.table({"id": pa.array([1, 2, 3], pa.int64()), "s": ["a", "bb", None]}), False
+        ),
+        1,
+        1,
+    )
+    outcomes = {"ok": 0, "corrupt": 0}
+    for i in range(len(data)):
+        for bit in range(8):
+            damaged = bytearray(data)
+            damaged[i] ^= 1 << bit
+            try:
+                decode_entry("the/path", 1, bytes(damaged))
+                outcomes["ok"] += 1  # a flipped value bit: undetectable without checksums
+            except WalCorruptError as e:
+                assert "the/path" in str(e)
+                outcomes["corrupt"] += 1
+    assert outcomes["corrupt"] > outcomes["ok"] > 0
