@@ -25,12 +25,26 @@ sources are deduplicated before the filter is applied. The dedup work is a hash
 aggregation over the newer rows plus one vectorised membership test per base batch
 (:mod:`memwal_query.dedup`).
 
+Who evaluates the filter: Lance on the base table whenever it accepts the expression
+(its Substrait conversion refuses unsigned integers, large strings/binaries,
+dictionaries, timestamp[ns] literals, and any filter on a table with a time64 column;
+the base scan then reads the filter's columns too and pyarrow filters after the key
+check), pyarrow on the newer rows. pyarrow gets the filter rewritten to DataFusion's
+semantics (:func:`memwal_query.pruning.datafusion_semantics`: NaN = NaN and NaN above
+every other float, SQL NULLs in ``IN``), so a row's answer does not depend on the source
+it lives in. ``_gen`` is the literal 0 in the base table; a filter on ``_rowaddr`` is
+evaluated by pyarrow.
+
 ``count(*)``, projections and LIMIT flow through DataFusion as usual; Lance reads only
 the projected columns plus the primary key.
+
+:meth:`MemWalDataset.explain` and ``last_plan`` describe the query resolved last by this
+provider object; with concurrent queries, use one provider per query to inspect them.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,17 +65,82 @@ BASE_BATCH_ROWS = 65536  # fewer, larger batches: less per-batch Python overhead
 META_FIELDS = [pa.field(GEN_COLUMN, pa.uint64()), pa.field(ROWADDR_COLUMN, pa.uint64())]
 
 
+class _Filter:
+    """A pushed-down filter, read once per query: what each source evaluates.
+
+    Attributes
+    ----------
+    expr : pc.Expression or None
+        The filter as DataFusion pushed it.
+    columns : list of str
+        Columns of the dataset schema it reads (meta columns included).
+    local : pc.Expression or None
+        What pyarrow evaluates (newer rows; base rows Lance cannot filter): ``expr`` with
+        its float comparisons rewritten to DataFusion's order (NaN above everything,
+        NaN = NaN), so that every source gives DataFusion's answer.
+    base : pc.Expression or None
+        What Lance evaluates on the base table: ``expr`` with ``_gen`` replaced by 0.
+    lance : bool
+        Whether to try ``base`` in Lance's scanner (fast path: late materialization,
+        scalar indexes). False when it reads ``_rowaddr``, or when the expression cannot
+        be read and compares floats (pyarrow then filters base rows too, so all sources
+        agree); set to False when Lance refuses it (types its Substrait conversion
+        does not support: unsigned integers, large strings/binaries, dictionaries,
+        timestamp[ns] literals, any filter on a table with a time64 column...).
+    """
+
+    def __init__(self, expr: pc.Expression | None, schema: pa.Schema) -> None:
+        self.expr = expr
+        self.columns: list[str] = []
+        self.local = expr
+        self.base = expr
+        self.lance = expr is not None
+        if expr is None:
+            return
+        node = pruning.decode(expr)
+        if node is None:  # not from DataFusion (whose filters always decode): be careful
+            self.columns = pruning.referenced_columns(expr, schema.names)
+            floats = [c for c in self.columns if pa.types.is_floating(schema.field(c).type)]
+            if floats or GEN_COLUMN in self.columns or ROWADDR_COLUMN in self.columns:
+                self.lance = False
+            return
+        used = pruning.fields_of(node)
+        self.columns = [n for n in schema.names if n in used]
+        local = pruning.datafusion_semantics(node, schema)
+        if not pruning.same(local, node):
+            self.local = pruning.encode(local)
+        if GEN_COLUMN in self.columns:
+            self.base = pruning.encode(
+                pruning.substitute(node, {GEN_COLUMN: pa.scalar(0, pa.uint64())})
+            )
+        if ROWADDR_COLUMN in self.columns:
+            self.lance = False
+
+    def data_columns(self) -> list[str]:
+        """Referenced table columns (without the meta columns)."""
+        return [c for c in self.columns if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+
+
 class _QueryState:
     """Sources and the deduplicated newer rows of one query (computed once, lazily)."""
 
     def __init__(self, dataset: MemWalDataset, filter: pc.Expression | None) -> None:
         self.dataset = dataset
-        self.filter = filter
+        self.filter = _Filter(filter, dataset.schema)
         table = dataset.table
         predicates = pruning.predicates_from_expression(filter)
         self.plan = sources.resolve(table, dataset.consistency, dataset.writers, predicates)
         self._lock = threading.Lock()
         self._view: sources.NewerView | None = None
+
+    def filter_for(self, expr: pc.Expression | None) -> _Filter:
+        """The analysed filter of a scan (DataFusion passes the planned one again)."""
+        known = self.filter
+        if expr is known.expr or (
+            expr is not None and known.expr is not None and expr.equals(known.expr)
+        ):
+            return known
+        return _Filter(expr, self.dataset.schema)
 
     @property
     def view(self) -> sources.NewerView:
@@ -77,6 +156,11 @@ class _QueryState:
     @property
     def keys(self) -> KeySet:
         return self.view.keys
+
+
+# What Lance raises when its Substrait conversion refuses a filter expression (at
+# scanner creation or on the first batch). Anything else is a real error.
+_LANCE_REFUSALS = (ValueError, TypeError, NotImplementedError, pa.ArrowException)
 
 
 def _output_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
@@ -127,25 +211,57 @@ class _BaseFragment:
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
     ) -> Iterator[pa.RecordBatch]:
-        ds = self.state.dataset
-        pk = ds.table.primary_key
+        state = self.state
+        pk = state.dataset.table.primary_key
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-        keys = self.state.keys
-        read_cols = list(dict.fromkeys(data_cols + (pk if len(keys) else [])))
+        keys = state.keys
+        key_cols = pk if len(keys) else []
         want_addr = ROWADDR_COLUMN in wanted
-        scanner = self.state.plan.base.scanner(
-            columns=read_cols,
-            filter=filter,
-            fragments=self.lance_fragments,
-            with_row_address=want_addr,
-            batch_size=max(batch_size or 0, BASE_BATCH_ROWS),
-        )
-        for batch in scanner.to_batches():
+        size = max(batch_size or 0, BASE_BATCH_ROWS)
+        f = state.filter_for(filter)
+        batches: Iterator[pa.RecordBatch] | None = None
+        if f.expr is None or f.lance:
+            # Fast path: Lance filters (late materialization, scalar indexes).
+            try:
+                scanner = state.plan.base.scanner(
+                    columns=list(dict.fromkeys(data_cols + key_cols)),
+                    filter=f.base,
+                    fragments=self.lance_fragments,
+                    with_row_address=want_addr,
+                    batch_size=size,
+                )
+                it = iter(scanner.to_batches())
+                first = next(it, None)
+            except _LANCE_REFUSALS:
+                if f.expr is None:
+                    raise
+                f.lance = False  # the other partitions need not ask again
+            else:
+                batches = it if first is None else itertools.chain([first], it)
+        local = None
+        if batches is None:
+            # Lance refused the filter (or it reads _rowaddr): read its columns too, and
+            # filter with pyarrow after the key check (same result: a base row is kept
+            # only if its key is in no newer source, whatever the filter).
+            local = f.local
+            scanner = state.plan.base.scanner(
+                columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
+                fragments=self.lance_fragments,
+                with_row_address=want_addr or ROWADDR_COLUMN in f.columns,
+                batch_size=size,
+            )
+            batches = scanner.to_batches()
+        for batch in batches:
             if len(keys):
                 mask = keys.contains(batch.select(pk))
                 if mask.any():
                     batch = batch.filter(pa.array(~mask))
+            if local is not None:
+                if GEN_COLUMN in f.columns:
+                    gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
+                    batch = batch.append_column(GEN_COLUMN, gen)
+                batch = batch.filter(local)
             yield _project(batch, out_schema, generation=0)
 
 
@@ -172,9 +288,8 @@ class _NewerFragment:
         view = self.state.view
         if len(view.winners) == 0:
             return
-        names = list(self.state.dataset.schema.names)
-        wanted = [c for c in out_schema.names]
-        live = view.live(wanted, filter, pruning.referenced_columns(filter, names))
+        f = self.state.filter_for(filter)
+        live = view.live(list(out_schema.names), f.local, f.columns)
         if live.num_rows == 0:
             return
         for batch in live.to_batches(max_chunksize=batch_size or 8192):
@@ -262,6 +377,13 @@ class MemWalDataset(pads.Dataset):
                 yield from frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
 
         return _Scanner(out_schema, batches())
+
+    def check(self) -> sources.ReadPlan:
+        """Resolve the sources now and return the plan: raises the typed error (e.g.
+        ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
+        plan = sources.resolve(self.table, self.consistency, self.writers)
+        self.last_plan = plan
+        return plan
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list:  # type: ignore[override]
         """Resolve the sources now and split the work into partitions."""

@@ -169,8 +169,16 @@ def storage_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def as_int64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """Integer, boolean or temporal values as int64 (dates in days, times in their unit)."""
+    """Integer, boolean or temporal values as int64 (dates in days, times in their unit).
+
+    uint64 values are reinterpreted bit for bit (values >= 2**63 become negative): the
+    mapping is one-to-one over the full range, so key equality holds, but order does not.
+    """
     t = col.type
+    if pa.types.is_uint64(t):
+        if isinstance(col, pa.ChunkedArray):
+            return pa.chunked_array([c.view(pa.int64()) for c in col.chunks], pa.int64())
+        return col.view(pa.int64())
     if pa.types.is_date32(t) or pa.types.is_time32(t):
         return pc.cast(pc.cast(col, pa.int32()), pa.int64())
     if pa.types.is_boolean(t):

@@ -29,17 +29,47 @@ def register(
     (region snapshots of the MemWAL index, falling back to the region manifests while
     no snapshot has been written); pass ``consistency="strong"`` and ``writers=`` for
     read-your-writes.
+
+    Raises (before anything is registered)
+    --------------------------------------
+    TableNotFoundError, PrimaryKeyError, NotInitializedError
+        No Lance table at ``uri``; it has no primary key; it has no MemWAL index.
+    ManifestCorruptError, MemWalError
+        The sources cannot be resolved now (they are resolved once as a check).
+
+    Errors raised while DataFusion runs a query (e.g. a region manifest corrupted or a
+    generation garbage collected after registration) reach the caller as DataFusion's
+    own ``Exception``; its message carries the original type name and message (which
+    names the file concerned). Catch by type only around :func:`register` and the
+    :class:`MemWalTable` methods.
     """
     from .table import MemWalTable
 
-    table = uri if isinstance(uri, MemWalTable) else MemWalTable.open(uri, storage_options)
+    table = uri if isinstance(uri, MemWalTable) else _open(uri, storage_options)
     provider = table.provider(consistency=consistency, writers=writers, meta_columns=meta_columns)
+    provider.check()
     ctx.register_table(name, provider)
     _registered(ctx)[name] = table
     from .search import register_search_functions
 
     register_search_functions(ctx)
     return table
+
+
+def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> MemWalTable:
+    """Open a table; a base table without primary key raises PrimaryKeyError (not
+    NotInitializedError: it could never be initialized)."""
+    from .exceptions import NotInitializedError
+    from .io import normalize_uri
+    from .schema import require_primary_key
+    from .table import MemWalTable, _open_dataset
+
+    try:
+        return MemWalTable.open(uri, storage_options)
+    except NotInitializedError:
+        norm = normalize_uri(uri)
+        require_primary_key(_open_dataset(norm, dict(storage_options or {})).schema, norm)
+        raise
 
 
 def _registered(ctx: Any) -> dict[str, MemWalTable]:

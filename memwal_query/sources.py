@@ -9,7 +9,11 @@
 - per region, the flushed generations above the merged one, newest last, from the
   region manifests (``strong``) or the region snapshots of the MemWAL index
   (``eventual``; see :mod:`memwal_query.snapshots`);
-- the MemTables of the writers handed in (read-your-writes).
+- the MemTables of the writers handed in (read-your-writes). With ``eventual``, a region
+  whose writer is handed in is read from its region manifest (strong for that region),
+  so that its MemTables continue the generations read; the other regions come from the
+  snapshots. Each region then shows a state it had (regions are independent: a key
+  lives in one region).
 
 Regions whose region value cannot satisfy the query's predicates are pruned.
 """
@@ -146,6 +150,15 @@ def resolve(
         states = read_snapshots(table, index)
         if states is None:  # no snapshot written yet: fall back to the manifests
             states = _manifest_states(table)
+        else:
+            # A region whose writer is handed in is read as of its manifest (strong for
+            # that region): its MemTables continue the manifest's generations, and a
+            # stale snapshot + live MemTables would skip the generations flushed in
+            # between, a state that never existed.
+            for region_id in {w.region_id for w in writers or ()}:
+                state = _manifest_state(table, region_id)
+                if state is not None:
+                    states[region_id] = state
     else:
         states = _manifest_states(table)
 
@@ -188,14 +201,21 @@ def resolve(
 def _manifest_states(table: MemWalTable) -> dict[str, tuple[Any, list[tuple[int, str]]]]:
     states = {}
     for region_id in table.region_ids():
-        manifest = table.region_manifest(region_id)
-        if manifest is None:
-            continue
-        states[region_id] = (
-            table.region_values(region_id),
-            [(g.generation, g.path) for g in manifest.flushed_generations],
-        )
+        state = _manifest_state(table, region_id)
+        if state is not None:
+            states[region_id] = state
     return states
+
+
+def _manifest_state(table: MemWalTable, region_id: str) -> tuple[Any, list[tuple[int, str]]] | None:
+    """``(region values, [(generation, path)])`` from a region's newest manifest."""
+    manifest = table.region_manifest(region_id)
+    if manifest is None:
+        return None
+    return (
+        table.region_values(region_id),
+        [(g.generation, g.path) for g in manifest.flushed_generations],
+    )
 
 
 # -- reading flushed generations ---------------------------------------------------------

@@ -28,6 +28,7 @@ import json
 import os
 import threading
 import uuid as uuid_mod
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from .exceptions import (
     InvalidPathError,
     NotInitializedError,
     RegionSpecError,
+    RegionSpecWarning,
     TableNotFoundError,
 )
 from .io import FileIO, file_io_for, normalize_uri
@@ -142,12 +144,18 @@ class MemWalTable:
         Raises
         ------
         TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError
+
+        Warns
+        -----
+        RegionSpecWarning
+            When the spec reads columns outside the primary key: every key must live in
+            exactly one region, so a key's value in those columns must never change.
         """
         norm = normalize_uri(uri)
         options = dict(storage_options or {})
         io = file_io_for(norm, options)
         ds = _open_dataset(norm, options)
-        require_primary_key(ds.schema, norm)
+        pk = require_primary_key(ds.schema, norm)
         if mwindex.read_index(io, ds) is not None:
             raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
         specs = []
@@ -155,6 +163,7 @@ class MemWalTable:
             if region_spec.spec_id <= 0:
                 raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
             _check_spec_sources(region_spec, ds.lance_schema, norm)
+            _warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
             specs.append(region_spec.to_proto())
         names = list(maintained_indexes or [])
         existing = {i.name for i in ds.describe_indices()}
@@ -587,7 +596,9 @@ def split_by_region(
         return []
     values = pa.Table.from_batches([spec.evaluate(rows, lance_schema)])
     field_ids = values.column_names
-    keyed = values.append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+    import numpy as np
+
+    keyed = values.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     # NULL region values form their own group, as they form their own region.
     groups = keyed.group_by(field_ids, use_threads=False).aggregate([("__row", "list")])
     out = []
@@ -626,6 +637,28 @@ def _check_spec_sources(spec: RegionSpec, lance_schema: Any, uri: str) -> None:
             raise RegionSpecError(
                 f"{uri}: region field {f.field_id!r} refers to unknown field id(s) {missing}"
             )
+
+
+def _warn_non_key_sources(spec: RegionSpec, lance_schema: Any, pk: list[str], uri: str) -> None:
+    """RegionSpecWarning when the spec reads columns outside the primary key.
+
+    Every key must live in exactly one region (dedup and region pruning rely on it).
+    A spec over primary-key columns guarantees it; one over other columns (e.g. a time
+    range on ``ts`` with key ``id``) only if a key's value in them never changes.
+    """
+    names = _field_names(lance_schema)
+    outside = sorted({names[i] for f in spec.fields for i in f.source_ids if i in names} - set(pk))
+    if outside:
+        warnings.warn(
+            f"{uri}: region spec {spec.spec_id} reads column(s) {outside} outside the "
+            f"primary key {pk}. Each key must live in exactly one region, so a key's value "
+            f"in {outside} must never change once written: an upsert that changes it puts "
+            "the key in a second region, and reads may then return an older version or a "
+            "row that no longer matches the filter. Include these column(s) in the primary "
+            "key (e.g. key (id, ts) for time-range regions) or region on key columns.",
+            RegionSpecWarning,
+            stacklevel=3,
+        )
 
 
 def _open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDataset:

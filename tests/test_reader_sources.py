@@ -1,0 +1,176 @@
+"""Reader regressions: uint64 keys, eventual reads with writers, region specs, errors."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import warnings
+
+import datafusion
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import memwal_query as mq
+from memwal_query import paths
+from memwal_query.dedup import KeySet, newest_indices
+from memwal_query.exceptions import RegionSpecWarning
+from memwal_query.io import LocalFileIO
+
+from helpers import PK
+
+BIG = 2**63
+
+
+# -- R4: uint64 primary keys over the full range -----------------------------------------
+def test_uint64_keys_above_int64_range(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([pa.field("id", pa.uint64(), False, PK), pa.field("x", pa.int64())])
+    ids = [0, 1, BIG - 1, BIG, BIG + 5, 2**64 - 1]
+    lance.write_dataset(pa.table({"id": pa.array(ids, pa.uint64()), "x": [0] * 6}, schema), uri)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(pa.table({"id": pa.array([BIG, 1], pa.uint64()), "x": [1, 1]}, schema))
+    w.flush()
+    w.put(pa.table({"id": pa.array([2**64 - 1, BIG, 7], pa.uint64()), "x": [2, 2, 2]}, schema))
+    w.delete(pa.table({"id": pa.array([BIG + 5], pa.uint64())}))
+    expected = {0: 0, 1: 1, BIG - 1: 0, BIG: 2, 2**64 - 1: 2, 7: 2}
+    got = t.to_table(writers=[w])
+    assert dict(zip(got.column("id").to_pylist(), got.column("x").to_pylist())) == expected
+    assert got.num_rows == len(expected)
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "t", t, consistency="strong", writers=[w])
+    rows = ctx.sql(f"SELECT id, x FROM t WHERE id >= {BIG} ORDER BY id").to_arrow_table()
+    assert rows.to_pydict() == {"id": [BIG, 2**64 - 1], "x": [2, 2]}
+    w.close(flush=False)
+
+
+def test_keyset_and_newest_indices_on_uint64_bits():
+    keys = pa.array([BIG + 1, 3, BIG + 1, 2**64 - 1, 3], pa.uint64())
+    assert newest_indices(pa.table({"id": keys}), ["id"]).tolist() == [2, 3, 4]
+    ks = KeySet(pa.table({"id": keys}))
+    probe = pa.table({"id": pa.array([BIG + 1, BIG, 3, 2**64 - 2, 2**64 - 1], pa.uint64())})
+    assert ks.contains(probe).tolist() == [True, False, True, False, True]
+    dense = KeySet(pa.table({"id": pa.array([BIG, BIG + 2], pa.uint64())}))  # a small range
+    probe = pa.table({"id": pa.array([BIG, BIG + 1, BIG + 2, 0], pa.uint64())})
+    assert dense.contains(probe).tolist() == [True, False, True, False]
+    chunked = pa.chunked_array([pa.array([BIG], pa.uint64()), pa.array([5], pa.uint64())])
+    assert KeySet(pa.table({"id": chunked})).contains(probe).tolist() == [1, 0, 0, 0]
+
+
+# -- R5: eventual consistency with writers ----------------------------------------------
+def test_eventual_with_writer_reads_that_region_as_of_its_manifest(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("x", pa.int64())])
+    lance.write_dataset(pa.table({"id": [1, 10], "x": [0, 0]}, schema=schema), uri)
+    t = mq.MemWalTable.initialize(uri)
+    other = t.writer()  # a region without writer handed in: read from the snapshot
+    other.put(pa.table({"id": [10], "x": [10]}))
+    other.flush()
+    w = t.writer()
+    w.put(pa.table({"id": [1], "x": [1]}))
+    w.flush()  # generation 1
+    t.refresh_snapshots()  # the snapshot lists generation 1 of both regions
+    w.delete(pa.table({"id": pa.array([1], pa.int64())}))
+    w.flush()  # generation 2: id 1 deleted, not in the snapshot
+    w.put(pa.table({"id": [2], "x": [2]}))  # generation 3, in memory
+    other.put(pa.table({"id": [10], "x": [11]}))
+    other.flush()  # not in the snapshot, and its writer is not handed in
+    p = t.provider(consistency="eventual", writers=[w])
+    got = p.to_table().sort_by("id").to_pydict()
+    # w's region as of now (id 1 deleted, id 2 in memory); the other as of the snapshot
+    assert got == {"id": [2, 10], "x": [2, 10]}
+    region = next(r for r in p.last_plan.regions if r.region_id == w.region_id)
+    assert [g.generation for g in region.generations] == [1, 2]
+    assert [m.generation for m in region.memtables] == [3]
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "t", t, consistency="eventual", writers=[w])
+    assert ctx.sql("SELECT id FROM t ORDER BY id").to_arrow_table().column(0).to_pylist() == [
+        2,
+        10,
+    ]
+    w.close(flush=False)
+    other.close(flush=False)
+
+
+# -- R6: region specs over non-key columns ------------------------------------------------
+def _base(tmp_path, fields, name="t"):
+    uri = str(tmp_path / name)
+    schema = pa.schema(fields)
+    lance.write_dataset(schema.empty_table(), uri)
+    return uri, lance.dataset(uri).lance_schema
+
+
+def test_initialize_warns_when_region_spec_reads_non_key_columns(tmp_path):
+    key = pa.field("id", pa.int64(), False, PK)
+    uri, ls = _base(tmp_path, [key, pa.field("cat", pa.string())])
+    with pytest.warns(RegionSpecWarning, match=r"\['cat'\].*never change"):
+        mq.MemWalTable.initialize(uri, region_spec=mq.identity_spec(ls, "cat"))
+    # the time-range case keyed by (id, ts): regions on a key column, no warning
+    ts = pa.field("ts", pa.timestamp("us"), False, PK)
+    uri, ls = _base(tmp_path, [key, ts, pa.field("v", pa.float64())], "events")
+    spec = mq.RegionSpec(1, [mq.RegionField("day", [ls.field("ts").id()], "day")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    t.write(pa.table({"id": [1, 2], "ts": [dt.datetime(2026, 1, 1)] * 2, "v": [1.0, 2.0]}))
+    t.flush()
+    assert t.to_table().num_rows == 2
+    t.close()
+    uri, ls = _base(tmp_path, [key, pa.field("x", pa.int64())], "bucketed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mq.MemWalTable.initialize(uri, region_spec=mq.bucket_spec(ls, "id", 4))
+
+
+# -- R7: typed errors ---------------------------------------------------------------------
+def test_register_fails_fast_with_typed_errors(tmp_path):
+    with pytest.raises(mq.TableNotFoundError):
+        mq.register(datafusion.SessionContext(), "t", str(tmp_path / "nope"))
+    nopk = str(tmp_path / "nopk")
+    lance.write_dataset(pa.table({"id": [1]}), nopk)
+    with pytest.raises(mq.PrimaryKeyError, match="no primary key"):
+        mq.register(datafusion.SessionContext(), "t", nopk)
+    # a region manifest corrupted before registration: the typed error at register
+    uri = str(tmp_path / "t")
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("x", pa.int64())])
+    lance.write_dataset(pa.table({"id": [1], "x": [1]}, schema=schema), uri)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(pa.table({"id": [1], "x": [2]}))
+    w.flush()
+    manifest_path = w._store.path(w.manifest().version)
+    w.close(flush=False)
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "ok", t, consistency="strong")
+    LocalFileIO().write(manifest_path, b"\x08\x01garbage")
+    with pytest.raises(mq.ManifestCorruptError) as e:
+        mq.register(datafusion.SessionContext(), "t", uri, consistency="strong")
+    assert manifest_path in str(e.value)
+    # after registration DataFusion wraps it: type name and path are in the message
+    with pytest.raises(Exception) as e:
+        ctx.sql("SELECT * FROM ok").to_arrow_table()
+    assert "ManifestCorruptError" in str(e.value) and manifest_path in str(e.value)
+
+
+def test_query_time_error_names_type_and_path(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("x", pa.int64())])
+    lance.write_dataset(pa.table({"id": np.arange(3), "x": [1, 1, 1]}, schema=schema), uri)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(pa.table({"id": [1], "x": [2]}))
+    w.flush()
+    w.close(flush=False)
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "t", t, consistency="strong")
+    gen = t.region_manifest(w.region_id).flushed_generations[0]
+    gen_dir = paths.generation_path(t.uri, w.region_id, gen.path)
+    shutil.rmtree(gen_dir)
+    from memwal_query.sources import GENERATION_CACHE
+
+    GENERATION_CACHE.clear()
+    with pytest.raises(Exception) as e:
+        ctx.sql("SELECT * FROM t").to_arrow_table()
+    assert "GenerationGoneError" in str(e.value) and gen_dir in str(e.value)
