@@ -1,11 +1,11 @@
 """Index catch-up: extend base-table indexes over merged data, record the progress.
 
-``catch_up_indexes`` reads ``merged_generations`` first, then extends the named base
-indexes (default: the maintained indexes) to the fragments merges added (Lance
-``optimize_indices``), and records ``index_catchup[name] = merged_generations`` as of
-that read. Recording the progress read *before* the rebuild is the safe direction: the
-index may cover more than recorded, never less. The indexed read plan then switches
-back to base indexes for those generations, and GC may delete them.
+``catch_up_indexes`` opens one base version ``V``, reads ``merged_generations`` *of that
+version*, extends the named base indexes (default: the maintained indexes) over ``V``'s
+fragments (Lance ``optimize_indices`` on ``V``), and records ``index_catchup[name] =
+merged_generations`` of ``V``. A merge committed after ``V`` is neither indexed nor
+recorded, so the index may cover more than recorded, never less. The indexed read plan
+then switches back to base indexes for those generations, and GC may delete them.
 
 Where the progress is stored
 ----------------------------
@@ -92,7 +92,10 @@ def catch_up_indexes(table: MemWalTable, names: list[str] | None = None) -> dict
     missing = [n for n in names if n not in existing]
     if missing:
         raise NotInitializedError(f"{table.uri}: no base index named {missing}")
-    merged = table.index().merged_generations()
+    # Progress of exactly the version the rebuild indexes: Lance extends the indexes
+    # over the fragments of ``ds``'s version, so a merge committed after it (not
+    # covered) must not be recorded as caught up (GC would delete its generation early).
+    merged = table.index(ds).merged_generations()
     ds.optimize.optimize_indices(index_names=names)
 
     update = pb.MemWalIndexDetails()

@@ -17,9 +17,11 @@ manifests are not rewritten (they belong to the writers); readers skip listed
 generations at or below the merged generation, and writers drop them from the list at
 their next flush.
 
-WAL entries: the first manifest version whose ``current_generation`` passed ``g``
-recorded ``replay_after_wal_entry_position = P``; entries ``1..P`` are covered by
-generations ``<= g`` and are deleted with them.
+WAL entries: a manifest version whose ``current_generation`` is ``g + 1`` (the flush of
+``g``) recorded ``replay_after_wal_entry_position = P``; entries ``1..P`` are covered by
+generations ``<= g`` and are deleted with them. Versions that cannot be read are
+skipped, and no version beyond ``g + 1`` is ever used, so WAL entries of
+flushed-but-unmerged generations and of the unflushed MemTable are never deleted.
 """
 
 from __future__ import annotations
@@ -67,16 +69,27 @@ def gc_limits(table: MemWalTable) -> dict[str, int]:
 
 
 def _wal_bound(store: RegionManifestStore, limit: int) -> int:
-    """WAL position covered by generations ``<= limit`` (0 if none)."""
-    latest = store.latest_version()
-    for version in range(1, latest + 1):
+    """WAL position covered by generations ``<= limit`` (0 if none).
+
+    A manifest version with ``current_generation = c`` records in
+    ``replay_after_wal_entry_position`` the WAL entries flushed into generations
+    ``< c``. Only versions with ``c <= limit + 1`` are used, so the bound never covers
+    an entry of a generation above ``limit`` (flushed but not merged or not caught up)
+    nor of the unflushed MemTable, even when some versions cannot be read: an unreadable
+    version only makes the bound smaller (keeps more WAL), never larger.
+    """
+    if limit <= 0:
+        return 0
+    bound = 0
+    for version in range(1, store.latest_version() + 1):
         try:
             m = store.load(version)
-        except Exception:  # noqa: BLE001 - missing old versions: keep scanning
+        except Exception:  # noqa: BLE001 - unreadable version: skip it (bound stays safe)
             continue
-        if m.current_generation > limit:
-            return m.replay_after_wal_entry_position if limit > 0 else 0
-    return 0
+        if m.current_generation > limit + 1:
+            break  # current_generation never decreases: later versions are beyond too
+        bound = max(bound, m.replay_after_wal_entry_position)
+    return bound
 
 
 def gc(

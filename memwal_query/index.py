@@ -92,7 +92,15 @@ def _read_message(path: str, data: bytes, pos: int, cls):
 
 def read_index(io: FileIO, dataset: lance.LanceDataset) -> MemWalIndex | None:
     """The MemWAL index of ``dataset``'s version, or None when not initialized."""
-    path = _manifest_path(io, dataset.uri, dataset.version)
+    return read_index_at(io, dataset.uri, dataset.version)
+
+
+def read_index_at(io: FileIO, uri: str, version: int) -> MemWalIndex | None:
+    """The MemWAL index of a version of the base table at ``uri`` (no dataset opened).
+
+    Raises ObjectNotFoundError when that version's manifest does not exist (any more).
+    """
+    path = _manifest_path(io, uri, version)
     data = io.read(path)
     if len(data) < 16 or data[-4:] != b"LANC":
         raise CorruptFileError(path, "not a Lance manifest file")
@@ -108,7 +116,7 @@ def read_index(io: FileIO, dataset: lance.LanceDataset) -> MemWalIndex | None:
                 details.ParseFromString(meta.index_details.value)
             return MemWalIndex(
                 uuid=str(uuid_mod.UUID(bytes=meta.uuid.uuid)),
-                dataset_version=dataset.version,
+                dataset_version=version,
                 details=details,
             )
     return None

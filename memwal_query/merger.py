@@ -1,47 +1,63 @@
 """The merger: flushed generations into the base table, in order, exactly once.
 
 Per region, generations above ``merged_generations[region]`` are merged strictly in
-ascending order, one Lance ``merge_insert`` commit per generation:
+ascending order, ONE Lance ``merge_insert`` commit per generation, carrying the data and
+the progress together: ``mark_sstables_as_compacted([(region, generation)])`` records
+``merged_generations[region] = generation`` in the same commit. Never two commits.
 
-- the generation's rows are reduced to the last write per key (highest ``_rowaddr``);
-- upserts: ``when_matched_update_all`` + ``when_not_matched_insert_all``;
-- tombstones: ``when_not_matched_by_source_delete(<key IN (...)>)`` in the *same*
-  operation (a tombstoned key is not among the upserts, so it is "not matched by
-  source");
-- ``mark_sstables_as_compacted([(region, generation)])`` records
-  ``merged_generations[region] = generation`` in the same commit as the data.
+Each generation is reduced to the last write per key (highest ``_rowaddr``), which
+splits it into *upserts* (live rows) and *deletes* (keys whose last write is a
+tombstone):
 
-So data and progress are one transaction: never two commits. The commit is made with
-``conflict_retries(0)``; on a conflict the merger re-reads the latest version and its
-MemWAL index and retries the same operation (bounded): if another merger already
+- upserts: ``when_matched_update_all`` + ``when_not_matched_insert_all`` (a join on the
+  primary key);
+- deletes, with upserts: ``when_not_matched_by_source_delete(<predicate>)`` in the same
+  operation (a deleted key is not among the upserts, so it is "not matched by source").
+  The predicate matches exactly the deleted keys for every key type (nanosecond and
+  time-zoned timestamps, decimals, NaN/inf floats, times, binary, composite keys): see
+  :mod:`memwal_query.keypredicate`. This costs a scan of the base table's key columns;
+- deletes only: ``when_matched_delete`` with the deleted keys as the source (a join).
+
+The progress-carrying commit is made with ``conflict_retries(0)``; on a conflict the
+merger re-reads the latest version and its MemWAL index and retries (bounded per
+generation, with a small jittered exponential backoff): if another merger already
 merged the generation it moves on (spec, Appendix 2, scenario 1), and a crash after a
 commit leaves progress that the next merger reads and skips (scenario 2). Lance itself
 refuses a stale progress marker (a generation not above the recorded one), so progress
 never goes backwards.
+
+:func:`merge` walks the regions one after another; a region that fails does not stop
+the others: they are merged, then :class:`~memwal_query.exceptions.MergeFailedError`
+names the failed region(s).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
+import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import lance
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.commit import CommitConflictError as LanceCommitConflictError
 from lance.mem_wal import CompactedSsTable
 
 from . import crashpoints, sources
 from .dedup import newest_per_key
-from .exceptions import CommitConflictError, MemWalError
+from .exceptions import CommitConflictError, MergeFailedError
+from .keypredicate import key_predicate
 from .locking import index_lock
 from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
 
 if TYPE_CHECKING:
+    from .manifest import FlushedGeneration
     from .table import MemWalTable
 
 DEFAULT_MAX_RETRIES = 20
+BACKOFF_BASE_SECONDS = 0.01
+BACKOFF_MAX_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -55,43 +71,78 @@ class MergeResult:
     seconds: float
 
 
-def _sql_literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float | decimal.Decimal):
-        return repr(value) if not isinstance(value, decimal.Decimal) else str(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, dt.datetime):
-        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
-    if isinstance(value, dt.date):
-        return f"DATE '{value.isoformat()}'"
-    if isinstance(value, bytes):
-        return f"X'{value.hex()}'"
-    raise MemWalError(f"cannot express delete key value {value!r} in SQL")
+@dataclass(frozen=True)
+class _Prepared:
+    """A generation reduced to its last write per key."""
+
+    generation: int
+    upserts: pa.Table
+    deletes: pa.Table
 
 
-def _quote(name: str) -> str:
-    # Lance's filter dialect quotes identifiers with backticks.
-    return "`" + name.replace("`", "``") + "`"
+# Text of the errors a lost commit race produces when pylance raises a plain OSError
+# (``merge_insert(...).conflict_retries(0)``: "Too many concurrent writers. Attempted 0
+# retries."); typed ``lance.commit.CommitConflictError`` is recognised first.
+_CONFLICT_TEXT = ("concurrent", "conflict", "stale sstable", "retryable", "preempted")
 
 
-def delete_predicate(keys: pa.Table) -> str:
-    """SQL predicate matching exactly the given primary keys."""
-    cols = keys.column_names
-    if len(cols) == 1:
-        values = ", ".join(_sql_literal(v) for v in keys.column(0).to_pylist())
-        return f"{_quote(cols[0])} IN ({values})"
-    rows = keys.to_pylist()
-    terms = [
-        "(" + " AND ".join(f"{_quote(c)} = {_sql_literal(r[c])}" for c in cols) + ")" for r in rows
-    ]
-    return " OR ".join(terms)
-
-
-def _is_conflict(err: Exception) -> bool:
+def _is_conflict(err: BaseException) -> bool:
+    """Whether ``err`` is a lost commit race (worth re-reading and retrying)."""
+    if isinstance(err, LanceCommitConflictError):
+        return bool(getattr(err, "retryable", True))
+    if not isinstance(err, OSError):
+        return False
     text = str(err).lower()
-    return any(s in text for s in ("concurrent", "conflict", "stale sstable", "retryable"))
+    return any(s in text for s in _CONFLICT_TEXT)
+
+
+def _backoff(attempt: int) -> float:
+    """Sleep a jittered, exponentially growing pause before retry ``attempt`` (1, 2...)."""
+    cap = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * (2 ** min(attempt - 1, 16)))
+    pause = random.uniform(cap / 2, cap)  # noqa: S311 - jitter, not cryptography
+    time.sleep(pause)
+    return pause
+
+
+def prepare_generation(table: MemWalTable, region_id: str, gen: FlushedGeneration) -> _Prepared:
+    """Read a flushed generation and split its newest rows into upserts and deletes."""
+    ref = sources.GenerationRef(
+        region_id, gen.generation, table_generation_uri(table, region_id, gen.path)
+    )
+    rows = sources.read_generation(ref, table.schema, table.storage_options)
+    pk = list(table.primary_key)
+    newest = newest_per_key(rows, pk)
+    tomb = pc.fill_null(newest.column(TOMBSTONE), False)
+    upserts = newest.filter(pc.invert(tomb)).drop_columns([TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN])
+    upserts = upserts.cast(table.schema).combine_chunks()
+    key_schema = pa.schema([table.schema.field(k) for k in pk])
+    deletes = newest.filter(tomb).select(pk).cast(key_schema).combine_chunks()
+    return _Prepared(gen.generation, upserts, deletes)
+
+
+def _commit_generation(
+    table: MemWalTable, ds: lance.LanceDataset, region_id: str, prep: _Prepared
+) -> None:
+    """Apply one generation on top of ``ds`` in one commit with its progress marker.
+
+    Raises the commit error on a lost race (see :func:`_is_conflict`).
+    """
+    pk = list(table.primary_key)
+    marker = [CompactedSsTable(region_id, prep.generation)]
+    if prep.deletes.num_rows and not prep.upserts.num_rows:
+        (
+            ds.merge_insert(pk)
+            .when_matched_delete()
+            .mark_sstables_as_compacted(marker)
+            .conflict_retries(0)
+            .execute(prep.deletes)
+        )
+        return
+    builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
+    if prep.deletes.num_rows:
+        # A deleted key is not among the upserts, so it is "not matched by source".
+        builder = builder.when_not_matched_by_source_delete(key_predicate(prep.deletes))
+    builder.mark_sstables_as_compacted(marker).conflict_retries(0).execute(prep.upserts)
 
 
 def merge_region(
@@ -102,68 +153,73 @@ def merge_region(
 ) -> list[MergeResult]:
     """Merge the region's unmerged generations in order; return what this call merged."""
     done: list[MergeResult] = []
-    conflicts = 0
-    while max_generations is None or len(done) < max_generations:
+    _merge_region_into(table, region_id, max_generations, max_retries, done)
+    return done
+
+
+def _merge_region_into(
+    table: MemWalTable,
+    region_id: str,
+    max_generations: int | None,
+    max_retries: int,
+    done: list[MergeResult],
+) -> None:
+    """:func:`merge_region`, appending each merged generation to ``done`` as it commits."""
+    from .snapshots import carry_forward
+
+    attempts = 0  # lost races for the generation being merged (the bound is per generation)
+    current: int | None = None
+    prepared: _Prepared | None = None
+    merged_here = 0
+    while max_generations is None or merged_here < max_generations:
         ds = table.dataset()
         index = table.index(ds)
         merged = index.merged_generations().get(region_id, 0)
         manifest = table.region_manifest(region_id)
         if manifest is None:
-            break
+            return
         pending = sorted(
             (g for g in manifest.flushed_generations if g.generation > merged),
             key=lambda g: g.generation,
         )
         if not pending:
-            break
+            return
         gen = pending[0]
+        if gen.generation != current:
+            current, attempts, prepared = gen.generation, 0, None
         started = time.perf_counter()
-        ref = sources.GenerationRef(
-            region_id, gen.generation, table_generation_uri(table, region_id, gen.path)
-        )
-        rows = sources.read_generation(ref, table.schema, table.storage_options)
-        newest = newest_per_key(rows, table.primary_key)
-        tomb = newest.column(TOMBSTONE)
-        upserts = newest.filter(pc.invert(tomb)).drop_columns(
-            [TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN]
-        )
-        upserts = upserts.cast(table.schema).combine_chunks()
-        deletes = newest.filter(tomb).select(table.primary_key)
-        builder = (
-            ds.merge_insert(table.primary_key)
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-        )
-        if deletes.num_rows:
-            builder = builder.when_not_matched_by_source_delete(delete_predicate(deletes))
-        builder = builder.mark_sstables_as_compacted(
-            [CompactedSsTable(region_id, gen.generation)]
-        ).conflict_retries(0)
+        if prepared is None:
+            prepared = prepare_generation(table, region_id, gen)
         crashpoints.point("merge.before_commit")
         try:
             with index_lock(table.uri, table.io):
-                builder.execute(upserts)
+                _commit_generation(table, ds, region_id, prepared)
+                try:
+                    carry_forward(table, index)
+                except Exception:  # noqa: BLE001 - best effort: readers find it anyway
+                    pass
         except OSError as e:
             if not _is_conflict(e):
                 raise
-            conflicts += 1
-            if conflicts > max_retries:
+            attempts += 1
+            if attempts > max_retries:
                 raise CommitConflictError(
                     f"{table.uri}: merging generation {gen.generation} of region "
-                    f"{region_id} lost {conflicts} commit races"
+                    f"{region_id} lost {attempts} commit races"
                 ) from e
+            _backoff(attempts)
             continue  # re-read: maybe another merger merged it (Appendix 2)
         crashpoints.point("merge.after_commit")
+        merged_here += 1
         done.append(
             MergeResult(
                 region_id,
                 gen.generation,
-                upserts.num_rows,
-                deletes.num_rows,
+                prepared.upserts.num_rows,
+                prepared.deletes.num_rows,
                 time.perf_counter() - started,
             )
         )
-    return done
 
 
 def table_generation_uri(table: MemWalTable, region_id: str, gen_dir: str) -> str:
@@ -179,9 +235,22 @@ def merge(
     max_generations: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> list[MergeResult]:
-    """Merge one region (or all regions, one after another)."""
-    regions = [region_id] if region_id is not None else table.region_ids()
+    """Merge one region (or all regions, one after another).
+
+    With ``region_id``, that region's error propagates unchanged. For all regions, a
+    failing region does not stop the others: every region is attempted, then
+    :class:`MergeFailedError` names the failed regions (``.errors``) and carries what
+    was merged (``.results``).
+    """
+    if region_id is not None:
+        return merge_region(table, region_id, max_generations, max_retries)
     out: list[MergeResult] = []
-    for rid in regions:
-        out.extend(merge_region(table, rid, max_generations, max_retries))
+    errors: dict[str, BaseException] = {}
+    for rid in table.region_ids():
+        try:
+            _merge_region_into(table, rid, max_generations, max_retries, out)
+        except Exception as e:  # noqa: BLE001 - reported below, after the other regions
+            errors[rid] = e
+    if errors:
+        raise MergeFailedError(table.uri, errors, out)
     return out

@@ -12,9 +12,15 @@ keys), then the flushed generations: a generation whose bloom filter says "absen
 skipped, otherwise the keys are probed in the generation's key index (sorted 64-bit key
 hashes, cached per generation; generations are immutable) and the rows fetched with
 ``take``. The first hit answers the key (a tombstone answers "not found"). Keys found
-nowhere are read from the base table with one ``pk IN (...)`` filter, which Lance
-serves from the primary key's BTREE index when there is one. All steps work on
-arrays of keys: a batch of many keys costs a few vectorised operations per source.
+nowhere are read from the base table with one ``pk IN (...)`` filter (integers as SQL
+text, other types as a typed ``pyarrow.compute`` ``is_in``; never a value as SQL text),
+which Lance serves from the primary key's BTREE index when there is one, then matched
+exactly by an Arrow join. All steps work on arrays of keys: a batch of many keys costs
+a few vectorised operations per source.
+
+A search whose plan names a generation that was merged and garbage collected meanwhile
+(its files are gone) runs once more with a fresh plan, which reads those rows from the
+base; if that fails too it raises :class:`~memwal_query.exceptions.GenerationGoneError`.
 
 Vector search (:func:`vector_search`) and full-text search (:func:`fts_search`)
 -------------------------------------------------------------------------------
@@ -104,9 +110,11 @@ SQL
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -249,6 +257,7 @@ class _GenInfo:
     def __init__(self, table: MemWalTable, ref: sources.GenerationRef) -> None:
         self.ref = ref
         self.uri = ref.uri
+        self.io = table.io
         self.pk = list(table.primary_key)
         try:
             self.ds = lance.dataset(ref.uri, storage_options=table.storage_options or None)
@@ -275,7 +284,8 @@ class _GenInfo:
             if self._keys is not None:
                 return
             cols = [*self.pk, TOMBSTONE]
-            raw = self.dataset().to_table(columns=cols, with_row_address=True)
+            with _reading(self):
+                raw = self.dataset().to_table(columns=cols, with_row_address=True)
             tomb = pc.fill_null(raw.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
             index = np.arange(raw.num_rows, dtype=np.int64)
             keys = raw.select(self.pk)
@@ -287,6 +297,13 @@ class _GenInfo:
                 from lance.dataset import serialize_row_addrs
 
                 self._blocklist = serialize_row_addrs(dead.tolist())
+
+    def exists(self) -> bool:
+        """Whether the generation's directory is still there (False when unsure)."""
+        try:
+            return self.io.is_dir(self.uri)
+        except Exception:  # noqa: BLE001 - cannot tell: treat as gone
+            return False
 
     def dataset(self) -> lance.LanceDataset:
         """A private handle on the generation's Lance table (see :func:`_own`)."""
@@ -341,6 +358,10 @@ class _LRU:
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
+    def discard(self, key: Any) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -357,6 +378,53 @@ def _gen_info(table: MemWalTable, ref: sources.GenerationRef) -> _GenInfo:
         info = _GenInfo(table, ref)
         _GENERATIONS.put(ref.uri, info)
     return info
+
+
+@contextlib.contextmanager
+def _reading(gen: _GenInfo | None) -> Iterator[None]:
+    """Turn an I/O error reading generation ``gen`` into GenerationGoneError.
+
+    A plan (or a cached generation handle) made before the generation was merged and
+    garbage collected reads files that are gone; Lance reports that as a plain OSError.
+    The handle is dropped from the cache, so a retry reopens (or skips) it.
+    """
+    if gen is None:
+        yield
+        return
+    try:
+        yield
+    except GenerationGoneError:
+        _GENERATIONS.discard(gen.uri)
+        raise
+    except Exception as e:
+        # Lance reports a missing file as OSError, or (through an Arrow stream) as
+        # ArrowInvalid "LanceError(IO) ... Not found": any error while the generation's
+        # directory is gone means the generation is gone, others propagate unchanged.
+        if not isinstance(e, OSError) and gen.exists():
+            raise
+        _GENERATIONS.discard(gen.uri)
+        raise GenerationGoneError(
+            f"generation {gen.ref.generation} of region {gen.ref.region_id} at {gen.uri} "
+            f"is gone or unreadable: {e}"
+        ) from e
+
+
+def _retry_when_gone(fn: Callable) -> Callable:
+    """Run a search once more, with a fresh read plan, if a generation it read is gone.
+
+    A generation disappears only after it was merged (and the index caught up), so a
+    fresh plan reads its rows from the base table. A second failure propagates as
+    :class:`GenerationGoneError`.
+    """
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GenerationGoneError:
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def clear_caches() -> None:
@@ -863,6 +931,7 @@ def _lance_columns(ds: lance.LanceDataset, wanted: list[str]) -> list[str]:
     return [c for c in wanted if c in present]
 
 
+@_retry_when_gone
 def vector_search(
     table: MemWalTable,
     column: str,
@@ -956,10 +1025,11 @@ def vector_search(
             s.stats["index"] = info.name if s.gen.has_index(info and info.name) else "flat"
             if s.gen.blocklist is not None:
                 kwargs["row_addr_blocklist"] = s.gen.blocklist
-        scanner = ds.scanner(**kwargs)
-        if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
-            debug["base_lance_plan"] = scanner.explain_plan(True)
-        got = scanner.to_table()
+        with _reading(s.gen):
+            scanner = ds.scanner(**kwargs)
+            if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
+                debug["base_lance_plan"] = scanner.explain_plan(True)
+            got = scanner.to_table()
         if exact and got.num_rows:
             mat, idx = _vectors(got.column(column), q.size)
             d = np.full(got.num_rows, np.inf, np.float32)
@@ -1023,7 +1093,8 @@ def _materialize(
             ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
             cols = _lance_columns(ds, need)
             if cols:
-                part = ds._take_rows(ids.tolist(), columns=cols)
+                with _reading(s.gen):
+                    part = ds._take_rows(ids.tolist(), columns=cols)
             else:  # columns the source predates: NULL
                 part = pa.table({_IDX: np.zeros(len(ids), np.int64)})
         return pos, part
@@ -1301,6 +1372,7 @@ def _query_tokens(query: str, tok_kwargs: dict[str, Any]) -> tuple[list[str], di
     return tokens, words
 
 
+@_retry_when_gone
 def fts_search(
     table: MemWalTable,
     column: str,
@@ -1378,9 +1450,10 @@ def fts_search(
             s.stats["index"] = "memory"
             return mem_fts[i].stats(tokens)
         ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
-        ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
-        s.stats["index"] = info.name
-        df = {t: _index_df(ds, ist, column, t, words[t], tok_kwargs) for t in set(tokens)}
+        with _reading(s.gen):
+            ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
+            s.stats["index"] = info.name
+            df = {t: _index_df(ds, ist, column, t, words[t], tok_kwargs) for t in set(tokens)}
         return _FtsStats(ist.num_docs, ist.total_tokens, df)
 
     # Sources' statistics are independent (and cached per immutable index version):
@@ -1462,10 +1535,12 @@ def fts_search(
                 kwargs["fast_search"] = True
         elif s.gen.blocklist is not None:
             kwargs["row_addr_blocklist"] = s.gen.blocklist
-        scanner = ds.scanner(**kwargs)
-        if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
-            debug["base_lance_plan"] = scanner.explain_plan(True)
-        return rescore_lance(scanner.to_table())
+        with _reading(s.gen):
+            scanner = ds.scanner(**kwargs)
+            if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
+                debug["base_lance_plan"] = scanner.explain_plan(True)
+            got = scanner.to_table()
+        return rescore_lance(got)
 
     merged = _run_topk(srcs, fetch, k, SCORE, True, pk)
     _fill_debug(debug, plan, srcs)
@@ -1510,6 +1585,7 @@ def _key_table(table: MemWalTable, keys: Any) -> pa.Table:
     return coerce_keys(pa.table({pk[0]: arr}), table.schema, pk)
 
 
+@_retry_when_gone
 def lookup(
     table: MemWalTable,
     keys: Any,
@@ -1614,7 +1690,8 @@ def lookup(
             if live.any():
                 gds = gen.dataset()
                 cols = _lance_columns(gds, read_cols)
-                rows = gds.take(gen.keys.rows[pos[live]].tolist(), columns=cols)
+                with _reading(gen):
+                    rows = gds.take(gen.keys.rows[pos[live]].tolist(), columns=cols)
                 add(rows, cand[live])
     todo = _mask_to_indices(~resolved)
     if len(todo):
@@ -1646,9 +1723,12 @@ def _first_occurrence(keys: pa.Table) -> np.ndarray:
 
 
 def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
-    if pa.types.is_integer(col.type) and col.null_count == 0:
-        return pc.cast(col, pa.int64()).to_numpy()
-    return None
+    """The values as int64, or None (not integers, NULLs, or uint64 beyond int64)."""
+    if not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    if col.type == pa.uint64() and len(col) and pc.max(col).as_py() > np.iinfo(np.int64).max:
+        return None
+    return pc.cast(col, pa.int64()).to_numpy()
 
 
 def _match_keys(rows_keys: pa.Table, probe: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -1682,27 +1762,81 @@ def _memtable_lookup(
 def _base_lookup(
     base: lance.LanceDataset, probe: pa.Table, pk: list[str], read_cols: list[str]
 ) -> tuple[pa.Table, np.ndarray]:
-    """Base rows of the probe keys (the pk BTREE serves the filter), and their probe index."""
-    from .merger import _quote, _sql_literal, delete_predicate
+    """Base rows of the probe keys, and their probe index.
 
+    Keys never go through SQL text (which cannot express every value exactly: a
+    nanosecond timestamp, a decimal, NaN...). Rows are pre-selected with a filter Lance
+    can serve from the key's BTREE: an ``IN`` list of integers for an integer key, else
+    a ``pyarrow.compute`` ``is_in`` expression (typed values; for a composite key one
+    per column, a superset); then matched to the probe keys exactly with an Arrow join.
+    Key types Lance cannot filter that way are matched by a scan of the key columns.
+    """
     cols = _lance_columns(base, read_cols)
     parts = []
     for start in range(0, probe.num_rows, _BASE_LOOKUP_CHUNK):
         chunk = probe.slice(start, _BASE_LOOKUP_CHUNK)
-        ints = _ints(chunk.column(0)) if len(pk) == 1 else None
-        if chunk.num_rows == 1:
-            row = chunk.to_pylist()[0]
-            flt = " AND ".join(f"{_quote(c)} = {_sql_literal(row[c])}" for c in pk)
-        elif ints is not None:  # integers: the IN list is built without a Python loop
-            flt = f"{_quote(pk[0])} IN ({','.join(map(str, ints.tolist()))})"
-        else:
-            flt = delete_predicate(chunk)
-        parts.append(base.scanner(columns=cols, filter=flt, scan_in_order=False).to_table())
+        flt = _base_key_filter(chunk, pk)
+        got = None
+        if flt is not None:
+            try:
+                got = base.scanner(columns=cols, filter=flt, scan_in_order=False).to_table()
+            except (pa.ArrowNotImplementedError, ValueError):
+                got = None  # a key type Lance cannot filter on: scan the keys instead
+        if got is None:
+            got = _base_rows_by_key_scan(base, chunk, pk, cols)
+        parts.append(got)
     got = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     if got.num_rows == 0:
         return got, np.zeros(0, np.int64)
     r, p = _match_keys(got.select(pk), probe)
     return got.take(pa.array(r)), p
+
+
+# Arrow types a pyarrow ``is_in`` filter reaches Lance with (pylance 14's Substrait
+# conversion); the others are matched by a key scan.
+def _isin_filterable(t: pa.DataType) -> bool:
+    if pa.types.is_timestamp(t):
+        return t.unit != "ns"
+    return (
+        (pa.types.is_integer(t) and pa.types.is_signed_integer(t))
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_date32(t)
+    )
+
+
+def _base_key_filter(chunk: pa.Table, pk: list[str]) -> str | pc.Expression | None:
+    """A filter selecting (a superset of) the base rows of ``chunk``'s keys, or None."""
+    if len(pk) == 1:
+        ints = _ints(chunk.column(0))
+        if ints is not None:  # integers are exact as SQL text, and the IN list is fast
+            name = "`" + pk[0].replace("`", "``") + "`"
+            return f"{name} IN ({','.join(map(str, ints.tolist()))})"
+    expr = None
+    for name in pk:
+        col = chunk.column(name)
+        if not _isin_filterable(col.type):
+            continue
+        values = pc.unique(col.combine_chunks())
+        term = pc.field(name).isin(values)
+        expr = term if expr is None else expr & term
+    return expr
+
+
+def _base_rows_by_key_scan(
+    base: lance.LanceDataset, chunk: pa.Table, pk: list[str], cols: list[str]
+) -> pa.Table:
+    """Base rows of ``chunk``'s keys: scan the key columns, join, take the matches."""
+    keys = base.to_table(columns=pk, with_row_id=True)
+    r, _ = _match_keys(keys.select(pk), chunk)
+    if len(r) == 0:
+        return base.scanner(columns=cols, limit=0).to_table()
+    ids = keys.column(ROWID).take(pa.array(np.sort(r))).to_pylist()
+    return base._take_rows(ids, columns=cols)
 
 
 # ----------------------------------------------------------------------------------------

@@ -6,6 +6,19 @@ one ``region_field_{field_id}`` column per region field), serialized as a Lance 
 inline in ``MemWalIndexDetails.inline_snapshots`` up to :data:`INLINE_THRESHOLD`
 regions, else at ``_indices/{index uuid}/index.lance`` (a new index uuid per refresh, so
 a file is never overwritten while readers use it).
+
+A merge commit (``mark_sstables_as_compacted``) gives the MemWAL index a new uuid while
+keeping the details, so the external file would no longer be where the spec says (and
+Lance's ``cleanup_old_versions`` deletes ``_indices/{old uuid}/``). Therefore:
+
+- the merger copies the file forward to ``_indices/{new uuid}/index.lance`` right after
+  each of its commits (:func:`carry_forward`, under the index lock), so the spec layout
+  holds for every version memwal_query writes;
+- a reader that does not find the file under the current uuid (a commit by another
+  merger, or a crash between commit and copy) looks for it under the uuids of the
+  preceding versions that hold the same snapshot (same ``snapshot_ts_millis``), and if
+  it is gone altogether (cleaned up) reads the region manifests instead, as before any
+  snapshot was written (fresher than a snapshot, never staler).
 """
 
 from __future__ import annotations
@@ -20,8 +33,8 @@ import pyarrow as pa
 
 from . import paths
 from ._proto import memwal_pb2 as pb
-from .exceptions import CorruptFileError
-from .index import MemWalIndex, update_details
+from .exceptions import AlreadyExistsError, CorruptFileError, ObjectNotFoundError
+from .index import MemWalIndex, read_index_at, update_details
 from .io import join
 
 if TYPE_CHECKING:
@@ -29,6 +42,7 @@ if TYPE_CHECKING:
 
 INLINE_THRESHOLD = 100
 SNAPSHOT_FILE = "index.lance"
+MAX_HISTORY_VERSIONS = 1000  # how far back a reader looks for a moved snapshot file
 
 _GEN_STRUCT = pa.struct([pa.field("generation", pa.uint64()), pa.field("path", pa.string())])
 BASE_FIELDS = [
@@ -129,14 +143,90 @@ def refresh(table: MemWalTable) -> MemWalIndex:
     return update_details(table.io, table.uri, mutate, table.storage_options, new_uuid=new_uuid)
 
 
+def snapshot_path(table: MemWalTable, index_uuid: str) -> str:
+    """Spec location of the external snapshot file of an index uuid."""
+    return join(table.uri, "_indices", index_uuid, SNAPSHOT_FILE)
+
+
+def _is_external(index: MemWalIndex) -> bool:
+    d = index.details
+    return not d.HasField("inline_snapshots") and d.num_regions > 0
+
+
+def _read_external(table: MemWalTable, index: MemWalIndex) -> tuple[str, bytes] | None:
+    """(path, bytes) of ``index``'s external snapshot file, wherever it now is.
+
+    First ``_indices/{index.uuid}/``; then the uuids of the preceding base versions whose
+    MemWAL index holds the same snapshot (the version that wrote it and the merges after
+    it). None when no copy is left.
+    """
+    path = snapshot_path(table, index.uuid)
+    try:
+        return path, table.io.read(path)
+    except ObjectNotFoundError:
+        pass
+    ts = index.details.snapshot_ts_millis
+    seen = {index.uuid}
+    version = index.dataset_version - 1
+    stop = max(0, index.dataset_version - 1 - MAX_HISTORY_VERSIONS)
+    while version > stop:
+        try:
+            older = read_index_at(table.io, table.uri, version)
+        except ObjectNotFoundError:
+            return None  # older versions were cleaned up
+        if older is None or older.details.snapshot_ts_millis != ts or not _is_external(older):
+            return None  # before the refresh that wrote this snapshot
+        if older.uuid not in seen:
+            seen.add(older.uuid)
+            path = snapshot_path(table, older.uuid)
+            try:
+                return path, table.io.read(path)
+            except ObjectNotFoundError:
+                pass
+        version -= 1
+    return None
+
+
+def carry_forward(table: MemWalTable, before: MemWalIndex) -> None:
+    """After a commit based on ``before``'s version: keep the external snapshot file at
+    ``_indices/{uuid}/`` of the (possibly new) index uuid of the latest version.
+
+    Call it under the index lock. A no-op for inline snapshots, when the uuid did not
+    change, when another snapshot was written meanwhile, or when the file already exists.
+    """
+    if not _is_external(before):
+        return
+    latest = read_index_at(table.io, table.uri, table.dataset().version)
+    if (
+        latest is None
+        or latest.uuid == before.uuid
+        or not _is_external(latest)
+        or latest.details.snapshot_ts_millis != before.details.snapshot_ts_millis
+    ):
+        return
+    target = snapshot_path(table, latest.uuid)
+    if table.io.exists(target):
+        return
+    found = _read_external(table, before)
+    if found is None:
+        return  # nothing left to copy: readers fall back to the region manifests
+    try:
+        table.io.put_if_not_exists(target, found[1])
+    except AlreadyExistsError:
+        pass
+
+
 def read_snapshots(table: MemWalTable, index: MemWalIndex) -> States | None:
-    """Region states from the index snapshots, or None when none was ever written."""
+    """Region states from the index snapshots, or None when there are none to read
+    (never written, or an external file no longer found anywhere: see module docs)."""
     d = index.details
     if d.HasField("inline_snapshots"):
         snap = _from_lance_bytes(d.inline_snapshots, f"{table.uri} (inline snapshots)")
     elif d.num_regions > 0:
-        path = join(table.uri, "_indices", index.uuid, SNAPSHOT_FILE)
-        snap = _from_lance_bytes(table.io.read(path), path)
+        found = _read_external(table, index)
+        if found is None:
+            return None
+        snap = _from_lance_bytes(found[1], found[0])
     else:
         return None
     spec = table.region_spec
