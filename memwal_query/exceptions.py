@@ -102,3 +102,34 @@ class WriterClosedError(MemWalError):
 
 class GenerationGoneError(MemWalError):
     """A flushed generation was garbage collected while a reader still needed it."""
+
+
+class MergeFailedError(MemWalError):
+    """Merging all regions: some regions failed (the others were merged).
+
+    Attributes
+    ----------
+    errors : dict
+        ``{region_id: exception}`` of the regions that failed.
+    results : list
+        The :class:`~memwal_query.merger.MergeResult` of every generation that was
+        merged, failed regions included (up to their failure).
+    """
+
+    def __init__(self, uri: str, errors: dict, results: list) -> None:
+        detail = "; ".join(f"{rid}: {type(e).__name__}: {e}" for rid, e in sorted(errors.items()))
+        super().__init__(
+            f"{uri}: merging failed for {len(errors)} region(s) ({sorted(errors)}); the "
+            f"other regions were merged. {detail}"
+        )
+        self.errors = errors
+        self.results = results
+        self.__cause__ = next(iter(errors.values()), None)
+
+
+class RegionSpecWarning(UserWarning):
+    """A region spec reads columns outside the primary key (see ``MemWalTable.initialize``).
+
+    Each key must live in exactly one region; with such a spec that holds only if a key's
+    value in those columns never changes once written.
+    """
