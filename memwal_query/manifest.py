@@ -216,8 +216,19 @@ class RegionManifestStore:
             version += 1
         return version
 
-    def load_latest(self) -> RegionManifest | None:
-        """The newest manifest, or None when the region does not exist yet."""
+    def load_latest(self, known: RegionManifest | None = None) -> RegionManifest | None:
+        """The newest manifest, or None when the region does not exist yet.
+
+        ``known``: a version of this region read earlier. Versions are immutable and
+        appear in order, so probing forward from it (one HEAD when nothing changed) finds
+        the newest as surely as starting from the hint, and a new version is read only
+        when there is one.
+        """
+        if known is not None:
+            version = known.version
+            while self.io.exists(self.path(version + 1)):
+                version += 1
+            return known if version == known.version else self.load(version)
         version = self.latest_version()
         if version == 0:
             return None

@@ -119,6 +119,7 @@ class MemWalTable:
         self.lance_schema = self._dataset.lance_schema
         self._writers: dict[str, RegionWriter] = {}
         self._writer_options: dict[str, Any] = {}
+        self._manifests: dict[str, RegionManifest] = {}  # last read per region
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -128,6 +129,7 @@ class MemWalTable:
         region_spec: RegionSpec | None = None,
         maintained_indexes: Iterable[str] | None = None,
         storage_options: dict[str, str] | None = None,
+        primary_key_index: bool = True,
     ) -> MemWalTable:
         """Write the MemWAL index into an existing Lance table and open it.
 
@@ -140,6 +142,13 @@ class MemWalTable:
             created by hand with :meth:`writer`.
         maintained_indexes : list of str, optional
             Names of base-table indexes to build for every flushed generation too.
+        storage_options : dict, optional
+            Lance-style storage options (object stores), used for every later access.
+        primary_key_index : bool
+            Create a BTREE scalar index on the (first) primary-key column when the base
+            table has none (default), so that point lookups and the base side of
+            searches are index lookups rather than scans. Merged rows are covered again
+            after :meth:`catch_up_indexes`; until then Lance scans the new fragments.
 
         Raises
         ------
@@ -173,6 +182,12 @@ class MemWalTable:
                 f"{norm}: maintained index(es) {missing} do not exist on the base table "
                 f"(existing: {sorted(existing)})"
             )
+        key_field = ds.lance_schema.field(pk[0]).id()
+        if primary_key_index and not any(
+            list(i.fields) == [key_field] for i in ds.describe_indices()
+        ):
+            ds.create_scalar_index(pk[0], "BTREE")
+            ds = _open_dataset(norm, options)
         mwindex.commit_details(ds, mwindex.new_details(specs, names), None, storage_options=options)
         return cls(norm, options)
 
@@ -239,8 +254,16 @@ class MemWalTable:
         return out
 
     def region_manifest(self, region_id: str) -> RegionManifest | None:
-        """Newest manifest of a region (None when it has none)."""
-        return RegionManifestStore(self.io, self.uri, region_id).load_latest()
+        """Newest manifest of a region (None when it has none).
+
+        The last manifest read per region is kept; finding that nothing changed since
+        costs one HEAD of the next version (see :meth:`RegionManifestStore.load_latest`).
+        """
+        known = self._manifests.get(region_id)
+        manifest = RegionManifestStore(self.io, self.uri, region_id).load_latest(known)
+        if manifest is not None and manifest is not known:
+            self._manifests[region_id] = manifest
+        return manifest
 
     def region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
         """``(spec_id, {field_id: value})`` recorded in a region's manifest, or None.

@@ -140,7 +140,8 @@ def test_register_fails_fast_with_typed_errors(tmp_path):
     w = t.writer()
     w.put(pa.table({"id": [1], "x": [2]}))
     w.flush()
-    manifest_path = w._store.path(w.manifest().version)
+    version = w.manifest().version
+    manifest_path = w._store.path(version)
     w.close(flush=False)
     ctx = datafusion.SessionContext()
     mq.register(ctx, "ok", t, consistency="strong")
@@ -148,10 +149,14 @@ def test_register_fails_fast_with_typed_errors(tmp_path):
     with pytest.raises(mq.ManifestCorruptError) as e:
         mq.register(datafusion.SessionContext(), "t", uri, consistency="strong")
     assert manifest_path in str(e.value)
-    # after registration DataFusion wraps it: type name and path are in the message
+    # A registered table read that version before it was damaged (versions are
+    # immutable: it is not read again); a corrupt *newer* version is found at query
+    # time, and DataFusion wraps the error: type name and path are in the message.
+    newer = w._store.path(version + 1)
+    LocalFileIO().write(newer, b"\x08\x01garbage")
     with pytest.raises(Exception) as e:
         ctx.sql("SELECT * FROM ok").to_arrow_table()
-    assert "ManifestCorruptError" in str(e.value) and manifest_path in str(e.value)
+    assert "ManifestCorruptError" in str(e.value) and newer in str(e.value)
 
 
 def test_query_time_error_names_type_and_path(tmp_path):
