@@ -248,7 +248,11 @@ def _emit(table, fmt: str, output: str | None) -> None:
 @main.command()
 @click.argument("uri")
 @click.argument("query", required=False)
-@click.option("--name", default="t", show_default=True, help="Table name in SQL.")
+@click.option(
+    "--name",
+    default=None,
+    help="Table name in SQL (default: the table directory's name, e.g. 'events'; 't' works too).",
+)
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table"
 )
@@ -256,15 +260,22 @@ def _emit(table, fmt: str, output: str | None) -> None:
 @click.option("--consistency", type=click.Choice(["strong", "eventual"]), default="strong")
 @_handle_errors
 def sql(
-    uri: str, query: str | None, name: str, fmt: str, output: str | None, consistency: str
+    uri: str, query: str | None, name: str | None, fmt: str, output: str | None, consistency: str
 ) -> None:
-    """Run QUERY against the table (named --name); no QUERY: an interactive prompt."""
+    """Run QUERY against the table; no QUERY: an interactive prompt.
+
+    The table is named after its directory (``/data/events`` -> ``events``) and also
+    ``t``, unless ``--name`` is given.
+    """
     import datafusion
 
     from .session import register
 
     ctx = datafusion.SessionContext()
-    register(ctx, name, uri, consistency=consistency)
+    names = [name] if name else _default_sql_names(uri)
+    for n in names:
+        register(ctx, n, uri, consistency=consistency)
+    name = names[0]
     if query:
         _emit(ctx.sql(query).to_arrow_table(), fmt, output)
         return
@@ -300,6 +311,15 @@ def sql(
             pass
 
 
+def _default_sql_names(uri: str) -> list[str]:
+    """``[directory name, "t"]`` (the name only when it is a plain SQL identifier)."""
+    base = os.path.basename(uri.rstrip("/"))
+    for suffix in (".lance",):
+        base = base.removesuffix(suffix)
+    names = [base] if base.isidentifier() and base.lower() != "t" else []
+    return [*names, "t"]
+
+
 @main.command()
 @click.argument("uri")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -320,7 +340,8 @@ def status(uri: str, as_json: bool) -> None:
     )
     click.echo(header)
     for rid, r in s["regions"].items():
-        wal = f"{r['replay_after_wal_entry_position'] + 1}-{r['wal_last_position']}"
+        first, last = r["replay_after_wal_entry_position"] + 1, r["wal_last_position"]
+        wal = f"{first}-{last}" if last >= first else "-"  # unflushed WAL entries
         gens = ",".join(map(str, r["flushed_generations"])) or "-"
         vals = ",".join(f"{v}" for v in (r["region_values"] or {}).values()) or "-"
         click.echo(

@@ -1,6 +1,7 @@
 """The memwal command line, driven as a subprocess (success and error paths)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -59,6 +60,9 @@ def test_init_ingest_sql_status_flush_merge_gc(tmp_path, plain_uri):
     assert rows == [{"id": i, "val": -float(i)} for i in (1, 2, 3, 4)]
     csv = memwal("sql", plain_uri, "SELECT count(*) AS n FROM t", "--format", "csv").stdout
     assert csv.splitlines()[-1] == "52"
+    dirname = os.path.basename(plain_uri)  # the table is also named after its directory
+    csv = memwal("sql", plain_uri, f"SELECT count(*) AS n FROM {dirname}", "--format", "csv")
+    assert csv.stdout.splitlines()[-1] == "52"
     out_file = tmp_path / "out.parquet"
     memwal("sql", plain_uri, "SELECT * FROM t", "--format", "parquet", "--output", str(out_file))
     assert pq.read_table(out_file).num_rows == 52
