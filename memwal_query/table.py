@@ -29,7 +29,7 @@ import os
 import threading
 import uuid as uuid_mod
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import lance
@@ -592,8 +592,10 @@ class MemWalTable:
         return list(self._writers.values())
 
     def flush(self) -> dict[str, int | None]:
-        """Flush every writer opened by :meth:`write`; ``{region_id: generation}``."""
-        return {w.region_id: w.flush() for w in self._writers.values()}
+        """Flush every writer opened by :meth:`write` (concurrently); ``{region_id: gen}``."""
+        writers = list(self._writers.values())
+        gens = concurrently(lambda w: w.flush(), writers)
+        return {w.region_id: g for w, g in zip(writers, gens)}
 
     def close(self, flush: bool = True) -> None:
         """Close the writers opened by :meth:`write`."""
@@ -609,6 +611,24 @@ class MemWalTable:
 
     def __repr__(self) -> str:
         return f"MemWalTable({self.uri!r}, primary_key={self.primary_key})"
+
+
+def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list:
+    """``[fn(x) for x in items]`` run in threads (flushes overlap their I/O and the
+    GIL-free parts of Lance and numpy); every call finishes, then the first error is
+    raised."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futures = [pool.submit(fn, x) for x in items]
+    errors = [f.exception() for f in futures]
+    for e in errors:
+        if e is not None:
+            raise e
+    return [f.result() for f in futures]
 
 
 def split_by_region(

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 
 from ..exceptions import MemWalError, SchemaError
 from ..schema import coerce_keys, coerce_rows
+from ..table import concurrently
 from ._common import (
     REGION_COLUMN,
     fault,
@@ -546,8 +547,7 @@ def write_partition(
                 if sink is None:
                     sink = sinks[region_id] = _RegionSink(table, region_id, options)
                 sink.add(rows)
-        for sink in sinks.values():
-            sink.finish()
+        concurrently(lambda sink: sink.finish(), sinks.values())
     except BaseException:
         for sink in sinks.values():
             sink.abort()
