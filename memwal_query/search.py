@@ -7,16 +7,21 @@ higher generation of the same region (or any generation/MemTable, for the base).
 
 Point lookup (:func:`lookup`)
 -----------------------------
-Per region, newest source first: the MemTables (a vectorised ``is_in`` over their
-keys), then the flushed generations: a generation whose bloom filter says "absent" is
-skipped, otherwise the keys are probed in the generation's key index (sorted 64-bit key
-hashes, cached per generation; generations are immutable) and the rows fetched with
-``take``. The first hit answers the key (a tombstone answers "not found"). Keys found
-nowhere are read from the base table with one ``pk IN (...)`` filter (integers as SQL
-text, other types as a typed ``pyarrow.compute`` ``is_in``; never a value as SQL text),
+Per region, newest source first: the MemTables, then the flushed generations. Each
+MemTable has a key index (sorted 64-bit key hashes in a few runs, extended as batches
+are appended, rebuilt when its batch sequence changes, e.g. by an adopted WAL entry),
+so a lookup costs O(log n) in its size: candidates of equal hash are compared exactly
+and the newest wins. A generation whose bloom filter says "absent" is skipped,
+otherwise the keys are probed in the generation's key index (sorted 64-bit key hashes,
+cached per generation; generations are immutable) and the rows fetched with ``take``.
+The first hit answers the key (a tombstone answers "not found"). Keys found nowhere
+are read from the base table with one ``pk IN (...)`` filter (integers as SQL text,
+other types as a typed ``pyarrow.compute`` ``is_in``; never a value as SQL text),
 which Lance serves from the primary key's BTREE index when there is one, then matched
 exactly by an Arrow join. All steps work on arrays of keys: a batch of many keys costs
-a few vectorised operations per source.
+a few vectorised operations per source, and a handful of keys (a point lookup) takes
+Python-level fast paths for hashing, bloom probes and key matching instead of paying
+numpy's and Arrow's per-call overhead many times.
 
 A search whose plan names a generation that was merged and garbage collected meanwhile
 (its files are gone) runs once more with a fresh plan, which reads those rows from the
@@ -114,6 +119,7 @@ import contextlib
 import functools
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -150,6 +156,7 @@ _SRC = "__memwal_src"
 _GEN_CACHE_SIZE = 256
 _MEM_FTS_CACHE_SIZE = 64
 _PRUNE_MAX_KEYS = 64
+_SMALL_MATCH = 64  # key pairs compared as Python values (see _match_keys)
 _BASE_LOOKUP_CHUNK = 20_000
 _MAX_ROUNDS = 12
 
@@ -428,9 +435,10 @@ def _retry_when_gone(fn: Callable) -> Callable:
 
 
 def clear_caches() -> None:
-    """Forget cached generation key indexes, token indexes and BM25 statistics."""
+    """Forget cached key indexes (generations, MemTables), token indexes and BM25 stats."""
     _GENERATIONS.clear()
     _MEM_FTS.clear()
+    _MEM_KEYS.clear()
     _INDEX_STATS.clear()
 
 
@@ -905,15 +913,15 @@ def _distances(mat: np.ndarray, q: np.ndarray, metric: str) -> np.ndarray:
 
 
 def _conform_output(t: pa.Table, schema: pa.Schema, extra: list[pa.Field]) -> pa.Table:
-    cols, names = [], []
+    cols = []
+    have = set(t.column_names)
     for f in list(schema) + extra:
-        if f.name in t.column_names:
+        if f.name in have:
             c = t.column(f.name)
             cols.append(c if c.type == f.type else c.cast(f.type))
         else:
             cols.append(pa.nulls(t.num_rows, f.type))
-        names.append(f.name)
-    return pa.Table.from_arrays(cols, schema=pa.schema(list(schema) + extra))
+    return pa.Table.from_arrays(cols, schema=pa.schema(list(schema) + extra) if extra else schema)
 
 
 def _read_columns(table: MemWalTable, columns: Sequence[str] | None, need: list[str]) -> tuple:
@@ -1574,14 +1582,16 @@ def _key_table(table: MemWalTable, keys: Any) -> pa.Table:
         return coerce_keys(to_table(keys, "lookup keys"), table.schema, pk)
     if len(pk) != 1:
         raise SchemaError(f"composite primary key {pk}: pass the keys as a table")
-    if isinstance(keys, pa.ChunkedArray):
-        arr = keys
-    elif isinstance(keys, pa.Array):
+    if isinstance(keys, pa.ChunkedArray | pa.Array):
         arr = keys
     else:
         if np.isscalar(keys) or isinstance(keys, str | bytes):
             keys = [keys]
         arr = pa.array(keys)
+    field = table.schema.field(pk[0])
+    if arr.type == field.type and not arr.null_count and not pa.types.is_floating(arr.type):
+        # already what coerce_keys returns (cast, normalized, non-null): skip its copies
+        return pa.Table.from_arrays([arr], schema=pa.schema([field]))
     return coerce_keys(pa.table({pk[0]: arr}), table.schema, pk)
 
 
@@ -1635,17 +1645,17 @@ def lookup(
         predicates = [(pk[0], "in", probe.column(0).to_pylist())]
     plan = sources.resolve(table, consistency, writers, predicates)
     resolved = np.zeros(n, bool)
-    parts: list[pa.Table] = []
+    parts: list[tuple[pa.Table, np.ndarray]] = []
     counters: list[dict[str, Any]] = []
     hashes = hash_keys(probe)
+    mem_hashes = hashes if _native_hash(probe.schema) else None
+
+    def keys_at(idx: np.ndarray) -> pa.Table:
+        return probe if len(idx) == n else probe.take(pa.array(idx))
 
     def add(rows: pa.Table, probe_idx: np.ndarray) -> None:
         if rows.num_rows:
-            parts.append(
-                _conform_output(rows, out_schema, []).append_column(
-                    _PROBE, pa.array(probe_idx.astype(np.int64))
-                )
-            )
+            parts.append((_conform_output(rows, out_schema, []), probe_idx))
 
     for region in plan.regions:
         if resolved.all():
@@ -1655,7 +1665,9 @@ def lookup(
             todo = _mask_to_indices(~resolved)
             if len(todo) == 0:
                 break
-            found = _memtable_lookup(m, probe.take(pa.array(todo)), pk)
+            if mem_hashes is None:
+                mem_hashes = _index_hashes(probe)
+            found = _memtable_lookup(table, m, keys_at(todo), mem_hashes[todo], read_cols)
             c = {"source": f"memtable {m.generation} of region {region.region_id}"}
             c["probed"] = len(todo)
             counters.append(c)
@@ -1664,8 +1676,13 @@ def lookup(
             rows, local = found
             hit = todo[local]
             resolved[hit] = True
-            live = ~pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
-            add(rows.filter(pa.array(live)), hit[live])
+            tomb = rows.column(TOMBSTONE)
+            if tomb.null_count or pc.any(tomb).as_py():
+                live = ~pc.fill_null(tomb, False).to_numpy(zero_copy_only=False)
+                rows, hit_live = rows.filter(pa.array(live)), hit[live]
+            else:
+                hit_live = hit
+            add(rows, hit_live)
             c["hits"] = len(hit)
         for ref in reversed(region.generations):
             if resolved.all():
@@ -1679,7 +1696,7 @@ def lookup(
             if not maybe.any():
                 continue
             cand = todo[maybe]
-            pos = gen.keys.probe(probe.take(pa.array(cand)), hashes[cand])
+            pos = gen.keys.probe(keys_at(cand), hashes[cand])
             hit = pos >= 0
             c["hits"] = int(hit.sum())
             if not hit.any():
@@ -1695,7 +1712,7 @@ def lookup(
                 add(rows, cand[live])
     todo = _mask_to_indices(~resolved)
     if len(todo):
-        got = _base_lookup(plan.base, probe.take(pa.array(todo)), pk, read_cols)
+        got = _base_lookup(plan.base, keys_at(todo), pk, read_cols)
         counters.append({"source": "base", "probed": len(todo), "hits": got[0].num_rows})
         add(got[0], todo[got[1]])
     if debug is not None:
@@ -1704,8 +1721,13 @@ def lookup(
         debug["sources"] = counters
     if not parts:
         return out_schema.empty_table()
-    out = pa.concat_tables(parts)
-    out = out.sort_by(_PROBE).drop_columns([_PROBE])
+    if len(parts) == 1:
+        out, order = parts[0]
+    else:
+        out = pa.concat_tables([t for t, _ in parts])
+        order = np.concatenate([i for _, i in parts])
+    if len(order) > 1 and (order[1:] < order[:-1]).any():
+        out = out.take(pa.array(np.argsort(order, kind="stable")))
     return out
 
 
@@ -1731,8 +1753,34 @@ def _ints(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
     return pc.cast(col, pa.int64()).to_numpy()
 
 
+def _py_comparable(t: pa.DataType) -> bool:
+    """Types whose Python values are equal exactly when Arrow's are."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+    )
+
+
 def _match_keys(rows_keys: pa.Table, probe: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """Pairs (row index, probe index) with equal keys (probe keys are distinct)."""
+    if (
+        rows_keys.num_rows * probe.num_rows <= _SMALL_MATCH
+        and rows_keys.schema.types == probe.schema.types
+        and all(_py_comparable(t) for t in probe.schema.types)
+        and not any(c.null_count for c in rows_keys.columns)
+        and not any(c.null_count for c in probe.columns)
+    ):  # a few keys (a point lookup): Python values, no kernel overhead
+        where = {k: i for i, k in enumerate(zip(*(c.to_pylist() for c in probe.columns)))}
+        pairs = [
+            (i, where[k])
+            for i, k in enumerate(zip(*(c.to_pylist() for c in rows_keys.columns)))
+            if k in where
+        ]
+        return np.array([i for i, _ in pairs], np.int64), np.array([j for _, j in pairs], np.int64)
     if rows_keys.num_columns == 1:
         pos = pc.index_in(rows_keys.column(0), value_set=probe.column(0).combine_chunks())
         found = pc.is_valid(pos).to_numpy(zero_copy_only=False)
@@ -1744,19 +1792,256 @@ def _match_keys(rows_keys: pa.Table, probe: pa.Table) -> tuple[np.ndarray, np.nd
     return joined.column(_IDX).to_numpy(), joined.column(_PROBE).to_numpy()
 
 
+# MemTable key index: sorted key hashes per MemTable, extended as it grows ----------------
+_NATIVE_HASH_TYPES = (pa.int32(), pa.int64(), pa.string(), pa.binary())
+_MEM_KEYS = _LRU(_MEM_FTS_CACHE_SIZE)
+_MEM_KEYS_GATHER = 32  # up to this many rows are sliced out of their batches, else take
+
+
+def _hashable_column(col: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    """``col`` as a type :func:`hash_keys` hashes by value (it hashes other types by their
+    null flag only, which would put every key in one bucket).
+
+    Equal keys get equal values (floats: ``-0.0`` and every NaN are made one value), so
+    the hashes only pre-select candidates, which are then compared exactly. Types with
+    no such conversion are returned unchanged (one bucket: still exact, just a scan).
+    """
+    t = col.type
+    if t in _NATIVE_HASH_TYPES:
+        return col
+    try:
+        if pa.types.is_boolean(t) or pa.types.is_integer(t):
+            return pc.cast(col, pa.int64(), safe=False)  # bit-preserving, so injective
+        if pa.types.is_floating(t):
+            x = pc.add(pc.cast(col, pa.float64()), pa.scalar(0.0, pa.float64()))
+            x = pc.if_else(pc.is_nan(x), pa.scalar(math.nan, pa.float64()), x)
+            x = x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x
+            return x.view(pa.int64())
+        if pa.types.is_fixed_size_binary(t) or pa.types.is_large_binary(t):
+            return pc.cast(col, pa.binary())
+        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return pc.cast(col, pa.string())
+        if pa.types.is_binary_view(t):
+            return pc.cast(col, pa.binary())
+        width = t.bit_width  # ValueError: not fixed width
+        if width % 8 == 0:  # temporal, decimal...: the value's bytes
+            arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            return pc.cast(arr.view(pa.binary(width // 8)), pa.binary())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, ValueError):
+        pass
+    return col
+
+
+def _native_hash(schema: pa.Schema) -> bool:
+    """Whether :func:`_index_hashes` of such keys equals :func:`hash_keys`."""
+    return all(f.type in _NATIVE_HASH_TYPES for f in schema)
+
+
+def _index_hashes(keys: pa.Table) -> np.ndarray:
+    """Key hashes for the MemTable key index (bloom hashes of :func:`_hashable_column`)."""
+    if _native_hash(keys.schema):
+        return hash_keys(keys)
+    cols = [_hashable_column(c) for c in keys.columns]
+    return hash_keys(pa.Table.from_arrays(cols, names=keys.column_names))
+
+
+def _conform_keys(keys: pa.Table, key_schema: pa.Schema) -> pa.Table:
+    """Key columns cast to the table's key types (what lookup keys are coerced to)."""
+    if all(a.type == b.type for a, b in zip(keys.schema, key_schema)):
+        return keys
+    cols = [c if c.type == f.type else c.cast(f.type) for c, f in zip(keys.columns, key_schema)]
+    return pa.Table.from_arrays(cols, schema=key_schema)
+
+
+class _MemKeyRun:
+    """Sorted key hashes of the MemTable rows ``[start, end)`` and those rows' keys."""
+
+    __slots__ = ("start", "end", "hashes", "local", "keys")
+
+    def __init__(self, start: int, hashes: np.ndarray, local: np.ndarray, keys: pa.Table):
+        self.start = start
+        self.end = start + keys.num_rows
+        self.hashes = hashes  # sorted
+        self.local = local  # row - start of each hash
+        self.keys = keys  # key columns of rows start..end, in row order (one chunk)
+
+
+def _merge_runs(a: _MemKeyRun, b: _MemKeyRun) -> _MemKeyRun:
+    """One run of two adjacent runs (``a.end == b.start``), by a linear merge."""
+    na, nb = len(a.hashes), len(b.hashes)
+    at_b = np.searchsorted(a.hashes, b.hashes, side="right") + np.arange(nb)
+    from_a = np.ones(na + nb, bool)
+    from_a[at_b] = False
+    hashes = np.empty(na + nb, np.uint64)
+    local = np.empty(na + nb, np.int64)
+    hashes[at_b] = b.hashes
+    hashes[from_a] = a.hashes
+    local[at_b] = b.local + (b.start - a.start)
+    local[from_a] = a.local
+    keys = pa.concat_tables([a.keys, b.keys]).combine_chunks()
+    return _MemKeyRun(a.start, hashes, local, keys)
+
+
+class _MemKeyIndex:
+    """Key hashes of one MemTable's rows, for point lookups in O(log n).
+
+    Built incrementally as batches are appended (tracked by batch identity): every new
+    group of batches becomes a sorted run of ``(hash, row)``, and adjacent runs are
+    merged while the older one is at most twice the newer one, so there are O(log n)
+    runs and each row is merged O(log n) times. A lookup binary-searches every run;
+    the candidate rows (equal hash: every version of the key, and any 64-bit hash
+    collision) are compared with the probe keys exactly and the newest wins.
+
+    The index holds weak references to the batches only: once one is garbage collected
+    (the MemTable is gone), ids may be reused and the index is never used again.
+    """
+
+    def __init__(self, pk: list[str], batch_keys: pa.Schema, key_schema: pa.Schema) -> None:
+        self.lock = threading.Lock()
+        self.pk = pk
+        self.batch_keys = batch_keys  # key fields as stored in the batches
+        self.key_schema = key_schema  # key fields of the table (= lookup keys)
+        self.ids: tuple[int, ...] = ()
+        self._refs: list[weakref.ref] = []
+        self._dead = [False]
+        self.offsets = np.zeros(1, np.int64)  # first row of each batch, then the total
+        self.runs: list[_MemKeyRun] = []
+
+    @property
+    def dead(self) -> bool:
+        return self._dead[0]
+
+    def extend(self, batches: Sequence[pa.RecordBatch]) -> None:
+        """Index ``batches[len(self.ids):]`` (the earlier ones are indexed already)."""
+        new = batches[len(self.ids) :]
+        if not new:
+            return
+        dead = self._dead
+
+        def died(_ref: weakref.ref, dead: list[bool] = dead) -> None:
+            dead[0] = True
+
+        self._refs.extend(weakref.ref(b, died) for b in new)
+        self.ids = self.ids + tuple(map(id, new))
+        start = int(self.offsets[-1])
+        sizes = np.array([b.num_rows for b in new], np.int64)
+        self.offsets = np.concatenate([self.offsets, start + np.cumsum(sizes)])
+        if not sizes.sum():
+            return
+        keys = pa.Table.from_batches([b.select(self.pk) for b in new], schema=self.batch_keys)
+        keys = _conform_keys(keys, self.key_schema).combine_chunks()
+        hashes = _index_hashes(keys)
+        order = np.argsort(hashes, kind="stable")
+        self.runs.append(_MemKeyRun(start, hashes[order], order.astype(np.int64), keys))
+        while len(self.runs) > 1 and len(self.runs[-2].hashes) <= 2 * len(self.runs[-1].hashes):
+            b = self.runs.pop()
+            self.runs.append(_merge_runs(self.runs.pop(), b))
+
+    def find(
+        self, probe: pa.Table, hashes: np.ndarray, limit: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(probe index, row) of the newest row below ``limit`` of each probe key found.
+
+        ``probe`` holds distinct keys, ``hashes`` their :func:`_index_hashes`.
+        """
+        cand_keys: list[pa.Table] = []
+        cand_rows: list[np.ndarray] = []
+        for run in self.runs:
+            if run.start >= limit:
+                break
+            lo = np.searchsorted(run.hashes, hashes, "left")
+            hi = np.searchsorted(run.hashes, hashes, "right")
+            cnt = hi - lo
+            total = int(cnt.sum())
+            if total == 0:
+                continue
+            if total == len(cnt) and int(cnt.max()) == 1:  # one candidate per probe key
+                pos = lo
+            else:
+                ends = np.cumsum(cnt)
+                pos = np.arange(total) + np.repeat(lo - (ends - cnt), cnt)
+            local = run.local[pos]
+            if run.end > limit:
+                local = local[local < limit - run.start]
+                if len(local) == 0:
+                    continue
+            cand_keys.append(run.keys.take(local))
+            cand_rows.append(local + run.start)
+        if not cand_rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        keys = cand_keys[0] if len(cand_keys) == 1 else pa.concat_tables(cand_keys)
+        rows = cand_rows[0] if len(cand_rows) == 1 else np.concatenate(cand_rows)
+        r, p = _match_keys(keys, probe)
+        rows = rows[r]
+        if len(p) > 1:  # the newest row of each probe key
+            order = np.lexsort((rows, p))
+            p, rows = p[order], rows[order]
+            last = np.ones(len(p), bool)
+            last[:-1] = p[1:] != p[:-1]
+            p, rows = p[last], rows[last]
+        return p, rows
+
+
+def _memtable_find(
+    table: MemWalTable, m: MemTableSnapshot, probe: pa.Table, hashes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(probe index, row) of the newest row of each probe key in ``m``, and the row
+    offsets of its batches.
+
+    The MemTable's key index is cached per (table, region, generation) and extended
+    with the batches appended since. A snapshot older than the index (a prefix of its
+    batches) uses it with a row limit; a different batch sequence (a WAL entry adopted
+    before unsynced rows, or another MemTable) rebuilds it.
+    """
+    pk = list(probe.column_names)
+    key = (table.uri, m.region_id, m.generation, tuple(pk))
+    batches = m.batches
+    ids = tuple(map(id, batches))
+    idx: _MemKeyIndex | None = _MEM_KEYS.get(key)
+    if idx is not None:
+        with idx.lock:
+            done = len(idx.ids)
+            if not idx.dead and (ids[:done] == idx.ids or idx.ids[: len(ids)] == ids):
+                idx.extend(batches)
+                limit = int(idx.offsets[len(ids)])
+                p, r = idx.find(probe, hashes, limit)
+                return p, r, idx.offsets
+    batch_keys = pa.schema([m.schema.field(k) for k in pk])
+    idx = _MemKeyIndex(pk, batch_keys, probe.schema)
+    with idx.lock:
+        idx.extend(batches)
+        _MEM_KEYS.put(key, idx)
+        p, r = idx.find(probe, hashes, int(idx.offsets[-1]))
+    return p, r, idx.offsets
+
+
+def _memtable_rows_at(
+    m: MemTableSnapshot, offsets: np.ndarray, rows: np.ndarray, cols: list[str]
+) -> pa.Table:
+    """Rows ``rows`` of a MemTable snapshot (columns ``cols``), in that order."""
+    if len(rows) <= _MEM_KEYS_GATHER:
+        which = (np.searchsorted(offsets, rows, "right") - 1).tolist()
+        starts = offsets[which].tolist()
+        parts = [m.batches[b].slice(r - s, 1) for b, s, r in zip(which, starts, rows.tolist())]
+        return pa.Table.from_batches(parts, schema=m.schema).select(cols)
+    return m.to_table().select(cols).take(pa.array(rows))
+
+
 def _memtable_lookup(
-    m: MemTableSnapshot, probe: pa.Table, pk: list[str]
+    table: MemWalTable,
+    m: MemTableSnapshot,
+    probe: pa.Table,
+    hashes: np.ndarray,
+    read_cols: list[str],
 ) -> tuple[pa.Table, np.ndarray] | None:
-    """Newest row (maybe a tombstone) of each probe key in one MemTable, and its probe index."""
-    rows = m.to_table()
-    r, _ = _match_keys(rows.select(pk), probe)
-    if len(r) == 0:
+    """Newest row (maybe a tombstone) of each probe key in one MemTable, and its probe
+    index (``hashes``: the probe keys' :func:`_index_hashes`)."""
+    p, r, offsets = _memtable_find(table, m, probe, hashes)
+    if len(p) == 0:
         return None
-    sub = rows.take(pa.array(np.sort(r)))
-    if sub.num_rows > 1:
-        sub = sub.take(pa.array(_last_occurrence(sub.select(pk))))
-    r, p = _match_keys(sub.select(pk), probe)
-    return sub.take(pa.array(r)), p
+    names = set(m.schema.names)
+    cols = [c for c in read_cols if c in names and c != TOMBSTONE] + [TOMBSTONE]
+    return _memtable_rows_at(m, offsets, r, cols), p
 
 
 def _base_lookup(
@@ -1789,6 +2074,8 @@ def _base_lookup(
     if got.num_rows == 0:
         return got, np.zeros(0, np.int64)
     r, p = _match_keys(got.select(pk), probe)
+    if len(r) == got.num_rows and (len(r) == 0 or (r == np.arange(len(r))).all()):
+        return got, p
     return got.take(pa.array(r)), p
 
 
@@ -1812,10 +2099,19 @@ def _isin_filterable(t: pa.DataType) -> bool:
 def _base_key_filter(chunk: pa.Table, pk: list[str]) -> str | pc.Expression | None:
     """A filter selecting (a superset of) the base rows of ``chunk``'s keys, or None."""
     if len(pk) == 1:
-        ints = _ints(chunk.column(0))
+        col = chunk.column(0)
+        ints: Any = None
+        small = 0 < len(col) <= _SMALL_MATCH
+        if small and pa.types.is_integer(col.type) and not col.null_count:
+            ints = col.to_pylist()  # a few keys: no numpy round trip
+            if max(ints) > np.iinfo(np.int64).max:
+                ints = None
+        else:
+            ints = _ints(col)
+            ints = None if ints is None else ints.tolist()
         if ints is not None:  # integers are exact as SQL text, and the IN list is fast
             name = "`" + pk[0].replace("`", "``") + "`"
-            return f"{name} IN ({','.join(map(str, ints.tolist()))})"
+            return f"{name} IN ({','.join(map(str, ints))})"
     expr = None
     for name in pk:
         col = chunk.column(name)
