@@ -12,6 +12,8 @@ key's little-endian bytes, so both implementations read each other's filters.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +31,7 @@ _SALT = np.array(
     ],
     dtype=np.uint64,
 )
+_SALTS = [int(x) for x in _SALT]
 _M32 = np.uint64(0xFFFFFFFF)
 BITS_PER_KEY = 16
 MIN_BLOCKS = 1024  # pylance's fixed size (32 KiB); larger generations get more
@@ -159,6 +162,79 @@ def _column_segments(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return (~valid).astype(np.uint8), np.ones(n, np.int64)
 
 
+_MASK64 = (1 << 64) - 1
+SMALL_BATCH = 8  # at most this many keys are hashed with Python ints (no numpy overhead)
+
+
+def _siphash13_int(data: bytes) -> int:
+    """SipHash-1-3 (keys 0, 0) of one byte string with Python ints (see :func:`siphash13`)."""
+    m64 = _MASK64
+    v0, v1, v2, v3 = int(_K0), int(_K1), int(_K2), int(_K3)
+    n = len(data)
+    end = n - n % 8
+    words = list(struct.unpack_from(f"<{end // 8}Q", data)) if end else []
+    words.append(((n & 0xFF) << 56) | int.from_bytes(data[end:], "little"))
+    for m in words:  # the full words, then the tail word with the length byte
+        v3 ^= m
+        v0 = (v0 + v1) & m64
+        v1 = ((v1 << 13) | (v1 >> 51)) & m64 ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & m64
+        v2 = (v2 + v3) & m64
+        v3 = ((v3 << 16) | (v3 >> 48)) & m64 ^ v2
+        v0 = (v0 + v3) & m64
+        v3 = ((v3 << 21) | (v3 >> 43)) & m64 ^ v0
+        v2 = (v2 + v1) & m64
+        v1 = ((v1 << 17) | (v1 >> 47)) & m64 ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & m64
+        v0 ^= m
+    v2 ^= 0xFF
+    for _ in range(3):
+        v0 = (v0 + v1) & m64
+        v1 = ((v1 << 13) | (v1 >> 51)) & m64 ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & m64
+        v2 = (v2 + v3) & m64
+        v3 = ((v3 << 16) | (v3 >> 48)) & m64 ^ v2
+        v0 = (v0 + v3) & m64
+        v3 = ((v3 << 21) | (v3 >> 43)) & m64 ^ v0
+        v2 = (v2 + v1) & m64
+        v1 = ((v1 << 17) | (v1 >> 47)) & m64 ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & m64
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+def _key_messages(keys: pa.Table) -> list[bytes]:
+    """Per-row byte strings of :func:`_column_segments`, built with Python objects.
+
+    For a handful of keys, where numpy's per-call overhead dominates; same bytes.
+    """
+    n = keys.num_rows
+    out = [b""] * n
+    for c in keys.columns:
+        t = c.type
+        if t == pa.int32() or t == pa.int64():
+            width = 4 if t == pa.int32() else 8
+            segs = [
+                b"\x01" if v is None else b"\x00" + v.to_bytes(width, "little", signed=True)
+                for v in c.to_pylist()
+            ]
+        elif pa.types.is_string(t):
+            values = [x for chunk in c.chunks for x in chunk.view(pa.binary()).to_pylist()]
+            segs = [b"\x01" if v is None else b"\x00" + v + b"\xff" for v in values]
+        elif pa.types.is_binary(t):
+            segs = [
+                b"\x01" if v is None else b"\x00" + len(v).to_bytes(8, "little") + v
+                for v in c.to_pylist()
+            ]
+        else:  # the null flag only (see _column_segments)
+            nulls = pc.is_null(c).to_pylist() if c.null_count else [False] * n
+            segs = [b"\x01" if v else b"\x00" for v in nulls]
+        out = [a + b for a, b in zip(out, segs)]
+    return out
+
+
+HASH_CHUNK_ROWS = 32768
+
+
 def hash_keys(keys: pa.Table) -> np.ndarray:
     """64-bit hashes of primary-key rows, exactly as pylance's native MemWAL computes them.
 
@@ -167,10 +243,27 @@ def hash_keys(keys: pa.Table) -> np.ndarray:
     14 wrote (``tests/test_bloom.py``), so both implementations read each other's
     ``bloom_filter.bin``.
 
-    Messages are hashed in groups whose lengths are within a factor of two (a handful
-    of groups, each vectorised), so one very long key costs its own bytes only instead
-    of padding every key to its length.
+    Up to :data:`SMALL_BATCH` keys (a point lookup) are hashed one by one with Python
+    ints, which costs a few microseconds instead of numpy's fixed overhead of a few
+    hundred (same hashes). Larger batches are hashed in groups whose lengths are within
+    a factor of two (a handful of groups, each vectorised), so one very long key costs
+    its own bytes only instead of padding every key to its length.
     """
+    n = keys.num_rows
+    if n == 0:
+        return np.zeros(0, np.uint64)
+    if n <= SMALL_BATCH:
+        return np.array([_siphash13_int(m) for m in _key_messages(keys)], np.uint64)
+    if n <= HASH_CHUNK_ROWS:
+        return hash_keys_vectorised(keys)
+    # Chunks keep numpy's temporaries in the CPU caches: ~4x faster for 1M keys.
+    return np.concatenate(
+        [hash_keys_vectorised(keys.slice(i, HASH_CHUNK_ROWS)) for i in range(0, n, HASH_CHUNK_ROWS)]
+    )
+
+
+def hash_keys_vectorised(keys: pa.Table) -> np.ndarray:
+    """:func:`hash_keys` with numpy whatever the number of keys."""
     n = keys.num_rows
     if n == 0:
         return np.zeros(0, np.uint64)
@@ -246,6 +339,15 @@ class BloomFilter:
         """Boolean array: False means the key is certainly absent."""
         if len(hashes) == 0:
             return np.zeros(0, bool)
+        if len(hashes) <= SMALL_BATCH:  # a point lookup: Python ints, same bits
+            n, words, out = self.num_blocks, self.words, []
+            for h in hashes.tolist():
+                row = words[((h >> 32) * n) >> 32].tolist()
+                lo = h & 0xFFFFFFFF
+                out.append(
+                    all(w >> (((lo * s) & 0xFFFFFFFF) >> 27) & 1 for w, s in zip(row, _SALTS))
+                )
+            return np.array(out, bool)
         block, masks = self._positions(hashes)
         return np.all((self.words[block] & masks) == masks, axis=1)
 

@@ -154,3 +154,82 @@ def test_mixed_length_composite_keys_hash_like_single_rows():
     each = np.concatenate([bloom.hash_keys(keys.slice(i, 1)) for i in range(keys.num_rows)])
     assert (bloom.hash_keys(keys) == each).all()
     assert (bloom.hash_keys(keys.slice(1, 3)) == each[1:4]).all()  # sliced arrays
+
+
+def _random_column(rng: np.random.Generator, kind: str, n: int) -> pa.Array:
+    nulls = rng.random(n) < 0.2
+    if kind == "int32":
+        vals = rng.integers(-(2**31), 2**31, n).tolist()
+        typ = pa.int32()
+    elif kind == "int64":
+        vals = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64).tolist()
+        vals[0] = int(rng.choice([0, -1, 2**63 - 1, -(2**63)]))
+        typ = pa.int64()
+    elif kind == "utf8":
+        alphabet = ["a", "é", "\u4e2d", "\U0001f600", "'", "\x00"]
+        vals = ["".join(rng.choice(alphabet, int(rng.integers(0, 40)))) for _ in range(n)]
+        typ = pa.string()
+    elif kind == "binary":
+        vals = [rng.bytes(int(rng.integers(0, 80))) for _ in range(n)]
+        typ = pa.binary()
+    elif kind == "float64":  # hashed by its null flag only, like pylance
+        vals = rng.standard_normal(n).tolist()
+        typ = pa.float64()
+    else:  # timestamp: flag only as well
+        vals = rng.integers(0, 2**40, n).tolist()
+        typ = pa.timestamp("us")
+    return pa.array([None if z else v for v, z in zip(vals, nulls)], typ)
+
+
+def test_small_batch_hashes_match_vectorised_path():
+    """Up to SMALL_BATCH keys are hashed with Python ints: same bits as numpy's path,
+    for every key type and length, composite keys, NULLs, slices and chunks."""
+    rng = np.random.default_rng(99)
+    kinds = ["int32", "int64", "utf8", "binary", "float64", "timestamp"]
+    checked = 0
+    for trial in range(300):
+        ncols = int(rng.integers(1, 5))
+        n = int(rng.integers(1, bloom.SMALL_BATCH + 1))
+        pad = int(rng.integers(0, 3))
+        cols = {}
+        for j in range(ncols):
+            col = _random_column(rng, str(rng.choice(kinds)), n + 2 * pad)
+            cols[f"c{j}"] = col.slice(pad, n)  # arrays with an offset
+        keys = pa.table(cols)
+        if trial % 3 == 0:  # chunked columns
+            keys = pa.concat_tables([keys.slice(0, n // 2), keys.slice(n // 2)])
+        fast = bloom.hash_keys(keys)
+        assert fast.dtype == np.uint64
+        assert fast.tolist() == bloom.hash_keys_vectorised(keys).tolist()
+        checked += n
+    assert checked > 1000
+    # a single long key of each kind, across 8-byte word boundaries
+    for length in range(0, 70):
+        for typ, val in ((pa.string(), "x" * length), (pa.binary(), b"\xff" * length)):
+            keys = pa.table({"k": pa.array([val], typ)})
+            assert bloom.hash_keys(keys).tolist() == bloom.hash_keys_vectorised(keys).tolist()
+
+
+def test_small_batch_might_contain_matches_vectorised_path():
+    rng = np.random.default_rng(4)
+    bf = bloom.BloomFilter.empty(3000)
+    present = rng.integers(0, 2**64, 3000, dtype=np.uint64)
+    bf.insert_hashes(present)
+    for _ in range(400):
+        n = int(rng.integers(1, bloom.SMALL_BATCH + 1))
+        h = rng.integers(0, 2**64, n, dtype=np.uint64)
+        h[: n // 2] = rng.choice(present, n // 2)
+        block, masks = bf._positions(h)
+        expected = np.all((bf.words[block] & masks) == masks, axis=1)
+        assert bf.might_contain_hashes(h).tolist() == expected.tolist()
+    assert bf.might_contain_hashes(present[:5]).all()
+
+
+def test_chunked_hashing_equals_one_vectorised_pass():
+    """Batches above HASH_CHUNK_ROWS are hashed chunk by chunk: same hashes."""
+    rng = np.random.default_rng(5)
+    n = bloom.HASH_CHUNK_ROWS * 2 + 7
+    words = ["x" * int(k) for k in rng.integers(0, 40, n)]
+    keys = pa.table({"a": pa.array(rng.integers(-(2**40), 2**40, n)), "s": pa.array(words)})
+    assert np.array_equal(bloom.hash_keys(keys), bloom.hash_keys_vectorised(keys))
+    assert np.array_equal(bloom.hash_keys(keys.slice(3)), bloom.hash_keys_vectorised(keys)[3:])
