@@ -100,6 +100,30 @@ class KeySet:
         return out
 
 
+class KeySetUnion:
+    """The union of several :class:`KeySet` (each one cached on its own).
+
+    Parameters
+    ----------
+    sets : list of KeySet
+        Sets over the same primary-key columns.
+    """
+
+    def __init__(self, sets: list[KeySet]) -> None:
+        self.sets = [s for s in sets if len(s)]
+
+    def __len__(self) -> int:
+        """Total size of the sets (a key in two sets counts twice; 0 means empty)."""
+        return sum(len(s) for s in self.sets)
+
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """Boolean mask: which rows of ``keys`` are in any of the sets."""
+        out = np.zeros(keys.num_rows, dtype=bool)
+        for s in self.sets:
+            out |= s.contains(keys)
+        return out
+
+
 def newest_indices(rows: pa.Table, pk: list[str]) -> np.ndarray:
     """Sorted row indices of the last row per key (rows oldest-first per key)."""
     if rows.num_rows == 0:

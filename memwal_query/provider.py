@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from . import pruning, sources
-from .dedup import KeySet
+from .dedup import KeySet, KeySetUnion
 from .schema import GEN_COLUMN, ROWADDR_COLUMN
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class _QueryState:
             return self._view
 
     @property
-    def keys(self) -> KeySet:
+    def keys(self) -> KeySet | KeySetUnion:
         return self.view.keys
 
 

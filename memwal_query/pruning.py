@@ -1,8 +1,9 @@
 """Predicates for region pruning, read from DataFusion's pushed-down filter.
 
 DataFusion hands the provider its filter as a ``pyarrow.compute.Expression``, which has
-no public visitor API, so :func:`predicates_from_expression` parses its canonical text
-(``((a == 5) and is_in(s, {value_set=...}))``) into a conjunction of simple predicates
+no public visitor API, so :func:`predicates_from_expression` reads its serialized tree
+(:func:`decode`; the canonical text ``((a == 5) and is_in(s, {value_set=...}))`` only as a
+fallback without string literals) into a conjunction of simple predicates
 ``(column, op, value)`` with ``op`` in ``= != < <= > >= in``. Anything it does not
 understand is dropped from the conjunction, which only means *less* pruning: pruning
 never depends on a predicate it could not read. ``OR`` of equalities on one column
@@ -195,17 +196,119 @@ def _equalities(node: Any) -> tuple[str | None, list]:
 
 
 def predicates_from_expression(expr: Any) -> list[Predicate]:
-    """Conjunction of simple predicates implied by a pyarrow filter expression."""
+    """Conjunction of simple predicates implied by a pyarrow filter expression.
+
+    Read from the expression tree (:func:`decode`), whose literals keep their exact
+    value: the canonical text cannot be trusted for strings, which pyarrow prints
+    without escaping (``'x", "y'`` in an ``IN`` list would read as two values, and
+    pruning on them would skip the region that holds the real one). The text parser is
+    only a fallback for an expression that cannot be decoded and has no quoted literal.
+    """
     if expr is None:
         return []
+    node = decode(expr) if isinstance(expr, pc.Expression) else None
+    if node is not None:
+        return _tree_conjuncts(node)
+    text = str(expr)
+    if '"' in text:
+        return []
     try:
-        parser = _Parser(str(expr))
-        node = parser.node()
+        parser = _Parser(text)
+        tree = parser.node()
         if parser.peek() is not None:
             return []
     except (_Unknown, ValueError, IndexError):
         return []
-    return [p for p in _conjuncts(node) if p[2] is not None or p[1] == "in"]
+    return [p for p in _conjuncts(tree) if p[2] is not None or p[1] == "in"]
+
+
+_TREE_OPS = {
+    "equal": "=",
+    "not_equal": "!=",
+    "less": "<",
+    "less_equal": "<=",
+    "greater": ">",
+    "greater_equal": ">=",
+}
+_NO_VALUE = object()  # a literal without an exact Python value: no predicate from it
+
+
+def _literal_value(scalar: pa.Scalar) -> Any:
+    """Exact Python value of a literal; None for NULL, ``_NO_VALUE`` if not exact."""
+    if not scalar.is_valid:
+        return None
+    t = scalar.type
+    if pa.types.is_dictionary(t):
+        return _literal_value(scalar.value)
+    unit = getattr(t, "unit", None)
+    if unit == "ns" and (pa.types.is_timestamp(t) or pa.types.is_duration(t)):
+        # as_py() would give a pandas object, or drop the nanoseconds
+        nanos = scalar.cast(pa.int64()).as_py()
+        if nanos % 1000:
+            return _NO_VALUE
+        coarse = pa.timestamp("us", t.tz) if pa.types.is_timestamp(t) else pa.duration("us")
+        return pa.scalar(nanos // 1000, pa.int64()).cast(coarse).as_py()
+    if pa.types.is_time64(t) and unit == "ns":
+        nanos = scalar.cast(pa.int64()).as_py()
+        if nanos % 1000:
+            return _NO_VALUE
+        return pa.scalar(nanos // 1000, pa.int64()).cast(pa.time64("us")).as_py()
+    try:
+        return scalar.as_py()
+    except (pa.ArrowException, ValueError, OverflowError):
+        return _NO_VALUE
+
+
+def _tree_conjuncts(node: Node) -> list[Predicate]:
+    """:func:`_conjuncts` of a decoded tree (see :func:`predicates_from_expression`)."""
+    if node[0] != "call":
+        return []
+    _, name, args, options = node
+    if name in ("and", "and_kleene") and len(args) == 2:
+        return _tree_conjuncts(args[0]) + _tree_conjuncts(args[1])
+    if name in _TREE_OPS and len(args) == 2:
+        a, b = args
+        op = _TREE_OPS[name]
+        if a[0] == "field" and b[0] == "lit":
+            column, lit = a[1], b[1]
+        elif a[0] == "lit" and b[0] == "field":
+            column, lit, op = b[1], a[1], _FLIP[op]
+        else:
+            return []
+        value = _literal_value(lit)
+        return [] if value is None or value is _NO_VALUE else [(column, op, value)]
+    if name == "is_in" and len(args) == 1 and args[0][0] == "field" and options is not None:
+        try:
+            value_set = options["value_set"].values
+        except (KeyError, AttributeError, TypeError):
+            return []
+        if value_set is None:
+            return []
+        # one Python value per literal of the IN list (not per data row)
+        values = [_literal_value(value_set[i]) for i in range(len(value_set))]
+        if any(v is _NO_VALUE for v in values):
+            return []
+        return [(args[0][1], "in", values)]
+    if name in ("or", "or_kleene"):
+        column, values = _tree_equalities(node)
+        if column is not None:
+            return [(column, "in", values)]
+    return []
+
+
+def _tree_equalities(node: Node) -> tuple[str | None, list]:
+    """``a = 1 or a = 2 or a in (3)`` -> ``("a", [1, 2, 3])``; otherwise ``(None, [])``."""
+    if node[0] == "call" and node[1] in ("or", "or_kleene") and len(node[2]) == 2:
+        c1, v1 = _tree_equalities(node[2][0])
+        c2, v2 = _tree_equalities(node[2][1])
+        if c1 is not None and c1 == c2:
+            return c1, v1 + v2
+        return None, []
+    preds = _tree_conjuncts(node)
+    if len(preds) == 1 and preds[0][1] in ("=", "in"):
+        column, op, value = preds[0]
+        return column, (list(value) if op == "in" else [value])
+    return None, []
 
 
 def referenced_columns(expr: Any, names: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import paths
-from .dedup import KeySet, newest_indices
+from .dedup import KeySet, KeySetUnion, newest_indices
 from .exceptions import GenerationGoneError, MemWalError
 from .index import MemWalIndex
 from .memtable import MemTableSnapshot
@@ -220,66 +220,103 @@ def _manifest_state(table: MemWalTable, region_id: str) -> tuple[Any, list[tuple
 
 # -- reading flushed generations ---------------------------------------------------------
 class _GenerationCache:
-    """Process-wide LRU of decoded generation tables (generations are immutable)."""
+    """Process-wide LRU of decoded generation columns (generations are immutable).
+
+    Per generation directory: its ``_rowaddr`` and the columns read so far, each read
+    from Lance at most once and only when a query needs it (projection pushdown: a query
+    of ``id, val`` never reads a generation's other columns).
+    """
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, pa.Table] = OrderedDict()
+        self._items: OrderedDict[str, dict[str, pa.ChunkedArray]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, uri: str) -> pa.Table | None:
+    def get(self, uri: str) -> dict[str, pa.ChunkedArray]:
+        """The columns cached for ``uri`` (a copy; empty when none)."""
         with self._lock:
-            t = self._items.get(uri)
-            if t is not None:
-                self._items.move_to_end(uri)
-            return t
+            entry = self._items.get(uri)
+            if entry is None:
+                return {}
+            self._items.move_to_end(uri)
+            return dict(entry)
 
-    def put(self, uri: str, table: pa.Table) -> None:
+    def add(self, uri: str, columns: dict[str, pa.ChunkedArray]) -> dict[str, pa.ChunkedArray]:
+        """Cache ``columns`` of ``uri``; return every column now cached for it."""
         with self._lock:
-            if uri in self._items:
-                return
-            self._items[uri] = table
-            self._bytes += table.nbytes
+            entry = self._items.setdefault(uri, {})
+            self._items.move_to_end(uri)
+            for name, col in columns.items():
+                if name not in entry:
+                    entry[name] = col
+                    self._sizes[uri] = self._sizes.get(uri, 0) + col.nbytes
+                    self._bytes += col.nbytes
+            out = dict(entry)
             while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= old.nbytes
+                old, _ = self._items.popitem(last=False)
+                self._bytes -= self._sizes.pop(old, 0)
+            return out
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._sizes.clear()
             self._bytes = 0
 
 
 GENERATION_CACHE = _GenerationCache()
 
 
-def read_generation(ref: GenerationRef, schema: pa.Schema, storage_options=None) -> pa.Table:
-    """All rows of a flushed generation with ``_gen`` and ``_rowaddr``, in write order.
+def read_generation(
+    ref: GenerationRef,
+    schema: pa.Schema,
+    storage_options=None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """Rows of a flushed generation with ``_gen`` and ``_rowaddr``, in write order.
 
     Conformed to ``schema`` + ``_tombstone`` (columns added to the base table after the
-    generation was written read as NULL). Raises GenerationGoneError when missing.
+    generation was written read as NULL; a missing ``_tombstone`` as false). With
+    ``columns``, only those (names of that conformed schema) are returned, and only
+    those are read from Lance. Raises GenerationGoneError when missing.
     """
+    target = _storage_read_schema(schema)
+    names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.get(ref.uri)
-    if cached is None:
+    missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+    if missing or ROWADDR_COLUMN not in cached:
         try:
             ds = lance.dataset(ref.uri, storage_options=storage_options or None)
-            raw = ds.to_table(with_row_address=True)
+            present = set(ds.schema.names)
+            raw = ds.to_table(
+                columns=[c for c in missing if c in present],
+                with_row_address=ROWADDR_COLUMN not in cached,
+            )
         except (ValueError, OSError, FileNotFoundError) as e:
             raise GenerationGoneError(
                 f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
                 f"gone or unreadable: {e}"
             ) from e
-        cached = _with_gen(raw, ref.generation)
-        GENERATION_CACHE.put(ref.uri, cached)
-    return conform(cached, schema)
-
-
-def _with_gen(raw: pa.Table, generation: int) -> pa.Table:
-    rowaddr = raw.column(ROWADDR_COLUMN)
-    raw = raw.drop_columns([ROWADDR_COLUMN])
-    gen = pa.repeat(pa.scalar(generation, pa.uint64()), raw.num_rows)
-    return raw.append_column(GEN_COLUMN, gen).append_column(ROWADDR_COLUMN, rowaddr)
+        fresh = {c: raw.column(c) for c in raw.column_names}
+        n = raw.num_rows if ROWADDR_COLUMN not in cached else len(cached[ROWADDR_COLUMN])
+        for c in missing:
+            if c not in present:  # written before the column existed
+                t = target.field(c).type
+                value = pa.scalar(False) if c == TOMBSTONE else pa.scalar(None, t)
+                fresh[c] = pa.chunked_array([pa.repeat(value, n)], t)
+        cached = GENERATION_CACHE.add(ref.uri, fresh)
+    n = len(cached[ROWADDR_COLUMN])
+    arrays = []
+    for name in names:
+        f = target.field(name)
+        if name == GEN_COLUMN:
+            col = pa.chunked_array([pa.repeat(pa.scalar(ref.generation, pa.uint64()), n)])
+        else:
+            col = cached[name]
+        arrays.append(col if col.type == f.type else col.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema([target.field(c) for c in names]))
 
 
 def memtable_rows(m: MemTableSnapshot) -> pa.Table:
@@ -345,24 +382,40 @@ class NewerView:
     """Newest version of every key among a plan's generations and MemTables.
 
     Held as row indices (``winners``) into the zero-copy concatenation of the sources'
-    rows, so that a query materializes only the columns it needs. The flushed part is
-    cached per set of generations (they are immutable); MemTable rows, always newer than
-    every flushed generation of their region, are combined per query.
+    rows, so that a query materializes only the columns it needs, and reads only those
+    from the generations' Lance tables (:func:`read_generation`). The flushed part
+    (winners and key set) is cached per set of generations (they are immutable);
+    MemTable rows, always newer than every flushed generation of their region, are
+    combined per query.
 
     Attributes
     ----------
-    rows : pa.Table
-        All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``).
     winners : np.ndarray
         Sorted indices of the newest row per key (tombstones included).
-    keys : KeySet
+    keys : KeySet or KeySetUnion
         Every key present in a newer source (to drop their base-table rows).
     """
 
-    def __init__(self, rows: pa.Table, winners: np.ndarray, keys: KeySet) -> None:
-        self.rows = rows
+    def __init__(
+        self,
+        rows: Callable[[Sequence[str]], pa.Table],
+        names: Sequence[str],
+        winners: np.ndarray,
+        keys: KeySet | KeySetUnion,
+    ) -> None:
+        self._rows = rows
+        self._names = list(names)
         self.winners = winners
         self.keys = keys
+
+    def columns(self, names: Sequence[str] | None = None) -> pa.Table:
+        """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
+        return self._rows(self._names if names is None else list(names))
+
+    @property
+    def rows(self) -> pa.Table:
+        """All newer rows with every column (reads them all: prefer :meth:`columns`)."""
+        return self.columns()
 
     def live(
         self,
@@ -375,36 +428,46 @@ class NewerView:
         The filter is evaluated on the newest version of each key, reading only
         ``filter_columns`` first; the output columns are then taken for matches only.
         """
-        cols = list(self.rows.column_names if columns is None else columns)
+        cols = list(self._names if columns is None else columns)
         check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
-        probe = self.rows.select(check).take(pa.array(self.winners))
+        probe = self.columns(check).take(pa.array(self.winners))
         probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
-        probe = probe.filter(pc.invert(probe.column(TOMBSTONE)))
+        probe = probe.filter(pc.invert(pc.fill_null(probe.column(TOMBSTONE), False)))
         if filter is not None and probe.num_rows:
             probe = probe.filter(filter)
         selected = self.winners[probe.column(_POS).to_numpy()]
         if not cols:  # e.g. count(*): no columns, but the right number of rows
             return pa.table({_POS: pa.nulls(len(selected))}).select([])
-        return self.rows.select(cols).take(pa.array(selected))
+        return self.columns(cols).take(pa.array(selected))
 
 
-_FLUSHED_VIEWS: OrderedDict[tuple, tuple[pa.Table, np.ndarray]] = OrderedDict()
+_FLUSHED_VIEWS: OrderedDict[tuple, tuple[int, np.ndarray, KeySet]] = OrderedDict()
 _FLUSHED_LOCK = threading.Lock()
 _FLUSHED_MAX = 8
 
 
+def _flushed_rows(
+    plan: ReadPlan, schema: pa.Schema, columns: Sequence[str], storage_options
+) -> pa.Table:
+    """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
+    parts = [read_generation(g, schema, storage_options, columns) for g in plan.generations]
+    if parts:
+        return pa.concat_tables(parts)
+    return _empty(schema).select(list(columns))
+
+
 def _flushed_view(
     plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
-) -> tuple[pa.Table, np.ndarray]:
+) -> tuple[int, np.ndarray, KeySet]:
+    """(row count, newest indices, key set) of the plan's generations (cached)."""
     key = (tuple(g.uri for g in plan.generations), schema)
     with _FLUSHED_LOCK:
         hit = _FLUSHED_VIEWS.get(key)
         if hit is not None:
             _FLUSHED_VIEWS.move_to_end(key)
             return hit
-    parts = [read_generation(g, schema, storage_options) for g in plan.generations]
-    rows = pa.concat_tables(parts) if parts else _empty(schema)
-    view = (rows, newest_indices(rows, pk))
+    keys = _flushed_rows(plan, schema, pk, storage_options)
+    view = (keys.num_rows, newest_indices(keys, pk), KeySet(keys))
     with _FLUSHED_LOCK:
         _FLUSHED_VIEWS[key] = view
         while len(_FLUSHED_VIEWS) > _FLUSHED_MAX:
@@ -437,14 +500,21 @@ def _memtable_view(
 
 def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
     """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
-    rows_f, win_f = _flushed_view(plan, schema, pk, storage_options)
+    n_f, win_f, keys_f = _flushed_view(plan, schema, pk, storage_options)
+    names = _storage_read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:
-        return NewerView(rows_f, win_f, KeySet(rows_f.select(pk)))
-    rows_m, win_m, mem_keys = _memtable_view(mems, schema, pk)
+        return NewerView(
+            lambda cols: _flushed_rows(plan, schema, cols, storage_options), names, win_f, keys_f
+        )
+    rows_m, win_m, keys_m = _memtable_view(mems, schema, pk)
     if len(win_f):
-        overwritten = mem_keys.contains(rows_f.select(pk).take(pa.array(win_f)))
-        win_f = win_f[~overwritten]
-    winners = np.concatenate([win_f, win_m + rows_f.num_rows])
-    rows = pa.concat_tables([rows_f, rows_m])
-    return NewerView(rows, winners, KeySet(rows.select(pk)))
+        winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
+        win_f = win_f[~keys_m.contains(winners_f)]
+    winners = np.concatenate([win_f, win_m + n_f])
+
+    def rows(cols: Sequence[str]) -> pa.Table:
+        flushed = _flushed_rows(plan, schema, cols, storage_options)
+        return pa.concat_tables([flushed, rows_m.select(list(cols))])
+
+    return NewerView(rows, names, winners, KeySetUnion([keys_f, keys_m]))

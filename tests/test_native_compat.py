@@ -2,6 +2,7 @@
 
 import uuid
 
+import datafusion
 import lance
 import pyarrow as pa
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
@@ -51,7 +52,17 @@ def test_native_written_regions_read_by_our_provider(tmp_path):
         wal = Wal(t.io, f"{t.uri}/_mem_wal/{shard}/wal", shard)
         assert all(e.writer_epoch == m.writer_epoch for e in wal.replay(0, m.writer_epoch))
     native = LsmScanner.from_snapshots(lance.dataset(uri), [snapshot(t, s) for s in shards])
-    assert rows(t.to_table()) == rows(native.to_table())
+    expected = rows(native.to_table())
+    assert expected and rows(t.to_table()) == expected
+    # and through DataFusion SQL, both consistency modes
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "strong", uri, consistency="strong")
+    assert rows(ctx.sql("SELECT * FROM strong").to_arrow_table()) == expected
+    t.refresh_snapshots()
+    mq.register(ctx, "eventual", uri)
+    assert rows(ctx.sql("SELECT * FROM eventual").to_arrow_table()) == expected
+    got = ctx.sql("SELECT count(*) AS n, sum(v) AS s FROM eventual WHERE v > 5").to_arrow_table()
+    assert got.column("n")[0].as_py() == sum(1 for v in expected.values() if v > 5)
 
 
 def test_our_regions_read_by_native_scanner_and_lookup(tmp_path):

@@ -130,8 +130,9 @@ def test_register_fails_fast_with_typed_errors(tmp_path):
         mq.register(datafusion.SessionContext(), "t", str(tmp_path / "nope"))
     nopk = str(tmp_path / "nopk")
     lance.write_dataset(pa.table({"id": [1]}), nopk)
-    with pytest.raises(mq.PrimaryKeyError, match="no primary key"):
+    with pytest.raises(mq.PrimaryKeyError, match="no primary key") as e:
         mq.register(datafusion.SessionContext(), "t", nopk)
+    assert nopk in str(e.value)
     # a region manifest corrupted before registration: the typed error at register
     uri = str(tmp_path / "t")
     schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("x", pa.int64())])
@@ -179,3 +180,85 @@ def test_query_time_error_names_type_and_path(tmp_path):
     with pytest.raises(Exception) as e:
         ctx.sql("SELECT * FROM t").to_arrow_table()
     assert "GenerationGoneError" in str(e.value) and gen_dir in str(e.value)
+
+
+# -- region pruning reads the filter's exact literals -------------------------------------
+def test_pruning_is_not_fooled_by_quotes_in_string_literals(tmp_path):
+    """pyarrow prints string literals unescaped: 'x", "y' in an IN list must not read as
+    the two values x and y (which pruned the region holding 'x", "y': rows lost)."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), False, PK), pa.field("s", pa.string(), False, PK)]
+    )
+    lance.write_dataset(pa.table({"id": [0], "s": ["q"]}, schema=schema), uri)
+    spec = mq.identity_spec(lance.dataset(uri).lance_schema, "s")
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    values = ['x", "y', "x", "y", 'a\\"', "z"]
+    t.write(pa.table({"id": range(1, 6), "s": values}, schema=schema))
+    t.flush()
+    ctx = datafusion.SessionContext()
+    p = t.provider()
+    ctx.register_table("t", p)
+    for sql, want in [
+        ("""SELECT id FROM t WHERE s IN ('x", "y', 'n1', 'n2', 'n3')""", [1]),
+        ("""SELECT id FROM t WHERE s IN ('a\\"', 'n1', 'n2', 'n3')""", [4]),
+        ("""SELECT id FROM t WHERE s = 'x", "y' OR s = 'n1'""", [1]),
+    ]:
+        assert ctx.sql(sql).to_arrow_table().column("id").to_pylist() == want, sql
+        assert len(p.last_plan.regions) == 1 and len(p.last_plan.pruned) == 4, sql
+    t.close(flush=False)
+
+
+# -- projection pushdown: only the projected columns are read from Lance -----------------
+def test_projection_reads_only_projected_columns_from_every_lance_table(tmp_path, monkeypatch):
+    from memwal_query.sources import GENERATION_CACHE
+
+    uri = str(tmp_path / "t")
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False, PK),
+            pa.field("val", pa.float64()),
+            pa.field("big", pa.list_(pa.float32(), 8)),
+            pa.field("note", pa.string()),
+        ]
+    )
+
+    def rows(ids, v):
+        n = len(ids)
+        vec = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(8 * n, np.float32)), 8)
+        return pa.table({"id": ids, "val": [v] * n, "big": vec, "note": ["x"] * n}, schema)
+
+    lance.write_dataset(rows(list(range(10)), 0.0), uri)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(rows([1, 2, 20], 1.0))
+    w.flush()
+    w.put(rows([2, 30], 2.0))
+    w.delete(pa.table({"id": pa.array([3], pa.int64())}))
+    GENERATION_CACHE.clear()
+    read: list[list[str]] = []
+    scanner, to_table = lance.LanceDataset.scanner, lance.LanceDataset.to_table
+
+    def spy_scanner(self, *args, columns=None, **kw):
+        read.append(list(columns) if columns is not None else ["<all>"])
+        return scanner(self, *args, columns=columns, **kw)
+
+    def spy_to_table(self, *args, columns=None, **kw):
+        read.append(list(columns) if columns is not None else ["<all>"])
+        return to_table(self, *args, columns=columns, **kw)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", spy_scanner)
+    monkeypatch.setattr(lance.LanceDataset, "to_table", spy_to_table)
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider(writers=[w]))
+    got = ctx.sql("SELECT id, val FROM t WHERE val > 0.5 ORDER BY id").to_arrow_table()
+    assert got.to_pydict() == {"id": [1, 2, 20, 30], "val": [1.0, 2.0, 1.0, 2.0]}
+    assert ctx.sql("SELECT count(*) AS n FROM t").to_arrow_table().column(0)[0].as_py() == 11
+    assert read, "no Lance read observed"
+    for cols in read:  # the base scans and the generation's reads
+        assert set(cols) <= {"id", "val", "_tombstone"}, cols
+    monkeypatch.undo()
+    # and every column when asked for
+    full = ctx.sql("SELECT * FROM t WHERE id = 20").to_arrow_table()
+    assert full.column("note").to_pylist() == ["x"] and full.column("big")[0].as_py() == [0.0] * 8
+    w.close(flush=False)
