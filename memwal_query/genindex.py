@@ -291,10 +291,23 @@ def vector_model(
 
 
 def vector_metric(ds: lance.LanceDataset, info: BaseIndexInfo | None) -> str:
-    """Distance type of a vector index (``l2`` when there is none)."""
+    """Distance type of a vector index (``l2`` when there is none).
+
+    An index whose model cannot be read (e.g. Lance recorded an index without files,
+    which it does when PQ training has too few rows) still has a metric in its
+    statistics; failing that, ``l2`` (Lance's default for a flat search).
+    """
     if info is None:
         return "l2"
-    return vector_model(ds, info).metric
+    try:
+        return vector_model(ds, info).metric
+    except Exception as e:  # noqa: BLE001 - unreadable model: the metric is all we need
+        LOG.warning("cannot read the model of vector index %s: %s", info.name, e)
+    try:
+        first = ds.stats.index_stats(info.name)["indices"][0]
+        return str(first.get("metric_type", "l2")).lower()
+    except Exception:  # noqa: BLE001 - no statistics either
+        return "l2"
 
 
 # -- full-text parameters ----------------------------------------------------------------

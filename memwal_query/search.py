@@ -43,7 +43,8 @@ base's centroids and codebook), and the MemTables by exact search. Then:
   updated row never comes back with its old vector or old words.
 - **Over-fetch**: a source whose candidates lost some rows to staleness is asked again
   for more (4x) while it still has rows and all its surviving candidates made the
-  global top-k, so the result is filled up to ``k`` whenever enough live rows match.
+  global top-k (also when *every* candidate was stale), so the result is filled up to
+  ``k`` whenever enough live rows match.
 - **filter** is a prefilter evaluated by each source on its own rows. Because
   staleness is decided on *unfiltered* keys, a row whose newest version fails the
   filter is never returned through an older version that passed it (base ``id=1,
@@ -70,6 +71,17 @@ base's centroids and codebook), and the MemTables by exact search. Then:
   equals Lance's own ``_score``. Superseded rows still counted by an index (a base row
   updated in a generation) stay in its statistics, as Lance keeps deleted rows in its
   own until the index is rebuilt. Queries are Lance ``MatchQuery`` (OR of the tokens).
+  An indexed source ranks by its *own* statistics, which may order documents unlike
+  the global score (a small generation's short average length favours short
+  documents), so its top rows are not necessarily its globally best: it is asked for
+  more while ``ratio * floor`` beats the current k-th global score, where ``floor``
+  is the lowest local score it returned and ``ratio`` bounds global/local score for
+  any of its documents (``max_t idf_global(t) / idf_local(t)`` times
+  ``max(1, avgdl_global / avgdl_local)``), up to ``max(256, 16 k)`` rows per source
+  (the bound is loose on many equal scores, and every candidate is re-tokenized);
+  beyond that the order is approximate. In-memory sources score globally already.
+  (Lance scores rows of *unindexed* base fragments, searched only when there is no
+  catch-up record, with slightly different statistics; the bound is approximate there.)
 - **Cost**: the sources are queried concurrently (a Lance query has a few milliseconds
   of fixed cost however small the generation). They answer with the key, the searched
   column and their row id only; the other output columns are read by row id for the
@@ -159,6 +171,8 @@ _PRUNE_MAX_KEYS = 64
 _SMALL_MATCH = 64  # key pairs compared as Python values (see _match_keys)
 _BASE_LOOKUP_CHUNK = 20_000
 _MAX_ROUNDS = 12
+_BOUND_SLACK = 1e-5  # relative: float32 scores, and df recovered from a rounded score
+_BOUND_MAX_FETCH = 256  # rows (or 16 k) a full-text source is re-asked for at most
 
 __all__ = [
     "SearchPlan",
@@ -801,13 +815,24 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
 
 def _run_topk(
     sources_: list[_Source],
-    fetch,
+    fetch: Callable[[_Source, int], pa.Table],
     k: int,
     score_col: str,
     descending: bool,
     pk: list[str],
+    bound: Callable[[_Source], float | None] | None = None,
 ) -> pa.Table | None:
     """Fetch, drop stale, merge; re-fetch sources that may still hold better live rows.
+
+    A source that is not exhausted is asked again (for 4x as many rows) when the rows it
+    has not returned yet could still enter the top ``k``:
+
+    - by default (a source returning its rows in the merge order), when it has fewer
+      than ``k`` live candidates and all of them made the top ``k`` (including the case
+      where every candidate was stale);
+    - when ``bound(source)`` gives a number (a source ranking by its own score, which
+      the merge re-scores), when that upper bound on the merge score of its unreturned
+      rows beats the current ``k``-th score (or fewer than ``k`` rows were found).
 
     The sources are queried concurrently (Lance releases the GIL; a query costs a few
     milliseconds of fixed overhead however small the generation).
@@ -840,15 +865,29 @@ def _run_topk(
             if s.live is not None and s.live.num_rows:
                 src = pa.repeat(pa.scalar(i, pa.int32()), s.live.num_rows)
                 parts.append(s.live.append_column(_SRC, src))
-        if not parts:
-            return None
-        merged = pa.concat_tables(parts, promote_options="permissive")
-        merged = merged.sort_by([(score_col, order)]).slice(0, k)
-        counts = collections.Counter(merged.column(_SRC).to_pylist())
+        counts: collections.Counter = collections.Counter()
+        kth: float | None = None
+        if parts:
+            merged = pa.concat_tables(parts, promote_options="permissive")
+            merged = merged.sort_by([(score_col, order)]).slice(0, k)
+            counts.update(merged.column(_SRC).to_pylist())
+            if merged.num_rows >= k:
+                kth = float(merged.column(score_col)[k - 1].as_py())
+        else:  # nothing live yet (e.g. every candidate was stale): ask again
+            merged = None
         pending = []
         for i, s in enumerate(sources_):
+            if s.exhausted:
+                continue
+            b = bound(s) if bound is not None else None
+            if b is not None:
+                beats = kth is None or (b > kth if descending else b < kth)
+                if beats:
+                    s.k_fetch = s.k_fetch * 4
+                    pending.append(s)
+                continue
             live = s.live.num_rows if s.live is not None else 0
-            if s.exhausted or live >= k:
+            if live >= k:
                 continue
             if counts.get(i, 0) == live:  # every live candidate made the top-k: want more
                 s.k_fetch = s.k_fetch * 4
@@ -1367,6 +1406,28 @@ def _index_df(
     return df
 
 
+def _score_ratio(st: _FtsStats, uniq: list[str], idf: np.ndarray, avgdl: float) -> float:
+    """Upper bound of global BM25 / local BM25 for any document of one indexed source.
+
+    ``st`` holds the source's own statistics (those its index scores with), ``uniq`` the
+    query tokens, ``idf`` their global idf and ``avgdl`` the global average length.
+    Per token, the global idf over the local one; for the document-length part,
+    ``(tf + k1 (1 - b) + k1 b dl / A_l) / (tf + k1 (1 - b) + k1 b dl / A_g)`` is at most
+    ``max(1, A_g / A_l)``. Tokens absent from the source contribute to no document.
+    """
+    if st.num_docs <= 0 or st.total_tokens <= 0:
+        return 0.0
+    length = max(1.0, avgdl / (st.total_tokens / st.num_docs))
+    best = 0.0
+    for j, tok in enumerate(uniq):
+        df = st.df.get(tok, 0)
+        if df <= 0 or idf[j] <= 0:
+            continue
+        local = float(_idf(min(df, st.num_docs), st.num_docs))
+        best = max(best, float(idf[j]) / local if local > 0 else math.inf)
+    return length * best
+
+
 def _query_tokens(query: str, tok_kwargs: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """Query tokens (with repeats, as Lance scores them) and a word producing each."""
     tokens = [t.text for t in lance.tokenize(query, **tok_kwargs)]
@@ -1487,6 +1548,27 @@ def fts_search(
             "idf": dict(zip(uniq, idf.tolist())),
         }
 
+    # A Lance-indexed source ranks by its *own* BM25 (its N, avgdl, df), which can
+    # order documents differently from the global score. Its unreturned documents have
+    # a local score <= the lowest local score it returned (``floors``), hence a global
+    # score <= ratio * that floor, where per query token
+    # ``idf_global / idf_local <= max_t(...)`` and
+    # ``weight_global / weight_local <= max(1, avgdl_global / avgdl_local)``.
+    # _run_topk asks such a source for more while this bound beats the k-th score.
+    ratios = {
+        i: _score_ratio(st, uniq, idf, avgdl) for i, st in enumerate(per_source) if i not in mem_fts
+    }
+    floors: dict[int, float] = {}
+
+    def bound(s: _Source) -> float | None:
+        i = srcs.index(s)
+        if i not in ratios:
+            return None  # exact global scores, in order: the default rule applies
+        floor = floors.get(i)
+        if floor is None or s.k_fetch >= max(_BOUND_MAX_FETCH, 16 * k):
+            return 0.0  # nothing returned; or enough (only fills the result to k now)
+        return ratios[i] * floor * (1.0 + _BOUND_SLACK)
+
     def score(tf: np.ndarray, dl: np.ndarray) -> np.ndarray:
         if len(dl) == 0:
             return np.zeros(0, np.float32)
@@ -1548,9 +1630,13 @@ def fts_search(
             if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
                 debug["base_lance_plan"] = scanner.explain_plan(True)
             got = scanner.to_table()
+        if got.num_rows:
+            floors[i] = float(pc.min(got.column(SCORE)).as_py())
+        else:
+            floors.pop(i, None)
         return rescore_lance(got)
 
-    merged = _run_topk(srcs, fetch, k, SCORE, True, pk)
+    merged = _run_topk(srcs, fetch, k, SCORE, True, pk, bound)
     _fill_debug(debug, plan, srcs)
     if merged is None:
         return empty

@@ -25,7 +25,8 @@ def register(
     """Register the MemWAL table at ``uri`` as ``name`` in ``ctx``; return the table.
 
     Also registers the SQL table functions ``vector_search``, ``fts_search`` and
-    ``lookup`` (see :mod:`memwal_query.search`). Eventual consistency by default
+    ``lookup`` (see :mod:`memwal_query.search`); for ``name`` they read the MemTables of
+    ``writers`` too (strong consistency, like every search). Eventual consistency by default
     (region snapshots of the MemWAL index, falling back to the region manifests while
     no snapshot has been written); pass ``consistency="strong"`` and ``writers=`` for
     read-your-writes.
@@ -50,9 +51,16 @@ def register(
     provider.check()
     ctx.register_table(name, provider)
     _registered(ctx)[name] = table
+    registered_writers = _registered(ctx, "_memwal_writers")
+    if writers is None:
+        registered_writers.pop(name, None)
+    else:
+        registered_writers[name] = list(writers)
     from .search import register_search_functions
 
-    register_search_functions(ctx)
+    # The functions look both dicts up at call time: tables and writers registered
+    # later on this context are found too.
+    register_search_functions(ctx, writers=registered_writers)
     return table
 
 
@@ -72,13 +80,14 @@ def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> Mem
         raise
 
 
-def _registered(ctx: Any) -> dict[str, MemWalTable]:
-    """Tables registered through :func:`register` on ``ctx`` (for the search functions)."""
-    registry = getattr(ctx, "_memwal_tables", None)
+def _registered(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
+    """Tables (``_memwal_tables``) or writers (``_memwal_writers``) registered through
+    :func:`register` on ``ctx``, by name (for the search functions)."""
+    registry = getattr(ctx, attr, None)
     if registry is None:
         registry = {}
         try:
-            ctx._memwal_tables = registry
+            setattr(ctx, attr, registry)
         except AttributeError:  # pragma: no cover - slots
             pass
     return registry

@@ -190,3 +190,33 @@ def test_tokenize_kwargs_reproduce_the_index_tokenizer(vtable):
     kw = genindex.tokenize_kwargs(params)
     assert kw["stem"] is False and kw["analyzer"] == "text"
     assert [x.text for x in lance.tokenize("Running Dogs", **kw)] == ["running", "dogs"]
+
+
+def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
+    """Lance records an IVF_PQ index with no files when PQ has too few rows to train
+    (200 < 256): generations then get no index, and searches still answer exactly."""
+    from memwal_query import search
+
+    rng = np.random.default_rng(0)
+    uri = str(tmp_path / "small")
+    vecs = rng.standard_normal((200, DIM)).astype(np.float32)
+    ds = lance.write_dataset(_rows(range(200), vecs), uri)
+    ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4, name="vec_idx")
+    with pytest.raises(Exception):  # noqa: B017 - whatever Lance raises for the files
+        lance.dataset(uri).get_ivf_model("vec_idx")
+    genindex._CACHE.vector.clear()
+    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx"])
+    with t.writer() as w:
+        w.put(_rows([7], np.zeros((1, DIM))))
+    (gen_uri,) = _generations(t)
+    assert genindex.read_report(t, gen_uri)["vec_idx"]["status"] == "skipped"
+    assert (
+        genindex.vector_metric(t.dataset(), genindex.find_index(t.dataset(), "vec", "vector"))
+        == "l2"
+    )
+    q = np.zeros(DIM, np.float32)
+    dist = ((vecs - q) ** 2).sum(1)
+    dist[7] = 0.0
+    got = search.vector_search(t, "vec", q, k=5)
+    assert got["id"].to_pylist() == np.argsort(dist)[:5].tolist()
+    t.close(flush=False)

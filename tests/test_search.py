@@ -450,6 +450,61 @@ def test_fts_scores_use_global_statistics(tmp_path):
     w.close(flush=False)
 
 
+def test_fts_top_k_when_a_source_ranks_differently_from_the_global_score(tmp_path):
+    """A small generation's own BM25 (short avgdl) prefers a 1-token document; with the
+    global statistics a 6-token document with tf=3 scores higher. Both the generation's
+    local top-1 and top-k must give way to the global ranking (brute force)."""
+    uri = str(tmp_path / "b")
+    texts = [" ".join(f"w{(i * 7 + j) % 50}" for j in range(12)) for i in range(300)]
+    ds = lance.write_dataset(rows(range(300), text=texts), uri)
+    ds.create_index("vec", "IVF_PQ", num_partitions=2, num_sub_vectors=2, name="vec_idx")
+    ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"])
+    gen_text = ["zebra", "zebra zebra zebra qa qb qc"] + ["qq"] * 40
+    with t.writer() as w:
+        w.put(rows(range(1000, 1000 + len(gen_text)), text=gen_text))
+    gen = t.region_manifest(w.region_id).flushed_generations[0]
+    gen_ds = lance.dataset(paths.generation_path(t.uri, w.region_id, gen.path))
+    local = gen_ds.to_table(full_text_query="zebra", limit=1, columns=["id"])
+    assert ids(local) == [1000]  # the generation's own index ranks 1000 first
+    ref = bm25_reference(t.to_table(), "zebra")
+    assert max(ref, key=ref.get) == 1001
+    for k in (1, 2, 5):
+        dbg: dict = {}
+        got = search.fts_search(t, "text", "zebra", k=k, debug=dbg)
+        assert ids(got) == [1001, 1000][:k]
+        assert got["_score"].to_pylist() == pytest.approx([ref[1001], ref[1000]][:k], rel=1e-4)
+    gen_stats = next(s for s in dbg["sources"] if s["kind"] == "generation")
+    assert gen_stats["index"] == "text_idx"
+
+
+def test_search_refills_when_every_first_candidate_is_deleted(tmp_path):
+    """The nearest/best 40 base rows are deleted in a generation: the first round's
+    candidates are all stale, and the search must ask the base again (not return [])."""
+    uri = str(tmp_path / "line")
+    steps = (np.arange(N_BASE, dtype=np.float32) + 1) / 10
+    vecs = np.tile(Q, (N_BASE, 1))
+    vecs[:, 0] += steps
+    text = ["apple" + " filler" * i for i in range(N_BASE)]  # shorter scores higher
+    ds = lance.write_dataset(rows(range(N_BASE), vecs, text=text), uri)
+    ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4, name="vec_idx")
+    ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"])
+    with t.writer() as w:
+        w.delete(pa.table({"id": list(range(40))}))
+    dbg: dict = {}
+    assert ids(search.vector_search(t, "vec", Q, k=5, debug=dbg)) == [40, 41, 42, 43, 44]
+    assert next(s for s in dbg["sources"] if s["kind"] == "base")["rounds"] == 2
+    assert ids(search.fts_search(t, "text", "apple", k=5)) == [40, 41, 42, 43, 44]
+    # the same with the deletes still in a MemTable, and through a filter
+    w2 = t.writer()
+    w2.delete(pa.table({"id": list(range(40, 80))}))
+    got = search.vector_search(t, "vec", Q, k=3, filter="x > 0", writers=[w2])
+    assert ids(got) == [81, 82, 83]
+    assert ids(search.fts_search(t, "text", "apple", k=3, writers=[w2])) == [80, 81, 82]
+    w2.close(flush=False)
+
+
 def test_fts_filter_applies_to_newest_version(layered):
     t, w = layered
     # base 23 "apple crumble" x=3; MemTable 600 "apple apple" x=0
@@ -627,8 +682,7 @@ def test_concurrent_searches_share_cached_generations(layered):
 def test_sql_table_functions(layered):
     t, w = layered
     ctx = datafusion.SessionContext()
-    mq.register(ctx, "events", t, consistency="strong", writers=[w])
-    search.register_search_functions(ctx, writers={"events": [w]})
+    mq.register(ctx, "events", t, consistency="strong", writers=[w])  # + search functions
     qs = ", ".join(str(float(v)) for v in Q)
     got = ctx.sql(f"SELECT id, _distance FROM vector_search('events', 'vec', [{qs}], 3)")
     assert got.to_arrow_table()["id"].to_pylist() == [600, 502, 11]
