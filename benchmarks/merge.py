@@ -75,17 +75,14 @@ def main() -> None:
         w.close()
         idle = [query() for _ in range(10)]
         during: list[float] = []
-        done = threading.Event()
-
-        def reader() -> None:
-            while not done.is_set():
-                during.append(query())
-
-        th = threading.Thread(target=reader)
-        th.start()
-        assert len(t.merge()) == 3
-        done.set()
-        th.join()
+        merged2: list = []
+        merger = threading.Thread(target=lambda: merged2.extend(t.merge()))
+        merger.start()
+        during.append(query())  # at least one query overlaps the merge
+        while merger.is_alive():
+            during.append(query())
+        merger.join()
+        assert len(merged2) == 3
 
         print_table(
             f"Merge of 3 generations ({total:,} rows) into a {base_rows:,}-row base "

@@ -8,8 +8,11 @@ deleted only when all of these hold (spec, "Garbage Collector"):
    from before MemWAL initialization count as "nothing merged", so run
    ``gc(cleanup_older_than=...)`` or Lance's ``cleanup_old_versions`` to let GC
    reclaim space);
-2. every maintained index has caught up to ``g`` (``index_catchup``; an index or
-   region missing there counts as caught up).
+2. every maintained index has caught up to ``g`` (``index_catchup``). An index with no
+   record at all counts as caught up (spec); a region missing from an index's record
+   counts as caught up to generation 0: :func:`memwal_query.catchup.catch_up_indexes`
+   records every region merged at the version it indexed, so a region absent there
+   had nothing merged (and indexed) yet.
 
 Directories of failed flush attempts (a ``*_gen_i`` directory no manifest lists, with
 ``i`` below the region's ``current_generation``) are removed too. The region
@@ -61,9 +64,8 @@ def gc_limits(table: MemWalTable) -> dict[str, int]:
             else 0
         )
         for name in table.maintained_indexes:
-            caught = catchup.get(name, {})
-            if region_id in caught:
-                limit = min(limit, caught[region_id])
+            if name in catchup:
+                limit = min(limit, catchup[name].get(region_id, 0))
         limits[region_id] = limit
     return limits
 
@@ -138,8 +140,28 @@ def gc(
     return removed
 
 
+def _wal_positions(table: MemWalTable, wal: Wal) -> list[int]:
+    """Positions of the WAL entries present in storage (any order)."""
+    out = []
+    for name in table.io.list(wal.dir):
+        if name.endswith(WAL_SUFFIX):
+            try:
+                out.append(from_bit_reversed(name))
+            except ValueError:
+                continue
+    return out
+
+
 def status(table: MemWalTable) -> dict[str, Any]:
-    """Per-region state: epoch, generations flushed/merged, WAL span, sizes."""
+    """Per-region state: epoch, generations flushed/merged, WAL span, sizes.
+
+    Per region: ``writer_epoch``, ``manifest_version``, ``current_generation``,
+    ``flushed_generations`` (listed in the manifest), ``merged_generation``; the WAL
+    span: ``wal_first_position``/``wal_last_position`` (entries in storage; 0 when
+    none), ``wal_entries`` (how many), ``replay_after_wal_entry_position`` (entries up
+    to it are in flushed generations), ``unflushed_wal_entries``/``unflushed_rows``;
+    sizes: ``generation_bytes`` (listed generations) and ``wal_bytes``.
+    """
     index = table.index()
     merged = index.merged_generations()
     regions = {}
@@ -154,6 +176,7 @@ def status(table: MemWalTable) -> dict[str, Any]:
             table.io.tree_size(join(paths.region_dir(table.uri, region_id), g.path))
             for g in m.flushed_generations
         )
+        stored = _wal_positions(table, wal)
         values = table.region_values(region_id)
         regions[region_id] = {
             "region_values": values[1] if values else None,
@@ -163,7 +186,9 @@ def status(table: MemWalTable) -> dict[str, Any]:
             "flushed_generations": [g.generation for g in m.flushed_generations],
             "merged_generation": merged.get(region_id, 0),
             "replay_after_wal_entry_position": m.replay_after_wal_entry_position,
+            "wal_first_position": min(stored, default=0),
             "wal_last_position": last,
+            "wal_entries": len(stored),
             "unflushed_wal_entries": last - m.replay_after_wal_entry_position,
             "unflushed_rows": sum(
                 wal.read(p).table.num_rows

@@ -6,7 +6,8 @@ the upserts are the source, and the deleted keys are removed with
 the deleted keys, for every key type, so each key value is written as a literal whose
 meaning is unambiguous:
 
-- integers and booleans: the value itself (``k IN (1, 2)``; uint64 above 2^63 too);
+- integers and booleans: the value itself (``k IN (1, 2)``; uint64 above 2^63 too;
+  int64's minimum as ``(-9223372036854775807 - 1)``);
 - temporal types (timestamp of any unit and zone, date32/64, time32/64, duration): the
   stored integer, compared with ``arrow_cast(k, 'Int64')`` (no time-zone or sub-
   microsecond rounding of a ``TIMESTAMP '...'`` literal);
@@ -76,13 +77,27 @@ def _quoted(text: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise("'", pc.replace_substring(text, "'", "''"), "'", "")
 
 
+_INT64_MIN = -(2**63)
+
+
+def _int_literals(arr: pa.Array) -> pa.Array:
+    """Integer literals; int64's minimum as ``(-9223372036854775807 - 1)``: the parser
+    reads ``-9223372036854775808`` as the negation of a literal that overflows int64,
+    which becomes a Float64 that Lance's merge-insert refuses."""
+    text = pc.cast(arr, pa.string())
+    if arr.type != pa.int64():
+        return text
+    is_min = pc.fill_null(pc.equal(arr, pa.scalar(_INT64_MIN, pa.int64())), False)
+    return pc.if_else(is_min, "(-9223372036854775807 - 1)", text)
+
+
 def _literals(arr: pa.Array) -> tuple[str, pa.Array]:
     """(column expression template with ``{c}``, SQL literals) for exact equality."""
     t = arr.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        return "{c}", pc.cast(arr, pa.string())
+        return "{c}", _int_literals(arr)
     if _is_temporal(t):
-        return "arrow_cast({c}, 'Int64')", pc.cast(_storage_ints(arr), pa.string())
+        return "arrow_cast({c}, 'Int64')", _int_literals(_storage_ints(arr))
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "{c}", _quoted(arr.cast(pa.string()))
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):

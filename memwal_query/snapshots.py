@@ -85,12 +85,12 @@ def snapshot_table(table: MemWalTable) -> pa.Table:
             region_cols[fid].append(values.get(fid))
     arrays = [pa.array(rows[f.name], f.type) for f in BASE_FIELDS]
     fields = list(BASE_FIELDS)
-    for fid in field_ids:
-        arr = pa.array(region_cols[fid]) if region_cols[fid] else pa.array([], pa.null())
-        if pa.types.is_null(arr.type):
-            arr = arr.cast(pa.string())
+    for f in spec.fields if spec else []:
+        # The region field's result type (spec: "region_field_{field_id}: varies"), not
+        # whatever pyarrow would infer from the values (int64 for a bucket's int32).
+        arr = pa.array(region_cols[f.field_id], table._field_type(f))
         arrays.append(arr)
-        fields.append(pa.field(f"region_field_{fid}", arr.type))
+        fields.append(pa.field(f"region_field_{f.field_id}", arr.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
