@@ -158,7 +158,7 @@ def main() -> None:
         res = mqs.write(df, uri)
         t_write = time.perf_counter() - t0
         assert res.upserted == args.rows
-        results.append(["mqs.write (16 regions, flushed)", args.rows, t_write])
+        results.append([f"mqs.write ({args.regions} regions, flushed)", args.rows, t_write])
         t0 = time.perf_counter()
         summary = mqs.merge(spark, uri)
         t_merge = time.perf_counter() - t0
@@ -171,7 +171,9 @@ def main() -> None:
         res = mqs.write(df, uri, flush=False)
         t_wal = time.perf_counter() - t0
         assert res.upserted == args.rows
-        results.append(["mqs.write (16 regions, WAL only: flush=False)", args.rows, t_wal])
+        results.append(
+            [f"mqs.write ({args.regions} regions, WAL only: flush=False)", args.rows, t_wal]
+        )
 
         uri = fresh("mi_task", False)
         t0 = time.perf_counter()

@@ -6,6 +6,8 @@ Each message names the file, column, region or value concerned.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MemWalError(Exception):
     """Base class of every error raised by memwal_query."""
@@ -58,6 +60,29 @@ class FencedError(MemWalError):
         self.region_id = region_id
         self.local_epoch = local_epoch
         self.stored_epoch = stored_epoch
+
+
+class JobEndedError(FencedError):
+    """A task attempt of a Spark write job that already ended (a speculative loser or a
+    zombie copy) tried to claim a region: it must not write (see ``ingest`` docs).
+
+    A :class:`~memwal_query.exceptions.FencedError`: the attempt is superseded.
+    ``local_epoch`` is the epoch it claimed with (None when it did not claim).
+    """
+
+    def __init__(self, region_id: str, job: str, local_epoch: int | None = None) -> None:
+        MemWalError.__init__(
+            self,
+            f"region {region_id}: write job {job} already ended; this task attempt (a "
+            "speculative or zombie copy) must not write",
+        )
+        self.region_id = region_id
+        self.job = job
+        self.local_epoch = local_epoch  # type: ignore[assignment]
+        self.stored_epoch = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.region_id, self.job, self.local_epoch))
 
 
 class CommitConflictError(MemWalError):

@@ -20,8 +20,9 @@ import pytest
 
 import memwal_query as mq
 from memwal_query import FencedError, SchemaError
+from memwal_query.index import read_index_at
 from memwal_query.paths import generation_path
-from memwal_query.table import region_id_for, split_by_region
+from memwal_query.table import concurrently, region_id_for, split_by_region
 
 from helpers import BASIC_SCHEMA, basic_rows
 
@@ -32,6 +33,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from memwal_query import spark as mqs  # noqa: E402
 from memwal_query.spark import ingest, source  # noqa: E402
 from memwal_query.spark._common import FAULT_DIR_ENV  # noqa: E402
+from memwal_query.spark.merge import merge_partition  # noqa: E402
 
 BUCKETS = 16
 pytestmark = pytest.mark.filterwarnings(
@@ -141,6 +143,32 @@ def upsert_model(model, ids, tag: str = "s") -> None:
         model[i] = (i * 0.5, f"{tag}{i}")
 
 
+def task_options(t: mq.MemWalTable, **overrides) -> dict:
+    """The executor options ``mqs.write`` hands its write tasks (plain upserts)."""
+    options = {
+        "uri": t.uri,
+        "storage_options": {},
+        "mode": "upsert",
+        "delete_column": None,
+        "order": [],
+        "ignore": [],
+        "flush": True,
+        "buffer_rows": 20,
+        "writer_options": {},
+    }
+    options.update(overrides)
+    return options
+
+
+def packed(t: mq.MemWalTable, ids, tag: str, options: dict) -> list[pa.RecordBatch]:
+    """Stage-1 output (region blobs) for rows ``ids`` with name ``tag + id``."""
+    ids = np.asarray(list(ids), dtype=np.int64)
+    data = pa.table(
+        {"id": ids, "val": ids * 0.5, "name": [f"{tag}{i}" for i in ids]}, schema=BASIC_SCHEMA
+    )
+    return list(ingest.pack_batches(iter(data.to_batches(max_chunksize=500)), options))
+
+
 # -- routing -------------------------------------------------------------------------
 def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
     t = new_table(tmp_path)
@@ -164,6 +192,37 @@ def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
         by_spark.setdefault(rid, []).append(i)
     assert {k: sorted(v) for k, v in by_spark.items()} == by_split
     assert len(by_split) == BUCKETS
+
+
+def test_region_values_of_several_fields_equal_evaluate(spark, tmp_path):
+    """Two region fields (bucket + truncate of the key), upserts and deletes: the region
+    values Spark routes by, and those the written regions record, are ``evaluate``'s."""
+    from memwal_query.regionspec import RegionField, RegionSpec, field_id_of
+
+    uri = str(tmp_path / "multi")
+    ds = lance.write_dataset(basic_rows(range(100)), uri)
+    src = field_id_of(ds.lance_schema, "id")
+    spec = RegionSpec(7, [RegionField.bucket("b", src, 3), RegionField.truncate("t", src, 1000)])
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    rows = [(i, i * 0.5, f"s{i}", i % 5 == 0) for i in range(-1500, 2500, 3)]
+    df = spark.createDataFrame(rows, "id long, val double, name string, is_delete boolean")
+    routed = mqs.route(df, t.uri, delete_column="is_delete").toArrow()
+    data = routed.select(["id", "val", "name"]).cast(BASIC_SCHEMA)
+    values = spec.evaluate(data, t.lance_schema)  # deletes: the key decides alone
+    assert values.num_rows == len(rows) and len(set(values.column("t").to_pylist())) == 5
+    want = [
+        region_id_for(spec.spec_id, {f: values.column(f)[i].as_py() for f in ("b", "t")})
+        for i in range(values.num_rows)
+    ]
+    assert routed.column(mqs.REGION_COLUMN).to_pylist() == want
+    res = mqs.write(df, t.uri, delete_column="is_delete")
+    assert res.upserted + res.deleted == len(rows)
+    by_region = {}
+    for rid, i in zip(want, range(values.num_rows)):
+        by_region.setdefault(rid, {f: values.column(f)[i].as_py() for f in ("b", "t")})
+    assert sorted(t.region_ids()) == sorted(by_region)
+    for rid, vals in by_region.items():
+        assert t.region_values(rid) == (spec.spec_id, vals)
 
 
 def test_region_id_array_handles_nulls_and_several_fields():
@@ -210,9 +269,9 @@ def test_batch_ingest_1m_rows_16_regions(spark, tmp_path):
     ids = got.column("id").to_numpy()
     assert (ids == np.arange(n)).all()
     assert (got.column("val").to_numpy() == np.arange(n) * 0.5).all()
-    names = got.column("name")
-    assert names[0].as_py() == "s0" and names[n - 1].as_py() == f"s{n - 1}"
-    assert pc.all(pc.starts_with(names, "s")).as_py()
+    names = got.column("name").combine_chunks()
+    want = pc.binary_join_element_wise("s", pc.cast(pa.array(np.arange(n)), pa.string()), "")
+    assert names.equals(want)  # every row is the model's (s{id}), base rows overwritten
 
 
 def test_upsert_delete_column_and_order_by(spark, tmp_path):
@@ -295,21 +354,8 @@ def test_speculative_attempts_interleaved(tmp_path):
     t = new_table(tmp_path)
     model = base_model(range(1000))
     ids = np.arange(5000, 9000)
-    data = pa.table(
-        {"id": ids, "val": ids * 0.5, "name": [f"s{i}" for i in ids]}, schema=BASIC_SCHEMA
-    )
-    options = {
-        "uri": t.uri,
-        "storage_options": {},
-        "mode": "upsert",
-        "delete_column": None,
-        "order": [],
-        "ignore": [],
-        "flush": True,
-        "buffer_rows": 20,
-        "writer_options": {},
-    }
-    batches = list(ingest.pack_batches(iter(data.to_batches(max_chunksize=500)), options))
+    options = task_options(t, job=ingest.new_job())
+    batches = packed(t, ids, "s", options)
     results: dict[str, list] = {}
 
     def first_attempt():
@@ -325,6 +371,37 @@ def test_speculative_attempts_interleaved(tmp_path):
     assert set(second.column("epoch").to_pylist()) == {2}
     upsert_model(model, ids.tolist())
     assert_view(t.uri, model)
+
+
+def test_attempt_of_an_ended_job_writes_nothing(spark, tmp_path, monkeypatch):
+    """A speculative loser still running after its job ended (and a later job wrote
+    newer rows) must not write its old rows over them, nor fence the later writers."""
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    ids = range(5000, 6000)
+    options = task_options(t, job=ingest.new_job())
+    batches = packed(t, ids, "old", options)
+    list(ingest.write_partition(iter(batches), options))  # the winning attempt
+    ingest.end_job(options)  # what mqs.write does once Spark returns
+    assert f"{options['job']}.done" in os.listdir(ingest.jobs_dir(t.uri))
+    mqs.write(spark_rows(spark, 5000, 6000, tag="new"), t.uri)  # a later job
+    upsert_model(model, ids, "new")
+    epochs = {r: t.region_manifest(r).writer_epoch for r in t.region_ids()}
+    with pytest.raises(mqs.JobEndedError, match="already ended"):
+        list(ingest.write_partition(iter(batches), options))  # the late loser
+    assert {r: t.region_manifest(r).writer_epoch for r in t.region_ids()} == epochs
+    assert_view(t.uri, model)
+    # the race: the job ends between the loser's first check and its claim
+    answers = iter([False, True] * BUCKETS)
+    monkeypatch.setattr(ingest, "job_ended", lambda options: next(answers))
+    with pytest.raises(mqs.JobEndedError, match="already ended"):
+        list(ingest.write_partition(iter(batches), options))
+    assert_view(t.uri, model)
+    # expired markers are pruned by the next write
+    old = f"{0:013d}-{'0' * 32}.done"
+    open(os.path.join(ingest.jobs_dir(t.uri), old), "w").close()
+    ingest.end_job(task_options(t, job=ingest.new_job()))
+    assert old not in os.listdir(ingest.jobs_dir(t.uri))
 
 
 # -- streaming -------------------------------------------------------------------------
@@ -417,6 +494,19 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
 
 
 # -- merge ---------------------------------------------------------------------------
+def assert_one_generation_per_commit(t: mq.MemWalTable, first: int, last: int) -> None:
+    """Every base version in (first, last] advanced exactly one region by exactly one
+    generation: none skipped, none merged twice, progress ordered."""
+    before = read_index_at(t.io, t.uri, first).merged_generations()
+    for version in range(first + 1, last + 1):
+        after = read_index_at(t.io, t.uri, version).merged_generations()
+        changed = {r: (before.get(r, 0), g) for r, g in after.items() if before.get(r, 0) != g}
+        assert len(changed) == 1, (version, changed)
+        ((_, (old, new)),) = changed.items()
+        assert new == old + 1, (version, changed)
+        before = after
+
+
 def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     t = new_table(tmp_path)
     model = base_model(range(1000))
@@ -429,7 +519,13 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     pending = mqs.pending_generations(t)
     assert len(pending) == BUCKETS and set(pending.values()) == {4}
     arm(fault_dir, "merge.after_generation")  # one task dies after its first generation
+    first = lance.dataset(t.uri).version
     summary = mqs.merge(spark, t.uri)
+    assert not os.path.exists(os.path.join(fault_dir, "merge.after_generation"))  # it fired
+    assert any(m.attempt == 1 for m in summary.merged)  # ... and the task was retried
+    last = lance.dataset(t.uri).version
+    assert last - first == 4 * BUCKETS  # one commit per generation
+    assert_one_generation_per_commit(t, first, last)
     assert summary.pending == {}
     assert mqs.pending_generations(t) == {}
     assert summary.progress == {r: (0, 4) for r in pending}
@@ -449,6 +545,34 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     # the base table alone holds the model now
     base = lance.dataset(t.uri).to_table().sort_by("id")
     assert base.column("id").to_pylist() == sorted(model)
+
+
+def test_merge_tasks_running_twice_concurrently(spark, tmp_path):
+    """Every region's merge task runs twice at once (a speculative copy of each): the
+    copies race for the same generations; each is committed exactly once, in order."""
+    t = new_table(tmp_path, buckets=4)
+    model = base_model(range(1000))
+    for round_, (lo, hi) in enumerate([(0, 1500), (1000, 2500), (2000, 3000)]):
+        mqs.write(spark_rows(spark, lo, hi, tag=f"r{round_}-"), t.uri)
+        upsert_model(model, range(lo, hi), f"r{round_}-")
+    regions = sorted(mqs.pending_generations(t))
+    assert len(regions) == 4
+    options = {"uri": t.uri, "storage_options": {}, "max_generations": None, "max_retries": 50}
+    first = lance.dataset(t.uri).version
+    outputs = concurrently(
+        lambda order: list(merge_partition(iter(order), options)),
+        [regions, regions[::-1]],
+    )
+    merged = [r["merged"] for out in outputs for r in out if r["kind"] == "merged"]
+    assert [r for out in outputs for r in out if r["kind"] != "merged"] == []
+    assert sorted((m["region_id"], m["generation"]) for m in merged) == [
+        (r, g) for r in regions for g in (1, 2, 3)
+    ]
+    last = lance.dataset(t.uri).version
+    assert last - first == 3 * len(regions)
+    assert_one_generation_per_commit(t, first, last)
+    assert mqs.pending_generations(t) == {}
+    assert_view(t.uri, model)
 
 
 # -- reader ----------------------------------------------------------------------------
@@ -555,6 +679,21 @@ def test_reader_projection(spark, read_table):
     assert same(got.where("id < 500").orderBy("id").select("name", "id").toArrow(), want)
     with pytest.raises(Exception, match="not in the table"):
         spark.read.format("memwal").option("columns", "id,nope").load(uri).collect()
+
+
+def test_reader_filters_pushed_by_spark(spark, read_table, capsys):
+    """Spark hands the source the filters it can evaluate and keeps only the others."""
+    df = spark.read.format("memwal").load(read_table.uri).where("id = 4003 AND val > 1.0")
+    df.explain("formatted")
+    plan = capsys.readouterr().out
+    assert "PushedFilters: [EqualTo(id,4003)" in plan
+    condition = next(line for line in plan.splitlines() if line.startswith("Condition"))
+    assert "val" in condition and "id" not in condition  # id = 4003 is not re-evaluated
+    assert [r.asDict() for r in df.collect()] == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
+    off = spark.read.format("memwal").option("pushFilters", "false").load(read_table.uri)
+    off.where("id = 4003").explain("formatted")
+    plan = capsys.readouterr().out
+    assert "PushedFilters: [EqualTo" not in plan and "(id#" in plan.split("Condition")[1]
 
 
 def test_reader_pushdown_prunes_regions(read_table):

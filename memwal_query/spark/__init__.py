@@ -20,6 +20,7 @@ with a region spec. See ``docs/spark.md`` and the submodules for the guarantees:
 
 from __future__ import annotations
 
+from ..exceptions import JobEndedError
 from ._common import REGION_COLUMN, InjectedFault, region_id_array
 from .ingest import RegionWriteResult, WriteResult, route, write
 from .merge import MergedGeneration, MergeSummary, merge, pending_generations
@@ -29,6 +30,7 @@ from .streaming import MemWalSink, sink
 __all__ = [
     "REGION_COLUMN",
     "InjectedFault",
+    "JobEndedError",
     "MemWalDataSource",
     "MemWalSink",
     "MergeSummary",

@@ -39,6 +39,19 @@ every region's rows by it (ascending, stable, NULLs last) before writing them - 
 holds the region's rows until the end of the task - or write unique keys. Across calls
 (and streaming micro-batches) order is the call order.
 
+Spark does not stop the losing attempt of a speculative pair at once: it may still be
+running - and could open a region it has not opened yet - after the job ended and a
+later job (the next micro-batch...) wrote newer rows. To keep such a late claim from
+writing old rows over newer ones, every call is a *write job* with an id, and the driver
+marks the job ended (``{table}/_mem_wal/_spark/jobs/{job}.done``, put-if-not-exists)
+as soon as Spark returns, whether the job succeeded or failed. A task attempt checks the
+marker before claiming each region (so as not to fence a later job's writer) and again
+right after: if the job has ended it writes nothing and fails with
+:class:`~memwal_query.spark.JobEndedError` (a ``FencedError``). A claim made before the
+marker exists is safe: any later job claims the region afterwards, which orders the late
+attempt's durable entries before its own rows and fences the rest. Markers are pruned
+after :data:`JOB_MARKER_TTL` seconds.
+
 A job that fails for good (retries exhausted) may leave part of its rows written, as
 any non-transactional sink does; running the same write again converges to the same
 view (upserts and deletes by key are idempotent).
@@ -47,6 +60,7 @@ view (upserts and deletes by key are idempotent).
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -55,11 +69,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..exceptions import MemWalError, SchemaError
+from ..exceptions import AlreadyExistsError, JobEndedError, MemWalError, SchemaError
+from ..io import file_io_for, join
+from ..paths import mem_wal_root
 from ..schema import coerce_keys, coerce_rows
 from ..table import concurrently
 from ._common import (
     REGION_COLUMN,
+    SPARK_DIR,
     fault,
     open_table,
     region_id_array,
@@ -75,6 +92,8 @@ if TYPE_CHECKING:
 
 MODES = ("upsert", "delete")
 DEFAULT_BUFFER_ROWS = 200_000
+JOB_MARKER_TTL = 7 * 24 * 3600
+"""Seconds a write job's ended-marker is kept (a task attempt outliving it is unguarded)."""
 
 RESULT_SCHEMA = pa.schema(
     [
@@ -227,6 +246,7 @@ def write(
     options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
     )
+    options["job"] = new_job()
 
     def pack_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return pack_batches(batches, options)
@@ -235,12 +255,20 @@ def write(
         return write_partition(batches, options)
 
     started = time.perf_counter()
-    rows = (
-        df.mapInArrow(pack_task, PACKED_DDL)
-        .repartition(num_partitions, REGION_COLUMN)
-        .mapInArrow(write_task, RESULT_DDL)
-        .collect()
-    )
+    try:
+        rows = (
+            df.mapInArrow(pack_task, PACKED_DDL)
+            .repartition(num_partitions, REGION_COLUMN)
+            .mapInArrow(write_task, RESULT_DDL)
+            .collect()
+        )
+    except BaseException:
+        try:
+            end_job(options)
+        except MemWalError:  # keep the job's own error
+            pass
+        raise
+    end_job(options)  # attempts still running (speculative losers) claim no more
     seconds = time.perf_counter() - started
     regions = sorted(
         (RegionWriteResult(**r.asDict()) for r in rows), key=lambda r: (r.region_id, r.partition)
@@ -327,6 +355,48 @@ def _check_columns(
         if extra:
             raise SchemaError(f"column(s) {extra} are not in the table schema {table.schema.names}")
     return ignore
+
+
+# -- write jobs ------------------------------------------------------------------------
+def new_job() -> str:
+    """A fresh write job id: ``{start time in ms:013d}-{uuid hex}`` (sortable by age)."""
+    return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
+
+
+def jobs_dir(uri: str) -> str:
+    """``{table}/_mem_wal/_spark/jobs``: the ended-markers of write jobs."""
+    return join(mem_wal_root(uri), SPARK_DIR, "jobs")
+
+
+def end_job(options: dict[str, Any]) -> None:
+    """Driver: mark the write job ``options["job"]`` ended, then prune expired markers.
+
+    From then on a task attempt of the job refuses to claim a region (see the module
+    docs). Idempotent; pruning is best effort.
+    """
+    io = file_io_for(options["uri"], options["storage_options"])
+    directory = jobs_dir(options["uri"])
+    try:
+        io.put_if_not_exists(join(directory, f"{options['job']}.done"), b"")
+    except AlreadyExistsError:
+        pass
+    cutoff = (time.time() - JOB_MARKER_TTL) * 1000
+    try:
+        for name in io.list(directory):
+            stamp = name.split("-", 1)[0]
+            if name.endswith(".done") and stamp.isdigit() and int(stamp) < cutoff:
+                io.delete(join(directory, name))
+    except MemWalError:  # pragma: no cover - pruning again on the next write
+        pass
+
+
+def job_ended(options: dict[str, Any]) -> bool:
+    """Executor: whether the driver marked this task's write job ended (one HEAD)."""
+    job = options.get("job")
+    if job is None:
+        return False
+    io = file_io_for(options["uri"], options["storage_options"])
+    return io.exists(join(jobs_dir(options["uri"]), f"{job}.done"))
 
 
 # -- executor side: routing ------------------------------------------------------------
@@ -451,6 +521,8 @@ class _RegionSink:
         self.generation: int | None = None
 
     def _open(self, first: pa.Table, is_delete: bool) -> RegionWriter:
+        if job_ended(self.options):  # do not even claim (it would fence a later job)
+            raise JobEndedError(self.region_id, self.options["job"])
         values = region_values(self.table, first, is_delete)
         region = {name: values.column(name)[0].as_py() for name in values.schema.names}
         writer = self.table.writer(region_values=region, **self.options["writer_options"])
@@ -459,6 +531,14 @@ class _RegionSink:
             raise MemWalError(
                 f"routed region {self.region_id} but the writer derived {writer.region_id}"
             )
+        # Checked again after claiming: no marker now means we claimed before the job
+        # ended, so before any later job's claim, which then fences us.
+        if job_ended(self.options):
+            try:
+                writer.close(flush=False)
+            except MemWalError:  # fenced meanwhile: nothing of ours to keep
+                pass
+            raise JobEndedError(self.region_id, self.options["job"], writer.epoch)
         return writer
 
     def add(self, rows: pa.Table) -> None:
