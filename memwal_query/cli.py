@@ -16,7 +16,14 @@ from typing import Any
 
 import click
 
-from .exceptions import MemWalError
+from .exceptions import (
+    AlreadyInitializedError,
+    MemWalError,
+    NotInitializedError,
+    RegionSpecError,
+    SchemaError,
+    WrongRegionError,
+)
 
 
 def _handle_errors(fn: Callable) -> Callable:
@@ -38,7 +45,38 @@ def _handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrorGroup(click.Group):
+    """A command group whose usage errors also print one line and exit non-zero.
+
+    Click's own rendering of a usage error (bad option value, unknown command, missing
+    argument) is three lines; here it is ``error: <message> (see 'memwal CMD -h')`` on
+    stderr with click's exit status (2). ``memwal`` without a command prints the help.
+    """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; exit with its status (see the class docs)."""
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(*args, **kwargs)
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            hint = ""
+            ctx = getattr(e, "ctx", None)
+            if isinstance(e, click.UsageError) and ctx is not None:
+                hint = f" (see '{ctx.command_path} -h')"
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_OneLineErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
@@ -61,6 +99,24 @@ def _open(uri: str):
     from .table import MemWalTable
 
     return MemWalTable.open(uri)
+
+
+def _regions(table: Any, region: str | None) -> list[str]:
+    """Every region of ``table``, or just ``region`` (a valid id of an existing region)."""
+    from .paths import validate_region_id
+
+    existing = table.region_ids()
+    if region is None:
+        return existing
+    region = validate_region_id(region)
+    if region not in existing:
+        raise click.BadParameter(f"no region {region} in {table.uri}", param_hint="--region")
+    return [region]
+
+
+def _progress(iterable: Any = None, **kwargs: Any) -> Any:
+    """A click progress bar on stderr, shown on a terminal only (stdout stays data)."""
+    return click.progressbar(iterable, file=sys.stderr, hidden=not sys.stderr.isatty(), **kwargs)
 
 
 def _spec_from_options(
@@ -118,9 +174,16 @@ def _spec_from_options(
 def init(
     uri: str, primary_key: str, bucket, identity, expression, columns, result_type, maintain
 ) -> None:
-    """Initialize the MemWAL on an existing Lance table at URI."""
-    import lance
+    """Initialize the MemWAL on an existing Lance table at URI.
 
+    Every option is checked before the table is touched: a rejected ``init`` leaves
+    the table unchanged.
+    """
+    import lance
+    import pyarrow as pa
+
+    from . import index as mwindex
+    from .io import file_io_for
     from .schema import PK_METADATA_KEY, primary_key_columns
     from .table import MemWalTable
 
@@ -132,6 +195,23 @@ def init(
     missing = [k for k in keys if ds.schema.get_field_index(k) < 0]
     if missing:
         raise click.BadParameter(f"no column(s) {missing} in {uri}")
+    if mwindex.read_index(file_io_for(uri), ds) is not None:
+        raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
+    spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
+    if spec is not None:
+        # Evaluate it on one all-NULL row: compiles an expression and type-checks the
+        # transforms now, rather than failing at the first write after initializing.
+        probe = pa.table([pa.nulls(1, f.type) for f in ds.schema], schema=ds.schema)
+        try:
+            spec.evaluate(probe, ds.lance_schema)
+        except MemWalError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise RegionSpecError(f"region spec {spec}: {e}") from e
+    existing = {i.name for i in ds.describe_indices()}
+    absent = [m for m in maintain if m not in existing]
+    if absent:
+        raise click.BadParameter(f"no index {absent} on {uri} (existing: {sorted(existing)})")
     if primary_key_columns(ds.schema) != keys:
         nullable = [k for k in keys if ds.schema.field(k).nullable]
         if nullable:
@@ -146,7 +226,6 @@ def init(
                 ds.alter_columns({"path": k, "nullable": False})
             ds = lance.dataset(uri)
         ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
-    spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
     t = MemWalTable.initialize(uri, region_spec=spec, maintained_indexes=list(maintain))
     click.echo(f"initialized {t.uri}: primary key {t.primary_key}, region spec {spec}")
 
@@ -178,28 +257,56 @@ def _read_file(path: str):
 @click.argument("uri")
 @click.argument("files", nargs=-1, required=True)
 @click.option("--region", help="Write every row to this region id (no routing).")
-@click.option("--batch-rows", default=50_000, show_default=True)
+@click.option("--batch-rows", default=50_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--flush/--no-flush", default=True, show_default=True, help="Flush at the end.")
 @_handle_errors
 def ingest(
     uri: str, files: tuple[str, ...], region: str | None, batch_rows: int, flush: bool
 ) -> None:
-    """Upsert rows from Parquet/CSV/JSON-lines/Arrow FILES (routed by the region spec)."""
+    """Upsert rows from Parquet/CSV/JSON-lines/Arrow FILES (routed by the region spec).
+
+    Every file is read and checked against the table schema (and, with ``--region``,
+    the region spec) before the first row is written: a rejected ingest changes nothing.
+    """
+    from .paths import validate_region_id
+    from .schema import coerce_rows
+    from .table import split_by_region
+
     t = _open(uri)
-    tables = [(f, _read_file(f)) for f in files]
-    total = sum(tb.num_rows for _, tb in tables)
+    tables = []
+    for f in files:
+        try:
+            tables.append(coerce_rows(_read_file(f), t.schema, t.primary_key))
+        except SchemaError as e:  # name the file (PrimaryKeyError is a SchemaError)
+            raise type(e)(f"{f}: {e}") from e
+    if region:
+        region = validate_region_id(region)
+        spec = t.region_spec
+        if spec is not None:
+            for tb in tables:
+                for values, _ in split_by_region(spec, tb, t.lance_schema):
+                    if t.region_id_for(values) != region:
+                        raise WrongRegionError(
+                            f"rows with region value {values} belong to region "
+                            f"{t.region_id_for(values)}, not {region}"
+                        )
+    total = sum(tb.num_rows for tb in tables)
     writer = t.writer(region) if region else None
     started = time.perf_counter()
     done = 0
-    with click.progressbar(length=total, label="ingesting", show_pos=True) as bar:
-        for _, tb in tables:
+
+    def rate(_: Any) -> str:
+        return f"{done / max(time.perf_counter() - started, 1e-9):,.0f} rows/s"
+
+    with _progress(length=total, label="ingesting", show_pos=True, item_show_func=rate) as bar:
+        for tb in tables:
             for batch in tb.to_batches(max_chunksize=batch_rows):
                 if writer is not None:
                     writer.put(batch)
                 else:
                     t.write(batch)
                 done += batch.num_rows
-                bar.update(batch.num_rows)
+                bar.update(batch.num_rows, batch)
     if writer is not None:
         writer.close(flush=flush)
     else:
@@ -279,14 +386,36 @@ def sql(
     if query:
         _emit(ctx.sql(query).to_arrow_table(), fmt, output)
         return
+    _prompt(ctx, uri, name, fmt)
+
+
+HISTORY_FILE = "~/.memwal_history"
+"""Where the interactive prompt keeps its history (``$HOME`` of the user)."""
+
+
+def _prompt(ctx: Any, uri: str, name: str, fmt: str) -> None:
+    """The interactive SQL prompt: statements end with ``;``, history in HISTORY_FILE.
+
+    On a terminal, each statement is one history entry (arrow keys recall it) and the
+    history is saved on exit; piped input (``memwal sql URI < script.sql``) is not
+    recorded.
+
+    An error in a statement prints one line and the prompt goes on; Ctrl-C drops the
+    statement being typed; ``\\q``, ``quit``, ``exit`` or Ctrl-D leave.
+    """
+    history = os.path.expanduser(HISTORY_FILE)
     try:
         import readline
-
-        history = os.path.expanduser("~/.memwal_history")
-        if os.path.exists(history):
-            readline.read_history_file(history)
-    except Exception:  # noqa: BLE001
+    except ImportError:  # e.g. Windows without pyreadline
         readline = None  # type: ignore[assignment]
+    interactive = sys.stdin.isatty()
+    if readline is not None:
+        readline.set_history_length(1000)
+        readline.set_auto_history(False)  # one entry per statement, not per line
+        try:
+            readline.read_history_file(history)
+        except OSError:  # no history yet (or unreadable): start empty
+            pass
     click.echo(f"memwal SQL on {uri} as '{name}'; end with ';', quit with \\q or Ctrl-D")
     buf: list[str] = []
     while True:
@@ -294,21 +423,29 @@ def sql(
             line = input("memwal> " if not buf else "   ...> ")
         except EOFError:
             break
-        if line.strip() in ("\\q", "quit", "exit"):
+        except KeyboardInterrupt:
+            click.echo()
+            buf = []
+            continue
+        if not buf and line.strip() in ("\\q", "quit", "exit"):
             break
+        if not buf and not line.strip():
+            continue
         buf.append(line)
         if line.rstrip().endswith(";"):
             text = "\n".join(buf).rstrip().rstrip(";")
+            if readline is not None and interactive:
+                readline.add_history(" ".join(x.strip() for x in buf))
             buf = []
             try:
                 _emit(ctx.sql(text).to_arrow_table(), fmt, None)
             except Exception as e:  # noqa: BLE001
-                click.echo(f"error: {str(e).splitlines()[0]}", err=True)
-    if readline is not None:
+                click.echo(f"error: {str(e).splitlines()[0] if str(e) else e!r}", err=True)
+    if readline is not None and interactive:
         try:
             readline.write_history_file(history)
-        except OSError:
-            pass
+        except OSError as e:
+            click.echo(f"warning: history not saved: {e}", err=True)
 
 
 def _default_sql_names(uri: str) -> list[str]:
@@ -357,53 +494,64 @@ def status(uri: str, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Only show what would be flushed.")
 @_handle_errors
 def flush(uri: str, region: str | None, dry_run: bool) -> None:
-    """Replay each region's unflushed WAL and flush it as a generation."""
+    """Replay each region's unflushed WAL and flush it as a generation.
+
+    This claims each region with unflushed rows (epoch + 1): meant for regions whose
+    writer is gone; a live writer of such a region is fenced.
+    """
     t = _open(uri)
-    regions = [region] if region else t.region_ids()
+    regions = _regions(t, region)
     st = t.status()["regions"]
-    with click.progressbar(regions, label="flushing") as bar:
+    todo = [rid for rid in regions if st.get(rid, {}).get("unflushed_rows", 0)]
+    if dry_run:
+        for rid in todo:
+            click.echo(f"would flush {rid}: {st[rid]['unflushed_rows']} rows")
+        click.echo(f"{len(todo)} region(s) would be flushed")
+        return
+    lines = []
+    with _progress(todo, label="flushing") as bar:
         for rid in bar:
-            if st.get(rid, {}).get("unflushed_rows", 0) == 0:
-                continue
-            if dry_run:
-                click.echo(f"\nwould flush {rid}: {st[rid]['unflushed_rows']} rows")
-                continue
             w = t.writer(rid)
             gen = w.flush()
             w.close(flush=False)
-            click.echo(f"\n{rid}: generation {gen}")
+            lines.append(f"{rid}: generation {gen}")
+    for line in lines:
+        click.echo(line)
+    click.echo(f"{len(lines)} region(s) flushed")
 
 
 @main.command()
 @click.argument("uri")
 @click.option("--region", help="Only this region.")
-@click.option("--max-generations", type=int, help="Per region.")
+@click.option("--max-generations", type=click.IntRange(min=1), help="Per region.")
 @click.option("--dry-run", is_flag=True, help="Only list the generations to merge.")
 @_handle_errors
 def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bool) -> None:
     """Merge flushed generations into the base table, in order."""
     t = _open(uri)
-    regions = [region] if region else t.region_ids()
+    regions = _regions(t, region)
     merged = t.index().merged_generations()
-    with click.progressbar(regions, label="merging") as bar:
+    if dry_run:
+        for rid in regions:
+            m = t.region_manifest(rid)
+            todo = [
+                g.generation for g in m.flushed_generations if g.generation > merged.get(rid, 0)
+            ]
+            click.echo(f"{rid}: would merge {todo[:max_generations] if max_generations else todo}")
+        return
+    lines = []
+    with _progress(regions, label="merging") as bar:
         for rid in bar:
-            if dry_run:
-                m = t.region_manifest(rid)
-                todo = [
-                    g.generation for g in m.flushed_generations if g.generation > merged.get(rid, 0)
-                ]
-                click.echo(
-                    f"\n{rid}: would merge {todo[:max_generations] if max_generations else todo}"
-                )
-                continue
             done = t.merge(rid, max_generations)
             if done:
-                click.echo(f"\n{rid}: merged {[g for _, g in done]}")
+                lines.append(f"{rid}: merged {[g for _, g in done]}")
+    for line in lines:
+        click.echo(line)
 
 
 @main.command()
 @click.argument("uri")
-@click.option("--dry-run", is_flag=True)
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option(
     "--cleanup-older-than", type=float, help="First remove base versions older than N hours."
 )
@@ -415,6 +563,12 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
     t = _open(uri)
     older = None if cleanup_older_than is None else dt.timedelta(hours=cleanup_older_than)
     removed = t.gc(dry_run=dry_run, cleanup_older_than=older)
+    if dry_run and older is not None:
+        click.echo(
+            "note: a dry run removes no base versions, so generations that only those "
+            "versions still need are not listed",
+            err=True,
+        )
     for p in removed:
         click.echo(("would remove " if dry_run else "removed ") + p)
     click.echo(f"{len(removed)} path(s)")
@@ -423,22 +577,41 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
 @main.command(name="catch-up")
 @click.argument("uri")
 @click.option("--index", "names", multiple=True, help="Index names (default: maintained).")
-@click.option("--dry-run", is_flag=True)
+@click.option("--dry-run", is_flag=True, help="Only show what would be caught up.")
 @_handle_errors
 def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     """Extend base indexes over merged data and record index catch-up progress."""
     t = _open(uri)
     chosen = list(names) or t.maintained_indexes
+    existing = {d.name for d in t.dataset().describe_indices()}
+    missing = [n for n in chosen if n not in existing]
+    if missing:
+        raise NotInitializedError(f"{t.uri}: no base index named {missing}")
     if dry_run:
         click.echo(f"would catch up {chosen} to {t.index().merged_generations()}")
         return
-    click.echo(json.dumps(t.catch_up_indexes(chosen or None), indent=2))
+    if not chosen:
+        click.echo("no maintained indexes: nothing to catch up")
+        return
+    progress: dict[str, dict[str, int]] = {}
+    with _progress(chosen, label="catching up") as bar:
+        for index_name in bar:
+            progress.update(t.catch_up_indexes([index_name]))
+    click.echo(json.dumps(progress, indent=2))
 
 
 @main.command(name="refresh-snapshots")
 @click.argument("uri")
+@click.option("--dry-run", is_flag=True, help="Only list the regions a snapshot would hold.")
 @_handle_errors
-def refresh_snapshots(uri: str) -> None:
+def refresh_snapshots(uri: str, dry_run: bool) -> None:
     """Write region snapshots into the MemWAL index (for eventual reads)."""
-    idx = _open(uri).refresh_snapshots()
+    t = _open(uri)
+    if dry_run:
+        regions = t.region_ids()
+        for rid in regions:
+            click.echo(f"would snapshot {rid}")
+        click.echo(f"{len(regions)} region(s) would be in the snapshot")
+        return
+    idx = t.refresh_snapshots()
     click.echo(f"{idx.details.num_regions} region(s) in the snapshot")

@@ -1,12 +1,16 @@
 """Soak: 8 writer threads over 4 regions, 2 readers (SQL + lookups), a merger + GC loop.
 
 Bounded in time (``MEMWAL_SOAK_SECONDS``, CI default 60) and in count; everything is
-in-process on a local table. Readers check that each key's value is one its writer had
-written, at least as new as what was acknowledged before the read started (a consistent
-prefix of acknowledged writes), and no key appears twice. At the end the view equals the
-model. Throughput and reader latency percentiles are printed.
+in-process on a local table. Readers check that no key appears twice and that each
+key's value is one its writer had written, at least as new as what was acknowledged
+before the read started; and that each region shows a consistent prefix of every
+writer thread's puts into it: if a read shows a thread's put number ``m`` in a region, it
+shows each key of that thread in that region at its last value written by a put
+``<= m`` (no put seen partly, none skipped). At the end the view equals the model.
+Throughput and reader latency percentiles are printed (in the CI log, too).
 """
 
+import bisect
 import datetime as dt
 import os
 import random
@@ -29,7 +33,7 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("seq", pa.in
 
 
 @pytest.mark.slow
-def test_soak(tmp_path):
+def test_soak(tmp_path, capsys):
     uri = str(tmp_path / "t")
     n_keys = THREADS * KEYS_PER_THREAD
     lance.write_dataset(pa.table({"id": range(n_keys), "seq": [0] * n_keys}, schema=SCHEMA), uri)
@@ -44,11 +48,14 @@ def test_soak(tmp_path):
         pa.table({"id": pa.array(range(n_keys), pa.int64())}), table.lance_schema
     )
     bucket_of = bucket.column(0).to_pylist()
+    owner = np.arange(n_keys) // KEYS_PER_THREAD  # the thread writing each key
+    group = owner * REGIONS + np.asarray(bucket_of)  # (thread, region) of each key
+    history: list[list[int]] = [[0] for _ in range(n_keys)]  # seqs written, ascending
     acked = np.zeros(n_keys, dtype=np.int64)  # last acknowledged seq per key
     written = np.zeros(n_keys, dtype=np.int64)  # last seq handed to put (may be unacked)
     stop = threading.Event()
     errors: list[BaseException] = []
-    counts = {"puts": 0, "rows": 0, "reads": 0, "lookups": 0, "merges": 0}
+    counts = {"puts": 0, "rows": 0, "reads": 0, "lookups": 0, "merges": 0, "keys_checked": 0}
     latencies: list[float] = []
     lock = threading.Lock()
     deadline = time.monotonic() + SECONDS
@@ -65,6 +72,8 @@ def test_soak(tmp_path):
                 for k in chosen:
                     by_bucket.setdefault(bucket_of[k], []).append(k)
                 for b, ks in by_bucket.items():
+                    for k in ks:
+                        history[k].append(seq)
                     written[ks] = seq
                     writers[b].put(pa.table({"id": ks, "seq": [seq] * len(ks)}, schema=SCHEMA))
                     acked[ks] = seq
@@ -73,6 +82,23 @@ def test_soak(tmp_path):
                         counts["rows"] += len(ks)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
+
+    def check_prefix(ids: np.ndarray, seqs: np.ndarray) -> None:
+        """Per (thread, region): the read shows whole puts, up to the newest one seen."""
+        newest: dict[int, int] = {}
+        for k, v in zip(ids.tolist(), seqs.tolist()):
+            g = int(group[k])
+            newest[g] = max(newest.get(g, 0), v)
+        for k, v in zip(ids.tolist(), seqs.tolist()):
+            m = newest[int(group[k])]
+            h = history[k]
+            expected = h[bisect.bisect_right(h, m) - 1]  # k's last write by a put <= m
+            assert v == expected, (
+                f"key {k}: read seq {v}, but the read shows put {m} of its writer in its "
+                f"region, after which the key's value is {expected}: not a consistent prefix"
+            )
+        with lock:
+            counts["keys_checked"] += len(ids)
 
     def reader_thread(r: int) -> None:
         ctx = datafusion.SessionContext()
@@ -98,6 +124,7 @@ def test_soak(tmp_path):
                 assert len(ids) == len(set(ids.tolist())), "duplicate key in a read"
                 assert (seqs >= before[ids]).all(), "a read lost an acknowledged write"
                 assert (seqs <= after[ids]).all(), "a read returned a value never written"
+                check_prefix(ids, seqs)
                 with lock:
                     counts[kind] += 1
         except BaseException as e:  # noqa: BLE001
@@ -133,10 +160,12 @@ def test_soak(tmp_path):
     final = {r["id"]: r["seq"] for r in lance.dataset(uri).to_table().to_pylist()}
     assert final == {k: int(acked[k]) for k in range(n_keys)}
     lat = np.asarray(latencies) * 1e3
-    print(
-        f"\nsoak {elapsed:.0f}s: {counts['puts'] / elapsed:,.0f} puts/s, "
-        f"{counts['rows'] / elapsed:,.0f} rows/s, {counts['reads']} scans, "
-        f"{counts['lookups']} key lookups, {counts['merges']} generations merged; "
-        f"reader latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms"
-    )
+    with capsys.disabled():  # the figures of every run, in the CI log
+        print(
+            f"\nsoak {elapsed:.0f}s: {counts['puts'] / elapsed:,.0f} puts/s, "
+            f"{counts['rows'] / elapsed:,.0f} rows/s, {counts['reads']} scans, "
+            f"{counts['lookups']} key lookups, {counts['keys_checked']:,} key reads checked, "
+            f"{counts['merges']} generations merged; reader latency "
+            f"p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms"
+        )
     assert counts["reads"] > 0 and counts["puts"] > 0
