@@ -1,4 +1,5 @@
 import json
+import multiprocessing as mp
 import uuid
 
 import pytest
@@ -100,3 +101,36 @@ def test_region_id_validation(tmp_path):
         RegionManifestStore(LocalFileIO(), str(tmp_path), "../../evil")
     with pytest.raises(Exception, match="not a UUID"):
         paths.region_dir(str(tmp_path), "not-a-uuid")
+
+
+def _claim(table_uri: str, region_id: str, barrier, results) -> None:
+    store = RegionManifestStore(LocalFileIO(), table_uri, region_id)
+    barrier.wait()
+    m = store.claim(max_retries=100)
+    results.put((m.version, m.writer_epoch))
+
+
+def test_concurrent_claims_from_processes_reload_and_retry(tmp_path):
+    """Racing claimers lose put-if-not-exists races, reload and retry: every claim ends
+    with its own version and a distinct epoch, and versions have no gaps."""
+    ctx = mp.get_context("forkserver")
+    region = str(uuid.uuid4())
+    RegionManifestStore(LocalFileIO(), str(tmp_path), region).claim()  # version 1, epoch 1
+    n = 6
+    barrier = ctx.Barrier(n)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_claim, args=(str(tmp_path), region, barrier, results)) for _ in range(n)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    claims = sorted(results.get(timeout=5) for _ in range(n))
+    assert [v for v, _ in claims] == list(range(2, n + 2))
+    assert [e for _, e in claims] == list(range(2, n + 2))  # epoch = previous + 1, no reuse
+    store = RegionManifestStore(LocalFileIO(), str(tmp_path), region)
+    assert store.load_latest().writer_epoch == n + 1
+    for version in range(1, n + 2):
+        assert store.load(version).writer_epoch == version

@@ -1,7 +1,10 @@
 """Region specs end to end: routing, wrong-region rejection, pruning in reads."""
 
 import datetime as dt
+import os
 import struct
+import subprocess
+import sys
 
 import datafusion
 import lance
@@ -13,6 +16,17 @@ import pytest
 import memwal_query as mq
 
 from helpers import PK
+
+
+def tree(path: str) -> dict[str, bytes]:
+    """Every file under ``path`` with its bytes (to prove nothing changed)."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            p = os.path.join(root, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, path)] = fh.read()
+    return out
 
 
 def bucket_of(v: int, n: int) -> int:
@@ -63,7 +77,42 @@ def test_wrong_region_is_rejected_and_changes_nothing(bucket_table):
         w.put(pa.table({"user_id": [123, other], "amount": [1.0, 2.0]}))
     assert str(other) in str(e.value)
     assert w.memtables()[0].num_rows == 1
+    before = tree(t.uri)
+    with pytest.raises(mq.WrongRegionError):  # deletes are checked the same way
+        w.delete(pa.table({"user_id": [other]}))
+    with pytest.raises(mq.WrongRegionError):
+        w.put(pa.table({"user_id": [other], "amount": [2.0]}))
+    assert tree(t.uri) == before  # nothing on disk changed either
+    assert w.memtables()[0].num_rows == 1
     w.close(flush=False)
+
+
+GOOD_IDS = list(range(100, 120))  # rows of many regions, written along with the bad one
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"user_id": GOOD_IDS, "amount": [1.0] * 20, "extra": [1] * 20}, mq.SchemaError),
+        ({"amount": [1.0] * 20}, mq.PrimaryKeyError),
+        ({"user_id": pa.array([*GOOD_IDS, None], pa.int64())}, mq.PrimaryKeyError),
+        ({"user_id": [*map(str, GOOD_IDS), "x"]}, mq.SchemaError),
+        ({"user_id": GOOD_IDS, "amount": ["1.5"] * 19 + ["x"]}, mq.SchemaError),
+        ({"user_id": pa.array(GOOD_IDS, pa.int32()), "amount": ["1.5"] * 20}, None),
+    ],
+)
+def test_routed_bad_input_changes_nothing(bucket_table, bad, error):
+    """t.write checks the whole batch before it claims a region or writes a byte."""
+    t = bucket_table
+    t.write(pa.table({"user_id": [5], "amount": [1.0]}))
+    before = tree(t.uri)
+    if error is None:  # control: a valid batch of other types does create regions
+        t.write(pa.table(bad))
+        assert tree(t.uri) != before and len(t.region_ids()) > 1
+        return
+    with pytest.raises(error):
+        t.write(pa.table(bad))
+    assert tree(t.uri) == before and len(t.region_ids()) == 1
 
 
 def test_two_writers_for_one_value_share_the_region(bucket_table):
@@ -154,3 +203,39 @@ def test_spec_validation(tmp_path):
     bad = mq.RegionSpec(1, [mq.RegionField("b", [42], "identity")])
     with pytest.raises(mq.RegionSpecError, match="42"):
         mq.MemWalTable.initialize(uri, region_spec=bad)
+
+
+ROUTE_SCRIPT = """
+import sys, pyarrow as pa, memwal_query as mq
+t = mq.MemWalTable.open(sys.argv[1])
+ids = list(range(int(sys.argv[2]), int(sys.argv[2]) + 200))
+try:
+    t.write(pa.table({"user_id": ids, "amount": [1.0] * len(ids)}))
+    t.close(flush=False)
+except mq.FencedError:
+    pass  # another process claimed one of its regions meanwhile: that is fine here
+print("done", flush=True)
+"""
+
+
+def test_concurrent_routing_processes_create_one_region_per_value(bucket_table):
+    """Processes routing rows of the same values at once never create two regions for one."""
+    t = bucket_table
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", ROUTE_SCRIPT, t.uri, str(start)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for start in (0, 1000, 2000)
+    ]
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0 and "done" in out
+    regions = t.region_ids()
+    assert len(regions) == 10  # 600 keys over 10 buckets: one region per bucket value
+    values = sorted(t.region_values(r)[1]["bucket"] for r in regions)
+    assert values == list(range(10))
+    for r in regions:
+        m = t.region_manifest(r)
+        assert m.writer_epoch >= 1 and m.region_spec_id == 1

@@ -271,11 +271,140 @@ def test_sigkill_mid_stream_loses_no_acknowledged_put(table, tmp_path, memtable_
     if rest:
         acked = max(acked, int(rest[-1]))
     w = table.writer(region)
+    # Physically, not only in the deduplicated view: every key was put once, so it must
+    # be stored once across the referenced generations and the recovered MemTable.
+    stored = [m.to_table().column("id") for m in w.memtables()]
+    for g in w.manifest().flushed_generations:
+        gen_uri = paths.generation_path(table.uri, region, g.path)
+        stored.append(lance.dataset(gen_uri).to_table(columns=["id"]).column("id"))
+    physical = [k for c in stored for k in c.to_pylist()]
+    assert len(physical) == len(set(physical)), "a row is stored twice"
     rows = table.to_table(writers=[w]).to_pylist()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids))  # nothing twice
+    assert set(range((acked + 1) * 10)) <= set(physical)
     view = {r["id"]: r["val"] for r in rows}
     for i in range(acked + 1):  # every acknowledged put is there, with its value
         for k in range(i * 10, i * 10 + 10):
             assert view[k] == float(i), (i, k)
     w.close()
+
+
+def test_appendix1_writer_fencing_example(table):
+    """The spec's Appendix 1 step by step, with two real writers on one region."""
+    from memwal_query.manifest import RegionManifest, RegionManifestStore
+    from memwal_query.schema import storage_schema, with_tombstone
+
+    region = str(uuid.uuid4())
+    store = RegionManifestStore(table.io, table.uri, region)
+    # Initial state: manifest v1, epoch 5, entries up to 10 flushed, 11 and 12 in the WAL.
+    initial = RegionManifest(
+        region, 1, 5, replay_after_wal_entry_position=10, wal_entry_position_last_seen=12
+    )
+    assert store.try_commit(initial)
+    wal = Wal(table.io, paths.wal_dir(table.uri, region), region)
+    rows_schema = storage_schema(table.schema)
+    for pos in (11, 12):
+        wal.append(pos, with_tombstone(basic_rows([1000 + pos]), False).cast(rows_schema), 5, 1)
+
+    a = table.writer(region)  # steps 1-2: loads v1 (epoch 5), commits v2 with epoch 6
+    assert (a.epoch, store.latest_version()) == (6, 2)
+    for pos in (13, 14, 15):  # step 3: one durable put per WAL entry
+        a.put(basic_rows([1000 + pos]))
+    assert wal.last_position(10) == 15
+
+    b = table.writer(region)  # steps 4-5: loads v2 (epoch 6), commits v3 with epoch 7
+    assert (b.epoch, store.latest_version()) == (7, 3)
+    assert b.stats.replayed_entries == 5  # 11..15: a's entries are replayed, not lost
+    for pos in (16, 17):  # step 6
+        b.put(basic_rows([1000 + pos]))
+
+    with pytest.raises(mq.FencedError) as e:  # steps 7-9: a's flush sees epoch 7 > 6
+        a.flush()
+    assert (e.value.local_epoch, e.value.stored_epoch) == (6, 7)
+    with pytest.raises(mq.FencedError):
+        a.put(basic_rows([9999]))  # fenced: every later operation aborts
+    assert store.latest_version() == 3  # a committed nothing
+
+    # Recovery reads 11.. until a position is missing (18) and accepts epochs <= 7.
+    epochs = [(en.position, en.writer_epoch) for en in wal.replay(10, b.epoch)]
+    assert epochs[:7] == [(11, 5), (12, 5), (13, 6), (14, 6), (15, 6), (16, 7), (17, 7)]
+    b.put(basic_rows([1018]))  # step 10: b continues normally
+    assert b.flush() == 1
+    m = store.load_latest()
+    assert (m.version, m.writer_epoch, m.replay_after_wal_entry_position) == (4, 7, 18)
+    b.close()
+    view = live(table)
+    assert all(1000 + pos in view for pos in range(11, 19))
+    assert 9999 not in view
+
+
+def test_flush_does_not_block_puts(table, monkeypatch):
+    """While a generation is being written, puts only wait for the MemTable swap."""
+    import memwal_query.flush as flush_mod
+
+    started, release = threading.Event(), threading.Event()
+    orig = flush_mod.write_generation
+
+    def slow_write_generation(*args, **kwargs):
+        started.set()
+        assert release.wait(60)
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(flush_mod, "write_generation", slow_write_generation)
+    w = table.writer(max_memtable_rows=5)
+    w.put(basic_rows(range(1000, 1005)))  # reaches the limit: sealed, flush in background
+    assert started.wait(30)
+    flusher = threading.Thread(target=w.flush)  # an explicit flush() waits too
+    flusher.start()
+    putter = threading.Thread(
+        target=lambda: [w.put(basic_rows([2000 + i])) for i in range(20)], daemon=True
+    )
+    try:
+        putter.start()  # 20 durable puts, 3 more seals, while the flush is stuck
+        putter.join(30)
+        assert not putter.is_alive(), "puts waited for the flush"
+        assert w.stats.flushed_generations == [] and w.stats.put_rows == 25
+        assert all(2000 + i in live(table, [w]) for i in range(20))
+    finally:
+        release.set()
+    flusher.join(60)
+    assert not flusher.is_alive()
+    assert w.stats.flushed_generations[:1] == [1]
+    w.close()
+    view = live(table)
+    assert all(k in view for k in [*range(1000, 1005), *range(2000, 2020)])
+
+
+def test_initialize_writes_the_index_as_pylance_does(tmp_path):
+    """Same index entry as pylance's ``initialize_mem_wal``, readable both ways."""
+    from memwal_query import index as mwindex
+
+    uris = [str(tmp_path / name) for name in ("native", "ours")]
+    for uri in uris:
+        lance.write_dataset(basic_rows(range(10)), uri)
+        lance.dataset(uri).create_scalar_index("val", "BTREE", name="val_idx")
+    lance.dataset(uris[0]).initialize_mem_wal(
+        maintained_indexes=["val_idx"], bucket_column="id", num_buckets=4
+    )
+    spec = mq.bucket_spec(lance.dataset(uris[1]).lance_schema, "id", 4)
+    mq.MemWalTable.initialize(uris[1], region_spec=spec, maintained_indexes=["val_idx"])
+    entries = []
+    for uri in uris:
+        ds = lance.dataset(uri)
+        (entry,) = [i for i in ds.describe_indices() if i.name == mwindex.INDEX_NAME]
+        entries.append((entry.name, entry.index_type))
+        details = ds.mem_wal_index_details()  # pylance decodes both
+        assert details["maintained_indexes"] == ["val_idx"]
+        (native_spec,) = details["sharding_specs"]
+        assert native_spec["fields"][0]["transform"] == "bucket"
+        assert native_spec["fields"][0]["parameters"]["num_buckets"] == "4"
+        ours = mwindex.read_index(mq.MemWalTable.open(uri).io, ds)  # and so do we
+        assert list(ours.details.maintained_indexes) == ["val_idx"]
+        (field,) = mq.RegionSpec.from_proto(ours.details.region_specs[0]).fields
+        assert (field.transform, field.source_ids, field.parameters) == (
+            "bucket",
+            [0],
+            {"num_buckets": "4"},
+        )
+    assert entries[0] == entries[1] == (mwindex.INDEX_NAME, "MemWal")

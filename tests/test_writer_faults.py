@@ -342,3 +342,69 @@ def test_background_fencing_keeps_the_fenced_error_type(table, monkeypatch):
     newer = other["writer"]
     assert 1 in live(table, [newer]) and 2 in live(table, [newer])
     newer.close()
+
+
+def gen_dirs(t: mq.MemWalTable, region_id: str) -> set[str]:
+    """Generation directories present under the region directory."""
+    return {n for n in t.io.list(paths.region_dir(t.uri, region_id)) if "_gen_" in n}
+
+
+def test_failed_flush_leaves_unreferenced_dir_and_retry_uses_new_prefix(table, monkeypatch):
+    import memwal_query.crashpoints as crashpoints
+
+    orig = crashpoints.point
+    state = {"fail": 1}
+
+    def point(name: str) -> None:
+        if name == "flush.mid" and state["fail"]:
+            state["fail"] -= 1  # the generation's Lance table is written, then this fails
+            raise OSError("injected: store error mid-flush")
+        orig(name)
+
+    monkeypatch.setattr(crashpoints, "point", point)
+    w = table.writer()
+    w.put(basic_rows([101, 102]))
+    with pytest.raises(OSError, match="mid-flush"):
+        w.flush()
+    (orphan,) = gen_dirs(table, w.region_id)
+    assert orphan.endswith("_gen_1") and flushed(w) == []  # written, referenced by nobody
+    assert w.flush() == 1  # the retry
+    (ref,) = w.manifest().flushed_generations
+    assert ref.path.endswith("_gen_1") and ref.path != orphan  # a new random prefix
+    assert gen_dirs(table, w.region_id) == {orphan, ref.path}
+    w.close()
+    view = live(table)
+    assert 101 in view and 102 in view
+
+
+KILLED_FLUSH = """
+import sys, pyarrow as pa, memwal_query as mq
+t = mq.MemWalTable.open(sys.argv[1])
+w = t.writer(sys.argv[2])
+w.put(pa.table({"id": pa.array([501, 502], pa.int64()), "val": [1.0, 2.0], "name": ["a", "b"]}))
+w.flush()  # MEMWAL_CRASH_AT=flush.mid: SIGKILL after the Lance table is written
+"""
+
+
+def test_flush_killed_midway_is_retried_by_next_writer_under_new_prefix(table):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    region = str(uuid.uuid4())
+    env = {**os.environ, "MEMWAL_CRASH_AT": "flush.mid"}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_FLUSH, table.uri, region], env=env, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL
+    (orphan,) = gen_dirs(table, region)
+    w = table.writer(region)  # replays the acknowledged put from the WAL
+    assert not w.manifest().flushed_generations and w.stats.replayed_rows == 2
+    assert w.flush() == 1
+    (ref,) = w.manifest().flushed_generations
+    assert ref.path != orphan and ref.path.endswith("_gen_1")
+    w.close()
+    view = live(table)
+    assert view[501] == (1.0, "a") and view[502] == (2.0, "b")
