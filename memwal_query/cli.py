@@ -230,26 +230,44 @@ def init(
     click.echo(f"initialized {t.uri}: primary key {t.primary_key}, region spec {spec}")
 
 
-def _read_file(path: str):
+def _read_file(path: str, schema=None):
+    """A Parquet/CSV/JSON-lines/Arrow IPC file as a table. CSV and JSON columns named
+    like table columns are parsed as the table's types (``007`` stays a string in a
+    string column) rather than inferred; a value that does not parse is a SchemaError."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
 
+    def table_types(*kinds) -> dict:
+        if schema is None:
+            return {}
+        scalar = (pa.types.is_primitive, pa.types.is_string, pa.types.is_large_string)
+        return {f.name: f.type for f in schema if any(k(f.type) for k in scalar + kinds)}
+
     lower = path.lower()
-    if lower.endswith(".parquet"):
-        return pq.read_table(path)
-    if lower.endswith(".csv"):
-        return pcsv.read_csv(path)
-    if lower.endswith((".json", ".jsonl", ".ndjson")):
-        return pjson.read_json(path)
-    if lower.endswith((".arrow", ".ipc", ".feather")):
-        with pa.memory_map(path) as source:
-            try:
-                return pa.ipc.open_file(source).read_all()
-            except pa.ArrowInvalid:
-                source.seek(0)
-                return pa.ipc.open_stream(source).read_all()
+    try:
+        if lower.endswith(".parquet"):
+            return pq.read_table(path)
+        if lower.endswith(".csv"):
+            convert = pcsv.ConvertOptions(column_types=table_types(pa.types.is_binary))
+            return pcsv.read_csv(path, convert_options=convert)
+        if lower.endswith((".json", ".jsonl", ".ndjson")):
+            types = table_types()
+            parse = pjson.ParseOptions(
+                explicit_schema=pa.schema(types) if types else None,
+                unexpected_field_behavior="infer",
+            )
+            return pjson.read_json(path, parse_options=parse)
+        if lower.endswith((".arrow", ".ipc", ".feather")):
+            with pa.memory_map(path) as source:
+                try:
+                    return pa.ipc.open_file(source).read_all()
+                except pa.ArrowInvalid:
+                    source.seek(0)
+                    return pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # e.g. a value not of its column's type
+        raise SchemaError(f"cannot read it: {e}") from e
     raise click.BadParameter(f"{path}: unknown file type (parquet, csv, jsonl, arrow)")
 
 
@@ -276,7 +294,7 @@ def ingest(
     tables = []
     for f in files:
         try:
-            tables.append(coerce_rows(_read_file(f), t.schema, t.primary_key))
+            tables.append(coerce_rows(_read_file(f, t.schema), t.schema, t.primary_key))
         except SchemaError as e:  # name the file (PrimaryKeyError is a SchemaError)
             raise type(e)(f"{f}: {e}") from e
     if region:

@@ -23,6 +23,7 @@ hour          (none)          ``date_part('hour', col0)`` (0..23)             in
 bucket        num_buckets N   ``abs(murmur3(col0)) % N``                      int32
 multi_bucket  num_buckets N   ``abs(murmur3_multi(col0, col1, ...)) % N``     int32
 truncate      width W         ``left(col0, W)`` / ``col0 - (col0 % W)``       same as source
+unsharded     (none)          ``0`` (no source: pylance's one-region spec)   int32
 ============  ==============  =============================================  ==============
 
 * year/month/day/hour accept date32, date64 and timestamp columns (any unit). For a
@@ -184,11 +185,12 @@ __all__ = [
 
 TEMPORAL_TRANSFORMS = ("year", "month", "day", "hour")
 """The date-part transforms (``date_part`` semantics, int32)."""
-TRANSFORMS = ("identity", *TEMPORAL_TRANSFORMS, "bucket", "multi_bucket", "truncate")
-"""Names of the well-known region transforms."""
+TRANSFORMS = ("identity", *TEMPORAL_TRANSFORMS, "bucket", "multi_bucket", "truncate", "unsharded")
+"""Names of the well-known region transforms (``unsharded``: pylance's one-region spec,
+no source, every row int32 ``0``)."""
 
 _SINGLE_SOURCE = {"identity", "year", "month", "day", "hour", "bucket", "truncate"}
-_INT32_TRANSFORMS = {"year", "month", "day", "hour", "bucket", "multi_bucket"}
+_INT32_TRANSFORMS = {"year", "month", "day", "hour", "bucket", "multi_bucket", "unsharded"}
 _VOLATILE = re.compile(
     r"\b(?:(?:random|rand|uuid|now|today|clock_timestamp)\s*\(|"
     r"(?:current_date|current_time|current_timestamp|localtime|localtimestamp)\b)",
@@ -1058,6 +1060,8 @@ class RegionField:
             raise RegionSpecError(
                 f"region field {fid!r}: transform {t!r} takes exactly one source, got {len(ids)}"
             )
+        if t == "unsharded" and ids:
+            raise RegionSpecError(f"region field {fid!r}: transform 'unsharded' takes no source")
         if t == "multi_bucket" and not ids:
             raise RegionSpecError(f"region field {fid!r}: multi_bucket needs source ids")
         if t in ("bucket", "multi_bucket"):
@@ -1268,6 +1272,8 @@ class RegionField:
             valid = np.logical_or.reduce([e.valid for e in encoded])
             hashes = _murmur3_var(*_concat_prefixed(encoded))
             out = _buckets(hashes, valid, int(self.parameters["num_buckets"]))
+        elif t == "unsharded":  # pylance's single-region spec: every row in region 0
+            out = pa.array(np.zeros(n, np.int32))
         else:  # truncate
             out = _truncate(arrays[0], int(self.parameters["width"]), fid)
         if declared is not None:
@@ -1346,8 +1352,8 @@ class RegionField:
 
     def _project(self, predicates: Sequence[Predicate], resolver: _Resolver) -> list[Predicate]:
         sources = self._sources(resolver)
-        if any(s is None or s.name is None for s in sources):
-            return []
+        if not sources or any(s is None or s.name is None for s in sources):
+            return []  # unsharded: one region, nothing to prune
         by_column: dict[str, list[tuple[str, Any]]] = {}
         for pred in predicates:
             if not isinstance(pred, tuple | list) or len(pred) != 3:

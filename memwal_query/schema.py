@@ -8,6 +8,7 @@ before a single byte is written.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
@@ -48,39 +49,122 @@ def strip_metadata(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
 
 
-def to_table(data: Any, what: str = "input") -> pa.Table:
-    """Accept a pyarrow Table / RecordBatch / RecordBatchReader / pandas DataFrame / dict."""
+def to_table(data: Any, what: str = "input", columns: Collection[str] = ()) -> pa.Table:
+    """Accept a pyarrow Table / RecordBatch / RecordBatchReader / pandas DataFrame / dict.
+
+    Parameters
+    ----------
+    data : Any
+        The input rows (or an object exporting ``__arrow_c_stream__``).
+    what : str
+        Names the input in error messages.
+    columns : collection of str
+        Table columns: a pandas index level named like one of them (and not also a
+        column) is read as that column (``df.set_index("id")``); other index levels
+        are dropped.
+
+    Raises
+    ------
+    SchemaError
+        An unsupported input type, or values pyarrow cannot convert (the message names
+        the column).
+    """
     if isinstance(data, pa.Table):
         return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if isinstance(data, pa.RecordBatchReader):
-        return data.read_all()
-    if isinstance(data, dict):
-        return pa.table(data)
     try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover
-        pd = None
-    if pd is not None and isinstance(data, pd.DataFrame):
-        return pa.Table.from_pandas(data, preserve_index=False)
-    if hasattr(data, "__arrow_c_stream__"):
-        return pa.table(data)
+        if isinstance(data, pa.RecordBatch):
+            return pa.Table.from_batches([data])
+        if isinstance(data, pa.RecordBatchReader):
+            return data.read_all()
+        if isinstance(data, dict):
+            return pa.table(data)
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover
+            pd = None
+        if pd is not None and isinstance(data, pd.DataFrame):
+            levels = [
+                n
+                for n in data.index.names
+                if isinstance(n, str) and n in columns and n not in data.columns
+            ]
+            if levels:
+                data = data.reset_index(level=levels)
+            return pa.Table.from_pandas(data, preserve_index=False)
+        if hasattr(data, "__arrow_c_stream__"):
+            return pa.table(data)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise SchemaError(f"{what}: cannot convert to Arrow: {e}") from e
     raise SchemaError(
         f"{what}: expected a pyarrow Table, RecordBatch, RecordBatchReader or pandas "
         f"DataFrame, got {type(data).__name__}"
     )
 
 
+def _type_family(t: pa.DataType) -> str:
+    """A coarse kind of type: casts between kinds are refused (see :func:`_cast_column`)."""
+    if pa.types.is_dictionary(t):
+        return _type_family(t.value_type)
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_binary_view(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
+        return "text"
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_boolean(t)
+    ):
+        return "number"
+    if pa.types.is_temporal(t):
+        return "temporal"
+    if pa.types.is_null(t):
+        return "null"
+    return "nested"
+
+
 def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    """``column`` cast to ``field``'s type, losslessly, within one kind of type.
+
+    Numbers (integers, floats, decimals, 0/1 for bool) convert among themselves, text
+    among text and binary, temporal types among themselves, nested among nested, and an
+    all-NULL column to anything. Crossing kinds (``"7"`` into an int column, ``12`` into
+    a string column, a datetime into an int64 column) is a :class:`SchemaError`: pyarrow
+    would parse or print the values, silently changing what was written.
+    """
     if column.type == field.type:
         return column
+    src_kind, dst_kind = _type_family(column.type), _type_family(field.type)
+    if src_kind not in ("null", dst_kind):
+        raise SchemaError(
+            f"column {field.name!r}: cannot convert {column.type} to {field.type} "
+            f"({src_kind} to {dst_kind}); convert the values explicitly first"
+        )
     try:
-        return pc.cast(column, field.type, safe=True)
+        out = pc.cast(column, field.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise SchemaError(
             f"column {field.name!r}: cannot convert {column.type} to {field.type}: {e}"
         ) from e
+    src = column.type
+    numeric = pa.types.is_integer(src) or pa.types.is_floating(src) or pa.types.is_decimal(src)
+    if pa.types.is_boolean(field.type) and numeric:
+        # a "safe" numeric cast maps every non-zero value to true: only 0/1 are lossless
+        ok = pc.is_in(column, value_set=pa.array([0, 1], pa.int8()).cast(src))
+        bad = pc.and_(pc.is_valid(column), pc.invert(ok))
+        if pc.any(bad).as_py():
+            first = column.filter(bad)[0].as_py()
+            raise SchemaError(
+                f"column {field.name!r}: cannot convert {column.type} to bool without "
+                f"loss: value {first!r} is neither 0 nor 1"
+            )
+    return out
 
 
 def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
@@ -89,7 +173,7 @@ def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
     Unknown columns, missing non-nullable columns, unconvertible types, and missing or
     NULL primary-key values raise; missing nullable columns become NULL.
     """
-    table = to_table(data)
+    table = to_table(data, columns=schema.names)
     extra = [n for n in table.column_names if schema.get_field_index(n) < 0]
     if extra:
         raise SchemaError(f"column(s) {extra} are not in the table schema {schema.names}")
@@ -113,12 +197,13 @@ def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
     return out
 
 
-def coerce_keys(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
-    """Coerce a delete request (a table with the primary-key columns) to key columns only."""
-    table = to_table(data, "delete keys")
+def coerce_keys(data: Any, schema: pa.Schema, pk: list[str], what: str = "delete keys") -> pa.Table:
+    """Coerce a table with the primary-key columns (delete or lookup keys, named ``what``
+    in errors) to key columns only."""
+    table = to_table(data, what, columns=pk)
     missing = [k for k in pk if k not in table.column_names]
     if missing:
-        raise PrimaryKeyError(f"delete keys are missing primary-key column(s) {missing}")
+        raise PrimaryKeyError(f"{what} are missing primary-key column(s) {missing}")
     columns = [_cast_column(table.column(k), schema.field(k)) for k in pk]
     out = pa.Table.from_arrays(columns, schema=pa.schema([schema.field(k) for k in pk]))
     out = normalize_keys(out, pk)

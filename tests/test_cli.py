@@ -409,3 +409,15 @@ def test_interactive_prompt_with_history(tmp_path, plain_uri):
     # arrow up twice: the failed statement, then the count; Enter runs it again
     second = _pty_session(["sql", plain_uri], [b"\x1b[A\x1b[A\r", b"\x04"], env)
     assert "50007" in second, second
+
+
+def test_ingest_parses_csv_and_json_as_the_table_types(tmp_path, plain_uri):
+    """A string column of digits keeps its leading zeros (not inferred as an integer)."""
+    memwal("init", plain_uri, "--primary-key", "id")
+    csv_file = tmp_path / "zips.csv"
+    csv_file.write_text("id,val,name\n400,1.5,007\n401,2.5,0100\n")
+    json_file = tmp_path / "zips.jsonl"
+    json_file.write_text('{"id": 402, "val": 3, "name": "042"}\n')
+    memwal("ingest", plain_uri, str(csv_file), str(json_file))
+    got = memwal("sql", plain_uri, "SELECT name FROM t WHERE id >= 400 ORDER BY id")
+    assert got.stdout.split()[1:] == ["007", "0100", "042"]

@@ -104,3 +104,30 @@ def test_native_writer_continues_our_region(tmp_path):
     got = rows(t.to_table(writers=[w2]))
     assert got[1] == 1.0 and got[2] == 2.0 and got[3] == 3.0
     w2.close()
+
+
+def test_native_unsharded_table_written_by_us(tmp_path):
+    """A table pylance initialized with ``unsharded=True`` (transform 'unsharded', no
+    source) is opened, written, queried with pruning predicates and merged by us, and
+    our region reads the same through the native scanner."""
+    uri = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"id": range(5), "v": [0.0] * 5}, schema=SCHEMA), uri)
+    lance.dataset(uri).initialize_mem_wal(unsharded=True)
+    t = mq.MemWalTable.open(uri)
+    assert t.region_spec.fields[0].transform == "unsharded"
+    written = t.write(pa.table({"id": [1, 20], "v": [1.0, 20.0]}))
+    assert list(written.values()) == [2]
+    t.delete(pa.table({"id": [2]}))
+    t.close()
+    ours = rows(t.to_table())
+    assert ours == {0: 0.0, 1: 1.0, 3: 0.0, 4: 0.0, 20: 20.0}
+    snaps = [snapshot(t, r) for r in t.region_ids()]
+    assert rows(LsmScanner.from_snapshots(lance.dataset(uri), snaps).to_table()) == ours
+    ctx = datafusion.SessionContext()
+    mq.register(ctx, "e", uri, consistency="strong")
+    assert rows(ctx.sql("SELECT * FROM e WHERE id IN (1, 2, 20)").to_arrow_table()) == {
+        1: 1.0,
+        20: 20.0,
+    }
+    t.merge()
+    assert rows(lance.dataset(uri).to_table()) == ours

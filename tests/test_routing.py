@@ -98,7 +98,13 @@ GOOD_IDS = list(range(100, 120))  # rows of many regions, written along with the
         ({"user_id": pa.array([*GOOD_IDS, None], pa.int64())}, mq.PrimaryKeyError),
         ({"user_id": [*map(str, GOOD_IDS), "x"]}, mq.SchemaError),
         ({"user_id": GOOD_IDS, "amount": ["1.5"] * 19 + ["x"]}, mq.SchemaError),
-        ({"user_id": pa.array(GOOD_IDS, pa.int32()), "amount": ["1.5"] * 20}, None),
+        (
+            {
+                "user_id": pa.array(GOOD_IDS, pa.int32()),
+                "amount": pa.array([1.5] * 20, pa.float32()),
+            },
+            None,
+        ),
     ],
 )
 def test_routed_bad_input_changes_nothing(bucket_table, bad, error):
