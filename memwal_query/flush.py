@@ -16,6 +16,7 @@ way leaves a directory no manifest references; the retry uses a new random prefi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import lance
@@ -33,6 +34,7 @@ BLOOM_FILE = "bloom_filter.bin"
 PK_INDEX_NAME = "__memwal_pk"
 PK_INDEX_DIR = "_pk_index"
 _MAX_ROWS_PER_FILE = 1 << 30
+COALESCE_ROWS = 1 << 16  # rows per batch handed to Lance (see ``coalesced_batches``)
 
 
 def write_generation(
@@ -42,7 +44,7 @@ def write_generation(
     uri = paths.generation_path(table.uri, region_id, gen_dir)
     data = memtable.to_table()
     ds = lance.write_dataset(
-        data,
+        coalesced_batches(data),
         uri,
         mode="create",
         max_rows_per_file=_MAX_ROWS_PER_FILE,
@@ -66,6 +68,35 @@ def write_generation(
         physical_rows=data.num_rows,
         primary_key_bytes=keys.nbytes,
     )
+
+
+def coalesced_batches(data: pa.Table, min_rows: int = COALESCE_ROWS) -> pa.RecordBatchReader:
+    """``data`` as a stream of record batches of at least ``min_rows`` rows (but the last).
+
+    A MemTable holds one batch per put: a million rows put 100 at a time are 10,000
+    batches, and Lance writes many small batches ~20x slower than a few large ones
+    (measured, pylance 14: 2.6 s against 0.13 s for 1M rows). Consecutive batches are
+    concatenated one group at a time, so at most one group is copied at once.
+    """
+    batches = data.to_batches()
+    schema = data.schema
+
+    def groups() -> Iterator[pa.RecordBatch]:
+        group: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in batches:
+            if batch.num_rows >= min_rows and not group:
+                yield batch
+                continue
+            group.append(batch)
+            rows += batch.num_rows
+            if rows >= min_rows:
+                yield pa.concat_batches(group)
+                group, rows = [], 0
+        if group:
+            yield pa.concat_batches(group)
+
+    return pa.RecordBatchReader.from_batches(schema, groups())
 
 
 def _publish_pk_index(table: MemWalTable, ds: lance.LanceDataset, uri: str) -> None:

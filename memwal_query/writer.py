@@ -35,6 +35,7 @@ and raise only if that retry fails. Once fenced, every call raises :class:`Fence
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -366,6 +367,12 @@ class RegionWriter:
             scalar = pa.scalar(expected, type=col.type) if expected is not None else None
             if scalar is None:
                 bad = pc.is_valid(col)
+            elif (
+                pa.types.is_floating(col.type)
+                and isinstance(expected, float)
+                and math.isnan(expected)
+            ):
+                bad = pc.invert(pc.fill_null(pc.is_nan(col), False))  # NaN's region: NaN rows
             else:
                 bad = pc.invert(pc.fill_null(pc.equal(col, scalar), False))
             n_bad = pc.sum(bad.cast(pa.int64())).as_py() or 0
