@@ -12,11 +12,17 @@ for other integers, a hash-set join for everything else.
 
 from __future__ import annotations
 
+import threading
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .schema import as_int64, normalize_keys
+
+if TYPE_CHECKING:
+    import lance
 
 _IDX = "__memwal_idx"
 _DENSE_LIMIT = 1 << 26
@@ -54,6 +60,8 @@ class KeySet:
         self._dense: np.ndarray | None = None
         self._sorted: np.ndarray | None = None
         self._table: pa.Table | None = None
+        self._addresses: dict[tuple[str, int], np.ndarray] = {}  # see base_addresses
+        self._addresses_lock = threading.Lock()
         ints = _int_values(keys.column(0)) if len(self.pk) == 1 and self.size else None
         if self.size == 0:
             return
@@ -67,6 +75,37 @@ class KeySet:
                 self._sorted = np.unique(ints)
         else:
             self._table = normalize_keys(keys, self.pk).combine_chunks()
+
+    @property
+    def hashed(self) -> bool:
+        """Whether membership goes through a hash set (non-integer or composite keys),
+        whose build costs O(set size) on every :meth:`contains` call."""
+        return self._table is not None
+
+    def has_addresses(self, base: lance.LanceDataset) -> bool:
+        """Whether :meth:`base_addresses` of ``base``'s version is cached."""
+        return (base.uri, base.version) in self._addresses
+
+    def base_addresses(self, base: lance.LanceDataset) -> np.ndarray:
+        """Sorted row addresses of the rows of ``base`` whose key is in the set.
+
+        Reads the base table's key columns once per base version (cached on this set:
+        sets of flushed generations live as long as the generations are unmerged), so
+        that a scan can drop overwritten base rows by row address: a binary search per
+        batch instead of building the hash set again for every batch.
+        """
+        key = (base.uri, base.version)
+        with self._addresses_lock:
+            hit = self._addresses.get(key)
+            if hit is not None:
+                return hit
+            keys = base.to_table(columns=self.pk, with_row_address=True)
+            addr = keys.column("_rowaddr").to_numpy()
+            found = np.sort(addr[self.contains(keys.select(self.pk))]).astype(np.uint64)
+            if len(self._addresses) >= 2:
+                self._addresses.pop(next(iter(self._addresses)))
+            self._addresses[key] = found
+            return found
 
     def __len__(self) -> int:
         return self.size

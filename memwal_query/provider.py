@@ -49,6 +49,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -62,7 +63,19 @@ if TYPE_CHECKING:
     from .writer import RegionWriter
 
 BASE_BATCH_ROWS = 65536  # fewer, larger batches: less per-batch Python overhead
+# Bases up to this many rows drop rows overwritten by string/binary/composite keys by row
+# address (their key columns are read once and cached, see KeySet.base_addresses).
+ADDRESS_DEDUP_MAX_ROWS = 32_000_000
 META_FIELDS = [pa.field(GEN_COLUMN, pa.uint64()), pa.field(ROWADDR_COLUMN, pa.uint64())]
+
+
+def _as_expression(expr: Any) -> pc.Expression | None:
+    """``expr`` as a pyarrow Expression: DataFusion hands a filter it simplified to a
+    constant (``k IN (false, true)`` on a non-null ``k``) as a plain ``pa.Scalar``, which
+    Lance's scanner rejects."""
+    if expr is None or isinstance(expr, pc.Expression):
+        return expr
+    return pc.scalar(expr)
 
 
 class _Filter:
@@ -90,6 +103,7 @@ class _Filter:
     """
 
     def __init__(self, expr: pc.Expression | None, schema: pa.Schema) -> None:
+        expr = _as_expression(expr)
         self.expr = expr
         self.columns: list[str] = []
         self.local = expr
@@ -132,10 +146,13 @@ class _QueryState:
         self.plan = sources.resolve(table, dataset.consistency, dataset.writers, predicates)
         self._lock = threading.Lock()
         self._view: sources.NewerView | None = None
+        self._stale: np.ndarray | None = None
+        self._base_rows: int | None = None
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
         known = self.filter
+        expr = _as_expression(expr)
         if expr is known.expr or (
             expr is not None and known.expr is not None and expr.equals(known.expr)
         ):
@@ -156,6 +173,31 @@ class _QueryState:
     @property
     def keys(self) -> KeySet | KeySetUnion:
         return self.view.keys
+
+    def key_sets(self) -> tuple[list[KeySet], list[KeySet]]:
+        """The newer sources' key sets: (integer sets, hashed sets)."""
+        keys = self.keys
+        sets = keys.sets if isinstance(keys, KeySetUnion) else [keys]
+        sets = [s for s in sets if len(s)]
+        return [s for s in sets if not s.hashed], [s for s in sets if s.hashed]
+
+    def stale_addresses(self, hashed: list[KeySet]) -> np.ndarray:
+        """Sorted addresses of the base rows whose key is in a hashed set (once per query;
+        each set caches its own across queries)."""
+        with self._lock:
+            if self._stale is None:
+                parts = [s.base_addresses(self.plan.base) for s in hashed]
+                # each part is sorted; duplicates do no harm to a binary search
+                self._stale = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+            return self._stale
+
+    def by_address(self, hashed: list[KeySet]) -> bool:
+        """Whether base rows are dropped by row address (see ``_BaseFragment``)."""
+        if not hashed:
+            return False
+        if self._base_rows is None:
+            self._base_rows = self.plan.base.count_rows()
+        return self._base_rows <= ADDRESS_DEDUP_MAX_ROWS
 
 
 # What Lance raises when its Substrait conversion refuses a filter expression (at
@@ -215,8 +257,14 @@ class _BaseFragment:
         pk = state.dataset.table.primary_key
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-        keys = state.keys
-        key_cols = pk if len(keys) else []
+        int_sets, hashed = state.key_sets()
+        # Hashed key sets (strings, binary, composite keys) rebuild a hash set on every
+        # membership test: after the first batch (a selective scan may have only one),
+        # or from the start when the addresses are cached, overwritten base rows are
+        # dropped by row address instead (and then need no key columns).
+        by_address = state.by_address(hashed)
+        cached = by_address and all(s.has_addresses(state.plan.base) for s in hashed)
+        key_cols = pk if int_sets or (hashed and not cached) else []
         want_addr = ROWADDR_COLUMN in wanted
         size = max(batch_size or 0, BASE_BATCH_ROWS)
         f = state.filter_for(filter)
@@ -228,7 +276,7 @@ class _BaseFragment:
                     columns=list(dict.fromkeys(data_cols + key_cols)),
                     filter=f.base,
                     fragments=self.lance_fragments,
-                    with_row_address=want_addr,
+                    with_row_address=want_addr or by_address,
                     batch_size=size,
                 )
                 it = iter(scanner.to_batches())
@@ -248,13 +296,20 @@ class _BaseFragment:
             scanner = state.plan.base.scanner(
                 columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
                 fragments=self.lance_fragments,
-                with_row_address=want_addr or ROWADDR_COLUMN in f.columns,
+                with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
                 batch_size=size,
             )
             batches = scanner.to_batches()
-        for batch in batches:
-            if len(keys):
-                mask = keys.contains(batch.select(pk))
+        for i, batch in enumerate(batches):
+            if int_sets or hashed:
+                mask = np.zeros(batch.num_rows, dtype=bool)
+                for s in int_sets:
+                    mask |= s.contains(batch.select(pk))
+                if by_address and (i or cached):
+                    mask |= _in_sorted(batch.column(ROWADDR_COLUMN), state.stale_addresses(hashed))
+                else:
+                    for s in hashed:
+                        mask |= s.contains(batch.select(pk))
                 if mask.any():
                     batch = batch.filter(pa.array(~mask))
             if local is not None:
@@ -294,6 +349,16 @@ class _NewerFragment:
             return
         for batch in live.to_batches(max_chunksize=batch_size or 8192):
             yield _project(batch, out_schema)
+
+
+def _in_sorted(values: pa.Array, sorted_values: np.ndarray) -> np.ndarray:
+    """Boolean mask: which ``values`` (uint64) are in the sorted array."""
+    v = values.to_numpy(zero_copy_only=False)
+    if not len(sorted_values):
+        return np.zeros(len(v), dtype=bool)
+    pos = np.searchsorted(sorted_values, v)
+    pos[pos == len(sorted_values)] = 0
+    return sorted_values[pos] == v
 
 
 def _project(
