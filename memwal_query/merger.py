@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,13 +55,17 @@ from .dedup import newest_per_key
 from .exceptions import CommitConflictError, MergeFailedError
 from .keypredicate import key_predicate
 from .locking import index_lock
+from .manifest import FlushedGeneration
 from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
 
 if TYPE_CHECKING:
-    from .manifest import FlushedGeneration
     from .table import MemWalTable
 
 DEFAULT_MAX_RETRIES = 20
+# Consecutive generations of a region are merged in one commit up to this many rows: a
+# merge_insert commit costs about the same for 1k or 100k rows (a scan of the base
+# table's keys), so 100 small generations merge ~10x faster batched.
+DEFAULT_BATCH_ROWS = 1_000_000
 # Lance's merge_insert can join through a scalar index on the key (index lookups per
 # source row) or by scanning the base table's key column (a hash join). The index path
 # pays ~20 us per source row and keeps the whole source in a hash table inside a fixed
@@ -125,18 +130,44 @@ def _backoff(attempt: int) -> float:
     return pause
 
 
-def prepare_generation(table: MemWalTable, region_id: str, gen: FlushedGeneration) -> _Prepared:
-    """Read a flushed generation and split its newest rows into upserts and deletes."""
-    ref = sources.GenerationRef(
-        region_id, gen.generation, table_generation_uri(table, region_id, gen.path)
-    )
-    rows = sources.read_generation(ref, table.schema, table.storage_options)
+def prepare_generation(
+    table: MemWalTable,
+    region_id: str,
+    gen: FlushedGeneration | Sequence[FlushedGeneration],
+    schema: pa.Schema | None = None,
+) -> _Prepared:
+    """Read flushed generation(s) and split their newest rows into upserts and deletes.
+
+    Several generations (consecutive, ascending) are reduced together: rows are read in
+    generation order, so the last write of a key across them wins, exactly as merging
+    them one after another would leave the base table. The result carries the last
+    generation's number (the progress marker).
+
+    ``schema`` is the schema of the base version the rows will be merged into (default:
+    ``table.schema``, the schema when ``table`` was opened). The merger passes the
+    current one: columns added since ``table`` was opened must reach the base table
+    (merging with the older schema would set them to NULL), and dropped ones must not.
+    """
+    schema = table.schema if schema is None else schema
+    gens = [gen] if isinstance(gen, FlushedGeneration) else list(gen)
+    parts = [
+        sources.read_generation(
+            sources.GenerationRef(
+                region_id, g.generation, table_generation_uri(table, region_id, g.path)
+            ),
+            schema,
+            table.storage_options,
+        )
+        for g in gens
+    ]
+    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    gen = gens[-1]
     pk = list(table.primary_key)
     newest = newest_per_key(rows, pk)
     tomb = pc.fill_null(newest.column(TOMBSTONE), False)
     upserts = newest.filter(pc.invert(tomb)).drop_columns([TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN])
-    upserts = upserts.cast(table.schema).combine_chunks()
-    key_schema = pa.schema([table.schema.field(k) for k in pk])
+    upserts = upserts.cast(schema).combine_chunks()
+    key_schema = pa.schema([schema.field(k) for k in pk])
     deletes = newest.filter(tomb).select(pk).cast(key_schema).combine_chunks()
     deleted = deletes.num_rows
     deletes = pa.concat_tables([deletes, _zero_twins(deletes)]).combine_chunks()
@@ -214,11 +245,38 @@ def merge_region(
     region_id: str,
     max_generations: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> list[MergeResult]:
-    """Merge the region's unmerged generations in order; return what this call merged."""
+    """Merge the region's unmerged generations in order; return what this call merged.
+
+    Consecutive generations of up to ``batch_rows`` rows in all go into one commit
+    (``batch_rows=0``: one commit per generation).
+    """
     done: list[MergeResult] = []
-    _merge_region_into(table, region_id, max_generations, max_retries, done)
+    _merge_region_into(table, region_id, max_generations, max_retries, done, batch_rows)
     return done
+
+
+def _next_batch(
+    pending: list[FlushedGeneration], room: int | None, batch_rows: int
+) -> list[FlushedGeneration]:
+    """The oldest pending generations to merge in one commit: at most ``room`` of them
+    and, after the first, no more than ``batch_rows`` rows in all (by the manifest's
+    ``physical_rows``; a generation without the statistic counts as ``batch_rows``)."""
+    batch = [pending[0]]
+    if batch_rows <= 0:
+        return batch
+    rows = pending[0].physical_rows or batch_rows
+    for g in pending[1:]:
+        if room is not None and len(batch) >= room:
+            break
+        if g.generation != batch[-1].generation + 1:
+            break  # only a contiguous run (the manifest lists them so anyway)
+        rows += g.physical_rows or batch_rows
+        if rows > batch_rows:
+            break
+        batch.append(g)
+    return batch
 
 
 def _merge_region_into(
@@ -227,13 +285,15 @@ def _merge_region_into(
     max_generations: int | None,
     max_retries: int,
     done: list[MergeResult],
+    batch_rows: int = 0,
 ) -> None:
     """:func:`merge_region`, appending each merged generation to ``done`` as it commits."""
     from .snapshots import carry_forward
 
-    attempts = 0  # lost races for the generation being merged (the bound is per generation)
-    current: int | None = None
+    attempts = 0  # lost races for the batch being merged (the bound is per batch)
+    current: tuple[int, ...] | None = None
     prepared: _Prepared | None = None
+    prepared_schema = pa.schema([])
     merged_here = 0
     while max_generations is None or merged_here < max_generations:
         ds = table.dataset()
@@ -248,12 +308,17 @@ def _merge_region_into(
         )
         if not pending:
             return
-        gen = pending[0]
-        if gen.generation != current:
-            current, attempts, prepared = gen.generation, 0, None
+        room = None if max_generations is None else max_generations - merged_here
+        batch = _next_batch(pending, room, batch_rows)
+        gen = batch[-1]
+        if tuple(g.generation for g in batch) != current:
+            current, attempts, prepared = tuple(g.generation for g in batch), 0, None
         started = time.perf_counter()
-        if prepared is None:
-            prepared = prepare_generation(table, region_id, gen)
+        if prepared is None or not prepared_schema.equals(ds.schema):
+            # Rows in the schema of the version committed to (columns may have been
+            # added or dropped since ``table`` was opened, or since the last attempt).
+            prepared_schema = ds.schema
+            prepared = prepare_generation(table, region_id, batch, prepared_schema)
         crashpoints.point("merge.before_commit")
         try:
             with index_lock(table.uri, table.io):
@@ -268,20 +333,19 @@ def _merge_region_into(
             attempts += 1
             if attempts > max_retries:
                 raise CommitConflictError(
-                    f"{table.uri}: merging generation {gen.generation} of region "
+                    f"{table.uri}: merging generation(s) {list(current or ())} of region "
                     f"{region_id} lost {attempts} commit races"
                 ) from e
             _backoff(attempts)
             continue  # re-read: maybe another merger merged it (Appendix 2)
         crashpoints.point("merge.after_commit")
-        merged_here += 1
+        merged_here += len(batch)
+        seconds = time.perf_counter() - started
+        for g in batch[:-1]:  # merged by the same commit: its figures are on the last
+            done.append(MergeResult(region_id, g.generation, 0, 0, 0.0))
         done.append(
             MergeResult(
-                region_id,
-                gen.generation,
-                prepared.upserts.num_rows,
-                prepared.deleted,
-                time.perf_counter() - started,
+                region_id, gen.generation, prepared.upserts.num_rows, prepared.deleted, seconds
             )
         )
 
@@ -298,8 +362,12 @@ def merge(
     region_id: str | None = None,
     max_generations: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> list[MergeResult]:
     """Merge one region (or all regions, one after another).
+
+    Consecutive generations of a region totalling up to ``batch_rows`` rows are merged
+    by one commit (``0``: one commit per generation); each is still reported.
 
     With ``region_id``, that region's error propagates unchanged. For all regions, a
     failing region does not stop the others: every region is attempted, then
@@ -307,12 +375,12 @@ def merge(
     was merged (``.results``).
     """
     if region_id is not None:
-        return merge_region(table, region_id, max_generations, max_retries)
+        return merge_region(table, region_id, max_generations, max_retries, batch_rows)
     out: list[MergeResult] = []
     errors: dict[str, BaseException] = {}
     for rid in table.region_ids():
         try:
-            _merge_region_into(table, rid, max_generations, max_retries, out)
+            _merge_region_into(table, rid, max_generations, max_retries, out, batch_rows)
         except Exception as e:  # noqa: BLE001 - reported below, after the other regions
             errors[rid] = e
     if errors:

@@ -92,7 +92,8 @@ class MemWalTable:
     """A Lance base table with a MemWAL index: streaming upserts through regions.
 
     Use :meth:`initialize` once on an existing Lance dataset with a primary key, then
-    :meth:`open`. Not thread-safe for :meth:`write` from several threads; writers are.
+    :meth:`open`. :meth:`write` and :meth:`delete` may be called from several threads:
+    rows of one region go through one shared writer (group commit).
 
     Parameters
     ----------
@@ -118,6 +119,9 @@ class MemWalTable:
         self.primary_key: list[str] = require_primary_key(self.schema, self.uri)
         self.lance_schema = self._dataset.lance_schema
         self._writers: dict[str, RegionWriter] = {}
+        # Guards opening the writers of write()/delete(): two threads routing rows to
+        # one region must share one writer (a second claim would fence the first).
+        self._writers_lock = threading.Lock()
         self._writer_options: dict[str, Any] = {}
         self._manifests: dict[str, RegionManifest] = {}  # last read per region
 
@@ -383,15 +387,23 @@ class MemWalTable:
 
     # -- background work ---------------------------------------------------------------
     def merge(
-        self, region_id: str | None = None, max_generations: int | None = None
+        self,
+        region_id: str | None = None,
+        max_generations: int | None = None,
+        batch_rows: int | None = None,
     ) -> list[tuple[str, int]]:
         """Merge flushed generations into the base table; ``[(region_id, generation)]``.
 
-        See :mod:`memwal_query.merger` for the ordering and atomicity guarantees.
+        Consecutive generations of a region totalling up to ``batch_rows`` rows (default
+        :data:`memwal_query.merger.DEFAULT_BATCH_ROWS`) are merged by one commit; ``0``
+        commits each generation on its own. See :mod:`memwal_query.merger` for the
+        ordering and atomicity guarantees.
         """
-        from .merger import merge
+        from .merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
 
-        return [(r.region_id, r.generation) for r in merge(self, region_id, max_generations)]
+        rows = DEFAULT_BATCH_ROWS if batch_rows is None else batch_rows
+        done = merge(self, region_id, max_generations, DEFAULT_MAX_RETRIES, rows)
+        return [(r.region_id, r.generation) for r in done]
 
     def refresh_snapshots(self) -> mwindex.MemWalIndex:
         """Write the current region states as snapshots into the MemWAL index.
@@ -539,19 +551,13 @@ class MemWalTable:
         rows = coerce_rows(data, self.schema, self.primary_key)
         spec = self.region_spec
         if spec is None:
-            w = self._writers.get("")
-            if w is None:
-                w = self._writers[""] = self.writer(**self._writer_options)
+            w = self._routed_writer("", None)
             w.put(rows)
             return {w.region_id: rows.num_rows}
         written: dict[str, int] = {}
         for values, part in split_by_region(spec, rows, self.lance_schema):
             region_id = self.region_id_for(values)
-            w = self._writers.get(region_id)
-            if w is None:
-                w = self._writers[region_id] = self.writer(
-                    region_values=values, **self._writer_options
-                )
+            w = self._routed_writer(region_id, values)
             w._put_routed(part)
             written[region_id] = written.get(region_id, 0) + part.num_rows
         return written
@@ -563,9 +569,7 @@ class MemWalTable:
         key_table = coerce_keys(keys, self.schema, self.primary_key)
         spec = self.region_spec
         if spec is None:
-            w = self._writers.get("")
-            if w is None:
-                w = self._writers[""] = self.writer(**self._writer_options)
+            w = self._routed_writer("", None)
             w.delete(key_table)
             return {w.region_id: key_table.num_rows}
         names = _field_names(self.lance_schema)
@@ -578,14 +582,27 @@ class MemWalTable:
         written: dict[str, int] = {}
         for values, part in split_by_region(spec, key_table, self.lance_schema):
             region_id = self.region_id_for(values)
-            w = self._writers.get(region_id)
-            if w is None:
-                w = self._writers[region_id] = self.writer(
-                    region_values=values, **self._writer_options
-                )
+            w = self._routed_writer(region_id, values)
             w.delete(part)
             written[region_id] = written.get(region_id, 0) + part.num_rows
         return written
+
+    def _routed_writer(self, key: str, values: dict[str, Any] | None) -> RegionWriter:
+        """The writer :meth:`write`/:meth:`delete` use for ``key`` (a region id, or ""
+        for the manual region without a spec), opened on first use, once per key even
+        when several threads ask at the same time."""
+        w = self._writers.get(key)
+        if w is not None:
+            return w
+        with self._writers_lock:
+            w = self._writers.get(key)
+            if w is None:
+                if values is None:
+                    w = self.writer(**self._writer_options)
+                else:
+                    w = self.writer(region_values=values, **self._writer_options)
+                self._writers[key] = w
+            return w
 
     def writers(self) -> list[RegionWriter]:
         """Writers opened by :meth:`write`."""

@@ -179,7 +179,7 @@ MERGER = textwrap.dedent(
     import os, sys
     import memwal_query as mq
     t = mq.MemWalTable.open(sys.argv[1])
-    print(t.merge(sys.argv[2], max_generations=int(sys.argv[3])), flush=True)
+    print(t.merge(sys.argv[2], max_generations=int(sys.argv[3]), batch_rows=0), flush=True)
     """
 )
 
@@ -290,3 +290,22 @@ def test_large_generation_merges_into_a_key_indexed_base_with_vectors(tmp_path):
     ids = base.column("id").to_numpy()
     assert len(np.unique(ids)) == len(ids)
     assert pa.compute.sum(base.column("val")).as_py() == float(np.arange(200_000).sum())
+
+
+@pytest.mark.parametrize("batch_rows, commits", [(None, 1), (0, 4), ("two", 3)])
+def test_consecutive_generations_merge_in_one_commit(table, batch_rows, commits):
+    """Generations 1..4 (upserts, deletes, last write wins) merged in one commit, one
+    per generation, or up to a row budget: the same base table and progress."""
+    region, model = make_generations(table)
+    gens = table.region_manifest(region).flushed_generations
+    assert all(g.physical_rows for g in gens)
+    if batch_rows == "two":  # exactly generations 1 and 2 fit
+        batch_rows = gens[0].physical_rows + gens[1].physical_rows
+    before = lance.dataset(table.uri).version
+    merged = table.merge(batch_rows=batch_rows)
+    assert merged == [(region, 1), (region, 2), (region, 3), (region, 4)]
+    assert lance.dataset(table.uri).version == before + commits
+    assert table.index().merged_generations() == {region: 4}
+    assert base_view(table) == model
+    assert view(table) == model
+    assert table.merge() == []

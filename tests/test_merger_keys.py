@@ -127,10 +127,10 @@ def test_failing_region_does_not_block_other_regions(table, monkeypatch):
     bad = sorted(table.region_ids())[0]
     real = merger.prepare_generation
 
-    def broken(tbl, region_id, gen):
+    def broken(tbl, region_id, gen, *rest):
         if region_id == bad:
             raise ValueError("unreadable generation")
-        return real(tbl, region_id, gen)
+        return real(tbl, region_id, gen, *rest)
 
     monkeypatch.setattr(merger, "prepare_generation", broken)
     with pytest.raises(MergeFailedError) as info:

@@ -82,7 +82,7 @@ MERGER = textwrap.dedent(
 
         MergeInsertBuilder.execute = execute
     t = mq.MemWalTable.open(uri)
-    done = [g for _, g in t.merge(region)]
+    done = [g for _, g in t.merge(region, batch_rows=0)]  # one commit per generation
     print(json.dumps({"merged": done, "lost": lost}), flush=True)
     """
 )
