@@ -8,7 +8,7 @@ Prints medians and ratios for ``SELECT count(*)``, ``SELECT id, val`` (all rows)
 ``WHERE cat = 7``; point lookups when the search module is available. "plain Lance" is
 Lance's own scanner on the base table alone (for ``count(*)`` a scan of the ``id``
 column, since a metadata count would not be a scan).
-``--quick`` uses a 100k-row base.
+``--quick`` uses a 100k-row base; ``--key string`` makes the key a string (``user-<n>``).
 """
 
 from __future__ import annotations
@@ -42,16 +42,26 @@ SCHEMA = pa.schema(
 )
 
 
-def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+def key_array(ids: np.ndarray, key: str = "int64") -> pa.Array:
+    """Key values: the ids themselves, or strings ``user-<id>`` with ``key="string"``."""
+    if key == "string":
+        return pa.array(np.char.add("user-", np.asarray(ids).astype(str)))
+    return pa.array(ids, pa.int64())
+
+
+def rows(ids: np.ndarray, rng: np.random.Generator, key: str = "int64") -> pa.Table:
     vec = rng.standard_normal((len(ids), DIM), dtype=np.float32)
+    schema = SCHEMA
+    if key == "string":
+        schema = SCHEMA.set(0, pa.field("id", pa.string(), nullable=False, metadata=PK))
     return pa.table(
         {
-            "id": pa.array(ids, pa.int64()),
+            "id": key_array(ids, key),
             "val": pa.array(rng.random(len(ids))),
             "cat": pa.array(rng.integers(0, 100, len(ids)), pa.int32()),
             "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), DIM),
         },
-        schema=SCHEMA,
+        schema=schema,
     )
 
 
@@ -64,20 +74,20 @@ def upserts(n: int, base: int, rng: np.random.Generator) -> np.ndarray:
     return ids
 
 
-def setup(root: str, base_rows: int):
+def setup(root: str, base_rows: int, key: str = "int64"):
     rng = np.random.default_rng(42)
     uri = f"{root}/t"
-    lance.write_dataset(rows(np.arange(base_rows), rng), uri, max_rows_per_file=base_rows)
+    lance.write_dataset(rows(np.arange(base_rows), rng, key), uri, max_rows_per_file=base_rows)
     t = mq.MemWalTable.initialize(uri)
     w = t.writer(max_memtable_rows=10_000_000, max_memtable_bytes=1 << 40)
     n_flushed = int(base_rows * 0.15)
     for _ in range(3):
         ids = upserts(n_flushed // 3, base_rows, rng)
         for chunk in np.array_split(ids, 10):
-            w.put(rows(chunk, rng))
+            w.put(rows(chunk, rng, key))
         w.flush()
     for chunk in np.array_split(upserts(base_rows // 20, base_rows, rng), 10):
-        w.put(rows(chunk, rng))
+        w.put(rows(chunk, rng, key))
     return t, w
 
 
@@ -93,11 +103,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--key", choices=["int64", "string"], default="int64", help="primary-key type"
+    )
     args = parser.parse_args()
     base_rows = 100_000 if args.quick else 1_000_000
     with tempfile.TemporaryDirectory() as root:
         started = time.perf_counter()
-        t, w = setup(root, base_rows)
+        t, w = setup(root, base_rows, args.key)
         print(f"setup: {time.perf_counter() - started:.1f}s", file=sys.stderr)
         base = lance.dataset(t.uri)
         snap = native_snapshot(t, w.region_id)
@@ -157,7 +170,7 @@ def main() -> None:
                 ]
             )
         print_table(
-            f"Scans, {base_rows:,}-row base + 3 generations + live MemTable "
+            f"Scans, {base_rows:,}-row base + 3 generations + live MemTable, {args.key} keys "
             f"({machine()}, {time.strftime('%Y-%m-%d')})",
             [
                 "query",
@@ -176,14 +189,14 @@ def main() -> None:
             lat = []
             for k in keys:
                 s = time.perf_counter()
-                t.lookup(pa.array([k], pa.int64()), writers=[w])
+                t.lookup(key_array([k], args.key), writers=[w])
                 lat.append(time.perf_counter() - s)
             lookup_rows.append(["memwal_query lookup", pct(lat, 50) * 1e3, pct(lat, 99) * 1e3])
         planner = LsmPointLookupPlanner(base, [snap])
         lat = []
         for k in keys[:50]:
             s = time.perf_counter()
-            planner.plan_lookup(pa.array([k], pa.int64())).to_table()
+            planner.plan_lookup(key_array([k], args.key)).to_table()
             lat.append(time.perf_counter() - s)
         lookup_rows.append(["native LsmPointLookupPlanner", pct(lat, 50) * 1e3, pct(lat, 99) * 1e3])
         print_table("Single-key point lookup", ["reader", "p50 ms", "p99 ms"], lookup_rows)

@@ -210,14 +210,22 @@ def _use_key_index(ds: lance.LanceDataset, source_rows: int) -> bool:
 
 
 def _commit_generation(
-    table: MemWalTable, ds: lance.LanceDataset, region_id: str, prep: _Prepared
+    table: MemWalTable,
+    ds: lance.LanceDataset,
+    region_id: str | list[CompactedSsTable],
+    prep: _Prepared,
 ) -> None:
-    """Apply one generation on top of ``ds`` in one commit with its progress marker.
+    """Apply prepared rows on top of ``ds`` in one commit with their progress marker(s):
+    ``merged_generations[region_id] = prep.generation``, or the given markers (one per
+    region when several regions' generations share the commit).
 
     Raises the commit error on a lost race (see :func:`_is_conflict`).
     """
     pk = list(table.primary_key)
-    marker = [CompactedSsTable(region_id, prep.generation)]
+    if isinstance(region_id, str):
+        marker = [CompactedSsTable(region_id, prep.generation)]
+    else:
+        marker = list(region_id)
     if prep.deletes.num_rows and not prep.upserts.num_rows:
         (
             ds.merge_insert(pk)
@@ -378,11 +386,109 @@ def merge(
         return merge_region(table, region_id, max_generations, max_retries, batch_rows)
     out: list[MergeResult] = []
     errors: dict[str, BaseException] = {}
-    for rid in table.region_ids():
+    if batch_rows > 0:
         try:
-            _merge_region_into(table, rid, max_generations, max_retries, out, batch_rows)
+            _merge_across_regions(table, max_generations, max_retries, batch_rows, out)
+        except Exception:  # noqa: BLE001 - isolated region by region just below
+            pass
+    for rid in table.region_ids():
+        room = None
+        if max_generations is not None:
+            room = max_generations - sum(r.region_id == rid for r in out)
+            if room <= 0:
+                continue
+        try:
+            _merge_region_into(table, rid, room, max_retries, out, batch_rows)
         except Exception as e:  # noqa: BLE001 - reported below, after the other regions
             errors[rid] = e
     if errors:
         raise MergeFailedError(table.uri, errors, out)
     return out
+
+
+def _merge_across_regions(
+    table: MemWalTable,
+    max_generations: int | None,
+    max_retries: int,
+    batch_rows: int,
+    done: list[MergeResult],
+) -> None:
+    """Merge several regions' pending generations per commit, up to ``batch_rows`` rows.
+
+    A key lives in one region, so the regions' newest rows never overlap: their
+    upserts and deletes are applied by one ``merge_insert`` whose commit carries every
+    region's progress marker. Stops when at most one region has pending work (the
+    per-region path finishes it); raises on anything but a lost race, which
+    :func:`merge` then isolates region by region.
+    """
+    from .snapshots import carry_forward
+
+    attempts = 0
+    while True:
+        ds = table.dataset()
+        index = table.index(ds)
+        merged = index.merged_generations()
+        groups: list[tuple[str, list[FlushedGeneration]]] = []
+        budget = batch_rows
+        for rid in table.region_ids():
+            room = None
+            if max_generations is not None:
+                room = max_generations - sum(r.region_id == rid for r in done)
+                if room <= 0:
+                    continue
+            manifest = table.region_manifest(rid)
+            if manifest is None:
+                continue
+            pending = sorted(
+                (g for g in manifest.flushed_generations if g.generation > merged.get(rid, 0)),
+                key=lambda g: g.generation,
+            )
+            if not pending:
+                continue
+            batch = _next_batch(pending, room, budget)
+            rows = sum(g.physical_rows or batch_rows for g in batch)
+            if groups and rows > budget:
+                break
+            groups.append((rid, batch))
+            budget -= rows
+            if budget <= 0:
+                break
+        if len(groups) < 2:
+            return
+        started = time.perf_counter()
+        schema = ds.schema
+        parts = [(rid, b, prepare_generation(table, rid, b, schema)) for rid, b in groups]
+        combined = _Prepared(
+            0,
+            pa.concat_tables([p.upserts for _, _, p in parts]).combine_chunks(),
+            pa.concat_tables([p.deletes for _, _, p in parts]).combine_chunks(),
+            pa.concat_tables([p.unmatched_deletes for _, _, p in parts]).combine_chunks(),
+            sum(p.deleted for _, _, p in parts),
+        )
+        markers = [CompactedSsTable(rid, batch[-1].generation) for rid, batch in groups]
+        crashpoints.point("merge.before_commit")
+        try:
+            with index_lock(table.uri, table.io):
+                _commit_generation(table, ds, markers, combined)
+                try:
+                    carry_forward(table, index)
+                except Exception:  # noqa: BLE001 - best effort: readers find it anyway
+                    pass
+        except OSError as e:
+            if not _is_conflict(e):
+                raise
+            attempts += 1
+            if attempts > max_retries:
+                raise CommitConflictError(
+                    f"{table.uri}: merging {len(groups)} regions lost {attempts} commit races"
+                ) from e
+            _backoff(attempts)
+            continue  # re-read: another merger may have merged some of them
+        crashpoints.point("merge.after_commit")
+        attempts = 0
+        seconds = time.perf_counter() - started
+        for rid, batch, prep in parts:
+            for g in batch[:-1]:
+                done.append(MergeResult(rid, g.generation, 0, 0, 0.0))
+            last = batch[-1].generation
+            done.append(MergeResult(rid, last, prep.upserts.num_rows, prep.deleted, seconds))

@@ -309,3 +309,53 @@ def test_consecutive_generations_merge_in_one_commit(table, batch_rows, commits)
     assert base_view(table) == model
     assert view(table) == model
     assert table.merge() == []
+
+
+def _regions_with_generations(table, n_regions=3, n_gens=2):
+    """Manual regions, each with upserts, a delete and a last-write-wins key per gen."""
+    model = {k: (float(k), f"n{k}") for k in range(100)}
+    regions = []
+    for r in range(n_regions):
+        w = table.writer()
+        regions.append(w.region_id)
+        for g in range(n_gens):
+            ks = [r * 20 + g, r * 20 + 10 + g, 1000 + r * 10 + g]  # disjoint per region
+            w.put(basic_rows(ks, val=[float(g)] * 3, name=[f"r{r}g{g}"] * 3))
+            w.put(basic_rows([ks[0]], val=[-1.0], name=["last"]))
+            w.delete(pa.table({"id": pa.array([r * 20 + 5], pa.int64())}))
+            for k in ks:
+                model[k] = (float(g), f"r{r}g{g}")
+            model[ks[0]] = (-1.0, "last")
+            model.pop(r * 20 + 5, None)
+            w.flush()
+        w.close()
+    return regions, model
+
+
+def test_regions_merge_together_in_one_commit(table):
+    """A key lives in one region: several regions' generations share a commit that
+    carries every region's progress marker."""
+    regions, model = _regions_with_generations(table)
+    before = lance.dataset(table.uri).version
+    merged = table.merge()
+    assert sorted(merged) == sorted((r, g) for r in regions for g in (1, 2))
+    assert lance.dataset(table.uri).version == before + 1
+    assert table.index().merged_generations() == {r: 2 for r in regions}
+    assert base_view(table) == model
+    assert view(table) == model
+    assert table.merge() == []
+
+
+def test_regions_merge_together_within_limits(table):
+    regions, model = _regions_with_generations(table)
+    gen_rows = table.region_manifest(regions[0]).flushed_generations[0].physical_rows
+    before = lance.dataset(table.uri).version
+    # max_generations applies per region: generation 1 of every region, in one commit
+    assert sorted(table.merge(max_generations=1)) == sorted((r, 1) for r in regions)
+    assert lance.dataset(table.uri).version == before + 1
+    assert view(table) == model
+    # a row budget of two generations: regions two by two (2 commits for 3 regions)
+    table.merge(batch_rows=2 * gen_rows)
+    assert lance.dataset(table.uri).version == before + 3
+    assert table.index().merged_generations() == {r: 2 for r in regions}
+    assert base_view(table) == model
