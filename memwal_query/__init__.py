@@ -10,6 +10,7 @@ from __future__ import annotations
 from .exceptions import (
     AlreadyExistsError,
     AlreadyInitializedError,
+    BaseVersionGoneError,
     CommitConflictError,
     CorruptFileError,
     FencedError,
@@ -72,6 +73,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExistsError",
     "AlreadyInitializedError",
+    "BaseVersionGoneError",
     "CommitConflictError",
     "CorruptFileError",
     "FencedError",

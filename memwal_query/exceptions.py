@@ -129,6 +129,16 @@ class GenerationGoneError(MemWalError):
     """A flushed generation was garbage collected while a reader still needed it."""
 
 
+class BaseVersionGoneError(MemWalError):
+    """The base-table version a read was planned on was cleaned up while it ran.
+
+    Lance's ``cleanup_old_versions`` (e.g. ``MemWalTable.gc(cleanup_older_than=...)``)
+    deletes the data files of older versions; a query still reading one fails. Running
+    it again plans it on the current version. Lookups and searches do that once by
+    themselves.
+    """
+
+
 class MergeFailedError(MemWalError):
     """Merging all regions: some regions failed (the others were merged).
 

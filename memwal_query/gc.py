@@ -187,7 +187,9 @@ def status(table: MemWalTable) -> dict[str, Any]:
             "merged_generation": merged.get(region_id, 0),
             "replay_after_wal_entry_position": m.replay_after_wal_entry_position,
             "wal_first_position": min(stored, default=0),
-            "wal_last_position": last,
+            # ``last`` is the replay position when no entry is left (all flushed and
+            # garbage collected): the span of entries in storage is then empty (0, 0).
+            "wal_last_position": last if stored else 0,
             "wal_entries": len(stored),
             "unflushed_wal_entries": last - m.replay_after_wal_entry_position,
             "unflushed_rows": sum(

@@ -71,7 +71,8 @@ class MemWalIndex:
         }
 
 
-def _manifest_path(io: FileIO, uri: str, version: int) -> str:
+def manifest_path(io: FileIO, uri: str, version: int) -> str:
+    """Path of the manifest file of a base-table version (ObjectNotFoundError if none)."""
     v2 = join(uri, "_versions", f"{_U64_MAX - version}.manifest")
     if io.exists(v2):
         return v2
@@ -100,7 +101,7 @@ def read_index_at(io: FileIO, uri: str, version: int) -> MemWalIndex | None:
 
     Raises ObjectNotFoundError when that version's manifest does not exist (any more).
     """
-    path = _manifest_path(io, uri, version)
+    path = manifest_path(io, uri, version)
     data = io.read(path)
     if len(data) < 16 or data[-4:] != b"LANC":
         raise CorruptFileError(path, "not a Lance manifest file")

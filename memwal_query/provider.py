@@ -248,7 +248,15 @@ class _BaseFragment:
     ) -> _Scanner:
         ds = self.state.dataset
         out_schema = _output_schema(ds.schema, columns)
-        return _Scanner(out_schema, self._batches(out_schema, filter, batch_size))
+        return _Scanner(out_schema, self._guarded(out_schema, filter, batch_size))
+
+    def _guarded(
+        self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
+    ) -> Iterator[pa.RecordBatch]:
+        # A base version cleaned up mid-query: a typed BaseVersionGoneError, not Lance's
+        # bare "Not found" (the next query plans on the current version).
+        with sources.reading_base(self.state.dataset.table, self.state.plan.base):
+            yield from self._batches(out_schema, filter, batch_size)
 
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None

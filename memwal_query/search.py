@@ -145,7 +145,7 @@ import pyarrow.compute as pc
 from . import genindex, sources
 from .bloom import BloomFilter, hash_keys
 from .dedup import KeySet
-from .exceptions import GenerationGoneError, MemWalError, SchemaError
+from .exceptions import BaseVersionGoneError, GenerationGoneError, MemWalError, SchemaError
 from .io import join
 from .schema import ROWADDR_COLUMN, TOMBSTONE, coerce_keys, normalize_keys
 
@@ -445,18 +445,20 @@ def _reading(gen: _GenInfo | None) -> Iterator[None]:
 
 
 def _retry_when_gone(fn: Callable) -> Callable:
-    """Run a search once more, with a fresh read plan, if a generation it read is gone.
+    """Run a search once more, with a fresh read plan, if a generation it read is gone
+    or the base version it read was cleaned up.
 
     A generation disappears only after it was merged (and the index caught up), so a
-    fresh plan reads its rows from the base table. A second failure propagates as
-    :class:`GenerationGoneError`.
+    fresh plan reads its rows from the base table; a cleaned-up base version has a newer
+    one. A second failure propagates as :class:`GenerationGoneError` /
+    :class:`BaseVersionGoneError`.
     """
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except GenerationGoneError:
+        except (GenerationGoneError, BaseVersionGoneError):
             return fn(*args, **kwargs)
 
     return run
@@ -683,24 +685,36 @@ def _gap_covers_unindexed(
     """Whether the gap generations account for every row of the unindexed fragments.
 
     Merging a generation writes exactly its upserted rows (newest live row per key)
-    into new fragments. If the unindexed fragments hold any other rows (a region with
-    no catch-up record, a direct append, a compaction), skipping them would lose rows:
-    then the base is searched in full.
+    into new fragments; a commit that merges several generations (or regions) at once
+    writes the newest live row per key across them, fewer when a key repeats. So the
+    unindexed fragments must hold at most as many rows as the gap generations upserted,
+    and when they hold fewer, every live row must be the upsert of a gap generation's
+    key. If they hold any other rows (a region with no catch-up record, a direct
+    append, a compaction), skipping them would lose rows: then the base is searched in
+    full.
     """
     unindexed = [f for f in base.get_fragments() if f.fragment_id not in index.fragment_ids]
     physical = sum(int(f.metadata.physical_rows) for f in unindexed)
     expected = 0
+    upserted = []
     for r in regions.values():
         for ref in r.gap:
             keys = _gen_info(table, ref).keys
-            expected += int((~keys.tombstone).sum())
-    if physical != expected:
-        notes.append(
-            f"unindexed base fragments hold {physical} rows, gap generations upserted "
-            f"{expected}: full base scan"
-        )
-        return False
-    return True
+            live = ~keys.tombstone
+            expected += int(live.sum())
+            upserted.append(keys.keys.filter(pa.array(live)))
+    if physical == expected:
+        return True  # one commit per generation
+    if physical < expected and unindexed:
+        pk = list(table.primary_key)
+        rows = base.scanner(columns=pk, fragments=unindexed).to_table()
+        if KeySet(pa.concat_tables(upserted).rename_columns(pk)).contains(rows).all():
+            return True  # generations merged together: rows of gap keys only
+    notes.append(
+        f"unindexed base fragments hold {physical} rows, gap generations upserted "
+        f"{expected}, not only theirs: full base scan"
+    )
+    return False
 
 
 # ----------------------------------------------------------------------------------------
@@ -1086,7 +1100,7 @@ def vector_search(
             s.stats["index"] = info.name if s.gen.has_index(info and info.name) else "flat"
             if s.gen.blocklist is not None:
                 kwargs["row_addr_blocklist"] = s.gen.blocklist
-        with _reading(s.gen):
+        with sources.reading_base(table, plan.base), _reading(s.gen):
             scanner = ds.scanner(**kwargs)
             if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
                 debug["base_lance_plan"] = scanner.explain_plan(True)
@@ -1103,7 +1117,7 @@ def vector_search(
     dist_field = pa.field(DISTANCE, pa.float32())
     if merged is None:
         return out_schema.empty_table().append_column(dist_field, pa.array([], pa.float32()))
-    merged = _materialize(merged, srcs, plan, out_schema)
+    merged = _materialize(merged, srcs, plan, out_schema, table)
     return _conform_output(merged, out_schema, [dist_field])
 
 
@@ -1131,7 +1145,11 @@ def _memtable_knn(
 
 
 def _materialize(
-    merged: pa.Table, srcs: list[_Source], plan: SearchPlan, out_schema: pa.Schema
+    merged: pa.Table,
+    srcs: list[_Source],
+    plan: SearchPlan,
+    out_schema: pa.Schema,
+    table: MemWalTable,
 ) -> pa.Table:
     """Fetch the output columns the candidates lack, for the final rows only.
 
@@ -1154,7 +1172,7 @@ def _materialize(
             ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
             cols = _lance_columns(ds, need)
             if cols:
-                with _reading(s.gen):
+                with sources.reading_base(table, plan.base), _reading(s.gen):
                     part = ds._take_rows(ids.tolist(), columns=cols)
             else:  # columns the source predates: NULL
                 part = pa.table({_IDX: np.zeros(len(ids), np.int64)})
@@ -1533,7 +1551,7 @@ def fts_search(
             s.stats["index"] = "memory"
             return mem_fts[i].stats(tokens)
         ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
-        with _reading(s.gen):
+        with sources.reading_base(table, plan.base), _reading(s.gen):
             ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
             s.stats["index"] = info.name
             df = {t: _index_df(ds, ist, column, t, words[t], tok_kwargs) for t in set(tokens)}
@@ -1639,7 +1657,7 @@ def fts_search(
                 kwargs["fast_search"] = True
         elif s.gen.blocklist is not None:
             kwargs["row_addr_blocklist"] = s.gen.blocklist
-        with _reading(s.gen):
+        with sources.reading_base(table, plan.base), _reading(s.gen):
             scanner = ds.scanner(**kwargs)
             if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
                 debug["base_lance_plan"] = scanner.explain_plan(True)
@@ -1654,7 +1672,7 @@ def fts_search(
     _fill_debug(debug, plan, srcs)
     if merged is None:
         return empty
-    merged = _materialize(merged, srcs, plan, out_schema)
+    merged = _materialize(merged, srcs, plan, out_schema, table)
     return _conform_output(merged, out_schema, [score_field])
 
 
@@ -1823,7 +1841,8 @@ def lookup(
                 add(rows, cand[live])
     todo = _mask_to_indices(~resolved)
     if len(todo):
-        got = _base_lookup(plan.base, keys_at(todo), pk, read_cols)
+        with sources.reading_base(table, plan.base):
+            got = _base_lookup(plan.base, keys_at(todo), pk, read_cols)
         counters.append({"source": "base", "probed": len(todo), "hits": got[0].num_rows})
         add(got[0], todo[got[1]])
     if debug is not None:

@@ -20,9 +20,10 @@ Regions whose region value cannot satisfy the query's predicates are pruned.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,8 @@ import pyarrow.compute as pc
 
 from . import paths
 from .dedup import KeySet, KeySetUnion, newest_indices
-from .exceptions import GenerationGoneError, MemWalError
-from .index import MemWalIndex
+from .exceptions import BaseVersionGoneError, GenerationGoneError, MemWalError, ObjectNotFoundError
+from .index import MemWalIndex, manifest_path
 from .memtable import MemTableSnapshot
 from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
 
@@ -216,6 +217,35 @@ def _manifest_state(table: MemWalTable, region_id: str) -> tuple[Any, list[tuple
         table.region_values(region_id),
         [(g.generation, g.path) for g in manifest.flushed_generations],
     )
+
+
+def base_version_gone(table: MemWalTable, version: int) -> bool:
+    """Whether version ``version`` of the base table was cleaned up (its manifest is gone)."""
+    try:
+        manifest_path(table.io, table.uri, version)
+    except ObjectNotFoundError:
+        return True
+    except Exception:  # noqa: BLE001 - cannot tell: report the original error
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def reading_base(table: MemWalTable, base: lance.LanceDataset) -> Iterator[None]:
+    """Turn an error reading ``base`` into :class:`BaseVersionGoneError` when that version
+    was cleaned up meanwhile (Lance reports the deleted data file as a plain OSError or
+    ArrowInvalid "Not found"); any other error propagates unchanged."""
+    try:
+        yield
+    except MemWalError:
+        raise
+    except Exception as e:
+        if not base_version_gone(table, base.version):
+            raise
+        raise BaseVersionGoneError(
+            f"{table.uri}: base version {base.version} was cleaned up while it was read "
+            f"(run the read again): {e}"
+        ) from e
 
 
 # -- reading flushed generations ---------------------------------------------------------

@@ -234,3 +234,15 @@ def test_status_fields_wal_span_and_sizes(table):
     assert after["wal_last_position"] == r["wal_last_position"]
     assert 0 < after["wal_bytes"] < r["wal_bytes"]
     w.close(flush=False)
+
+
+def test_status_wal_span_is_empty_when_every_entry_was_collected(table):
+    region, _ = make_generations(table, n=2)
+    table.merge()
+    table.gc(cleanup_older_than=dt.timedelta(0))  # every generation and WAL entry goes
+    r = table.status()["regions"][region]
+    assert r["wal_entries"] == 0 and r["wal_bytes"] == 0
+    # "entries in storage; 0 when none": no span made of the replay position
+    assert (r["wal_first_position"], r["wal_last_position"]) == (0, 0)
+    assert (r["unflushed_wal_entries"], r["unflushed_rows"]) == (0, 0)
+    assert r["replay_after_wal_entry_position"] > 0

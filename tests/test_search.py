@@ -735,3 +735,36 @@ def test_recall_at_10_on_random_updates(tmp_path):
         hits += len(truth & set(ids(got)))
     assert hits / 200 >= 0.9
     w.close(flush=False)
+
+
+def test_indexed_read_plan_after_generations_merged_in_one_commit(tmp_path):
+    """Generations 2 and 3 (key 13 in both) merged by one commit: the unindexed base
+    rows are fewer than the generations' upserts, yet all theirs, so searches stay on
+    the indexes (and agree with a full scan)."""
+    t = make_table(tmp_path)
+    w = t.writer()
+    rid = w.region_id
+    w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
+    w.flush()
+    t.merge()
+    t.dataset().optimize.optimize_indices()  # the base indexes cover generation 1
+    w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
+    w.put(rows([700], [near(0.7)], text=["zucchini bread"]))
+    w.flush()
+    w.put(rows([13], [near(0.31)], text=["zucchini stew"]))
+    w.flush()
+    before = t.dataset().version
+    assert t.merge() == [(rid, 2), (rid, 3)]
+    assert t.dataset().version == before + 1  # one commit
+    dbg: dict = {}
+    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    assert dbg["plan"].indexed_only and dbg["plan"].skipped_fragments
+    assert [g.generation for g in dbg["plan"].regions[rid].gap] == [2, 3]
+    dbg = {}
+    assert ids(search.fts_search(t, "text", "stew", writers=[w], debug=dbg)) == [13]
+    assert dbg["plan"].indexed_only
+    assert ids(search.fts_search(t, "text", "soup", writers=[w])) == []
+    set_catchup(t, {})  # no record: the base is searched in full
+    search.clear_caches()
+    assert ids(search.vector_search(t, "vec", Q, k=5, writers=[w])) == ids(got)
+    w.close(flush=False)
