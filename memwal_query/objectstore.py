@@ -87,6 +87,13 @@ PUT_TOKEN_ATTRIBUTE = "memwal-put-token"
 INDEX_LOCK_NAME = ".index.lock"
 DEFAULT_LOCK_TTL = 30.0
 _PUT_ATTEMPTS = 5
+# A conditional put with an unknown outcome is tried again only within this many seconds
+# of its start: each try already goes through the HTTP client's own retries.
+_PUT_DEADLINE_SECONDS = 60.0
+# The HTTP client's retries when the storage options set none (obstore's own default
+# is 10 retries within 180 s per request, which stacked under our attempts let one put
+# block for half an hour against a store that accepts connections but never answers).
+DEFAULT_RETRY_CONFIG = {"max_retries": 3, "retry_timeout": timedelta(seconds=30)}
 _DELETE_BATCH = 1000
 
 
@@ -266,7 +273,7 @@ def s3_settings(storage_options: Mapping[str, Any] | None) -> S3Settings:
     return S3Settings(
         config=config,
         client_options=client,
-        retry_config=retry,
+        retry_config={**DEFAULT_RETRY_CONFIG, **retry},
         conditional_put=conditional_put,
         verify_conditional_put=verify,
         commit_lock=commit_lock,
@@ -567,6 +574,7 @@ class S3FileIO(FileIO):
         self._verify(path, store, key)
         token = uuid.uuid4().hex
         delay = 0.05
+        started = time.monotonic()
         for attempt in range(_PUT_ATTEMPTS):
             try:
                 result = obstore.put(
@@ -603,7 +611,8 @@ class S3FileIO(FileIO):
                     return etag
                 if owner is not None:
                     raise AlreadyExistsError(f"{path}: already exists") from e
-                if attempt == _PUT_ATTEMPTS - 1:
+                late = time.monotonic() - started > _PUT_DEADLINE_SECONDS
+                if attempt == _PUT_ATTEMPTS - 1 or late:
                     raise _error(path, e, writing=True) from e
                 log.debug("conditional put of %s failed (%s); retrying", path, _first_line(e))
                 time.sleep(delay * random.uniform(0.5, 1.5))

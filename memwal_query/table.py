@@ -26,6 +26,7 @@ import decimal
 import hashlib
 import json
 import os
+import re
 import threading
 import uuid as uuid_mod
 import warnings
@@ -44,6 +45,7 @@ from .exceptions import (
     NotInitializedError,
     RegionSpecError,
     RegionSpecWarning,
+    StorageError,
     TableNotFoundError,
 )
 from .io import FileIO, file_io_for, normalize_uri
@@ -722,7 +724,38 @@ def _warn_non_key_sources(spec: RegionSpec, lance_schema: Any, pk: list[str], ur
 
 
 def _open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDataset:
+    """The Lance dataset at ``uri``.
+
+    Raises
+    ------
+    TableNotFoundError
+        Lance found no table there (no ``_versions/``).
+    StorageError
+        The store could not be read: a missing bucket, denied credentials, an
+        unreachable endpoint, an unreadable manifest. Not a TableNotFoundError: the
+        table may well exist.
+    """
     try:
         return lance.dataset(uri, storage_options=storage_options or None)
     except (ValueError, OSError, RuntimeError) as e:
-        raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e
+        text = str(e)
+        if "was not found" in text or "LanceError(IO)" not in text:
+            raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e
+        raise StorageError(f"{uri}: cannot open the Lance table: {_store_error(text)}") from e
+
+
+def _store_error(text: str) -> str:
+    """One line saying why a Lance I/O error happened (S3 error code first)."""
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    status = re.search(r"status code: (\d{3})", text)
+    first = (text.split("<?xml", 1)[0].splitlines() or [""])[0]
+    first = first.removeprefix("LanceError(IO): ").rstrip(" :")
+    if code is not None:
+        first = f"{first} ({code.group(1)})"
+    if code is not None and code.group(1) == "NoSuchBucket":
+        return f"no such bucket: {first}"
+    if status is not None and status.group(1) in ("401", "403"):
+        return f"access denied (check the credentials): {first}"
+    if "error sending request" in text:
+        return f"cannot reach the store (check the endpoint): {first}"
+    return first

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import datafusion
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -323,6 +324,93 @@ def test_wal_entry_names_spread(backend):
     assert len({by_pos[p][:4] for p in range(1, 17)}) == 16
 
 
+# -- search, batched merge, catch-up, GC, snapshots, status against a model ------------------
+DIM = 4
+
+
+def _search_rows(ids, seed: int, text: str | None = None) -> pa.Table:
+    ids = list(ids)
+    vecs = np.random.default_rng(seed).standard_normal((len(ids), DIM)).astype(np.float32)
+    texts = [text or f"w{i % 7} common" for i in ids]
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False, {"lance-schema:unenforced-primary-key": "true"}),
+            pa.field("text", pa.string()),
+            pa.field("vec", pa.list_(pa.float32(), DIM)),
+        ]
+    )
+    flat = pa.FixedSizeListArray.from_arrays(pa.array(vecs.reshape(-1)), DIM)
+    return pa.table({"id": ids, "text": texts, "vec": flat}, schema=schema)
+
+
+def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
+    """Maintained indexes, searches, a batched merge, catch-up, GC and eventual reads
+    give the same answers as a dict model, on local disk and on S3."""
+    uri = backend.uri("search")
+    opts = backend.storage_options or None
+    ds = lance.write_dataset(_search_rows(range(200), 0), uri, storage_options=opts)
+    ds.create_index("vec", "IVF_FLAT", num_partitions=2, name="vec_idx")
+    ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    t = mq.MemWalTable.initialize(
+        uri, maintained_indexes=["vec_idx", "text_idx"], storage_options=backend.storage_options
+    )
+    model = {r["id"]: r for r in _search_rows(range(200), 0).to_pylist()}
+    w = t.writer()
+    for g in range(3):
+        batch = _search_rows(range(g * 40, g * 40 + 50), g + 1, text=f"gen{g} special")
+        w.put(batch)
+        model.update({r["id"]: r for r in batch.to_pylist()})
+        if g == 1:
+            w.delete(pa.table({"id": [5, 6]}))
+            del model[5], model[6]
+        assert w.flush() == g + 1
+    tail = _search_rows([1000], 9, text="memtable special")
+    w.put(tail)
+    model[1000] = tail.to_pylist()[0]
+
+    def check(writers) -> None:
+        keys = [0, 5, 45, 100, 139, 150, 1000, 9999]
+        got = t.lookup(pa.array(keys), writers=writers).to_pylist()
+        assert {r["id"]: r["text"] for r in got} == {
+            k: model[k]["text"] for k in keys if k in model
+        }
+        q = np.zeros(DIM, np.float32)
+        ids = np.array(sorted(model))
+        vecs = np.array([model[i]["vec"] for i in ids], np.float32)
+        nearest = ids[np.argsort(((vecs - q) ** 2).sum(axis=1), kind="stable")[:5]]
+        got_vs = t.vector_search("vec", q, k=5, writers=writers)["id"].to_pylist()
+        assert got_vs == nearest.tolist()
+        special = {i for i, r in model.items() if "special" in r["text"]}
+        got_fts = t.fts_search("text", "special", k=1000, writers=writers)["id"].to_pylist()
+        assert sorted(got_fts) == sorted(special)
+        assert t.count_rows(writers=writers) == len(model)
+
+    check([w])
+    w.close()  # flushes the MemTable: generation 4
+    m = t.region_manifest(w.region_id)
+    gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
+    assert len(gen_dirs) == 4
+    for d in gen_dirs:  # every generation got the maintained indexes, on S3 too
+        assert {"_indices", "bloom_filter.bin"} <= set(t.io.list(d))
+    before = t.dataset().version
+    assert t.merge() == [(w.region_id, g) for g in (1, 2, 3, 4)]
+    assert t.dataset().version == before + 1  # four generations, one commit
+    assert t.catch_up_indexes() == {n: {w.region_id: 4} for n in ("text_idx", "vec_idx")}
+    check([])
+    removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    assert set(gen_dirs) <= set(removed)
+    assert not any(t.io.is_dir(d) for d in gen_dirs)
+    assert t.io.list(paths.wal_dir(t.uri, w.region_id)) == []
+    assert "manifest" in t.io.list(join(paths.mem_wal_root(t.uri), w.region_id))
+    check([])
+    t.refresh_snapshots()
+    reopened = mq.MemWalTable.open(uri, storage_options=backend.storage_options)
+    assert reopened.count_rows(consistency="eventual") == len(model)
+    region = reopened.status()["regions"][w.region_id]
+    assert region["merged_generation"] == 4 and region["unflushed_rows"] == 0
+    assert region["flushed_generations"] == [1, 2, 3, 4] and region["wal_entries"] == 0
+
+
 # -- index lock across processes -------------------------------------------------------------
 def test_index_lock_excludes_processes(backend):
     ctx = mp.get_context("forkserver")
@@ -375,7 +463,7 @@ def test_storage_options_translation():
         "virtual_hosted_style_request": False,
     }
     assert s.client_options == {"allow_http": True, "timeout": "30s"}
-    assert s.retry_config == {"max_retries": 3}
+    assert s.retry_config == {"max_retries": 3, "retry_timeout": dt.timedelta(seconds=30)}
     assert s.ignored == ("block_size",) and s.lock_ttl == 5.0 and s.conditional_put
     assert s3_settings({"endpoint": "http://h", "region": "r"}).config == {
         "endpoint": "http://h",
@@ -400,6 +488,142 @@ def test_missing_bucket_is_a_storage_error(s3_server):
     with pytest.raises(StorageError, match="no such bucket"):
         io.put_if_not_exists("s3://no-such-bucket/x/b", b"1")
     assert not io.exists("s3://no-such-bucket/x/a")
+
+
+def test_open_errors_are_typed_and_name_the_uri(s3_server):
+    """A missing bucket or refused credentials is a StorageError naming the URI, not
+    TableNotFoundError ("no Lance table here"): the table may well exist."""
+    from moto.core.authorization import enable_iam_authentication
+
+    options = s3_server.storage_options()
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex}/t"
+    lance.write_dataset(basic_rows(range(5)), uri, storage_options=options)
+    mq.MemWalTable.initialize(uri, storage_options=options)
+    with pytest.raises(mq.TableNotFoundError):  # an existing bucket without the table
+        mq.MemWalTable.open(uri + "-missing", storage_options=options)
+    with pytest.raises(StorageError, match="no such bucket") as e:
+        mq.MemWalTable.initialize("s3://no-such-bucket/t", storage_options=options)
+    assert not isinstance(e.value, mq.TableNotFoundError)
+    assert str(e.value).startswith("s3://no-such-bucket/t: ")
+    started = time.monotonic()
+    with enable_iam_authentication():  # moto now refuses the test credentials (403)
+        with pytest.raises(StorageError, match="access denied") as e:
+            mq.MemWalTable.open(uri, storage_options=options)
+        assert not isinstance(e.value, mq.TableNotFoundError)
+        assert str(e.value).startswith(f"{uri}: ") and "InvalidAccessKeyId" in str(e.value)
+        io = file_io_for(uri, options)
+        with pytest.raises(StorageError, match=uri):
+            io.put_if_not_exists(uri + "/x", b"1")
+    assert time.monotonic() - started < 30  # refused at once: no retries of a 403
+
+
+def test_put_while_the_store_is_down_raises_and_loses_nothing(tmp_path):
+    """The store stops between puts: the put raises a StorageError naming the WAL entry
+    within seconds (bounded retries); once the store is back, the writer goes on and every
+    acknowledged row is there."""
+    server = LocalS3Server().start()
+    try:
+        server.create_bucket("down-bucket")
+        options = server.storage_options(client_max_retries="0", client_retry_timeout="2")
+        uri = f"s3://down-bucket/{uuid.uuid4().hex}/t"
+        lance.write_dataset(basic_rows(range(10)), uri, storage_options=options)
+        t = mq.MemWalTable.initialize(uri, storage_options=options)
+        w = t.writer()
+        w.put(basic_rows([100]))
+        port = server.port
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=r"wal/.*\.arrow"):
+            w.put(basic_rows([101]))
+        assert time.monotonic() - started < 20
+        server = LocalS3Server(port=port).start()  # moto keeps its objects in memory
+        w.put(basic_rows([102]))
+        w.close()
+        got = live(mq.MemWalTable.open(uri, storage_options=options))
+        assert {100, 102} <= set(got) and 101 not in got  # 101 never reached the store
+    finally:
+        server.stop()
+
+
+def test_put_landing_as_the_store_dies_is_adopted_not_lost():
+    """The WAL entry lands but the store dies before answering: the put raises (outcome
+    in doubt); once the store is back the writer adopts the entry, so its MemTable, the
+    WAL and a fresh reader agree (the row is neither lost nor doubled)."""
+    server = LocalS3Server().start()
+    try:
+        server.create_bucket("dying-bucket")
+        options = server.storage_options(
+            client_max_retries="0", client_retry_timeout="2", timeout="2s"
+        )
+        uri = f"s3://dying-bucket/{uuid.uuid4().hex}/t"
+        lance.write_dataset(basic_rows(range(10)), uri, storage_options=options)
+        t = mq.MemWalTable.initialize(uri, storage_options=options)
+        w = t.writer()
+        w.put(basic_rows([100]))
+        port, inner, wsgi = server.port, server._server.app, server._server
+        doomed = server
+
+        def die_after_wal_put(environ, start_response):
+            body = inner(environ, start_response)
+            if environ["REQUEST_METHOD"] == "PUT" and "/wal/" in environ["PATH_INFO"]:
+                threading.Thread(target=doomed.stop).start()
+                raise ConnectionResetError("the store died before answering")
+            return body
+
+        wsgi.app = die_after_wal_put
+        with pytest.raises(StorageError):
+            w.put(basic_rows([101], val=[-101.0]))
+        server = LocalS3Server(port=port).start()
+        w.put(basic_rows([102]))
+        assert live(t, [w])[101] == -101.0  # adopted from the WAL, in WAL order
+        w.close()
+        got = live(mq.MemWalTable.open(uri, storage_options=options))
+        assert got[101] == -101.0 and 100 in got and 102 in got and len(got) == 13
+    finally:
+        server.stop()
+
+
+def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
+    """The memwal CLI reaches S3 through AWS_* variables only (AWS_ENDPOINT as documented):
+    ingest, sql, status --json, merge and gc agree with the rows written."""
+    from click.testing import CliRunner
+
+    from memwal_query.cli import main
+
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex}/t"
+    lance.write_dataset(basic_rows(range(50)), uri, storage_options=s3_server.storage_options())
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+        "AWS_ENDPOINT": s3_server.endpoint,
+        "AWS_REGION": s3_server.region,
+        "AWS_ALLOW_HTTP": "true",
+    }.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+
+    def memwal(*args: str) -> str:
+        result = runner.invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    memwal("init", uri, "--primary-key", "id")
+    (tmp_path / "a.csv").write_text("id,val,name\n1,-1.0,a\n100,100.0,b\n")
+    assert "2 rows" in memwal("ingest", uri, str(tmp_path / "a.csv"))
+    query = "SELECT count(*) AS n, sum(val) AS s FROM t"
+    expected = {"n": 51, "s": sum(range(50)) - 2.0 + 100.0}
+    assert json.loads(memwal("sql", uri, query, "--format", "json")) == expected
+    status = json.loads(memwal("status", uri, "--json"))
+    (region,) = status["regions"].values()
+    assert region["flushed_generations"] == [1] and region["merged_generation"] == 0
+    assert "merged [1]" in memwal("merge", uri)
+    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0")
+    assert json.loads(memwal("sql", uri, query, "--format", "json")) == expected
+    status = json.loads(memwal("status", uri, "--json"))
+    (region,) = status["regions"].values()
+    assert status["base_rows"] == 51 and region["merged_generation"] == 1
+    bad = runner.invoke(main, ["status", "s3://no-such-bucket/t"])
+    assert bad.exit_code == 1 and "StorageError" in bad.output and "no such bucket" in bad.output
 
 
 def test_conditional_put_disabled_requires_a_commit_lock(s3_server, tmp_path):
@@ -615,3 +839,45 @@ def test_lance_concurrent_commits_on_s3(s3):
     assert not errors
     ds = lance.dataset(uri, storage_options=options)
     assert ds.count_rows() == 3 + 4 * 5 and ds.version == 5
+
+
+def test_default_retries_are_bounded_and_overridable():
+    """Without retry options the HTTP client retries 3 times within 30 s (obstore alone:
+    10 within 180 s per request); the storage options still override it."""
+    from memwal_query.objectstore import s3_settings
+
+    assert s3_settings({}).retry_config == {
+        "max_retries": 3,
+        "retry_timeout": dt.timedelta(seconds=30),
+    }
+    own = s3_settings({"client_max_retries": "0", "client_retry_timeout": "2"}).retry_config
+    assert own == {"max_retries": 0, "retry_timeout": dt.timedelta(seconds=2)}
+
+
+def test_put_with_unknown_outcome_stops_trying_after_the_deadline(tmp_path, monkeypatch):
+    """A conditional put whose outcome stays unknown is tried again only within its
+    deadline: against a stopped store, one attempt when the deadline is 0."""
+    from memwal_query import objectstore
+
+    server = LocalS3Server().start()
+    try:
+        server.create_bucket("deadline-bucket")
+        options = server.storage_options(client_max_retries="0", client_retry_timeout="1")
+        fio = objectstore.S3FileIO(objectstore.s3_settings(options))
+        path = f"s3://deadline-bucket/{uuid.uuid4().hex}/x"
+        fio.put_if_not_exists(path + ".a", b"a")
+        server.stop()
+        calls = []
+        real_put = objectstore.obstore.put
+
+        def counting(*args, **kwargs):
+            calls.append(1)
+            return real_put(*args, **kwargs)
+
+        monkeypatch.setattr(objectstore.obstore, "put", counting)
+        monkeypatch.setattr(objectstore, "_PUT_DEADLINE_SECONDS", 0.0)
+        with pytest.raises(StorageError, match=r"x\.b"):
+            fio.put_if_not_exists(path + ".b", b"b")
+        assert len(calls) == 1  # without the deadline: _PUT_ATTEMPTS tries
+    finally:
+        server.stop()
