@@ -735,3 +735,113 @@ def test_filter_expression_null_semantics():
     assert keep(Not(Not(EqualTo(("a",), 2)))) == [2]
     with pytest.raises(ValueError):
         mqs.filter_expression(EqualTo(("a",), 1.5), t.schema)
+
+
+def test_reader_types_spark_lacks_and_lance_cannot_filter(spark, tmp_path):
+    """Unsigned integers, float16, date64, nanosecond timestamps (floored to Spark's
+    microseconds), large strings and binaries: the table is readable, and pushed filters
+    on these columns (Lance's scanner cannot filter them: applied after the scan) keep
+    the newest version of each key only."""
+    from decimal import Decimal
+
+    from memwal_query.regionspec import bucket_spec
+
+    from helpers import PK
+
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False, metadata=PK),
+            pa.field("u32", pa.uint32()),
+            pa.field("u64", pa.uint64()),
+            pa.field("h", pa.float16()),
+            pa.field("d", pa.date64()),
+            pa.field("ts", pa.timestamp("ns", tz="UTC")),
+            pa.field("s", pa.large_string()),
+            pa.field("lb", pa.large_binary()),
+        ]
+    )
+
+    def rows(ids, newer: bool) -> pa.Table:
+        return pa.table(
+            {
+                "id": ids,
+                "u32": [i if newer else 4_000_000_000 + i for i in ids],
+                "u64": [i if newer else 2**64 - 1 - i for i in ids],
+                "h": pa.array([i / 2 for i in ids], pa.float16()),
+                "d": pa.array([86_400_000 * (100 if newer else i) for i in ids], pa.date64()),
+                "ts": [i * 1000 + 999 if newer else i * 1_000_000_001 - 1 for i in ids],
+                "s": [f"b{i}" if newer else f"a{i}" for i in ids],
+                "lb": [b"b" if newer else bytes([97, i]) for i in ids],
+            },
+            schema=schema,
+        )
+
+    uri = str(tmp_path / "types")
+    ds = lance.write_dataset(rows(list(range(8)), False), uri)
+    t = mq.MemWalTable.initialize(uri, region_spec=bucket_spec(ds.lance_schema, "id", 2))
+    t.write(rows([0, 1, 2, 3], True))
+    t.delete(pa.table({"id": [7]}))
+    t.close()  # flushed: generations newer than the base rows
+
+    got = spark.read.format("memwal").load(uri).orderBy("id").toArrow()
+    assert got.column("id").to_pylist() == list(range(7))
+    assert got.column("u32").to_pylist() == [0, 1, 2, 3] + [4_000_000_000 + i for i in (4, 5, 6)]
+    assert got.column("u64").to_pylist() == [Decimal(i) for i in range(4)] + [
+        Decimal(2**64 - 1 - i) for i in (4, 5, 6)
+    ]
+    assert got.column("h").to_pylist() == [i / 2 for i in range(7)]
+    assert got.column("ts").cast(pa.int64()).to_pylist() == [0, 1, 2, 3] + [
+        (i * 1_000_000_001 - 1) // 1000 for i in (4, 5, 6)
+    ]
+    for where, want in [
+        ("s LIKE 'a%'", [4, 5, 6]),
+        ("s = 'b1' OR s = 'a5'", [1, 5]),
+        ("NOT s IN ('b0', 'a4')", [1, 2, 3, 5, 6]),
+        ("u32 > 5", [4, 5, 6]),
+        ("u64 >= 3 AND u64 < 100", [3]),
+        ("d > DATE '1970-01-05'", [0, 1, 2, 3, 5, 6]),
+        ("lb = X'6104'", [4]),
+    ]:
+        sql = f"SELECT id FROM t WHERE {where} ORDER BY id"
+        assert spark_sql(spark, uri, sql).column("id").to_pylist() == want, where
+        off = spark_sql(spark, uri, sql, pushFilters="false")
+        assert off.column("id").to_pylist() == want, where
+
+
+def test_filter_literal_fraction_on_integer_column():
+    """A fractional decimal literal on an integer column is not pushed (pyarrow would
+    truncate 5.5 to 5 and keep the rows equal to 5)."""
+    from decimal import Decimal
+
+    from pyspark.sql.datasource import EqualTo
+
+    schema = pa.schema([pa.field("a", pa.int64()), pa.field("u", pa.uint64())])
+    for column in ("a", "u"):
+        with pytest.raises(ValueError):
+            mqs.filter_expression(EqualTo((column,), Decimal("5.5")), schema)
+        expr, _ = mqs.filter_expression(EqualTo((column,), Decimal("5")), schema)
+        assert (
+            pa.table({"a": [5, 6], "u": pa.array([5, 6], pa.uint64())}).filter(expr).num_rows == 1
+        )
+
+
+def test_write_bad_types_and_values_are_typed_errors(spark, tmp_path):
+    """A column of another kind of type, a bad delete flag, or values the table type
+    cannot hold raise the library's typed errors, and nothing is written."""
+    t = new_table(tmp_path, base_ids=range(10), buckets=2)
+    model = base_model(range(10))
+    with pytest.raises(SchemaError, match="'name'"):  # int into a string column
+        mqs.write(spark.createDataFrame([(1, 1.0, 7)], "id long, val double, name int"), t.uri)
+    with pytest.raises(SchemaError, match="'id'"):  # string keys into an int64 key
+        mqs.write(spark.createDataFrame([("1",)], "id string"), t.uri, mode="delete")
+    with pytest.raises(SchemaError, match="must be boolean"):
+        mqs.write(
+            spark.createDataFrame([(1, "yes")], "id long, op string"), t.uri, delete_column="op"
+        )
+    big = spark.createDataFrame([(1, 1e300, "x")], "id long, val double, name string")
+    with pytest.raises(SchemaError, match="'id'"):  # 2**70 does not fit the int64 key
+        mqs.write(big.withColumn("id", F.expr(f"CAST('{2**70}' AS DECIMAL(30,0))")), t.uri)
+    with pytest.raises(mq.PrimaryKeyError):  # a NULL key
+        mqs.write(spark.createDataFrame([(None, 1.0, "x")], BASIC_SCHEMA_DDL), t.uri)
+    assert t.region_ids() == []
+    assert_view(t.uri, model)

@@ -59,6 +59,7 @@ view (upserts and deletes by key are idempotent).
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -69,7 +70,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..exceptions import AlreadyExistsError, JobEndedError, MemWalError, SchemaError
+from ..exceptions import (
+    AlreadyExistsError,
+    JobEndedError,
+    MemWalError,
+    PrimaryKeyError,
+    SchemaError,
+)
 from ..io import file_io_for, join
 from ..paths import mem_wal_root
 from ..schema import coerce_keys, coerce_rows
@@ -262,11 +269,14 @@ def write(
             .mapInArrow(write_task, RESULT_DDL)
             .collect()
         )
-    except BaseException:
+    except BaseException as e:
         try:
             end_job(options)
         except MemWalError:  # keep the job's own error
             pass
+        typed = _typed_task_error(e) if not isinstance(e, MemWalError) else None
+        if typed is not None:  # bad input values, found while routing: nothing written
+            raise typed from e
         raise
     end_job(options)  # attempts still running (speculative losers) claim no more
     seconds = time.perf_counter() - started
@@ -354,7 +364,51 @@ def _check_columns(
         extra = [c for c in data if table.schema.get_field_index(c) < 0]
         if extra:
             raise SchemaError(f"column(s) {extra} are not in the table schema {table.schema.names}")
+        _check_types(df, table, data)
+    else:
+        _check_types(df, table, table.primary_key)
+    if delete_column is not None:
+        flag = _arrow_type(df.schema[delete_column].dataType)
+        if flag is not None and not (pa.types.is_boolean(flag) or pa.types.is_integer(flag)):
+            raise SchemaError(f"delete_column {delete_column!r} must be boolean, not {flag}")
     return ignore
+
+
+def _arrow_type(spark_type: Any) -> pa.DataType | None:
+    """The Arrow type Spark hands ``mapInArrow`` for ``spark_type`` (None: unknown)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    try:
+        return to_arrow_type(spark_type, timezone="UTC")
+    except Exception:  # noqa: BLE001 - a type PySpark cannot convert: the task reports it
+        return None
+
+
+def _check_types(df: DataFrame, table: MemWalTable, columns: list[str]) -> None:
+    """SchemaError, before any task runs, for a column of another kind of type than the
+    table's (the conversions :func:`memwal_query.schema.coerce_rows` refuses)."""
+    from ..schema import _type_family
+
+    for name in columns:
+        t = _arrow_type(df.schema[name].dataType)
+        want = table.schema.field(name).type
+        if t is not None and _type_family(t) not in ("null", _type_family(want)):
+            raise SchemaError(
+                f"column {name!r}: cannot convert {df.schema[name].dataType.simpleString()} "
+                f"({t}) to the table's {want}; convert the values explicitly first"
+            )
+
+
+_TASK_ERROR = re.compile(r"memwal_query\.exceptions\.(SchemaError|PrimaryKeyError): (.*)")
+
+
+def _typed_task_error(error: BaseException) -> SchemaError | None:
+    """The SchemaError (PrimaryKeyError) a task raised, from Spark's wrapped exception."""
+    found = _TASK_ERROR.findall(str(error))
+    if not found:
+        return None
+    name, message = found[-1]
+    return (PrimaryKeyError if name == "PrimaryKeyError" else SchemaError)(message.strip())
 
 
 # -- write jobs ------------------------------------------------------------------------

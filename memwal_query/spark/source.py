@@ -135,6 +135,10 @@ def _literal(value: Any, t: pa.DataType) -> pa.Scalar:
         if not value.is_integer():
             raise ValueError("fractional literal on a non-float column")
         value = int(value) if not pa.types.is_decimal(t) else decimal.Decimal(value)
+    if isinstance(value, decimal.Decimal) and pa.types.is_integer(t):
+        if value != value.to_integral_value():  # pyarrow would truncate 5.5 to 5
+            raise ValueError("fractional literal on an integer column")
+        value = int(value)
     return pa.scalar(value, type=t)
 
 
@@ -198,6 +202,27 @@ def filter_expression(
         expr = _STRING_FNS[kind](col, pattern=f.value)
         return ((~expr) & col.is_valid() if negate else expr), []
     raise ValueError(f"filter {kind} is not supported")
+
+
+def _lance_filterable(t: pa.DataType) -> bool:
+    """Whether Lance's scanner accepts a pushed-down filter on a column of type ``t``
+    (its Substrait conversion rejects unsigned integers, large strings and binaries,
+    ``decimal256`` and ``date64``: such filters are applied in Arrow after the scan)."""
+    return (
+        pa.types.is_signed_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_date32(t)
+        or pa.types.is_decimal128(t)
+    )
+
+
+def _filter_column(f: Any) -> str:
+    """The column a (supported) Spark filter reads."""
+    while type(f).__name__ == "Not":
+        f = f.child
+    return f.attribute[0]
 
 
 def _combine(filters: Sequence[Any], schema: pa.Schema):
@@ -271,9 +296,45 @@ def _storage_options(options: Any) -> dict[str, str]:
     return {k[len(prefix) :]: v for k, v in options.items() if k.lower().startswith(prefix)}
 
 
+def _spark_compatible(t: pa.DataType) -> pa.DataType:
+    """``t``, or the type Spark reads it as when Spark has no counterpart of it.
+
+    Unsigned integers widen to the next signed type (``uint64`` to ``decimal(20, 0)``),
+    ``float16`` to ``float32`` and ``date64`` to ``date32``: every value is kept.
+    """
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(
+            t.bit_width, pa.decimal128(20, 0)
+        )
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_dictionary(t):
+        return _spark_compatible(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        item = t.value_field
+        return pa.list_(item.with_type(_spark_compatible(item.type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_spark_compatible(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_spark_compatible(t.key_type), _spark_compatible(t.item_type))
+    return t
+
+
 def _spark_schema(schema: pa.Schema) -> StructType:
-    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+    plain = pa.schema([pa.field(f.name, _spark_compatible(f.type), f.nullable) for f in schema])
     return from_arrow_schema(plain)
+
+
+def _to_spark_array(a: pa.Array, t: pa.DataType) -> pa.Array:
+    """``a`` cast to ``t`` (the output schema's type); nanosecond timestamps are floored
+    to Spark's microseconds, as PySpark itself converts pandas' nanoseconds."""
+    if a.type == t:
+        return a
+    if pa.types.is_timestamp(a.type) and a.type.unit == "ns" and pa.types.is_timestamp(t):
+        a = pc.floor_temporal(a, unit="microsecond")
+    return a.cast(t)
 
 
 class MemWalReader(DataSourceReader):
@@ -342,11 +403,11 @@ class MemWalReader(DataSourceReader):
     # reading -------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Rows of one partition as Arrow batches of the output schema."""
-        expr, _ = self._expression()
         if isinstance(partition, RegionPartition):
+            expr, _ = self._expression()
             yield from self._read_region(partition, expr)
         elif isinstance(partition, BasePartition):
-            yield from self._read_base(partition, expr)
+            yield from self._read_base(partition)
         else:  # pragma: no cover
             raise MemWalError(f"unknown partition {partition!r}")
 
@@ -360,8 +421,7 @@ class MemWalReader(DataSourceReader):
                 continue
             arrays = []
             for f in self.arrow_schema:
-                a = b.column(f.name)
-                arrays.append(a if a.type == f.type else a.cast(f.type))
+                arrays.append(_to_spark_array(b.column(f.name), f.type))
             yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     def _read_region(self, part: RegionPartition, expr) -> Iterator[pa.RecordBatch]:
@@ -381,21 +441,40 @@ class MemWalReader(DataSourceReader):
             live = live.filter(expr)
         yield from self._out(live.select(self.columns))
 
-    def _read_base(self, part: BasePartition, expr) -> Iterator[pa.RecordBatch]:
+    def _read_base(self, part: BasePartition) -> Iterator[pa.RecordBatch]:
         ds = lance.dataset(
             self.uri, version=part.version, storage_options=self.storage_options or None
         )
         keys = _newer_keys(part.newer, self.primary_key, self.storage_options)
-        read_cols = list(dict.fromkeys(self.columns + (self.primary_key if len(keys) else [])))
+        # Filters on columns Lance cannot filter are evaluated here, after the scan.
+        in_lance = [
+            f
+            for f in self.filters
+            if _lance_filterable(self.table_schema.field(_filter_column(f)).type)
+        ]
+        in_arrow = [f for f in self.filters if not any(f is g for g in in_lance)]
+        lance_expr, _ = _combine(in_lance, self.table_schema)
+        arrow_expr, _ = _combine(in_arrow, self.table_schema)
+        read_cols = list(
+            dict.fromkeys(
+                self.columns
+                + (self.primary_key if len(keys) else [])
+                + [_filter_column(f) for f in in_arrow]
+            )
+        )
         fragments = (
             None if part.fragment_ids is None else [ds.get_fragment(i) for i in part.fragment_ids]
         )
-        scanner = ds.scanner(columns=read_cols, filter=expr, fragments=fragments, batch_size=65536)
+        scanner = ds.scanner(
+            columns=read_cols, filter=lance_expr, fragments=fragments, batch_size=65536
+        )
         for batch in scanner.to_batches():
             if len(keys):
                 mask = keys.contains(batch.select(self.primary_key))
                 if mask.any():
                     batch = batch.filter(pa.array(~mask))
+            if arrow_expr is not None and batch.num_rows:
+                batch = batch.filter(arrow_expr)
             yield from self._out(batch.select(self.columns))
 
 
