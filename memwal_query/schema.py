@@ -153,6 +153,16 @@ def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
             f"column {field.name!r}: cannot convert {column.type} to {field.type}: {e}"
         ) from e
     src = column.type
+    if src_kind == "temporal" and pa.types.is_date(field.type) and not pa.types.is_date(src):
+        # pyarrow's "safe" cast of a timestamp to a date drops the time of day
+        back = pc.cast(out, src)
+        lost = pc.fill_null(pc.not_equal(back, column), False)
+        if pc.any(lost).as_py():
+            first = column.filter(lost)[0].as_py()
+            raise SchemaError(
+                f"column {field.name!r}: cannot convert {src} to {field.type} without "
+                f"loss: value {first!r} has a time of day"
+            )
     numeric = pa.types.is_integer(src) or pa.types.is_floating(src) or pa.types.is_decimal(src)
     if pa.types.is_boolean(field.type) and numeric:
         # a "safe" numeric cast maps every non-zero value to true: only 0/1 are lossless

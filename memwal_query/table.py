@@ -177,7 +177,7 @@ class MemWalTable:
         if region_spec is not None:
             if region_spec.spec_id <= 0:
                 raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
-            _check_spec_sources(region_spec, ds.lance_schema, norm)
+            _check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
             _warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
             specs.append(region_spec.to_proto())
         names = list(maintained_indexes or [])
@@ -691,7 +691,11 @@ def _field_ids(lance_schema: Any) -> set[int]:
     return ids
 
 
-def _check_spec_sources(spec: RegionSpec, lance_schema: Any, uri: str) -> None:
+def _check_spec_sources(
+    spec: RegionSpec, lance_schema: Any, uri: str, schema: pa.Schema | None = None
+) -> None:
+    """RegionSpecError unless every source field exists and (with ``schema``) the spec
+    can evaluate rows of the table (e.g. truncate of a decimal column cannot)."""
     known = _field_ids(lance_schema)
     for f in spec.fields:
         missing = [i for i in f.source_ids if i not in known]
@@ -699,6 +703,11 @@ def _check_spec_sources(spec: RegionSpec, lance_schema: Any, uri: str) -> None:
             raise RegionSpecError(
                 f"{uri}: region field {f.field_id!r} refers to unknown field id(s) {missing}"
             )
+    if schema is not None:
+        try:
+            spec.evaluate(pa.RecordBatch.from_pylist([], schema=schema), schema)
+        except RegionSpecError as e:
+            raise RegionSpecError(f"{uri}: {e}") from e
 
 
 def _warn_non_key_sources(spec: RegionSpec, lance_schema: Any, pk: list[str], uri: str) -> None:

@@ -123,3 +123,35 @@ def test_lossless_casts_within_a_kind_are_accepted(t):
         )
         w.put(pa.table({"id": pa.array([8], pa.uint8()), "name": pa.nulls(1)}))
         assert live(t, [w])[7] == ("x", True) and live(t, [w])[8] == (None, None)
+
+
+def test_timestamp_with_a_time_of_day_into_a_date_column_is_refused(tmp_path):
+    import datetime as dt
+
+    schema = pk_schema(pa.field("d", pa.date32()))
+    uri = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"id": [1], "d": [dt.date(2020, 1, 1)]}, schema=schema), uri)
+    t = mq.MemWalTable.initialize(uri)
+    with t.writer() as w:
+        late = pa.array([dt.datetime(2021, 6, 1, 23, 30)], pa.timestamp("us"))
+        with pytest.raises(mq.SchemaError, match="'d'.*time of day"):
+            w.put(pa.table({"id": [2], "d": late}))
+        midnight = pa.array([dt.datetime(2021, 6, 1)], pa.timestamp("us"))
+        w.put(pa.table({"id": [3], "d": midnight}))  # lossless: accepted
+        got = t.to_table(writers=[w]).sort_by("id").to_pydict()
+    assert got == {"id": [1, 3], "d": [dt.date(2020, 1, 1), dt.date(2021, 6, 1)]}
+
+
+def test_initialize_refuses_a_spec_the_table_cannot_evaluate(tmp_path):
+    """truncate of a decimal key: refused at initialize (it failed on every write)."""
+    import decimal
+
+    from memwal_query.regionspec import truncate_spec
+
+    schema = pk_schema(pa.field("v", pa.int64()), key_type=pa.decimal128(8, 2))
+    uri = str(tmp_path / "t")
+    ds = lance.write_dataset(pa.table({"id": [decimal.Decimal("1.00")], "v": [1]}, schema), uri)
+    before = files(uri)
+    with pytest.raises(mq.RegionSpecError, match="truncate"):
+        mq.MemWalTable.initialize(uri, region_spec=truncate_spec(ds.lance_schema, "id", 100))
+    assert files(uri) == before
