@@ -42,7 +42,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lance
 import pyarrow as pa
@@ -248,6 +248,42 @@ def _commit_generation(
     builder.mark_sstables_as_compacted(marker).conflict_retries(0).execute(prep.upserts)
 
 
+def _commit_once(
+    table: MemWalTable,
+    ds: lance.LanceDataset,
+    index: Any,
+    marker: str | list[CompactedSsTable],
+    prepared: _Prepared,
+    attempts: int,
+    max_retries: int,
+    what: str,
+) -> bool:
+    """One progress-carrying commit under the index lock (between the merge crash
+    points). True when committed; False after a lost race (after a backoff: re-read
+    and try again); CommitConflictError once ``max_retries`` races are lost."""
+    from .snapshots import carry_forward
+
+    crashpoints.point("merge.before_commit")
+    try:
+        with index_lock(table.uri, table.io):
+            _commit_generation(table, ds, marker, prepared)
+            try:
+                carry_forward(table, index)
+            except Exception:  # noqa: BLE001 - best effort: readers find it anyway
+                pass
+    except OSError as e:
+        if not _is_conflict(e):
+            raise
+        if attempts + 1 > max_retries:
+            raise CommitConflictError(
+                f"{table.uri}: merging {what} lost {attempts + 1} commit races"
+            ) from e
+        _backoff(attempts + 1)
+        return False
+    crashpoints.point("merge.after_commit")
+    return True
+
+
 def merge_region(
     table: MemWalTable,
     region_id: str,
@@ -296,7 +332,6 @@ def _merge_region_into(
     batch_rows: int = 0,
 ) -> None:
     """:func:`merge_region`, appending each merged generation to ``done`` as it commits."""
-    from .snapshots import carry_forward
 
     attempts = 0  # lost races for the batch being merged (the bound is per batch)
     current: tuple[int, ...] | None = None
@@ -327,26 +362,10 @@ def _merge_region_into(
             # added or dropped since ``table`` was opened, or since the last attempt).
             prepared_schema = ds.schema
             prepared = prepare_generation(table, region_id, batch, prepared_schema)
-        crashpoints.point("merge.before_commit")
-        try:
-            with index_lock(table.uri, table.io):
-                _commit_generation(table, ds, region_id, prepared)
-                try:
-                    carry_forward(table, index)
-                except Exception:  # noqa: BLE001 - best effort: readers find it anyway
-                    pass
-        except OSError as e:
-            if not _is_conflict(e):
-                raise
+        what = f"generation(s) {list(current or ())} of region {region_id}"
+        if not _commit_once(table, ds, index, region_id, prepared, attempts, max_retries, what):
             attempts += 1
-            if attempts > max_retries:
-                raise CommitConflictError(
-                    f"{table.uri}: merging generation(s) {list(current or ())} of region "
-                    f"{region_id} lost {attempts} commit races"
-                ) from e
-            _backoff(attempts)
             continue  # re-read: maybe another merger merged it (Appendix 2)
-        crashpoints.point("merge.after_commit")
         merged_here += len(batch)
         seconds = time.perf_counter() - started
         for g in batch[:-1]:  # merged by the same commit: its figures are on the last
@@ -421,7 +440,6 @@ def _merge_across_regions(
     per-region path finishes it); raises on anything but a lost race, which
     :func:`merge` then isolates region by region.
     """
-    from .snapshots import carry_forward
 
     attempts = 0
     while True:
@@ -466,25 +484,10 @@ def _merge_across_regions(
             sum(p.deleted for _, _, p in parts),
         )
         markers = [CompactedSsTable(rid, batch[-1].generation) for rid, batch in groups]
-        crashpoints.point("merge.before_commit")
-        try:
-            with index_lock(table.uri, table.io):
-                _commit_generation(table, ds, markers, combined)
-                try:
-                    carry_forward(table, index)
-                except Exception:  # noqa: BLE001 - best effort: readers find it anyway
-                    pass
-        except OSError as e:
-            if not _is_conflict(e):
-                raise
+        what = f"{len(groups)} regions"
+        if not _commit_once(table, ds, index, markers, combined, attempts, max_retries, what):
             attempts += 1
-            if attempts > max_retries:
-                raise CommitConflictError(
-                    f"{table.uri}: merging {len(groups)} regions lost {attempts} commit races"
-                ) from e
-            _backoff(attempts)
             continue  # re-read: another merger may have merged some of them
-        crashpoints.point("merge.after_commit")
         attempts = 0
         seconds = time.perf_counter() - started
         for rid, batch, prep in parts:
