@@ -45,6 +45,15 @@ def _int_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
     return None
 
 
+def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    """Boolean mask: which ``values`` are in ``sorted_values`` (ascending; binary search)."""
+    if not len(sorted_values):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.searchsorted(sorted_values, values)
+    pos[pos == len(sorted_values)] = 0
+    return sorted_values[pos] == values
+
+
 class KeySet:
     """A set of primary keys with vectorised membership tests.
 
@@ -122,9 +131,7 @@ class KeySet:
                 out = np.zeros(n, dtype=bool)
                 out[inside] = self._dense[v[inside] - self._lo]
                 return out
-            pos = np.searchsorted(self._sorted, v)
-            pos[pos == len(self._sorted)] = 0
-            return self._sorted[pos] == v
+            return in_sorted(v, self._sorted)
         if isinstance(keys, pa.RecordBatch):
             keys = pa.Table.from_batches([keys])
         keys = normalize_keys(keys, self.pk)

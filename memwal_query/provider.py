@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from . import pruning, sources
-from .dedup import KeySet, KeySetUnion
+from .dedup import KeySet, KeySetUnion, in_sorted
 from .schema import GEN_COLUMN, ROWADDR_COLUMN
 
 if TYPE_CHECKING:
@@ -314,7 +314,8 @@ class _BaseFragment:
                 for s in int_sets:
                     mask |= s.contains(batch.select(pk))
                 if by_address and (i or cached):
-                    mask |= _in_sorted(batch.column(ROWADDR_COLUMN), state.stale_addresses(hashed))
+                    addr = batch.column(ROWADDR_COLUMN).to_numpy(zero_copy_only=False)
+                    mask |= in_sorted(addr, state.stale_addresses(hashed))
                 else:
                     for s in hashed:
                         mask |= s.contains(batch.select(pk))
@@ -357,16 +358,6 @@ class _NewerFragment:
             return
         for batch in live.to_batches(max_chunksize=batch_size or 8192):
             yield _project(batch, out_schema)
-
-
-def _in_sorted(values: pa.Array, sorted_values: np.ndarray) -> np.ndarray:
-    """Boolean mask: which ``values`` (uint64) are in the sorted array."""
-    v = values.to_numpy(zero_copy_only=False)
-    if not len(sorted_values):
-        return np.zeros(len(v), dtype=bool)
-    pos = np.searchsorted(sorted_values, v)
-    pos[pos == len(sorted_values)] = 0
-    return sorted_values[pos] == v
 
 
 def _project(

@@ -147,9 +147,8 @@ def test_failing_region_does_not_block_other_regions(table, monkeypatch):
     assert table.merge() == [(bad, 1)]
 
 
-def test_many_composite_deletes_merge_fast(tmp_path):
-    """10k composite-key deletes: a key join, not a 10k-term SQL predicate (was ~9 s)."""
-    n = 20_000
+def _composite_base_with_deletes(tmp_path, n=20_000):
+    """A base of ``n`` (string, int64)-keyed rows and a writer that deleted every other."""
     schema = pa.schema(
         [
             pa.field("a", pa.string(), nullable=False, metadata=PK),
@@ -166,6 +165,12 @@ def test_many_composite_deletes_merge_fast(tmp_path):
     t = mq.MemWalTable.initialize(uri)
     w = t.writer()
     w.delete(data.select(["a", "b"]).take(list(range(0, n, 2))))
+    return n, schema, uri, t, w
+
+
+def test_many_composite_deletes_merge_fast(tmp_path):
+    """10k composite-key deletes: a key join, not a 10k-term SQL predicate (was ~9 s)."""
+    n, schema, uri, t, w = _composite_base_with_deletes(tmp_path)
     w.flush()
     w.close()
     started = time.perf_counter()
@@ -192,23 +197,7 @@ def test_generation_with_upserts_and_deletes_is_one_commit(table):
 
 def test_many_composite_deletes_with_upserts_merge_fast(tmp_path):
     """10k composite-key deletes beside upserts: one concatenated-key IN list."""
-    n = 20_000
-    schema = pa.schema(
-        [
-            pa.field("a", pa.string(), nullable=False, metadata=PK),
-            pa.field("b", pa.int64(), nullable=False, metadata=PK),
-            pa.field("v", pa.int64()),
-        ]
-    )
-    uri = str(tmp_path / "base")
-    data = pa.table(
-        {"a": [f"k{i % 7}" for i in range(n)], "b": list(range(n)), "v": list(range(n))},
-        schema=schema,
-    )
-    lance.write_dataset(data, uri)
-    t = mq.MemWalTable.initialize(uri)
-    w = t.writer()
-    w.delete(data.select(["a", "b"]).take(list(range(0, n, 2))))
+    n, schema, uri, t, w = _composite_base_with_deletes(tmp_path)
     w.put(pa.table({"a": ["new"], "b": [-1], "v": [-1]}, schema=schema))
     w.flush()
     w.close()
