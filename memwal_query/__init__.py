@@ -10,6 +10,7 @@ from __future__ import annotations
 from .exceptions import (
     AlreadyExistsError,
     AlreadyInitializedError,
+    BackpressureError,
     BaseVersionGoneError,
     CommitConflictError,
     CorruptFileError,
@@ -17,6 +18,7 @@ from .exceptions import (
     GenerationGoneError,
     InvalidPathError,
     JobEndedError,
+    LeftoverRegionsError,
     ManifestCorruptError,
     MemWalError,
     MergeFailedError,
@@ -29,6 +31,7 @@ from .exceptions import (
     StorageError,
     TableNotFoundError,
     WalCorruptError,
+    WriteIncompleteError,
     WriterClosedError,
     WrongRegionError,
 )
@@ -48,6 +51,7 @@ _LAZY = {
     "bucket_spec": ".regionspec",
     "identity_spec": ".regionspec",
     "expression_spec": ".regionspec",
+    "unsharded_spec": ".regionspec",
     "register": ".session",
     "register_search_functions": ".search",
 }
@@ -73,6 +77,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExistsError",
     "AlreadyInitializedError",
+    "BackpressureError",
     "BaseVersionGoneError",
     "CommitConflictError",
     "CorruptFileError",
@@ -81,6 +86,7 @@ __all__ = [
     "GenerationGoneError",
     "InvalidPathError",
     "JobEndedError",
+    "LeftoverRegionsError",
     "ManifestCorruptError",
     "MemTableSnapshot",
     "MemWalError",
@@ -99,6 +105,7 @@ __all__ = [
     "StorageError",
     "TableNotFoundError",
     "WalCorruptError",
+    "WriteIncompleteError",
     "WriterClosedError",
     "WrongRegionError",
     "region_id_for",
@@ -108,4 +115,5 @@ __all__ = [
     "bucket_spec",
     "identity_spec",
     "expression_spec",
+    "unsharded_spec",
 ]

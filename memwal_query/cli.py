@@ -170,14 +170,30 @@ def _spec_from_options(
 @click.option("--columns", help="Source columns of --expression (comma-separated).")
 @click.option("--result-type", default="int64", show_default=True, help="Type of --expression.")
 @click.option("--maintain", multiple=True, help="Base index to maintain in generations.")
+@click.option(
+    "--reset",
+    is_flag=True,
+    help="Remove the regions an earlier MemWAL of this table left in _mem_wal/ first.",
+)
 @_handle_errors
 def init(
-    uri: str, primary_key: str, bucket, identity, expression, columns, result_type, maintain
+    uri: str,
+    primary_key: str,
+    bucket,
+    identity,
+    expression,
+    columns,
+    result_type,
+    maintain,
+    reset: bool,
 ) -> None:
     """Initialize the MemWAL on an existing Lance table at URI.
 
     Every option is checked before the table is touched: a rejected ``init`` leaves
-    the table unchanged.
+    the table unchanged. Without a region option every key goes to one region (one
+    writer at a time); ``--bucket`` spreads keys over N regions for parallel writers.
+    Regions left in ``_mem_wal/`` by an earlier MemWAL of the table (it was overwritten
+    with Lance) are refused unless ``--reset`` removes them.
     """
     import lance
     import pyarrow as pa
@@ -197,6 +213,9 @@ def init(
         raise click.BadParameter(f"no column(s) {missing} in {uri}")
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
+    from .table import check_no_leftover_regions
+
+    check_no_leftover_regions(file_io_for(uri), uri, reset)
     spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
     if spec is not None:
         # Evaluate it on one all-NULL row: compiles an expression and type-checks the
@@ -226,8 +245,10 @@ def init(
                 ds.alter_columns({"path": k, "nullable": False})
             ds = lance.dataset(uri)
         ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
-    t = MemWalTable.initialize(uri, region_spec=spec, maintained_indexes=list(maintain))
-    click.echo(f"initialized {t.uri}: primary key {t.primary_key}, region spec {spec}")
+    t = MemWalTable.initialize(
+        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
+    )
+    click.echo(f"initialized {t.uri}: primary key {t.primary_key}, region spec {t.region_spec}")
 
 
 def _read_file(path: str, schema=None):
@@ -277,26 +298,47 @@ def _read_file(path: str, schema=None):
 @click.option("--region", help="Write every row to this region id (no routing).")
 @click.option("--batch-rows", default=50_000, show_default=True, type=click.IntRange(min=1))
 @click.option("--flush/--no-flush", default=True, show_default=True, help="Flush at the end.")
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="Partial update: columns missing from the files keep each key's current value.",
+)
 @_handle_errors
 def ingest(
-    uri: str, files: tuple[str, ...], region: str | None, batch_rows: int, flush: bool
+    uri: str,
+    files: tuple[str, ...],
+    region: str | None,
+    batch_rows: int,
+    flush: bool,
+    partial: bool,
 ) -> None:
     """Upsert rows from Parquet/CSV/JSON-lines/Arrow FILES (routed by the region spec).
 
     Every file is read and checked against the table schema (and, with ``--region``,
     the region spec) before the first row is written: a rejected ingest changes nothing.
+    Each batch is durable once written; interrupted (Ctrl-C, SIGTERM), it says how many
+    rows were made durable, and running it again converges to the same table (upserts
+    are idempotent).
     """
     from .paths import validate_region_id
-    from .schema import coerce_rows
+    from .schema import coerce_partial_rows
     from .table import split_by_region
 
     t = _open(uri)
     tables = []
+    missing_by_file: list[list[str]] = []
     for f in files:
         try:
-            tables.append(coerce_rows(_read_file(f, t.schema), t.schema, t.primary_key))
+            tb, missing = coerce_partial_rows(_read_file(f, t.schema), t.schema, t.primary_key)
         except SchemaError as e:  # name the file (PrimaryKeyError is a SchemaError)
             raise type(e)(f"{f}: {e}") from e
+        if missing and not partial:
+            raise SchemaError(
+                f"{f}: column(s) {missing} are missing: an upsert replaces whole rows; "
+                "give them, or pass --partial to keep their current values"
+            )
+        tables.append(tb.select(t.schema.names) if not missing else tb)
+        missing_by_file.append(missing)
     if region:
         region = validate_region_id(region)
         spec = t.region_spec
@@ -316,15 +358,37 @@ def ingest(
     def rate(_: Any) -> str:
         return f"{done / max(time.perf_counter() - started, 1e-9):,.0f} rows/s"
 
-    with _progress(length=total, label="ingesting", show_pos=True, item_show_func=rate) as bar:
-        for tb in tables:
-            for batch in tb.to_batches(max_chunksize=batch_rows):
-                if writer is not None:
-                    writer.put(batch)
-                else:
-                    t.write(batch)
-                done += batch.num_rows
-                bar.update(batch.num_rows, batch)
+    import signal
+
+    import pyarrow as pa
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with _progress(length=total, label="ingesting", show_pos=True, item_show_func=rate) as bar:
+            for tb, missing in zip(tables, missing_by_file):
+                for batch in tb.to_batches(max_chunksize=batch_rows):
+                    part = pa.Table.from_batches([batch])
+                    if writer is not None:
+                        writer.put(part.drop_columns(missing), partial=bool(missing))
+                    elif missing:
+                        t.write(part.drop_columns(missing), partial=True)
+                    else:
+                        t.write(part)
+                    done += batch.num_rows
+                    bar.update(batch.num_rows, batch)
+    except KeyboardInterrupt:
+        click.echo(
+            f"interrupted: {done:,} of {total:,} rows are durable (the batch being written "
+            "may be too); run the same ingest again to finish: it converges to the same "
+            "table",
+            err=True,
+        )
+        raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if writer is not None:
         writer.close(flush=flush)
     else:

@@ -69,7 +69,7 @@ def run(directory: str | None = None, rows: int = 20_000, batches: int = 40) -> 
             )
         ],
     )
-    table = mq.MemWalTable.initialize(uri, region_spec=spec)
+    table = mq.MemWalTable.initialize(uri, region_spec=spec, reset=mode == "overwrite")
     click.secho(f"Base table: {uri} ({rows:,} rows), region spec bucket(id, 4)", bold=True)
 
     table.configure_writers(max_memtable_rows=rows // 2)

@@ -162,6 +162,58 @@ class MergeFailedError(MemWalError):
         self.__cause__ = next(iter(errors.values()), None)
 
 
+class LeftoverRegionsError(MemWalError):
+    """``_mem_wal/`` holds regions that the table's MemWAL index does not know.
+
+    They belong to an earlier lineage of the base table (for example it was overwritten
+    with Lance and initialized again): mixing them in would resurrect old rows.
+    ``MemWalTable.initialize(..., reset=True)`` (``memwal init --reset``) removes them.
+
+    Attributes
+    ----------
+    regions : list of str
+        The region ids found.
+    """
+
+    def __init__(self, message: str, regions: list[str]) -> None:
+        super().__init__(message)
+        self.regions = list(regions)
+
+
+class BackpressureError(MemWalError):
+    """A put waited longer than ``backpressure_timeout`` for unflushed MemTables to drain.
+
+    The rows of that put were not written (not acknowledged); retry it later.
+    """
+
+
+class WriteIncompleteError(MemWalError):
+    """A :meth:`MemWalTable.write` / ``delete`` over several regions failed in some.
+
+    Each region's rows are written atomically (one WAL entry); regions are independent,
+    so the regions in ``written`` are durable (and visible to readers) while the ones in
+    ``errors`` are not. Upserts and deletes are idempotent: retrying the whole call
+    converges to the same table.
+
+    Attributes
+    ----------
+    written : dict
+        ``{region_id: rows}`` made durable.
+    errors : dict
+        ``{region_id: exception}`` of the regions that failed.
+    """
+
+    def __init__(self, uri: str, written: dict, errors: dict) -> None:
+        detail = "; ".join(f"{rid}: {type(e).__name__}: {e}" for rid, e in sorted(errors.items()))
+        super().__init__(
+            f"{uri}: the write failed in {len(errors)} region(s) and is durable in "
+            f"{len(written)} ({sorted(written)}); retrying it is safe. {detail}"
+        )
+        self.written = dict(written)
+        self.errors = dict(errors)
+        self.__cause__ = next(iter(errors.values()), None)
+
+
 class RegionSpecWarning(UserWarning):
     """A region spec reads columns outside the primary key (see ``MemWalTable.initialize``).
 

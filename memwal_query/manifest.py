@@ -26,6 +26,7 @@ from .exceptions import (
     AlreadyExistsError,
     CommitConflictError,
     FencedError,
+    LeftoverRegionsError,
     ManifestCorruptError,
     ObjectNotFoundError,
 )
@@ -34,6 +35,15 @@ from .naming import MANIFEST_SUFFIX, from_bit_reversed, manifest_name
 
 HINT_FILE = "version_hint.json"
 DEFAULT_MAX_RETRIES = 20
+
+
+def foreign_lineage(manifest: RegionManifest, lineage: str) -> bool:
+    """Whether ``manifest``'s region was created under another lineage than ``lineage``.
+
+    Regions and tables without a recorded lineage (pylance's, or older memwal_query
+    versions') match every lineage.
+    """
+    return bool(manifest.lineage) and bool(lineage) and manifest.lineage != lineage
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,7 @@ class RegionManifest:
     flushed_generations: tuple[FlushedGeneration, ...] = field(default_factory=tuple)
     region_field_entries: tuple[tuple[str, bytes], ...] = ()
     sealed: bool = False
+    lineage: str = ""
 
     def to_proto(self) -> pb.RegionManifest:
         """The protobuf message for this manifest."""
@@ -99,6 +110,7 @@ class RegionManifest:
                 pb.RegionFieldEntry(field_id=k, value=v) for k, v in self.region_field_entries
             ],
             status=pb.SEALED if self.sealed else pb.ACTIVE,
+            lineage=self.lineage,
         )
 
     def to_bytes(self) -> bytes:
@@ -131,6 +143,7 @@ class RegionManifest:
             flushed_generations=tuple(sorted(gens, key=lambda g: g.generation)),
             region_field_entries=tuple((e.field_id, e.value) for e in msg.region_field_entries),
             sealed=msg.status == pb.SEALED,
+            lineage=msg.lineage,
         )
 
     def replace(self, **changes) -> RegionManifest:
@@ -257,16 +270,26 @@ class RegionManifestStore:
         region_spec_id: int = 0,
         max_retries: int = DEFAULT_MAX_RETRIES,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
+        lineage: str = "",
     ) -> RegionManifest:
         """Claim the region: commit the next version with ``writer_epoch + 1``.
 
-        Creates the region (version 1, epoch 1, with its spec id and field values) when
-        it has no manifest yet. Returns the committed manifest, whose ``writer_epoch``
-        is the new writer's fencing token. A SEALED region (pylance's drop protocol)
-        is refused.
+        Creates the region (version 1, epoch 1, with its spec id, field values and
+        ``lineage``) when it has no manifest yet. Returns the committed manifest, whose
+        ``writer_epoch`` is the new writer's fencing token. A SEALED region (pylance's
+        drop protocol) is refused, and so is a region of another lineage
+        (:class:`LeftoverRegionsError`: it belongs to an earlier life of the table).
         """
         for _ in range(max_retries):
             latest = self.load_latest()
+            if latest is not None and foreign_lineage(latest, lineage):
+                raise LeftoverRegionsError(
+                    f"region {self.region_id} belongs to another lineage of the table "
+                    f"({latest.lineage}, the table's is {lineage}): it was left over from "
+                    "before the base table was initialized again; remove it with "
+                    "MemWalTable.initialize(..., reset=True) or `memwal fsck`",
+                    [self.region_id],
+                )
             if latest is None:
                 new = RegionManifest(
                     region_id=self.region_id,
@@ -275,6 +298,7 @@ class RegionManifestStore:
                     region_spec_id=region_spec_id,
                     current_generation=1,
                     region_field_entries=tuple(region_field_entries),
+                    lineage=lineage,
                 )
             elif latest.sealed:
                 raise FencedError(self.region_id, 0, latest.writer_epoch)

@@ -11,6 +11,7 @@ a reader never blocks a writer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -73,6 +74,10 @@ class MemTable:
         self._batches: list[pa.RecordBatch] = []
         self.num_rows = 0
         self.nbytes = 0
+        # Writes appended (one per WAL entry in durable mode) and when the first one
+        # arrived (time.monotonic()): the writer flushes by count and by age too.
+        self.appends = 0
+        self.first_append_at: float | None = None
         self.first_wal_position: int | None = None
         self.last_wal_position: int | None = None
         # Index of the first batch not yet in the WAL (None: every batch is), and, while
@@ -90,6 +95,10 @@ class MemTable:
 
     def _insert(self, at: int, table: pa.Table) -> int:
         batches = table.combine_chunks().to_batches() if table.num_rows else []
+        if batches:
+            self.appends += 1
+            if self.first_append_at is None:
+                self.first_append_at = time.monotonic()
         self._batches[at:at] = batches
         self.num_rows += table.num_rows
         self.nbytes += table.nbytes

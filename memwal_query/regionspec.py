@@ -827,7 +827,32 @@ def _df_context() -> Any:
     return ctx
 
 
+_EVAL_POOL: Any = None
+_EVAL_POOL_LOCK = threading.Lock()
+
+
 def _eval_expression(
+    expression: str, arrays: list[pa.Array], n: int, out_type: pa.DataType, field_id: str
+) -> pa.Array:
+    """Evaluate a region expression with DataFusion, on a worker thread of our own.
+
+    The caller may itself run inside DataFusion (region pruning during a SQL scan):
+    starting DataFusion's runtime from within its runtime panics, so the evaluation
+    always runs on a thread that is not driving one.
+    """
+    global _EVAL_POOL
+    if _EVAL_POOL is None:
+        with _EVAL_POOL_LOCK:
+            if _EVAL_POOL is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _EVAL_POOL = ThreadPoolExecutor(4, thread_name_prefix="memwal-region-expr")
+    return _EVAL_POOL.submit(
+        _eval_expression_here, expression, arrays, n, out_type, field_id
+    ).result()
+
+
+def _eval_expression_here(
     expression: str, arrays: list[pa.Array], n: int, out_type: pa.DataType, field_id: str
 ) -> pa.Array:
     if n == 0:
@@ -2016,3 +2041,40 @@ def expression_spec(
         columns = [columns]
     ids = [field_id_of(schema, c) for c in columns]
     return RegionSpec(spec_id, [RegionField.from_expression(field_id, ids, sql, result_type)])
+
+
+def unsharded_spec(spec_id: int = 1, field_id: str = "bucket") -> RegionSpec:
+    """The one-region spec: every row in region ``{field_id: 0}``.
+
+    The default of :meth:`MemWalTable.initialize` when no spec is given, and what
+    pylance's ``initialize_mem_wal(unsharded=True)`` records (spec id 1, field
+    ``"bucket"``, transform ``unsharded``, result ``int32``), so either library routes
+    every key of such a table to the same single region.
+    """
+    return RegionSpec(
+        spec_id,
+        [RegionField(field_id=field_id, source_ids=[], transform="unsharded", result_type="int32")],
+    )
+
+
+def is_unsharded(spec: RegionSpec) -> bool:
+    """Whether ``spec`` puts every row in one region (only ``unsharded`` fields)."""
+    return all(f.transform == "unsharded" for f in spec.fields)
+
+
+def check_partial_sources(spec: RegionSpec, missing: Sequence[str], schema: Any) -> None:
+    """SchemaError when a partial update lacks a column the region spec reads: the
+    rows' region could not be computed (and a key must never change region)."""
+    if not missing:
+        return
+    needed = {
+        name.split(".")[0] for names in spec.source_columns(schema).values() for name in names
+    }
+    lacking = sorted(needed & set(missing))
+    if lacking:
+        from .exceptions import SchemaError
+
+        raise SchemaError(
+            f"a partial update must give the column(s) {lacking} that region spec "
+            f"{spec.spec_id} reads: without them the rows' region is unknown"
+        )

@@ -178,10 +178,27 @@ def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
 
 
 def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
-    """Coerce upsert rows to ``schema`` (without ``_tombstone``).
+    """Coerce full upsert rows to ``schema`` (without ``_tombstone``).
 
-    Unknown columns, missing non-nullable columns, unconvertible types, and missing or
-    NULL primary-key values raise; missing nullable columns become NULL.
+    Unknown columns, missing columns, unconvertible types, and missing or NULL
+    primary-key values raise. A missing non-key column is an error (not NULL), since an
+    upsert replaces the whole row: use :func:`coerce_partial_rows` for partial updates.
+    """
+    table, missing = coerce_partial_rows(data, schema, pk)
+    if missing:
+        raise SchemaError(
+            f"column(s) {missing} are missing from the input: an upsert replaces whole "
+            "rows, so it would set them to NULL. Pass them (NULL explicitly if meant), or "
+            "write with partial=True to keep the current values of missing columns"
+        )
+    return table
+
+
+def coerce_partial_rows(data: Any, schema: pa.Schema, pk: list[str]) -> tuple[pa.Table, list[str]]:
+    """Coerce upsert rows that may lack non-key columns: ``(rows, missing column names)``.
+
+    Missing columns are NULL in ``rows`` (the caller fills them, e.g. with the keys'
+    current values); the NULL check of a non-nullable missing column is the caller's.
     """
     table = to_table(data, columns=schema.names)
     extra = [n for n in table.column_names if schema.get_field_index(n) < 0]
@@ -190,21 +207,22 @@ def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
     if len(set(table.column_names)) != len(table.column_names):
         raise SchemaError(f"duplicate column names in input: {table.column_names}")
     columns = []
+    missing = []
     for field in schema:
         if field.name in table.column_names:
             col = _cast_column(table.column(field.name), field)
+            if not field.nullable and field.name not in pk and col.null_count:
+                raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
         elif field.name in pk:
             raise PrimaryKeyError(f"primary-key column {field.name!r} is missing from the input")
-        elif field.nullable:
-            col = pa.chunked_array([pa.nulls(table.num_rows, field.type)], field.type)
         else:
-            raise SchemaError(f"non-nullable column {field.name!r} is missing from the input")
-        if not field.nullable and field.name not in pk and col.null_count:
-            raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
+            missing.append(field.name)
+            col = pa.chunked_array([pa.nulls(table.num_rows, field.type)], field.type)
         columns.append(col)
-    out = normalize_keys(pa.Table.from_arrays(columns, schema=schema), pk)
+    nullable = pa.schema([f.with_nullable(True) if f.name in missing else f for f in schema])
+    out = normalize_keys(pa.Table.from_arrays(columns, schema=nullable), pk)
     check_keys(out, pk)
-    return out
+    return out, missing
 
 
 def coerce_keys(data: Any, schema: pa.Schema, pk: list[str], what: str = "delete keys") -> pa.Table:
@@ -297,3 +315,39 @@ def normalize_keys(table: pa.Table, pk: list[str]) -> pa.Table:
                 i, table.schema.field(i), normalize_key_column(table.column(i))
             )
     return table
+
+
+def fill_missing(
+    rows: pa.Table, missing: list[str], current: pa.Table, pk: list[str], schema: pa.Schema
+) -> pa.Table:
+    """A partial update's full rows: ``missing`` columns of ``rows`` taken from
+    ``current`` (the keys' newest live rows), NULL for keys it lacks.
+
+    Vectorised: keys are matched with ``pc.index_in`` (one key column) or a hash join.
+    Raises SchemaError when a non-nullable missing column stays NULL (a new key).
+    """
+    if current.num_rows == 0:
+        idx = pa.nulls(rows.num_rows, pa.int64())
+    elif len(pk) == 1:
+        idx = pc.index_in(rows.column(pk[0]), value_set=current.column(pk[0]))
+    else:
+        import numpy as np
+
+        left = rows.select(pk).append_column("__l", pa.array(np.arange(rows.num_rows)))
+        right = current.select(pk).append_column("__r", pa.array(np.arange(current.num_rows)))
+        joined = left.join(right, keys=pk, join_type="left outer", use_threads=False)
+        joined = joined.sort_by("__l")
+        idx = joined.column("__r")
+    out = rows
+    for name in missing:
+        col = current.column(name).take(idx)
+        out = out.set_column(out.schema.get_field_index(name), schema.field(name), col)
+    for name in missing:
+        field = schema.field(name)
+        nulls = out.column(name).null_count
+        if not field.nullable and nulls:
+            raise SchemaError(
+                f"column {name!r} is missing from a partial update and not nullable, but "
+                f"{nulls} row(s) have keys that do not exist yet; give it for new keys"
+            )
+    return out.cast(schema)

@@ -41,21 +41,31 @@ from . import fieldvalues, paths
 from . import index as mwindex
 from .exceptions import (
     AlreadyInitializedError,
+    FencedError,
     InvalidPathError,
+    JobEndedError,
+    LeftoverRegionsError,
     NotInitializedError,
     RegionSpecError,
     RegionSpecWarning,
     StorageError,
     TableNotFoundError,
+    WriteIncompleteError,
+    WriterClosedError,
 )
 from .io import FileIO, file_io_for, normalize_uri
-from .manifest import RegionManifest, RegionManifestStore
+from .manifest import RegionManifest, RegionManifestStore, foreign_lineage
 from .schema import coerce_rows, require_primary_key
 from .writer import RegionWriter
 
 if TYPE_CHECKING:
     from .provider import MemWalDataset
     from .regionspec import RegionSpec
+
+
+LINEAGE_KEY = "memwal_query.lineage"
+"""Key of the table's lineage in ``MemWalIndexDetails.writer_config_defaults`` (a random
+token written by :meth:`MemWalTable.initialize`; regions record it when created)."""
 
 
 def _canonical(value: Any) -> str:
@@ -136,6 +146,7 @@ class MemWalTable:
         maintained_indexes: Iterable[str] | None = None,
         storage_options: dict[str, str] | None = None,
         primary_key_index: bool = True,
+        reset: bool = False,
     ) -> MemWalTable:
         """Write the MemWAL index into an existing Lance table and open it.
 
@@ -144,8 +155,10 @@ class MemWalTable:
         uri : str
             The base table; it must have a primary key.
         region_spec : RegionSpec, optional
-            How rows map to regions (spec ids must be positive). None: regions are
-            created by hand with :meth:`writer`.
+            How rows map to regions (spec ids must be positive). None: the one-region
+            spec :func:`~memwal_query.regionspec.unsharded_spec` (every key in one
+            region, one writer at a time; pylance's ``unsharded=True``). Pass a bucket
+            spec (:func:`~memwal_query.regionspec.bucket_spec`) for parallel writers.
         maintained_indexes : list of str, optional
             Names of base-table indexes to build for every flushed generation too.
         storage_options : dict, optional
@@ -155,10 +168,17 @@ class MemWalTable:
             table has none (default), so that point lookups and the base side of
             searches are index lookups rather than scans. Merged rows are covered again
             after :meth:`catch_up_indexes`; until then Lance scans the new fragments.
+        reset : bool
+            Remove what an earlier MemWAL of this table left in ``_mem_wal/`` (regions,
+            WAL, generations, catch-up progress) first. Without it, leftover regions
+            are refused with :class:`LeftoverRegionsError`: they belong to an earlier
+            lineage of the base table (e.g. it was overwritten with Lance), and their
+            rows would be read on top of the new data.
 
         Raises
         ------
-        TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError
+        TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError,
+        LeftoverRegionsError
 
         Warns
         -----
@@ -173,13 +193,15 @@ class MemWalTable:
         pk = require_primary_key(ds.schema, norm)
         if mwindex.read_index(io, ds) is not None:
             raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
-        specs = []
-        if region_spec is not None:
-            if region_spec.spec_id <= 0:
-                raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
-            _check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
-            _warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
-            specs.append(region_spec.to_proto())
+        from .regionspec import unsharded_spec
+
+        if region_spec is None:
+            region_spec = unsharded_spec()
+        if region_spec.spec_id <= 0:
+            raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
+        _check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
+        _warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
+        specs = [region_spec.to_proto()]
         names = list(maintained_indexes or [])
         existing = {i.name for i in ds.describe_indices()}
         missing = [n for n in names if n not in existing]
@@ -188,13 +210,18 @@ class MemWalTable:
                 f"{norm}: maintained index(es) {missing} do not exist on the base table "
                 f"(existing: {sorted(existing)})"
             )
+        check_no_leftover_regions(io, norm, reset)
+        if reset:
+            io.delete_tree(paths.mem_wal_root(norm))
         key_field = ds.lance_schema.field(pk[0]).id()
         if primary_key_index and not any(
             list(i.fields) == [key_field] for i in ds.describe_indices()
         ):
             ds.create_scalar_index(pk[0], "BTREE")
             ds = _open_dataset(norm, options)
-        mwindex.commit_details(ds, mwindex.new_details(specs, names), None, storage_options=options)
+        details = mwindex.new_details(specs, names)
+        details.writer_config_defaults[LINEAGE_KEY] = uuid_mod.uuid4().hex
+        mwindex.commit_details(ds, details, None, storage_options=options)
         return cls(norm, options)
 
     @classmethod
@@ -249,24 +276,36 @@ class MemWalTable:
         return list(self._index.details.maintained_indexes)
 
     # -- regions -----------------------------------------------------------------------
+    @property
+    def lineage(self) -> str:
+        """The token :meth:`initialize` recorded for this life of the table ("" when the
+        index was written by pylance or an older memwal_query)."""
+        return self._index.details.writer_config_defaults.get(LINEAGE_KEY, "")
+
     def region_ids(self) -> list[str]:
         """Ids of every region that has a directory under ``_mem_wal/``."""
-        out = []
-        for name in self.io.list(paths.mem_wal_root(self.uri)):
-            try:
-                out.append(paths.validate_region_id(name))
-            except InvalidPathError:
-                continue
-        return out
+        return _region_dirs(self.io, self.uri)
 
     def region_manifest(self, region_id: str) -> RegionManifest | None:
         """Newest manifest of a region (None when it has none).
 
         The last manifest read per region is kept; finding that nothing changed since
         costs one HEAD of the next version (see :meth:`RegionManifestStore.load_latest`).
+        A region of another lineage (left over from before the base table was
+        initialized again) counts as absent, with a warning: its rows are not this
+        table's.
         """
         known = self._manifests.get(region_id)
         manifest = RegionManifestStore(self.io, self.uri, region_id).load_latest(known)
+        if manifest is not None and foreign_lineage(manifest, self.lineage):
+            warnings.warn(
+                f"{self.uri}: region {region_id} belongs to another lineage of the table "
+                f"({manifest.lineage}, the table's is {self.lineage}) and is not read; "
+                "remove it with MemWalTable.initialize(..., reset=True)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
         if manifest is not None and manifest is not known:
             self._manifests[region_id] = manifest
         return manifest
@@ -278,8 +317,8 @@ class MemWalTable:
         native writer records them); None for manual regions or another spec.
         """
         manifest = self.region_manifest(region_id)
-        spec = self.region_spec
-        if manifest is None or spec is None or manifest.region_spec_id != spec.spec_id:
+        spec = self.routing_spec()
+        if manifest is None or manifest.region_spec_id != spec.spec_id:
             return None
         raw = dict(manifest.region_field_entries)
         values = {}
@@ -307,8 +346,7 @@ class MemWalTable:
         return self.schema.field(name).type
 
     def _field_entries(self, values: dict[str, Any]) -> tuple[tuple[str, bytes], ...]:
-        spec = self.region_spec
-        assert spec is not None
+        spec = self.routing_spec()
         out = []
         for f in spec.fields:
             raw = fieldvalues.encode(values.get(f.field_id), self._field_type(f))
@@ -318,9 +356,7 @@ class MemWalTable:
 
     def region_id_for(self, values: dict[str, Any]) -> str:
         """Region id of a region value under the current spec (see module docs)."""
-        spec = self.region_spec
-        if spec is None:
-            raise RegionSpecError(f"{self.uri}: the table has no region spec")
+        spec = self.routing_spec()
         wanted = {f.field_id for f in spec.fields}
         if set(values) != wanted:
             raise RegionSpecError(
@@ -328,6 +364,17 @@ class MemWalTable:
                 f"got {sorted(values)}"
             )
         return region_id_for(spec.spec_id, values)
+
+    def routing_spec(self) -> RegionSpec:
+        """The spec rows are routed by: the current spec, or for a table whose index
+        records none (initialized by pylance or an older memwal_query) the one-region
+        :func:`~memwal_query.regionspec.unsharded_spec`."""
+        spec = self.region_spec
+        if spec is not None:
+            return spec
+        from .regionspec import unsharded_spec
+
+        return unsharded_spec()
 
     def writer(
         self,
@@ -339,25 +386,66 @@ class MemWalTable:
     ) -> RegionWriter:
         """Claim a region and return its writer (fencing any previous writer).
 
+        Every key lives in exactly one region, the one the region spec gives it, so a
+        writer is always the writer of a region of the spec (or the recovery writer of
+        an existing region, below); a second writer of the same region fences the
+        first (its next call raises :class:`FencedError`).
+
         Parameters
         ----------
         region_id : str, optional
-            Region to write. None with ``region_values``: the region of that value under
-            the spec; None without a spec: a new manual region (random UUID).
+            Region to write. None: the region of ``region_values``; without those, the
+            table's only region when the spec has one (the default spec). An existing
+            region may be named by id; one that the current spec does not own (a manual
+            region of an older table, or one of another spec) can be claimed to replay,
+            flush and close it, but refuses new rows (:class:`WrongRegionError`).
         region_values : dict, optional
             ``{field_id: value}`` of the region; rows of other regions are rejected.
         durable : bool
             See :class:`RegionWriter`.
         **options
             ``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_buffer_bytes``,
-            ``wal_flush_interval``.
+            ``wal_flush_interval``, ``max_unflushed_memtables``,
+            ``backpressure_timeout``, ``max_wal_entries``, ``max_memtable_age``.
+
+        Raises
+        ------
+        RegionSpecError
+            No region can be chosen: the spec has several regions and neither
+            ``region_values`` nor an existing ``region_id`` was given (use
+            :meth:`write` to route rows), or ``region_id`` names no existing region and
+            is not the region of ``region_values``.
+        LeftoverRegionsError
+            The region belongs to an earlier lineage of the table.
         """
-        spec = self.region_spec
-        spec_id = 0
-        entries: tuple[tuple[str, bytes], ...] = ()
-        if region_values is not None:
-            if spec is None:
-                raise RegionSpecError(f"{self.uri}: region_values given but no region spec")
+        from .regionspec import is_unsharded
+
+        spec = self.routing_spec()
+        if region_values is None and region_id is None:
+            if not is_unsharded(spec):
+                raise RegionSpecError(
+                    f"{self.uri}: region spec {spec.spec_id} has several regions; pass "
+                    "region_values (or use MemWalTable.write to route rows)"
+                )
+            region_values = _one_region(spec)
+        if region_values is None:
+            assert region_id is not None
+            region_id = paths.validate_region_id(region_id)
+            known = self.region_values(region_id)
+            if known is not None:
+                spec_id, region_values = known
+                entries = self._field_entries(region_values)
+            elif self.region_manifest(region_id) is not None:
+                spec_id, entries = 0, ()  # not the spec's: recovery only (rows refused)
+            elif is_unsharded(spec) and region_id == self.region_id_for(_one_region(spec)):
+                spec_id, region_values = spec.spec_id, _one_region(spec)
+                entries = self._field_entries(region_values)
+            else:
+                raise RegionSpecError(
+                    f"{self.uri}: there is no region {region_id}; regions are created "
+                    "from the region spec (pass region_values, or use MemWalTable.write)"
+                )
+        else:
             derived = self.region_id_for(region_values)
             if region_id is not None and paths.validate_region_id(region_id) != derived:
                 raise RegionSpecError(
@@ -366,17 +454,6 @@ class MemWalTable:
             region_id = derived
             spec_id = spec.spec_id
             entries = self._field_entries(region_values)
-        elif region_id is None:
-            if spec is not None:
-                raise RegionSpecError(
-                    f"{self.uri}: the table has a region spec; pass region_values "
-                    "(or use MemWalTable.write to route rows)"
-                )
-            region_id = str(uuid_mod.uuid4())
-        else:
-            known = self.region_values(region_id)
-            if known is not None:
-                spec_id, region_values = known
         return RegionWriter(
             self,
             region_id,
@@ -543,37 +620,54 @@ class MemWalTable:
         """Options (``durable``, ``max_memtable_rows``...) for writers opened by write()."""
         self._writer_options = dict(options)
 
-    def write(self, data: Any) -> dict[str, int]:
+    def write(self, data: Any, *, partial: bool = False) -> dict[str, int]:
         """Route rows to their regions by the region spec and put them.
 
         One writer per region is opened on first use and kept for later calls (close
-        them with :meth:`close`). Returns ``{region_id: rows written}``. Without a region
-        spec, all rows go to one manual region owned by this table object.
+        them with :meth:`close`). Returns ``{region_id: rows written}``, every region
+        in it durable.
+
+        Parameters
+        ----------
+        data : table-like
+            Whole rows (every column). See :meth:`RegionWriter.put`.
+        partial : bool
+            Partial update: missing columns keep each key's current value.
+
+        Atomicity: each region's rows are one WAL entry (all or nothing), and the
+        regions of one call are written concurrently and independently; a reader may
+        see some of them before the others. When a region fails, the others are still
+        durable: :class:`WriteIncompleteError` lists both (when none was written, the
+        region's own error is raised). Upserts and deletes are idempotent, so retrying
+        the call converges to the same table.
+
+        Another process writing the same region fences this table's writer; a fenced
+        put was never acknowledged, so the region is claimed again and the put retried
+        (``write_retries`` times, default 5, with exponential backoff): writers of one
+        region take turns, and the later acknowledged write of a key wins. When the
+        retries run out, :class:`FencedError` is raised.
         """
-        rows = coerce_rows(data, self.schema, self.primary_key)
-        spec = self.region_spec
-        if spec is None:
-            w = self._routed_writer("", None)
-            w.put(rows)
-            return {w.region_id: rows.num_rows}
-        written: dict[str, int] = {}
-        for values, part in split_by_region(spec, rows, self.lance_schema):
-            region_id = self.region_id_for(values)
-            w = self._routed_writer(region_id, values)
-            w._put_routed(part)
-            written[region_id] = written.get(region_id, 0) + part.num_rows
-        return written
+        from .regionspec import check_partial_sources
+        from .schema import coerce_partial_rows
+
+        spec = self.routing_spec()
+        if partial:
+            rows, missing = coerce_partial_rows(data, self.schema, self.primary_key)
+            check_partial_sources(spec, missing, self.lance_schema)
+        else:
+            rows, missing = coerce_rows(data, self.schema, self.primary_key), []
+        parts = split_by_region(spec, rows, self.lance_schema)
+        return self._write_parts(parts, lambda w, part: w._put_routed(part, missing))
 
     def delete(self, keys: Any) -> dict[str, int]:
-        """Route delete tombstones to their regions (the spec must read key columns only)."""
+        """Route delete tombstones to their regions (the spec must read key columns only).
+
+        Same return value, atomicity and retries as :meth:`write`.
+        """
         from .schema import coerce_keys
 
         key_table = coerce_keys(keys, self.schema, self.primary_key)
-        spec = self.region_spec
-        if spec is None:
-            w = self._routed_writer("", None)
-            w.delete(key_table)
-            return {w.region_id: key_table.num_rows}
+        spec = self.routing_spec()
         names = _field_names(self.lance_schema)
         sources = {names.get(i) for f in spec.fields for i in f.source_ids}
         if not sources <= set(self.primary_key):
@@ -581,29 +675,99 @@ class MemWalTable:
                 f"cannot route deletes by key: the region spec reads {sorted(map(str, sources))}, "
                 f"not only the primary key {self.primary_key}; delete through the region's writer"
             )
+        parts = split_by_region(spec, key_table, self.lance_schema)
+        return self._write_parts(parts, lambda w, part: w.delete(part))
+
+    write_retries: int = 5
+    """How many times :meth:`write`/:meth:`delete` claim a region again after being
+    fenced by another writer of it (exponential backoff from 50 ms, at most 2 s)."""
+
+    def _write_parts(
+        self,
+        parts: list[tuple[dict[str, Any], pa.Table]],
+        put: Callable[[RegionWriter, pa.Table], None],
+    ) -> dict[str, int]:
+        """Write each region's part (concurrently) with fencing retries; see :meth:`write`."""
+        jobs = [(self.region_id_for(values), values, part) for values, part in parts]
+
+        def one(job: tuple[str, dict[str, Any], pa.Table]) -> BaseException | None:
+            try:
+                self._put_region(*job, put)
+            except BaseException as e:  # noqa: BLE001 - collected per region
+                return e
+            return None
+
+        outcomes = [one(jobs[0])] if len(jobs) == 1 else concurrently(one, jobs)
         written: dict[str, int] = {}
-        for values, part in split_by_region(spec, key_table, self.lance_schema):
-            region_id = self.region_id_for(values)
-            w = self._routed_writer(region_id, values)
-            w.delete(part)
-            written[region_id] = written.get(region_id, 0) + part.num_rows
+        errors: dict[str, BaseException] = {}
+        for (region_id, _, part), error in zip(jobs, outcomes):
+            if error is None:
+                written[region_id] = written.get(region_id, 0) + part.num_rows
+            else:
+                errors[region_id] = error
+        if errors:
+            if not written:
+                raise next(iter(errors.values()))
+            raise WriteIncompleteError(self.uri, written, errors)
         return written
 
-    def _routed_writer(self, key: str, values: dict[str, Any] | None) -> RegionWriter:
-        """The writer :meth:`write`/:meth:`delete` use for ``key`` (a region id, or ""
-        for the manual region without a spec), opened on first use, once per key even
-        when several threads ask at the same time."""
-        w = self._writers.get(key)
+    def _put_region(
+        self,
+        region_id: str,
+        values: dict[str, Any],
+        part: pa.Table,
+        put: Callable[[RegionWriter, pa.Table], None],
+    ) -> None:
+        """``put`` ``part`` through the region's writer, claiming it again when fenced."""
+        self._retry_fenced(region_id, values, lambda w: put(w, part))
+
+    def _retry_fenced(
+        self, region_id: str, values: dict[str, Any], call: Callable[[RegionWriter], Any]
+    ) -> Any:
+        """``call`` the region's routed writer; when another writer fenced it, drop it,
+        claim the region again (after a backoff) and call again, ``write_retries``
+        times. A fenced call was never acknowledged, so calling again is safe."""
+        import random
+        import time
+
+        for attempt in range(self.write_retries + 1):
+            w = self._routed_writer(region_id, values)
+            try:
+                return call(w)
+            except FencedError as e:
+                self._drop_writer(region_id, w)
+                if isinstance(e, JobEndedError) or attempt == self.write_retries:
+                    raise
+            except WriterClosedError:
+                # closed by another thread's drop after its fence: claim again
+                self._drop_writer(region_id, w)
+                if attempt == self.write_retries:
+                    raise
+            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def _drop_writer(self, region_id: str, w: RegionWriter) -> None:
+        """Forget a fenced writer (its acknowledged rows are in the WAL; the next
+        writer of the region replays them)."""
+        with self._writers_lock:
+            if self._writers.get(region_id) is w:
+                del self._writers[region_id]
+        try:
+            w.close(flush=False)
+        except Exception:  # noqa: BLE001 - fenced: nothing of ours left to save
+            pass
+
+    def _routed_writer(self, region_id: str, values: dict[str, Any]) -> RegionWriter:
+        """The writer :meth:`write`/:meth:`delete` use for a region, opened on first
+        use, once per region even when several threads ask at the same time."""
+        w = self._writers.get(region_id)
         if w is not None:
             return w
         with self._writers_lock:
-            w = self._writers.get(key)
+            w = self._writers.get(region_id)
             if w is None:
-                if values is None:
-                    w = self.writer(**self._writer_options)
-                else:
-                    w = self.writer(region_values=values, **self._writer_options)
-                self._writers[key] = w
+                w = self.writer(region_values=values, **self._writer_options)
+                self._writers[region_id] = w
             return w
 
     def writers(self) -> list[RegionWriter]:
@@ -611,16 +775,32 @@ class MemWalTable:
         return list(self._writers.values())
 
     def flush(self) -> dict[str, int | None]:
-        """Flush every writer opened by :meth:`write` (concurrently); ``{region_id: gen}``."""
-        writers = list(self._writers.values())
-        gens = concurrently(lambda w: w.flush(), writers)
-        return {w.region_id: g for w, g in zip(writers, gens)}
+        """Flush every writer opened by :meth:`write` (concurrently); ``{region_id: gen}``.
+
+        A writer fenced by another writer of its region meanwhile is claimed again (as
+        :meth:`write` does): its acknowledged rows are in the WAL, and the new claim
+        replays and flushes them.
+        """
+        items = list(self._writers.items())
+        gens = concurrently(lambda item: self._flush_routed(*item), items)
+        return {rid: g for (rid, _), g in zip(items, gens)}
+
+    def _flush_routed(self, region_id: str, w: RegionWriter) -> int | None:
+        values = w.region_values or {}
+        return self._retry_fenced(region_id, values, lambda writer: writer.flush())
 
     def close(self, flush: bool = True) -> None:
-        """Close the writers opened by :meth:`write`."""
-        writers, self._writers = self._writers, {}
-        for w in writers.values():
-            w.close(flush=flush)
+        """Close the writers opened by :meth:`write` (flushing them first by default)."""
+        try:
+            if flush:
+                self.flush()
+        finally:
+            writers, self._writers = self._writers, {}
+            for w in writers.values():
+                try:
+                    w.close(flush=False)
+                except FencedError:
+                    pass  # its acknowledged rows are in the WAL: the region's next writer has them
 
     def __enter__(self) -> MemWalTable:
         return self
@@ -654,8 +834,12 @@ def split_by_region(
     spec: RegionSpec, rows: pa.Table, lance_schema: Any
 ) -> list[tuple[dict[str, Any], pa.Table]]:
     """Split ``rows`` by region value: ``[(values, rows_of_that_region), ...]``."""
+    from .regionspec import is_unsharded
+
     if rows.num_rows == 0:
         return []
+    if is_unsharded(spec):
+        return [(_one_region(spec), rows)]
     values = pa.Table.from_batches([spec.evaluate(rows, lance_schema)])
     field_ids = values.column_names
     import numpy as np
@@ -669,6 +853,11 @@ def split_by_region(
         idx = groups.column("__row_list")[i].values
         out.append((region, rows.take(pc.cast(idx, pa.int64()))))
     return out
+
+
+def _one_region(spec: RegionSpec) -> dict[str, Any]:
+    """The region values of the only region of an ``unsharded`` spec."""
+    return {f.field_id: 0 for f in spec.fields}
 
 
 def _field_names(lance_schema: Any) -> dict[int, str]:
@@ -730,6 +919,32 @@ def _warn_non_key_sources(spec: RegionSpec, lance_schema: Any, pk: list[str], ur
             RegionSpecWarning,
             stacklevel=3,
         )
+
+
+def check_no_leftover_regions(io: FileIO, uri: str, reset: bool) -> None:
+    """LeftoverRegionsError when ``uri``'s ``_mem_wal/`` holds regions (before a new
+    MemWAL index is written) and ``reset`` does not allow removing them."""
+    leftovers = _region_dirs(io, uri)
+    if leftovers and not reset:
+        more = ", ..." if len(leftovers) > 5 else ""
+        raise LeftoverRegionsError(
+            f"{uri}: _mem_wal/ holds {len(leftovers)} region(s) of an earlier MemWAL of "
+            f"this table ({', '.join(leftovers[:5])}{more}); their rows would be read on "
+            "top of the current base table. Pass reset=True (memwal init --reset) to "
+            "remove them first.",
+            leftovers,
+        )
+
+
+def _region_dirs(io: FileIO, uri: str) -> list[str]:
+    """Ids of the region directories under ``uri``'s ``_mem_wal/``."""
+    out = []
+    for name in io.list(paths.mem_wal_root(uri)):
+        try:
+            out.append(paths.validate_region_id(name))
+        except InvalidPathError:
+            continue
+    return out
 
 
 def _open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDataset:

@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ import pyarrow.compute as pc
 from . import paths
 from .exceptions import (
     AlreadyExistsError,
+    BackpressureError,
     FencedError,
     MemWalError,
     WriterClosedError,
@@ -57,7 +59,15 @@ from .exceptions import (
 )
 from .manifest import RegionManifest, RegionManifestStore
 from .memtable import MemTable, MemTableSnapshot
-from .schema import coerce_keys, coerce_rows, storage_schema, tombstone_rows, with_tombstone
+from .schema import (
+    coerce_keys,
+    coerce_partial_rows,
+    coerce_rows,
+    fill_missing,
+    storage_schema,
+    tombstone_rows,
+    with_tombstone,
+)
 from .wal import Wal, WalEntry, conform_entry, encode_entry
 
 if TYPE_CHECKING:
@@ -67,6 +77,9 @@ DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_WAL_BUFFER_BYTES = 8 * 1024 * 1024
 DEFAULT_WAL_FLUSH_INTERVAL = 0.1
+DEFAULT_MAX_UNFLUSHED_MEMTABLES = 4
+DEFAULT_MAX_WAL_ENTRIES = 1_000
+DEFAULT_MAX_MEMTABLE_AGE = 60.0
 
 
 @dataclass
@@ -112,9 +125,25 @@ class RegionWriter:
         Non-durable mode: write a WAL entry when this many bytes are buffered.
     wal_flush_interval : float
         Non-durable mode: write buffered rows to the WAL at least this often (seconds).
+    max_unflushed_memtables : int
+        Backpressure: at most this many sealed MemTables wait for their flush; a put
+        beyond it blocks until a flush completes (default 4). Sustained throughput is
+        then flush throughput and memory stays bounded.
+    backpressure_timeout : float, optional
+        Longest a put waits for room (seconds); then it raises
+        :class:`BackpressureError` without writing anything. None (default): no limit.
+    max_wal_entries : int
+        Seal and flush the MemTable once it holds this many writes (WAL entries in
+        durable mode; default 1,000), so that many tiny puts leave a bounded WAL tail
+        to replay and to read.
+    max_memtable_age : float
+        Seal and flush the MemTable once its oldest row is this old (seconds, default
+        60), so an idle writer does not keep rows only in the WAL.
     region_values : dict, optional
         Region field values of this region (``{field_id: value}``); rows whose region
-        value differs are rejected with :class:`WrongRegionError`.
+        value differs are rejected with :class:`WrongRegionError`. None: a region the
+        table's spec does not own (a manual region of an older table, or one of another
+        spec): it can be replayed, flushed and closed, but refuses new rows.
     region_spec_id : int
         Spec id recorded when the region is created (0: manual region).
     """
@@ -129,6 +158,10 @@ class RegionWriter:
         max_memtable_bytes: int = DEFAULT_MAX_MEMTABLE_BYTES,
         max_wal_buffer_bytes: int = DEFAULT_MAX_WAL_BUFFER_BYTES,
         wal_flush_interval: float = DEFAULT_WAL_FLUSH_INTERVAL,
+        max_unflushed_memtables: int = DEFAULT_MAX_UNFLUSHED_MEMTABLES,
+        backpressure_timeout: float | None = None,
+        max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES,
+        max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
         region_values: dict[str, Any] | None = None,
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
@@ -140,6 +173,16 @@ class RegionWriter:
         self.max_memtable_bytes = max_memtable_bytes
         self.max_wal_buffer_bytes = max_wal_buffer_bytes
         self.wal_flush_interval = wal_flush_interval
+        if max_unflushed_memtables < 1:
+            raise ValueError(f"max_unflushed_memtables must be >= 1, got {max_unflushed_memtables}")
+        if max_wal_entries < 1:
+            raise ValueError(f"max_wal_entries must be >= 1, got {max_wal_entries}")
+        if not max_memtable_age > 0:
+            raise ValueError(f"max_memtable_age must be > 0, got {max_memtable_age}")
+        self.max_unflushed_memtables = max_unflushed_memtables
+        self.backpressure_timeout = backpressure_timeout
+        self.max_wal_entries = max_wal_entries
+        self.max_memtable_age = max_memtable_age
         self.region_values = dict(region_values) if region_values else None
         self.stats = WriterStats()
 
@@ -151,6 +194,7 @@ class RegionWriter:
 
         self._cond = threading.Condition()
         self._wal_busy = False
+        self._partial_busy = False  # a partial put holds the WAL token across its lookup
         self._pending: list[_Request] = []
         self._unsynced: list[pa.Table] = []
         self._unsynced_bytes = 0
@@ -163,7 +207,9 @@ class RegionWriter:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
 
-        manifest = self._store.claim(region_spec_id, region_field_entries=region_field_entries)
+        manifest = self._store.claim(
+            region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
+        )
         self.epoch = manifest.writer_epoch
         # Newest region manifest version known to be this writer's (its claim, then its
         # flushes): the fencing check after each WAL write HEADs the version after it.
@@ -172,12 +218,13 @@ class RegionWriter:
         self._next_wal_position = manifest.replay_after_wal_entry_position + 1
         self._replay(manifest)
 
-        self._ticker: threading.Thread | None = None
-        if not durable:
-            self._ticker = threading.Thread(
-                target=self._tick, name=f"memwal-wal-{region_id[:8]}", daemon=True
-            )
-            self._ticker.start()
+        self._ticker = threading.Thread(
+            target=_tick_loop,
+            args=(weakref.ref(self), self._tick_interval()),
+            name=f"memwal-wal-{region_id[:8]}",
+            daemon=True,
+        )
+        self._ticker.start()
 
     # -- recovery --------------------------------------------------------------------
     def _conform(self, entry: WalEntry) -> pa.Table:
@@ -199,22 +246,37 @@ class RegionWriter:
         """Generation number of the active MemTable."""
         return self._active.generation
 
-    def put(self, data: Any) -> None:
-        """Upsert rows (full rows; missing nullable columns become NULL).
+    def put(self, data: Any, partial: bool = False) -> None:
+        """Upsert rows.
 
         Accepts a pyarrow Table / RecordBatch / RecordBatchReader or pandas DataFrame.
-        Raises SchemaError / PrimaryKeyError / WrongRegionError without writing anything.
-        An error of earlier background work (a flush, or a non-durable WAL write) is
-        raised once, also before anything is written.
+        An upsert replaces whole rows, so every column must be given (NULL explicitly
+        where meant); a missing column is a :class:`SchemaError`. With
+        ``partial=True`` missing columns keep the key's current value instead (NULL, or
+        an error for a non-nullable column, when the key does not exist yet), as
+        Apache Paimon's ``partial-update`` merge engine does; it costs one lookup of the
+        written keys per put, and such puts are serialized with the others of this
+        writer. Raises SchemaError / PrimaryKeyError / WrongRegionError without writing
+        anything. An error of earlier background work (a flush, or a non-durable WAL
+        write) is raised once, also before anything is written.
         """
-        rows = coerce_rows(data, self._schema, self._pk)
-        self._check_region(rows)
-        self._write(with_tombstone(rows, False).cast(self._storage_schema))
-        self.stats.put_rows += rows.num_rows
+        if partial:
+            from .regionspec import check_partial_sources
 
-    def _put_routed(self, rows: pa.Table) -> None:
-        """Put rows already coerced and routed to this region (used by table.write)."""
-        self._write(with_tombstone(rows, False).cast(self._storage_schema))
+            rows, missing = coerce_partial_rows(data, self._schema, self._pk)
+            check_partial_sources(self.table.routing_spec(), missing, self.table.lance_schema)
+        else:
+            rows, missing = coerce_rows(data, self._schema, self._pk), []
+        self._check_region(rows)
+        self._put_routed(rows, missing)
+
+    def _put_routed(self, rows: pa.Table, missing: Sequence[str] = ()) -> None:
+        """Put rows already coerced and routed to this region (used by table.write);
+        ``missing``: columns of a partial update, filled from the keys' current rows."""
+        if missing:
+            self._write_partial(rows, list(missing))
+        else:
+            self._write(with_tombstone(rows, False).cast(self._storage_schema))
         self.stats.put_rows += rows.num_rows
 
     def delete(self, keys: Any) -> None:
@@ -359,9 +421,23 @@ class RegionWriter:
         raise error
 
     def _check_region(self, rows: pa.Table) -> None:
-        if self.region_values is None or self.table.region_spec is None or rows.num_rows == 0:
+        from .regionspec import is_unsharded
+
+        if rows.num_rows == 0:
             return
-        values = self.table.region_spec.evaluate(rows, self.table.lance_schema)
+        if self.region_values is None:
+            key = {k: rows.column(k)[0].as_py() for k in self._pk}
+            raise WrongRegionError(
+                f"region {self.region_id} is not a region of the table's region spec (a "
+                "manual region of an older table, or one of another spec): it can be "
+                "replayed, flushed and merged, but new rows go to the region the spec "
+                f"gives their key (first row's key {key}); write with MemWalTable.write "
+                "or MemWalTable.writer(region_values=...)"
+            )
+        spec = self.table.routing_spec()
+        if is_unsharded(spec):
+            return
+        values = spec.evaluate(rows, self.table.lance_schema)
         for field_id, expected in self.region_values.items():
             col = values.column(field_id)
             scalar = pa.scalar(expected, type=col.type) if expected is not None else None
@@ -471,16 +547,49 @@ class RegionWriter:
             with self._cond:
                 self._known_version = max(self._known_version, known)
 
+    def _wait_for_room(self) -> None:
+        """Backpressure: block while ``max_unflushed_memtables`` sealed MemTables wait for
+        their flush (BackpressureError after ``backpressure_timeout``)."""
+        if len(self._sealed) < self.max_unflushed_memtables:
+            return  # unlocked fast path
+        deadline = (
+            None
+            if self.backpressure_timeout is None
+            else time.monotonic() + self.backpressure_timeout
+        )
+        with self._cond:
+            while len(self._sealed) >= self.max_unflushed_memtables:
+                if self._failed is not None or self._closed:
+                    break
+                if self._flush_error is not None:
+                    break  # raised by _raise_background_error, which retries the flush
+                if not self._flush_active:
+                    self._schedule_flush_locked()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise BackpressureError(
+                        f"region {self.region_id}: {len(self._sealed)} MemTables wait "
+                        f"for their flush (max_unflushed_memtables="
+                        f"{self.max_unflushed_memtables}) and none finished within "
+                        f"{self.backpressure_timeout} s; the put was not written"
+                    )
+                self._cond.wait(timeout=left if left is not None else 1.0)
+        self._check_open()
+        self._raise_background_error()
+
     def _write(self, rows: pa.Table) -> None:
         self._check_open()
         self._raise_background_error()
         if rows.num_rows == 0:
             return
+        self._wait_for_room()
         if self.durable:
             self._durable_write(rows)
             self._seal(force=False)
             return
         with self._cond:
+            while self._partial_busy:
+                self._cond.wait()
             self._active.append(rows, None)
             self._unsynced.append(rows)
             self._unsynced_bytes += rows.nbytes
@@ -498,6 +607,40 @@ class RegionWriter:
             with self._cond:
                 self._wal_error = e
             self.stats.wal_write_errors += 1
+
+    def _write_partial(self, rows: pa.Table, missing: list[str]) -> None:
+        """A partial update: fill ``missing`` columns from the keys' current rows, then
+        write. The WAL token is held from the lookup to the write, so no other put of
+        this writer comes between them; a put of another writer fences this one first
+        (the write then fails and nothing is acknowledged)."""
+        self._check_open()
+        self._raise_background_error()
+        if rows.num_rows == 0:
+            return
+        self._wait_for_room()
+        with self._wal_token():
+            with self._cond:
+                self._partial_busy = True
+            try:
+                current = self.table.lookup(
+                    rows.select(self._pk), columns=[*self._pk, *missing], writers=[self]
+                )
+                full = fill_missing(rows, missing, current, self._pk, self._schema)
+                stored = with_tombstone(full, False).cast(self._storage_schema)
+                if self.durable:
+                    position = self._append_wal(stored)
+                    with self._cond:
+                        self._active.append(stored, position)
+                else:
+                    with self._cond:
+                        self._active.append(stored, None)
+                        self._unsynced.append(stored)
+                        self._unsynced_bytes += stored.nbytes
+            finally:
+                with self._cond:
+                    self._partial_busy = False
+                    self._cond.notify_all()
+        self._seal(force=False)
 
     def _durable_write(self, rows: pa.Table) -> None:
         req = _Request(rows)
@@ -551,34 +694,55 @@ class RegionWriter:
                     self._unsynced[:0] = rows
                     self._unsynced_bytes += nbytes
 
-    def _tick(self) -> None:
-        """Non-durable mode: write buffered rows every ``wal_flush_interval`` seconds.
+    def _tick_interval(self) -> float:
+        interval = min(self.max_memtable_age / 4, 1.0)
+        return interval if self.durable else min(interval, self.wal_flush_interval)
+
+    def _tick(self) -> bool:
+        """One background tick: seal a MemTable older than ``max_memtable_age``, and in
+        non-durable mode write the buffered rows to the WAL. False: stop ticking.
 
         Keeps going after a failed write (the rows stay buffered and are retried); the
         error is raised by the next put/delete unless a later write succeeds first.
         """
-        while not self._closed and self._failed is None:
-            time.sleep(self.wal_flush_interval)
-            if not self._unsynced or self._closed or self._failed is not None:
-                continue
+        if self._closed or self._failed is not None:
+            return False
+        if self._too_old(self._active):
             try:
-                with self._wal_token():
-                    self._sync_locked_token()
-                    with self._cond:
-                        self._wal_error = None  # everything buffered is in the WAL now
-            except FencedError:
-                return
-            except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete/sync
+                self._seal(force=False)
+            except Exception:  # noqa: BLE001 - the next put/flush reports it
+                pass
+        if self.durable or not self._unsynced:
+            return True
+        try:
+            with self._wal_token():
+                self._sync_locked_token()
                 with self._cond:
-                    self._wal_error = e
-                self.stats.wal_write_errors += 1
+                    self._wal_error = None  # everything buffered is in the WAL now
+        except FencedError:
+            return False
+        except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete/sync
+            with self._cond:
+                self._wal_error = e
+            self.stats.wal_write_errors += 1
+        return True
+
+    def _too_old(self, memtable: MemTable) -> bool:
+        started = memtable.first_append_at
+        return started is not None and time.monotonic() - started >= self.max_memtable_age
+
+    def _full(self, memtable: MemTable) -> bool:
+        """Whether ``memtable`` is due for a flush (size, row, write-count or age limit)."""
+        return (
+            memtable.num_rows >= self.max_memtable_rows
+            or memtable.nbytes >= self.max_memtable_bytes
+            or memtable.appends >= self.max_wal_entries
+            or self._too_old(memtable)
+        )
 
     def _seal(self, force: bool) -> None:
         """Swap the active MemTable for a new one and schedule its flush."""
-        active = self._active
-        if not force and (
-            active.num_rows < self.max_memtable_rows and active.nbytes < self.max_memtable_bytes
-        ):
+        if not force and not self._full(self._active):
             return
         with self._wal_token():
             while True:
@@ -594,9 +758,7 @@ class RegionWriter:
         active = self._active
         if active.num_rows == 0:
             return
-        if not force and (
-            active.num_rows < self.max_memtable_rows and active.nbytes < self.max_memtable_bytes
-        ):
+        if not force and not self._full(active):
             return
         self._sealed.append(active)
         self._active = MemTable(self.region_id, active.generation + 1, self._storage_schema)
@@ -673,7 +835,19 @@ class RegionWriter:
         with self._cond:
             self._known_version = max(self._known_version, committed.version)
             self._sealed.pop(0)
+            self._cond.notify_all()  # puts waiting for room (backpressure)
             self.stats.memtable_flushes += 1
             self.stats.flushed_rows += memtable.num_rows
             self.stats.flush_seconds += time.perf_counter() - started
             self.stats.flushed_generations.append(memtable.generation)
+
+
+def _tick_loop(ref: weakref.ref[RegionWriter], interval: float) -> None:
+    """A writer's background thread; holds the writer only weakly, so a writer that is
+    dropped without ``close()`` is still collected (and its thread ends)."""
+    while True:
+        time.sleep(interval)
+        writer = ref()
+        if writer is None or not writer._tick():
+            return
+        del writer

@@ -23,7 +23,6 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 
 POINTS = (
@@ -65,7 +64,10 @@ def worker(uri: str, regions: list[str], seed: int, crash_at: str | None, log_pa
     rng = random.Random(seed)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     t = mq.MemWalTable.open(uri)
-    writers = [t.writer(r, max_memtable_rows=rng.choice([5, 20, 1000])) for r in regions]
+    writers = [
+        t.writer(region_values={"p": r}, max_memtable_rows=rng.choice([5, 20, 1000]))
+        for r in range(len(regions))
+    ]
     for i in range(rng.randint(3, 12)):
         op = rng.choices(["put", "delete", "flush", "merge", "gc"], [6, 2, 2, 1, 1])[0]
         r = rng.randrange(len(regions))
@@ -109,8 +111,10 @@ def run(iterations: int, seed: int, root: str | None = None, verbose: bool = Fal
     root = root or tempfile.mkdtemp(prefix="memwal-crash-")
     uri = os.path.join(root, "t")
     lance.write_dataset(pa.table({"id": list(range(KEYS)), "v": [0] * KEYS}, schema=_schema()), uri)
-    mq.MemWalTable.initialize(uri)
-    regions = [str(uuid.UUID(int=seed * 2 + i + 1, version=4)) for i in range(2)]
+    from helpers import parity_spec
+
+    t0 = mq.MemWalTable.initialize(uri, region_spec=parity_spec(lance.dataset(uri)))
+    regions = [t0.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
     model = {k: 0 for k in range(KEYS)}
     rng = random.Random(seed)
     ctx = mp.get_context("forkserver")
@@ -158,7 +162,7 @@ def run(iterations: int, seed: int, root: str | None = None, verbose: bool = Fal
                     inflight = None
         # Recover and check.
         t = mq.MemWalTable.open(uri)
-        writers = [t.writer(r) for r in regions]
+        writers = [t.writer(region_values={"p": i}) for i in range(len(regions))]
         rows = t.to_table(writers=writers).to_pylist()
         ids = [r["id"] for r in rows]
         assert len(ids) == len(set(ids)), f"seed {seed} iteration {it}: duplicate keys"

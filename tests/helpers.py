@@ -24,3 +24,31 @@ def basic_rows(ids, val=None, name=None) -> pa.Table:
     if name is None:
         name = [f"n{i}" for i in ids]
     return pa.table({"id": ids, "val": val, "name": name}, schema=BASIC_SCHEMA)
+
+
+def parity_spec(schema_or_dataset):
+    """A two-region spec: region ``{"p": id % 2}`` (tests that need two regions with
+    known keys: even keys in region 0, odd ones in region 1)."""
+    from memwal_query.regionspec import expression_spec
+
+    return expression_spec(schema_or_dataset, ["id"], "col0 % 2", "int64", field_id="p")
+
+
+def default_region() -> str:
+    """Id of the one region of a table initialized without a region spec."""
+    from memwal_query.table import region_id_for
+
+    return region_id_for(1, {"bucket": 0})
+
+
+def expr_table(uri: str, sql: str = "col0 % 2"):
+    """Initialize the Lance table at ``uri`` with a one-field region spec ``r`` = ``sql``
+    over ``id`` (``col0``): tests that need several regions with chosen keys write
+    region ``r`` with ``t.writer(region_values={"r": r})``."""
+    import lance
+
+    import memwal_query as mq
+    from memwal_query.regionspec import expression_spec
+
+    spec = expression_spec(lance.dataset(uri), ["id"], sql, "int64", field_id="r")
+    return mq.MemWalTable.initialize(uri, region_spec=spec)

@@ -19,7 +19,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import basic_rows
+from helpers import basic_rows, default_region
 
 
 def memwal(*args, check=True, input=None, env=None):
@@ -241,7 +241,7 @@ def test_rejected_init_changes_nothing(tmp_path, plain_uri):
 
 
 def test_ingest_formats_region_and_progress(tmp_path, plain_uri):
-    memwal("init", plain_uri, "--primary-key", "id")  # no region spec: manual regions
+    memwal("init", plain_uri, "--primary-key", "id")  # no region option: one region
     f1 = tmp_path / "a.arrow"  # Arrow IPC file format
     feather.write_feather(
         basic_rows([1, 200], val=[-1.0, 200.0]), str(f1), compression="uncompressed"
@@ -250,7 +250,10 @@ def test_ingest_formats_region_and_progress(tmp_path, plain_uri):
     rows = basic_rows([201], val=[201.0])
     with pa.OSFile(str(f2), "wb") as sink, pa.ipc.new_stream(sink, rows.schema) as w:
         w.write_table(rows)
-    region = "0a4d5ee1-5c3f-4b2e-9f5e-3a4f1b9c2d7e"
+    made_up = "0a4d5ee1-5c3f-4b2e-9f5e-3a4f1b9c2d7e"  # never a region of this table
+    res = memwal("ingest", plain_uri, str(f1), "--region", made_up, check=False)
+    assert res.returncode == 1 and "WrongRegionError" in res.stderr
+    region = default_region()
     out = memwal("ingest", plain_uri, str(f1), str(f2), "--region", region).stdout
     assert "3 rows" in out and "rows/s" in out
     status = json.loads(memwal("status", plain_uri, "--json").stdout)

@@ -37,17 +37,19 @@ def live(t, writers) -> dict:
 def test_pandas_index_named_like_the_key_is_the_key(t):
     df = pd.DataFrame({"name": ["x", "y"]}, index=pd.Index([2, 3], name="id"))
     with t.writer() as w:
-        w.put(df)
-        assert live(t, [w]) == {1: ("a", True), 2: ("x", None), 3: ("y", None)}
+        w.put(df, partial=True)  # no "flag" column: kept for key 2, NULL for the new key 3
+        assert live(t, [w]) == {1: ("a", True), 2: ("x", False), 3: ("y", None)}
         w.delete(pd.DataFrame({"other": [0]}, index=pd.Index([3], name="id")))
         assert sorted(live(t, [w])) == [1, 2]
         assert t.lookup(pd.DataFrame(index=pd.Index([2], name="id")), writers=[w]).column(
             "name"
         ).to_pylist() == ["x"]
-    t.write(pd.DataFrame({"name": ["z"]}, index=pd.Index([4], name="id")))
+    t.write(pd.DataFrame({"name": ["z"]}, index=pd.Index([4], name="id")), partial=True)
     assert live(t, t.writers())[4] == ("z", None)
     # an unnamed or unrelated index is still dropped
-    t.write(pd.DataFrame({"id": [5], "name": ["q"]}, index=pd.Index([99], name="row")))
+    t.write(
+        pd.DataFrame({"id": [5], "name": ["q"]}, index=pd.Index([99], name="row")), partial=True
+    )
     assert live(t, t.writers())[5] == ("q", None)
 
 
@@ -66,8 +68,8 @@ def test_unconvertible_pandas_column_is_a_schema_error(t):
 def test_numeric_to_bool_must_be_lossless(t, values):
     w = t.writer()
     with pytest.raises(mq.SchemaError, match="flag"):
-        w.put(pa.table({"id": [3], "flag": values}))
-    w.put(pa.table({"id": [3, 4, 5], "flag": pa.array([1, 0, None], values.type)}))
+        w.put(pa.table({"id": [3], "flag": values}), partial=True)
+    w.put(pa.table({"id": [3, 4, 5], "flag": pa.array([1, 0, None], values.type)}), partial=True)
     assert {k: v[1] for k, v in live(t, [w]).items() if k > 2} == {3: True, 4: False, 5: None}
     w.close(flush=False)
 
@@ -121,7 +123,7 @@ def test_lossless_casts_within_a_kind_are_accepted(t):
                 }
             )
         )
-        w.put(pa.table({"id": pa.array([8], pa.uint8()), "name": pa.nulls(1)}))
+        w.put(pa.table({"id": pa.array([8], pa.uint8()), "name": pa.nulls(1)}), partial=True)
         assert live(t, [w])[7] == ("x", True) and live(t, [w])[8] == (None, None)
 
 

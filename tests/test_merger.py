@@ -14,7 +14,7 @@ import memwal_query as mq
 from memwal_query import index as mwindex
 from memwal_query import paths
 
-from helpers import basic_rows
+from helpers import basic_rows, expr_table
 
 
 def view(t, **kw):
@@ -154,19 +154,20 @@ def test_details_update_keeps_concurrent_merge_progress(table):
     assert idx.details.num_regions == 42
 
 
-def test_snapshots_switch_to_external_file(table):
+def test_snapshots_switch_to_external_file(base_uri):
+    table = expr_table(base_uri, "col0 % 150")
     writers = []
-    for _ in range(150):
-        w = table.writer()
+    for r in range(150):
+        w = table.writer(region_values={"r": r})
         writers.append(w)
     w0 = writers[0]
-    w0.put(basic_rows([5000]))
+    w0.put(basic_rows([5100]))
     w0.flush()
     idx = table.refresh_snapshots()
     assert idx.details.num_regions == 150
     assert not idx.details.HasField("inline_snapshots")
     assert os.path.exists(os.path.join(table.uri, "_indices", idx.uuid, "index.lance"))
-    assert 5000 in view(table, consistency="eventual")
+    assert 5100 in view(table, consistency="eventual")
     for w in writers[:3]:
         w.close(flush=False)
     idx_small = None
@@ -311,12 +312,17 @@ def test_consecutive_generations_merge_in_one_commit(table, batch_rows, commits)
     assert table.merge() == []
 
 
+# region r holds keys 20r..20r+19 and 1000+10r..1000+10r+9
+REGIONS_SQL = "CASE WHEN col0 >= 1000 THEN (col0 - 1000) / 10 ELSE col0 / 20 END"
+
+
 def _regions_with_generations(table, n_regions=3, n_gens=2):
-    """Manual regions, each with upserts, a delete and a last-write-wins key per gen."""
+    """Regions (``REGIONS_SQL``), each with upserts, a delete and a last-write-wins key
+    per generation."""
     model = {k: (float(k), f"n{k}") for k in range(100)}
     regions = []
     for r in range(n_regions):
-        w = table.writer()
+        w = table.writer(region_values={"r": r})
         regions.append(w.region_id)
         for g in range(n_gens):
             ks = [r * 20 + g, r * 20 + 10 + g, 1000 + r * 10 + g]  # disjoint per region
@@ -332,9 +338,10 @@ def _regions_with_generations(table, n_regions=3, n_gens=2):
     return regions, model
 
 
-def test_regions_merge_together_in_one_commit(table):
+def test_regions_merge_together_in_one_commit(base_uri):
     """A key lives in one region: several regions' generations share a commit that
     carries every region's progress marker."""
+    table = expr_table(base_uri, REGIONS_SQL)
     regions, model = _regions_with_generations(table)
     before = lance.dataset(table.uri).version
     merged = table.merge()
@@ -346,7 +353,8 @@ def test_regions_merge_together_in_one_commit(table):
     assert table.merge() == []
 
 
-def test_regions_merge_together_within_limits(table):
+def test_regions_merge_together_within_limits(base_uri):
+    table = expr_table(base_uri, REGIONS_SQL)
     regions, model = _regions_with_generations(table)
     gen_rows = table.region_manifest(regions[0]).flushed_generations[0].physical_rows
     before = lance.dataset(table.uri).version

@@ -17,7 +17,7 @@ import memwal_query as mq
 from memwal_query import index as mwindex
 from memwal_query.exceptions import MergeFailedError
 
-from helpers import PK, basic_rows
+from helpers import PK, basic_rows, expr_table
 
 UTC = dt.timezone.utc
 KOLKATA = dt.timezone(dt.timedelta(hours=5, minutes=30))
@@ -115,11 +115,12 @@ def test_generation_with_upserts_and_deletes_of_every_key_type(tmp_path, name, t
     assert history.count(1) == 1 and history[-1] == 1
 
 
-def test_failing_region_does_not_block_other_regions(table, monkeypatch):
+def test_failing_region_does_not_block_other_regions(base_uri, monkeypatch):
     """Each region is merged even if one before it fails; the error names the region."""
     from memwal_query import merger
 
-    writers = [table.writer() for _ in range(3)]
+    table = expr_table(base_uri, "col0 % 3")
+    writers = [table.writer(region_values={"r": (1000 + i) % 3}) for i in range(3)]
     for i, w in enumerate(writers):
         w.put(basic_rows([1000 + i]))
         w.flush()

@@ -16,8 +16,9 @@ import memwal_query as mq
 from memwal_query import index as mwindex
 from memwal_query import paths, snapshots, sources
 from memwal_query.exceptions import GenerationGoneError
+from memwal_query.regionspec import expression_spec
 
-from helpers import PK, basic_rows
+from helpers import PK, basic_rows, expr_table
 
 
 def _gen_dirs(table, region):
@@ -34,14 +35,15 @@ def test_gc_keeps_generations_of_a_region_the_index_has_not_caught_up(
     uri = str(tmp_path / "t")
     lance.write_dataset(basic_rows(range(300)), uri)
     lance.dataset(uri).create_scalar_index("name", "BTREE", name="name_idx")
-    t = mq.MemWalTable.initialize(uri, maintained_indexes=["name_idx"])
-    a = t.writer()
+    spec = expression_spec(lance.dataset(uri), ["id"], "col0 / 1000", "int64", field_id="r")
+    t = mq.MemWalTable.initialize(uri, maintained_indexes=["name_idx"], region_spec=spec)
+    a = t.writer(region_values={"r": 1})
     a.put(basic_rows([1000], name=["a"]))
     a.flush()
     a.close()
     t.merge()
     assert t.catch_up_indexes() == {"name_idx": {a.region_id: 1}}
-    b = t.writer()
+    b = t.writer(region_values={"r": 2})
     b.put(basic_rows([2000], name=["b"]))
     b.flush()
     b.close()
@@ -173,8 +175,10 @@ def test_catch_up_extends_vector_fts_and_scalar_indexes(tmp_path):
 
 
 # -- region snapshots -----------------------------------------------------------------
-def test_snapshots_inline_up_to_the_threshold(table):
-    writers = [table.writer() for _ in range(snapshots.INLINE_THRESHOLD)]
+def test_snapshots_inline_up_to_the_threshold(base_uri):
+    n = snapshots.INLINE_THRESHOLD
+    table = expr_table(base_uri, f"col0 % {n}")
+    writers = [table.writer(region_values={"r": (5000 + r) % n}) for r in range(n)]
     writers[0].put(basic_rows([5000]))
     writers[0].flush()
     idx = table.refresh_snapshots()

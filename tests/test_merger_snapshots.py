@@ -11,16 +11,20 @@ import lance
 
 from memwal_query import snapshots
 
-from helpers import basic_rows
+from helpers import basic_rows, expr_table
 
 
-def _regions(table, n=snapshots.INLINE_THRESHOLD + 1):
-    writers = [table.writer() for _ in range(n)]
+def _regions(base_uri, n=snapshots.INLINE_THRESHOLD + 1):
+    """A table with n regions (``id % n``); writers[0..2] own keys 5000, 6000, 7000."""
+    table = expr_table(base_uri, f"col0 % {n}")
+    first = [5000 % n, 6000 % n, 7000 % n]
+    order = first + [r for r in range(n) if r not in first]
+    writers = [table.writer(region_values={"r": r}) for r in order]
     writers[0].put(basic_rows([5000]))
     writers[0].flush()
     writers[1].put(basic_rows([6000]))
     writers[1].flush()
-    return writers
+    return table, writers
 
 
 def _eventual_ids(table):
@@ -31,8 +35,8 @@ def _snapshot_file(table, uuid):
     return os.path.join(table.uri, "_indices", uuid, snapshots.SNAPSHOT_FILE)
 
 
-def test_fresh_snapshot_uses_spec_layout(table):
-    writers = _regions(table)
+def test_fresh_snapshot_uses_spec_layout(base_uri):
+    table, writers = _regions(base_uri)
     idx = table.refresh_snapshots()
     assert not idx.details.HasField("inline_snapshots")
     assert os.path.exists(_snapshot_file(table, idx.uuid))
@@ -40,8 +44,8 @@ def test_fresh_snapshot_uses_spec_layout(table):
         w.close(flush=False)
 
 
-def test_eventual_reads_after_merges_and_cleanup(table):
-    writers = _regions(table)
+def test_eventual_reads_after_merges_and_cleanup(base_uri):
+    table, writers = _regions(base_uri)
     before = table.refresh_snapshots()
     assert {5000, 6000} <= _eventual_ids(table)
     assert table.merge(writers[0].region_id) == [(writers[0].region_id, 1)]
@@ -60,9 +64,9 @@ def test_eventual_reads_after_merges_and_cleanup(table):
         w.close(flush=False)
 
 
-def test_reader_finds_snapshot_when_merger_did_not_copy_it(table, monkeypatch):
+def test_reader_finds_snapshot_when_merger_did_not_copy_it(base_uri, monkeypatch):
     """A merge committed by another merger (no copy): found under the refresh's uuid."""
-    writers = _regions(table)
+    table, writers = _regions(base_uri)
     before = table.refresh_snapshots()
     writers[2].put(basic_rows([7000]))  # flushed after the snapshot: not in it
     writers[2].flush()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import memwal_query as mq
 from memwal_query.io import LocalFileIO
 
-from helpers import PK, basic_rows
+from helpers import PK, basic_rows, expr_table
 
 
 def test_filter_applies_to_newest_version_only(tmp_path):
@@ -125,9 +125,9 @@ ops = st.lists(
 def test_differential_against_model(tmp_path_factory, ops):
     uri = str(tmp_path_factory.mktemp("diff") / "t")
     lance.write_dataset(basic_rows(range(0, 40, 3)), uri)
-    t = mq.MemWalTable.initialize(uri)
+    t = expr_table(uri, f"col0 % {N_REGIONS}")
     model = {k: (float(k), f"n{k}") for k in range(0, 40, 3)}
-    writers = [t.writer() for _ in range(N_REGIONS)]
+    writers = [t.writer(region_values={"r": r}) for r in range(N_REGIONS)]
     for op, keys, value in ops:
         by_region: dict[int, list[int]] = {}
         for k in keys:

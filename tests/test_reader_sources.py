@@ -19,7 +19,7 @@ from memwal_query.dedup import KeySet, newest_indices
 from memwal_query.exceptions import RegionSpecWarning
 from memwal_query.io import LocalFileIO
 
-from helpers import PK
+from helpers import PK, expr_table
 
 BIG = 2**63
 
@@ -65,11 +65,11 @@ def test_eventual_with_writer_reads_that_region_as_of_its_manifest(tmp_path):
     uri = str(tmp_path / "t")
     schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("x", pa.int64())])
     lance.write_dataset(pa.table({"id": [1, 10], "x": [0, 0]}, schema=schema), uri)
-    t = mq.MemWalTable.initialize(uri)
-    other = t.writer()  # a region without writer handed in: read from the snapshot
+    t = expr_table(uri, "col0 / 10")
+    other = t.writer(region_values={"r": 1})  # without writer handed in: from the snapshot
     other.put(pa.table({"id": [10], "x": [10]}))
     other.flush()
-    w = t.writer()
+    w = t.writer(region_values={"r": 0})
     w.put(pa.table({"id": [1], "x": [1]}))
     w.flush()  # generation 1
     t.refresh_snapshots()  # the snapshot lists generation 1 of both regions

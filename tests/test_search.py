@@ -78,14 +78,25 @@ def base_rows() -> pa.Table:
     return rows(range(N_BASE), vecs, text=text)
 
 
-def make_table(tmp_path, maintained=("vec_idx", "text_idx"), index=True) -> mq.MemWalTable:
+def make_table(
+    tmp_path, maintained=("vec_idx", "text_idx"), index=True, region_sql=None
+) -> mq.MemWalTable:
+    """The base table, initialized (one region; ``region_sql``: region ``r`` = that
+    expression over ``id``)."""
+    from memwal_query.regionspec import expression_spec
+
     uri = str(tmp_path / "base")
     ds = lance.write_dataset(base_rows(), uri)
     if index:
         ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=2, name="vec_idx")
         ds.create_scalar_index("text", "INVERTED", name="text_idx")
         ds.create_scalar_index("id", "BTREE", name="id_idx")
-    return mq.MemWalTable.initialize(uri, maintained_indexes=list(maintained) if index else [])
+    spec = None
+    if region_sql is not None:
+        spec = expression_spec(ds, ["id"], region_sql, "int64", field_id="r")
+    return mq.MemWalTable.initialize(
+        uri, maintained_indexes=list(maintained) if index else [], region_spec=spec
+    )
 
 
 @pytest.fixture
@@ -546,9 +557,9 @@ def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
 @pytest.fixture
 def merged_not_reindexed(tmp_path):
     """Generation 1 merged and re-indexed, generation 2 merged but not re-indexed,
-    generation 3 flushed, generation 4 in the MemTable."""
-    t = make_table(tmp_path)
-    w = t.writer()
+    generation 3 flushed, generation 4 in the MemTable. Keys >= 800 are another region."""
+    t = make_table(tmp_path, region_sql="CASE WHEN col0 >= 800 THEN 1 ELSE 0 END")
+    w = t.writer(region_values={"r": 0})
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     assert w.flush() == 1
     assert t.merge() == [(w.region_id, 1)]
@@ -644,7 +655,7 @@ def test_unindexed_rows_not_from_the_gap_force_a_full_scan(merged_not_reindexed)
 
 def test_second_region_gap(merged_not_reindexed):
     t, w = merged_not_reindexed
-    w2 = t.writer()  # a second region, merged after the last index rebuild
+    w2 = t.writer(region_values={"r": 1})  # a second region, merged after the last rebuild
     w2.put(rows([800], [near(0.01)], text=["zucchini fresh"]))
     assert w2.flush() == 1
     t.merge(w2.region_id)

@@ -28,6 +28,7 @@ from test_search import DIM, rows
 
 import memwal_query as mq
 from memwal_query import search
+from memwal_query.regionspec import expression_spec
 
 WORDS = ["apple", "pear", "plum", "kiwi", "fig", "lime", "date", "peach"]
 N = 300
@@ -51,8 +52,9 @@ def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
     else:
         ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4, name="vec_idx")
     ds.create_scalar_index("text", "INVERTED", name="text_idx")
-    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"])
-    writers = [t.writer(max_memtable_rows=15) for _ in range(regions)]
+    spec = expression_spec(ds, ["id"], f"col0 % {regions}", "int64", field_id="r")
+    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"], region_spec=spec)
+    writers = [t.writer(region_values={"r": r}, max_memtable_rows=15) for r in range(regions)]
     ops = ["put", "put", "del", "flush", "merge", "reindex", "emptyflush"]
     for _ in range(steps):
         op = rng.choice(ops)

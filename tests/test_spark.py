@@ -247,9 +247,10 @@ def test_write_rejects_bad_input(spark, tmp_path):
         mqs.write(spark_rows(spark, 0, 10).drop("id"), t.uri)
     plain = str(tmp_path / "plain")
     lance.write_dataset(basic_rows(range(10)), plain)
-    mq.MemWalTable.initialize(plain)
-    with pytest.raises(mq.MemWalError, match="region spec"):
-        mqs.write(spark_rows(spark, 0, 10), plain)
+    mq.MemWalTable.initialize(plain)  # the default one-region spec: one write task
+    assert {r.region_id for r in mqs.write(spark_rows(spark, 0, 10), plain).regions} == {
+        mq.region_id_for(1, {"bucket": 0})
+    }
 
 
 # -- batch ingest ----------------------------------------------------------------------
@@ -364,11 +365,26 @@ def test_speculative_attempts_interleaved(tmp_path):
                 results["second"] = list(ingest.write_partition(iter(batches), options))
             yield b
 
-    with pytest.raises(FencedError):
-        list(ingest.write_partition(first_attempt(), options))
+    # The first attempt is fenced by the second; its put was not acknowledged, so it
+    # claims the region again (the job has not ended) and writes the same rows again.
+    first = pa.Table.from_batches(list(ingest.write_partition(first_attempt(), options)))
     second = pa.Table.from_batches(results["second"])
     assert sum(second.column("upserted").to_pylist()) == 4000
     assert set(second.column("epoch").to_pylist()) == {2}
+    assert set(first.column("epoch").to_pylist()) == {3}
+    # With retries off it fails, with the typed error.
+    options2 = task_options(t, job=ingest.new_job())
+    options2["fence_retries"] = 0
+    batches2 = packed(t, ids, "s", options2)
+
+    def first_attempt2():
+        for i, b in enumerate(batches2):
+            if i == 3:
+                list(ingest.write_partition(iter(batches2), options2))
+            yield b
+
+    with pytest.raises(FencedError):
+        list(ingest.write_partition(first_attempt2(), options2))
     upsert_model(model, ids.tolist())
     assert_view(t.uri, model)
 
@@ -845,3 +861,73 @@ def test_write_bad_types_and_values_are_typed_errors(spark, tmp_path):
         mqs.write(spark.createDataFrame([(None, 1.0, "x")], BASIC_SCHEMA_DDL), t.uri)
     assert t.region_ids() == []
     assert_view(t.uri, model)
+
+
+# -- issue 16: whole rows or partial updates; writers of one region take turns ----------
+def test_write_refuses_missing_columns_unless_partial(spark, tmp_path):
+    t = new_table(tmp_path, base_ids=range(10))
+    df = spark.range(5, 15, numPartitions=2).select(F.col("id"), (F.col("id") * 2.0).alias("val"))
+    with pytest.raises(mq.SchemaError, match="name"):
+        mqs.write(df, t.uri)
+    assert (
+        not any(os.scandir(os.path.join(t.uri, "_mem_wal")))
+        if os.path.isdir(os.path.join(t.uri, "_mem_wal"))
+        else True
+    )
+    mqs.write(df, t.uri, partial=True)
+    got = {
+        r["id"]: (r["val"], r["name"]) for r in mq.MemWalTable.open(t.uri).to_table().to_pylist()
+    }
+    assert got[7] == (14.0, "n7")  # existing key: name kept
+    assert got[12] == (24.0, None)  # new key
+    assert got[2] == (2.0, "n2")  # untouched
+
+
+def test_fenced_task_claims_its_region_again(spark, tmp_path, fault_dir):
+    """Another writer claims a region right after a task's put (fault point): the task's
+    next put, or its flush, is fenced; it claims the region again and finishes."""
+    t = new_table(tmp_path, base_ids=range(100))
+    arm(fault_dir, "ingest.fence_after_put")
+    res = mqs.write(spark_rows(spark, 0, 400, tag="f"), t.uri, buffer_rows=50)
+    assert res.rows == 400
+    got = {r["id"]: r["name"] for r in mq.MemWalTable.open(t.uri).to_table().to_pylist()}
+    assert len(got) == 400 and all(got[k] == f"f{k}" for k in range(400))
+
+
+def test_fenced_task_out_of_retries_raises_typed_error_in_driver(spark, tmp_path, fault_dir):
+    t = new_table(tmp_path, base_ids=range(10))
+    with open(arm(fault_dir, "ingest.fence_after_put"), "w") as f:
+        f.write("always")  # every attempt of the task is fenced
+    with pytest.raises(mq.FencedError):
+        mqs.write(
+            spark_rows(spark, 0, 200, tag="g"),
+            t.uri,
+            buffer_rows=20,
+            fence_retries=0,
+            num_partitions=1,
+        )
+
+
+def test_two_concurrent_jobs_on_overlapping_regions_both_succeed(spark, tmp_path):
+    import threading
+
+    t = new_table(tmp_path, base_ids=range(10))
+    errors = []
+
+    def job(tag: str) -> None:
+        try:
+            for _ in range(2):
+                mqs.write(spark_rows(spark, 0, 300, tag=tag), t.uri, buffer_rows=30)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=job, args=(tag,)) for tag in ("a", "b")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    rows = mq.MemWalTable.open(t.uri).to_table().to_pylist()
+    names = {r["id"]: r["name"] for r in rows}
+    assert len(rows) == 300 == len(names)
+    assert all(names[k] in (f"a{k}", f"b{k}") for k in range(300))

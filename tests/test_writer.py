@@ -3,7 +3,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import uuid
 
 import lance
 import pyarrow as pa
@@ -13,7 +12,7 @@ import memwal_query as mq
 from memwal_query import bloom, paths
 from memwal_query.wal import Wal
 
-from helpers import BASIC_SCHEMA, basic_rows
+from helpers import BASIC_SCHEMA, basic_rows, default_region
 
 
 def tree(path: str) -> dict[str, bytes]:
@@ -170,7 +169,9 @@ def test_pandas_and_reader_inputs(table):
     w.put(pd.DataFrame({"id": [1001], "val": [1.5], "name": ["p"]}))
     w.put(basic_rows([1002]).to_batches()[0])
     w.put(pa.RecordBatchReader.from_batches(BASIC_SCHEMA, basic_rows([1003]).to_batches()))
-    w.put(pa.table({"id": [1004]}))  # missing nullable columns become NULL
+    with pytest.raises(mq.SchemaError, match="missing"):
+        w.put(pa.table({"id": [1004]}))  # an upsert replaces the whole row
+    w.put(pa.table({"id": [1004]}), partial=True)  # a new key: missing columns NULL
     view = live(table, [w])
     assert view[1001] == (1.5, "p") and 1002 in view and 1003 in view
     assert view[1004] == (None, None)
@@ -239,7 +240,8 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import sys, pyarrow as pa, memwal_query as mq
     t = mq.MemWalTable.open(sys.argv[1])
-    w = t.writer(sys.argv[2], max_memtable_rows=int(sys.argv[3]))
+    w = t.writer(max_memtable_rows=int(sys.argv[3]))
+    assert w.region_id == sys.argv[2]
     i = 0
     while True:
         ids = list(range(i * 10, i * 10 + 10))
@@ -253,7 +255,7 @@ KILL_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("memtable_rows", [10_000_000, 35])
 def test_sigkill_mid_stream_loses_no_acknowledged_put(table, tmp_path, memtable_rows):
-    region = str(uuid.uuid4())
+    region = default_region()
     proc = subprocess.Popen(
         [sys.executable, "-c", KILL_SCRIPT, table.uri, region, str(memtable_rows)],
         stdout=subprocess.PIPE,
@@ -295,11 +297,17 @@ def test_appendix1_writer_fencing_example(table):
     from memwal_query.manifest import RegionManifest, RegionManifestStore
     from memwal_query.schema import storage_schema, with_tombstone
 
-    region = str(uuid.uuid4())
+    region = default_region()  # the table's one region
     store = RegionManifestStore(table.io, table.uri, region)
     # Initial state: manifest v1, epoch 5, entries up to 10 flushed, 11 and 12 in the WAL.
     initial = RegionManifest(
-        region, 1, 5, replay_after_wal_entry_position=10, wal_entry_position_last_seen=12
+        region,
+        1,
+        5,
+        region_spec_id=1,
+        region_field_entries=table._field_entries({"bucket": 0}),
+        replay_after_wal_entry_position=10,
+        wal_entry_position_last_seen=12,
     )
     assert store.try_commit(initial)
     wal = Wal(table.io, paths.wal_dir(table.uri, region), region)
@@ -352,7 +360,8 @@ def test_flush_does_not_block_puts(table, monkeypatch):
         return orig(*args, **kwargs)
 
     monkeypatch.setattr(flush_mod, "write_generation", slow_write_generation)
-    w = table.writer(max_memtable_rows=5)
+    # below the backpressure bound (max_unflushed_memtables) puts never wait for a flush
+    w = table.writer(max_memtable_rows=5, max_unflushed_memtables=10)
     w.put(basic_rows(range(1000, 1005)))  # reaches the limit: sealed, flush in background
     assert started.wait(30)
     flusher = threading.Thread(target=w.flush)  # an explicit flush() waits too

@@ -380,7 +380,8 @@ def test_failed_flush_leaves_unreferenced_dir_and_retry_uses_new_prefix(table, m
 KILLED_FLUSH = """
 import sys, pyarrow as pa, memwal_query as mq
 t = mq.MemWalTable.open(sys.argv[1])
-w = t.writer(sys.argv[2])
+w = t.writer()
+assert w.region_id == sys.argv[2]
 w.put(pa.table({"id": pa.array([501, 502], pa.int64()), "val": [1.0, 2.0], "name": ["a", "b"]}))
 w.flush()  # MEMWAL_CRASH_AT=flush.mid: SIGKILL after the Lance table is written
 """
@@ -391,9 +392,10 @@ def test_flush_killed_midway_is_retried_by_next_writer_under_new_prefix(table):
     import signal
     import subprocess
     import sys
-    import uuid
 
-    region = str(uuid.uuid4())
+    from helpers import default_region
+
+    region = default_region()
     env = {**os.environ, "MEMWAL_CRASH_AT": "flush.mid"}
     proc = subprocess.run(
         [sys.executable, "-c", KILLED_FLUSH, table.uri, region], env=env, timeout=120

@@ -9,8 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..exceptions import MemWalError
-
 if TYPE_CHECKING:
     from ..regionspec import RegionSpec
     from ..table import MemWalTable
@@ -52,6 +50,24 @@ def fault(name: str) -> None:
     raise InjectedFault(f"injected fault at {name}")
 
 
+def armed(name: str) -> bool:
+    """Whether the fault point ``name`` is armed (disarming it, unless the file says
+    ``always``): like :func:`fault`, for points that act (e.g. a concurrent writer
+    claiming the region) instead of raising."""
+    directory = os.environ.get(FAULT_DIR_ENV)
+    if not directory:
+        return False
+    path = os.path.join(directory, name)
+    try:
+        with open(path, "rb") as f:
+            if f.read().strip() == b"always":
+                return True
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def open_table(uri: str, storage_options: dict[str, str] | None) -> MemWalTable:
     """Open the table (a fresh object: newest base version, index and region spec)."""
     from ..table import MemWalTable
@@ -60,15 +76,9 @@ def open_table(uri: str, storage_options: dict[str, str] | None) -> MemWalTable:
 
 
 def require_spec(table: MemWalTable) -> RegionSpec:
-    """The table's region spec, or MemWalError: Spark ingest routes rows by the spec."""
-    spec = table.region_spec
-    if spec is None:
-        raise MemWalError(
-            f"{table.uri}: Spark ingest needs a region spec (MemWalTable.initialize("
-            "..., region_spec=...)) so that every key has one region and tasks own "
-            "whole regions"
-        )
-    return spec
+    """The spec Spark ingest routes rows by (:meth:`MemWalTable.routing_spec`: the
+    table's spec, or the one-region default for a table whose index records none)."""
+    return table.routing_spec()
 
 
 def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.Array:

@@ -59,6 +59,7 @@ view (upserts and deletes by key are idempotent).
 
 from __future__ import annotations
 
+import random
 import re
 import time
 import uuid
@@ -72,6 +73,7 @@ import pyarrow.compute as pc
 
 from ..exceptions import (
     AlreadyExistsError,
+    FencedError,
     JobEndedError,
     MemWalError,
     PrimaryKeyError,
@@ -79,11 +81,13 @@ from ..exceptions import (
 )
 from ..io import file_io_for, join
 from ..paths import mem_wal_root
-from ..schema import coerce_keys, coerce_rows
+from ..regionspec import check_partial_sources
+from ..schema import coerce_keys, coerce_partial_rows
 from ..table import concurrently
 from ._common import (
     REGION_COLUMN,
     SPARK_DIR,
+    armed,
     fault,
     open_table,
     region_id_array,
@@ -99,6 +103,7 @@ if TYPE_CHECKING:
 
 MODES = ("upsert", "delete")
 DEFAULT_BUFFER_ROWS = 200_000
+DEFAULT_FENCE_RETRIES = 5
 JOB_MARKER_TTL = 7 * 24 * 3600
 """Seconds a write job's ended-marker is kept (a task attempt outliving it is unguarded)."""
 
@@ -201,14 +206,17 @@ def write(
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
     storage_options: dict[str, str] | None = None,
+    partial: bool = False,
+    fence_retries: int = DEFAULT_FENCE_RETRIES,
 ) -> WriteResult:
     """Write a batch DataFrame into the table's regions (see the module docs).
 
     Parameters
     ----------
     df : pyspark.sql.DataFrame
-        Rows to write. Columns must be table columns (missing nullable ones become
-        NULL); with ``mode="delete"`` only the primary-key columns are used.
+        Rows to write. Columns must be table columns, all of them (an upsert replaces
+        whole rows) unless ``partial``; with ``mode="delete"`` only the primary-key
+        columns are used.
     uri : str
         Table URI; the table must be initialized with a region spec.
     mode : {"upsert", "delete"}
@@ -235,6 +243,14 @@ def write(
         :class:`RegionWriter` options (``max_memtable_rows``, ``max_memtable_bytes``...).
     storage_options : dict, optional
         Object-store options of the table.
+    partial : bool
+        Partial update: columns the DataFrame lacks keep each key's current value
+        (see :meth:`RegionWriter.put`).
+    fence_retries : int
+        Another writer of a region (a concurrent job, a streaming sink, a Python
+        process) fences a task's writer; the fenced put was never acknowledged, so the
+        task claims the region again and writes it again, up to this many times with
+        exponential backoff. Then the driver raises :class:`FencedError`.
 
     Returns
     -------
@@ -253,6 +269,19 @@ def write(
     options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
     )
+    options["partial"] = bool(partial)
+    options["fence_retries"] = max(0, int(fence_retries))
+    if mode == "upsert" or delete_column is not None:
+        data = [c for c in df.columns if c not in options["ignore"]]
+        table = open_table(uri, storage_options)
+        missing = [c for c in table.schema.names if c not in data]
+        if partial:
+            check_partial_sources(require_spec(table), missing, table.lance_schema)
+        elif missing:
+            raise SchemaError(
+                f"the DataFrame lacks column(s) {missing}: an upsert replaces whole rows; "
+                "add them (NULL explicitly if meant) or write with partial=True"
+            )
     options["job"] = new_job()
 
     def pack_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -400,15 +429,32 @@ def _check_types(df: DataFrame, table: MemWalTable, columns: list[str]) -> None:
 
 
 _TASK_ERROR = re.compile(r"memwal_query\.exceptions\.(SchemaError|PrimaryKeyError): (.*)")
+_FENCED = re.compile(
+    r"memwal_query\.exceptions\.FencedError: writer of region (\S+) was fenced: "
+    r"local epoch (\d+), stored epoch (\w+)"
+)
+_JOB_ENDED = re.compile(
+    r"memwal_query\.exceptions\.JobEndedError: region (\S+): write job (\S+) already ended"
+)
 
 
-def _typed_task_error(error: BaseException) -> SchemaError | None:
-    """The SchemaError (PrimaryKeyError) a task raised, from Spark's wrapped exception."""
-    found = _TASK_ERROR.findall(str(error))
-    if not found:
-        return None
-    name, message = found[-1]
-    return (PrimaryKeyError if name == "PrimaryKeyError" else SchemaError)(message.strip())
+def _typed_task_error(error: BaseException) -> MemWalError | None:
+    """The typed error a task raised (SchemaError, PrimaryKeyError, FencedError,
+    JobEndedError), rebuilt from Spark's wrapped Python worker exception."""
+    text = str(error)
+    found = _TASK_ERROR.findall(text)
+    if found:
+        name, message = found[-1]
+        return (PrimaryKeyError if name == "PrimaryKeyError" else SchemaError)(message.strip())
+    ended = _JOB_ENDED.findall(text)
+    if ended:
+        region, job = ended[-1]
+        return JobEndedError(region, job)
+    fenced = _FENCED.findall(text)
+    if fenced:
+        region, local, stored = fenced[-1]
+        return FencedError(region, int(local), int(stored) if stored.isdigit() else None)
+    return None
 
 
 # -- write jobs ------------------------------------------------------------------------
@@ -484,7 +530,9 @@ def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.Rec
     if is_delete:
         rows = coerce_keys(data, table.schema, table.primary_key)
     else:
-        rows = coerce_rows(data, table.schema, table.primary_key)
+        # partial updates (checked on the driver) may lack columns the spec does not read
+        rows, missing = coerce_partial_rows(data, table.schema, table.primary_key)
+        check_partial_sources(spec, missing, table.lance_schema)
     return spec.evaluate(rows, table.lance_schema)
 
 
@@ -573,6 +621,8 @@ class _RegionSink:
         self.upserted = 0
         self.deleted = 0
         self.generation: int | None = None
+        # A row of the region and whether it was a delete (to claim the region again).
+        self._first: tuple[pa.Table, bool] | None = None
 
     def _open(self, first: pa.Table, is_delete: bool) -> RegionWriter:
         if job_ended(self.options):  # do not even claim (it would fence a later job)
@@ -620,17 +670,41 @@ class _RegionSink:
         for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]):
             run = data.slice(start, end - start)
             is_delete = bool(deletes[start])
-            if self.writer is None:
-                self.writer = self._open(run.slice(0, 1), is_delete)
             if is_delete:
                 keys = coerce_keys(run, schema, pk)
-                self.writer.delete(keys)
+                self._retrying(run, is_delete, lambda w, k=keys: w.delete(k))
                 self.deleted += keys.num_rows
             else:
                 # Routed with spec.evaluate on these coerced rows: put without re-checking.
-                self.writer._put_routed(coerce_rows(run, schema, pk))
+                full, missing = coerce_partial_rows(run, schema, pk)
+                if missing and not self.options.get("partial"):
+                    raise SchemaError(f"column(s) {missing} are missing from the input")
+                self._retrying(run, is_delete, lambda w, f=full, m=missing: w._put_routed(f, m))
                 self.upserted += run.num_rows
             fault("ingest.after_put")
+            if armed("ingest.fence_after_put"):  # tests: another writer claims the region
+                self.table.writer(region_values=self.writer.region_values).close(flush=False)
+
+    def _retrying(self, run: pa.Table, is_delete: bool, put: Any) -> Any:
+        """``put(writer)``, claiming the region again when another writer fenced ours
+        (the fenced put was not acknowledged; the new claim replays what was)."""
+        if self._first is None:
+            self._first = (run.slice(0, 1), is_delete)
+        retries = self.options.get("fence_retries", DEFAULT_FENCE_RETRIES)
+        for attempt in range(retries + 1):
+            if self.writer is None:
+                self.writer = self._open(run.slice(0, 1), is_delete)
+            try:
+                return put(self.writer)
+            except JobEndedError:
+                raise
+            except FencedError:
+                self.abort()
+                self.writer = None
+                if attempt == retries:
+                    raise
+                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
 
     def finish(self) -> None:
         """Write what is buffered, then flush (or sync the WAL) and close the writer."""
@@ -638,7 +712,11 @@ class _RegionSink:
         if self.writer is None:
             return
         if self.options["flush"]:
-            self.generation = self.writer.flush()
+            # Fenced here, the rows are still durable (acknowledged): flush them through
+            # a new claim, which replays them.
+            assert self._first is not None
+            self.generation = self._retrying(*self._first, lambda w: w.flush())
+        assert self.writer is not None
         self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
 
     def abort(self) -> None:
