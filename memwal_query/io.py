@@ -36,6 +36,10 @@ def join(*parts: str) -> str:
 class FileIO(ABC):
     """Object-store operations used by memwal_query."""
 
+    #: Whether paths can be files where directories belong, or links (local file systems).
+    #: Object stores have neither: layout checks (:mod:`memwal_query.paths`) skip them.
+    has_links = False
+
     @abstractmethod
     def read(self, path: str) -> bytes:
         """Return the whole object; raise :class:`ObjectNotFoundError` when missing."""
@@ -87,6 +91,13 @@ class FileIO(ABC):
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory / common prefix."""
 
+    def resolves_inside(self, path: str, root: str) -> bool:
+        """Whether ``path`` (existing or not) stays under ``root`` once links are followed.
+
+        Object stores have no links: always True there.
+        """
+        return True
+
 
 class LocalFileIO(FileIO):
     """FileIO over a local (POSIX) file system.
@@ -97,6 +108,8 @@ class LocalFileIO(FileIO):
         ``True`` (default) fsyncs every written file and its directory before returning,
         which is what makes a durable WAL write durable on a local disk.
     """
+
+    has_links = True
 
     def __init__(self, fsync: bool = True) -> None:
         self.fsync = fsync
@@ -205,6 +218,11 @@ class LocalFileIO(FileIO):
 
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(self._local(path))
+
+    def resolves_inside(self, path: str, root: str) -> bool:
+        real_root = os.path.realpath(self._local(root))
+        real = os.path.realpath(self._local(path))
+        return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 def _unlink_quiet(path: str) -> None:

@@ -252,6 +252,7 @@ class MemWalTable:
     def region_ids(self) -> list[str]:
         """Ids of every region that has a directory under ``_mem_wal/``."""
         out = []
+        paths.check_mem_wal_root(self.io, self.uri)
         for name in self.io.list(paths.mem_wal_root(self.uri)):
             try:
                 out.append(paths.validate_region_id(name))
@@ -440,6 +441,16 @@ class MemWalTable:
         return status(self)
 
     # -- reading -----------------------------------------------------------------------
+    def check(self) -> list:
+        """Every problem of the table's storage, as :class:`memwal_query.fsck.Finding`s.
+
+        Reads every manifest, WAL entry, unmerged generation, bloom filter and the
+        MemWAL index; changes nothing. Empty for a healthy table (``memwal fsck``).
+        """
+        from .fsck import check
+
+        return check(self)
+
     def provider(
         self,
         consistency: str = "strong",
