@@ -38,7 +38,6 @@ from .exceptions import InvalidPathError
 from .index import read_index
 from .io import join
 from .manifest import RegionManifestStore
-from .naming import WAL_SUFFIX, from_bit_reversed
 from .wal import Wal
 
 if TYPE_CHECKING:
@@ -156,18 +155,6 @@ def gc(
     return [path for path, _ in plan]
 
 
-def _wal_positions(table: MemWalTable, wal: Wal) -> list[int]:
-    """Positions of the WAL entries present in storage (any order)."""
-    out = []
-    for name in table.io.list(wal.dir):
-        if name.endswith(WAL_SUFFIX):
-            try:
-                out.append(from_bit_reversed(name))
-            except ValueError:
-                continue
-    return out
-
-
 def status(table: MemWalTable) -> dict[str, Any]:
     """Per-region state: epoch, generations flushed/merged, WAL span, sizes.
 
@@ -192,7 +179,7 @@ def status(table: MemWalTable) -> dict[str, Any]:
             table.io.tree_size(join(paths.region_dir(table.uri, region_id), g.path))
             for g in m.flushed_generations
         )
-        stored = _wal_positions(table, wal)
+        stored = wal.positions()
         values = table.region_values(region_id)
         regions[region_id] = {
             "region_values": values[1] if values else None,
