@@ -349,3 +349,40 @@ def test_fsck_names_one_corrupt_file_per_class(table):
     # removed, the bloom filter is named too
     os.unlink(manifest_path)
     assert ("error", "bloom", bloom_path) in _codes(table.check())
+
+
+# -- 8. region expressions with unbounded cost --------------------------------------------------
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "repeat(col0, 100000000)",
+        "lpad(col0, 100000000, 'x')",
+        "replace(col0, '', 'xxxxxxxx')",
+        "sum(col0)",
+        "row_number() OVER ()",
+        "(SELECT max(id) FROM t)",
+    ],
+)
+def test_region_expression_must_be_bounded_scalar(base_uri, sql):
+    from memwal_query.regionspec import expression_spec
+
+    ds = lance.dataset(base_uri)
+    before = _state(base_uri)
+    with pytest.raises(mq.RegionSpecError, match="'expr'"):
+        spec = expression_spec(ds.lance_schema, ["name"], sql, "utf8")
+        mq.MemWalTable.initialize(base_uri, region_spec=spec)
+    assert _state(base_uri) == before
+
+
+def test_region_value_size_is_bounded(base_uri):
+    from memwal_query.regionspec import expression_spec
+
+    ds = lance.dataset(base_uri)
+    spec = expression_spec(ds.lance_schema, ["name"], "concat(col0, col0)", "utf8")
+    with pytest.warns(mq.RegionSpecWarning):  # a non-key source column
+        t = mq.MemWalTable.initialize(base_uri, region_spec=spec)
+    t.write(basic_rows([2000], name=["x" * 100]))
+    with pytest.raises(mq.RegionSpecError, match="2000-byte value"):
+        t.write(basic_rows([2001], name=["x" * 1000]))
+    t.close()
+    assert t.lookup(pa.table({"id": [2000, 2001]})).column("id").to_pylist() == [2000]
