@@ -131,6 +131,7 @@ def check(table: MemWalTable, progress: Callable[[str], None] | None = None) -> 
 def _check_region(table: MemWalTable, region_id: str, merged: int) -> list[Finding]:
     out: list[Finding] = []
     try:
+        paths.check_region_layout(table.io, table.uri, region_id)
         store = RegionManifestStore(table.io, table.uri, region_id)
     except InvalidPathError as e:
         return [Finding(ERROR, "layout", paths.region_dir(table.uri, region_id), str(e))]

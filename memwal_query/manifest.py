@@ -180,7 +180,7 @@ class RegionManifestStore:
         self.io = io
         self.region_id = paths.validate_region_id(region_id)
         self.dir = paths.manifest_dir(table_uri, self.region_id)
-        paths.check_region_layout(io, table_uri, self.region_id)
+        self._table_uri = table_uri
 
     # -- reading ---------------------------------------------------------------------
     def path(self, version: int) -> str:
@@ -275,6 +275,9 @@ class RegionManifestStore:
             while self.io.exists(self.path(version + 1)):
                 version += 1
             return known if version == known.version else self.load(version)
+        # Before the first read of a region (every writer claim, GC, status...): its
+        # directories must be directories inside the table (InvalidPathError).
+        paths.check_region_layout(self.io, self._table_uri, self.region_id)
         version = self.latest_version()
         if version == 0:
             return None

@@ -93,13 +93,7 @@ def check_mem_wal_root(io: FileIO, table_uri: str) -> None:
 
     A file there would otherwise read as "no regions" (a silently shorter answer).
     """
-    if not io.has_links:
-        return
-    root = mem_wal_root(table_uri)
-    if io.exists(root) and not io.is_dir(root):
-        raise InvalidPathError(f"{root}: is not a directory (the MemWAL layout is damaged)")
-    if not io.resolves_inside(root, table_uri):
-        raise InvalidPathError(f"{root}: is a link that leads out of the table {table_uri}")
+    _check_dirs(io, table_uri, [mem_wal_root(table_uri)])
 
 
 def check_region_layout(io: FileIO, table_uri: str, region_id: str) -> None:
@@ -107,15 +101,21 @@ def check_region_layout(io: FileIO, table_uri: str, region_id: str) -> None:
 
     A symbolic link out of the table would make writers and the garbage collector
     write and delete elsewhere. Checked for the root, the region directory and its
-    ``manifest`` and ``wal`` directories (local file systems; object stores have no
-    links).
+    ``manifest`` and ``wal`` directories (one ``lstat`` each on a local file system;
+    nothing on object stores, which have no links).
     """
+    region = region_dir(table_uri, region_id)
+    _check_dirs(
+        io,
+        table_uri,
+        [mem_wal_root(table_uri), region, join(region, "manifest"), join(region, "wal")],
+    )
+
+
+def _check_dirs(io: FileIO, table_uri: str, dirs: list[str]) -> None:
     if not io.has_links:
         return
-    check_mem_wal_root(io, table_uri)
-    region = region_dir(table_uri, region_id)
-    for path in (region, join(region, "manifest"), join(region, "wal")):
-        if io.exists(path) and not io.is_dir(path):
-            raise InvalidPathError(f"{path}: is not a directory (the MemWAL layout is damaged)")
-        if not io.resolves_inside(path, table_uri):
-            raise InvalidPathError(f"{path}: is a link that leads out of the table {table_uri}")
+    for path in dirs:
+        problem = io.directory_problem(path, table_uri)
+        if problem is not None:
+            raise InvalidPathError(f"{path}: {problem} (the MemWAL layout is damaged)")
