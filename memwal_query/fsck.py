@@ -6,7 +6,7 @@ command that repairs it), changing nothing:
 
 - the layout: ``_mem_wal`` and every region's ``manifest``/``wal`` directories are
   directories inside the table (not files, not links out of it);
-- the MemWAL index of every retained base version;
+- the MemWAL index of every retained base version, and the index catch-up progress;
 - every region manifest version, and the version hint;
 - every WAL entry (framing, checksum, metadata), and holes: a missing position with
   entries after it (acknowledged writes a writer would refuse to replay);
@@ -42,7 +42,7 @@ from .exceptions import (
 from .index import read_index
 from .io import join
 from .manifest import HINT_FILE, RegionManifest, RegionManifestStore
-from .naming import from_bit_reversed
+from .naming import MANIFEST_SUFFIX, from_bit_reversed
 from .schema import storage_schema
 from .wal import REPAIR_KEY, Wal, encode_entry
 
@@ -63,8 +63,8 @@ class Finding:
         ``"error"`` (corrupt: an operation would refuse, or data is at risk) or
         ``"warning"`` (harmless for answers, e.g. a corrupt version hint).
     kind : str
-        ``layout``, ``index``, ``manifest``, ``hint``, ``wal-gap``, ``wal-entry``,
-        ``generation`` or ``bloom``.
+        ``layout``, ``index``, ``catch-up``, ``manifest``, ``hint``, ``wal-gap``,
+        ``wal-entry``, ``generation`` or ``bloom``.
     path : str
         The file or directory concerned.
     message : str
@@ -121,10 +121,37 @@ def check(table: MemWalTable, progress: Callable[[str], None] | None = None) -> 
             continue
         if version == ds.version and idx is not None:
             merged = idx.merged_generations()
+    out.extend(_check_catchup(table))
     for region_id in table.region_ids():
         if progress is not None:
             progress(region_id)
         out.extend(_check_region(table, region_id, merged.get(region_id, 0)))
+    return out
+
+
+def _check_catchup(table: MemWalTable) -> list[Finding]:
+    """Index catch-up progress versions that do not decode (readers use the version
+    before: less progress, so GC keeps more; harmless, hence warnings)."""
+    from ._proto import memwal_pb2 as pb
+    from .catchup import _dir
+
+    out = []
+    for name in table.io.list(_dir(table.uri)):
+        if not name.endswith(MANIFEST_SUFFIX):
+            continue
+        path = join(_dir(table.uri), name)
+        try:
+            pb.MemWalIndexDetails.FromString(table.io.read(path))
+        except Exception as e:  # noqa: BLE001 - reported
+            out.append(
+                Finding(
+                    WARNING,
+                    "catch-up",
+                    path,
+                    f"index catch-up progress does not decode ({e}); the version before it is used",
+                    f"memwal catch-up {table.uri}",
+                )
+            )
     return out
 
 
