@@ -446,18 +446,20 @@ class LoadedBloom:
 def validate(io: FileIO, gen_uri: str, num_rows: int) -> BloomFilter:
     """Read and check a generation's filter; BloomCorruptError (or ObjectNotFoundError).
 
-    The size must be a positive multiple of 32 and at most what a filter over
+    The size must be 32 bytes times a power of two of at least :data:`MIN_BLOCKS`
+    blocks (ours and pylance's filters all are) and at most what a filter over
     ``num_rows`` keys can need (checked before reading), and match
     ``bloom_filter.json`` (size and CRC-32) when that exists.
     """
     path = f"{gen_uri}/{BLOOM_FILE}"
     size = io.size(path)
     limit = 32 * max_blocks(num_rows)
-    if size == 0 or size % 32 or size > limit:
+    blocks = size // 32
+    if size % 32 or size > limit or blocks < MIN_BLOCKS or blocks & (blocks - 1):
         raise BloomCorruptError(
             path,
-            f"size {size} is not a positive multiple of 32 of at most {limit} bytes "
-            f"(the largest filter over {num_rows} keys)",
+            f"size {size} is not 32 x a power of two of at least {MIN_BLOCKS} blocks and at "
+            f"most {limit} bytes (the largest filter over {num_rows} keys)",
         )
     meta = None
     try:
