@@ -702,7 +702,11 @@ def fsck(uri: str, as_json: bool) -> None:
     from .fsck import ERROR, check
 
     t = _open(uri)
-    with _progress(length=max(1, len(t.region_ids())), label="checking regions") as bar:
+    try:
+        regions = len(t.region_ids())
+    except MemWalError:  # a damaged layout: check() reports it
+        regions = 1
+    with _progress(length=max(1, regions), label="checking regions") as bar:
         findings = check(t, progress=lambda _rid: bar.update(1))
     if as_json:
         click.echo(json.dumps([f.to_dict() for f in findings], indent=2))
