@@ -30,7 +30,7 @@ from .exceptions import (
     ObjectNotFoundError,
 )
 from .io import FileIO, join
-from .naming import MANIFEST_SUFFIX, from_bit_reversed, manifest_name
+from .naming import MANIFEST_SUFFIX, manifest_name, numbers_in
 
 HINT_FILE = "version_hint.json"
 DEFAULT_MAX_RETRIES = 20
@@ -235,14 +235,7 @@ class RegionManifestStore:
             return 0
 
     def _listed_versions(self) -> list[int]:
-        versions = []
-        for name in self.io.list(self.dir):
-            if name.endswith(MANIFEST_SUFFIX):
-                try:
-                    versions.append(from_bit_reversed(name))
-                except ValueError:
-                    continue
-        return versions
+        return numbers_in(self.io.list(self.dir), MANIFEST_SUFFIX)
 
     def latest_version(self) -> int:
         """Newest committed version number, 0 when the region has no manifest."""

@@ -36,7 +36,7 @@ import pyarrow as pa
 from . import crashpoints
 from .exceptions import AlreadyExistsError, FencedError, ObjectNotFoundError, WalCorruptError
 from .io import FileIO, join
-from .naming import WAL_SUFFIX, from_bit_reversed, wal_entry_name
+from .naming import WAL_SUFFIX, numbers_in, wal_entry_name
 
 TOMBSTONE = "_tombstone"
 EPOCH_KEY = b"writer_epoch"
@@ -270,14 +270,7 @@ class Wal:
 
     def positions(self) -> list[int]:
         """Sorted positions of the entries in storage (one LIST)."""
-        out = []
-        for name in self.io.list(self.dir):
-            if name.endswith(WAL_SUFFIX):
-                try:
-                    out.append(from_bit_reversed(name))
-                except ValueError:
-                    continue
-        return sorted(out)
+        return numbers_in(self.io.list(self.dir), WAL_SUFFIX)
 
     def check_end(self, missing: int) -> None:
         """WalCorruptError if any entry exists beyond the missing position ``missing``.
