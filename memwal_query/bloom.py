@@ -8,15 +8,35 @@ divided by 32). A key's 64-bit hash picks a block with its upper 32 bits
 
 Key hashing (:func:`hash_keys`) is pylance's: SipHash-1-3 over a null flag and the
 key's little-endian bytes, so both implementations read each other's filters.
+
+The file has no header (it stays byte-identical to pylance's), so its integrity is
+kept next to it: ``bloom_filter.json`` records its size and CRC-32 (:func:`write`).
+:func:`load` checks the size against the generation's row count *before* reading (a
+huge file is never allocated), then the checksum; a filter that fails is not used:
+the caller gets an untrusted :class:`LoadedBloom` and a :class:`BloomFilterWarning`
+and checks keys exactly. Filters written by pylance (no ``bloom_filter.json``) get the
+size checks only (a cleared bit there is found by ``memwal fsck``, which checks that
+every key of the generation hits; ``memwal repair`` then rebuilds it, and records the
+checksum of every sound pylance filter so later reads check it).
 """
 
 from __future__ import annotations
 
+import json
 import struct
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from .exceptions import BloomCorruptError, BloomFilterWarning, ObjectNotFoundError
+
+if TYPE_CHECKING:
+    from .io import FileIO
 
 _SALT = np.array(
     [
@@ -372,3 +392,115 @@ def build(keys: pa.Table) -> bytes:
     bf = BloomFilter.empty(keys.num_rows)
     bf.insert_hashes(hash_keys(keys))
     return bf.to_bytes()
+
+
+BLOOM_FILE = "bloom_filter.bin"
+BLOOM_META_FILE = "bloom_filter.json"
+
+
+def max_blocks(num_rows: int) -> int:
+    """The most blocks a filter over ``num_rows`` keys can have (ours or pylance's)."""
+    return BloomFilter.empty(max(0, int(num_rows))).num_blocks
+
+
+def write(io: FileIO, gen_uri: str, keys: pa.Table) -> None:
+    """Write ``bloom_filter.bin`` over ``keys`` and its ``bloom_filter.json`` (size, CRC)."""
+    data = build(keys)
+    io.write(f"{gen_uri}/{BLOOM_FILE}", data)
+    write_meta(io, gen_uri, data, keys.num_rows)
+
+
+def write_meta(io: FileIO, gen_uri: str, data: bytes, num_keys: int) -> None:
+    """Write ``bloom_filter.json`` (size, CRC-32) for the filter bytes ``data``."""
+    meta = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}", "keys": num_keys}
+    io.write(f"{gen_uri}/{BLOOM_META_FILE}", json.dumps(meta).encode())
+
+
+@dataclass(frozen=True)
+class LoadedBloom:
+    """The result of :func:`load`.
+
+    Attributes
+    ----------
+    filter : BloomFilter or None
+        The filter, or None when it must not be used.
+    problem : str or None
+        Why it is not used (missing, corrupt), None when it is fine.
+    """
+
+    filter: BloomFilter | None
+    problem: str | None = None
+
+    @property
+    def trusted(self) -> bool:
+        """Whether the filter may exclude keys; otherwise check every key exactly."""
+        return self.filter is not None
+
+    def might_contain_hashes(self, hashes: np.ndarray) -> np.ndarray:
+        """The filter's answer, or all True when untrusted (exact checks decide)."""
+        if self.filter is None:
+            return np.ones(len(hashes), bool)
+        return self.filter.might_contain_hashes(hashes)
+
+
+def validate(io: FileIO, gen_uri: str, num_rows: int) -> BloomFilter:
+    """Read and check a generation's filter; BloomCorruptError (or ObjectNotFoundError).
+
+    The size must be 32 bytes times a power of two of at least :data:`MIN_BLOCKS`
+    blocks (ours and pylance's filters all are) and at most what a filter over
+    ``num_rows`` keys can need (checked before reading), and match
+    ``bloom_filter.json`` (size and CRC-32) when that exists.
+    """
+    path = f"{gen_uri}/{BLOOM_FILE}"
+    size = io.size(path)
+    limit = 32 * max_blocks(num_rows)
+    blocks = size // 32
+    if size % 32 or size > limit or blocks < MIN_BLOCKS or blocks & (blocks - 1):
+        raise BloomCorruptError(
+            path,
+            f"size {size} is not 32 x a power of two of at least {MIN_BLOCKS} blocks and at "
+            f"most {limit} bytes (the largest filter over {num_rows} keys)",
+        )
+    meta = None
+    try:
+        meta = json.loads(io.read(f"{gen_uri}/{BLOOM_META_FILE}"))
+    except ObjectNotFoundError:
+        pass  # written by pylance (or before checksums): size checks only
+    except ValueError as e:
+        raise BloomCorruptError(f"{gen_uri}/{BLOOM_META_FILE}", f"unreadable: {e}") from e
+    data = io.read(path)
+    if len(data) != size:
+        raise BloomCorruptError(path, f"size changed while reading ({size} -> {len(data)})")
+    if meta is not None:
+        if not isinstance(meta, dict) or meta.get("size") != size:
+            raise BloomCorruptError(path, f"size {size} differs from {BLOOM_META_FILE}'s {meta!r}")
+        crc = f"{zlib.crc32(data):08x}"
+        if meta.get("crc32") != crc:
+            raise BloomCorruptError(
+                path, f"checksum mismatch (stored {meta.get('crc32')!r}, computed {crc!r})"
+            )
+    return BloomFilter.from_bytes(data)
+
+
+def load(io: FileIO, gen_uri: str, num_rows: int) -> LoadedBloom:
+    """A generation's filter for readers: never raises for a bad filter.
+
+    A missing, unreadable or corrupt filter gives an untrusted :class:`LoadedBloom`
+    (the caller checks keys exactly, so answers stay equal to SQL) and a
+    :class:`BloomFilterWarning` naming the file.
+    """
+    try:
+        return LoadedBloom(validate(io, gen_uri, num_rows))
+    except ObjectNotFoundError:
+        problem = f"{gen_uri}/{BLOOM_FILE}: missing"
+    except BloomCorruptError as e:
+        problem = str(e)
+    except Exception as e:  # noqa: BLE001 - unreadable (storage error): exact checks
+        problem = f"{gen_uri}/{BLOOM_FILE}: unreadable: {type(e).__name__}: {e}"
+    warnings.warn(
+        f"{problem}; checking this generation's keys exactly "
+        "(`memwal repair URI --rebuild-blooms` writes the filter again)",
+        BloomFilterWarning,
+        stacklevel=2,
+    )
+    return LoadedBloom(None, problem)

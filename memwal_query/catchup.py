@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import paths
+from . import crashpoints, paths
 from ._proto import memwal_pb2 as pb
 from .exceptions import CommitConflictError, NotInitializedError, ObjectNotFoundError
 from .index import _max_progress
@@ -97,6 +97,7 @@ def catch_up_indexes(table: MemWalTable, names: list[str] | None = None) -> dict
     # covered) must not be recorded as caught up (GC would delete its generation early).
     merged = table.index(ds).merged_generations()
     ds.optimize.optimize_indices(index_names=names)
+    crashpoints.point("catchup.mid")
 
     update = pb.MemWalIndexDetails()
     for name in names:

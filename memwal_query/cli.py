@@ -447,14 +447,27 @@ def _emit(table, fmt: str, output: str | None) -> None:
 )
 @click.option("--output", help="Write the result to this file.")
 @click.option("--consistency", type=click.Choice(["strong", "eventual"]), default="strong")
+@click.option(
+    "--allow-write",
+    is_flag=True,
+    help="Allow statements that write files or change the session (COPY, CREATE, SET...).",
+)
 @_handle_errors
 def sql(
-    uri: str, query: str | None, name: str | None, fmt: str, output: str | None, consistency: str
+    uri: str,
+    query: str | None,
+    name: str | None,
+    fmt: str,
+    output: str | None,
+    consistency: str,
+    allow_write: bool = False,
 ) -> None:
     """Run QUERY against the table; no QUERY: an interactive prompt.
 
     The table is named after its directory (``/data/events`` -> ``events``) and also
-    ``t``, unless ``--name`` is given.
+    ``t``, unless ``--name`` is given. Read-only unless ``--allow-write``: DDL (CREATE
+    EXTERNAL TABLE, CREATE VIEW, DROP), DML (COPY ... TO, INSERT) and statements (SET)
+    are refused with ReadOnlySqlError.
     """
     import datafusion
 
@@ -465,6 +478,8 @@ def sql(
     for n in names:
         register(ctx, n, uri, consistency=consistency)
     name = names[0]
+    if not allow_write:
+        ctx = _ReadOnlySql(ctx)
     if query:
         _emit(ctx.sql(query).to_arrow_table(), fmt, output)
         return
@@ -697,3 +712,102 @@ def refresh_snapshots(uri: str, dry_run: bool) -> None:
         return
     idx = t.refresh_snapshots()
     click.echo(f"{idx.details.num_regions} region(s) in the snapshot")
+
+
+# -- read-only SQL, fsck and repair (issue 18) ------------------------------------------
+
+
+class _ReadOnlySql:
+    """A DataFusion SessionContext whose ``sql`` refuses DDL, DML and statements.
+
+    DataFusion's ``SQLOptions`` (``allow_ddl``/``allow_dml``/``allow_statements``
+    False) reject them at planning time, before anything runs; the refusal is a
+    :class:`~memwal_query.exceptions.ReadOnlySqlError` naming ``--allow-write``.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        from datafusion import SQLOptions
+
+        self._ctx = ctx
+        self._options = (
+            SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+        )
+
+    def sql(self, query: str) -> Any:
+        """Plan ``query`` read-only."""
+        from .exceptions import ReadOnlySqlError
+
+        try:
+            return self._ctx.sql_with_options(query, self._options)
+        except Exception as e:
+            text = str(e)
+            if any(k in text for k in ("DDL not", "DML not", "Statement not")):
+                reason = text.rsplit(": ", 2)[-2:]
+                raise ReadOnlySqlError(
+                    f"refused ({': '.join(reason)}): memwal sql is read-only; "
+                    "pass --allow-write to run statements that write or change the session"
+                ) from e
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+@main.command()
+@click.argument("uri")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_handle_errors
+def fsck(uri: str, as_json: bool) -> None:
+    """Check every manifest, WAL entry, generation, bloom filter and the MemWAL index.
+
+    Prints each finding (severity, file, problem, repair command); exits 1 when
+    anything is corrupt (an error), 0 when the table is clean or has warnings only.
+    """
+    from .fsck import ERROR, check
+
+    t = _open(uri)
+    try:
+        regions = len(t.region_ids())
+    except MemWalError:  # a damaged layout: check() reports it
+        regions = 1
+    with _progress(length=max(1, regions), label="checking regions") as bar:
+        findings = check(t, progress=lambda _rid: bar.update(1))
+    if as_json:
+        click.echo(json.dumps([f.to_dict() for f in findings], indent=2))
+    else:
+        for f in findings:
+            click.echo(str(f))
+        errors = sum(f.severity == ERROR for f in findings)
+        click.echo(
+            f"{errors} error(s), {len(findings) - errors} warning(s)"
+            if findings
+            else f"{t.uri}: no problems found"
+        )
+    if any(f.severity == ERROR for f in findings):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("uri")
+@click.option("--region", help="Only this region (default: every region).")
+@click.option(
+    "--accept-loss",
+    is_flag=True,
+    help="Move the WAL past missing or corrupt entries; the writes they held are lost.",
+)
+@click.option("--dry-run", is_flag=True, help="Only show what would be done.")
+@_handle_errors
+def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> None:
+    """Repair what fsck found: version hints and bloom filters (lossless) and, with
+    --accept-loss, WAL holes and corrupt unflushed WAL entries (each dropped position is
+    printed). Corrupt manifests and a damaged index have no automatic repair.
+    """
+    from .fsck import repair as do_repair
+
+    t = _open(uri)
+    done = 0
+    for rid in _regions(t, region):
+        for action in do_repair(t, rid, accept_loss=accept_loss, dry_run=dry_run):
+            click.echo(("would " if dry_run else "") + action)
+            done += 1
+    click.echo(f"{done} repair(s)" + (" (dry run)" if dry_run else ""))

@@ -4,7 +4,8 @@
 variable ``MEMWAL_CRASH_AT`` names that point (optionally ``name:N`` to crash at its
 N-th hit). Free when the variable is unset. Points: ``wal.after_write``,
 ``manifest.before_commit``, ``manifest.after_commit``, ``flush.mid``,
-``merge.before_commit``, ``merge.after_commit``, ``gc.mid``.
+``merge.before_commit``, ``merge.after_commit``, ``catchup.mid`` (indexes extended,
+progress not recorded yet), ``gc.mid``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ POINTS = (
     "flush.mid",
     "merge.before_commit",
     "merge.after_commit",
+    "catchup.mid",
     "gc.mid",
 )
 _hits: dict[str, int] = {}

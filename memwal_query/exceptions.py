@@ -45,7 +45,14 @@ class WalCorruptError(CorruptFileError):
 
 
 class ManifestCorruptError(CorruptFileError):
-    """A region manifest version or version hint cannot be decoded."""
+    """A region manifest version cannot be decoded or is inconsistent (a counter beyond
+    any reachable value, ``current_generation`` not above a flushed generation...)."""
+
+
+class BloomCorruptError(CorruptFileError):
+    """A generation's ``bloom_filter.bin`` fails its checks (size, checksum, a key of the
+    generation it says is absent). Readers do not raise it: they warn
+    (:class:`BloomFilterWarning`) and check keys exactly; ``memwal fsck`` reports it."""
 
 
 class FencedError(MemWalError):
@@ -111,6 +118,11 @@ class PrimaryKeyError(SchemaError):
 
 class RegionSpecError(MemWalError, ValueError):
     """A region spec or region field is invalid, or cannot be evaluated."""
+
+
+class ReadOnlySqlError(MemWalError, ValueError):
+    """``memwal sql`` refused a statement that writes or changes the session (COPY TO,
+    CREATE EXTERNAL TABLE, INSERT, SET...) because ``--allow-write`` was not given."""
 
 
 class WrongRegionError(MemWalError, ValueError):
@@ -220,3 +232,8 @@ class RegionSpecWarning(UserWarning):
     Each key must live in exactly one region; with such a spec that holds only if a key's
     value in those columns never changes once written.
     """
+
+
+class BloomFilterWarning(UserWarning):
+    """A generation's bloom filter is missing or corrupt: its keys are checked exactly
+    (same answers, slower). ``memwal repair URI --rebuild-blooms`` writes it again."""

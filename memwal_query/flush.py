@@ -53,7 +53,7 @@ def write_generation(
     )
     crashpoints.point("flush.mid")
     keys = data.select(table.primary_key)
-    table.io.write(join(uri, BLOOM_FILE), bloom.build(keys))
+    bloom.write(table.io, uri, keys)
     if len(table.primary_key) == 1 and _btree_indexable(keys.schema[0].type):
         ds.create_scalar_index(table.primary_key[0], "BTREE", name=PK_INDEX_NAME)
         _publish_pk_index(table, ds, uri)

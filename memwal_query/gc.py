@@ -34,10 +34,10 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from . import crashpoints, paths
+from .exceptions import InvalidPathError
 from .index import read_index
 from .io import join
 from .manifest import RegionManifestStore
-from .naming import WAL_SUFFIX, from_bit_reversed
 from .wal import Wal
 
 if TYPE_CHECKING:
@@ -94,15 +94,14 @@ def _wal_bound(store: RegionManifestStore, limit: int) -> int:
     return bound
 
 
-def gc(
-    table: MemWalTable,
-    dry_run: bool = False,
-    cleanup_older_than: dt.timedelta | None = None,
-) -> list[str]:
-    """Delete what the rules above allow; return the paths removed (or that would be)."""
-    if cleanup_older_than is not None and not dry_run:
-        table.dataset().cleanup_old_versions(older_than=cleanup_older_than)
-    removed: list[str] = []
+def _plan(table: MemWalTable) -> list[tuple[str, bool]]:
+    """Everything the rules allow to delete: ``(path, is_tree)``; changes nothing.
+
+    Reads (and so validates) the MemWAL index of every retained base version, the
+    newest manifest of every region and the layout (a region directory that is a file
+    or a link out of the table is an InvalidPathError): anything corrupt raises here.
+    """
+    plan: list[tuple[str, bool]] = []
     limits = gc_limits(table)
     for region_id, limit in limits.items():
         store = RegionManifestStore(table.io, table.uri, region_id)
@@ -119,37 +118,41 @@ def gc(
             orphan = name not in listed and gen < manifest.current_generation
             if gen <= limit or orphan:
                 path = join(region_dir, name)
-                removed.append(path)
-                if not dry_run:
-                    table.io.delete_tree(path)
-                    crashpoints.point("gc.mid")
+                if not table.io.resolves_inside(path, region_dir):
+                    raise InvalidPathError(
+                        f"{path}: is a link that leads out of the region directory"
+                    )
+                plan.append((path, True))
         bound = _wal_bound(store, limit)
         if bound:
             wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
-            for name in table.io.list(wal.dir):
-                if not name.endswith(WAL_SUFFIX):
-                    continue
-                try:
-                    position = from_bit_reversed(name)
-                except ValueError:
-                    continue
-                if position <= bound:
-                    removed.append(join(wal.dir, name))
-                    if not dry_run:
-                        table.io.delete(join(wal.dir, name))
-    return removed
+            plan.extend((wal.path(p), False) for p in wal.positions() if p <= bound)
+    return plan
 
 
-def _wal_positions(table: MemWalTable, wal: Wal) -> list[int]:
-    """Positions of the WAL entries present in storage (any order)."""
-    out = []
-    for name in table.io.list(wal.dir):
-        if name.endswith(WAL_SUFFIX):
-            try:
-                out.append(from_bit_reversed(name))
-            except ValueError:
-                continue
-    return out
+def gc(
+    table: MemWalTable,
+    dry_run: bool = False,
+    cleanup_older_than: dt.timedelta | None = None,
+) -> list[str]:
+    """Delete what the rules above allow; return the paths removed (or that would be).
+
+    Everything GC depends on (index of every retained version, region manifests,
+    layout) is read and checked before anything is deleted, base versions included: a
+    corrupt file raises its typed error with the table unchanged.
+    """
+    plan = _plan(table)
+    if cleanup_older_than is not None and not dry_run:
+        table.dataset().cleanup_old_versions(older_than=cleanup_older_than)
+        plan = _plan(table)  # fewer retained versions: more may go
+    if not dry_run:
+        for path, is_tree in plan:
+            if is_tree:
+                table.io.delete_tree(path)
+                crashpoints.point("gc.mid")
+            else:
+                table.io.delete(path)
+    return [path for path, _ in plan]
 
 
 def status(table: MemWalTable) -> dict[str, Any]:
@@ -176,7 +179,7 @@ def status(table: MemWalTable) -> dict[str, Any]:
             table.io.tree_size(join(paths.region_dir(table.uri, region_id), g.path))
             for g in m.flushed_generations
         )
-        stored = _wal_positions(table, wal)
+        stored = wal.positions()
         values = table.region_values(region_id)
         regions[region_id] = {
             "region_values": values[1] if values else None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -35,6 +36,10 @@ def join(*parts: str) -> str:
 
 class FileIO(ABC):
     """Object-store operations used by memwal_query."""
+
+    #: Whether paths can be files where directories belong, or links (local file systems).
+    #: Object stores have neither: layout checks (:mod:`memwal_query.paths`) skip them.
+    has_links = False
 
     @abstractmethod
     def read(self, path: str) -> bytes:
@@ -87,6 +92,22 @@ class FileIO(ABC):
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory / common prefix."""
 
+    def resolves_inside(self, path: str, root: str) -> bool:
+        """Whether ``path`` (existing or not) stays under ``root`` once links are followed.
+
+        Object stores have no links: always True there.
+        """
+        return True
+
+    def directory_problem(self, path: str, root: str) -> str | None:
+        """What is wrong with ``path`` as a directory of the table at ``root``, or None.
+
+        None when it is a directory, or missing (it will be created); otherwise "is not
+        a directory" or "is a link that leads out of the table". Object stores have
+        neither files in the way of prefixes nor links: always None there.
+        """
+        return None
+
 
 class LocalFileIO(FileIO):
     """FileIO over a local (POSIX) file system.
@@ -97,6 +118,8 @@ class LocalFileIO(FileIO):
         ``True`` (default) fsyncs every written file and its directory before returning,
         which is what makes a durable WAL write durable on a local disk.
     """
+
+    has_links = True
 
     def __init__(self, fsync: bool = True) -> None:
         self.fsync = fsync
@@ -205,6 +228,24 @@ class LocalFileIO(FileIO):
 
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(self._local(path))
+
+    def resolves_inside(self, path: str, root: str) -> bool:
+        real_root = os.path.realpath(self._local(root))
+        real = os.path.realpath(self._local(path))
+        return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+    def directory_problem(self, path: str, root: str) -> str | None:
+        try:
+            st = os.lstat(self._local(path))  # one cheap call in the usual case
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"cannot be inspected: {e.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            if not self.resolves_inside(path, root):
+                return f"is a link that leads out of the table {root}"
+            return None if os.path.isdir(self._local(path)) else "is not a directory"
+        return None if stat.S_ISDIR(st.st_mode) else "is not a directory"
 
 
 def _unlink_quiet(path: str) -> None:

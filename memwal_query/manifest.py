@@ -31,10 +31,14 @@ from .exceptions import (
     ObjectNotFoundError,
 )
 from .io import FileIO, join
-from .naming import MANIFEST_SUFFIX, from_bit_reversed, manifest_name
+from .naming import MANIFEST_SUFFIX, manifest_name, numbers_in
 
 HINT_FILE = "version_hint.json"
 DEFAULT_MAX_RETRIES = 20
+# Epochs, versions and WAL positions grow by one per claim / commit / put: a value at or
+# above 2**63 cannot be reached honestly (and would overflow the uint64 fields, or
+# signed 64-bit readers, on the next increment): the manifest is corrupt.
+MAX_COUNTER = (1 << 63) - 1
 
 
 def foreign_lineage(manifest: RegionManifest, lineage: str) -> bool:
@@ -119,7 +123,20 @@ class RegionManifest:
 
     @classmethod
     def from_proto(cls, msg: pb.RegionManifest) -> RegionManifest:
-        """Decode (and validate) a protobuf message."""
+        """Decode (and validate) a protobuf message; ValueError when inconsistent.
+
+        Checked: generation paths, counters below 2**63 (:data:`MAX_COUNTER`),
+        ``current_generation`` above every flushed generation, no generation twice.
+        """
+        for name in (
+            "version",
+            "writer_epoch",
+            "replay_after_wal_entry_position",
+            "wal_entry_position_last_seen",
+            "current_generation",
+        ):
+            if getattr(msg, name) > MAX_COUNTER:
+                raise ValueError(f"{name} {getattr(msg, name)} is beyond any reachable value")
         gens = []
         for g in msg.flushed_generations:
             paths.validate_generation_dir(g.path, g.generation)
@@ -131,6 +148,14 @@ class RegionManifest:
                     g.physical_rows if g.HasField("physical_rows") else None,
                     g.primary_key_bytes if g.HasField("primary_key_bytes") else None,
                 )
+            )
+        flushed = [g.generation for g in msg.flushed_generations]
+        if len(set(flushed)) != len(flushed):
+            raise ValueError(f"flushed generations {sorted(flushed)} list a generation twice")
+        if flushed and msg.current_generation <= max(flushed):
+            raise ValueError(
+                f"current_generation {msg.current_generation} is not above flushed "
+                f"generation {max(flushed)}"
             )
         return cls(
             region_id=paths.region_id_from_bytes(msg.region_id.uuid),
@@ -168,6 +193,7 @@ class RegionManifestStore:
         self.io = io
         self.region_id = paths.validate_region_id(region_id)
         self.dir = paths.manifest_dir(table_uri, self.region_id)
+        self._table_uri = table_uri
 
     # -- reading ---------------------------------------------------------------------
     def path(self, version: int) -> str:
@@ -182,7 +208,7 @@ class RegionManifestStore:
             msg = pb.RegionManifest.FromString(data)
             manifest = RegionManifest.from_proto(msg)
         except (DecodeError, ValueError) as e:
-            raise ManifestCorruptError(path, f"cannot decode region manifest: {e}") from e
+            raise ManifestCorruptError(path, f"corrupt region manifest: {e}") from e
         if manifest.version != version:
             raise ManifestCorruptError(
                 path, f"manifest says version {manifest.version}, file name says {version}"
@@ -193,23 +219,36 @@ class RegionManifestStore:
             )
         return manifest
 
+    def hint_problem(self) -> str | None:
+        """What is wrong with ``version_hint.json`` (None when it is missing or usable).
+
+        A corrupt hint is never fatal (the newest version is then found by listing),
+        but :mod:`memwal_query.fsck` reports it.
+        """
+        try:
+            raw = self.io.read(join(self.dir, HINT_FILE))
+        except ObjectNotFoundError:
+            return None
+        try:
+            value = json.loads(raw)["version"]
+        except (ValueError, KeyError, TypeError) as e:
+            return f"unreadable version hint: {type(e).__name__}: {e}"
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_COUNTER:
+            return f"version hint {value!r} is not a version number"
+        return None
+
     def _hint(self) -> int:
         try:
             data = json.loads(self.io.read(join(self.dir, HINT_FILE)))
             version = int(data["version"])
-            return version if version > 0 else 0
-        except (ObjectNotFoundError, ValueError, KeyError, TypeError):
-            return 0  # missing or corrupt hint: fall back (spec allows failure)
+            return version if 0 < version <= MAX_COUNTER else 0
+        except (ObjectNotFoundError, ValueError, KeyError, TypeError, OverflowError):
+            # missing or corrupt hint (e.g. 1e400): fall back to listing (the spec allows
+            # the hint to fail; fsck reports a corrupt one)
+            return 0
 
     def _listed_versions(self) -> list[int]:
-        versions = []
-        for name in self.io.list(self.dir):
-            if name.endswith(MANIFEST_SUFFIX):
-                try:
-                    versions.append(from_bit_reversed(name))
-                except ValueError:
-                    continue
-        return versions
+        return numbers_in(self.io.list(self.dir), MANIFEST_SUFFIX)
 
     def latest_version(self) -> int:
         """Newest committed version number, 0 when the region has no manifest."""
@@ -242,6 +281,9 @@ class RegionManifestStore:
             while self.io.exists(self.path(version + 1)):
                 version += 1
             return known if version == known.version else self.load(version)
+        # Before the first read of a region (every writer claim, GC, status...): its
+        # directories must be directories inside the table (InvalidPathError).
+        paths.check_region_layout(self.io, self._table_uri, self.region_id)
         version = self.latest_version()
         if version == 0:
             return None

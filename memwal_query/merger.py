@@ -357,13 +357,24 @@ def _merge_region_into(
         if tuple(g.generation for g in batch) != current:
             current, attempts, prepared = tuple(g.generation for g in batch), 0, None
         started = time.perf_counter()
-        if prepared is None or not prepared_schema.equals(ds.schema):
-            # Rows in the schema of the version committed to (columns may have been
-            # added or dropped since ``table`` was opened, or since the last attempt).
-            prepared_schema = ds.schema
-            prepared = prepare_generation(table, region_id, batch, prepared_schema)
         what = f"generation(s) {list(current or ())} of region {region_id}"
-        if not _commit_once(table, ds, index, region_id, prepared, attempts, max_retries, what):
+        try:
+            if prepared is None or not prepared_schema.equals(ds.schema):
+                # Rows in the schema of the version committed to (columns may have been
+                # added or dropped since ``table`` was opened, or since the last attempt).
+                prepared_schema = ds.schema
+                prepared = prepare_generation(table, region_id, batch, prepared_schema)
+            committed = _commit_once(
+                table, ds, index, region_id, prepared, attempts, max_retries, what
+            )
+        except Exception:
+            if attempts >= max_retries or not _table_moved(table, ds):
+                raise
+            # Another merger committed (and GC may have collected what we were reading):
+            # re-plan from the new ``merged_generations``.
+            attempts, prepared = attempts + 1, None
+            continue
+        if not committed:
             attempts += 1
             continue  # re-read: maybe another merger merged it (Appendix 2)
         merged_here += len(batch)
@@ -375,6 +386,20 @@ def _merge_region_into(
                 region_id, gen.generation, prepared.upserts.num_rows, prepared.deleted, seconds
             )
         )
+
+
+def _table_moved(table: MemWalTable, ds: lance.LanceDataset) -> bool:
+    """Whether the base table has a newer version than ``ds`` (the merge was planned on).
+
+    A merge that fails (a generation "Not found", a data file gone) while another
+    merger committed and the garbage collector ran is re-planned from the newer
+    ``merged_generations``, not reported: the work it was doing may be done. A failure
+    with no newer version is a real one and propagates.
+    """
+    try:
+        return table.dataset().version != ds.version
+    except Exception:  # noqa: BLE001 - cannot tell: report the original failure
+        return False
 
 
 def table_generation_uri(table: MemWalTable, region_id: str, gen_dir: str) -> str:

@@ -31,6 +31,18 @@ def from_bit_reversed(name: str) -> int:
     return int(stem[::-1], 2)
 
 
+def numbers_in(names: list[str], suffix: str) -> list[int]:
+    """Sorted numbers of the bit-reversed names ending with ``suffix`` (others ignored)."""
+    out = []
+    for name in names:
+        if name.endswith(suffix):
+            try:
+                out.append(from_bit_reversed(name))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
 def wal_entry_name(position: int) -> str:
     """File name of the WAL entry at ``position``."""
     return bit_reversed(position) + WAL_SUFFIX

@@ -12,7 +12,7 @@ import secrets
 import uuid
 
 from .exceptions import InvalidPathError
-from .io import join
+from .io import FileIO, join
 
 MEM_WAL_DIR = "_mem_wal"
 _GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
@@ -86,3 +86,36 @@ def wal_dir(table_uri: str, region_id: str) -> str:
 def generation_path(table_uri: str, region_id: str, gen_dir: str) -> str:
     """``{table}/_mem_wal/{region_id}/{gen_dir}`` after validating ``gen_dir``."""
     return join(region_dir(table_uri, region_id), validate_generation_dir(gen_dir))
+
+
+def check_mem_wal_root(io: FileIO, table_uri: str) -> None:
+    """InvalidPathError when ``_mem_wal`` exists but is not a directory inside the table.
+
+    A file there would otherwise read as "no regions" (a silently shorter answer).
+    """
+    _check_dirs(io, table_uri, [mem_wal_root(table_uri)])
+
+
+def check_region_layout(io: FileIO, table_uri: str, region_id: str) -> None:
+    """InvalidPathError when a region's directories are not directories inside the table.
+
+    A symbolic link out of the table would make writers and the garbage collector
+    write and delete elsewhere. Checked for the root, the region directory and its
+    ``manifest`` and ``wal`` directories (one ``lstat`` each on a local file system;
+    nothing on object stores, which have no links).
+    """
+    region = region_dir(table_uri, region_id)
+    _check_dirs(
+        io,
+        table_uri,
+        [mem_wal_root(table_uri), region, join(region, "manifest"), join(region, "wal")],
+    )
+
+
+def _check_dirs(io: FileIO, table_uri: str, dirs: list[str]) -> None:
+    if not io.has_links:
+        return
+    for path in dirs:
+        problem = io.directory_problem(path, table_uri)
+        if problem is not None:
+            raise InvalidPathError(f"{path}: {problem} (the MemWAL layout is damaged)")

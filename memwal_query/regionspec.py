@@ -91,6 +91,13 @@ holds no spec state; each call registers and drops its own table): a fresh conte
 call measured ~0.6 ms vs ~0.45 ms cached for a small batch. Obviously volatile functions
 (``random()``, ``now()``, ``current_date``...) are rejected when the field is built.
 
+Only deterministic scalar functions whose output is bounded by their input and the
+expression's text may be called (:data:`EXPRESSION_FUNCTIONS`; e.g. ``repeat``,
+``lpad``, ``replace``, aggregates, window and table functions and subqueries are
+refused when the field is built): a region expression runs on every write. The
+expression text is at most :data:`MAX_EXPRESSION_CHARS` characters, and a string or
+binary region value longer than :data:`MAX_REGION_VALUE_BYTES` is a RegionSpecError.
+
 Pruning
 -------
 Predicates are ``(column, op, value)`` with ``op`` in ``= in < <= > >=`` (``in`` takes a
@@ -197,6 +204,28 @@ _VOLATILE = re.compile(
     re.IGNORECASE,
 )
 _SQL_STRING = re.compile(r"'(?:[^']|'')*'")
+_SQL_QUOTED_NAME = re.compile(r'"(?:[^"]|"")*"')
+_CALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_SQL_WORDS = {"in", "not", "and", "or", "when", "then", "else", "is", "like", "ilike"}
+_SQL_WORDS |= {"between", "case", "end", "cast", "try_cast", "similar", "to", "as"}
+EXPRESSION_FUNCTIONS = frozenset(
+    """abs acos asin atan atan2 cbrt ceil cos cosh degrees exp factorial floor gcd isnan
+    iszero lcm ln log log10 log2 nanvl pi power pow radians round signum sin sinh sqrt
+    tan tanh trunc greatest least coalesce nullif nvl nvl2 ifnull
+    ascii bit_length btrim char_length character_length chr concat concat_ws ends_with
+    initcap left length levenshtein lower ltrim octet_length reverse right rtrim
+    split_part starts_with strpos instr position substr substring substr_index
+    substring_index translate trim upper md5 sha224 sha256 sha384 sha512 digest to_hex
+    encode decode date_part datepart date_trunc datetrunc extract date_bin to_timestamp
+    to_timestamp_seconds to_timestamp_millis to_timestamp_micros to_timestamp_nanos
+    to_date to_char date_format to_unixtime from_unixtime make_date arrow_cast
+    arrow_typeof""".split()
+)
+"""Functions a region expression may call: deterministic, scalar, and with an output
+bounded by their input and the expression's text (no ``repeat``/``lpad``/``rpad``/
+``replace``/``regexp_replace``, which can multiply a value's size)."""
+MAX_EXPRESSION_CHARS = 4096
+MAX_REGION_VALUE_BYTES = 1024
 _INT32_MAX = 2**31 - 1
 _LONG_VALUE_BYTES = 64  # longer values are hashed one by one with mmh3
 _MAX_COMBINATIONS = 1024  # pruning of multi-column fields: at most this many value tuples
@@ -814,6 +843,44 @@ def _cast(arr: pa.Array, target: pa.DataType, field_id: str) -> pa.Array:
 
 
 # -- DataFusion expressions ---------------------------------------------------------------
+def _check_expression_calls(field_id: str, expression: str) -> None:
+    """RegionSpecError unless the expression only calls :data:`EXPRESSION_FUNCTIONS`."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise RegionSpecError(
+            f"region field {field_id!r}: expression is {len(expression)} characters long "
+            f"(at most {MAX_EXPRESSION_CHARS})"
+        )
+    code = _SQL_QUOTED_NAME.sub('""', _SQL_STRING.sub("''", expression))
+    if re.search(r"\bselect\b", code, re.IGNORECASE):
+        raise RegionSpecError(f"region field {field_id!r}: a subquery is not a scalar expression")
+    for m in _CALL.finditer(code):
+        name = m.group(1).lower()
+        if name not in EXPRESSION_FUNCTIONS and name not in _SQL_WORDS:
+            raise RegionSpecError(
+                f"region field {field_id!r}: expression calls {m.group(1)!r}, which is not "
+                "a deterministic scalar function with a bounded result; allowed: "
+                "memwal_query.regionspec.EXPRESSION_FUNCTIONS"
+            )
+
+
+def _check_value_sizes(values: pa.Array, field_id: str) -> None:
+    """RegionSpecError when a string/binary region value exceeds MAX_REGION_VALUE_BYTES."""
+    t = values.type
+    if not (
+        pa.types.is_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_large_binary(t)
+    ):
+        return
+    longest = pc.max(pc.binary_length(values)).as_py()
+    if longest is not None and longest > MAX_REGION_VALUE_BYTES:
+        raise RegionSpecError(
+            f"region field {field_id!r}: expression produced a {longest}-byte value "
+            f"(region values are at most {MAX_REGION_VALUE_BYTES} bytes)"
+        )
+
+
 _DF_LOCAL = threading.local()
 
 
@@ -884,6 +951,7 @@ def _eval_expression_here(
         raise RegionSpecError(f"region field {field_id!r}: expression changed the row count")
     if n > 1 and not bool(np.all(rows[1:] > rows[:-1])):
         values = values.take(pa.array(np.argsort(rows, kind="stable")))
+    _check_value_sizes(values, field_id)
     return _cast(values, out_type, field_id)
 
 
@@ -1075,6 +1143,7 @@ class RegionField:
                     f"region field {fid!r}: expression uses {volatile.group(0).strip('( ')!r}, "
                     "which is not deterministic and stateless"
                 )
+            _check_expression_calls(fid, self.expression)
             return
         t = self.transform
         if t not in TRANSFORMS:

@@ -144,6 +144,7 @@ import pyarrow.compute as pc
 
 from . import genindex, sources
 from .bloom import BloomFilter, hash_keys
+from .bloom import load as load_bloom
 from .dedup import KeySet
 from .exceptions import BaseVersionGoneError, GenerationGoneError, MemWalError, SchemaError
 from .io import join
@@ -302,12 +303,11 @@ class _GenInfo:
                 f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
                 f"gone or unreadable: {e}"
             ) from e
-        try:
-            self.bloom: BloomFilter | None = BloomFilter.from_bytes(
-                table.io.read(join(ref.uri, BLOOM_FILE))
-            )
-        except Exception:  # noqa: BLE001 - no/invalid bloom filter: exact checks only
-            self.bloom = None
+        # A missing or corrupt filter (size, checksum) is not used: a warning, and
+        # every key is checked exactly (bloom_trusted False), so answers stay the same.
+        loaded = load_bloom(table.io, ref.uri, self.num_rows)
+        self.bloom: BloomFilter | None = loaded.filter
+        self.bloom_trusted = loaded.trusted
         self.indexes = {d.name: d for d in self.ds.describe_indices()}
         self._lock = threading.Lock()
         self._keys: _KeyIndex | None = None

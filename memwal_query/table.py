@@ -517,6 +517,16 @@ class MemWalTable:
         return status(self)
 
     # -- reading -----------------------------------------------------------------------
+    def check(self) -> list:
+        """Every problem of the table's storage, as :class:`memwal_query.fsck.Finding`s.
+
+        Reads every manifest, WAL entry, unmerged generation, bloom filter and the
+        MemWAL index; changes nothing. Empty for a healthy table (``memwal fsck``).
+        """
+        from .fsck import check
+
+        return check(self)
+
     def provider(
         self,
         consistency: str = "strong",
@@ -938,6 +948,7 @@ def check_no_leftover_regions(io: FileIO, uri: str, reset: bool) -> None:
 
 def _region_dirs(io: FileIO, uri: str) -> list[str]:
     """Ids of the region directories under ``uri``'s ``_mem_wal/``."""
+    paths.check_mem_wal_root(io, uri)
     out = []
     for name in io.list(paths.mem_wal_root(uri)):
         try:

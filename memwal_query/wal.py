@@ -12,10 +12,22 @@ boolean ``_tombstone`` column: ``true`` marks a delete whose non-key columns are
 We also record ``num_rows`` so a file cut exactly at a message boundary is still
 detected as truncated; entries written by pylance (no ``num_rows``) are checked for the
 end-of-stream marker only.
+
+Entries we write carry a ``checksum`` (``crc32:{8 hex}``) over their schema (fields
+and the other metadata) and every byte after the schema message (the record batches
+and the end-of-stream marker), so a flipped bit anywhere is a
+:class:`~memwal_query.exceptions.WalCorruptError`. Entries without one (pylance's
+native writer, older versions of ours) are read without that check.
+
+Replay never stops silently at a missing entry: when position ``p`` is missing, the
+directory is listed, and any entry beyond ``p`` means acknowledged writes follow a
+hole; that is a WalCorruptError naming ``p`` (``memwal repair --accept-loss`` fills
+the hole with an empty entry, see :mod:`memwal_query.fsck`).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,12 +36,14 @@ import pyarrow as pa
 from . import crashpoints
 from .exceptions import AlreadyExistsError, FencedError, ObjectNotFoundError, WalCorruptError
 from .io import FileIO, join
-from .naming import wal_entry_name
+from .naming import WAL_SUFFIX, numbers_in, wal_entry_name
 
 TOMBSTONE = "_tombstone"
 EPOCH_KEY = b"writer_epoch"
 GENERATION_KEY = b"generation"
 NUM_ROWS_KEY = b"num_rows"
+CHECKSUM_KEY = b"checksum"
+REPAIR_KEY = b"memwal_repair"  # set on the empty entry that fills a repaired hole
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
@@ -61,11 +75,35 @@ def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
     metadata[EPOCH_KEY] = str(writer_epoch).encode()
     metadata[GENERATION_KEY] = str(generation).encode()
     metadata[NUM_ROWS_KEY] = str(table.num_rows).encode()
+    metadata.pop(CHECKSUM_KEY, None)
     table = table.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data = sink.getvalue().to_pybytes()
+    # The record batches do not depend on the schema's metadata: swap in a schema
+    # message carrying the checksum of everything else.
+    body = data[_schema_message_end(data) :]
+    metadata[CHECKSUM_KEY] = _checksum(table.schema, body).encode()
+    head = table.schema.with_metadata(metadata).serialize().to_pybytes()
+    return head + body
+
+
+def _schema_message_end(data: bytes) -> int:
+    """Offset just past the first (schema) message of an Arrow IPC stream (0 if unsure)."""
+    if len(data) < 8 or data[:4] != b"\xff\xff\xff\xff":
+        return 0
+    end = 8 + int.from_bytes(data[4:8], "little", signed=True)
+    return end if 8 <= end <= len(data) else 0
+
+
+def _checksum(schema: pa.Schema, body: bytes) -> str:
+    """``crc32:{hex}`` over the fields, the metadata but the checksum, and ``body``."""
+    meta = sorted((k, v) for k, v in (schema.metadata or {}).items() if k != CHECKSUM_KEY)
+    fields = schema.remove_metadata().to_string(show_field_metadata=True)
+    crc = zlib.crc32(fields.encode())
+    crc = zlib.crc32(repr(meta).encode(), crc)
+    return f"crc32:{zlib.crc32(body, crc):08x}"
 
 
 def _int_meta(path: str, meta: dict, key: bytes, required: bool) -> int | None:
@@ -101,6 +139,14 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
         # ArrowException covers ArrowInvalid, ArrowKeyError, ArrowNotImplementedError...;
         # ValueError includes UnicodeDecodeError from damaged metadata.
         raise WalCorruptError(path, f"unreadable WAL entry: {type(e).__name__}: {e}") from e
+    stored = meta.get(CHECKSUM_KEY)
+    if stored is not None:
+        end = _schema_message_end(data)
+        want = _checksum(table.schema, data[end:]) if end else None
+        if stored.decode("latin-1") != want:
+            raise WalCorruptError(
+                path, f"WAL entry checksum mismatch (stored {stored!r}, computed {want!r})"
+            )
     epoch = _int_meta(path, meta, EPOCH_KEY, required=True)
     generation = _int_meta(path, meta, GENERATION_KEY, required=False)
     num_rows = _int_meta(path, meta, NUM_ROWS_KEY, required=False)
@@ -222,18 +268,61 @@ class Wal:
             position += 1
         return position
 
+    def positions(self) -> list[int]:
+        """Sorted positions of the entries in storage (one LIST)."""
+        return numbers_in(self.io.list(self.dir), WAL_SUFFIX)
+
+    def check_end(self, missing: int) -> None:
+        """WalCorruptError if any entry exists beyond the missing position ``missing``.
+
+        Replay ends at the first missing position; entries after it were acknowledged
+        and would be lost silently (an older value would win).
+        """
+        beyond = [p for p in self.positions() if p > missing]
+        if beyond:
+            raise WalCorruptError(
+                self.path(missing),
+                f"WAL entry {missing} of region {self.region_id} is missing but "
+                f"{len(beyond)} later entr{'y' if len(beyond) == 1 else 'ies'} "
+                f"({beyond[0]}..{beyond[-1]}) exist: acknowledged writes would be lost. "
+                f"`memwal repair URI --region {self.region_id} --accept-loss` moves past it",
+            )
+
+    def first_gap(self, after: int) -> int | None:
+        """The first missing position after ``after`` that has entries beyond it, or None.
+
+        One LIST; used to refuse before anything is written (a writer checks it before
+        claiming the region, fsck reports it).
+        """
+        expected = after + 1
+        for p in self.positions():
+            if p < expected:
+                continue
+            if p != expected:
+                return expected
+            expected += 1
+        return None
+
+    def check_contiguous(self, after: int) -> None:
+        """WalCorruptError if the entries after ``after`` have a hole (see :meth:`check_end`)."""
+        gap = self.first_gap(after)
+        if gap is not None:
+            self.check_end(gap)
+
     def replay(self, after: int, current_epoch: int) -> Iterator[WalEntry]:
         """Yield entries ``after + 1, after + 2, ...`` until one is missing.
 
         Entries written by older (fenced) writers are replayed, not dropped (spec,
         Appendix 1). An entry with an epoch above ``current_epoch`` means a newer writer
-        exists: FencedError.
+        exists: FencedError. A missing position followed by later entries is a
+        WalCorruptError (:meth:`check_end`).
         """
         position = after + 1
         while True:
             try:
                 entry = self.read(position)
             except ObjectNotFoundError:
+                self.check_end(position)
                 return
             if entry.writer_epoch > current_epoch:
                 raise FencedError(self.region_id, current_epoch, entry.writer_epoch)

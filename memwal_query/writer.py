@@ -207,16 +207,28 @@ class RegionWriter:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
 
+        # The WAL to replay is read and checked before the claim: a hole or a corrupt
+        # entry (WalCorruptError) is refused with the table unchanged.
+        latest = self._store.load_latest()
+        early: list[tuple[WalEntry, pa.Table]] = []
+        if latest is not None:
+            # (the epoch bound is checked against the claimed epoch in _replay)
+            entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
+            early = [(e, self._conform(e)) for e in entries]
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
+        if latest is None or (
+            manifest.replay_after_wal_entry_position != latest.replay_after_wal_entry_position
+        ):
+            early = []  # flushed meanwhile: replay from the claimed manifest
         self.epoch = manifest.writer_epoch
         # Newest region manifest version known to be this writer's (its claim, then its
         # flushes): the fencing check after each WAL write HEADs the version after it.
         self._known_version = manifest.version
         self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
         self._next_wal_position = manifest.replay_after_wal_entry_position + 1
-        self._replay(manifest)
+        self._replay(manifest, early)
 
         self._ticker = threading.Thread(
             target=_tick_loop,
@@ -233,12 +245,25 @@ class RegionWriter:
             self._wal.path(entry.position), entry.table, self._storage_schema, self._pk
         )
 
-    def _replay(self, manifest: RegionManifest) -> None:
-        for entry in self._wal.replay(manifest.replay_after_wal_entry_position, self.epoch):
-            self._active.append(self._conform(entry), entry.position)
-            self._next_wal_position = entry.position + 1
-            self.stats.replayed_entries += 1
-            self.stats.replayed_rows += entry.table.num_rows
+    def _replay(
+        self, manifest: RegionManifest, early: list[tuple[WalEntry, pa.Table]] = ()
+    ) -> None:
+        """Replay the WAL after the manifest's position: ``early`` (entries read and
+        conformed before the claim), then whatever follows them."""
+        after = manifest.replay_after_wal_entry_position
+        for entry, rows in early:
+            if entry.writer_epoch > self.epoch:
+                raise FencedError(self.region_id, self.epoch, entry.writer_epoch)
+            self._replay_one(entry, rows)
+            after = entry.position
+        for entry in self._wal.replay(after, self.epoch):
+            self._replay_one(entry, self._conform(entry))
+
+    def _replay_one(self, entry: WalEntry, rows: pa.Table) -> None:
+        self._active.append(rows, entry.position)
+        self._next_wal_position = entry.position + 1
+        self.stats.replayed_entries += 1
+        self.stats.replayed_rows += entry.table.num_rows
 
     # -- public API ------------------------------------------------------------------
     @property

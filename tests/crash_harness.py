@@ -1,10 +1,12 @@
 """Fault-injection harness: a workload killed with SIGKILL, then recovered and checked.
 
 ``python tests/crash_harness.py --iterations N --seed S [--stress]`` runs it standalone
-(``--stress``: 2000 iterations); ``tests/test_crash.py`` runs it in CI. Each iteration
-forks a worker (from a forkserver that has the libraries loaded), which performs a
-seeded random sequence of durable puts, deletes, flushes, merges and GC on a table with
-two regions, logging each operation before it starts and when it is acknowledged. The
+(``--stress``: 2000 iterations); ``tests/test_crash.py`` runs it in CI, and
+``benchmarks/crash_campaign.py`` runs it at scale. Each iteration forks a worker (from a
+forkserver that has the libraries loaded), which performs a seeded random sequence of
+durable puts, deletes, flushes, merges, index catch-ups and GC on a table with two
+regions and a maintained index, logging each operation before it starts and when it is
+acknowledged. The
 worker dies at a named crash point (``MEMWAL_CRASH_AT``) or is killed at a random time.
 The harness then reopens the table, recovers each region (a new writer replays the
 WAL), and compares the deduplicated view with the model of acknowledged operations: the
@@ -32,6 +34,7 @@ POINTS = (
     "flush.mid",
     "merge.before_commit",
     "merge.after_commit",
+    "catchup.mid",
     "gc.mid",
 )
 KEYS = 60
@@ -49,7 +52,14 @@ def _log(fd: int, record: dict) -> None:
     os.fsync(fd)
 
 
-def worker(uri: str, regions: list[str], seed: int, crash_at: str | None, log_path: str) -> None:
+def worker(
+    uri: str,
+    regions: list[str],
+    seed: int,
+    crash_at: str | None,
+    log_path: str,
+    max_ops: int = 12,
+) -> None:
     """The workload (runs in a forked child; never returns normally when crashing)."""
     if crash_at:
         os.environ["MEMWAL_CRASH_AT"] = crash_at
@@ -68,8 +78,9 @@ def worker(uri: str, regions: list[str], seed: int, crash_at: str | None, log_pa
         t.writer(region_values={"p": r}, max_memtable_rows=rng.choice([5, 20, 1000]))
         for r in range(len(regions))
     ]
-    for i in range(rng.randint(3, 12)):
-        op = rng.choices(["put", "delete", "flush", "merge", "gc"], [6, 2, 2, 1, 1])[0]
+    for i in range(rng.randint(3, max_ops)):
+        ops = ["put", "delete", "flush", "merge", "catch_up", "gc"]
+        op = rng.choices(ops, [6, 2, 2, 1, 1, 1])[0]
         r = rng.randrange(len(regions))
         keys = sorted(
             {k for k in (rng.randrange(KEYS) for _ in range(rng.randint(1, 5))) if k % 2 == r}
@@ -84,6 +95,8 @@ def worker(uri: str, regions: list[str], seed: int, crash_at: str | None, log_pa
             writers[r].flush()
         elif op == "merge":  # one region, or both (their generations share a commit)
             t.merge(regions[r] if i % 2 else None, max_generations=2)
+        elif op == "catch_up":
+            t.catch_up_indexes()
         elif op == "gc":
             t.gc(cleanup_older_than=dt.timedelta(seconds=0))
         _log(fd, {"ack": rec})
@@ -101,8 +114,21 @@ def apply(model: dict[int, int], rec: dict) -> dict[int, int]:
     return out
 
 
-def run(iterations: int, seed: int, root: str | None = None, verbose: bool = False) -> dict:
-    """Run the harness; returns figures (iterations, crash points hit, rows checked)."""
+def run(
+    iterations: int,
+    seed: int,
+    root: str | None = None,
+    verbose: bool = False,
+    crash_rate: float = 0.7,
+    max_ops: int = 12,
+    timer_max: float = 1.5,
+) -> dict:
+    """Run the harness; returns figures (iterations, crash points hit, rows checked).
+
+    ``crash_rate``: the share of iterations aimed at a named crash point (the others are
+    killed by a timer at a random time, or complete); ``max_ops``: the most operations
+    a worker performs (at least 3); ``timer_max``: the latest a timer kills (seconds).
+    """
     import lance
     import pyarrow as pa
 
@@ -111,9 +137,12 @@ def run(iterations: int, seed: int, root: str | None = None, verbose: bool = Fal
     root = root or tempfile.mkdtemp(prefix="memwal-crash-")
     uri = os.path.join(root, "t")
     lance.write_dataset(pa.table({"id": list(range(KEYS)), "v": [0] * KEYS}, schema=_schema()), uri)
+    lance.dataset(uri).create_scalar_index("v", "BTREE", name="v_idx")
     from helpers import parity_spec
 
-    t0 = mq.MemWalTable.initialize(uri, region_spec=parity_spec(lance.dataset(uri)))
+    t0 = mq.MemWalTable.initialize(
+        uri, region_spec=parity_spec(lance.dataset(uri)), maintained_indexes=["v_idx"]
+    )
     regions = [t0.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
     model = {k: 0 for k in range(KEYS)}
     rng = random.Random(seed)
@@ -123,7 +152,7 @@ def run(iterations: int, seed: int, root: str | None = None, verbose: bool = Fal
     log_path = os.path.join(root, "ops.log")
     for it in range(iterations):
         crash_at = None
-        if rng.random() < 0.7:
+        if rng.random() < crash_rate:
             # Half of the crash runs aim at a point not hit yet (at its first hit), so a
             # run of a few dozen iterations already reaches every point, whatever the seed.
             unhit = [p for p in POINTS if not hits[p]]
@@ -133,10 +162,11 @@ def run(iterations: int, seed: int, root: str | None = None, verbose: bool = Fal
                 crash_at = f"{rng.choice(POINTS)}:{rng.randint(1, 3)}"
         open(log_path, "w").close()
         proc = ctx.Process(
-            target=worker, args=(uri, regions, seed * 100_000 + it, crash_at, log_path)
+            target=worker,
+            args=(uri, regions, seed * 100_000 + it, crash_at, log_path, max_ops),
         )
         proc.start()
-        deadline = rng.uniform(0.05, 1.5)
+        deadline = rng.uniform(0.05, timer_max)
         proc.join(deadline if crash_at is None else 60)
         killed_by_timer = proc.is_alive()
         if killed_by_timer:
@@ -193,12 +223,22 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--stress", action="store_true", help="2000 iterations")
+    parser.add_argument("--crash-rate", type=float, default=0.7)
+    parser.add_argument("--max-ops", type=int, default=12)
+    parser.add_argument("--timer-max", type=float, default=1.5)
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     n = 2000 if args.stress else args.iterations
     print(f"crash harness: seed {args.seed}, {n} iterations", flush=True)
     started = time.perf_counter()
-    figures = run(n, args.seed, verbose=args.verbose)
+    figures = run(
+        n,
+        args.seed,
+        verbose=args.verbose,
+        crash_rate=args.crash_rate,
+        max_ops=args.max_ops,
+        timer_max=args.timer_max,
+    )
     figures["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(figures))
 

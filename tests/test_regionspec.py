@@ -473,11 +473,14 @@ def test_expression_via_datafusion_type_promotion_and_order():
 
 
 def test_expression_errors_raise_region_spec_error():
-    bad = RegionField.from_expression("e", [0], "no_such_fn(col0)", "int32")
+    # unknown functions and statements are refused when the field is built
+    with pytest.raises(RegionSpecError, match="'e'.*'no_such_fn'"):
+        RegionField.from_expression("e", [0], "no_such_fn(col0)", "int32")
+    with pytest.raises(RegionSpecError, match="'e'"):
+        RegionField.from_expression("e", [0], "col0) FROM t; SELECT (1", "int32")
+    bad = RegionField.from_expression("e", [0], "upper(col0, col0, col0)", "int32")
     with pytest.raises(RegionSpecError, match="'e'.*cannot evaluate"):
         one(bad, [1])
-    with pytest.raises(RegionSpecError, match="'e'"):
-        one(RegionField.from_expression("e", [0], "col0) FROM t; SELECT (1", "int32"), [1])
     with pytest.raises(RegionSpecError, match="'e'.*cast"):
         one(RegionField.from_expression("e", [0], "col0 * 1000", "int8"), [1000])
 
