@@ -70,7 +70,8 @@ class Watched(MemWalDataset):
 def lsm(tmp_path_factory):
     uri = str(tmp_path_factory.mktemp("engines") / "t")
     lance.write_dataset(rows(range(100), [10] * 100, "b"), uri)
-    t = mq.MemWalTable.initialize(uri)
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 4)  # 4 regions
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
     model = {r["id"]: r for r in rows(range(100), [10] * 100, "b").to_pylist()}
 
     def apply(put=None, delete=()):
@@ -79,20 +80,19 @@ def lsm(tmp_path_factory):
         for k in delete:
             model.pop(k, None)
 
-    w = t.writer()
     # flushed generation: key 1 drops below the filter, keys 100..109 new, 2 and 3 deleted
     g1 = rows([1, *range(100, 110)], [0] + [20] * 10, "g")
-    w.put(g1)
-    w.delete(pa.table({"id": pa.array([2, 3], pa.int64())}))
+    t.write(g1)
+    t.delete(pa.table({"id": pa.array([2, 3], pa.int64())}))
     apply(g1, [2, 3])
-    w.flush()
-    # MemTable: key 4 drops, key 100 drops, key 5 rises (x=10 -> 30), key 1 deleted
+    t.flush()
+    # MemTables: key 4 drops, key 100 drops, key 5 rises (x=10 -> 30), key 1 deleted
     m = rows([4, 100, 5], [0, 0, 30], "m")
-    w.put(m)
-    w.delete(pa.table({"id": pa.array([1, 6], pa.int64())}))
+    t.write(m)
+    t.delete(pa.table({"id": pa.array([1, 6], pa.int64())}))
     apply(m, [1, 6])
-    yield t, w, model
-    w.close(flush=False)
+    yield t, model
+    t.close(flush=False)
 
 
 def run_datafusion(ds, sql):
@@ -127,8 +127,8 @@ def as_rows(table: pa.Table) -> list[dict]:
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_nonkey_filter_after_dedup(lsm, engine):
-    t, w, model = lsm
-    ds = Watched(t, writers=[w])
+    t, model = lsm
+    ds = Watched(t, writers=t.writers())
     got = ENGINES[engine](ds, "SELECT id, name FROM t WHERE x > 5 ORDER BY id")
     want = model_rows(model, lambda r: r["x"] > 5, ["id", "name"])
     assert as_rows(got) == want
@@ -142,7 +142,7 @@ def test_nonkey_filter_after_dedup(lsm, engine):
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_same_answers(lsm, engine):
-    t, w, model = lsm
+    t, model = lsm
     queries = {
         "SELECT count(*) AS n, sum(x) AS s FROM t": [
             {"n": len(model), "s": sum(r["x"] for r in model.values())}
@@ -158,7 +158,7 @@ def test_same_answers(lsm, engine):
         ),
     }
     for sql, want in queries.items():
-        ds = Watched(t, writers=[w])
+        ds = Watched(t, writers=t.writers())
         got = as_rows(ENGINES[engine](ds, sql))
         assert got == want, (engine, sql)
         if "WHERE" in sql and "LIKE" not in sql:  # DataFusion keeps LIKE to itself
@@ -166,9 +166,9 @@ def test_same_answers(lsm, engine):
 
 
 def test_engines_agree_on_full_view(lsm):
-    t, w, model = lsm
+    t, model = lsm
     answers = {
-        name: as_rows(run(Watched(t, writers=[w]), "SELECT * FROM t ORDER BY id"))
+        name: as_rows(run(Watched(t, writers=t.writers()), "SELECT * FROM t ORDER BY id"))
         for name, run in ENGINES.items()
     }
     assert answers["datafusion"] == answers["duckdb"] == answers["polars"]
