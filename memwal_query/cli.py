@@ -491,7 +491,7 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
     return name
 
 
-@main.command()
+@main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("uri", required=False)
 @click.argument("query", required=False)
 @click.option(
@@ -554,6 +554,9 @@ def sql(
 
     from .session import register
 
+    for arg in (uri, query):  # a query may start with a comment ("-- ..."): not an option
+        if arg is not None and arg.startswith("-") and not any(c.isspace() for c in arg):
+            raise click.NoSuchOption(arg.split("=")[0])
     if tables and query is None and script is None and uri is not None:
         uri, query = None, uri  # memwal sql --table a=... "SELECT ..."
     if query is not None and script is not None:

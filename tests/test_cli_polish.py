@@ -145,6 +145,13 @@ def test_sql_file_and_extra_tables(uri, tmp_path):
     assert bad.exit_code == 2 and "NAME=URI" in bad.output
 
 
+def test_query_starting_with_a_comment(uri):
+    got = run("sql", uri, "-- how many?\nSELECT count(*) AS n FROM t", "--format", "json")
+    assert json.loads(got.output) == {"n": 4}
+    typo = run("sql", uri, "SELECT 1", "--fromat", "csv", ok=False)
+    assert typo.exit_code == 2 and "--fromat" in typo.output
+
+
 def test_split_statements():
     text = "-- c;\nSELECT 'a;''b' AS \"x;y\"; /* ; */ SELECT 2 -- ;\n;\n-- only a comment;\n"
     assert _split_statements(text) == ["-- c;\nSELECT 'a;''b' AS \"x;y\"", "/* ; */ SELECT 2 -- ;"]
