@@ -396,9 +396,10 @@ def _write_text(output: str | None, text: str) -> None:
 
 
 def _emit(table, fmt: str, output: str | None) -> None:
-    """Print ``table`` (or write it to ``output``) as ``fmt``. Everything is rendered
-    before ``output`` is created; nested columns (vectors, lists, structs) are JSON text
-    in CSV and in the text table, where a SQL NULL prints as NULL and a NaN as NaN."""
+    """Print ``table`` (or write it to ``output``) as ``fmt``. A file is written under a
+    temporary name and renamed once complete; nested columns (vectors, lists, structs)
+    are JSON text in CSV and in the text table, where a SQL NULL prints as NULL and a
+    NaN as NaN."""
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 

@@ -198,3 +198,15 @@ def test_closed_pipe_is_quiet(uri):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_progress_bars_silent_when_not_a_terminal(uri, tmp_path):
+    src = tmp_path / "rows.parquet"
+    pq.write_table(
+        pa.table({"id": [7, 8], "x": [1.0, 2.0], "name": ["g", "h"], "vec": [[1.0, 1.0]] * 2}),
+        src,
+    )
+    out = run("ingest", uri, str(src)).output  # stdout and stderr: not a terminal
+    assert "2 rows in" in out and "ingesting" not in out
+    out = run("merge", uri).output
+    assert "merging" not in out
