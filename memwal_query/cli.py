@@ -32,7 +32,7 @@ def _handle_errors(fn: Callable) -> Callable:
         ctx = click.get_current_context()
         try:
             return fn(*args, **kwargs)
-        except click.ClickException:
+        except (click.ClickException, BrokenPipeError):
             raise
         except (MemWalError, OSError, ValueError, RuntimeError, Exception) as e:  # noqa: BLE001
             if (ctx.find_root().obj or {}).get("debug"):
@@ -53,13 +53,21 @@ class _OneLineErrorGroup(click.Group):
     stderr with click's exit status (2). ``memwal`` without a command prints the help.
     """
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the command line; exit with its status (see the class docs)."""
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        """Run the command line; exit with its status (see the class docs).
+
+        ``--debug`` is accepted anywhere before a ``--`` (``memwal sql --debug URI``): it
+        is moved in front of the subcommand, where the group reads it. A closed output
+        pipe (``memwal sql ... | head``) ends the command quietly.
+        """
+        args = _debug_first(list(sys.argv[1:] if args is None else args))
         if kwargs.get("standalone_mode", True) is False:
-            return super().main(*args, **kwargs)
+            return super().main(args, *rest, **kwargs)
         kwargs["standalone_mode"] = False
         try:
-            rv = super().main(*args, **kwargs)
+            rv = super().main(args, *rest, **kwargs)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except click.exceptions.NoArgsIsHelpError as e:
             e.show()
             sys.exit(e.exit_code)
@@ -76,8 +84,29 @@ class _OneLineErrorGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+def _debug_first(args: list[str]) -> list[str]:
+    """``args`` with every ``--debug`` before a ``--`` moved to the front."""
+    end = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:end] if a != "--debug"]
+    if len(head) == end:
+        return args
+    return ["--debug", *head, *args[end:]]
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader of our stdout went away (``| head``): exit 0 without a traceback (and
+    without Python's complaint when it flushes stdout at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (e.g. CliRunner): nothing to silence
+        pass
+    sys.exit(0)
+
+
 @click.group(cls=_OneLineErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.option("--debug", is_flag=True, help="Show tracebacks (accepted anywhere).")
+@click.version_option(package_name="memwal_query", prog_name="memwal")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """memwal: LSM (MemWAL) tables on Lance, queried with SQL."""
@@ -296,7 +325,13 @@ def _read_file(path: str, schema=None):
 @click.argument("uri")
 @click.argument("files", nargs=-1, required=True)
 @click.option("--region", help="Write every row to this region id (no routing).")
-@click.option("--batch-rows", default=50_000, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--batch-rows",
+    default=50_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rows per put (one durable WAL entry each).",
+)
 @click.option("--flush/--no-flush", default=True, show_default=True, help="Flush at the end.")
 @click.option(
     "--partial",
@@ -399,24 +434,51 @@ def ingest(
     click.echo(f"{done:,} rows in {secs:.2f}s ({done / max(secs, 1e-9):,.0f} rows/s)")
 
 
+def _write_atomically(output: str, write: Callable[[str], None]) -> None:
+    """Call ``write(path)`` on a temporary file beside ``output``, then rename it into
+    place: a failed write leaves no partial (or empty) ``output`` behind."""
+    directory = os.path.dirname(os.path.abspath(output))
+    tmp = os.path.join(directory, f".{os.path.basename(output)}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, output)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _write_text(output: str | None, text: str) -> None:
+    if output is None:
+        click.echo(text)
+        return
+
+    def write(path: str) -> None:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+    _write_atomically(output, write)
+
+
 def _emit(table, fmt: str, output: str | None) -> None:
+    """Print ``table`` (or write it to ``output``) as ``fmt``. A file is written under a
+    temporary name and renamed once complete; nested columns (vectors, lists, structs)
+    are JSON text in CSV and in the text table, where a SQL NULL prints as NULL and a
+    NaN as NaN."""
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
+    from . import clifmt
+
     if fmt == "table":
-        text = table.to_pandas().to_string(index=False) if table.num_rows else "(no rows)"
-        if output is None:
-            click.echo(text)
-        else:
-            with open(output, "w") as f:
-                f.write(text + "\n")
+        _write_text(output, clifmt.render(table))
         return
     if fmt == "parquet":
         if output is None:
             raise click.UsageError("--format parquet needs --output FILE")
-        pq.write_table(table, output)
+        _write_atomically(output, lambda path: pq.write_table(table, path))
         return
     if fmt == "csv":
+        table = clifmt.csv_ready(table)
         if output is None:
             import io
 
@@ -424,29 +486,116 @@ def _emit(table, fmt: str, output: str | None) -> None:
             pcsv.write_csv(table, buf)
             click.echo(buf.getvalue().decode(), nl=False)
         else:
-            pcsv.write_csv(table, output)
+            _write_atomically(output, lambda path: pcsv.write_csv(table, path))
         return
     lines = "\n".join(json.dumps(r, default=str) for r in table.to_pylist())
-    if output is None:
-        click.echo(lines)
-    else:
-        with open(output, "w") as f:
-            f.write(lines + "\n")
+    _write_text(output, lines)
 
 
-@main.command()
-@click.argument("uri")
+def _split_statements(text: str) -> list[str]:
+    """SQL statements of a script, split at ``;`` outside quotes and comments; a
+    statement made only of comments is dropped."""
+    out: list[str] = []
+    buf: list[str] = []
+    code = False  # the current statement has something besides comments and blanks
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "-" and text.startswith("--", i):  # comment to the end of the line
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            buf.append(text[i:j])
+            i = j
+            continue
+        if c == "/" and text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            buf.append(text[i:j])
+            i = j
+            continue
+        if c in "'\"":  # a quoted literal or identifier ('' and "" escape themselves)
+            j = i + 1
+            while j < n and not (text[j] == c and not text.startswith(c * 2, j)):
+                j += 2 if text.startswith(c * 2, j) else 1
+            buf.append(text[i : j + 1])
+            code = True
+            i = j + 1
+            continue
+        if c == ";":
+            if code:
+                out.append("".join(buf).strip())
+            buf, code = [], False
+        else:
+            buf.append(c)
+            code = code or not c.isspace()
+        i += 1
+    if code:
+        out.append("".join(buf).strip())
+    return out
+
+
+def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
+    """Register one ``--table NAME=URI``: a MemWAL table (deduplicated view), a plain
+    Lance dataset, or a Parquet/CSV/JSON-lines/Arrow file. Returns the name."""
+    from .exceptions import NotInitializedError
+    from .session import register
+
+    name, sep, uri = spec.partition("=")
+    name, uri = name.strip(), uri.strip()
+    if not sep or not name.isidentifier() or not uri:
+        raise click.BadParameter(f"want NAME=URI, got {spec!r}", param_hint="--table")
+    if os.path.isfile(uri):
+        ctx.from_arrow(_read_file(uri), name=name)
+        return name
+    try:
+        register(ctx, name, uri, consistency=consistency)
+    except NotInitializedError:  # a Lance table without a MemWAL: as it is
+        import lance
+
+        ctx.register_dataset(name, lance.dataset(uri))
+    return name
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("uri", required=False)
 @click.argument("query", required=False)
+@click.option(
+    "-f",
+    "--file",
+    "script",
+    type=click.File("r"),
+    help="Run the SQL statements of this file ('-': standard input), separated by ';'.",
+)
+@click.option(
+    "--table",
+    "tables",
+    multiple=True,
+    metavar="NAME=URI",
+    help="Also register a table as NAME (repeatable): a MemWAL table, a plain Lance "
+    "dataset or a Parquet/CSV/JSON-lines/Arrow file. With --table, a lone argument "
+    "is the query.",
+)
 @click.option(
     "--name",
     default=None,
     help="Table name in SQL (default: the table directory's name, e.g. 'events'; 't' works too).",
 )
 @click.option(
-    "--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table"
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "parquet"]),
+    default="table",
+    show_default=True,
+    help="Output format (csv: vectors and lists as JSON text; parquet needs --output).",
 )
-@click.option("--output", help="Write the result to this file.")
-@click.option("--consistency", type=click.Choice(["strong", "eventual"]), default="strong")
+@click.option("--output", help="Write the result to this file (created only on success).")
+@click.option(
+    "--consistency",
+    type=click.Choice(["strong", "eventual"]),
+    default="strong",
+    show_default=True,
+    help="strong: region manifests; eventual: region snapshots in the MemWAL index.",
+)
 @click.option(
     "--allow-write",
     is_flag=True,
@@ -454,18 +603,23 @@ def _emit(table, fmt: str, output: str | None) -> None:
 )
 @_handle_errors
 def sql(
-    uri: str,
+    uri: str | None,
     query: str | None,
+    script: Any,
+    tables: tuple[str, ...],
     name: str | None,
     fmt: str,
     output: str | None,
     consistency: str,
     allow_write: bool = False,
 ) -> None:
-    """Run QUERY against the table; no QUERY: an interactive prompt.
+    """Run QUERY (or the statements of -f FILE) against the table at URI; neither: an
+    interactive prompt.
 
     The table is named after its directory (``/data/events`` -> ``events``) and also
-    ``t``, unless ``--name`` is given. Read-only unless ``--allow-write``: DDL (CREATE
+    ``t``, unless ``--name`` is given. ``--table NAME=URI`` registers more tables (the
+    sql_examples/ need several): ``memwal sql -f q.sql --table events=/data/events
+    --table users=users.parquet``. Read-only unless ``--allow-write``: DDL (CREATE
     EXTERNAL TABLE, CREATE VIEW, DROP), DML (COPY ... TO, INSERT) and statements (SET)
     are refused with ReadOnlySqlError.
     """
@@ -473,17 +627,34 @@ def sql(
 
     from .session import register
 
+    for arg in (uri, query):  # a query may start with a comment ("-- ..."): not an option
+        if arg is not None and arg.startswith("-") and not any(c.isspace() for c in arg):
+            raise click.NoSuchOption(arg.split("=")[0])
+    if tables and query is None and script is None and uri is not None:
+        uri, query = None, uri  # memwal sql --table a=... "SELECT ..."
+    if query is not None and script is not None:
+        raise click.UsageError("give a QUERY or -f FILE, not both")
+    if uri is None and not tables:
+        raise click.UsageError("give a table URI or --table NAME=URI")
     ctx = datafusion.SessionContext()
-    names = [name] if name else _default_sql_names(uri)
-    for n in names:
-        register(ctx, n, uri, consistency=consistency)
-    name = names[0]
+    names = []
+    if uri is not None:
+        names = [name] if name else _default_sql_names(uri)
+        for n in names:
+            register(ctx, n, uri, consistency=consistency)
+    names += [_register_extra(ctx, spec, consistency) for spec in tables]
     if not allow_write:
         ctx = _ReadOnlySql(ctx)
-    if query:
-        _emit(ctx.sql(query).to_arrow_table(), fmt, output)
+    statements = _split_statements(script.read()) if script is not None else []
+    if query is not None:
+        statements = [query]
+    if statements:
+        if output is not None and len(statements) > 1:
+            raise click.UsageError("--output takes the result of one statement")
+        for text in statements:
+            _emit(ctx.sql(text).to_arrow_table(), fmt, output)
         return
-    _prompt(ctx, uri, name, fmt)
+    _prompt(ctx, uri or ", ".join(names), names[0], fmt)
 
 
 HISTORY_FILE = "~/.memwal_history"
@@ -654,7 +825,8 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
 )
 @_handle_errors
 def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
-    """Delete merged, caught-up generations and their WAL entries."""
+    """Delete merged, caught-up generations and their WAL entries, then say what kept
+    each remaining generation (not merged, a retained base version, an index)."""
     import datetime as dt
 
     t = _open(uri)
@@ -669,6 +841,10 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
     for p in removed:
         click.echo(("would remove " if dry_run else "removed ") + p)
     click.echo(f"{len(removed)} path(s)")
+    from .gcreasons import kept_generations
+
+    for k in kept_generations(t):
+        click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
 
 
 @main.command(name="catch-up")

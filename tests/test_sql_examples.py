@@ -128,3 +128,29 @@ def test_sql_example(contexts, path):
 
 def test_examples_exist():
     assert len(EXAMPLES) >= 5
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_sql_example_through_the_cli(contexts, path, tmp_path):
+    """``memwal sql -f FILE --table ...`` runs each example file as written."""
+    import json
+
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    from memwal_query.cli import main
+
+    _, ref, providers = contexts
+    users = tmp_path / "users.parquet"
+    pq.write_table(ref.table("users").to_arrow_table(), users)
+    args = ["sql", "-f", str(path), "--format", "json", "--table", f"users={users}"]
+    for name, provider in providers.items():
+        provider.table.flush()  # another process sees flushed rows (not our MemTables)
+        args += ["--table", f"{name}={provider.table.uri}"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    got = [json.loads(line) for line in result.output.splitlines()]
+    want = json.loads(
+        json.dumps(ref.sql(path.read_text()).to_arrow_table().to_pylist(), default=str)
+    )
+    assert got == want and len(got) > 0

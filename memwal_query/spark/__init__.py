@@ -11,7 +11,9 @@
     spark.read.format("memwal").load(uri)                  # deduplicated LSM view
 
 Needs the ``spark`` extra (``pip install memwal_query[spark]``) and a table initialized
-with a region spec. See ``docs/spark.md`` and the submodules for the guarantees:
+with a region spec. Importing this module sets ``PYSPARK_PYTHON`` to the running
+interpreter when it is unset (:func:`~memwal_query.spark._common.default_worker_python`).
+See ``docs/spark.md`` and the submodules for the guarantees:
 :mod:`~memwal_query.spark.ingest` (routing, task retries and fencing),
 :mod:`~memwal_query.spark.streaming` (exactly-once micro-batches),
 :mod:`~memwal_query.spark.merge` (commit coordination) and
@@ -21,11 +23,13 @@ with a region spec. See ``docs/spark.md`` and the submodules for the guarantees:
 from __future__ import annotations
 
 from ..exceptions import JobEndedError
-from ._common import REGION_COLUMN, InjectedFault, region_id_array
+from ._common import REGION_COLUMN, InjectedFault, default_worker_python, region_id_array
 from .ingest import RegionWriteResult, WriteResult, route, write
 from .merge import MergedGeneration, MergeSummary, merge, pending_generations
 from .source import MemWalDataSource, filter_expression, read, register_source
 from .streaming import MemWalSink, sink
+
+default_worker_python()  # workers run this interpreter unless PYSPARK_PYTHON says otherwise
 
 __all__ = [
     "REGION_COLUMN",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,35 @@ FAULT_POINTS = (
     "sink.after_marker",
     "merge.after_generation",
 )
+
+
+WORKER_PYTHON_ENV = "PYSPARK_PYTHON"
+
+
+def default_worker_python() -> str | None:
+    """Run Spark's Python workers with this interpreter unless told otherwise.
+
+    PySpark starts its workers with ``$PYSPARK_PYTHON``, else a ``python3`` found on
+    PATH: from a virtualenv that is not on PATH, a worker then fails with
+    ``ModuleNotFoundError`` (no memwal_query, lance or pyarrow there). When the variable
+    is unset, this sets it to ``sys.executable`` (for SparkContexts started from now on)
+    and points an already running *local* SparkContext that still uses the default at
+    it too (its Python functions are created afterwards by ``write``, ``merge`` and
+    ``register_source``). An explicit ``PYSPARK_PYTHON`` is left alone; on a cluster,
+    set it to the executors' interpreter. Returns the interpreter now in force (None
+    if PySpark is absent).
+    """
+    if os.environ.get(WORKER_PYTHON_ENV):
+        return os.environ[WORKER_PYTHON_ENV]
+    os.environ[WORKER_PYTHON_ENV] = sys.executable
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return None
+    sc = SparkContext._active_spark_context
+    if sc is not None and sc.master.startswith("local") and sc.pythonExec == "python3":
+        sc.pythonExec = sys.executable
+    return sys.executable
 
 
 class InjectedFault(RuntimeError):
