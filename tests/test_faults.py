@@ -23,7 +23,7 @@ from memwal_query.exceptions import (
 from memwal_query.manifest import HINT_FILE, RegionManifestStore
 from memwal_query.wal import Wal
 
-from helpers import basic_rows
+from helpers import basic_rows, expr_table
 
 
 def _state(uri: str) -> dict:
@@ -37,10 +37,11 @@ def _state(uri: str) -> dict:
     return out
 
 
-def _six_entries(table) -> tuple[str, Wal]:
+def _six_entries(table, values=None) -> tuple[str, Wal]:
     """Six durable puts (six WAL entries) of key 1001 = 1.0 .. 6.0 (and key 1010 + i),
-    closed without flush (the base table holds keys 0..99)."""
-    w = table.writer()
+    closed without flush (the base table holds keys 0..99); region ``values`` (None:
+    the table's one region)."""
+    w = table.writer(region_values=values) if values else table.writer()
     for i in range(1, 7):
         w.put(basic_rows([1001, 1010 + i], val=[float(i), float(i)]))
     w.close(flush=False)
@@ -105,9 +106,9 @@ def test_wal_bit_flip_is_refused_with_the_table_unchanged(table):
 
 
 # -- 3. bloom filters ---------------------------------------------------------------------
-def _flushed_generation(table) -> tuple[str, str]:
-    w = table.writer()
-    w.put(basic_rows(range(1000, 1200), val=[7.0] * 200))
+def _flushed_generation(table, values=None, keys=range(1000, 1200)) -> tuple[str, str]:
+    w = table.writer(region_values=values) if values else table.writer()
+    w.put(basic_rows(keys, val=[7.0] * len(keys)))
     w.flush()
     w.close()
     m = table.region_manifest(w.region_id)
@@ -326,9 +327,11 @@ def test_cli_sql_allow_write_runs_copy(table, tmp_path):
 
 
 # -- fsck: one corrupt file per class, all named; a clean table reports nothing ------------
-def test_fsck_names_one_corrupt_file_per_class(table):
-    rid, wal = _six_entries(table)  # region A: unflushed WAL
-    b_rid, gen = _flushed_generation(table)  # region B: a flushed generation
+def test_fsck_names_one_corrupt_file_per_class(base_uri):
+    table = expr_table(base_uri, "CASE WHEN col0 >= 1100 THEN 1 ELSE 0 END")
+    rid, wal = _six_entries(table, {"r": 0})  # region A: unflushed WAL
+    # region B: a flushed generation
+    b_rid, gen = _flushed_generation(table, {"r": 1}, keys=range(1100, 1300))
     assert table.check() == []
     res = CliRunner().invoke(cli, ["fsck", table.uri])
     assert res.exit_code == 0 and "no problems found" in res.output
