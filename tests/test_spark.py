@@ -683,24 +683,48 @@ def test_reader_projection(spark, read_table):
 
 def test_reader_filters_pushed_by_spark(spark, read_table, capsys):
     """Spark hands the source the filters it can evaluate and keeps only the others."""
-    df = spark.read.format("memwal").load(read_table.uri).where("id = 4003 AND val > 1.0")
+    reader = spark.read.format("memwal").option("pushFilters", "true")
+    df = reader.load(read_table.uri).where("id = 4003 AND val > 1.0")
     df.explain("formatted")
     plan = capsys.readouterr().out
     assert "PushedFilters: [EqualTo(id,4003)" in plan
     condition = next(line for line in plan.splitlines() if line.startswith("Condition"))
     assert "val" in condition and "id" not in condition  # id = 4003 is not re-evaluated
     assert [r.asDict() for r in df.collect()] == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
-    off = spark.read.format("memwal").option("pushFilters", "false").load(read_table.uri)
-    off.where("id = 4003").explain("formatted")
-    plan = capsys.readouterr().out
-    assert "PushedFilters: [EqualTo" not in plan and "(id#" in plan.split("Condition")[1]
+    for off in (
+        spark.read.format("memwal").option("pushFilters", "false").load(read_table.uri),
+        spark.read.format("memwal").load(read_table.uri),  # the default
+    ):
+        off.where("id = 4003").explain("formatted")
+        plan = capsys.readouterr().out
+        assert "PushedFilters: [EqualTo" not in plan and "(id#" in plan.split("Condition")[1]
+
+
+def test_reader_several_queries_on_one_dataframe(spark, read_table):
+    """Each query on one DataFrame answers for itself: a filter of one query does not
+    leak into the next (Spark shares a pushed-down reader between them)."""
+    uri = read_table.uri
+    model = {r["id"]: r for r in datafusion_sql(uri, "SELECT * FROM t").to_pylist()}
+    ids = sorted(model)
+    df = spark.read.format("memwal").load(uri)
+    for _round in range(2):
+        assert df.where("id < 300").count() == sum(1 for i in ids if i < 300)
+        assert df.count() == len(ids)
+        assert df.select("id").distinct().count() == len(ids)
+        assert df.where("name LIKE 'b%'").count() == sum(
+            1 for r in model.values() if (r["name"] or "").startswith("b")
+        )
+        got = df.where("id > 7000").select("id").toArrow().column("id").to_pylist()
+        assert sorted(got) == [i for i in ids if i > 7000]
+        assert df.agg(F.sum("id")).collect()[0][0] == sum(ids)
+        assert [r.id for r in df.select("id").orderBy("id").limit(3).collect()] == ids[:3]
 
 
 def test_reader_pushdown_prunes_regions(read_table):
     from pyspark.sql.datasource import EqualTo, GreaterThan, In, Not, StringStartsWith
 
     uri = read_table.uri
-    ds = source.MemWalDataSource({"path": uri})
+    ds = source.MemWalDataSource({"path": uri, "pushFilters": "true"})
     schema = ds.schema()
     reader = ds.reader(schema)
     filters = [

@@ -31,8 +31,16 @@ Column pruning and filter pushdown
 The Python Data Source API (PySpark 4.x) passes no required-column list to a reader, so
 Spark cannot prune columns by itself: ask for the columns with ``option("columns",
 ...)`` or a user schema, and only those (plus the key) are read.
-Filters are pushed (``pushFilters``, PySpark >= 4.1 with
-``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on):
+Filters are pushed only on request (``option("pushFilters", "true")``, PySpark >= 4.1 with
+``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on).
+**Off by default**: Spark (4.1 to 4.3 at least) keeps the read function and partitions
+planned by a filter pushdown on the *relation*, shared by every later query of the same
+DataFrame (or temporary view); a query without a pushable filter then reuses the
+previous query's reader and its filters (``df.where("cat = 7").count()`` followed by
+``df.count()`` returned the filtered count). Without pushdown every reader is
+identical (Spark evaluates all filters), so a reused reader is only a reused *view*
+(see "Pinning" in ``docs/spark.md``). Enable it only for a DataFrame that runs one
+query. When enabled:
 ``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS [NOT] NULL``, ``NOT``,
 ``LIKE 'a%'/'%a'/'%a%'`` on integer, string, boolean, date, decimal and binary columns
 are evaluated exactly here (Lance pushdown on the base table, after deduplication on
@@ -497,7 +505,8 @@ class MemWalDataSource(DataSource):
 
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
     ``consistency`` (``strong``/``eventual``), ``rowsPerSplit`` (base rows per
-    partition), ``pushFilters`` (``false`` to disable filter pushdown),
+    partition), ``pushFilters`` (``true`` to enable filter pushdown: only for a
+    DataFrame that runs a single query, see the module docs),
     ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
     """
 
@@ -528,7 +537,8 @@ class MemWalDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader returning ``schema``'s columns."""
         options = {k.lower(): v for k, v in self.options.items()}
-        pushdown = options.get("pushfilters", "true").lower() != "false"
+        # Opt-in: Spark shares a pushed-down reader with later queries (module docs).
+        pushdown = options.get("pushfilters", "false").lower() == "true"
         cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
         return cls(self._uri(), options, schema)
 
