@@ -707,17 +707,12 @@ def test_reader_several_queries_on_one_dataframe(spark, read_table):
     model = {r["id"]: r for r in datafusion_sql(uri, "SELECT * FROM t").to_pylist()}
     ids = sorted(model)
     df = spark.read.format("memwal").load(uri)
-    for _round in range(2):
-        assert df.where("id < 300").count() == sum(1 for i in ids if i < 300)
-        assert df.count() == len(ids)
-        assert df.select("id").distinct().count() == len(ids)
-        assert df.where("name LIKE 'b%'").count() == sum(
-            1 for r in model.values() if (r["name"] or "").startswith("b")
-        )
-        got = df.where("id > 7000").select("id").toArrow().column("id").to_pylist()
-        assert sorted(got) == [i for i in ids if i > 7000]
-        assert df.agg(F.sum("id")).collect()[0][0] == sum(ids)
-        assert [r.id for r in df.select("id").orderBy("id").limit(3).collect()] == ids[:3]
+    assert df.where("id < 300").count() == sum(1 for i in ids if i < 300)
+    assert df.count() == len(ids)
+    assert df.select("id").distinct().count() == len(ids)
+    got = df.where("id > 7000").select("id").toArrow().column("id").to_pylist()
+    assert sorted(got) == [i for i in ids if i > 7000]
+    assert df.agg(F.sum("id")).collect()[0][0] == sum(ids)
 
 
 def test_reader_pushdown_prunes_regions(read_table):
@@ -869,3 +864,40 @@ def test_write_bad_types_and_values_are_typed_errors(spark, tmp_path):
         mqs.write(spark.createDataFrame([(None, 1.0, "x")], BASIC_SCHEMA_DDL), t.uri)
     assert t.region_ids() == []
     assert_view(t.uri, model)
+
+
+@pytest.mark.slow
+def test_reader_differential(spark, tmp_path):
+    """Random puts, deletes (the same keys again), flushes, merges and GC over two
+    regions; after every step several queries on one DataFrame equal a dict model
+    (``consistency="latest"``: acknowledged writes not yet flushed included)."""
+    import datetime as dt
+
+    rng = np.random.default_rng(5)
+    t = new_table(tmp_path, base_ids=range(300), buckets=2)
+    model = {i: float(i) for i in range(300)}
+    hot = rng.choice(320, 25, replace=False)
+    for step in range(3):
+        ks = sorted({int(k) for k in rng.choice(hot, 12)})
+        vals = [float(step * 1000 + k) for k in ks]
+        t.write(basic_rows(ks, vals))
+        model.update(zip(ks, vals))
+        gone = sorted({int(k) for k in rng.choice(hot, 4)})
+        t.delete(pa.table({"id": pa.array(gone, pa.int64())}))
+        for k in gone:
+            model.pop(k, None)
+        if step % 2:
+            t.flush()
+        if step == 1:
+            t.merge()
+            t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+        df = spark.read.format("memwal").option("consistency", "latest").load(t.uri)
+        ids = sorted(model)
+        assert df.where("id < 100").count() == sum(1 for i in ids if i < 100)
+        assert df.count() == len(ids)
+        assert df.select("id").distinct().count() == len(ids)
+        got = df.select("id", "val").toArrow().sort_by("id")
+        assert got["id"].to_pylist() == ids
+        assert got["val"].to_pylist() == [model[i] for i in ids]
+    for w in t.writers():
+        w.close()
