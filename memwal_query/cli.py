@@ -382,7 +382,9 @@ def _emit(table, fmt: str, output: str | None) -> None:
     "--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table"
 )
 @click.option("--output", help="Write the result to this file.")
-@click.option("--consistency", type=click.Choice(["strong", "eventual"]), default="strong")
+@click.option(
+    "--consistency", type=click.Choice(["strong", "eventual", "latest"]), default="strong"
+)
 @_handle_errors
 def sql(
     uri: str, query: str | None, name: str | None, fmt: str, output: str | None, consistency: str

@@ -386,7 +386,8 @@ class MemWalDataset(pads.Dataset):
     ----------
     table : MemWalTable
     consistency : str
-        ``"strong"`` (region manifests + writers' MemTables) or ``"eventual"`` (region
+        ``"strong"`` (region manifests + writers' MemTables), ``"latest"`` (+ every
+        region's durable unflushed WAL entries) or ``"eventual"`` (region
         snapshots in the MemWAL index).
     writers : list of RegionWriter, optional
         In-process writers whose unflushed MemTables are read too.

@@ -1099,7 +1099,8 @@ def vector_search(
     columns : list of str, optional
         Output columns (default: all table columns).
     consistency : str
-        ``"strong"`` (region manifests) or ``"eventual"`` (MemWAL index snapshots).
+        ``"strong"`` (region manifests), ``"eventual"`` (MemWAL index snapshots) or
+        ``"latest"`` (+ durable unflushed WAL entries; see :mod:`memwal_query.view`).
     debug : dict, optional
         Filled with ``plan`` (:class:`SearchPlan`), ``explain`` (text), ``sources``
         (per-source counters) and ``base_lance_plan`` (Lance's plan of the base query).
@@ -1560,7 +1561,7 @@ def fts_search(
     columns : list of str, optional
         Output columns (default: all table columns).
     consistency : str
-        ``"strong"`` or ``"eventual"``.
+        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.view`).
     debug : dict, optional
         As for :func:`vector_search`, plus ``stats`` (global N, avgdl, df).
 
@@ -1801,7 +1802,7 @@ def lookup(
     writers : list of RegionWriter, optional
         Writers whose MemTables are read too (default: the table's own writers).
     consistency : str
-        ``"strong"`` or ``"eventual"``.
+        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.view`).
     debug : dict, optional
         Filled with per-source counters (``sources``) and the read plan.
 

@@ -454,7 +454,9 @@ class MemWalTable:
         ----------
         consistency : str
             ``"strong"``: region manifests (+ ``writers``' MemTables);
-            ``"eventual"``: region snapshots of the MemWAL index.
+            ``"eventual"``: region snapshots of the MemWAL index; ``"latest"``: region
+            manifests + every region's durable, not yet flushed WAL entries (see
+            :mod:`memwal_query.view`).
         writers : list of RegionWriter, optional
             Writers whose unflushed rows are read too (read-your-writes). Defaults to
             the writers opened by :meth:`write` on this object.

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from test_search import DIM, rows
+from test_search_model import indexed_table
 
 import memwal_query as mq
 from memwal_query import search
@@ -75,17 +76,9 @@ def test_every_reader_equals_the_model(tmp_path, seed):
     def texts(m: int) -> list[str]:
         return [" ".join(rng.choice(WORDS, rng.integers(1, 4))) for _ in range(m)]
 
-    vecs = rng.standard_normal((N, DIM)).astype(np.float32)
-    text = texts(N)
-    x = rng.integers(0, 10, N).tolist()
-    model = {i: (x[i], text[i], vecs[i]) for i in range(N)}
-    uri = str(tmp_path / "base")
-    ds = lance.write_dataset(rows(range(N), vecs, x=x, text=text), uri)
-    ds.create_index("vec", "IVF_FLAT", num_partitions=4, name="vec_idx")
-    ds.create_scalar_index("text", "INVERTED", name="text_idx")
-    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"])
+    t, model = indexed_table(tmp_path, rng, N, "IVF_FLAT", texts)
     writers = [t.writer(max_memtable_rows=12) for _ in range(2)]
-    other = mq.MemWalTable.open(uri)
+    other = mq.MemWalTable.open(t.uri)
     hot = rng.choice(N + 20, 12, replace=False)  # keys updated and deleted again and again
     ops = ["put", "put", "put", "del", "del", "flush", "merge", "reindex", "gc"]
     for _step in range(36):

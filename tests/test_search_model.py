@@ -33,6 +33,23 @@ WORDS = ["apple", "pear", "plum", "kiwi", "fig", "lime", "date", "peach"]
 N = 300
 
 
+def indexed_table(tmp_path, rng, n: int, index_type: str, texts) -> tuple[mq.MemWalTable, dict]:
+    """``n`` random rows (``texts(m)`` makes texts) with a vector index (``index_type``)
+    and an INVERTED index, both maintained; and the model ``{id: (x, text, vec)}``."""
+    vecs = rng.standard_normal((n, DIM)).astype(np.float32)
+    text = texts(n)
+    x = rng.integers(0, 10, n).tolist()
+    model = {i: (x[i], text[i], vecs[i]) for i in range(n)}
+    uri = str(tmp_path / "base")
+    ds = lance.write_dataset(rows(range(n), vecs, x=x, text=text), uri)
+    if index_type == "IVF_FLAT":
+        ds.create_index("vec", "IVF_FLAT", num_partitions=4, name="vec_idx")
+    else:
+        ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4, name="vec_idx")
+    ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    return mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"]), model
+
+
 def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
     """A table after ``steps`` random operations, its writers and the model."""
     rng = np.random.default_rng(seed)
@@ -40,18 +57,7 @@ def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
     def texts(m: int) -> list[str]:
         return [" ".join(rng.choice(WORDS, rng.integers(1, 6))) for _ in range(m)]
 
-    vecs = rng.standard_normal((N, DIM)).astype(np.float32)
-    text = texts(N)
-    x = rng.integers(0, 10, N).tolist()
-    model = {i: (x[i], text[i], vecs[i]) for i in range(N)}
-    uri = str(tmp_path / "base")
-    ds = lance.write_dataset(rows(range(N), vecs, x=x, text=text), uri)
-    if index_type == "IVF_FLAT":
-        ds.create_index("vec", "IVF_FLAT", num_partitions=4, name="vec_idx")
-    else:
-        ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4, name="vec_idx")
-    ds.create_scalar_index("text", "INVERTED", name="text_idx")
-    t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"])
+    t, model = indexed_table(tmp_path, rng, N, index_type, texts)
     writers = [t.writer(max_memtable_rows=15) for _ in range(regions)]
     ops = ["put", "put", "del", "flush", "merge", "reindex", "emptyflush"]
     for _ in range(steps):
