@@ -394,8 +394,10 @@ _FLUSHED_MAX = 8
 
 
 def _ranks(plan: ReadPlan) -> dict[str, int]:
-    """Region rank (position in region-id order) of every region of the plan."""
-    return {r: i for i, r in enumerate(sorted(v.region_id for v in plan.regions))}
+    """Region rank of every region of the plan: ordered as the region ids, and the same
+    in every plan (cached flushed views are combined with later plans' MemTables): the
+    first 60 bits of the (canonical, lowercase) UUID."""
+    return {v.region_id: int(v.region_id.replace("-", "")[:15], 16) for v in plan.regions}
 
 
 def _flushed_rows(

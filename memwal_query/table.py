@@ -447,6 +447,7 @@ class MemWalTable:
         consistency: str = "strong",
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
+        max_staleness: float | None = None,
     ) -> MemWalDataset:
         """A deduplicated view to register in DataFusion (``ctx.register_table``).
 
@@ -462,12 +463,14 @@ class MemWalTable:
             the writers opened by :meth:`write` on this object.
         meta_columns : bool
             Expose ``_gen`` and ``_rowaddr``.
+        max_staleness : float, optional
+            ``eventual``: seconds after which a snapshot is too old (manifests instead).
         """
         from .provider import MemWalDataset
 
         if writers is None:
             writers = list(self._writers.values())
-        return MemWalDataset(self, consistency, writers, meta_columns)
+        return MemWalDataset(self, consistency, writers, meta_columns, max_staleness=max_staleness)
 
     def to_table(
         self,

@@ -258,7 +258,7 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     p.resume.set()
     th.join(60)
     pauser.pop("p")
-    w.close()
+    w.close(flush=False)
     shutil.rmtree(uri)
     if "unexpected" in out:
         raise AssertionError(f"{mode}/{op} paused at access {target} ({p.where})") from out[
@@ -286,3 +286,19 @@ def test_paused_reader_sees_before_or_after(tmp_path, pauser, mode):
                 break
             target += 1
         assert target > 5  # the reader did touch storage that often
+
+
+def test_eventual_snapshot_older_than_max_staleness_reads_manifests(tmp_path):
+    t = _init(tmp_path)
+    w = t.writer()
+    w.put(_rows([1], [100]))
+    w.flush()
+    t.refresh_snapshots()
+    w.put(_rows([2], [200]))
+    w.flush()  # not in the snapshot
+    fresh = mq.MemWalTable.open(t.uri)
+    assert fresh.provider("eventual").to_table().num_rows == 20  # the snapshot's state
+    assert _sql(fresh, consistency="eventual")[2] == 2.0
+    stale = fresh.provider("eventual", max_staleness=0.0)  # every snapshot is too old
+    assert _as_dict(stale.to_table())[2] == 200.0
+    w.close()
