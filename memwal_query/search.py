@@ -144,7 +144,7 @@ import pyarrow.compute as pc
 
 from . import genindex, sources
 from .bloom import BloomFilter, hash_keys
-from .dedup import KeySet
+from .dedup import KeySet, newest_indices
 from .exceptions import BaseVersionGoneError, GenerationGoneError, MemWalError, SchemaError
 from .io import join
 from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, coerce_keys, normalize_keys
@@ -193,13 +193,9 @@ __all__ = [
 # Key indexes and per-generation caches
 # ----------------------------------------------------------------------------------------
 def _last_occurrence(keys: pa.Table) -> np.ndarray:
-    """Sorted row indices of the last occurrence of each key (rows in write order)."""
-    n = keys.num_rows
-    if n == 0:
-        return np.zeros(0, np.int64)
-    idx = pa.array(np.arange(n, dtype=np.int64))
-    last = keys.append_column(_IDX, idx).group_by(keys.column_names).aggregate([(_IDX, "max")])
-    return np.sort(last.column(f"{_IDX}_max").to_numpy())
+    """Sorted row indices of the last occurrence of each key (rows in write order):
+    the readers' one deduplication, :func:`memwal_query.dedup.newest_indices`."""
+    return newest_indices(keys, keys.column_names)
 
 
 def _mask_to_indices(mask: np.ndarray) -> np.ndarray:
