@@ -7,9 +7,9 @@ Register once per session with :func:`register_source`, then::
     df = spark.read.format("memwal").schema("id long, val double").load(uri)
 
 It returns the same rows as the DataFusion provider (:meth:`MemWalTable.provider`) with
-the same consistency (``option("consistency", "strong" | "eventual")``, default
-``strong``): the newest version of every key, deletes applied. Unflushed MemTables live
-in their writer's process and are not visible (as for any other process).
+the same consistency (``option("consistency", "strong" | "eventual" | "latest")``,
+default ``strong``): the newest version of every key, deletes applied. Unflushed
+MemTables live in their writer's process; ``latest`` reads their durable WAL entries.
 
 Partitions (planned by Spark's planning worker)
 -----------------------------------------------
@@ -475,7 +475,7 @@ class MemWalDataSource(DataSource):
     """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
 
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
-    ``consistency`` (``strong``/``eventual``), ``rowsPerSplit`` (base rows per
+    ``consistency`` (``strong``/``eventual``/``latest``), ``rowsPerSplit`` (base rows per
     partition), ``pushFilters`` (``true`` to enable filter pushdown: only for a
     DataFrame that runs a single query, see the module docs),
     ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
