@@ -478,19 +478,29 @@ def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
             lambda cols: _flushed_rows(plan, schema, cols, storage_options), names, win_f, keys_f
         )
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
+    winners = win_m + n_f
     if len(win_f):
-        # The one rule (dedup.newest_indices) over the newest flushed and MemTable rows:
-        # a MemTable row beats its own region's generations (higher _gen), and another
-        # region's by _gen, then region rank.
         winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
-        both = pa.concat_tables([winners_f, rows_m.select(pk).take(pa.array(win_m))])
-        keep = newest_indices(
-            both, pk, np.concatenate([reg_f, reg_m]), np.concatenate([gen_f, gen_m])
-        )
-        cand = np.concatenate([win_f, win_m + n_f])
-        winners = cand[keep]
-    else:
-        winners = win_m + n_f
+        hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
+        ranks = np.concatenate([reg_f, reg_m])
+        if not hit.any() or ranks.min() == ranks.max():
+            # One region: a MemTable row is newer than every generation of its region.
+            winners = np.concatenate([win_f[~hit], winners])
+        else:
+            # Keys in MemTables and in another region's generations: the one rule
+            # (dedup.newest_indices: _gen, then region rank) decides those keys only.
+            keys_hit = winners_f.filter(pa.array(hit))
+            mem_keys = rows_m.select(pk).take(pa.array(win_m))
+            mem_hit = KeySet(keys_hit).contains(mem_keys)
+            both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
+            keep = newest_indices(
+                both,
+                pk,
+                np.concatenate([reg_f[hit], reg_m[mem_hit]]),
+                np.concatenate([gen_f[hit], gen_m[mem_hit]]),
+            )
+            decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
+            winners = np.sort(np.concatenate([win_f[~hit], winners[~mem_hit], decided]))
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)
