@@ -591,10 +591,11 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
 @click.option("--output", help="Write the result to this file (created only on success).")
 @click.option(
     "--consistency",
-    type=click.Choice(["strong", "eventual"]),
+    type=click.Choice(["strong", "eventual", "latest"]),
     default="strong",
     show_default=True,
-    help="strong: region manifests; eventual: region snapshots in the MemWAL index.",
+    help="strong: region manifests; eventual: region snapshots in the MemWAL index; "
+    "latest: strong plus every region's durable, unflushed WAL entries.",
 )
 @click.option(
     "--allow-write",

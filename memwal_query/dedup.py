@@ -1,9 +1,16 @@
 """Vectorised last-write-wins: newest row per primary key, and key-set membership.
 
 Rows handed to :func:`newest_per_key` are in ascending (``_gen``, ``_rowaddr``) order per
-region (generations oldest first, then MemTables, rows in write order), and a key lives
-in one region, so the newest version of a key is simply its *last* occurrence: a hash
-aggregation ``max(row index) GROUP BY key``, no sort.
+region (generations oldest first, then MemTables, rows in write order), so within a
+region the newest version of a key is simply its *last* occurrence: a hash aggregation
+``max(row index) GROUP BY key``, no sort.
+
+The one rule every reader applies (SQL, lookup, vector and full-text search, Spark):
+the newest version of a key is the one with the highest ``_gen``; within a region,
+the highest ``_rowaddr`` (write order); a key written to two regions (regions created
+by hand, or a region spec changed) with the same ``_gen`` in both: the region later in
+region-id order. :func:`newest_indices` with ``regions`` applies it to rows of several
+regions at O(rows) cost, sorting only the rows of keys found in more than one region.
 
 :class:`KeySet` answers "is this base row's key overwritten by a newer source?" for
 whole batches: a dense lookup table for integer keys in a compact range, binary search
@@ -170,19 +177,95 @@ class KeySetUnion:
         return out
 
 
-def newest_indices(rows: pa.Table, pk: list[str]) -> np.ndarray:
-    """Sorted row indices of the last row per key (rows oldest-first per key)."""
+def newest_indices(
+    rows: pa.Table,
+    pk: list[str],
+    regions: np.ndarray | None = None,
+    generations: np.ndarray | None = None,
+) -> np.ndarray:
+    """Sorted row indices of the newest row per key.
+
+    Without ``regions``: the last row of each key (rows oldest-first per key). With
+    ``regions`` (region rank of every row, e.g. its position in region-id order) and
+    ``generations`` (``_gen`` of every row; rows oldest-first per key *within* a
+    region): the module's rule, highest ``_gen``, then the later row of a region, then
+    the higher region rank. Keys found in one region only cost nothing extra.
+    """
     if rows.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
+    multi = regions is not None and len(regions) and regions.min() != regions.max()
     if len(pk) == 1:
         ints = _int_values(rows.column(pk[0]))
         if ints is not None:
             lo, hi = int(ints.min()), int(ints.max())
             if hi - lo < max(_DENSE_LIMIT // 8, 4 * len(ints)):
+                pos = np.arange(len(ints), dtype=np.int64)
                 last = np.full(hi - lo + 1, -1, dtype=np.int64)
-                np.maximum.at(last, ints - lo, np.arange(len(ints), dtype=np.int64))
-                return np.sort(last[last >= 0])
+                np.maximum.at(last, ints - lo, pos)
+                if not multi:
+                    return np.sort(last[last >= 0])
+                first = np.full(hi - lo + 1, len(ints), dtype=np.int64)
+                np.minimum.at(first, ints - lo, pos)
+                seen = last >= 0
+                lasts, firsts = last[seen], first[seen]
+                return _across_regions(rows, pk, lasts, firsts, regions, generations)
     idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
     keyed = normalize_keys(rows.select(pk), pk).append_column(_IDX, idx)
-    last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
-    return np.sort(last.to_numpy())
+    if not multi:
+        last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
+        return np.sort(last.to_numpy())
+    agg = keyed.group_by(pk).aggregate([(_IDX, "max"), (_IDX, "min")])
+    lasts = agg.column(f"{_IDX}_max").to_numpy()
+    firsts = agg.column(f"{_IDX}_min").to_numpy()
+    return _across_regions(rows, pk, lasts, firsts, regions, generations)
+
+
+def _across_regions(
+    rows: pa.Table,
+    pk: list[str],
+    lasts: np.ndarray,
+    firsts: np.ndarray,
+    regions: np.ndarray,
+    generations: np.ndarray | None,
+) -> np.ndarray:
+    """Newest row of each key given its first and last row; keys whose rows lie in more
+    than one region (their first and last row, or any rows between, differ in region)
+    are decided by (``_gen``, region rank, row order)."""
+    if generations is None:
+        raise ValueError("newest_indices: regions given without generations")
+    # Rows grouped by region (non-decreasing ranks): a key spans regions iff its first
+    # and last rows differ in region. Otherwise compare every row with its key's last.
+    if (regions[firsts] == regions[lasts]).all() and (np.diff(regions) >= 0).all():
+        return np.sort(lasts)
+    key_last = _key_last_index(rows, pk, lasts)
+    odd_rows = regions[key_last] != regions
+    if not odd_rows.any():
+        return np.sort(lasts)
+    mark = np.zeros(rows.num_rows, bool)
+    mark[key_last[odd_rows]] = True  # a key is identified by the index of its last row
+    idx = np.flatnonzero(mark[key_last])
+    order = np.lexsort((idx, regions[idx], generations[idx]))
+    ordered = idx[order]
+    winners = ordered[newest_indices(rows.select(pk).take(pa.array(ordered)), pk)]
+    return np.sort(np.concatenate([lasts[~mark[lasts]], winners]))
+
+
+def _key_last_index(rows: pa.Table, pk: list[str], lasts: np.ndarray) -> np.ndarray:
+    """For every row, the index of the last row of its key (``lasts``: one per key)."""
+    n = rows.num_rows
+    if len(pk) == 1:
+        ints = _int_values(rows.column(pk[0]))
+        if ints is not None:
+            lo = int(ints.min())
+            span = int(ints.max()) - lo + 1
+            if span <= max(_DENSE_LIMIT // 8, 4 * n):
+                table = np.zeros(span, dtype=np.int64)
+                table[ints[lasts] - lo] = lasts
+                return table[ints - lo]
+    keys = normalize_keys(rows.select(pk), pk)
+    probe = keys.append_column(_IDX, pa.array(np.arange(n, dtype=np.int64)))
+    owners = keys.take(pa.array(lasts)).append_column("__memwal_last", pa.array(lasts))
+    joined = probe.join(owners, keys=pk, join_type="inner")
+    out = np.empty(n, dtype=np.int64)
+    out[joined.column(_IDX).to_numpy()] = joined.column("__memwal_last").to_numpy()
+    return out

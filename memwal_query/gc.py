@@ -94,6 +94,27 @@ def _wal_bound(store: RegionManifestStore, limit: int) -> int:
     return bound
 
 
+def pinned_versions(table: MemWalTable, min_age: dt.timedelta) -> int:
+    """How many of the newest base versions a reader may still be reading: every version
+    that was the *latest* within ``min_age`` (the one after it was committed less than
+    ``min_age`` ago), and the latest. A view resolved on version ``V`` reads ``V`` and
+    the generations ``V`` has not merged; keeping ``V`` keeps those generations too
+    (rule 1 above)."""
+    versions = table.dataset().versions()
+    if not versions:
+        return 1
+    stamps = [v["timestamp"] for v in versions]
+    now = dt.datetime.now(stamps[-1].tzinfo) if stamps[-1].tzinfo else dt.datetime.now()
+    keep = 1
+    for i in range(len(stamps) - 1, 0, -1):
+        # version i-1 stopped being the latest when version i was committed
+        if now - stamps[i] < min_age:
+            keep += 1
+        else:
+            break
+    return keep
+
+
 def _plan(table: MemWalTable) -> list[tuple[str, bool]]:
     """Everything the rules allow to delete: ``(path, is_tree)``; changes nothing.
 
@@ -134,16 +155,29 @@ def gc(
     table: MemWalTable,
     dry_run: bool = False,
     cleanup_older_than: dt.timedelta | None = None,
+    min_age: dt.timedelta | None = None,
 ) -> list[str]:
     """Delete what the rules above allow; return the paths removed (or that would be).
 
     Everything GC depends on (index of every retained version, region manifests,
     layout) is read and checked before anything is deleted, base versions included: a
     corrupt file raises its typed error with the table unchanged.
+
+    ``cleanup_older_than`` first removes base versions older than that with Lance, but
+    never one that was the *latest* version within ``min_age`` (default:
+    ``cleanup_older_than`` itself). Lance ages a version from its own commit, so a
+    version committed long ago and replaced a moment ago counted as old, and a reader
+    that had just resolved its view on it lost it (and, through rule 1, the generations
+    it had not merged). Here the window starts when a version stopped being the latest:
+    a view used within ``min_age`` of its resolution reads all its pieces (see
+    :mod:`memwal_query.view`); later, a typed error, never a shorter answer.
     """
     plan = _plan(table)
     if cleanup_older_than is not None and not dry_run:
-        table.dataset().cleanup_old_versions(older_than=cleanup_older_than)
+        window = cleanup_older_than if min_age is None else min_age
+        table.dataset().cleanup_old_versions(
+            older_than=cleanup_older_than, retain_versions=pinned_versions(table, window)
+        )
         plan = _plan(table)  # fewer retained versions: more may go
     if not dry_run:
         for path, is_tree in plan:

@@ -143,7 +143,9 @@ class _QueryState:
         self.filter = _Filter(filter, dataset.schema)
         table = dataset.table
         predicates = pruning.predicates_from_expression(filter)
-        self.plan = sources.resolve(table, dataset.consistency, dataset.writers, predicates)
+        self.plan = sources.resolve(
+            table, dataset.consistency, dataset.writers, predicates, dataset.max_staleness
+        )
         self._lock = threading.Lock()
         self._view: sources.NewerView | None = None
         self._stale: np.ndarray | None = None
@@ -386,7 +388,8 @@ class MemWalDataset(pads.Dataset):
     ----------
     table : MemWalTable
     consistency : str
-        ``"strong"`` (region manifests + writers' MemTables) or ``"eventual"`` (region
+        ``"strong"`` (region manifests + writers' MemTables), ``"latest"`` (+ every
+        region's durable unflushed WAL entries) or ``"eventual"`` (region
         snapshots in the MemWAL index).
     writers : list of RegionWriter, optional
         In-process writers whose unflushed MemTables are read too.
@@ -394,6 +397,10 @@ class MemWalDataset(pads.Dataset):
         Add ``_gen`` (0 for the base table) and ``_rowaddr`` columns.
     base_partitions : int
         How many DataFusion partitions share the base table's fragments.
+    max_staleness : float, optional
+        ``eventual``: seconds after which a region snapshot is too old and the region
+        manifests are read instead (default
+        :data:`memwal_query.view.DEFAULT_MAX_STALENESS`).
     """
 
     def __init__(
@@ -403,6 +410,7 @@ class MemWalDataset(pads.Dataset):
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
         base_partitions: int = 2,
+        max_staleness: float | None = None,
     ) -> None:
         if consistency not in sources.CONSISTENCY_MODES:
             from .exceptions import MemWalError
@@ -412,6 +420,7 @@ class MemWalDataset(pads.Dataset):
             )
         self.table = table
         self.consistency = consistency
+        self.max_staleness = max_staleness
         self.writers = list(writers or [])
         self.meta_columns = meta_columns
         self.base_partitions = max(1, base_partitions)
@@ -445,7 +454,9 @@ class MemWalDataset(pads.Dataset):
     def check(self) -> sources.ReadPlan:
         """Resolve the sources now and return the plan: raises the typed error (e.g.
         ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
-        plan = sources.resolve(self.table, self.consistency, self.writers)
+        plan = sources.resolve(
+            self.table, self.consistency, self.writers, max_staleness=self.max_staleness
+        )
         self.last_plan = plan
         return plan
 

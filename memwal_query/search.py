@@ -145,10 +145,10 @@ import pyarrow.compute as pc
 from . import genindex, sources
 from .bloom import BloomFilter, hash_keys
 from .bloom import load as load_bloom
-from .dedup import KeySet
+from .dedup import KeySet, newest_indices
 from .exceptions import BaseVersionGoneError, GenerationGoneError, MemWalError, SchemaError
 from .io import join
-from .schema import ROWADDR_COLUMN, TOMBSTONE, coerce_keys, normalize_keys
+from .schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, coerce_keys, normalize_keys
 
 if TYPE_CHECKING:
     import datafusion
@@ -194,13 +194,9 @@ __all__ = [
 # Key indexes and per-generation caches
 # ----------------------------------------------------------------------------------------
 def _last_occurrence(keys: pa.Table) -> np.ndarray:
-    """Sorted row indices of the last occurrence of each key (rows in write order)."""
-    n = keys.num_rows
-    if n == 0:
-        return np.zeros(0, np.int64)
-    idx = pa.array(np.arange(n, dtype=np.int64))
-    last = keys.append_column(_IDX, idx).group_by(keys.column_names).aggregate([(_IDX, "max")])
-    return np.sort(last.column(f"{_IDX}_max").to_numpy())
+    """Sorted row indices of the last occurrence of each key (rows in write order):
+    the readers' one deduplication, :func:`memwal_query.dedup.newest_indices`."""
+    return newest_indices(keys, keys.column_names)
 
 
 def _mask_to_indices(mask: np.ndarray) -> np.ndarray:
@@ -308,6 +304,7 @@ class _GenInfo:
         loaded = load_bloom(table.io, ref.uri, self.num_rows)
         self.bloom: BloomFilter | None = loaded.filter
         self.bloom_trusted = loaded.trusted
+        self.bloom_corrupt = not loaded.trusted
         self.indexes = {d.name: d for d in self.ds.describe_indices()}
         self._lock = threading.Lock()
         self._keys: _KeyIndex | None = None
@@ -325,6 +322,15 @@ class _GenInfo:
             index = np.arange(raw.num_rows, dtype=np.int64)
             keys = raw.select(self.pk)
             self._keys = _KeyIndex(keys, tomb, index)
+            if (
+                self.bloom is not None
+                and not self.bloom.might_contain_hashes(hash_keys(keys)).all()
+            ):
+                # A bloom filter that denies a key the generation holds (a flipped bit,
+                # a truncated file) would hide that key's newer version: ignore it and
+                # check every key exactly, as the scan's deduplication does.
+                self.bloom = None
+                self.bloom_corrupt = True
             live = np.zeros(raw.num_rows, bool)
             live[self._keys.rows[~self._keys.tombstone]] = True
             dead = raw.column(ROWADDR_COLUMN).to_numpy()[~live]
@@ -368,6 +374,10 @@ class _GenInfo:
         return name is not None and name in self.indexes
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
+        """Which keys (bloom hashes) may be in the generation. The filter is first
+        checked against the generation's keys (once; they are loaded for the key index
+        anyway), so a negative is trustworthy: a corrupt filter is ignored."""
+        self._load_keys()
         if self.bloom is None:
             return np.ones(len(hashes), bool)
         return self.bloom.might_contain_hashes(hashes)
@@ -494,6 +504,25 @@ class _MemRegion:
         self.keyset = KeySet(keys.take(pa.array(last)))
         self.live = np.zeros(self.rows.num_rows, bool)
         self.live[self.live_idx] = True
+        self._pk = pk
+        self._last = last
+
+    def newest_gens(self, keys: pa.Table) -> np.ndarray:
+        """``_gen`` of the newest row of each key here (-1 when absent)."""
+        n = keys.num_rows
+        out = np.full(n, -1, np.int64)
+        if n == 0:
+            return out
+        newest = normalize_keys(self.rows.select(self._pk).take(pa.array(self._last)), self._pk)
+        newest = newest.append_column(
+            "__memwal_gen", self.rows.column(GEN_COLUMN).take(pa.array(self._last)).cast(pa.int64())
+        )
+        probe = normalize_keys(keys, self._pk).append_column(
+            _IDX, pa.array(np.arange(n, dtype=np.int64))
+        )
+        joined = probe.join(newest, keys=self._pk, join_type="inner")
+        out[joined.column(_IDX).to_numpy()] = joined.column("__memwal_gen").to_numpy()
+        return out
 
     @property
     def num_rows(self) -> int:
@@ -768,6 +797,9 @@ class _Source:
     mem: _MemRegion | None = None
     newer_gens: list[_GenInfo] = field(default_factory=list)
     newer_mems: list[_MemRegion] = field(default_factory=list)
+    # MemTables of other regions: newer for a key when its _gen there beats ``rank_gen``
+    cross_mems: list[tuple[_MemRegion, int]] = field(default_factory=list)
+    rank_gen: tuple[int, int] = (0, -1)  # (_gen, region rank) of this source's rows
     k_fetch: int = 0
     exhausted: bool = False
     candidates: pa.Table | None = None
@@ -788,7 +820,10 @@ def _build_sources(table: MemWalTable, plan: SearchPlan) -> list[_Source]:
     all_gens: list[_GenInfo] = []
     all_mems: list[_MemRegion] = []
     per_region: list[_Source] = []
-    for rid, region in sorted(plan.regions.items()):
+    # (rank, generation ref, info) of every generation; (rank, MemTables) of every region
+    every_gen: list[tuple[int, sources.GenerationRef, _GenInfo]] = []
+    every_mem: list[tuple[int, _MemRegion]] = []
+    for rank, (rid, region) in enumerate(sorted(plan.regions.items())):
         refs = [(g, True) for g in region.gap] + [(g, False) for g in region.generations]
         refs.sort(key=lambda x: x[0].generation)
         gens = [(ref, gap, _gen_info(table, ref)) for ref, gap in refs]
@@ -803,12 +838,25 @@ def _build_sources(table: MemWalTable, plan: SearchPlan) -> list[_Source]:
                     gen=info,
                     newer_gens=[g for _, _, g in gens[i + 1 :]],
                     newer_mems=[mem] if mem is not None else [],
+                    rank_gen=(ref.generation, rank),
                 )
             )
+            every_gen.append((rank, ref, info))
         if mem is not None:
-            per_region.append(_Source("memtable", rid, mem.generation, mem=mem))
+            per_region.append(
+                _Source("memtable", rid, mem.generation, mem=mem, rank_gen=(mem.generation, rank))
+            )
             all_mems.append(mem)
+            every_mem.append((rank, mem))
         all_gens.extend(info for _, _, info in gens)
+    # A key written to two regions: the other region's version is newer when its _gen,
+    # then its region rank, is higher (dedup.newest_indices's rule).
+    for src in per_region:
+        g, rank = src.rank_gen
+        for r2, ref, info in every_gen:
+            if r2 != rank and (ref.generation, r2) > (g, rank):
+                src.newer_gens.append(info)
+        src.cross_mems = [(m, r2) for r2, m in every_mem if r2 != rank]
     out.append(_Source("base", None, 0, newer_gens=all_gens, newer_mems=all_mems))
     out.extend(per_region)
     return out
@@ -818,7 +866,7 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
     """Remove candidates whose key exists in a newer source (bloom first, then exact)."""
     n = cands.num_rows
     st = src.stats
-    if n == 0 or (not src.newer_gens and not src.newer_mems):
+    if n == 0 or (not src.newer_gens and not src.newer_mems and not src.cross_mems):
         return cands
     keys = cands.select(pk)
     stale = np.zeros(n, bool)
@@ -835,6 +883,10 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
             stale[idx[exact]] = True
     for m in src.newer_mems:
         stale |= m.keyset.contains(keys)
+    g, rank = src.rank_gen
+    for m, r2 in src.cross_mems:
+        theirs = m.newest_gens(keys)
+        stale |= (theirs > g) | ((theirs == g) & (r2 > rank))
     st["stale"] = st.get("stale", 0) + int(stale.sum())
     if not stale.any():
         return cands
@@ -866,7 +918,7 @@ def _run_topk(
     milliseconds of fixed overhead however small the generation).
     """
     for s in sources_:
-        has_newer = bool(s.newer_gens or s.newer_mems)
+        has_newer = bool(s.newer_gens or s.newer_mems or s.cross_mems)
         s.k_fetch = 2 * k + 8 if has_newer else k
 
     def run(s: _Source) -> None:
@@ -1043,7 +1095,8 @@ def vector_search(
     columns : list of str, optional
         Output columns (default: all table columns).
     consistency : str
-        ``"strong"`` (region manifests) or ``"eventual"`` (MemWAL index snapshots).
+        ``"strong"`` (region manifests), ``"eventual"`` (MemWAL index snapshots) or
+        ``"latest"`` (+ durable unflushed WAL entries; see :mod:`memwal_query.view`).
     debug : dict, optional
         Filled with ``plan`` (:class:`SearchPlan`), ``explain`` (text), ``sources``
         (per-source counters) and ``base_lance_plan`` (Lance's plan of the base query).
@@ -1504,7 +1557,7 @@ def fts_search(
     columns : list of str, optional
         Output columns (default: all table columns).
     consistency : str
-        ``"strong"`` or ``"eventual"``.
+        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.view`).
     debug : dict, optional
         As for :func:`vector_search`, plus ``stats`` (global N, avgdl, df).
 
@@ -1745,7 +1798,7 @@ def lookup(
     writers : list of RegionWriter, optional
         Writers whose MemTables are read too (default: the table's own writers).
     consistency : str
-        ``"strong"`` or ``"eventual"``.
+        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.view`).
     debug : dict, optional
         Filled with per-source counters (``sources``) and the read plan.
 
@@ -1772,7 +1825,7 @@ def lookup(
         predicates = [(pk[0], "in", probe.column(0).to_pylist())]
     plan = sources.resolve(table, consistency, writers, predicates)
     resolved = np.zeros(n, bool)
-    parts: list[tuple[pa.Table, np.ndarray]] = []
+    parts: list[tuple[pa.Table, np.ndarray, int, int]] = []
     counters: list[dict[str, Any]] = []
     hashes = hash_keys(probe)
     mem_hashes = hashes if _native_hash(probe.schema) else None
@@ -1780,16 +1833,19 @@ def lookup(
     def keys_at(idx: np.ndarray) -> pa.Table:
         return probe if len(idx) == n else probe.take(pa.array(idx))
 
-    def add(rows: pa.Table, probe_idx: np.ndarray) -> None:
+    def add(rows: pa.Table, probe_idx: np.ndarray, gen: int = 0, rank: int = -1) -> None:
         if rows.num_rows:
-            parts.append((_conform_output(rows, out_schema, []), probe_idx))
+            parts.append((_conform_output(rows, out_schema, []), probe_idx, gen, rank))
 
-    for region in plan.regions:
-        if resolved.all():
-            break
+    # Per region, newest source first (the first hit answers the key within its
+    # region); across regions the one rule of dedup.newest_indices: highest _gen, then
+    # region rank. Every region is probed (a key may have been written to two).
+    hits: list[tuple[np.ndarray, np.ndarray, int]] = []  # (probe idx, _gen, region rank)
+    for rank, region in enumerate(sorted(plan.regions, key=lambda r: r.region_id)):
+        found_r = np.zeros(n, bool)
         # MemTables, newest first: the last write of a key in write order wins.
         for m in sorted(region.memtables, key=lambda m: m.generation, reverse=True):
-            todo = _mask_to_indices(~resolved)
+            todo = _mask_to_indices(~found_r)
             if len(todo) == 0:
                 break
             if mem_hashes is None:
@@ -1802,20 +1858,23 @@ def lookup(
                 continue
             rows, local = found
             hit = todo[local]
-            resolved[hit] = True
+            found_r[hit] = True
+            hits.append((hit, np.full(len(hit), m.generation, np.int64), rank))
             tomb = rows.column(TOMBSTONE)
             if tomb.null_count or pc.any(tomb).as_py():
                 live = ~pc.fill_null(tomb, False).to_numpy(zero_copy_only=False)
                 rows, hit_live = rows.filter(pa.array(live)), hit[live]
             else:
                 hit_live = hit
-            add(rows, hit_live)
+            add(rows, hit_live, m.generation, rank)
             c["hits"] = len(hit)
         for ref in reversed(region.generations):
-            if resolved.all():
+            if found_r.all():
                 break
             gen = _gen_info(table, ref)
-            todo = _mask_to_indices(~resolved)
+            todo = _mask_to_indices(~found_r)
+            # The bloom filter is checked against the generation's keys before a
+            # negative is trusted (_GenInfo.might_contain): a corrupt filter is ignored.
             maybe = gen.might_contain(hashes[todo])
             c = {"source": f"generation {ref.generation} of region {ref.region_id}"}
             c.update(probed=len(todo), bloom_hits=int(maybe.sum()))
@@ -1831,14 +1890,18 @@ def lookup(
             if not hit.any():
                 continue
             cand, pos = cand[hit], pos[hit]
-            resolved[cand] = True
+            found_r[cand] = True
+            hits.append((cand, np.full(len(cand), ref.generation, np.int64), rank))
             live = ~gen.keys.tombstone[pos]
             if live.any():
                 gds = gen.dataset()
                 cols = _lance_columns(gds, read_cols)
                 with _reading(gen):
                     rows = gds.take(gen.keys.rows[pos[live]].tolist(), columns=cols)
-                add(rows, cand[live])
+                add(rows, cand[live], ref.generation, rank)
+        resolved |= found_r
+    if len(hits) > 1:
+        parts = _newest_across_regions(parts, hits, n)
     todo = _mask_to_indices(~resolved)
     if len(todo):
         with sources.reading_base(table, plan.base):
@@ -1852,12 +1915,35 @@ def lookup(
     if not parts:
         return out_schema.empty_table()
     if len(parts) == 1:
-        out, order = parts[0]
+        out, order = parts[0][0], parts[0][1]
     else:
-        out = pa.concat_tables([t for t, _ in parts])
-        order = np.concatenate([i for _, i in parts])
+        out = pa.concat_tables([p[0] for p in parts])
+        order = np.concatenate([p[1] for p in parts])
     if len(order) > 1 and (order[1:] < order[:-1]).any():
         out = out.take(pa.array(np.argsort(order, kind="stable")))
+    return out
+
+
+def _newest_across_regions(
+    parts: list[tuple[pa.Table, np.ndarray, int, int]],
+    hits: list[tuple[np.ndarray, np.ndarray, int]],
+    n: int,
+) -> list[tuple[pa.Table, np.ndarray, int, int]]:
+    """Drop the rows of keys found in several regions that are not the newest (highest
+    ``_gen``, then region rank: :func:`memwal_query.dedup.newest_indices`'s rule)."""
+    best_gen = np.full(n, -1, np.int64)
+    best_rank = np.full(n, -1, np.int64)
+    for idx, gens, rank in hits:
+        better = (gens > best_gen[idx]) | ((gens == best_gen[idx]) & (rank > best_rank[idx]))
+        best_gen[idx[better]] = gens[better]
+        best_rank[idx[better]] = rank
+    out = []
+    for rows, idx, gen, rank in parts:
+        keep = (best_gen[idx] == gen) & (best_rank[idx] == rank)
+        if keep.all():
+            out.append((rows, idx, gen, rank))
+        elif keep.any():
+            out.append((rows.filter(pa.array(keep)), idx[keep], gen, rank))
     return out
 
 

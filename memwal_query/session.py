@@ -21,6 +21,7 @@ def register(
     writers: Sequence[RegionWriter] | None = None,
     meta_columns: bool = False,
     storage_options: dict[str, str] | None = None,
+    max_staleness: float | None = None,
 ) -> MemWalTable:
     """Register the MemWAL table at ``uri`` as ``name`` in ``ctx``; return the table.
 
@@ -28,8 +29,10 @@ def register(
     ``lookup`` (see :mod:`memwal_query.search`); for ``name`` they read the MemTables of
     ``writers`` too (strong consistency, like every search). Eventual consistency by default
     (region snapshots of the MemWAL index, falling back to the region manifests while
-    no snapshot has been written); pass ``consistency="strong"`` and ``writers=`` for
-    read-your-writes.
+    no snapshot has been written, or when it is older than ``max_staleness`` seconds:
+    default :data:`memwal_query.view.DEFAULT_MAX_STALENESS`); pass
+    ``consistency="strong"`` and ``writers=`` for read-your-writes, or
+    ``consistency="latest"`` to see every process's acknowledged writes.
 
     Raises (before anything is registered)
     --------------------------------------
@@ -48,6 +51,7 @@ def register(
 
     table = uri if isinstance(uri, MemWalTable) else _open(uri, storage_options)
     provider = table.provider(consistency=consistency, writers=writers, meta_columns=meta_columns)
+    provider.max_staleness = max_staleness
     provider.check()
     ctx.register_table(name, provider)
     _registered(ctx)[name] = table

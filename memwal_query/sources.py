@@ -32,7 +32,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import paths
 from .dedup import KeySet, KeySetUnion, newest_indices
 from .exceptions import BaseVersionGoneError, GenerationGoneError, MemWalError, ObjectNotFoundError
 from .index import MemWalIndex, manifest_path
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
     from .table import MemWalTable
     from .writer import RegionWriter
 
-CONSISTENCY_MODES = ("strong", "eventual")
+CONSISTENCY_MODES = ("strong", "eventual", "latest")
 
 
 @dataclass(frozen=True)
@@ -126,97 +125,13 @@ def resolve(
     consistency: str = "strong",
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
+    max_staleness: float | None = None,
 ) -> ReadPlan:
-    """Collect the sources to read now (see module docs)."""
-    if consistency not in CONSISTENCY_MODES:
-        raise MemWalError(f"consistency must be one of {CONSISTENCY_MODES}, got {consistency!r}")
-    # Order matters: MemTables first, then the base table, then the region manifests.
-    # A MemTable flushed (and even merged) while we look is then found in the manifest
-    # (or the base table); the other order could miss it between the two reads.
-    mem_by_region: dict[str, list[MemTableSnapshot]] = {}
-    for w in writers or ():
-        if w.table.uri != table.uri:
-            raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
-        mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
-    base = table.dataset()
-    index = table.index(base)  # progress of exactly the version we read
-    merged = index.merged_generations()
-    spec = table.region_spec
-    regions: list[RegionView] = []
-    pruned: list[str] = []
+    """Resolve the pinned view to read now: :func:`memwal_query.view.resolve`."""
+    from . import view
 
-    if consistency == "eventual":
-        from .snapshots import read_snapshots
-
-        states = read_snapshots(table, index)
-        if states is None:  # no snapshot written yet: fall back to the manifests
-            states = _manifest_states(table)
-        else:
-            # A region whose writer is handed in is read as of its manifest (strong for
-            # that region): its MemTables continue the manifest's generations, and a
-            # stale snapshot + live MemTables would skip the generations flushed in
-            # between, a state that never existed.
-            for region_id in {w.region_id for w in writers or ()}:
-                state = _manifest_state(table, region_id)
-                if state is not None:
-                    states[region_id] = state
-    else:
-        states = _manifest_states(table)
-
-    for w in writers or ():
-        if w.region_id not in states:
-            states[w.region_id] = (table.region_values(w.region_id), [])
-
-    for region_id, (values, flushed) in sorted(states.items()):
-        if predicates and spec is not None and values is not None:
-            spec_id, region_values = values
-            if spec_id == spec.spec_id and not spec.may_match(
-                region_values, predicates, table.lance_schema
-            ):
-                pruned.append(region_id)
-                continue
-        merged_gen = merged.get(region_id, 0)
-        view = RegionView(
-            region_id=region_id,
-            values=values[1] if values else None,
-            merged_generation=merged_gen,
-        )
-        for gen, gen_dir in flushed:
-            if gen <= merged_gen:
-                continue
-            view.generations.append(
-                GenerationRef(region_id, gen, paths.generation_path(table.uri, region_id, gen_dir))
-            )
-        view.generations.sort(key=lambda g: g.generation)
-        max_flushed = view.generations[-1].generation if view.generations else merged_gen
-        for m in sorted(mem_by_region.get(region_id, []), key=lambda m: m.generation):
-            # A MemTable sealed and flushed after we listed the manifest is read from
-            # memory; one already listed as flushed is not read twice.
-            if m.generation > max_flushed and m.generation > merged_gen:
-                view.memtables.append(m)
-        if view.generations or view.memtables:
-            regions.append(view)
-    return ReadPlan(base, index, regions, pruned, consistency)
-
-
-def _manifest_states(table: MemWalTable) -> dict[str, tuple[Any, list[tuple[int, str]]]]:
-    states = {}
-    for region_id in table.region_ids():
-        state = _manifest_state(table, region_id)
-        if state is not None:
-            states[region_id] = state
-    return states
-
-
-def _manifest_state(table: MemWalTable, region_id: str) -> tuple[Any, list[tuple[int, str]]] | None:
-    """``(region values, [(generation, path)])`` from a region's newest manifest."""
-    manifest = table.region_manifest(region_id)
-    if manifest is None:
-        return None
-    return (
-        table.region_values(region_id),
-        [(g.generation, g.path) for g in manifest.flushed_generations],
-    )
+    staleness = view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
+    return view.resolve(table, consistency, writers, predicates, staleness)
 
 
 def base_version_gone(table: MemWalTable, version: int) -> bool:
@@ -471,9 +386,18 @@ class NewerView:
         return self.columns(cols).take(pa.array(selected))
 
 
-_FLUSHED_VIEWS: OrderedDict[tuple, tuple[int, np.ndarray, KeySet]] = OrderedDict()
+_FLUSHED_VIEWS: OrderedDict[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = (
+    OrderedDict()
+)
 _FLUSHED_LOCK = threading.Lock()
 _FLUSHED_MAX = 8
+
+
+def _ranks(plan: ReadPlan) -> dict[str, int]:
+    """Region rank of every region of the plan: ordered as the region ids, and the same
+    in every plan (cached flushed views are combined with later plans' MemTables): the
+    first 60 bits of the (canonical, lowercase) UUID."""
+    return {v.region_id: int(v.region_id.replace("-", "")[:15], 16) for v in plan.regions}
 
 
 def _flushed_rows(
@@ -488,16 +412,27 @@ def _flushed_rows(
 
 def _flushed_view(
     plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
-) -> tuple[int, np.ndarray, KeySet]:
-    """(row count, newest indices, key set) of the plan's generations (cached)."""
+) -> tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]:
+    """(row count, newest indices, key set, region rank and ``_gen`` of the newest rows)
+    of the plan's generations (cached)."""
     key = (tuple(g.uri for g in plan.generations), schema)
     with _FLUSHED_LOCK:
         hit = _FLUSHED_VIEWS.get(key)
         if hit is not None:
             _FLUSHED_VIEWS.move_to_end(key)
             return hit
-    keys = _flushed_rows(plan, schema, pk, storage_options)
-    view = (keys.num_rows, newest_indices(keys, pk), KeySet(keys))
+    ranks = _ranks(plan)
+    parts = [
+        read_generation(g, schema, storage_options, [*pk, GEN_COLUMN]) for g in plan.generations
+    ]
+    keys = pa.concat_tables(parts) if parts else _empty(schema).select([*pk, GEN_COLUMN])
+    regions = np.repeat(
+        np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
+        [p.num_rows for p in parts],
+    )
+    gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
+    winners = newest_indices(keys, pk, regions, gens)
+    view = (keys.num_rows, winners, KeySet(keys.select(pk)), regions[winners], gens[winners])
     with _FLUSHED_LOCK:
         _FLUSHED_VIEWS[key] = view
         while len(_FLUSHED_VIEWS) > _FLUSHED_MAX:
@@ -505,43 +440,67 @@ def _flushed_view(
     return view
 
 
-_MEM_VIEWS: OrderedDict[tuple, tuple[tuple, pa.Table, np.ndarray, KeySet]] = OrderedDict()
+_MEM_VIEWS: OrderedDict[tuple, tuple] = OrderedDict()
 
 
 def _memtable_view(
-    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str]
-) -> tuple[pa.Table, np.ndarray, KeySet]:
-    """Rows, newest indices and keys of MemTable snapshots (cached: they only grow)."""
+    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
+) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
+    """Rows, newest indices, keys, and region rank and ``_gen`` of the newest rows of
+    MemTable snapshots (cached: they only grow)."""
     key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
     lasts = tuple(m.batches[-1] for m in mems)
     with _FLUSHED_LOCK:
         hit = _MEM_VIEWS.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], lasts)):
-            return hit[1], hit[2], hit[3]
+        if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
+            return hit[1:6]
     rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
-    win_m = newest_indices(rows_m, pk)
+    sizes = [m.num_rows for m in mems]
+    regions = np.repeat(np.array([ranks[m.region_id] for m in mems], np.int64), sizes)
+    gens = np.repeat(np.array([m.generation for m in mems], np.int64), sizes)
+    win_m = newest_indices(rows_m, pk, regions, gens)
     keys = KeySet(rows_m.select(pk))
+    out = (rows_m, win_m, keys, regions[win_m], gens[win_m])
     with _FLUSHED_LOCK:
-        _MEM_VIEWS[key] = (lasts, rows_m, win_m, keys)
+        _MEM_VIEWS[key] = (lasts, *out, dict(ranks))
         while len(_MEM_VIEWS) > _FLUSHED_MAX:
             _MEM_VIEWS.popitem(last=False)
-    return rows_m, win_m, keys
+    return out
 
 
 def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
     """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
-    n_f, win_f, keys_f = _flushed_view(plan, schema, pk, storage_options)
+    n_f, win_f, keys_f, reg_f, gen_f = _flushed_view(plan, schema, pk, storage_options)
     names = _storage_read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:
         return NewerView(
             lambda cols: _flushed_rows(plan, schema, cols, storage_options), names, win_f, keys_f
         )
-    rows_m, win_m, keys_m = _memtable_view(mems, schema, pk)
+    rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
+    winners = win_m + n_f
     if len(win_f):
         winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
-        win_f = win_f[~keys_m.contains(winners_f)]
-    winners = np.concatenate([win_f, win_m + n_f])
+        hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
+        ranks = np.concatenate([reg_f, reg_m])
+        if not hit.any() or ranks.min() == ranks.max():
+            # One region: a MemTable row is newer than every generation of its region.
+            winners = np.concatenate([win_f[~hit], winners])
+        else:
+            # Keys in MemTables and in another region's generations: the one rule
+            # (dedup.newest_indices: _gen, then region rank) decides those keys only.
+            keys_hit = winners_f.filter(pa.array(hit))
+            mem_keys = rows_m.select(pk).take(pa.array(win_m))
+            mem_hit = KeySet(keys_hit).contains(mem_keys)
+            both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
+            keep = newest_indices(
+                both,
+                pk,
+                np.concatenate([reg_f[hit], reg_m[mem_hit]]),
+                np.concatenate([gen_f[hit], gen_m[mem_hit]]),
+            )
+            decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
+            winners = np.sort(np.concatenate([win_f[~hit], winners[~mem_hit], decided]))
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)

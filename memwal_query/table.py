@@ -500,15 +500,17 @@ class MemWalTable:
 
         return catch_up_indexes(self, names)
 
-    def gc(self, dry_run: bool = False, cleanup_older_than=None) -> list[str]:
+    def gc(self, dry_run: bool = False, cleanup_older_than=None, min_age=None) -> list[str]:
         """Delete merged, caught-up, unreferenced generations and WAL entries.
 
         See :mod:`memwal_query.gc` for the rules. ``cleanup_older_than`` (a
-        ``datetime.timedelta``) first removes older base-table versions with Lance.
+        ``datetime.timedelta``) first removes older base-table versions with Lance,
+        except those that were the latest within ``min_age`` (default:
+        ``cleanup_older_than``), which readers may still use.
         """
         from .gc import gc
 
-        return gc(self, dry_run=dry_run, cleanup_older_than=cleanup_older_than)
+        return gc(self, dry_run=dry_run, cleanup_older_than=cleanup_older_than, min_age=min_age)
 
     def status(self) -> dict[str, Any]:
         """Per region: epoch, generations flushed/merged, WAL span, sizes."""
@@ -532,6 +534,7 @@ class MemWalTable:
         consistency: str = "strong",
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
+        max_staleness: float | None = None,
     ) -> MemWalDataset:
         """A deduplicated view to register in DataFusion (``ctx.register_table``).
 
@@ -539,18 +542,22 @@ class MemWalTable:
         ----------
         consistency : str
             ``"strong"``: region manifests (+ ``writers``' MemTables);
-            ``"eventual"``: region snapshots of the MemWAL index.
+            ``"eventual"``: region snapshots of the MemWAL index; ``"latest"``: region
+            manifests + every region's durable, not yet flushed WAL entries (see
+            :mod:`memwal_query.view`).
         writers : list of RegionWriter, optional
             Writers whose unflushed rows are read too (read-your-writes). Defaults to
             the writers opened by :meth:`write` on this object.
         meta_columns : bool
             Expose ``_gen`` and ``_rowaddr``.
+        max_staleness : float, optional
+            ``eventual``: seconds after which a snapshot is too old (manifests instead).
         """
         from .provider import MemWalDataset
 
         if writers is None:
             writers = list(self._writers.values())
-        return MemWalDataset(self, consistency, writers, meta_columns)
+        return MemWalDataset(self, consistency, writers, meta_columns, max_staleness=max_staleness)
 
     def to_table(
         self,

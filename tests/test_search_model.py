@@ -34,19 +34,18 @@ WORDS = ["apple", "pear", "plum", "kiwi", "fig", "lime", "date", "peach"]
 N = 300
 
 
-def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
-    """A table after ``steps`` random operations, its writers and the model."""
-    rng = np.random.default_rng(seed)
-
-    def texts(m: int) -> list[str]:
-        return [" ".join(rng.choice(WORDS, rng.integers(1, 6))) for _ in range(m)]
-
-    vecs = rng.standard_normal((N, DIM)).astype(np.float32)
-    text = texts(N)
-    x = rng.integers(0, 10, N).tolist()
-    model = {i: (x[i], text[i], vecs[i]) for i in range(N)}
+def indexed_table(
+    tmp_path, rng, n: int, index_type: str, texts, regions: int = 1
+) -> tuple[mq.MemWalTable, dict]:
+    """``n`` random rows (``texts(m)`` makes texts) with a vector index (``index_type``)
+    and an INVERTED index, both maintained; and the model ``{id: (x, text, vec)}``. The
+    table has ``regions`` regions: region ``{"r": id % regions}``."""
+    vecs = rng.standard_normal((n, DIM)).astype(np.float32)
+    text = texts(n)
+    x = rng.integers(0, 10, n).tolist()
+    model = {i: (x[i], text[i], vecs[i]) for i in range(n)}
     uri = str(tmp_path / "base")
-    ds = lance.write_dataset(rows(range(N), vecs, x=x, text=text), uri)
+    ds = lance.write_dataset(rows(range(n), vecs, x=x, text=text), uri)
     if index_type == "IVF_FLAT":
         ds.create_index("vec", "IVF_FLAT", num_partitions=4, name="vec_idx")
     else:
@@ -54,6 +53,17 @@ def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
     ds.create_scalar_index("text", "INVERTED", name="text_idx")
     spec = expression_spec(ds, ["id"], f"col0 % {regions}", "int64", field_id="r")
     t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx", "text_idx"], region_spec=spec)
+    return t, model
+
+
+def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
+    """A table after ``steps`` random operations, its writers and the model."""
+    rng = np.random.default_rng(seed)
+
+    def texts(m: int) -> list[str]:
+        return [" ".join(rng.choice(WORDS, rng.integers(1, 6))) for _ in range(m)]
+
+    t, model = indexed_table(tmp_path, rng, N, index_type, texts, regions=regions)
     writers = [t.writer(region_values={"r": r}, max_memtable_rows=15) for r in range(regions)]
     ops = ["put", "put", "del", "flush", "merge", "reindex", "emptyflush"]
     for _ in range(steps):

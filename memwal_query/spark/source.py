@@ -7,32 +7,46 @@ Register once per session with :func:`register_source`, then::
     df = spark.read.format("memwal").schema("id long, val double").load(uri)
 
 It returns the same rows as the DataFusion provider (:meth:`MemWalTable.provider`) with
-the same consistency (``option("consistency", "strong" | "eventual")``, default
-``strong``): the newest version of every key, deletes applied. Unflushed MemTables live
-in their writer's process and are not visible (as for any other process).
+the same consistency (``option("consistency", "strong" | "eventual" | "latest")``,
+default ``strong``): the newest version of every key, deletes applied. Unflushed
+MemTables live in their writer's process; ``latest`` reads their durable WAL entries.
 
-Partitions (planned once per query, in Spark's planning worker)
----------------------------------------------------------------
-The sources are resolved at planning time (:func:`memwal_query.sources.resolve`): the
-base table version, the merged generation of every region, and the unmerged flushed
-generations of each region. Each partition then reads a fixed, immutable piece:
+Partitions (planned by Spark's planning worker)
+-----------------------------------------------
+The pinned view is resolved at planning time (:func:`memwal_query.view.resolve`): the
+base table version, its merge progress, and the unmerged flushed generations of each
+region (plus, with ``consistency="latest"``, the durable WAL entries not yet flushed).
+Each partition then reads a fixed, immutable piece:
 
-- **one partition per region** with unmerged generations: its generations' rows,
-  newest per key (a key lives in one region, so this is the key's newest version
-  overall), tombstones removed, then filtered;
+- **one partition of the regions' rows**: the newest row of every key among the
+  generations, by :func:`memwal_query.sources.newer_view` (the code and the rule of
+  the DataFusion provider, :func:`memwal_query.dedup.newest_indices`), tombstones
+  removed, then filtered;
 - **base-table splits**: groups of the pinned base version's fragments (about
-  ``rowsPerSplit`` rows each), read by Lance's scanner with the pushed filter, minus
-  the rows whose key appears in *any* region's partition (whatever its filter
-  outcome). Each split loads the primary-key columns of every planned generation to
-  drop them; generations are immutable, so this is cached per worker process.
+  ``rowsPerSplit`` rows each), read by Lance's scanner, minus the rows whose key
+  appears in any planned generation (whatever its filter outcome). The key set is the
+  same view's (cached per worker process: generations are immutable).
+
+Spark keeps the partitions a query planned for later queries of the same DataFrame
+(see below): those read the same pinned view. A view whose pieces were garbage
+collected meanwhile raises :class:`~memwal_query.exceptions.BaseVersionGoneError` or
+:class:`~memwal_query.exceptions.GenerationGoneError`: load the DataFrame again.
 
 Column pruning and filter pushdown
 ----------------------------------
 The Python Data Source API (PySpark 4.x) passes no required-column list to a reader, so
 Spark cannot prune columns by itself: ask for the columns with ``option("columns",
 ...)`` or a user schema, and only those (plus the key) are read.
-Filters are pushed (``pushFilters``, PySpark >= 4.1 with
-``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on):
+Filters are pushed only on request (``option("pushFilters", "true")``, PySpark >= 4.1 with
+``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on).
+**Off by default**: Spark (4.1 to 4.3 at least) keeps the read function and partitions
+planned by a filter pushdown on the *relation*, shared by every later query of the same
+DataFrame (or temporary view); a query without a pushable filter then reuses the
+previous query's reader and its filters (``df.where("cat = 7").count()`` followed by
+``df.count()`` returned the filtered count). Without pushdown every reader is
+identical (Spark evaluates all filters), so a reused reader is only a reused *view*
+(see "Pinning" in ``docs/spark.md``). Enable it only for a DataFrame that runs one
+query. When enabled:
 ``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS [NOT] NULL``, ``NOT``,
 ``LIKE 'a%'/'%a'/'%a%'`` on integer, string, boolean, date, decimal and binary columns
 are evaluated exactly here (Lance pushdown on the base table, after deduplication on
@@ -46,8 +60,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +71,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from .. import sources
-from ..dedup import KeySet, newest_per_key
-from ..exceptions import MemWalError, SchemaError
-from ..schema import TOMBSTONE
+from ..exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from ._common import open_table
 
 try:  # PySpark >= 4.1
@@ -236,57 +246,31 @@ def _combine(filters: Sequence[Any], schema: pa.Schema):
 
 
 # -- partitions ------------------------------------------------------------------------
-class RegionPartition(InputPartition):
-    """One region's unmerged generations ``[(generation, uri), ...]``, oldest first."""
+class NewerPartition(InputPartition):
+    """The newest rows of every planned region (generations; WAL tails with
+    ``consistency="latest"``), deduplicated by :func:`memwal_query.sources.newer_view`
+    (the provider's code and rule)."""
 
-    def __init__(self, region_id: str, generations: list[tuple[int, str]]) -> None:
-        super().__init__(region_id)
-        self.region_id = region_id
-        self.generations = generations
+    def __init__(self, regions: list[sources.RegionView], consistency: str) -> None:
+        super().__init__(tuple(r.region_id for r in regions))
+        self.regions = regions
+        self.consistency = consistency
+
+    def plan(self) -> sources.ReadPlan:
+        """The partition's regions as a read plan (no base: read by BasePartition)."""
+        return sources.ReadPlan(None, None, self.regions, [], self.consistency)  # type: ignore[arg-type]
 
 
 class BasePartition(InputPartition):
-    """Fragments of the pinned base version, minus keys of ``newer`` generations."""
+    """Fragments of the pinned base version, minus keys of the ``newer`` partition."""
 
     def __init__(
-        self, version: int, fragment_ids: list[int] | None, newer: list[tuple[str, int, str]]
+        self, version: int, fragment_ids: list[int] | None, newer: NewerPartition | None
     ) -> None:
         super().__init__(fragment_ids)
         self.version = version
         self.fragment_ids = fragment_ids
         self.newer = newer
-
-
-_KEY_CACHE: OrderedDict[tuple, KeySet] = OrderedDict()
-_KEY_LOCK = threading.Lock()
-_KEY_CACHE_MAX = 4
-
-
-def _newer_keys(newer: list[tuple[str, int, str]], pk: list[str], storage_options) -> KeySet:
-    """Every key of the given generations (cached per worker: generations are immutable)."""
-    cache_key = (tuple(u for _, _, u in newer), tuple(pk))
-    with _KEY_LOCK:
-        hit = _KEY_CACHE.get(cache_key)
-        if hit is not None:
-            _KEY_CACHE.move_to_end(cache_key)
-            return hit
-    parts = []
-    for region_id, generation, uri in newer:
-        try:
-            ds = lance.dataset(uri, storage_options=storage_options or None)
-            parts.append(ds.to_table(columns=pk))
-        except (ValueError, OSError) as e:
-            from ..exceptions import GenerationGoneError
-
-            raise GenerationGoneError(
-                f"generation {generation} of region {region_id} at {uri} is gone: {e}"
-            ) from e
-    keys = KeySet(pa.concat_tables(parts) if parts else pa.table({k: [] for k in pk}))
-    with _KEY_LOCK:
-        _KEY_CACHE[cache_key] = keys
-        while len(_KEY_CACHE) > _KEY_CACHE_MAX:
-            _KEY_CACHE.popitem(last=False)
-    return keys
 
 
 # -- the data source -------------------------------------------------------------------
@@ -372,17 +356,14 @@ class MemWalReader(DataSourceReader):
         return _combine(self.filters, self.table_schema)
 
     def partitions(self) -> list[InputPartition]:
-        """Resolve the sources now: one partition per region, plus base splits."""
+        """Resolve the view now: one partition of the regions' rows, plus base splits."""
         table = open_table(self.uri, self.storage_options)
         _, preds = self._expression()
         plan = sources.resolve(table, self.consistency, None, preds or None)
         parts: list[InputPartition] = []
-        newer: list[tuple[str, int, str]] = []
-        for region in plan.regions:
-            gens = [(g.generation, g.uri) for g in region.generations]
-            if gens:
-                parts.append(RegionPartition(region.region_id, gens))
-                newer.extend((region.region_id, g, u) for g, u in gens)
+        newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
+        if newer is not None:
+            parts.append(newer)
         base = plan.base
         frags = base.get_fragments()
         if not frags:
@@ -403,13 +384,17 @@ class MemWalReader(DataSourceReader):
     # reading -------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Rows of one partition as Arrow batches of the output schema."""
-        if isinstance(partition, RegionPartition):
-            expr, _ = self._expression()
-            yield from self._read_region(partition, expr)
+        if isinstance(partition, NewerPartition):
+            yield from self._read_newer(partition)
         elif isinstance(partition, BasePartition):
             yield from self._read_base(partition)
         else:  # pragma: no cover
             raise MemWalError(f"unknown partition {partition!r}")
+
+    def _view(self, part: NewerPartition) -> sources.NewerView:
+        return sources.newer_view(
+            part.plan(), self.table_schema, self.primary_key, self.storage_options
+        )
 
     def _out(self, batch: pa.RecordBatch | pa.Table) -> Iterator[pa.RecordBatch]:
         if isinstance(batch, pa.Table):
@@ -424,28 +409,22 @@ class MemWalReader(DataSourceReader):
                 arrays.append(_to_spark_array(b.column(f.name), f.type))
             yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    def _read_region(self, part: RegionPartition, expr) -> Iterator[pa.RecordBatch]:
-        rows = pa.concat_tables(
-            [
-                sources.read_generation(
-                    sources.GenerationRef(part.region_id, g, uri),
-                    self.table_schema,
-                    self.storage_options,
-                )
-                for g, uri in part.generations
-            ]
-        )
-        newest = newest_per_key(rows, self.primary_key)
-        live = newest.filter(pc.invert(newest.column(TOMBSTONE)))
-        if expr is not None and live.num_rows:
-            live = live.filter(expr)
-        yield from self._out(live.select(self.columns))
+    def _read_newer(self, part: NewerPartition) -> Iterator[pa.RecordBatch]:
+        expr, _ = self._expression()
+        used = [_filter_column(f) for f in self.filters]
+        yield from self._out(self._view(part).live(self.columns, expr, used))
 
     def _read_base(self, part: BasePartition) -> Iterator[pa.RecordBatch]:
-        ds = lance.dataset(
-            self.uri, version=part.version, storage_options=self.storage_options or None
-        )
-        keys = _newer_keys(part.newer, self.primary_key, self.storage_options)
+        try:
+            ds = lance.dataset(
+                self.uri, version=part.version, storage_options=self.storage_options or None
+            )
+        except (ValueError, OSError) as e:  # the pinned version was cleaned up
+            raise BaseVersionGoneError(
+                f"{self.uri}: base version {part.version} this DataFrame planned on is gone "
+                f"(load the DataFrame again): {e}"
+            ) from e
+        keys = self._view(part.newer).keys if part.newer is not None else None
         # Filters on columns Lance cannot filter are evaluated here, after the scan.
         in_lance = [
             f
@@ -458,7 +437,7 @@ class MemWalReader(DataSourceReader):
         read_cols = list(
             dict.fromkeys(
                 self.columns
-                + (self.primary_key if len(keys) else [])
+                + (self.primary_key if keys is not None and len(keys) else [])
                 + [_filter_column(f) for f in in_arrow]
             )
         )
@@ -469,7 +448,7 @@ class MemWalReader(DataSourceReader):
             columns=read_cols, filter=lance_expr, fragments=fragments, batch_size=65536
         )
         for batch in scanner.to_batches():
-            if len(keys):
+            if keys is not None and len(keys):
                 mask = keys.contains(batch.select(self.primary_key))
                 if mask.any():
                     batch = batch.filter(pa.array(~mask))
@@ -496,8 +475,9 @@ class MemWalDataSource(DataSource):
     """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
 
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
-    ``consistency`` (``strong``/``eventual``), ``rowsPerSplit`` (base rows per
-    partition), ``pushFilters`` (``false`` to disable filter pushdown),
+    ``consistency`` (``strong``/``eventual``/``latest``), ``rowsPerSplit`` (base rows per
+    partition), ``pushFilters`` (``true`` to enable filter pushdown: only for a
+    DataFrame that runs a single query, see the module docs),
     ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
     """
 
@@ -528,7 +508,8 @@ class MemWalDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader returning ``schema``'s columns."""
         options = {k.lower(): v for k, v in self.options.items()}
-        pushdown = options.get("pushfilters", "true").lower() != "false"
+        # Opt-in: Spark shares a pushed-down reader with later queries (module docs).
+        pushdown = options.get("pushfilters", "false").lower() == "true"
         cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
         return cls(self._uri(), options, schema)
 
