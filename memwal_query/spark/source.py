@@ -342,6 +342,7 @@ class MemWalReader(DataSourceReader):
         self.storage_options = _storage_options(options)
         self.filters: list[Any] = []
         table = open_table(uri, self.storage_options)
+        self._table = table  # reused by partitions() in this process, not pickled
         self.uri = table.uri
         self.table_schema = table.schema
         self.primary_key = list(table.primary_key)
@@ -351,13 +352,19 @@ class MemWalReader(DataSourceReader):
         self.columns = schema.fieldNames()
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable state (the open table stays in the planning process)."""
+        state = dict(self.__dict__)
+        state.pop("_table", None)
+        return state
+
     # planning ------------------------------------------------------------------------
     def _expression(self):
         return _combine(self.filters, self.table_schema)
 
     def partitions(self) -> list[InputPartition]:
         """Resolve the view now: one partition of the regions' rows, plus base splits."""
-        table = open_table(self.uri, self.storage_options)
+        table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
         plan = sources.resolve(table, self.consistency, None, preds or None)
         parts: list[InputPartition] = []
