@@ -23,7 +23,8 @@ Each partition then reads a fixed, immutable piece:
   the DataFusion provider, :func:`memwal_query.dedup.newest_indices`), tombstones
   removed, then filtered;
 - **base-table splits**: groups of the pinned base version's fragments (about
-  ``rowsPerSplit`` rows each), read by Lance's scanner, minus the rows whose key
+  ``rowsPerSplit`` rows each; a larger fragment is cut into row ranges when no filter
+  is pushed), read by Lance's scanner, minus the rows whose key
   appears in any planned generation (whatever its filter outcome). The key set is the
   same view's (cached per worker process: generations are immutable).
 
@@ -103,7 +104,7 @@ if TYPE_CHECKING:
 
 FORMAT = "memwal"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
-DEFAULT_ROWS_PER_SPLIT = 1_000_000
+DEFAULT_ROWS_PER_SPLIT = 500_000
 
 _CMP = {
     "EqualTo": ("==", "!="),
@@ -262,15 +263,21 @@ class NewerPartition(InputPartition):
 
 
 class BasePartition(InputPartition):
-    """Fragments of the pinned base version, minus keys of the ``newer`` partition."""
+    """Fragments of the pinned base version, minus keys of the ``newer`` partition;
+    with ``row_range`` (offset, limit), that range of the rows of one fragment."""
 
     def __init__(
-        self, version: int, fragment_ids: list[int] | None, newer: NewerPartition | None
+        self,
+        version: int,
+        fragment_ids: list[int] | None,
+        newer: NewerPartition | None,
+        row_range: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(fragment_ids)
+        super().__init__((fragment_ids, row_range))
         self.version = version
         self.fragment_ids = fragment_ids
         self.newer = newer
+        self.row_range = row_range
 
 
 # -- the data source -------------------------------------------------------------------
@@ -379,8 +386,21 @@ class MemWalReader(DataSourceReader):
         group: list[int] = []
         rows = 0
         for frag in frags:
+            n = frag.count_rows()
+            if n > self.rows_per_split and not self.filters:
+                # A large fragment is read in row ranges by several tasks (without a
+                # pushed filter, offset/limit of one fragment's scan are row ranges).
+                if group:
+                    parts.append(BasePartition(base.version, group, newer))
+                    group, rows = [], 0
+                for start in range(0, n, self.rows_per_split):
+                    size = min(self.rows_per_split, n - start)
+                    parts.append(
+                        BasePartition(base.version, [frag.fragment_id], newer, (start, size))
+                    )
+                continue
             group.append(frag.fragment_id)
-            rows += frag.count_rows()
+            rows += n
             if rows >= self.rows_per_split:
                 parts.append(BasePartition(base.version, group, newer))
                 group, rows = [], 0
@@ -451,8 +471,14 @@ class MemWalReader(DataSourceReader):
         fragments = (
             None if part.fragment_ids is None else [ds.get_fragment(i) for i in part.fragment_ids]
         )
+        offset, limit = part.row_range if part.row_range is not None else (None, None)
         scanner = ds.scanner(
-            columns=read_cols, filter=lance_expr, fragments=fragments, batch_size=65536
+            columns=read_cols,
+            filter=lance_expr,
+            fragments=fragments,
+            batch_size=65536,
+            offset=offset,
+            limit=limit,
         )
         for batch in scanner.to_batches():
             if keys is not None and len(keys):
