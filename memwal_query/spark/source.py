@@ -104,7 +104,7 @@ if TYPE_CHECKING:
 
 FORMAT = "memwal"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
-DEFAULT_ROWS_PER_SPLIT = 500_000
+DEFAULT_ROWS_PER_SPLIT = 1_000_000
 
 _CMP = {
     "EqualTo": ("==", "!="),
