@@ -647,6 +647,8 @@ def test_reader_equals_datafusion(spark, read_table):
     # smaller base splits: more partitions, same rows
     got = spark_sql(spark, uri, sql, rowsPerSplit="1000")
     assert same(got, want)
+    # fragments larger than a split are read in row ranges by several partitions
+    assert same(spark_sql(spark, uri, sql, rowsPerSplit="150"), want)
     assert (
         spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri).rdd.getNumPartitions()
         > 1 + splits

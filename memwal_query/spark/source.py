@@ -23,7 +23,8 @@ Each partition then reads a fixed, immutable piece:
   the DataFusion provider, :func:`memwal_query.dedup.newest_indices`), tombstones
   removed, then filtered;
 - **base-table splits**: groups of the pinned base version's fragments (about
-  ``rowsPerSplit`` rows each), read by Lance's scanner, minus the rows whose key
+  ``rowsPerSplit`` rows each; a larger fragment is cut into row ranges when no filter
+  is pushed), read by Lance's scanner, minus the rows whose key
   appears in any planned generation (whatever its filter outcome). The key set is the
   same view's (cached per worker process: generations are immutable).
 
@@ -262,15 +263,21 @@ class NewerPartition(InputPartition):
 
 
 class BasePartition(InputPartition):
-    """Fragments of the pinned base version, minus keys of the ``newer`` partition."""
+    """Fragments of the pinned base version, minus keys of the ``newer`` partition;
+    with ``row_range`` (offset, limit), that range of the rows of one fragment."""
 
     def __init__(
-        self, version: int, fragment_ids: list[int] | None, newer: NewerPartition | None
+        self,
+        version: int,
+        fragment_ids: list[int] | None,
+        newer: NewerPartition | None,
+        row_range: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(fragment_ids)
+        super().__init__((fragment_ids, row_range))
         self.version = version
         self.fragment_ids = fragment_ids
         self.newer = newer
+        self.row_range = row_range
 
 
 # -- the data source -------------------------------------------------------------------
@@ -342,6 +349,7 @@ class MemWalReader(DataSourceReader):
         self.storage_options = _storage_options(options)
         self.filters: list[Any] = []
         table = open_table(uri, self.storage_options)
+        self._table = table  # reused by partitions() in this process, not pickled
         self.uri = table.uri
         self.table_schema = table.schema
         self.primary_key = list(table.primary_key)
@@ -351,13 +359,19 @@ class MemWalReader(DataSourceReader):
         self.columns = schema.fieldNames()
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable state (the open table stays in the planning process)."""
+        state = dict(self.__dict__)
+        state.pop("_table", None)
+        return state
+
     # planning ------------------------------------------------------------------------
     def _expression(self):
         return _combine(self.filters, self.table_schema)
 
     def partitions(self) -> list[InputPartition]:
         """Resolve the view now: one partition of the regions' rows, plus base splits."""
-        table = open_table(self.uri, self.storage_options)
+        table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
         plan = sources.resolve(table, self.consistency, None, preds or None)
         parts: list[InputPartition] = []
@@ -372,8 +386,21 @@ class MemWalReader(DataSourceReader):
         group: list[int] = []
         rows = 0
         for frag in frags:
+            n = frag.count_rows()
+            if n > self.rows_per_split and not self.filters:
+                # A large fragment is read in row ranges by several tasks (without a
+                # pushed filter, offset/limit of one fragment's scan are row ranges).
+                if group:
+                    parts.append(BasePartition(base.version, group, newer))
+                    group, rows = [], 0
+                for start in range(0, n, self.rows_per_split):
+                    size = min(self.rows_per_split, n - start)
+                    parts.append(
+                        BasePartition(base.version, [frag.fragment_id], newer, (start, size))
+                    )
+                continue
             group.append(frag.fragment_id)
-            rows += frag.count_rows()
+            rows += n
             if rows >= self.rows_per_split:
                 parts.append(BasePartition(base.version, group, newer))
                 group, rows = [], 0
@@ -444,8 +471,14 @@ class MemWalReader(DataSourceReader):
         fragments = (
             None if part.fragment_ids is None else [ds.get_fragment(i) for i in part.fragment_ids]
         )
+        offset, limit = part.row_range if part.row_range is not None else (None, None)
         scanner = ds.scanner(
-            columns=read_cols, filter=lance_expr, fragments=fragments, batch_size=65536
+            columns=read_cols,
+            filter=lance_expr,
+            fragments=fragments,
+            batch_size=65536,
+            offset=offset,
+            limit=limit,
         )
         for batch in scanner.to_batches():
             if keys is not None and len(keys):
