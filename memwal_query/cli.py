@@ -832,7 +832,13 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
 
     t = _open(uri)
     older = None if cleanup_older_than is None else dt.timedelta(hours=cleanup_older_than)
-    removed = t.gc(dry_run=dry_run, cleanup_older_than=older)
+    with _progress(length=0, label="collecting", show_pos=True) as bar:
+
+        def step(done: int, total: int) -> None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+        removed = t.gc(dry_run=dry_run, cleanup_older_than=older, progress=step)
     if dry_run and older is not None:
         click.echo(
             "note: a dry run removes no base versions, so generations that only those "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import crashpoints, paths
@@ -156,8 +157,11 @@ def gc(
     dry_run: bool = False,
     cleanup_older_than: dt.timedelta | None = None,
     min_age: dt.timedelta | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
     """Delete what the rules above allow; return the paths removed (or that would be).
+
+    ``progress(done, total)`` is called as paths are deleted (progress bars).
 
     Everything GC depends on (index of every retained version, region manifests,
     layout) is read and checked before anything is deleted, base versions included: a
@@ -180,12 +184,14 @@ def gc(
         )
         plan = _plan(table)  # fewer retained versions: more may go
     if not dry_run:
-        for path, is_tree in plan:
+        for done, (path, is_tree) in enumerate(plan, 1):
             if is_tree:
                 table.io.delete_tree(path)
                 crashpoints.point("gc.mid")
             else:
                 table.io.delete(path)
+            if progress is not None:
+                progress(done, len(plan))
     return [path for path, _ in plan]
 
 

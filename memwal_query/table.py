@@ -500,17 +500,26 @@ class MemWalTable:
 
         return catch_up_indexes(self, names)
 
-    def gc(self, dry_run: bool = False, cleanup_older_than=None, min_age=None) -> list[str]:
+    def gc(
+        self, dry_run: bool = False, cleanup_older_than=None, min_age=None, progress=None
+    ) -> list[str]:
         """Delete merged, caught-up, unreferenced generations and WAL entries.
 
         See :mod:`memwal_query.gc` for the rules. ``cleanup_older_than`` (a
         ``datetime.timedelta``) first removes older base-table versions with Lance,
         except those that were the latest within ``min_age`` (default:
-        ``cleanup_older_than``), which readers may still use.
+        ``cleanup_older_than``), which readers may still use. ``progress(done, total)``
+        is called as paths are deleted.
         """
         from .gc import gc
 
-        return gc(self, dry_run=dry_run, cleanup_older_than=cleanup_older_than, min_age=min_age)
+        return gc(
+            self,
+            dry_run=dry_run,
+            cleanup_older_than=cleanup_older_than,
+            min_age=min_age,
+            progress=progress,
+        )
 
     def status(self) -> dict[str, Any]:
         """Per region: epoch, generations flushed/merged, WAL span, sizes."""

@@ -76,8 +76,8 @@ def test_every_reader_equals_the_model(tmp_path, seed):
     def texts(m: int) -> list[str]:
         return [" ".join(rng.choice(WORDS, rng.integers(1, 4))) for _ in range(m)]
 
-    t, model = indexed_table(tmp_path, rng, N, "IVF_FLAT", texts)
-    writers = [t.writer(max_memtable_rows=12) for _ in range(2)]
+    t, model = indexed_table(tmp_path, rng, N, "IVF_FLAT", texts, regions=2)
+    writers = [t.writer(region_values={"r": r}, max_memtable_rows=12) for r in range(2)]
     other = mq.MemWalTable.open(t.uri)
     hot = rng.choice(N + 20, 12, replace=False)  # keys updated and deleted again and again
     ops = ["put", "put", "put", "del", "del", "flush", "merge", "reindex", "gc"]

@@ -156,3 +156,27 @@ def test_conflicts_are_recognised_by_type_first():
     assert merger._is_conflict(OSError("Too many concurrent writers. Attempted 0 retries."))
     assert not merger._is_conflict(OSError("No such file or directory"))
     assert not merger._is_conflict(ValueError("conflict"))
+
+
+def test_gc_reports_progress(tmp_path):
+    """``gc(progress=...)`` is called once per deleted path with (done, total): the
+    CLI's progress bar of ``memwal gc``."""
+    import datetime as dt
+
+    import lance
+
+    import memwal_query as mq
+
+    from helpers import basic_rows
+
+    uri = str(tmp_path / "t")
+    lance.write_dataset(basic_rows(range(5)), uri)
+    t = mq.MemWalTable.initialize(uri)
+    for i in range(3):
+        t.write(basic_rows([100 + i]))
+        t.flush()
+    t.close()
+    t.merge()
+    calls = []
+    removed = t.gc(cleanup_older_than=dt.timedelta(0), progress=lambda d, n: calls.append((d, n)))
+    assert removed and calls == [(i + 1, len(removed)) for i in range(len(removed))]
