@@ -170,7 +170,10 @@ def run(
         proc.join(deadline if crash_at is None else 60)
         killed_by_timer = proc.is_alive()
         if killed_by_timer:
-            os.kill(proc.pid, signal.SIGKILL)
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it exited just now, on its own
+                killed_by_timer = False
             proc.join()
         if proc.exitcode == -signal.SIGKILL and not killed_by_timer:
             hits[crash_at.split(":")[0]] += 1
