@@ -334,9 +334,12 @@ class RegionWriter:
         with self._cond:
             done_before = len(self.stats.flushed_generations)
             self._wal_error = None  # _seal syncs every buffered row first
+            # Superseded by this attempt's outcome. Cleared before sealing: the drain
+            # _seal starts may fail before we wait for it, and that error is this
+            # attempt's to raise.
+            self._flush_error = None
         self._seal(force=True)
         with self._cond:
-            self._flush_error = None  # superseded by this attempt's outcome
             while True:
                 while self._flush_active:
                     self._cond.wait()

@@ -319,6 +319,26 @@ def test_flush_raises_when_its_own_attempt_fails(table, monkeypatch):
     w.close()
 
 
+def test_flush_raises_a_failure_of_the_drain_it_started_before_it_waits(table, monkeypatch):
+    """flush() seals and starts the drain; when that drain fails before flush() looks at
+    the outcome, flush() still raises it (it used to wipe it and retry quietly)."""
+    flaky_flush(monkeypatch, 1)
+    w = table.writer()
+    w.put(basic_rows([1]))
+    real_seal = w._seal
+
+    def seal_then_let_the_drain_finish(force: bool) -> None:
+        real_seal(force)
+        wait_until(lambda: not w._flush_active)
+
+    monkeypatch.setattr(w, "_seal", seal_then_let_the_drain_finish)
+    with pytest.raises(OSError, match="injected"):
+        w.flush()
+    monkeypatch.setattr(w, "_seal", real_seal)
+    assert w.flush() == 1  # retried
+    w.close()
+
+
 def test_background_fencing_keeps_the_fenced_error_type(table, monkeypatch):
     orig = flush_mod.write_generation
     w = table.writer(max_memtable_rows=2)
