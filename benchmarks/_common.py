@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: timing and table printing."""
+"""Shared helpers of the benchmark scripts: timing, table printing, and the
+``(id, val, cat)`` rows several benchmarks write."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import pyarrow as pa
 
 
 def timed(fn: Callable[[], object], repeat: int = 5, warmup: int = 1) -> list[float]:
@@ -52,3 +54,26 @@ def _fmt(c: object) -> str:
             return f"{c:.1f}"
         return f"{c:.3g}"
     return str(c)
+
+
+PK = {"lance-schema:unenforced-primary-key": "true"}
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False, metadata=PK),
+        pa.field("val", pa.float64()),
+        pa.field("cat", pa.int32()),
+    ]
+)
+"""Schema of the benchmark rows: ``id`` (primary key), ``val`` (random), ``cat`` (0..99)."""
+
+
+def make_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    """Rows of :data:`SCHEMA` for keys ``ids``."""
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "val": pa.array(rng.random(len(ids))),
+            "cat": pa.array(rng.integers(0, 100, len(ids)), pa.int32()),
+        },
+        schema=SCHEMA,
+    )

@@ -25,33 +25,13 @@ from pathlib import Path
 
 import lance
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, print_table  # noqa: E402
+from _common import make_rows as rows  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
-
-PK = {"lance-schema:unenforced-primary-key": "true"}
-SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64(), nullable=False, metadata=PK),
-        pa.field("val", pa.float64()),
-        pa.field("cat", pa.int32()),
-    ]
-)
-
-
-def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "val": pa.array(rng.random(len(ids))),
-            "cat": pa.array(rng.integers(0, 100, len(ids)), pa.int32()),
-        },
-        schema=SCHEMA,
-    )
 
 
 def setup(root: str, base_rows: int) -> mq.MemWalTable:

@@ -31,29 +31,9 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, pct, print_table, timed  # noqa: E402
+from _common import SCHEMA, machine, make_rows, median, pct, print_table, timed  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
-
-PK = {"lance-schema:unenforced-primary-key": "true"}
-SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64(), nullable=False, metadata=PK),
-        pa.field("val", pa.float64()),
-        pa.field("cat", pa.int32()),
-    ]
-)
-
-
-def make_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "val": pa.array(rng.random(len(ids))),
-            "cat": pa.array(rng.integers(0, 100, len(ids)), pa.int32()),
-        },
-        schema=SCHEMA,
-    )
 
 
 def make_base(path: str, n: int) -> None:
