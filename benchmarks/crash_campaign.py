@@ -4,7 +4,7 @@ Runs ``tests/crash_harness.py`` in batches (a fresh real table per batch, ``--jo
 batches at a time, each with its own seed) until ``--crashes`` workers were killed or
 ``--minutes`` ran out. Every iteration forks a worker doing durable puts, deletes,
 flushes, merges (one region or both in one commit), index catch-up and GC; it is killed
-with SIGKILL at a named crash point (``memwal_query.crashpoints``) or by a timer at a
+with SIGKILL at a named crash point (``memwal_query.storage.crashpoints``) or by a timer at a
 random moment; the harness then recovers every region and checks every acknowledged
 write against its model (the one operation in flight may or may not be visible;
 nothing else may differ). A failing batch stops the campaign and prints its seed

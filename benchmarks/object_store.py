@@ -35,7 +35,7 @@ from _common import machine, median, pct, print_table, timed  # noqa: E402
 from s3server import LocalS3Server  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
-from memwal_query import sources  # noqa: E402
+from memwal_query.read import sources  # noqa: E402
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
 SCHEMA = pa.schema(

@@ -227,7 +227,7 @@ def main() -> None:
         )
         # consistency="latest": another process (a second table object, no writer handed
         # in) reads the writer's durable WAL entries not yet flushed (the live MemTable)
-        from memwal_query import view
+        from memwal_query.read import view
 
         other = mq.MemWalTable.open(t.uri)
         ctx.register_table("latest", other.provider(consistency="latest"))

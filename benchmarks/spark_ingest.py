@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, print_table  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
-from memwal_query.regionspec import bucket_spec  # noqa: E402
+from memwal_query.regions.spec import bucket_spec  # noqa: E402
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
 SCHEMA = pa.schema(

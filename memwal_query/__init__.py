@@ -7,7 +7,7 @@ had already been merged.
 
 from __future__ import annotations
 
-from .exceptions import (
+from memwal_query.exceptions import (
     AlreadyExistsError,
     AlreadyInitializedError,
     BackpressureError,
@@ -39,21 +39,21 @@ from .exceptions import (
 # Heavy modules (lance, datafusion) load on first use, so that light users (the WAL and
 # manifest layers, CLI start-up, worker processes) do not pay for them.
 _LAZY = {
-    "FlushedGeneration": ".manifest",
-    "RegionManifest": ".manifest",
-    "MemTableSnapshot": ".memtable",
-    "RegionField": ".regionspec",
-    "RegionSpec": ".regionspec",
-    "MemWalTable": ".table",
-    "region_id_for": ".table",
-    "RegionWriter": ".writer",
-    "MemWalDataset": ".provider",
-    "bucket_spec": ".regionspec",
-    "identity_spec": ".regionspec",
-    "expression_spec": ".regionspec",
-    "unsharded_spec": ".regionspec",
-    "register": ".session",
-    "register_search_functions": ".search",
+    "FlushedGeneration": "memwal_query.format.manifest",
+    "RegionManifest": "memwal_query.format.manifest",
+    "MemTableSnapshot": "memwal_query.write.memtable",
+    "RegionField": "memwal_query.regions.spec",
+    "RegionSpec": "memwal_query.regions.spec",
+    "MemWalTable": "memwal_query.table",
+    "region_id_for": "memwal_query.table",
+    "RegionWriter": "memwal_query.write.writer",
+    "MemWalDataset": "memwal_query.read.provider",
+    "bucket_spec": "memwal_query.regions.spec",
+    "identity_spec": "memwal_query.regions.spec",
+    "expression_spec": "memwal_query.regions.spec",
+    "unsharded_spec": "memwal_query.regions.spec",
+    "register": "memwal_query.session",
+    "register_search_functions": "memwal_query.search",
 }
 
 

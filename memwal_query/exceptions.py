@@ -159,7 +159,7 @@ class MergeFailedError(MemWalError):
     errors : dict
         ``{region_id: exception}`` of the regions that failed.
     results : list
-        The :class:`~memwal_query.merger.MergeResult` of every generation that was
+        The :class:`~memwal_query.maintain.merger.MergeResult` of every generation that was
         merged, failed regions included (up to their failure).
     """
 

@@ -2,7 +2,7 @@
 
 Run from a source checkout (needs the ``test`` extra for ``grpcio-tools``)::
 
-    python -m memwal_query.protogen          # rewrite memwal_query/_proto/*_pb2.py(i)
+    python -m memwal_query.protogen          # rewrite memwal_query/format/_proto/*_pb2.py(i)
     python -m memwal_query.protogen --check  # exit 1 when the checked-in code is stale
 
 Staleness is judged on the compiled ``FileDescriptorProto`` embedded in the generated
@@ -20,7 +20,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 PROTO_DIR = REPO_DIR / "protos"
-OUT_DIR = PACKAGE_DIR / "_proto"
+OUT_DIR = PACKAGE_DIR / "format" / "_proto"
 PROTO_FILES = ["memwal.proto", "lance_table.proto"]
 
 
@@ -70,7 +70,9 @@ def checked_in_descriptor(proto_file: str) -> bytes:
 
     from google.protobuf import descriptor_pb2
 
-    module = importlib.import_module(f"memwal_query._proto.{proto_file.removesuffix('.proto')}_pb2")
+    module = importlib.import_module(
+        f"memwal_query.format._proto.{proto_file.removesuffix('.proto')}_pb2"
+    )
     fd = descriptor_pb2.FileDescriptorProto()
     module.DESCRIPTOR.CopyToProto(fd)
     return _normalized(fd)

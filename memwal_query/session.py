@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import datafusion
 
-    from .table import MemWalTable
-    from .writer import RegionWriter
+    from memwal_query.table import MemWalTable
+    from memwal_query.write.writer import RegionWriter
 
 
 def register(
@@ -30,7 +30,7 @@ def register(
     ``writers`` too (strong consistency, like every search). Eventual consistency by default
     (region snapshots of the MemWAL index, falling back to the region manifests while
     no snapshot has been written, or when it is older than ``max_staleness`` seconds:
-    default :data:`memwal_query.view.DEFAULT_MAX_STALENESS`); pass
+    default :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`); pass
     ``consistency="strong"`` and ``writers=`` for read-your-writes, or
     ``consistency="latest"`` to see every process's acknowledged writes.
 
@@ -47,7 +47,7 @@ def register(
     names the file concerned). Catch by type only around :func:`register` and the
     :class:`MemWalTable` methods.
     """
-    from .table import MemWalTable
+    from memwal_query.table import MemWalTable
 
     table = uri if isinstance(uri, MemWalTable) else _open(uri, storage_options)
     provider = table.provider(consistency=consistency, writers=writers, meta_columns=meta_columns)
@@ -60,7 +60,7 @@ def register(
         registered_writers.pop(name, None)
     else:
         registered_writers[name] = list(writers)
-    from .search import register_search_functions
+    from memwal_query.search import register_search_functions
 
     # The functions look both dicts up at call time: tables and writers registered
     # later on this context are found too.
@@ -71,10 +71,10 @@ def register(
 def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> MemWalTable:
     """Open a table; a base table without primary key raises PrimaryKeyError (not
     NotInitializedError: it could never be initialized)."""
-    from .exceptions import NotInitializedError
-    from .io import normalize_uri
-    from .schema import require_primary_key
-    from .table import MemWalTable, _open_dataset
+    from memwal_query.exceptions import NotInitializedError
+    from memwal_query.format.schema import require_primary_key
+    from memwal_query.storage.io import normalize_uri
+    from memwal_query.table import MemWalTable, _open_dataset
 
     try:
         return MemWalTable.open(uri, storage_options)

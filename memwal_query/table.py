@@ -37,9 +37,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import fieldvalues, paths
-from . import index as mwindex
-from .exceptions import (
+from memwal_query.exceptions import (
     AlreadyInitializedError,
     FencedError,
     InvalidPathError,
@@ -53,14 +51,17 @@ from .exceptions import (
     WriteIncompleteError,
     WriterClosedError,
 )
-from .io import FileIO, file_io_for, normalize_uri
-from .manifest import RegionManifest, RegionManifestStore, foreign_lineage
-from .schema import coerce_rows, require_primary_key
-from .writer import RegionWriter
+from memwal_query.format import fieldvalues
+from memwal_query.format import index as mwindex
+from memwal_query.format.manifest import RegionManifest, RegionManifestStore, foreign_lineage
+from memwal_query.format.schema import coerce_rows, require_primary_key
+from memwal_query.storage import paths
+from memwal_query.storage.io import FileIO, file_io_for, normalize_uri
+from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
-    from .provider import MemWalDataset
-    from .regionspec import RegionSpec
+    from memwal_query.read.provider import MemWalDataset
+    from memwal_query.regions.spec import RegionSpec
 
 
 LINEAGE_KEY = "memwal_query.lineage"
@@ -156,9 +157,9 @@ class MemWalTable:
             The base table; it must have a primary key.
         region_spec : RegionSpec, optional
             How rows map to regions (spec ids must be positive). None: the one-region
-            spec :func:`~memwal_query.regionspec.unsharded_spec` (every key in one
+            spec :func:`~memwal_query.regions.spec.unsharded_spec` (every key in one
             region, one writer at a time; pylance's ``unsharded=True``). Pass a bucket
-            spec (:func:`~memwal_query.regionspec.bucket_spec`) for parallel writers.
+            spec (:func:`~memwal_query.regions.spec.bucket_spec`) for parallel writers.
         maintained_indexes : list of str, optional
             Names of base-table indexes to build for every flushed generation too.
         storage_options : dict, optional
@@ -193,7 +194,7 @@ class MemWalTable:
         pk = require_primary_key(ds.schema, norm)
         if mwindex.read_index(io, ds) is not None:
             raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
-        from .regionspec import unsharded_spec
+        from memwal_query.regions.spec import unsharded_spec
 
         if region_spec is None:
             region_spec = unsharded_spec()
@@ -251,7 +252,7 @@ class MemWalTable:
         idx = mwindex.read_index(self.io, ds)
         if idx is None:
             raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
-        from .catchup import read_progress
+        from memwal_query.maintain.catchup import read_progress
 
         progress = read_progress(self.io, self.uri)
         if progress.index_catchup:
@@ -266,7 +267,7 @@ class MemWalTable:
         specs = self._index.details.region_specs
         if not specs:
             return None
-        from .regionspec import RegionSpec
+        from memwal_query.regions.spec import RegionSpec
 
         return RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
 
@@ -368,11 +369,11 @@ class MemWalTable:
     def routing_spec(self) -> RegionSpec:
         """The spec rows are routed by: the current spec, or for a table whose index
         records none (initialized by pylance or an older memwal_query) the one-region
-        :func:`~memwal_query.regionspec.unsharded_spec`."""
+        :func:`~memwal_query.regions.spec.unsharded_spec`."""
         spec = self.region_spec
         if spec is not None:
             return spec
-        from .regionspec import unsharded_spec
+        from memwal_query.regions.spec import unsharded_spec
 
         return unsharded_spec()
 
@@ -418,7 +419,7 @@ class MemWalTable:
         LeftoverRegionsError
             The region belongs to an earlier lineage of the table.
         """
-        from .regionspec import is_unsharded
+        from memwal_query.regions.spec import is_unsharded
 
         spec = self.routing_spec()
         if region_values is None and region_id is None:
@@ -474,11 +475,11 @@ class MemWalTable:
         """Merge flushed generations into the base table; ``[(region_id, generation)]``.
 
         Consecutive generations of a region totalling up to ``batch_rows`` rows (default
-        :data:`memwal_query.merger.DEFAULT_BATCH_ROWS`) are merged by one commit; ``0``
-        commits each generation on its own. See :mod:`memwal_query.merger` for the
+        :data:`memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`) are merged by one commit; ``0``
+        commits each generation on its own. See :mod:`memwal_query.maintain.merger` for the
         ordering and atomicity guarantees.
         """
-        from .merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
+        from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
 
         rows = DEFAULT_BATCH_ROWS if batch_rows is None else batch_rows
         done = merge(self, region_id, max_generations, DEFAULT_MAX_RETRIES, rows)
@@ -487,16 +488,16 @@ class MemWalTable:
     def refresh_snapshots(self) -> mwindex.MemWalIndex:
         """Write the current region states as snapshots into the MemWAL index.
 
-        ``eventual`` readers use them (see :mod:`memwal_query.snapshots`).
+        ``eventual`` readers use them (see :mod:`memwal_query.maintain.snapshots`).
         """
-        from .snapshots import refresh
+        from memwal_query.maintain.snapshots import refresh
 
         refresh(self)
         return self.index()
 
     def catch_up_indexes(self, names: list[str] | None = None) -> dict[str, dict[str, int]]:
         """Extend base indexes over merged data and record ``index_catchup``."""
-        from .catchup import catch_up_indexes
+        from memwal_query.maintain.catchup import catch_up_indexes
 
         return catch_up_indexes(self, names)
 
@@ -505,13 +506,13 @@ class MemWalTable:
     ) -> list[str]:
         """Delete merged, caught-up, unreferenced generations and WAL entries.
 
-        See :mod:`memwal_query.gc` for the rules. ``cleanup_older_than`` (a
+        See :mod:`memwal_query.maintain.gc` for the rules. ``cleanup_older_than`` (a
         ``datetime.timedelta``) first removes older base-table versions with Lance,
         except those that were the latest within ``min_age`` (default:
         ``cleanup_older_than``), which readers may still use. ``progress(done, total)``
         is called as paths are deleted.
         """
-        from .gc import gc
+        from memwal_query.maintain.gc import gc
 
         return gc(
             self,
@@ -523,18 +524,18 @@ class MemWalTable:
 
     def status(self) -> dict[str, Any]:
         """Per region: epoch, generations flushed/merged, WAL span, sizes."""
-        from .gc import status
+        from memwal_query.maintain.gc import status
 
         return status(self)
 
     # -- reading -----------------------------------------------------------------------
     def check(self) -> list:
-        """Every problem of the table's storage, as :class:`memwal_query.fsck.Finding`s.
+        """Every problem of the table's storage, as :class:`memwal_query.maintain.fsck.Finding`s.
 
         Reads every manifest, WAL entry, unmerged generation, bloom filter and the
         MemWAL index; changes nothing. Empty for a healthy table (``memwal fsck``).
         """
-        from .fsck import check
+        from memwal_query.maintain.fsck import check
 
         return check(self)
 
@@ -553,7 +554,7 @@ class MemWalTable:
             ``"strong"``: region manifests (+ ``writers``' MemTables);
             ``"eventual"``: region snapshots of the MemWAL index; ``"latest"``: region
             manifests + every region's durable, not yet flushed WAL entries (see
-            :mod:`memwal_query.view`).
+            :mod:`memwal_query.read.view`).
         writers : list of RegionWriter, optional
             Writers whose unflushed rows are read too (read-your-writes). Defaults to
             the writers opened by :meth:`write` on this object.
@@ -562,7 +563,7 @@ class MemWalTable:
         max_staleness : float, optional
             ``eventual``: seconds after which a snapshot is too old (manifests instead).
         """
-        from .provider import MemWalDataset
+        from memwal_query.read.provider import MemWalDataset
 
         if writers is None:
             writers = list(self._writers.values())
@@ -594,7 +595,7 @@ class MemWalTable:
         **kw: Any,
     ) -> pa.Table:
         """Newest live rows of the given primary keys (see :mod:`memwal_query.search`)."""
-        from .search import lookup
+        from memwal_query.search import lookup
 
         return lookup(self, keys, columns, self._default_writers(writers), **kw)
 
@@ -610,7 +611,7 @@ class MemWalTable:
         **kw: Any,
     ) -> pa.Table:
         """Top-k nearest rows across all LSM levels, with ``_distance``."""
-        from .search import vector_search
+        from memwal_query.search import vector_search
 
         return vector_search(
             self,
@@ -634,7 +635,7 @@ class MemWalTable:
         **kw: Any,
     ) -> pa.Table:
         """Top-k full-text matches across all LSM levels, with globally comparable ``_score``."""
-        from .search import fts_search
+        from memwal_query.search import fts_search
 
         return fts_search(self, column, query, k, filter, self._default_writers(writers), **kw)
 
@@ -673,8 +674,8 @@ class MemWalTable:
         region take turns, and the later acknowledged write of a key wins. When the
         retries run out, :class:`FencedError` is raised.
         """
-        from .regionspec import check_partial_sources
-        from .schema import coerce_partial_rows
+        from memwal_query.format.schema import coerce_partial_rows
+        from memwal_query.regions.spec import check_partial_sources
 
         spec = self.routing_spec()
         if partial:
@@ -690,7 +691,7 @@ class MemWalTable:
 
         Same return value, atomicity and retries as :meth:`write`.
         """
-        from .schema import coerce_keys
+        from memwal_query.format.schema import coerce_keys
 
         key_table = coerce_keys(keys, self.schema, self.primary_key)
         spec = self.routing_spec()
@@ -860,7 +861,7 @@ def split_by_region(
     spec: RegionSpec, rows: pa.Table, lance_schema: Any
 ) -> list[tuple[dict[str, Any], pa.Table]]:
     """Split ``rows`` by region value: ``[(values, rows_of_that_region), ...]``."""
-    from .regionspec import is_unsharded
+    from memwal_query.regions.spec import is_unsharded
 
     if rows.num_rows == 0:
         return []

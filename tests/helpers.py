@@ -29,7 +29,7 @@ def basic_rows(ids, val=None, name=None) -> pa.Table:
 def parity_spec(schema_or_dataset):
     """A two-region spec: region ``{"p": id % 2}`` (tests that need two regions with
     known keys: even keys in region 0, odd ones in region 1)."""
-    from memwal_query.regionspec import expression_spec
+    from memwal_query.regions.spec import expression_spec
 
     return expression_spec(schema_or_dataset, ["id"], "col0 % 2", "int64", field_id="p")
 
@@ -48,7 +48,7 @@ def expr_table(uri: str, sql: str = "col0 % 2"):
     import lance
 
     import memwal_query as mq
-    from memwal_query.regionspec import expression_spec
+    from memwal_query.regions.spec import expression_spec
 
     spec = expression_spec(lance.dataset(uri), ["id"], sql, "int64", field_id="r")
     return mq.MemWalTable.initialize(uri, region_spec=spec)

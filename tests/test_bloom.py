@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from memwal_query import bloom
+from memwal_query.format import bloom
 
 from helpers import PK
 

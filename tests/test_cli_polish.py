@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 import memwal_query as mq
-from memwal_query.cli import _split_statements, _write_atomically, main
-from memwal_query.clifmt import json_text
+from memwal_query.cli.commands import _split_statements, _write_atomically, main
+from memwal_query.cli.fmt import json_text
 
 from helpers import PK
 

@@ -11,7 +11,7 @@ import os
 import crash_harness
 import pytest
 
-from memwal_query import crashpoints
+from memwal_query.storage import crashpoints
 
 SEED = int(os.environ.get("MEMWAL_CRASH_SEED", "20261122"))
 ITERATIONS = int(os.environ.get("MEMWAL_CRASH_ITERATIONS", "200"))

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query.provider import MemWalDataset
+from memwal_query.read.provider import MemWalDataset
 
 from helpers import PK
 

@@ -12,16 +12,19 @@ import pytest
 from click.testing import CliRunner
 
 import memwal_query as mq
-from memwal_query import bloom, fsck, merger, paths, sources
-from memwal_query.cli import main as cli
+from memwal_query.cli.commands import main as cli
 from memwal_query.exceptions import (
     BloomFilterWarning,
     InvalidPathError,
     ManifestCorruptError,
     WalCorruptError,
 )
-from memwal_query.manifest import HINT_FILE, RegionManifestStore
-from memwal_query.wal import Wal
+from memwal_query.format import bloom
+from memwal_query.format.manifest import HINT_FILE, RegionManifestStore
+from memwal_query.format.wal import Wal
+from memwal_query.maintain import fsck, merger
+from memwal_query.read import sources
+from memwal_query.storage import paths
 
 from helpers import basic_rows, expr_table
 
@@ -370,7 +373,7 @@ def test_fsck_names_one_corrupt_file_per_class(base_uri):
     ],
 )
 def test_region_expression_must_be_bounded_scalar(base_uri, sql):
-    from memwal_query.regionspec import expression_spec
+    from memwal_query.regions.spec import expression_spec
 
     ds = lance.dataset(base_uri)
     before = _state(base_uri)
@@ -381,7 +384,7 @@ def test_region_expression_must_be_bounded_scalar(base_uri, sql):
 
 
 def test_region_value_size_is_bounded(base_uri):
-    from memwal_query.regionspec import expression_spec
+    from memwal_query.regions.spec import expression_spec
 
     ds = lance.dataset(base_uri)
     spec = expression_spec(ds.lance_schema, ["name"], "concat(col0, col0)", "utf8")

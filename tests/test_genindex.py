@@ -1,4 +1,4 @@
-"""Maintained indexes of flushed generations (memwal_query.genindex)."""
+"""Maintained indexes of flushed generations (memwal_query.write.genindex)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import genindex, paths
+from memwal_query.storage import paths
+from memwal_query.write import genindex
 
 from helpers import PK
 

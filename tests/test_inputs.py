@@ -148,7 +148,7 @@ def test_initialize_refuses_a_spec_the_table_cannot_evaluate(tmp_path):
     """truncate of a decimal key: refused at initialize (it failed on every write)."""
     import decimal
 
-    from memwal_query.regionspec import truncate_spec
+    from memwal_query.regions.spec import truncate_spec
 
     schema = pk_schema(pa.field("v", pa.int64()), key_type=pa.decimal128(8, 2))
     uri = str(tmp_path / "t")

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from memwal_query.exceptions import AlreadyExistsError, ObjectNotFoundError
-from memwal_query.io import LocalFileIO, join
+from memwal_query.storage.io import LocalFileIO, join
 
 
 def _race(path: str, payload: bytes, barrier, results) -> None:

@@ -4,10 +4,10 @@ import uuid
 
 import pytest
 
-from memwal_query import paths
 from memwal_query.exceptions import FencedError, ManifestCorruptError
-from memwal_query.io import LocalFileIO, join
-from memwal_query.manifest import FlushedGeneration, RegionManifestStore
+from memwal_query.format.manifest import FlushedGeneration, RegionManifestStore
+from memwal_query.storage import paths
+from memwal_query.storage.io import LocalFileIO, join
 
 
 @pytest.fixture

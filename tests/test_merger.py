@@ -11,8 +11,8 @@ import pytest
 from lance.mem_wal import CompactedSsTable
 
 import memwal_query as mq
-from memwal_query import index as mwindex
-from memwal_query import paths
+from memwal_query.format import index as mwindex
+from memwal_query.storage import paths
 
 from helpers import basic_rows, expr_table
 
@@ -106,7 +106,7 @@ def test_gc_keeps_generation_until_indexes_caught_up(tmp_path):
         e = d.index_catchup.add(index_name="name_idx")
         e.caught_up_generations.add(region_id=mwindex.pb.UUID(uuid=rid_bytes), generation=0)
 
-    from memwal_query.catchup import record_progress
+    from memwal_query.maintain.catchup import record_progress
 
     d = mwindex.pb.MemWalIndexDetails()
     behind(d)

@@ -7,10 +7,11 @@ import lance
 import pytest
 
 import memwal_query as mq
-from memwal_query import merger, paths
 from memwal_query.exceptions import CommitConflictError
-from memwal_query.manifest import RegionManifestStore
-from memwal_query.naming import WAL_SUFFIX, from_bit_reversed
+from memwal_query.format.manifest import RegionManifestStore
+from memwal_query.format.naming import WAL_SUFFIX, from_bit_reversed
+from memwal_query.maintain import merger
+from memwal_query.storage import paths
 
 from helpers import basic_rows
 

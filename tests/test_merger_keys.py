@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import index as mwindex
 from memwal_query.exceptions import MergeFailedError
+from memwal_query.format import index as mwindex
 
 from helpers import PK, basic_rows, expr_table
 
@@ -117,7 +117,7 @@ def test_generation_with_upserts_and_deletes_of_every_key_type(tmp_path, name, t
 
 def test_failing_region_does_not_block_other_regions(base_uri, monkeypatch):
     """Each region is merged even if one before it fails; the error names the region."""
-    from memwal_query import merger
+    from memwal_query.maintain import merger
 
     table = expr_table(base_uri, "col0 % 3")
     writers = [table.writer(region_values={"r": (1000 + i) % 3}) for i in range(3)]
@@ -212,7 +212,7 @@ def test_many_composite_deletes_with_upserts_merge_fast(tmp_path):
 
 def test_key_predicate_cannot_be_forged_by_separators(tmp_path):
     """Composite string keys holding the separator and length prefix stay distinct."""
-    from memwal_query.keypredicate import key_predicate
+    from memwal_query.read.keypredicate import key_predicate
 
     keys = pa.table({"a": ["x|1:y", "x"], "b": ["z", "1:y|z"]})
     pred = key_predicate(keys.slice(0, 1))

@@ -25,7 +25,7 @@ import lance
 import pyarrow as pa
 from test_merger import base_view, make_generations, view
 
-from memwal_query import index as mwindex
+from memwal_query.format import index as mwindex
 
 from helpers import basic_rows
 
@@ -33,7 +33,8 @@ MERGER = textwrap.dedent(
     """
     import json, os, signal, sys, time
     import memwal_query as mq
-    from memwal_query import crashpoints, merger
+    from memwal_query.storage import crashpoints
+    from memwal_query.maintain import merger
 
     uri, region, hold, mode, arg = sys.argv[1:6]
     real_point = crashpoints.point

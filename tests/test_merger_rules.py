@@ -13,10 +13,12 @@ import pytest
 from test_merger import make_generations, view
 
 import memwal_query as mq
-from memwal_query import index as mwindex
-from memwal_query import paths, snapshots, sources
 from memwal_query.exceptions import GenerationGoneError
-from memwal_query.regionspec import expression_spec
+from memwal_query.format import index as mwindex
+from memwal_query.maintain import snapshots
+from memwal_query.read import sources
+from memwal_query.regions.spec import expression_spec
+from memwal_query.storage import paths
 
 from helpers import PK, basic_rows, expr_table
 

@@ -9,7 +9,7 @@ import os
 
 import lance
 
-from memwal_query import snapshots
+from memwal_query.maintain import snapshots
 
 from helpers import basic_rows, expr_table
 

@@ -1,7 +1,7 @@
 import pytest
 
 from memwal_query.exceptions import InvalidPathError
-from memwal_query.naming import (
+from memwal_query.format.naming import (
     bit_reversed,
     from_bit_reversed,
     manifest_name,

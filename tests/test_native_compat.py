@@ -8,8 +8,8 @@ import pyarrow as pa
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
 
 import memwal_query as mq
-from memwal_query.manifest import RegionManifestStore
-from memwal_query.wal import Wal
+from memwal_query.format.manifest import RegionManifestStore
+from memwal_query.format.wal import Wal
 
 from helpers import PK
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from memwal_query import protogen
-from memwal_query._proto import memwal_pb2 as pb
+from memwal_query.format._proto import memwal_pb2 as pb
 
 pytest.importorskip("grpc_tools")
 
@@ -71,8 +71,8 @@ def test_native_writer_manifests_decode_fully_and_byte_exactly(tmp_path):
     import pyarrow as pa
     from google.protobuf.unknown_fields import UnknownFieldSet
 
-    from memwal_query.io import LocalFileIO
-    from memwal_query.manifest import RegionManifest, RegionManifestStore
+    from memwal_query.format.manifest import RegionManifest, RegionManifestStore
+    from memwal_query.storage.io import LocalFileIO
 
     pk = {"lance-schema:unenforced-primary-key": "true"}
     schema = pa.schema([pa.field("id", pa.int64(), False, pk), pa.field("v", pa.float64())])

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_query as mq
-from memwal_query.io import LocalFileIO
+from memwal_query.storage.io import LocalFileIO
 
 from helpers import PK, basic_rows, expr_table
 

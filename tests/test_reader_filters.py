@@ -233,7 +233,7 @@ def test_float_filters_agree_with_datafusion_in_every_source(tmp_path, extra):
 
 
 def test_decode_round_trips_pushed_expressions():
-    from memwal_query import pruning
+    from memwal_query.read import pruning
 
     exprs = [
         pc.field("a") > pa.scalar(2, pa.uint64()),

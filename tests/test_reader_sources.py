@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import paths
-from memwal_query.dedup import KeySet, newest_indices
 from memwal_query.exceptions import RegionSpecWarning
-from memwal_query.io import LocalFileIO
+from memwal_query.read.dedup import KeySet, newest_indices
+from memwal_query.storage import paths
+from memwal_query.storage.io import LocalFileIO
 
 from helpers import PK, expr_table
 
@@ -175,7 +175,7 @@ def test_query_time_error_names_type_and_path(tmp_path):
     gen = t.region_manifest(w.region_id).flushed_generations[0]
     gen_dir = paths.generation_path(t.uri, w.region_id, gen.path)
     shutil.rmtree(gen_dir)
-    from memwal_query.sources import GENERATION_CACHE
+    from memwal_query.read.sources import GENERATION_CACHE
 
     GENERATION_CACHE.clear()
     with pytest.raises(Exception) as e:
@@ -212,7 +212,7 @@ def test_pruning_is_not_fooled_by_quotes_in_string_literals(tmp_path):
 
 # -- projection pushdown: only the projected columns are read from Lance -----------------
 def test_projection_reads_only_projected_columns_from_every_lance_table(tmp_path, monkeypatch):
-    from memwal_query.sources import GENERATION_CACHE
+    from memwal_query.read.sources import GENERATION_CACHE
 
     uri = str(tmp_path / "t")
     schema = pa.schema(
@@ -271,7 +271,7 @@ def test_hashed_keys_drop_overwritten_base_rows_by_address(tmp_path, monkeypatch
     """String/composite keys: after a query has read the base table's keys once, later
     full scans drop overwritten base rows by row address (no hash-set rebuild per
     batch, no key columns read), with the same answers as the model."""
-    from memwal_query import dedup, provider
+    from memwal_query.read import dedup, provider
 
     monkeypatch.setattr(provider, "BASE_BATCH_ROWS", 256)  # several base batches
     k2 = [pa.field("k2", pa.int32(), False, PK)] if composite else []

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import ShardingField, ShardingSpec, evaluate_sharding_spec
 
-from memwal_query._proto import memwal_pb2 as pb
 from memwal_query.exceptions import RegionSpecError
-from memwal_query.regionspec import (
+from memwal_query.format._proto import memwal_pb2 as pb
+from memwal_query.regions.spec import (
     RegionField,
     RegionSpec,
     arrow_type_from_name,
@@ -179,7 +179,7 @@ def test_bucket_is_abs_mod_in_int64_for_negative_hashes():
     assert got == [abs(h64(v)) % 97 for v in values]
     assert any(h64(v) < 0 for v in values)
     # abs(INT32_MIN) is 2**31 (computed in 64 bits), not an overflow
-    import memwal_query.regionspec as rs
+    import memwal_query.regions.spec as rs
 
     hashes = np.array([-(2**31), -1, 2**31 - 1], np.int64).astype(np.uint32)
     out = rs._buckets(hashes, np.ones(3, bool), 7).to_pylist()

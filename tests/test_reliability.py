@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memwal_query as mq
-from memwal_query import paths
+from memwal_query.storage import paths
 
 from helpers import PK, basic_rows
 
@@ -36,7 +36,7 @@ def test_missing_generation_dir_is_a_typed_error(table):
     w.flush()
     gen = w.manifest().flushed_generations[0]
     w.close(flush=False)
-    from memwal_query.sources import GENERATION_CACHE
+    from memwal_query.read.sources import GENERATION_CACHE
 
     GENERATION_CACHE.clear()
     shutil.rmtree(paths.generation_path(table.uri, w.region_id, gen.path))

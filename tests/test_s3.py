@@ -24,7 +24,6 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import paths
 from memwal_query.exceptions import (
     AlreadyExistsError,
     FencedError,
@@ -32,9 +31,10 @@ from memwal_query.exceptions import (
     StorageError,
     WriterClosedError,
 )
-from memwal_query.io import FileIO, file_io_for, join
-from memwal_query.manifest import RegionManifestStore
-from memwal_query.naming import from_bit_reversed, wal_entry_name
+from memwal_query.format.manifest import RegionManifestStore
+from memwal_query.format.naming import from_bit_reversed, wal_entry_name
+from memwal_query.storage import paths
+from memwal_query.storage.io import FileIO, file_io_for, join
 
 from helpers import basic_rows
 
@@ -43,8 +43,8 @@ pytest.importorskip("moto")
 
 from s3server import LocalS3Server, lock_worker, race_worker  # noqa: E402
 
-from memwal_query import objectstore  # noqa: E402
-from memwal_query.objectstore import (  # noqa: E402
+from memwal_query.storage import objectstore  # noqa: E402
+from memwal_query.storage.objectstore import (  # noqa: E402
     ConditionalPutUnsupportedError,
     LeaseLock,
     LockTimeoutError,
@@ -588,7 +588,7 @@ def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     ingest, sql, status --json, merge and gc agree with the rows written."""
     from click.testing import CliRunner
 
-    from memwal_query.cli import main
+    from memwal_query.cli.commands import main
 
     uri = f"s3://{BUCKET}/{uuid.uuid4().hex}/t"
     lance.write_dataset(basic_rows(range(50)), uri, storage_options=s3_server.storage_options())
@@ -844,7 +844,7 @@ def test_lance_concurrent_commits_on_s3(s3):
 def test_default_retries_are_bounded_and_overridable():
     """Without retry options the HTTP client retries 3 times within 30 s (obstore alone:
     10 within 180 s per request); the storage options still override it."""
-    from memwal_query.objectstore import s3_settings
+    from memwal_query.storage.objectstore import s3_settings
 
     assert s3_settings({}).retry_config == {
         "max_retries": 3,
@@ -857,7 +857,7 @@ def test_default_retries_are_bounded_and_overridable():
 def test_put_with_unknown_outcome_stops_trying_after_the_deadline(tmp_path, monkeypatch):
     """A conditional put whose outcome stays unknown is tried again only within its
     deadline: against a stopped store, one attempt when the deadline is 0."""
-    from memwal_query import objectstore
+    from memwal_query.storage import objectstore
 
     server = LocalS3Server().start()
     try:

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import flush as flush_mod
 from memwal_query import search
+from memwal_query.write import flush as flush_mod
 
 from helpers import BASIC_SCHEMA, PK, basic_rows
 

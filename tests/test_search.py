@@ -13,9 +13,10 @@ import pyarrow.compute as pc
 import pytest
 
 import memwal_query as mq
-from memwal_query import index as mwindex
-from memwal_query import paths, search
-from memwal_query._proto import memwal_pb2 as pb
+from memwal_query import search
+from memwal_query.format import index as mwindex
+from memwal_query.format._proto import memwal_pb2 as pb
+from memwal_query.storage import paths
 
 from helpers import PK
 
@@ -83,7 +84,7 @@ def make_table(
 ) -> mq.MemWalTable:
     """The base table, initialized (one region; ``region_sql``: region ``r`` = that
     expression over ``id``)."""
-    from memwal_query.regionspec import expression_spec
+    from memwal_query.regions.spec import expression_spec
 
     uri = str(tmp_path / "base")
     ds = lance.write_dataset(base_rows(), uri)

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import search, sources
+from memwal_query import search
 from memwal_query.exceptions import GenerationGoneError
+from memwal_query.read import sources
 
 from helpers import PK
 

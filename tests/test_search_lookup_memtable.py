@@ -20,8 +20,8 @@ import pytest
 
 import memwal_query as mq
 from memwal_query import search
-from memwal_query.memtable import MemTable
-from memwal_query.schema import TOMBSTONE
+from memwal_query.format.schema import TOMBSTONE
+from memwal_query.write.memtable import MemTable
 
 from helpers import PK
 

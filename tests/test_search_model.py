@@ -28,7 +28,7 @@ from test_search import DIM, rows
 
 import memwal_query as mq
 from memwal_query import search
-from memwal_query.regionspec import expression_spec
+from memwal_query.regions.spec import expression_spec
 
 WORDS = ["apple", "pear", "plum", "kiwi", "fig", "lime", "date", "peach"]
 N = 300

@@ -20,8 +20,8 @@ import pytest
 
 import memwal_query as mq
 from memwal_query import FencedError, SchemaError
-from memwal_query.index import read_index_at
-from memwal_query.paths import generation_path
+from memwal_query.format.index import read_index_at
+from memwal_query.storage.paths import generation_path
 from memwal_query.table import concurrently, region_id_for, split_by_region
 
 from helpers import BASIC_SCHEMA, basic_rows
@@ -93,7 +93,7 @@ def arm(fault_dir: str, name: str) -> str:
 def new_table(
     tmp_path, base_ids=range(1000), name: str = "t", buckets: int = BUCKETS
 ) -> mq.MemWalTable:
-    from memwal_query.regionspec import bucket_spec
+    from memwal_query.regions.spec import bucket_spec
 
     uri = str(tmp_path / name)
     ds = lance.write_dataset(basic_rows(base_ids), uri, max_rows_per_file=400)
@@ -197,7 +197,7 @@ def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
 def test_region_values_of_several_fields_equal_evaluate(spark, tmp_path):
     """Two region fields (bucket + truncate of the key), upserts and deletes: the region
     values Spark routes by, and those the written regions record, are ``evaluate``'s."""
-    from memwal_query.regionspec import RegionField, RegionSpec, field_id_of
+    from memwal_query.regions.spec import RegionField, RegionSpec, field_id_of
 
     uri = str(tmp_path / "multi")
     ds = lance.write_dataset(basic_rows(range(100)), uri)
@@ -766,7 +766,7 @@ def test_reader_types_spark_lacks_and_lance_cannot_filter(spark, tmp_path):
     the newest version of each key only."""
     from decimal import Decimal
 
-    from memwal_query.regionspec import bucket_spec
+    from memwal_query.regions.spec import bucket_spec
 
     from helpers import PK
 

@@ -138,7 +138,7 @@ def test_sql_example_through_the_cli(contexts, path, tmp_path):
     import pyarrow.parquet as pq
     from click.testing import CliRunner
 
-    from memwal_query.cli import main
+    from memwal_query.cli.commands import main
 
     _, ref, providers = contexts
     users = tmp_path / "users.parquet"

@@ -1,4 +1,4 @@
-"""The pinned view (memwal_query.view): every reader answers from one consistent view.
+"""The pinned view (memwal_query.read.view): every reader answers from one consistent view.
 
 - A key written to two regions: SQL, lookup and search pick the same version.
 - A bloom filter with a cleared bit: lookup still equals SQL.
@@ -21,11 +21,11 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import snapshots
-from memwal_query.bloom import BloomFilter, hash_keys
 from memwal_query.exceptions import BaseVersionGoneError, GenerationGoneError
-from memwal_query.io import LocalFileIO
+from memwal_query.format.bloom import BloomFilter, hash_keys
+from memwal_query.maintain import snapshots
 from memwal_query.search import BLOOM_FILE
+from memwal_query.storage.io import LocalFileIO
 
 from helpers import basic_rows
 
@@ -56,7 +56,7 @@ def _lookup(t: mq.MemWalTable, ids, **kw) -> dict[int, float]:
 def test_key_in_two_regions_every_reader_agrees(tmp_path):
     import uuid
 
-    from memwal_query.writer import RegionWriter
+    from memwal_query.write.writer import RegionWriter
 
     t = _init(tmp_path)
     # Two regions that may hold any key: only an older table (manual regions) or another

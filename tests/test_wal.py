@@ -4,9 +4,9 @@ import pyarrow as pa
 import pytest
 
 from memwal_query.exceptions import FencedError, WalCorruptError
-from memwal_query.io import LocalFileIO
-from memwal_query.schema import with_tombstone
-from memwal_query.wal import Wal, decode_entry, encode_entry
+from memwal_query.format.schema import with_tombstone
+from memwal_query.format.wal import Wal, decode_entry, encode_entry
+from memwal_query.storage.io import LocalFileIO
 
 
 def rows(ids):

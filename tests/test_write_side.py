@@ -22,10 +22,10 @@ import pytest
 from click.testing import CliRunner
 
 import memwal_query as mq
-from memwal_query import flush as flush_mod
-from memwal_query import paths
-from memwal_query.cli import main as cli_main
-from memwal_query.regionspec import bucket_spec
+from memwal_query.cli.commands import main as cli_main
+from memwal_query.regions.spec import bucket_spec
+from memwal_query.storage import paths
+from memwal_query.write import flush as flush_mod
 
 from helpers import BASIC_SCHEMA, PK, basic_rows, pk_schema
 
@@ -645,7 +645,7 @@ def test_pylance_region_paths_unchanged(uri):
 
 
 def test_partial_update_must_give_the_columns_the_spec_reads(tmp_path):
-    from memwal_query.regionspec import expression_spec
+    from memwal_query.regions.spec import expression_spec
 
     u = str(tmp_path / "ns")
     ds = lance.write_dataset(basic_rows(range(4)), u)

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import bloom, paths
-from memwal_query.wal import Wal
+from memwal_query.format import bloom
+from memwal_query.format.wal import Wal
+from memwal_query.storage import paths
 
 from helpers import BASIC_SCHEMA, basic_rows, default_region
 
@@ -294,8 +295,8 @@ def test_sigkill_mid_stream_loses_no_acknowledged_put(table, tmp_path, memtable_
 
 def test_appendix1_writer_fencing_example(table):
     """The spec's Appendix 1 step by step, with two real writers on one region."""
-    from memwal_query.manifest import RegionManifest, RegionManifestStore
-    from memwal_query.schema import storage_schema, with_tombstone
+    from memwal_query.format.manifest import RegionManifest, RegionManifestStore
+    from memwal_query.format.schema import storage_schema, with_tombstone
 
     region = default_region()  # the table's one region
     store = RegionManifestStore(table.io, table.uri, region)
@@ -349,7 +350,7 @@ def test_appendix1_writer_fencing_example(table):
 
 def test_flush_does_not_block_puts(table, monkeypatch):
     """While a generation is being written, puts only wait for the MemTable swap."""
-    import memwal_query.flush as flush_mod
+    import memwal_query.write.flush as flush_mod
 
     started, release = threading.Event(), threading.Event()
     orig = flush_mod.write_generation
@@ -387,7 +388,7 @@ def test_flush_does_not_block_puts(table, monkeypatch):
 
 def test_initialize_writes_the_index_as_pylance_does(tmp_path):
     """Same index entry as pylance's ``initialize_mem_wal``, readable both ways."""
-    from memwal_query import index as mwindex
+    from memwal_query.format import index as mwindex
 
     uris = [str(tmp_path / name) for name in ("native", "ours")]
     for uri in uris:

@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-import memwal_query.flush as flush_mod
-from memwal_query import paths
+import memwal_query.write.flush as flush_mod
 from memwal_query.exceptions import StorageError
-from memwal_query.memtable import MemTable
-from memwal_query.schema import storage_schema, with_tombstone
-from memwal_query.wal import Wal, encode_entry
+from memwal_query.format.schema import storage_schema, with_tombstone
+from memwal_query.format.wal import Wal, encode_entry
+from memwal_query.storage import paths
+from memwal_query.write.memtable import MemTable
 
 from helpers import BASIC_SCHEMA, basic_rows
 
@@ -370,7 +370,7 @@ def gen_dirs(t: mq.MemWalTable, region_id: str) -> set[str]:
 
 
 def test_failed_flush_leaves_unreferenced_dir_and_retry_uses_new_prefix(table, monkeypatch):
-    import memwal_query.crashpoints as crashpoints
+    import memwal_query.storage.crashpoints as crashpoints
 
     orig = crashpoints.point
     state = {"fail": 1}

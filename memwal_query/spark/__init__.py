@@ -22,12 +22,17 @@ See ``docs/spark.md`` and the submodules for the guarantees:
 
 from __future__ import annotations
 
-from ..exceptions import JobEndedError
-from ._common import REGION_COLUMN, InjectedFault, default_worker_python, region_id_array
-from .ingest import RegionWriteResult, WriteResult, route, write
-from .merge import MergedGeneration, MergeSummary, merge, pending_generations
-from .source import MemWalDataSource, filter_expression, read, register_source
-from .streaming import MemWalSink, sink
+from memwal_query.exceptions import JobEndedError
+from memwal_query.spark._common import (
+    REGION_COLUMN,
+    InjectedFault,
+    default_worker_python,
+    region_id_array,
+)
+from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
+from memwal_query.spark.merge import MergedGeneration, MergeSummary, merge, pending_generations
+from memwal_query.spark.source import MemWalDataSource, filter_expression, read, register_source
+from memwal_query.spark.streaming import MemWalSink, sink
 
 default_worker_python()  # workers run this interpreter unless PYSPARK_PYTHON says otherwise
 

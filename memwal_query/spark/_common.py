@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
-    from ..regionspec import RegionSpec
-    from ..table import MemWalTable
+    from memwal_query.regions.spec import RegionSpec
+    from memwal_query.table import MemWalTable
 
 REGION_COLUMN = "__memwal_region"
 """Column the routing stage adds: the derived region id of the row."""
@@ -100,7 +100,7 @@ def armed(name: str) -> bool:
 
 def open_table(uri: str, storage_options: dict[str, str] | None) -> MemWalTable:
     """Open the table (a fresh object: newest base version, index and region spec)."""
-    from ..table import MemWalTable
+    from memwal_query.table import MemWalTable
 
     return MemWalTable.open(uri, storage_options)
 
@@ -118,7 +118,7 @@ def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.A
     Vectorised: each distinct combination of values is hashed once; NULL is a value of
     its own, as it is a region of its own.
     """
-    from ..table import region_id_for
+    from memwal_query.table import region_id_for
 
     n = values.num_rows
     if n == 0:

@@ -71,7 +71,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..exceptions import (
+from memwal_query.exceptions import (
     AlreadyExistsError,
     FencedError,
     JobEndedError,
@@ -79,12 +79,9 @@ from ..exceptions import (
     PrimaryKeyError,
     SchemaError,
 )
-from ..io import file_io_for, join
-from ..paths import mem_wal_root
-from ..regionspec import check_partial_sources
-from ..schema import coerce_keys, coerce_partial_rows
-from ..table import concurrently
-from ._common import (
+from memwal_query.format.schema import coerce_keys, coerce_partial_rows
+from memwal_query.regions.spec import check_partial_sources
+from memwal_query.spark._common import (
     REGION_COLUMN,
     SPARK_DIR,
     armed,
@@ -94,12 +91,15 @@ from ._common import (
     require_spec,
     split_by_value,
 )
+from memwal_query.storage.io import file_io_for, join
+from memwal_query.storage.paths import mem_wal_root
+from memwal_query.table import concurrently
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from ..table import MemWalTable
-    from ..writer import RegionWriter
+    from memwal_query.table import MemWalTable
+    from memwal_query.write.writer import RegionWriter
 
 MODES = ("upsert", "delete")
 DEFAULT_BUFFER_ROWS = 200_000
@@ -415,8 +415,8 @@ def _arrow_type(spark_type: Any) -> pa.DataType | None:
 
 def _check_types(df: DataFrame, table: MemWalTable, columns: list[str]) -> None:
     """SchemaError, before any task runs, for a column of another kind of type than the
-    table's (the conversions :func:`memwal_query.schema.coerce_rows` refuses)."""
-    from ..schema import _type_family
+    table's (the conversions :func:`memwal_query.format.schema.coerce_rows` refuses)."""
+    from memwal_query.format.schema import _type_family
 
     for name in columns:
         t = _arrow_type(df.schema[name].dataType)

@@ -2,7 +2,7 @@
 
 The driver lists the regions with unmerged generations (region manifest vs. the MemWAL
 index's ``merged_generations``) and runs one Spark task per region, in parallel. A task
-runs :func:`memwal_query.merger.merge_region` for its region, which merges the
+runs :func:`memwal_query.maintain.merger.merge_region` for its region, which merges the
 region's generations strictly in ascending order, one generation per Lance commit.
 
 How commits to the one base table are coordinated
@@ -14,7 +14,7 @@ and three mechanisms of the merger keep the one base table consistent.
   commit carrying both the data and the progress marker (``mark_sstables_as_compacted``:
   ``merged_generations[region] = generation`` in the MemWAL index). Data and progress
   never diverge.
-- **The table's index lock** (:mod:`memwal_query.locking`: ``flock`` on
+- **The table's index lock** (:mod:`memwal_query.storage.locking`: ``flock`` on
   ``_mem_wal/.index.lock`` for local tables, a lease object on object stores) is held
   around each commit, so the tasks' commits to the base table are serialized, and no
   memwal_query commit can overwrite another's merge progress. Reading and deduplicating
@@ -41,13 +41,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import CommitConflictError
-from ._common import fault, open_table
+from memwal_query.exceptions import CommitConflictError
+from memwal_query.spark._common import fault, open_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from ..table import MemWalTable
+    from memwal_query.table import MemWalTable
 
 
 @dataclass(frozen=True)
@@ -195,8 +195,8 @@ def merge(
 
 def merge_partition(region_ids: Iterator[str], options: dict[str, Any]) -> Iterator[dict]:
     """Executor side: merge each region of this partition, generation by generation."""
-    from ..merger import merge_region
-    from .ingest import _task_info
+    from memwal_query.maintain.merger import merge_region
+    from memwal_query.spark.ingest import _task_info
 
     partition, attempt = _task_info()
     table = open_table(options["uri"], options["storage_options"])

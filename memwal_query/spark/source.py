@@ -13,14 +13,14 @@ MemTables live in their writer's process; ``latest`` reads their durable WAL ent
 
 Partitions (planned by Spark's planning worker)
 -----------------------------------------------
-The pinned view is resolved at planning time (:func:`memwal_query.view.resolve`): the
+The pinned view is resolved at planning time (:func:`memwal_query.read.view.resolve`): the
 base table version, its merge progress, and the unmerged flushed generations of each
 region (plus, with ``consistency="latest"``, the durable WAL entries not yet flushed).
 Each partition then reads a fixed, immutable piece:
 
 - **one partition of the regions' rows**: the newest row of every key among the
-  generations, by :func:`memwal_query.sources.newer_view` (the code and the rule of
-  the DataFusion provider, :func:`memwal_query.dedup.newest_indices`), tombstones
+  generations, by :func:`memwal_query.read.sources.newer_view` (the code and the rule of
+  the DataFusion provider, :func:`memwal_query.read.dedup.newest_indices`), tombstones
   removed, then filtered;
 - **base-table splits**: groups of the pinned base version's fragments (about
   ``rowsPerSplit`` rows each; a larger fragment is cut into row ranges when no filter
@@ -71,9 +71,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from .. import sources
-from ..exceptions import BaseVersionGoneError, MemWalError, SchemaError
-from ._common import open_table
+from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
+from memwal_query.read import sources
+from memwal_query.spark._common import open_table
 
 try:  # PySpark >= 4.1
     from pyspark.sql import datasource as _ds
@@ -249,7 +249,7 @@ def _combine(filters: Sequence[Any], schema: pa.Schema):
 # -- partitions ------------------------------------------------------------------------
 class NewerPartition(InputPartition):
     """The newest rows of every planned region (generations; WAL tails with
-    ``consistency="latest"``), deduplicated by :func:`memwal_query.sources.newer_view`
+    ``consistency="latest"``), deduplicated by :func:`memwal_query.read.sources.newer_view`
     (the provider's code and rule)."""
 
     def __init__(self, regions: list[sources.RegionView], consistency: str) -> None:

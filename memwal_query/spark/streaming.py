@@ -37,11 +37,11 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import AlreadyExistsError, MemWalError
-from ..io import file_io_for, join, normalize_uri
-from ..paths import mem_wal_root
-from ._common import SPARK_DIR, fault
-from .ingest import WriteResult, write
+from memwal_query.exceptions import AlreadyExistsError, MemWalError
+from memwal_query.spark._common import SPARK_DIR, fault
+from memwal_query.spark.ingest import WriteResult, write
+from memwal_query.storage.io import file_io_for, join, normalize_uri
+from memwal_query.storage.paths import mem_wal_root
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -1,0 +1,353 @@
+"""Table schema helpers: primary keys, input coercion and validation.
+
+The base table declares its (possibly composite) primary key with the Arrow field
+metadata ``lance-schema:unenforced-primary-key: true``. Everything a writer accepts is
+coerced here to the table schema, or rejected with a typed error naming the column,
+before a single byte is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.exceptions import PrimaryKeyError, SchemaError
+
+PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
+TOMBSTONE = "_tombstone"
+GEN_COLUMN = "_gen"
+ROWADDR_COLUMN = "_rowaddr"
+RESERVED_COLUMNS = (TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN, "_rowid", "_distance", "_score")
+
+
+def primary_key_columns(schema: pa.Schema) -> list[str]:
+    """Names of the top-level fields flagged as unenforced primary key, in schema order."""
+    keys = []
+    for f in schema:
+        meta = f.metadata or {}
+        if meta.get(PK_METADATA_KEY, b"").lower() == b"true":
+            keys.append(f.name)
+    return keys
+
+
+def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
+    """Primary-key columns, or PrimaryKeyError naming ``where`` when there are none."""
+    keys = primary_key_columns(schema)
+    if not keys:
+        raise PrimaryKeyError(
+            f"{where}: the table has no primary key; mark the key field(s) with metadata "
+            "'lance-schema:unenforced-primary-key': 'true'"
+        )
+    return keys
+
+
+def strip_metadata(schema: pa.Schema) -> pa.Schema:
+    """The schema without field or schema metadata (for type comparisons)."""
+    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
+
+
+def to_table(data: Any, what: str = "input", columns: Collection[str] = ()) -> pa.Table:
+    """Accept a pyarrow Table / RecordBatch / RecordBatchReader / pandas DataFrame / dict.
+
+    Parameters
+    ----------
+    data : Any
+        The input rows (or an object exporting ``__arrow_c_stream__``).
+    what : str
+        Names the input in error messages.
+    columns : collection of str
+        Table columns: a pandas index level named like one of them (and not also a
+        column) is read as that column (``df.set_index("id")``); other index levels
+        are dropped.
+
+    Raises
+    ------
+    SchemaError
+        An unsupported input type, or values pyarrow cannot convert (the message names
+        the column).
+    """
+    if isinstance(data, pa.Table):
+        return data
+    try:
+        if isinstance(data, pa.RecordBatch):
+            return pa.Table.from_batches([data])
+        if isinstance(data, pa.RecordBatchReader):
+            return data.read_all()
+        if isinstance(data, dict):
+            return pa.table(data)
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover
+            pd = None
+        if pd is not None and isinstance(data, pd.DataFrame):
+            levels = [
+                n
+                for n in data.index.names
+                if isinstance(n, str) and n in columns and n not in data.columns
+            ]
+            if levels:
+                data = data.reset_index(level=levels)
+            return pa.Table.from_pandas(data, preserve_index=False)
+        if hasattr(data, "__arrow_c_stream__"):
+            return pa.table(data)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise SchemaError(f"{what}: cannot convert to Arrow: {e}") from e
+    raise SchemaError(
+        f"{what}: expected a pyarrow Table, RecordBatch, RecordBatchReader or pandas "
+        f"DataFrame, got {type(data).__name__}"
+    )
+
+
+def _type_family(t: pa.DataType) -> str:
+    """A coarse kind of type: casts between kinds are refused (see :func:`_cast_column`)."""
+    if pa.types.is_dictionary(t):
+        return _type_family(t.value_type)
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_binary_view(t)
+        or pa.types.is_fixed_size_binary(t)
+    ):
+        return "text"
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_boolean(t)
+    ):
+        return "number"
+    if pa.types.is_temporal(t):
+        return "temporal"
+    if pa.types.is_null(t):
+        return "null"
+    return "nested"
+
+
+def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    """``column`` cast to ``field``'s type, losslessly, within one kind of type.
+
+    Numbers (integers, floats, decimals, 0/1 for bool) convert among themselves, text
+    among text and binary, temporal types among themselves, nested among nested, and an
+    all-NULL column to anything. Crossing kinds (``"7"`` into an int column, ``12`` into
+    a string column, a datetime into an int64 column) is a :class:`SchemaError`: pyarrow
+    would parse or print the values, silently changing what was written.
+    """
+    if column.type == field.type:
+        return column
+    src_kind, dst_kind = _type_family(column.type), _type_family(field.type)
+    if src_kind not in ("null", dst_kind):
+        raise SchemaError(
+            f"column {field.name!r}: cannot convert {column.type} to {field.type} "
+            f"({src_kind} to {dst_kind}); convert the values explicitly first"
+        )
+    try:
+        out = pc.cast(column, field.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaError(
+            f"column {field.name!r}: cannot convert {column.type} to {field.type}: {e}"
+        ) from e
+    src = column.type
+    if src_kind == "temporal" and pa.types.is_date(field.type) and not pa.types.is_date(src):
+        # pyarrow's "safe" cast of a timestamp to a date drops the time of day
+        back = pc.cast(out, src)
+        lost = pc.fill_null(pc.not_equal(back, column), False)
+        if pc.any(lost).as_py():
+            first = column.filter(lost)[0].as_py()
+            raise SchemaError(
+                f"column {field.name!r}: cannot convert {src} to {field.type} without "
+                f"loss: value {first!r} has a time of day"
+            )
+    numeric = pa.types.is_integer(src) or pa.types.is_floating(src) or pa.types.is_decimal(src)
+    if pa.types.is_boolean(field.type) and numeric:
+        # a "safe" numeric cast maps every non-zero value to true: only 0/1 are lossless
+        ok = pc.is_in(column, value_set=pa.array([0, 1], pa.int8()).cast(src))
+        bad = pc.and_(pc.is_valid(column), pc.invert(ok))
+        if pc.any(bad).as_py():
+            first = column.filter(bad)[0].as_py()
+            raise SchemaError(
+                f"column {field.name!r}: cannot convert {column.type} to bool without "
+                f"loss: value {first!r} is neither 0 nor 1"
+            )
+    return out
+
+
+def coerce_rows(data: Any, schema: pa.Schema, pk: list[str]) -> pa.Table:
+    """Coerce full upsert rows to ``schema`` (without ``_tombstone``).
+
+    Unknown columns, missing columns, unconvertible types, and missing or NULL
+    primary-key values raise. A missing non-key column is an error (not NULL), since an
+    upsert replaces the whole row: use :func:`coerce_partial_rows` for partial updates.
+    """
+    table, missing = coerce_partial_rows(data, schema, pk)
+    if missing:
+        raise SchemaError(
+            f"column(s) {missing} are missing from the input: an upsert replaces whole "
+            "rows, so it would set them to NULL. Pass them (NULL explicitly if meant), or "
+            "write with partial=True to keep the current values of missing columns"
+        )
+    return table
+
+
+def coerce_partial_rows(data: Any, schema: pa.Schema, pk: list[str]) -> tuple[pa.Table, list[str]]:
+    """Coerce upsert rows that may lack non-key columns: ``(rows, missing column names)``.
+
+    Missing columns are NULL in ``rows`` (the caller fills them, e.g. with the keys'
+    current values); the NULL check of a non-nullable missing column is the caller's.
+    """
+    table = to_table(data, columns=schema.names)
+    extra = [n for n in table.column_names if schema.get_field_index(n) < 0]
+    if extra:
+        raise SchemaError(f"column(s) {extra} are not in the table schema {schema.names}")
+    if len(set(table.column_names)) != len(table.column_names):
+        raise SchemaError(f"duplicate column names in input: {table.column_names}")
+    columns = []
+    missing = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = _cast_column(table.column(field.name), field)
+            if not field.nullable and field.name not in pk and col.null_count:
+                raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
+        elif field.name in pk:
+            raise PrimaryKeyError(f"primary-key column {field.name!r} is missing from the input")
+        else:
+            missing.append(field.name)
+            col = pa.chunked_array([pa.nulls(table.num_rows, field.type)], field.type)
+        columns.append(col)
+    nullable = pa.schema([f.with_nullable(True) if f.name in missing else f for f in schema])
+    out = normalize_keys(pa.Table.from_arrays(columns, schema=nullable), pk)
+    check_keys(out, pk)
+    return out, missing
+
+
+def coerce_keys(data: Any, schema: pa.Schema, pk: list[str], what: str = "delete keys") -> pa.Table:
+    """Coerce a table with the primary-key columns (delete or lookup keys, named ``what``
+    in errors) to key columns only."""
+    table = to_table(data, what, columns=pk)
+    missing = [k for k in pk if k not in table.column_names]
+    if missing:
+        raise PrimaryKeyError(f"{what} are missing primary-key column(s) {missing}")
+    columns = [_cast_column(table.column(k), schema.field(k)) for k in pk]
+    out = pa.Table.from_arrays(columns, schema=pa.schema([schema.field(k) for k in pk]))
+    out = normalize_keys(out, pk)
+    check_keys(out, pk)
+    return out
+
+
+def check_keys(table: pa.Table, pk: list[str]) -> None:
+    """PrimaryKeyError when any primary-key value is NULL."""
+    for k in pk:
+        nulls = table.column(k).null_count
+        if nulls:
+            raise PrimaryKeyError(f"primary-key column {k!r} has {nulls} NULL value(s)")
+
+
+def with_tombstone(table: pa.Table, tombstone: bool) -> pa.Table:
+    """Append the non-null boolean ``_tombstone`` column."""
+    col = pa.repeat(pa.scalar(tombstone, pa.bool_()), table.num_rows)
+    return table.append_column(pa.field(TOMBSTONE, pa.bool_(), nullable=False), col)
+
+
+def tombstone_rows(keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Full-schema rows for deletes: keys set, other columns NULL, ``_tombstone`` true."""
+    n = keys.num_rows
+    columns = []
+    fields = []
+    for field in schema:
+        if field.name in keys.column_names:
+            columns.append(keys.column(field.name))
+            fields.append(field)
+        else:
+            columns.append(pa.nulls(n, field.type))
+            # Tombstones need NULL non-key columns: relax nullability, as pylance does.
+            fields.append(field.with_nullable(True))
+    table = pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=schema.metadata))
+    return with_tombstone(table, True)
+
+
+def storage_schema(schema: pa.Schema) -> pa.Schema:
+    """Schema of WAL entries and flushed generations: table columns + ``_tombstone``.
+
+    Non-key columns are nullable so that delete tombstones fit.
+    """
+    pk = set(primary_key_columns(schema))
+    fields = [f if f.name in pk else f.with_nullable(True) for f in schema]
+    fields.append(pa.field(TOMBSTONE, pa.bool_(), nullable=False))
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def as_int64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Integer, boolean or temporal values as int64 (dates in days, times in their unit).
+
+    uint64 values are reinterpreted bit for bit (values >= 2**63 become negative): the
+    mapping is one-to-one over the full range, so key equality holds, but order does not.
+    """
+    t = col.type
+    if pa.types.is_uint64(t):
+        if isinstance(col, pa.ChunkedArray):
+            return pa.chunked_array([c.view(pa.int64()) for c in col.chunks], pa.int64())
+        return col.view(pa.int64())
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pc.cast(pc.cast(col, pa.int32()), pa.int64())
+    if pa.types.is_boolean(t):
+        return pc.cast(pc.cast(col, pa.int8()), pa.int64())
+    return pc.cast(col, pa.int64())
+
+
+def normalize_key_column(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Canonical key values: floating ``-0.0`` becomes ``0.0`` (one key, as in Lance)."""
+    if pa.types.is_floating(col.type):
+        return pc.add(col, pa.scalar(0.0, col.type))  # -0.0 + 0.0 == +0.0
+    return col
+
+
+def normalize_keys(table: pa.Table, pk: list[str]) -> pa.Table:
+    """``table`` with its primary-key columns normalized (see normalize_key_column)."""
+    for k in pk:
+        i = table.schema.get_field_index(k)
+        if i >= 0 and pa.types.is_floating(table.schema.field(i).type):
+            table = table.set_column(
+                i, table.schema.field(i), normalize_key_column(table.column(i))
+            )
+    return table
+
+
+def fill_missing(
+    rows: pa.Table, missing: list[str], current: pa.Table, pk: list[str], schema: pa.Schema
+) -> pa.Table:
+    """A partial update's full rows: ``missing`` columns of ``rows`` taken from
+    ``current`` (the keys' newest live rows), NULL for keys it lacks.
+
+    Vectorised: keys are matched with ``pc.index_in`` (one key column) or a hash join.
+    Raises SchemaError when a non-nullable missing column stays NULL (a new key).
+    """
+    if current.num_rows == 0:
+        idx = pa.nulls(rows.num_rows, pa.int64())
+    elif len(pk) == 1:
+        idx = pc.index_in(rows.column(pk[0]), value_set=current.column(pk[0]))
+    else:
+        import numpy as np
+
+        left = rows.select(pk).append_column("__l", pa.array(np.arange(rows.num_rows)))
+        right = current.select(pk).append_column("__r", pa.array(np.arange(current.num_rows)))
+        joined = left.join(right, keys=pk, join_type="left outer", use_threads=False)
+        joined = joined.sort_by("__l")
+        idx = joined.column("__r")
+    out = rows
+    for name in missing:
+        col = current.column(name).take(idx)
+        out = out.set_column(out.schema.get_field_index(name), schema.field(name), col)
+    for name in missing:
+        field = schema.field(name)
+        nulls = out.column(name).null_count
+        if not field.nullable and nulls:
+            raise SchemaError(
+                f"column {name!r} is missing from a partial update and not nullable, but "
+                f"{nulls} row(s) have keys that do not exist yet; give it for new keys"
+            )
+    return out.cast(schema)

@@ -1,0 +1,271 @@
+"""Vectorised last-write-wins: newest row per primary key, and key-set membership.
+
+Rows handed to :func:`newest_per_key` are in ascending (``_gen``, ``_rowaddr``) order per
+region (generations oldest first, then MemTables, rows in write order), so within a
+region the newest version of a key is simply its *last* occurrence: a hash aggregation
+``max(row index) GROUP BY key``, no sort.
+
+The one rule every reader applies (SQL, lookup, vector and full-text search, Spark):
+the newest version of a key is the one with the highest ``_gen``; within a region,
+the highest ``_rowaddr`` (write order); a key written to two regions (regions created
+by hand, or a region spec changed) with the same ``_gen`` in both: the region later in
+region-id order. :func:`newest_indices` with ``regions`` applies it to rows of several
+regions at O(rows) cost, sorting only the rows of keys found in more than one region.
+
+:class:`KeySet` answers "is this base row's key overwritten by a newer source?" for
+whole batches: a dense lookup table for integer keys in a compact range, binary search
+for other integers, a hash-set join for everything else.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.format.schema import as_int64, normalize_keys
+
+if TYPE_CHECKING:
+    import lance
+
+_IDX = "__memwal_idx"
+_DENSE_LIMIT = 1 << 26
+
+
+def newest_per_key(rows: pa.Table, pk: list[str]) -> pa.Table:
+    """The last row of each key (rows must be oldest-first per key), in input order."""
+    order = newest_indices(rows, pk)
+    if len(order) == rows.num_rows:
+        return rows
+    return rows.take(pa.array(order))
+
+
+def _int_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_temporal(t):
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        return as_int64(col).to_numpy(zero_copy_only=False)
+    return None
+
+
+def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    """Boolean mask: which ``values`` are in ``sorted_values`` (ascending; binary search)."""
+    if not len(sorted_values):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.searchsorted(sorted_values, values)
+    pos[pos == len(sorted_values)] = 0
+    return sorted_values[pos] == values
+
+
+class KeySet:
+    """A set of primary keys with vectorised membership tests.
+
+    Parameters
+    ----------
+    keys : pa.Table
+        Primary-key column(s).
+    """
+
+    def __init__(self, keys: pa.Table) -> None:
+        self.pk = keys.column_names
+        self.size = keys.num_rows
+        self._dense: np.ndarray | None = None
+        self._sorted: np.ndarray | None = None
+        self._table: pa.Table | None = None
+        self._addresses: dict[tuple[str, int], np.ndarray] = {}  # see base_addresses
+        self._addresses_lock = threading.Lock()
+        ints = _int_values(keys.column(0)) if len(self.pk) == 1 and self.size else None
+        if self.size == 0:
+            return
+        if ints is not None:
+            lo, hi = int(ints.min()), int(ints.max())
+            if hi - lo < _DENSE_LIMIT:
+                dense = np.zeros(hi - lo + 1, dtype=bool)
+                dense[ints - lo] = True
+                self._dense, self._lo, self._hi = dense, lo, hi
+            else:
+                self._sorted = np.unique(ints)
+        else:
+            self._table = normalize_keys(keys, self.pk).combine_chunks()
+
+    @property
+    def hashed(self) -> bool:
+        """Whether membership goes through a hash set (non-integer or composite keys),
+        whose build costs O(set size) on every :meth:`contains` call."""
+        return self._table is not None
+
+    def has_addresses(self, base: lance.LanceDataset) -> bool:
+        """Whether :meth:`base_addresses` of ``base``'s version is cached."""
+        return (base.uri, base.version) in self._addresses
+
+    def base_addresses(self, base: lance.LanceDataset) -> np.ndarray:
+        """Sorted row addresses of the rows of ``base`` whose key is in the set.
+
+        Reads the base table's key columns once per base version (cached on this set:
+        sets of flushed generations live as long as the generations are unmerged), so
+        that a scan can drop overwritten base rows by row address: a binary search per
+        batch instead of building the hash set again for every batch.
+        """
+        key = (base.uri, base.version)
+        with self._addresses_lock:
+            hit = self._addresses.get(key)
+            if hit is not None:
+                return hit
+            keys = base.to_table(columns=self.pk, with_row_address=True)
+            addr = keys.column("_rowaddr").to_numpy()
+            found = np.sort(addr[self.contains(keys.select(self.pk))]).astype(np.uint64)
+            if len(self._addresses) >= 2:
+                self._addresses.pop(next(iter(self._addresses)))
+            self._addresses[key] = found
+            return found
+
+    def __len__(self) -> int:
+        return self.size
+
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """Boolean mask: which rows of ``keys`` (same columns) are in the set."""
+        n = keys.num_rows
+        if self.size == 0 or n == 0:
+            return np.zeros(n, dtype=bool)
+        if self._dense is not None or self._sorted is not None:
+            v = _int_values(keys.column(0))
+            if self._dense is not None:
+                inside = (v >= self._lo) & (v <= self._hi)
+                out = np.zeros(n, dtype=bool)
+                out[inside] = self._dense[v[inside] - self._lo]
+                return out
+            return in_sorted(v, self._sorted)
+        if isinstance(keys, pa.RecordBatch):
+            keys = pa.Table.from_batches([keys])
+        keys = normalize_keys(keys, self.pk)
+        if len(self.pk) == 1:
+            return pc.is_in(keys.column(0), value_set=self._table.column(0)).to_numpy(
+                zero_copy_only=False
+            )
+        probe = pa.table({**{k: keys.column(k) for k in self.pk}, _IDX: np.arange(n)})
+        hit = probe.join(self._table, keys=self.pk, join_type="left semi").column(_IDX)
+        out = np.zeros(n, dtype=bool)
+        out[hit.to_numpy()] = True
+        return out
+
+
+class KeySetUnion:
+    """The union of several :class:`KeySet` (each one cached on its own).
+
+    Parameters
+    ----------
+    sets : list of KeySet
+        Sets over the same primary-key columns.
+    """
+
+    def __init__(self, sets: list[KeySet]) -> None:
+        self.sets = [s for s in sets if len(s)]
+
+    def __len__(self) -> int:
+        """Total size of the sets (a key in two sets counts twice; 0 means empty)."""
+        return sum(len(s) for s in self.sets)
+
+    def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """Boolean mask: which rows of ``keys`` are in any of the sets."""
+        out = np.zeros(keys.num_rows, dtype=bool)
+        for s in self.sets:
+            out |= s.contains(keys)
+        return out
+
+
+def newest_indices(
+    rows: pa.Table,
+    pk: list[str],
+    regions: np.ndarray | None = None,
+    generations: np.ndarray | None = None,
+) -> np.ndarray:
+    """Sorted row indices of the newest row per key.
+
+    Without ``regions``: the last row of each key (rows oldest-first per key). With
+    ``regions`` (region rank of every row, e.g. its position in region-id order) and
+    ``generations`` (``_gen`` of every row; rows oldest-first per key *within* a
+    region): the module's rule, highest ``_gen``, then the later row of a region, then
+    the higher region rank. Keys found in one region only cost nothing extra.
+    """
+    if rows.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    multi = regions is not None and len(regions) and regions.min() != regions.max()
+    if len(pk) == 1:
+        ints = _int_values(rows.column(pk[0]))
+        if ints is not None:
+            lo, hi = int(ints.min()), int(ints.max())
+            if hi - lo < max(_DENSE_LIMIT // 8, 4 * len(ints)):
+                pos = np.arange(len(ints), dtype=np.int64)
+                last = np.full(hi - lo + 1, -1, dtype=np.int64)
+                np.maximum.at(last, ints - lo, pos)
+                if not multi:
+                    return np.sort(last[last >= 0])
+                first = np.full(hi - lo + 1, len(ints), dtype=np.int64)
+                np.minimum.at(first, ints - lo, pos)
+                seen = last >= 0
+                lasts, firsts = last[seen], first[seen]
+                return _across_regions(rows, pk, lasts, firsts, regions, generations)
+    idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    keyed = normalize_keys(rows.select(pk), pk).append_column(_IDX, idx)
+    if not multi:
+        last = keyed.group_by(pk).aggregate([(_IDX, "max")]).column(f"{_IDX}_max")
+        return np.sort(last.to_numpy())
+    agg = keyed.group_by(pk).aggregate([(_IDX, "max"), (_IDX, "min")])
+    lasts = agg.column(f"{_IDX}_max").to_numpy()
+    firsts = agg.column(f"{_IDX}_min").to_numpy()
+    return _across_regions(rows, pk, lasts, firsts, regions, generations)
+
+
+def _across_regions(
+    rows: pa.Table,
+    pk: list[str],
+    lasts: np.ndarray,
+    firsts: np.ndarray,
+    regions: np.ndarray,
+    generations: np.ndarray | None,
+) -> np.ndarray:
+    """Newest row of each key given its first and last row; keys whose rows lie in more
+    than one region (their first and last row, or any rows between, differ in region)
+    are decided by (``_gen``, region rank, row order)."""
+    if generations is None:
+        raise ValueError("newest_indices: regions given without generations")
+    # Rows grouped by region (non-decreasing ranks): a key spans regions iff its first
+    # and last rows differ in region. Otherwise compare every row with its key's last.
+    if (regions[firsts] == regions[lasts]).all() and (np.diff(regions) >= 0).all():
+        return np.sort(lasts)
+    key_last = _key_last_index(rows, pk, lasts)
+    odd_rows = regions[key_last] != regions
+    if not odd_rows.any():
+        return np.sort(lasts)
+    mark = np.zeros(rows.num_rows, bool)
+    mark[key_last[odd_rows]] = True  # a key is identified by the index of its last row
+    idx = np.flatnonzero(mark[key_last])
+    order = np.lexsort((idx, regions[idx], generations[idx]))
+    ordered = idx[order]
+    winners = ordered[newest_indices(rows.select(pk).take(pa.array(ordered)), pk)]
+    return np.sort(np.concatenate([lasts[~mark[lasts]], winners]))
+
+
+def _key_last_index(rows: pa.Table, pk: list[str], lasts: np.ndarray) -> np.ndarray:
+    """For every row, the index of the last row of its key (``lasts``: one per key)."""
+    n = rows.num_rows
+    if len(pk) == 1:
+        ints = _int_values(rows.column(pk[0]))
+        if ints is not None:
+            lo = int(ints.min())
+            span = int(ints.max()) - lo + 1
+            if span <= max(_DENSE_LIMIT // 8, 4 * n):
+                table = np.zeros(span, dtype=np.int64)
+                table[ints[lasts] - lo] = lasts
+                return table[ints - lo]
+    keys = normalize_keys(rows.select(pk), pk)
+    probe = keys.append_column(_IDX, pa.array(np.arange(n, dtype=np.int64)))
+    owners = keys.take(pa.array(lasts)).append_column("__memwal_last", pa.array(lasts))
+    joined = probe.join(owners, keys=pk, join_type="inner")
+    out = np.empty(n, dtype=np.int64)
+    out[joined.column(_IDX).to_numpy()] = joined.column("__memwal_last").to_numpy()
+    return out

@@ -1,0 +1,494 @@
+"""DataFusion integration: SQL over base table + flushed generations + MemTables.
+
+Route chosen
+------------
+datafusion-python (55) cannot yet call a table provider written in Python
+(apache/datafusion-python#1668), and a Rust provider through the FFI capsule would
+have to be compiled and shipped. Its third route is ``pyarrow.dataset.Dataset``:
+DataFusion calls ``get_fragments(filter)`` when it plans a scan and, per partition,
+``fragment.scanner(schema, columns=..., filter=..., batch_size=...).to_batches()`` when
+it executes, with the projection and the pushed-down filter (which it then treats as
+Exact: it does not re-apply it). :class:`MemWalDataset` implements that protocol:
+
+- sources are resolved at *planning time of every query* (``get_fragments``), so each
+  query sees the table as of that moment (strong: region manifests; eventual: region
+  snapshots), and the writers' MemTables as of that moment;
+- partition 0..n-1 scan the base table through Lance's own scanner (projection, filter
+  pushdown, scalar indexes), each over a share of its fragments, and drop the rows
+  whose key exists in any newer source; the last partition returns the newest row per
+  key of the newer sources, tombstones removed, *then* filtered.
+
+Why this keeps the filter semantics: a filter is pushed into the base scan, but base
+rows are removed by key against *all* newer keys (unfiltered), so a row that matched
+in the base but whose newest version does not match is never returned; the newer
+sources are deduplicated before the filter is applied. The dedup work is a hash
+aggregation over the newer rows plus one vectorised membership test per base batch
+(:mod:`memwal_query.read.dedup`).
+
+Who evaluates the filter: Lance on the base table whenever it accepts the expression
+(its Substrait conversion refuses unsigned integers, large strings/binaries,
+dictionaries, timestamp[ns] literals, and any filter on a table with a time64 column;
+the base scan then reads the filter's columns too and pyarrow filters after the key
+check), pyarrow on the newer rows. pyarrow gets the filter rewritten to DataFusion's
+semantics (:func:`memwal_query.read.pruning.datafusion_semantics`: NaN = NaN and NaN above
+every other float, SQL NULLs in ``IN``), so a row's answer does not depend on the source
+it lives in. ``_gen`` is the literal 0 in the base table; a filter on ``_rowaddr`` is
+evaluated by pyarrow.
+
+``count(*)``, projections and LIMIT flow through DataFusion as usual; Lance reads only
+the projected columns plus the primary key.
+
+:meth:`MemWalDataset.explain` and ``last_plan`` describe the query resolved last by this
+provider object; with concurrent queries, use one provider per query to inspect them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
+from memwal_query.read import pruning, sources
+from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
+
+if TYPE_CHECKING:
+    from memwal_query.table import MemWalTable
+    from memwal_query.write.writer import RegionWriter
+
+BASE_BATCH_ROWS = 65536  # fewer, larger batches: less per-batch Python overhead
+# Bases up to this many rows drop rows overwritten by string/binary/composite keys by row
+# address (their key columns are read once and cached, see KeySet.base_addresses).
+ADDRESS_DEDUP_MAX_ROWS = 32_000_000
+META_FIELDS = [pa.field(GEN_COLUMN, pa.uint64()), pa.field(ROWADDR_COLUMN, pa.uint64())]
+
+
+def _as_expression(expr: Any) -> pc.Expression | None:
+    """``expr`` as a pyarrow Expression: DataFusion hands a filter it simplified to a
+    constant (``k IN (false, true)`` on a non-null ``k``) as a plain ``pa.Scalar``, which
+    Lance's scanner rejects."""
+    if expr is None or isinstance(expr, pc.Expression):
+        return expr
+    return pc.scalar(expr)
+
+
+class _Filter:
+    """A pushed-down filter, read once per query: what each source evaluates.
+
+    Attributes
+    ----------
+    expr : pc.Expression or None
+        The filter as DataFusion pushed it.
+    columns : list of str
+        Columns of the dataset schema it reads (meta columns included).
+    local : pc.Expression or None
+        What pyarrow evaluates (newer rows; base rows Lance cannot filter): ``expr`` with
+        its float comparisons rewritten to DataFusion's order (NaN above everything,
+        NaN = NaN), so that every source gives DataFusion's answer.
+    base : pc.Expression or None
+        What Lance evaluates on the base table: ``expr`` with ``_gen`` replaced by 0.
+    lance : bool
+        Whether to try ``base`` in Lance's scanner (fast path: late materialization,
+        scalar indexes). False when it reads ``_rowaddr``, or when the expression cannot
+        be read and compares floats (pyarrow then filters base rows too, so all sources
+        agree); set to False when Lance refuses it (types its Substrait conversion
+        does not support: unsigned integers, large strings/binaries, dictionaries,
+        timestamp[ns] literals, any filter on a table with a time64 column...).
+    """
+
+    def __init__(self, expr: pc.Expression | None, schema: pa.Schema) -> None:
+        expr = _as_expression(expr)
+        self.expr = expr
+        self.columns: list[str] = []
+        self.local = expr
+        self.base = expr
+        self.lance = expr is not None
+        if expr is None:
+            return
+        node = pruning.decode(expr)
+        if node is None:  # not from DataFusion (whose filters always decode): be careful
+            self.columns = pruning.referenced_columns(expr, schema.names)
+            floats = [c for c in self.columns if pa.types.is_floating(schema.field(c).type)]
+            if floats or GEN_COLUMN in self.columns or ROWADDR_COLUMN in self.columns:
+                self.lance = False
+            return
+        used = pruning.fields_of(node)
+        self.columns = [n for n in schema.names if n in used]
+        local = pruning.datafusion_semantics(node, schema)
+        if not pruning.same(local, node):
+            self.local = pruning.encode(local)
+        if GEN_COLUMN in self.columns:
+            self.base = pruning.encode(
+                pruning.substitute(node, {GEN_COLUMN: pa.scalar(0, pa.uint64())})
+            )
+        if ROWADDR_COLUMN in self.columns:
+            self.lance = False
+
+    def data_columns(self) -> list[str]:
+        """Referenced table columns (without the meta columns)."""
+        return [c for c in self.columns if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+
+
+class _QueryState:
+    """Sources and the deduplicated newer rows of one query (computed once, lazily)."""
+
+    def __init__(self, dataset: MemWalDataset, filter: pc.Expression | None) -> None:
+        self.dataset = dataset
+        self.filter = _Filter(filter, dataset.schema)
+        table = dataset.table
+        predicates = pruning.predicates_from_expression(filter)
+        self.plan = sources.resolve(
+            table, dataset.consistency, dataset.writers, predicates, dataset.max_staleness
+        )
+        self._lock = threading.Lock()
+        self._view: sources.NewerView | None = None
+        self._stale: np.ndarray | None = None
+        self._base_rows: int | None = None
+
+    def filter_for(self, expr: pc.Expression | None) -> _Filter:
+        """The analysed filter of a scan (DataFusion passes the planned one again)."""
+        known = self.filter
+        expr = _as_expression(expr)
+        if expr is known.expr or (
+            expr is not None and known.expr is not None and expr.equals(known.expr)
+        ):
+            return known
+        return _Filter(expr, self.dataset.schema)
+
+    @property
+    def view(self) -> sources.NewerView:
+        """Newest row per key of the newer sources (computed once per query)."""
+        with self._lock:
+            if self._view is None:
+                table = self.dataset.table
+                self._view = sources.newer_view(
+                    self.plan, table.schema, table.primary_key, table.storage_options
+                )
+            return self._view
+
+    @property
+    def keys(self) -> KeySet | KeySetUnion:
+        return self.view.keys
+
+    def key_sets(self) -> tuple[list[KeySet], list[KeySet]]:
+        """The newer sources' key sets: (integer sets, hashed sets)."""
+        keys = self.keys
+        sets = keys.sets if isinstance(keys, KeySetUnion) else [keys]
+        sets = [s for s in sets if len(s)]
+        return [s for s in sets if not s.hashed], [s for s in sets if s.hashed]
+
+    def stale_addresses(self, hashed: list[KeySet]) -> np.ndarray:
+        """Sorted addresses of the base rows whose key is in a hashed set (once per query;
+        each set caches its own across queries)."""
+        with self._lock:
+            if self._stale is None:
+                parts = [s.base_addresses(self.plan.base) for s in hashed]
+                # each part is sorted; duplicates do no harm to a binary search
+                self._stale = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+            return self._stale
+
+    def by_address(self, hashed: list[KeySet]) -> bool:
+        """Whether base rows are dropped by row address (see ``_BaseFragment``)."""
+        if not hashed:
+            return False
+        if self._base_rows is None:
+            self._base_rows = self.plan.base.count_rows()
+        return self._base_rows <= ADDRESS_DEDUP_MAX_ROWS
+
+
+# What Lance raises when its Substrait conversion refuses a filter expression (at
+# scanner creation or on the first batch). Anything else is a real error.
+_LANCE_REFUSALS = (ValueError, TypeError, NotImplementedError, pa.ArrowException)
+
+
+def _output_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
+    if columns is None:
+        return schema
+    return pa.schema([schema.field(c) for c in columns])
+
+
+class _Scanner:
+    """What DataFusion calls ``scanner``: a projected schema and batches."""
+
+    def __init__(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch] | None) -> None:
+        self.projected_schema = schema
+        self._batches = batches
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        return self._batches if self._batches is not None else iter(())
+
+    def to_table(self) -> pa.Table:
+        return pa.Table.from_batches(list(self.to_batches()), schema=self.projected_schema)
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(self.projected_schema, self.to_batches())
+
+    def count_rows(self) -> int:
+        return sum(b.num_rows for b in self.to_batches())
+
+
+class _BaseFragment:
+    """Base-table rows (a share of its Lance fragments) whose key is not newer."""
+
+    def __init__(self, state: _QueryState, lance_fragments: list | None) -> None:
+        self.state = state
+        self.lance_fragments = lance_fragments
+
+    def scanner(
+        self,
+        schema: pa.Schema | None = None,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        batch_size: int | None = None,
+        **_: Any,
+    ) -> _Scanner:
+        ds = self.state.dataset
+        out_schema = _output_schema(ds.schema, columns)
+        return _Scanner(out_schema, self._guarded(out_schema, filter, batch_size))
+
+    def _guarded(
+        self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
+    ) -> Iterator[pa.RecordBatch]:
+        # A base version cleaned up mid-query: a typed BaseVersionGoneError, not Lance's
+        # bare "Not found" (the next query plans on the current version).
+        with sources.reading_base(self.state.dataset.table, self.state.plan.base):
+            yield from self._batches(out_schema, filter, batch_size)
+
+    def _batches(
+        self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
+    ) -> Iterator[pa.RecordBatch]:
+        state = self.state
+        pk = state.dataset.table.primary_key
+        wanted = list(out_schema.names)
+        data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+        int_sets, hashed = state.key_sets()
+        # Hashed key sets (strings, binary, composite keys) rebuild a hash set on every
+        # membership test: after the first batch (a selective scan may have only one),
+        # or from the start when the addresses are cached, overwritten base rows are
+        # dropped by row address instead (and then need no key columns).
+        by_address = state.by_address(hashed)
+        cached = by_address and all(s.has_addresses(state.plan.base) for s in hashed)
+        key_cols = pk if int_sets or (hashed and not cached) else []
+        want_addr = ROWADDR_COLUMN in wanted
+        size = max(batch_size or 0, BASE_BATCH_ROWS)
+        f = state.filter_for(filter)
+        batches: Iterator[pa.RecordBatch] | None = None
+        if f.expr is None or f.lance:
+            # Fast path: Lance filters (late materialization, scalar indexes).
+            try:
+                scanner = state.plan.base.scanner(
+                    columns=list(dict.fromkeys(data_cols + key_cols)),
+                    filter=f.base,
+                    fragments=self.lance_fragments,
+                    with_row_address=want_addr or by_address,
+                    batch_size=size,
+                )
+                it = iter(scanner.to_batches())
+                first = next(it, None)
+            except _LANCE_REFUSALS:
+                if f.expr is None:
+                    raise
+                f.lance = False  # the other partitions need not ask again
+            else:
+                batches = it if first is None else itertools.chain([first], it)
+        local = None
+        if batches is None:
+            # Lance refused the filter (or it reads _rowaddr): read its columns too, and
+            # filter with pyarrow after the key check (same result: a base row is kept
+            # only if its key is in no newer source, whatever the filter).
+            local = f.local
+            scanner = state.plan.base.scanner(
+                columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
+                fragments=self.lance_fragments,
+                with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
+                batch_size=size,
+            )
+            batches = scanner.to_batches()
+        for i, batch in enumerate(batches):
+            if int_sets or hashed:
+                mask = np.zeros(batch.num_rows, dtype=bool)
+                for s in int_sets:
+                    mask |= s.contains(batch.select(pk))
+                if by_address and (i or cached):
+                    addr = batch.column(ROWADDR_COLUMN).to_numpy(zero_copy_only=False)
+                    mask |= in_sorted(addr, state.stale_addresses(hashed))
+                else:
+                    for s in hashed:
+                        mask |= s.contains(batch.select(pk))
+                if mask.any():
+                    batch = batch.filter(pa.array(~mask))
+            if local is not None:
+                if GEN_COLUMN in f.columns:
+                    gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
+                    batch = batch.append_column(GEN_COLUMN, gen)
+                batch = batch.filter(local)
+            yield _project(batch, out_schema, generation=0)
+
+
+class _NewerFragment:
+    """Newest live rows of the flushed generations and MemTables."""
+
+    def __init__(self, state: _QueryState) -> None:
+        self.state = state
+
+    def scanner(
+        self,
+        schema: pa.Schema | None = None,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        batch_size: int | None = None,
+        **_: Any,
+    ) -> _Scanner:
+        out_schema = _output_schema(self.state.dataset.schema, columns)
+        return _Scanner(out_schema, self._batches(out_schema, filter, batch_size))
+
+    def _batches(
+        self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
+    ) -> Iterator[pa.RecordBatch]:
+        view = self.state.view
+        if len(view.winners) == 0:
+            return
+        f = self.state.filter_for(filter)
+        live = view.live(list(out_schema.names), f.local, f.columns)
+        if live.num_rows == 0:
+            return
+        for batch in live.to_batches(max_chunksize=batch_size or 8192):
+            yield _project(batch, out_schema)
+
+
+def _project(
+    batch: pa.RecordBatch, out_schema: pa.Schema, generation: int | None = None
+) -> pa.RecordBatch:
+    arrays = []
+    for f in out_schema:
+        if f.name == GEN_COLUMN and generation is not None:
+            arrays.append(pa.repeat(pa.scalar(generation, pa.uint64()), batch.num_rows))
+            continue
+        col = batch.column(f.name)
+        arrays.append(col if col.type == f.type else col.cast(f.type))
+    if not arrays:
+        return pa.RecordBatch.from_pydict({"_": pa.nulls(batch.num_rows)}).select([])
+    return pa.RecordBatch.from_arrays(arrays, schema=out_schema)
+
+
+class MemWalDataset(pads.Dataset):
+    """A MemWAL table as a ``pyarrow.dataset.Dataset`` DataFusion can register.
+
+    Obtain one from :meth:`MemWalTable.provider`. Every DataFusion query re-resolves the
+    sources, so a registered table always shows the newest data its consistency mode
+    allows. See the module docstring for how filters stay correct.
+
+    Parameters
+    ----------
+    table : MemWalTable
+    consistency : str
+        ``"strong"`` (region manifests + writers' MemTables), ``"latest"`` (+ every
+        region's durable unflushed WAL entries) or ``"eventual"`` (region
+        snapshots in the MemWAL index).
+    writers : list of RegionWriter, optional
+        In-process writers whose unflushed MemTables are read too.
+    meta_columns : bool
+        Add ``_gen`` (0 for the base table) and ``_rowaddr`` columns.
+    base_partitions : int
+        How many DataFusion partitions share the base table's fragments.
+    max_staleness : float, optional
+        ``eventual``: seconds after which a region snapshot is too old and the region
+        manifests are read instead (default
+        :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`).
+    """
+
+    def __init__(
+        self,
+        table: MemWalTable,
+        consistency: str = "strong",
+        writers: Sequence[RegionWriter] | None = None,
+        meta_columns: bool = False,
+        base_partitions: int = 2,
+        max_staleness: float | None = None,
+    ) -> None:
+        if consistency not in sources.CONSISTENCY_MODES:
+            from memwal_query.exceptions import MemWalError
+
+            raise MemWalError(
+                f"consistency must be one of {sources.CONSISTENCY_MODES}, got {consistency!r}"
+            )
+        self.table = table
+        self.consistency = consistency
+        self.max_staleness = max_staleness
+        self.writers = list(writers or [])
+        self.meta_columns = meta_columns
+        self.base_partitions = max(1, base_partitions)
+        self._schema = pa.schema(
+            [pa.field(f.name, f.type, f.nullable) for f in table.schema]
+            + (META_FIELDS if meta_columns else [])
+        )
+        self.last_plan: sources.ReadPlan | None = None
+
+    @property
+    def schema(self) -> pa.Schema:  # type: ignore[override]
+        """Table columns (plus ``_gen``/``_rowaddr`` with ``meta_columns``)."""
+        return self._schema
+
+    def scanner(
+        self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
+    ) -> _Scanner:  # type: ignore[override]
+        """A scanner over the deduplicated view (also usable without DataFusion).
+
+        Sources are resolved when batches are first requested (DataFusion calls this
+        method only for the projected schema).
+        """
+        out_schema = _output_schema(self._schema, columns)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for frag in self.get_fragments(filter):
+                yield from frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
+
+        return _Scanner(out_schema, batches())
+
+    def check(self) -> sources.ReadPlan:
+        """Resolve the sources now and return the plan: raises the typed error (e.g.
+        ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
+        plan = sources.resolve(
+            self.table, self.consistency, self.writers, max_staleness=self.max_staleness
+        )
+        self.last_plan = plan
+        return plan
+
+    def get_fragments(self, filter: pc.Expression | None = None) -> list:  # type: ignore[override]
+        """Resolve the sources now and split the work into partitions."""
+        state = _QueryState(self, filter)
+        self.last_plan = state.plan
+        lance_frags = state.plan.base.get_fragments()
+        n = min(self.base_partitions, max(1, len(lance_frags)))
+        shares: list[list] = [lance_frags[i::n] for i in range(n)]
+        parts: list = [_BaseFragment(state, share) for share in shares if share]
+        if not parts:
+            parts.append(_BaseFragment(state, None))
+        parts.append(_NewerFragment(state))
+        return parts
+
+    def to_table(
+        self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
+    ) -> pa.Table:  # type: ignore[override]
+        """The deduplicated view as one table."""
+        return self.scanner(columns=columns, filter=filter).to_table()
+
+    def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:  # type: ignore[override]
+        """Number of live rows."""
+        return self.to_table(columns=[], filter=filter).num_rows
+
+    def explain(self) -> str:
+        """Sources of the last resolved query (regions, generations, pruned regions)."""
+        if self.last_plan is None:
+            self.get_fragments(None)
+        assert self.last_plan is not None
+        return self.last_plan.describe()
+
+    def __repr__(self) -> str:
+        return f"MemWalDataset({self.table.uri!r}, consistency={self.consistency!r})"

@@ -1,0 +1,514 @@
+"""Collecting the sources of an LSM read: base table, flushed generations, MemTables.
+
+:func:`resolve` returns a :class:`ReadPlan` for one point in time:
+
+- the base table (generation 0) at its latest version, and the MemWAL index of that
+  version, whose ``merged_generations`` say which flushed generations are already in
+  it: those are not read again (a merged generation still listed produces no
+  duplicates, and a garbage-collected one is never needed);
+- per region, the flushed generations above the merged one, newest last, from the
+  region manifests (``strong``) or the region snapshots of the MemWAL index
+  (``eventual``; see :mod:`memwal_query.maintain.snapshots`);
+- the MemTables of the writers handed in (read-your-writes). With ``eventual``, a region
+  whose writer is handed in is read from its region manifest (strong for that region),
+  so that its MemTables continue the generations read; the other regions come from the
+  snapshots. Each region then shows a state it had (regions are independent: a key
+  lives in one region).
+
+Regions whose region value cannot satisfy the query's predicates are pruned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.exceptions import (
+    BaseVersionGoneError,
+    GenerationGoneError,
+    MemWalError,
+    ObjectNotFoundError,
+)
+from memwal_query.format.index import MemWalIndex, manifest_path
+from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
+from memwal_query.write.memtable import MemTableSnapshot
+
+if TYPE_CHECKING:
+    from memwal_query.table import MemWalTable
+    from memwal_query.write.writer import RegionWriter
+
+CONSISTENCY_MODES = ("strong", "eventual", "latest")
+
+
+@dataclass(frozen=True)
+class GenerationRef:
+    """A flushed generation to read.
+
+    Attributes
+    ----------
+    region_id : str
+    generation : int
+    uri : str
+        Directory of the generation's Lance table.
+    """
+
+    region_id: str
+    generation: int
+    uri: str
+
+
+@dataclass
+class RegionView:
+    """What one region contributes to a read."""
+
+    region_id: str
+    values: dict[str, Any] | None
+    merged_generation: int
+    generations: list[GenerationRef] = field(default_factory=list)
+    memtables: list[MemTableSnapshot] = field(default_factory=list)
+
+
+@dataclass
+class ReadPlan:
+    """The sources of one LSM read.
+
+    Attributes
+    ----------
+    base : lance.LanceDataset
+        The base table version read.
+    index : MemWalIndex
+        The MemWAL index of that version.
+    regions : list[RegionView]
+        Regions read (after pruning).
+    pruned : list[str]
+        Region ids skipped by region pruning.
+    consistency : str
+        ``"strong"`` or ``"eventual"``.
+    """
+
+    base: lance.LanceDataset
+    index: MemWalIndex
+    regions: list[RegionView]
+    pruned: list[str]
+    consistency: str
+
+    @property
+    def generations(self) -> list[GenerationRef]:
+        """All flushed generations read, region by region, oldest first."""
+        return [g for r in self.regions for g in r.generations]
+
+    def describe(self) -> str:
+        """Human-readable summary (what EXPLAIN-style debugging shows)."""
+        lines = [
+            f"MemWalScan: consistency={self.consistency} base_version={self.base.version} "
+            f"regions={len(self.regions)} pruned={len(self.pruned)}"
+        ]
+        for r in self.regions:
+            gens = ",".join(str(g.generation) for g in r.generations) or "-"
+            mems = ",".join(f"{m.generation}({m.num_rows} rows)" for m in r.memtables) or "-"
+            lines.append(
+                f"  region {r.region_id} values={r.values} merged<={r.merged_generation} "
+                f"generations=[{gens}] memtables=[{mems}]"
+            )
+        for rid in self.pruned:
+            lines.append(f"  pruned region {rid}")
+        return "\n".join(lines)
+
+
+def resolve(
+    table: MemWalTable,
+    consistency: str = "strong",
+    writers: Sequence[RegionWriter] | None = None,
+    predicates: list[tuple[str, str, Any]] | None = None,
+    max_staleness: float | None = None,
+) -> ReadPlan:
+    """Resolve the pinned view to read now: :func:`memwal_query.read.view.resolve`."""
+    from memwal_query.read import view
+
+    staleness = view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
+    return view.resolve(table, consistency, writers, predicates, staleness)
+
+
+def base_version_gone(table: MemWalTable, version: int) -> bool:
+    """Whether version ``version`` of the base table was cleaned up (its manifest is gone)."""
+    try:
+        manifest_path(table.io, table.uri, version)
+    except ObjectNotFoundError:
+        return True
+    except Exception:  # noqa: BLE001 - cannot tell: report the original error
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def reading_base(table: MemWalTable, base: lance.LanceDataset) -> Iterator[None]:
+    """Turn an error reading ``base`` into :class:`BaseVersionGoneError` when that version
+    was cleaned up meanwhile (Lance reports the deleted data file as a plain OSError or
+    ArrowInvalid "Not found"); any other error propagates unchanged."""
+    try:
+        yield
+    except MemWalError:
+        raise
+    except Exception as e:
+        if not base_version_gone(table, base.version):
+            raise
+        raise BaseVersionGoneError(
+            f"{table.uri}: base version {base.version} was cleaned up while it was read "
+            f"(run the read again): {e}"
+        ) from e
+
+
+# -- reading flushed generations ---------------------------------------------------------
+class _GenerationCache:
+    """Process-wide LRU of decoded generation columns (generations are immutable).
+
+    Per generation directory: its ``_rowaddr`` and the columns read so far, each read
+    from Lance at most once and only when a query needs it (projection pushdown: a query
+    of ``id, val`` never reads a generation's other columns).
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, dict[str, pa.ChunkedArray]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, uri: str) -> dict[str, pa.ChunkedArray]:
+        """The columns cached for ``uri`` (a copy; empty when none)."""
+        with self._lock:
+            entry = self._items.get(uri)
+            if entry is None:
+                return {}
+            self._items.move_to_end(uri)
+            return dict(entry)
+
+    def add(self, uri: str, columns: dict[str, pa.ChunkedArray]) -> dict[str, pa.ChunkedArray]:
+        """Cache ``columns`` of ``uri``; return every column now cached for it."""
+        with self._lock:
+            entry = self._items.setdefault(uri, {})
+            self._items.move_to_end(uri)
+            for name, col in columns.items():
+                if name not in entry:
+                    entry[name] = col
+                    self._sizes[uri] = self._sizes.get(uri, 0) + col.nbytes
+                    self._bytes += col.nbytes
+            out = dict(entry)
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                old, _ = self._items.popitem(last=False)
+                self._bytes -= self._sizes.pop(old, 0)
+            return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._sizes.clear()
+            self._bytes = 0
+
+
+GENERATION_CACHE = _GenerationCache()
+
+
+def read_generation(
+    ref: GenerationRef,
+    schema: pa.Schema,
+    storage_options=None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """Rows of a flushed generation with ``_gen`` and ``_rowaddr``, in write order.
+
+    Conformed to ``schema`` + ``_tombstone`` (columns added to the base table after the
+    generation was written read as NULL; a missing ``_tombstone`` as false). With
+    ``columns``, only those (names of that conformed schema) are returned, and only
+    those are read from Lance. Raises GenerationGoneError when missing.
+    """
+    target = _storage_read_schema(schema)
+    names = target.names if columns is None else [c for c in columns if c in target.names]
+    cached = GENERATION_CACHE.get(ref.uri)
+    missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+    if missing or ROWADDR_COLUMN not in cached:
+        try:
+            ds = lance.dataset(ref.uri, storage_options=storage_options or None)
+            present = set(ds.schema.names)
+            raw = ds.to_table(
+                columns=[c for c in missing if c in present],
+                with_row_address=ROWADDR_COLUMN not in cached,
+            )
+        except (ValueError, OSError, FileNotFoundError) as e:
+            raise GenerationGoneError(
+                f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
+                f"gone or unreadable: {e}"
+            ) from e
+        fresh = {c: raw.column(c) for c in raw.column_names}
+        n = raw.num_rows if ROWADDR_COLUMN not in cached else len(cached[ROWADDR_COLUMN])
+        for c in missing:
+            if c not in present:  # written before the column existed
+                t = target.field(c).type
+                value = pa.scalar(False) if c == TOMBSTONE else pa.scalar(None, t)
+                fresh[c] = pa.chunked_array([pa.repeat(value, n)], t)
+        cached = GENERATION_CACHE.add(ref.uri, fresh)
+    n = len(cached[ROWADDR_COLUMN])
+    arrays = []
+    for name in names:
+        f = target.field(name)
+        if name == GEN_COLUMN:
+            col = pa.chunked_array([pa.repeat(pa.scalar(ref.generation, pa.uint64()), n)])
+        else:
+            col = cached[name]
+        arrays.append(col if col.type == f.type else col.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema([target.field(c) for c in names]))
+
+
+def memtable_rows(m: MemTableSnapshot) -> pa.Table:
+    """Rows of a MemTable snapshot with ``_gen`` and ``_rowaddr`` (= row index)."""
+    t = m.to_table()
+    gen = pa.repeat(pa.scalar(m.generation, pa.uint64()), t.num_rows)
+    addr = pa.array(np.arange(t.num_rows, dtype=np.uint64))
+    return t.append_column(GEN_COLUMN, gen).append_column(ROWADDR_COLUMN, addr)
+
+
+def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select/cast ``t`` to ``schema`` + ``_tombstone``/``_gen``/``_rowaddr``; missing = NULL."""
+    target = _storage_read_schema(schema)
+    if t.schema.equals(target, check_metadata=False):
+        return t
+    cols = []
+    for f in target:
+        if f.name in t.column_names:
+            c = t.column(f.name)
+            cols.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=target)
+
+
+_READ_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
+
+
+def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
+    out = _READ_SCHEMAS.get(schema)
+    if out is None:
+        fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
+        fields += [
+            pa.field(TOMBSTONE, pa.bool_()),
+            pa.field(GEN_COLUMN, pa.uint64()),
+            pa.field(ROWADDR_COLUMN, pa.uint64()),
+        ]
+        out = _READ_SCHEMAS[schema] = pa.schema(fields)
+    return out
+
+
+def newer_rows(plan: ReadPlan, schema: pa.Schema, storage_options=None) -> pa.Table:
+    """Every row of the plan's generations and MemTables, oldest first per region."""
+    parts: list[pa.Table] = []
+    for region in plan.regions:
+        for ref in region.generations:
+            parts.append(read_generation(ref, schema, storage_options))
+        for m in region.memtables:
+            parts.append(conform(memtable_rows(m), schema))
+    if not parts:
+        return _empty(schema)
+    return pa.concat_tables(parts)
+
+
+def _empty(schema: pa.Schema) -> pa.Table:
+    return conform(schema.empty_table(), schema)
+
+
+_POS = "__memwal_pos"
+
+
+class NewerView:
+    """Newest version of every key among a plan's generations and MemTables.
+
+    Held as row indices (``winners``) into the zero-copy concatenation of the sources'
+    rows, so that a query materializes only the columns it needs, and reads only those
+    from the generations' Lance tables (:func:`read_generation`). The flushed part
+    (winners and key set) is cached per set of generations (they are immutable);
+    MemTable rows, always newer than every flushed generation of their region, are
+    combined per query.
+
+    Attributes
+    ----------
+    winners : np.ndarray
+        Sorted indices of the newest row per key (tombstones included).
+    keys : KeySet or KeySetUnion
+        Every key present in a newer source (to drop their base-table rows).
+    """
+
+    def __init__(
+        self,
+        rows: Callable[[Sequence[str]], pa.Table],
+        names: Sequence[str],
+        winners: np.ndarray,
+        keys: KeySet | KeySetUnion,
+    ) -> None:
+        self._rows = rows
+        self._names = list(names)
+        self.winners = winners
+        self.keys = keys
+
+    def columns(self, names: Sequence[str] | None = None) -> pa.Table:
+        """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
+        return self._rows(self._names if names is None else list(names))
+
+    @property
+    def rows(self) -> pa.Table:
+        """All newer rows with every column (reads them all: prefer :meth:`columns`)."""
+        return self.columns()
+
+    def live(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        filter_columns: Sequence[str] = (),
+    ) -> pa.Table:
+        """Newest live rows (tombstones removed) matching ``filter``; only ``columns``.
+
+        The filter is evaluated on the newest version of each key, reading only
+        ``filter_columns`` first; the output columns are then taken for matches only.
+        """
+        cols = list(self._names if columns is None else columns)
+        check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
+        probe = self.columns(check).take(pa.array(self.winners))
+        probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
+        probe = probe.filter(pc.invert(pc.fill_null(probe.column(TOMBSTONE), False)))
+        if filter is not None and probe.num_rows:
+            probe = probe.filter(filter)
+        selected = self.winners[probe.column(_POS).to_numpy()]
+        if not cols:  # e.g. count(*): no columns, but the right number of rows
+            return pa.table({_POS: pa.nulls(len(selected))}).select([])
+        return self.columns(cols).take(pa.array(selected))
+
+
+_FLUSHED_VIEWS: OrderedDict[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = (
+    OrderedDict()
+)
+_FLUSHED_LOCK = threading.Lock()
+_FLUSHED_MAX = 8
+
+
+def _ranks(plan: ReadPlan) -> dict[str, int]:
+    """Region rank of every region of the plan: ordered as the region ids, and the same
+    in every plan (cached flushed views are combined with later plans' MemTables): the
+    first 60 bits of the (canonical, lowercase) UUID."""
+    return {v.region_id: int(v.region_id.replace("-", "")[:15], 16) for v in plan.regions}
+
+
+def _flushed_rows(
+    plan: ReadPlan, schema: pa.Schema, columns: Sequence[str], storage_options
+) -> pa.Table:
+    """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
+    parts = [read_generation(g, schema, storage_options, columns) for g in plan.generations]
+    if parts:
+        return pa.concat_tables(parts)
+    return _empty(schema).select(list(columns))
+
+
+def _flushed_view(
+    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
+) -> tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]:
+    """(row count, newest indices, key set, region rank and ``_gen`` of the newest rows)
+    of the plan's generations (cached)."""
+    key = (tuple(g.uri for g in plan.generations), schema)
+    with _FLUSHED_LOCK:
+        hit = _FLUSHED_VIEWS.get(key)
+        if hit is not None:
+            _FLUSHED_VIEWS.move_to_end(key)
+            return hit
+    ranks = _ranks(plan)
+    parts = [
+        read_generation(g, schema, storage_options, [*pk, GEN_COLUMN]) for g in plan.generations
+    ]
+    keys = pa.concat_tables(parts) if parts else _empty(schema).select([*pk, GEN_COLUMN])
+    regions = np.repeat(
+        np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
+        [p.num_rows for p in parts],
+    )
+    gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
+    winners = newest_indices(keys, pk, regions, gens)
+    view = (keys.num_rows, winners, KeySet(keys.select(pk)), regions[winners], gens[winners])
+    with _FLUSHED_LOCK:
+        _FLUSHED_VIEWS[key] = view
+        while len(_FLUSHED_VIEWS) > _FLUSHED_MAX:
+            _FLUSHED_VIEWS.popitem(last=False)
+    return view
+
+
+_MEM_VIEWS: OrderedDict[tuple, tuple] = OrderedDict()
+
+
+def _memtable_view(
+    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
+) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
+    """Rows, newest indices, keys, and region rank and ``_gen`` of the newest rows of
+    MemTable snapshots (cached: they only grow)."""
+    key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
+    lasts = tuple(m.batches[-1] for m in mems)
+    with _FLUSHED_LOCK:
+        hit = _MEM_VIEWS.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
+            return hit[1:6]
+    rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
+    sizes = [m.num_rows for m in mems]
+    regions = np.repeat(np.array([ranks[m.region_id] for m in mems], np.int64), sizes)
+    gens = np.repeat(np.array([m.generation for m in mems], np.int64), sizes)
+    win_m = newest_indices(rows_m, pk, regions, gens)
+    keys = KeySet(rows_m.select(pk))
+    out = (rows_m, win_m, keys, regions[win_m], gens[win_m])
+    with _FLUSHED_LOCK:
+        _MEM_VIEWS[key] = (lasts, *out, dict(ranks))
+        while len(_MEM_VIEWS) > _FLUSHED_MAX:
+            _MEM_VIEWS.popitem(last=False)
+    return out
+
+
+def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
+    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
+    n_f, win_f, keys_f, reg_f, gen_f = _flushed_view(plan, schema, pk, storage_options)
+    names = _storage_read_schema(schema).names
+    mems = [m for r in plan.regions for m in r.memtables]
+    if not mems:
+        return NewerView(
+            lambda cols: _flushed_rows(plan, schema, cols, storage_options), names, win_f, keys_f
+        )
+    rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
+    winners = win_m + n_f
+    if len(win_f):
+        winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
+        hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
+        ranks = np.concatenate([reg_f, reg_m])
+        if not hit.any() or ranks.min() == ranks.max():
+            # One region: a MemTable row is newer than every generation of its region.
+            winners = np.concatenate([win_f[~hit], winners])
+        else:
+            # Keys in MemTables and in another region's generations: the one rule
+            # (dedup.newest_indices: _gen, then region rank) decides those keys only.
+            keys_hit = winners_f.filter(pa.array(hit))
+            mem_keys = rows_m.select(pk).take(pa.array(win_m))
+            mem_hit = KeySet(keys_hit).contains(mem_keys)
+            both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
+            keep = newest_indices(
+                both,
+                pk,
+                np.concatenate([reg_f[hit], reg_m[mem_hit]]),
+                np.concatenate([gen_f[hit], gen_m[mem_hit]]),
+            )
+            decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
+            winners = np.sort(np.concatenate([win_f[~hit], winners[~mem_hit], decided]))
+
+    def rows(cols: Sequence[str]) -> pa.Table:
+        flushed = _flushed_rows(plan, schema, cols, storage_options)
+        return pa.concat_tables([flushed, rows_m.select(list(cols))])
+
+    return NewerView(rows, names, winners, KeySetUnion([keys_f, keys_m]))

@@ -1,0 +1,291 @@
+"""The pinned read view: what every reader of a MemWAL table reads, resolved once.
+
+A **View** (:class:`memwal_query.read.sources.ReadPlan`) is immutable: the base table at one
+version ``V``, the MemWAL index read *from that same version* (its
+``merged_generations`` say which flushed generations are already in ``V``), per region
+the flushed generations above the merged one, the MemTables of the writers handed in,
+and with ``consistency="latest"`` the durable WAL entries above each region's last
+flushed generation. Every reader answers from one View with one deduplication
+(:func:`memwal_query.read.dedup.newest_indices`): the DataFusion provider (SQL, ``explain``,
+the CLI, the SQL table functions), :func:`~memwal_query.search.lookup`, vector and
+full-text search, and the Spark reader.
+
+Consistent resolution (no torn reads)
+-------------------------------------
+The pieces are read in an order that makes every combination a state the table had:
+
+1. the writers' MemTables (read-your-writes);
+2. the region manifests (``strong``/``latest``; for ``eventual``, those of the regions
+   whose writer is handed in) and, for ``latest``, the WAL entries after each
+   manifest's ``replay_after_wal_entry_position``;
+3. the base table's latest version ``V`` and the MemWAL index of ``V``.
+
+A generation that was flushed before step 2 is listed in the manifest unless a flush
+dropped it, which happens only after it was merged, into a version no later than ``V``
+(versions and merge progress only grow): its rows are then in ``V``. A generation
+flushed after step 2 holds rows of a MemTable or WAL entries read in steps 1-2, or was
+merged into ``V``. The opposite order (base first, manifests afterwards) could pair a
+base version that had not merged generation ``g`` with a manifest that no longer lists
+``g``: ``g``'s rows were in neither.
+
+``eventual`` reads the region snapshots stored in the index of ``V`` (written by the
+same commit as the merge progress they go with). When there is no snapshot, when its
+external file is gone, or when it is older than ``max_staleness``, the regions are
+read from the manifests *and the base version is read again after them* (step 3),
+never paired with the older ``V``.
+
+Pinning and re-planning
+-----------------------
+Step 3 may find ``V`` cleaned up between opening it and reading its index; the view
+is then resolved again (up to :data:`RESOLVE_ATTEMPTS` times). Reading the pieces
+afterwards may find one gone (a base version cleaned up, a generation garbage
+collected): ``gc(cleanup_older_than=..., min_age=...)`` keeps every base version that
+was the *latest* within ``min_age`` (default: ``cleanup_older_than``), and with it
+every generation that version has not merged, so a view used within that window of
+its resolution reads all its pieces.
+Beyond it a reader gets a typed :class:`~memwal_query.exceptions.BaseVersionGoneError`
+or :class:`~memwal_query.exceptions.GenerationGoneError` (lookup and search re-plan
+once); a missing piece is never read as empty.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from memwal_query.exceptions import (
+    BaseVersionGoneError,
+    MemWalError,
+    ObjectNotFoundError,
+)
+from memwal_query.read.sources import GenerationRef, ReadPlan, RegionView
+from memwal_query.storage import paths
+from memwal_query.write.memtable import MemTableSnapshot
+
+if TYPE_CHECKING:
+    from memwal_query.format.manifest import RegionManifest
+    from memwal_query.table import MemWalTable
+    from memwal_query.write.writer import RegionWriter
+
+CONSISTENCY_MODES = ("strong", "eventual", "latest")
+RESOLVE_ATTEMPTS = 5
+DEFAULT_MAX_STALENESS = 60.0
+"""Seconds: an ``eventual`` snapshot older than this is not used (manifests instead)."""
+
+View = ReadPlan
+"""The pinned view of one read (an alias: the plan type every reader takes)."""
+
+_State = tuple[Any, list[tuple[int, str]]]
+
+
+class _Replan(Exception):
+    """Internal: the pieces read do not fit together; resolve again."""
+
+
+def resolve(
+    table: MemWalTable,
+    consistency: str = "strong",
+    writers: Sequence[RegionWriter] | None = None,
+    predicates: list[tuple[str, str, Any]] | None = None,
+    max_staleness: float | None = DEFAULT_MAX_STALENESS,
+) -> ReadPlan:
+    """Resolve the :data:`View` to read now (see module docs).
+
+    Parameters
+    ----------
+    table : MemWalTable
+    consistency : str
+        ``"strong"`` (region manifests), ``"eventual"`` (index snapshots, at most
+        ``max_staleness`` old) or ``"latest"`` (manifests + durable WAL entries not yet
+        flushed, i.e. acknowledged writes of every process).
+    writers : list of RegionWriter, optional
+        In-process writers whose MemTables are read too (read-your-writes).
+    predicates : list, optional
+        ``(column, op, value)`` predicates: regions whose region value cannot match are
+        pruned.
+    max_staleness : float or None
+        ``eventual`` only: seconds after which a snapshot is too old (None: any age).
+
+    Raises
+    ------
+    MemWalError
+        Unknown consistency mode, or a writer of another table.
+    BaseVersionGoneError
+        The base version kept disappearing while the view was resolved.
+    """
+    if consistency not in CONSISTENCY_MODES:
+        raise MemWalError(f"consistency must be one of {CONSISTENCY_MODES}, got {consistency!r}")
+    mem_by_region: dict[str, list[MemTableSnapshot]] = {}
+    for w in writers or ():
+        if w.table.uri != table.uri:
+            raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
+        mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
+    last: Exception | None = None
+    for _attempt in range(RESOLVE_ATTEMPTS):
+        try:
+            return _resolve_once(
+                table, consistency, mem_by_region, predicates, max_staleness, writers
+            )
+        except _Replan as e:
+            last = e
+        except (ObjectNotFoundError, OSError) as e:
+            # The base version (or its index) vanished between opening and reading it.
+            last = e
+    raise BaseVersionGoneError(
+        f"{table.uri}: could not resolve a consistent view in {RESOLVE_ATTEMPTS} attempts "
+        f"(base versions cleaned up meanwhile): {last}"
+    )
+
+
+def _resolve_once(
+    table: MemWalTable,
+    consistency: str,
+    mem_by_region: dict[str, list[MemTableSnapshot]],
+    predicates: list[tuple[str, str, Any]] | None,
+    max_staleness: float | None,
+    writers: Sequence[RegionWriter] | None,
+) -> ReadPlan:
+    writer_regions = {w.region_id for w in writers or ()}
+    wal_tails: dict[str, list[MemTableSnapshot]] = {}
+    if consistency == "eventual":
+        # Step 2 for the writers' regions only, then step 3 and the snapshots of V.
+        own = {r: s for r in writer_regions if (s := _manifest_state(table, r)) is not None}
+        base = table.dataset()
+        index = table.index(base)
+        states = _snapshot_states(table, index, max_staleness)
+        if states is None:  # no usable snapshot: strong, resolved in the safe order
+            return _resolve_once(table, "strong", mem_by_region, predicates, None, writers)
+        states.update(own)
+    else:
+        manifests = _manifests(table)
+        states = {r: _state_of(table, r, m) for r, m in manifests.items()}
+        if consistency == "latest":
+            for region_id, m in manifests.items():
+                if region_id not in writer_regions:
+                    wal_tails[region_id] = _wal_tail(table, region_id, m)
+        base = table.dataset()
+        index = table.index(base)  # progress of exactly the version we read
+    return _build(table, consistency, base, index, states, mem_by_region, wal_tails, predicates)
+
+
+def _build(
+    table: MemWalTable,
+    consistency: str,
+    base,
+    index,
+    states: dict[str, _State],
+    mem_by_region: dict[str, list[MemTableSnapshot]],
+    wal_tails: dict[str, list[MemTableSnapshot]],
+    predicates: list[tuple[str, str, Any]] | None,
+) -> ReadPlan:
+    merged = index.merged_generations()
+    spec = table.region_spec
+    for region_id in mem_by_region:
+        if region_id not in states:
+            states[region_id] = (table.region_values(region_id), [])
+    regions: list[RegionView] = []
+    pruned: list[str] = []
+    for region_id, (values, flushed) in sorted(states.items()):
+        if predicates and spec is not None and values is not None:
+            spec_id, region_values = values
+            if spec_id == spec.spec_id and not spec.may_match(
+                region_values, predicates, table.lance_schema
+            ):
+                pruned.append(region_id)
+                continue
+        merged_gen = merged.get(region_id, 0)
+        view = RegionView(
+            region_id=region_id,
+            values=values[1] if values else None,
+            merged_generation=merged_gen,
+        )
+        for gen, gen_dir in flushed:
+            if gen <= merged_gen:
+                continue
+            view.generations.append(
+                GenerationRef(region_id, gen, paths.generation_path(table.uri, region_id, gen_dir))
+            )
+        view.generations.sort(key=lambda g: g.generation)
+        max_flushed = view.generations[-1].generation if view.generations else merged_gen
+        mems = mem_by_region.get(region_id, []) + wal_tails.get(region_id, [])
+        for m in sorted(mems, key=lambda m: m.generation):
+            # A MemTable sealed and flushed after the manifest was read is read from
+            # memory (its generation is above every listed one); one already listed
+            # as flushed, or merged into the base version, is not read twice.
+            if m.generation > max_flushed and m.generation > merged_gen:
+                view.memtables.append(m)
+        if view.generations or view.memtables:
+            regions.append(view)
+    return ReadPlan(base, index, regions, pruned, consistency)
+
+
+def _manifests(table: MemWalTable) -> dict[str, RegionManifest]:
+    out = {}
+    for region_id in table.region_ids():
+        m = table.region_manifest(region_id)
+        if m is not None:
+            out[region_id] = m
+    return out
+
+
+def _state_of(table: MemWalTable, region_id: str, manifest: RegionManifest) -> _State:
+    return (
+        table.region_values(region_id),
+        [(g.generation, g.path) for g in manifest.flushed_generations],
+    )
+
+
+def _manifest_state(table: MemWalTable, region_id: str) -> _State | None:
+    m = table.region_manifest(region_id)
+    return None if m is None else _state_of(table, region_id, m)
+
+
+def _snapshot_states(table: MemWalTable, index, max_staleness: float | None):
+    """Region states from the snapshots of ``index``; None when there is none to use
+    (never written, external file gone, or older than ``max_staleness`` seconds)."""
+    from memwal_query.maintain.snapshots import read_snapshots
+
+    if max_staleness is not None:
+        ts = index.details.snapshot_ts_millis
+        if ts and time.time() - ts / 1000.0 > max_staleness:
+            return None
+    return read_snapshots(table, index)
+
+
+def _wal_tail(
+    table: MemWalTable, region_id: str, manifest: RegionManifest
+) -> list[MemTableSnapshot]:
+    """Durable WAL entries after the manifest's replay position, as MemTable snapshots
+    (one per generation recorded in the entries), oldest first.
+
+    Entries are read until the first missing position. If that position was flushed
+    meanwhile (a newer manifest replays past it) the entries may have been garbage
+    collected after a merge: the view is resolved again rather than reading a gap.
+    """
+    from memwal_query.format.schema import storage_schema
+    from memwal_query.format.wal import Wal, conform_entry
+
+    wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+    schema = storage_schema(table.schema)
+    position = manifest.replay_after_wal_entry_position + 1
+    by_gen: dict[int, list] = {}
+    while True:
+        try:
+            entry = wal.read(position)
+        except ObjectNotFoundError:
+            break
+        gen = entry.generation if entry.generation is not None else manifest.current_generation
+        rows = conform_entry(wal.path(position), entry.table, schema, table.primary_key)
+        by_gen.setdefault(gen, []).append(rows)
+        position += 1
+    if not by_gen:
+        fresh = table.region_manifest(region_id)
+        if fresh is not None and fresh.replay_after_wal_entry_position >= position:
+            raise _Replan(f"region {region_id}: WAL entry {position} was flushed meanwhile")
+        return []
+    out = []
+    for gen, tables in sorted(by_gen.items()):
+        batches = tuple(b for t in tables for b in t.to_batches())
+        out.append(MemTableSnapshot(region_id, gen, batches, schema))
+    return out

@@ -1,0 +1,118 @@
+"""MemTable flush: write one generation of a region as a Lance table.
+
+``_mem_wal/{region}/{random 8 hex}_gen_{i}/`` receives:
+
+- the rows, in write order (so ``_rowaddr`` order is write order), with the
+  ``_tombstone`` column, as one Lance fragment;
+- ``bloom_filter.bin`` over the primary key (see :mod:`memwal_query.format.bloom`);
+- a BTREE scalar index on a single-column primary key (composite keys rely on the
+  bloom filter and a scan), whose files are also copied to ``_pk_index/`` where
+  pylance's native MemWAL reader looks for them;
+- the maintained indexes (see :mod:`memwal_query.write.genindex`).
+
+The caller then commits the region manifest (fenced by epoch). A flush that dies part
+way leaves a directory no manifest references; the retry uses a new random prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+
+from memwal_query.format import bloom
+from memwal_query.format.manifest import FlushedGeneration
+from memwal_query.storage import crashpoints, paths
+from memwal_query.storage.io import join
+from memwal_query.write.memtable import MemTable
+
+if TYPE_CHECKING:
+    from memwal_query.table import MemWalTable
+
+BLOOM_FILE = "bloom_filter.bin"
+PK_INDEX_NAME = "__memwal_pk"
+PK_INDEX_DIR = "_pk_index"
+_MAX_ROWS_PER_FILE = 1 << 30
+COALESCE_ROWS = 1 << 16  # rows per batch handed to Lance (see ``coalesced_batches``)
+
+
+def write_generation(
+    table: MemWalTable, region_id: str, gen_dir: str, memtable: MemTable
+) -> FlushedGeneration:
+    """Write ``memtable`` as generation ``memtable.generation`` into ``gen_dir``."""
+    uri = paths.generation_path(table.uri, region_id, gen_dir)
+    data = memtable.to_table()
+    ds = lance.write_dataset(
+        coalesced_batches(data),
+        uri,
+        mode="create",
+        max_rows_per_file=_MAX_ROWS_PER_FILE,
+        max_rows_per_group=max(1024, min(data.num_rows, 1 << 20)),
+        storage_options=table.storage_options or None,
+    )
+    crashpoints.point("flush.mid")
+    keys = data.select(table.primary_key)
+    bloom.write(table.io, uri, keys)
+    if len(table.primary_key) == 1 and _btree_indexable(keys.schema[0].type):
+        ds.create_scalar_index(table.primary_key[0], "BTREE", name=PK_INDEX_NAME)
+        _publish_pk_index(table, ds, uri)
+    if table.maintained_indexes:
+        from memwal_query.write.genindex import build_maintained_indexes
+
+        build_maintained_indexes(table, ds)
+    return FlushedGeneration(
+        generation=memtable.generation,
+        path=gen_dir,
+        in_memory_bytes=data.nbytes,
+        physical_rows=data.num_rows,
+        primary_key_bytes=keys.nbytes,
+    )
+
+
+def coalesced_batches(data: pa.Table, min_rows: int = COALESCE_ROWS) -> pa.RecordBatchReader:
+    """``data`` as a stream of record batches of at least ``min_rows`` rows (but the last).
+
+    A MemTable holds one batch per put: a million rows put 100 at a time are 10,000
+    batches, and Lance writes many small batches ~20x slower than a few large ones
+    (measured, pylance 14: 2.6 s against 0.13 s for 1M rows). Consecutive batches are
+    concatenated one group at a time, so at most one group is copied at once.
+    """
+    batches = data.to_batches()
+    schema = data.schema
+
+    def groups() -> Iterator[pa.RecordBatch]:
+        group: list[pa.RecordBatch] = []
+        rows = 0
+        for batch in batches:
+            if batch.num_rows >= min_rows and not group:
+                yield batch
+                continue
+            group.append(batch)
+            rows += batch.num_rows
+            if rows >= min_rows:
+                yield pa.concat_batches(group)
+                group, rows = [], 0
+        if group:
+            yield pa.concat_batches(group)
+
+    return pa.RecordBatchReader.from_batches(schema, groups())
+
+
+def _publish_pk_index(table: MemWalTable, ds: lance.LanceDataset, uri: str) -> None:
+    """Copy the BTREE files to ``_pk_index/``, where pylance's native reader expects them."""
+    (desc,) = [d for d in ds.describe_indices() if d.name == PK_INDEX_NAME]
+    index_dir = join(uri, "_indices", desc.segments[0].uuid)
+    for name in table.io.list(index_dir):
+        table.io.write(join(uri, PK_INDEX_DIR, name), table.io.read(join(index_dir, name)))
+
+
+def _btree_indexable(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_temporal(t)
+        or pa.types.is_floating(t)
+    )

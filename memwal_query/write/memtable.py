@@ -1,0 +1,149 @@
+"""The in-memory MemTable of one region generation.
+
+A MemTable is a list of Arrow record batches in write order (storage schema: table
+columns + ``_tombstone``). Row ``i`` of the concatenation has row address ``i``, the
+same address it gets in the flushed Lance table, so "highest ``_rowaddr`` wins" is
+"last write wins" everywhere.
+
+Batches are only appended, and readers take an immutable :class:`MemTableSnapshot`, so
+a reader never blocks a writer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class MemTableSnapshot:
+    """A consistent, immutable view of a MemTable for readers.
+
+    Attributes
+    ----------
+    region_id : str
+        Region the rows belong to.
+    generation : int
+        Generation the MemTable will be flushed as.
+    batches : tuple[pa.RecordBatch, ...]
+        Rows in write order, including ``_tombstone``.
+    schema : pa.Schema
+        Storage schema of the batches.
+    """
+
+    region_id: str
+    generation: int
+    batches: tuple[pa.RecordBatch, ...]
+    schema: pa.Schema
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows (puts and tombstones)."""
+        return sum(b.num_rows for b in self.batches)
+
+    def to_table(self) -> pa.Table:
+        """Rows in write order as one table."""
+        return pa.Table.from_batches(list(self.batches), schema=self.schema)
+
+
+class MemTable:
+    """Mutable MemTable; owned by one :class:`~memwal_query.write.writer.RegionWriter`.
+
+    Rows are kept in WAL order, so flushing the MemTable and replaying the WAL agree on
+    which write of a key is the newest. In non-durable mode rows are appended before
+    they reach the WAL (``wal_position=None``); a WAL entry of another writer adopted
+    while they are being synced goes *before* them (:meth:`adopt`), which is where
+    replay puts it.
+
+    Parameters
+    ----------
+    region_id : str
+        Region id.
+    generation : int
+        Generation number it will be flushed as.
+    schema : pa.Schema
+        Storage schema (table columns + ``_tombstone``).
+    """
+
+    def __init__(self, region_id: str, generation: int, schema: pa.Schema) -> None:
+        self.region_id = region_id
+        self.generation = generation
+        self.schema = schema
+        self._batches: list[pa.RecordBatch] = []
+        self.num_rows = 0
+        self.nbytes = 0
+        # Writes appended (one per WAL entry in durable mode) and when the first one
+        # arrived (time.monotonic()): the writer flushes by count and by age too.
+        self.appends = 0
+        self.first_append_at: float | None = None
+        self.first_wal_position: int | None = None
+        self.last_wal_position: int | None = None
+        # Index of the first batch not yet in the WAL (None: every batch is), and, while
+        # a sync writes them, the end of the batches that sync covers.
+        self._unsynced_from: int | None = None
+        self._sync_end: int | None = None
+
+    def _note_position(self, wal_position: int | None) -> None:
+        if wal_position is None:
+            return
+        if self.first_wal_position is None or wal_position < self.first_wal_position:
+            self.first_wal_position = wal_position
+        if self.last_wal_position is None or wal_position > self.last_wal_position:
+            self.last_wal_position = wal_position
+
+    def _insert(self, at: int, table: pa.Table) -> int:
+        batches = table.combine_chunks().to_batches() if table.num_rows else []
+        if batches:
+            self.appends += 1
+            if self.first_append_at is None:
+                self.first_append_at = time.monotonic()
+        self._batches[at:at] = batches
+        self.num_rows += table.num_rows
+        self.nbytes += table.nbytes
+        return len(batches)
+
+    def append(self, table: pa.Table, wal_position: int | None) -> None:
+        """Append rows (already in the storage schema) written at ``wal_position``.
+
+        ``wal_position=None``: the rows are not in the WAL yet (non-durable mode).
+        """
+        at = len(self._batches)
+        if self._insert(at, table) and wal_position is None and self._unsynced_from is None:
+            self._unsynced_from = at
+        self._note_position(wal_position)
+
+    def adopt(self, table: pa.Table, wal_position: int) -> None:
+        """Add the rows of a WAL entry written before the rows not yet in the WAL.
+
+        They go before the unsynced rows (at the end when there are none), so the
+        MemTable stays in WAL order.
+        """
+        at = len(self._batches) if self._unsynced_from is None else self._unsynced_from
+        n = self._insert(at, table)
+        if self._unsynced_from is not None:
+            self._unsynced_from += n
+        if self._sync_end is not None:
+            self._sync_end += n
+        self._note_position(wal_position)
+
+    def begin_sync(self) -> None:
+        """The rows appended so far are being written as one WAL entry."""
+        self._sync_end = len(self._batches)
+
+    def end_sync(self, wal_position: int | None) -> None:
+        """The sync started by :meth:`begin_sync` finished (None: it failed)."""
+        if wal_position is not None and self._sync_end is not None:
+            end = self._sync_end
+            self._unsynced_from = end if end < len(self._batches) else None
+            self._note_position(wal_position)
+        self._sync_end = None
+
+    def snapshot(self) -> MemTableSnapshot:
+        """An immutable view of the rows appended so far."""
+        return MemTableSnapshot(self.region_id, self.generation, tuple(self._batches), self.schema)
+
+    def to_table(self) -> pa.Table:
+        """All rows in write order."""
+        return pa.Table.from_batches(self._batches, schema=self.schema)

@@ -1,0 +1,881 @@
+"""RegionWriter: durable puts and deletes into one region's WAL and MemTable.
+
+Life of a write
+---------------
+1. ``put``/``delete`` coerce the input to the table schema (typed errors, nothing
+   written on failure) and check that every row belongs to this writer's region.
+2. Durable mode (default): the rows join a queue; one caller at a time becomes the
+   *leader*, takes everything queued (group commit), writes it as ONE WAL entry with
+   put-if-not-exists (fsync'd on local disk), appends it to the MemTable and wakes the
+   others. ``put`` returns only once its rows are in the WAL.
+   Non-durable mode: rows go to the MemTable at once and to the WAL when the buffer
+   passes ``max_wal_buffer_bytes``, every ``wal_flush_interval`` seconds, or on
+   ``sync()``.
+3. When the MemTable passes ``max_memtable_rows``/``max_memtable_bytes`` (or on
+   ``flush()``) it is *sealed*: swapped for an empty one under the lock (the only time
+   puts wait), and flushed in a background thread as generation ``i`` (see
+   :mod:`memwal_query.write.flush`). Then the region manifest is updated, fenced by epoch.
+
+Recovery: opening a writer claims the region (epoch + 1) and replays WAL entries after
+``replay_after_wal_entry_position`` into the MemTable before accepting writes. A WAL
+entry found at the writer's next position that was written by an older (fenced) writer,
+or by this writer in a write whose outcome was unknown, is adopted, not lost (spec,
+Appendix 1); one by a newer writer fences this one. Entries are validated against the
+table schema when replayed or adopted (:func:`~memwal_query.format.wal.conform_entry`).
+
+Fencing on the write path (a deliberate addition to the spec): after each WAL entry is
+written and before the put is acknowledged, the writer HEADs the region manifest version
+after the newest one it knows (:meth:`RegionWriter._check_superseded`); see there why.
+
+Background errors: a failed background flush (or, in non-durable mode, a failed
+background WAL write) is raised once by the next ``put``/``delete``, before it writes
+anything, and the failed work is retried. ``flush()`` and ``sync()`` retry it themselves
+and raise only if that retry fails. Once fenced, every call raises :class:`FencedError`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.exceptions import (
+    AlreadyExistsError,
+    BackpressureError,
+    FencedError,
+    MemWalError,
+    WriterClosedError,
+    WrongRegionError,
+)
+from memwal_query.format.manifest import RegionManifest, RegionManifestStore
+from memwal_query.format.schema import (
+    coerce_keys,
+    coerce_partial_rows,
+    coerce_rows,
+    fill_missing,
+    storage_schema,
+    tombstone_rows,
+    with_tombstone,
+)
+from memwal_query.format.wal import Wal, WalEntry, conform_entry, encode_entry
+from memwal_query.storage import paths
+from memwal_query.write.memtable import MemTable, MemTableSnapshot
+
+if TYPE_CHECKING:
+    from memwal_query.table import MemWalTable
+
+DEFAULT_MAX_MEMTABLE_ROWS = 100_000
+DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_WAL_BUFFER_BYTES = 8 * 1024 * 1024
+DEFAULT_WAL_FLUSH_INTERVAL = 0.1
+DEFAULT_MAX_UNFLUSHED_MEMTABLES = 4
+DEFAULT_MAX_WAL_ENTRIES = 1_000
+DEFAULT_MAX_MEMTABLE_AGE = 60.0
+
+
+@dataclass
+class _Request:
+    rows: pa.Table
+    done: bool = False
+    error: BaseException | None = None
+
+
+@dataclass
+class WriterStats:
+    """Counters of one writer (all since it was opened)."""
+
+    put_rows: int = 0
+    delete_rows: int = 0
+    wal_entries: int = 0
+    wal_bytes: int = 0
+    replayed_entries: int = 0
+    replayed_rows: int = 0
+    adopted_entries: int = 0
+    memtable_flushes: int = 0
+    flushed_rows: int = 0
+    flush_seconds: float = 0.0
+    flushed_generations: list[int] = field(default_factory=list)
+    flush_errors: int = 0
+    wal_write_errors: int = 0
+
+
+class RegionWriter:
+    """The single writer of one region. Obtain one with :meth:`MemWalTable.writer`.
+
+    Parameters
+    ----------
+    table : MemWalTable
+        The table.
+    region_id : str
+        Region UUID.
+    durable : bool
+        ``True``: ``put``/``delete`` return once the rows are in a WAL entry.
+    max_memtable_rows, max_memtable_bytes : int
+        Seal and flush the MemTable when it passes either limit.
+    max_wal_buffer_bytes : int
+        Non-durable mode: write a WAL entry when this many bytes are buffered.
+    wal_flush_interval : float
+        Non-durable mode: write buffered rows to the WAL at least this often (seconds).
+    max_unflushed_memtables : int
+        Backpressure: at most this many sealed MemTables wait for their flush; a put
+        beyond it blocks until a flush completes (default 4). Sustained throughput is
+        then flush throughput and memory stays bounded.
+    backpressure_timeout : float, optional
+        Longest a put waits for room (seconds); then it raises
+        :class:`BackpressureError` without writing anything. None (default): no limit.
+    max_wal_entries : int
+        Seal and flush the MemTable once it holds this many writes (WAL entries in
+        durable mode; default 1,000), so that many tiny puts leave a bounded WAL tail
+        to replay and to read.
+    max_memtable_age : float
+        Seal and flush the MemTable once its oldest row is this old (seconds, default
+        60), so an idle writer does not keep rows only in the WAL.
+    region_values : dict, optional
+        Region field values of this region (``{field_id: value}``); rows whose region
+        value differs are rejected with :class:`WrongRegionError`. None: a region the
+        table's spec does not own (a manual region of an older table, or one of another
+        spec): it can be replayed, flushed and closed, but refuses new rows.
+    region_spec_id : int
+        Spec id recorded when the region is created (0: manual region).
+    """
+
+    def __init__(
+        self,
+        table: MemWalTable,
+        region_id: str,
+        *,
+        durable: bool = True,
+        max_memtable_rows: int = DEFAULT_MAX_MEMTABLE_ROWS,
+        max_memtable_bytes: int = DEFAULT_MAX_MEMTABLE_BYTES,
+        max_wal_buffer_bytes: int = DEFAULT_MAX_WAL_BUFFER_BYTES,
+        wal_flush_interval: float = DEFAULT_WAL_FLUSH_INTERVAL,
+        max_unflushed_memtables: int = DEFAULT_MAX_UNFLUSHED_MEMTABLES,
+        backpressure_timeout: float | None = None,
+        max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES,
+        max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
+        region_values: dict[str, Any] | None = None,
+        region_spec_id: int = 0,
+        region_field_entries: tuple[tuple[str, bytes], ...] = (),
+    ) -> None:
+        self.table = table
+        self.region_id = paths.validate_region_id(region_id)
+        self.durable = durable
+        self.max_memtable_rows = max_memtable_rows
+        self.max_memtable_bytes = max_memtable_bytes
+        self.max_wal_buffer_bytes = max_wal_buffer_bytes
+        self.wal_flush_interval = wal_flush_interval
+        if max_unflushed_memtables < 1:
+            raise ValueError(f"max_unflushed_memtables must be >= 1, got {max_unflushed_memtables}")
+        if max_wal_entries < 1:
+            raise ValueError(f"max_wal_entries must be >= 1, got {max_wal_entries}")
+        if not max_memtable_age > 0:
+            raise ValueError(f"max_memtable_age must be > 0, got {max_memtable_age}")
+        self.max_unflushed_memtables = max_unflushed_memtables
+        self.backpressure_timeout = backpressure_timeout
+        self.max_wal_entries = max_wal_entries
+        self.max_memtable_age = max_memtable_age
+        self.region_values = dict(region_values) if region_values else None
+        self.stats = WriterStats()
+
+        self._schema = table.schema
+        self._pk = table.primary_key
+        self._storage_schema = storage_schema(self._schema)
+        self._store = RegionManifestStore(table.io, table.uri, self.region_id)
+        self._wal = Wal(table.io, paths.wal_dir(table.uri, self.region_id), self.region_id)
+
+        self._cond = threading.Condition()
+        self._wal_busy = False
+        self._partial_busy = False  # a partial put holds the WAL token across its lookup
+        self._pending: list[_Request] = []
+        self._unsynced: list[pa.Table] = []
+        self._unsynced_bytes = 0
+        self._sealed: list[MemTable] = []
+        self._flush_active = False  # a drain task is queued or running on the executor
+        # Errors of background work, raised once by the next put/delete (see module doc).
+        self._flush_error: BaseException | None = None
+        self._wal_error: BaseException | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
+
+        # The WAL to replay is read and checked before the claim: a hole or a corrupt
+        # entry (WalCorruptError) is refused with the table unchanged.
+        latest = self._store.load_latest()
+        early: list[tuple[WalEntry, pa.Table]] = []
+        if latest is not None:
+            # (the epoch bound is checked against the claimed epoch in _replay)
+            entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
+            early = [(e, self._conform(e)) for e in entries]
+        manifest = self._store.claim(
+            region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
+        )
+        if latest is None or (
+            manifest.replay_after_wal_entry_position != latest.replay_after_wal_entry_position
+        ):
+            early = []  # flushed meanwhile: replay from the claimed manifest
+        self.epoch = manifest.writer_epoch
+        # Newest region manifest version known to be this writer's (its claim, then its
+        # flushes): the fencing check after each WAL write HEADs the version after it.
+        self._known_version = manifest.version
+        self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
+        self._next_wal_position = manifest.replay_after_wal_entry_position + 1
+        self._replay(manifest, early)
+
+        self._ticker = threading.Thread(
+            target=_tick_loop,
+            args=(weakref.ref(self), self._tick_interval()),
+            name=f"memwal-wal-{region_id[:8]}",
+            daemon=True,
+        )
+        self._ticker.start()
+
+    # -- recovery --------------------------------------------------------------------
+    def _conform(self, entry: WalEntry) -> pa.Table:
+        """An entry's rows in the current storage schema; WalCorruptError if hostile."""
+        return conform_entry(
+            self._wal.path(entry.position), entry.table, self._storage_schema, self._pk
+        )
+
+    def _replay(
+        self, manifest: RegionManifest, early: list[tuple[WalEntry, pa.Table]] = ()
+    ) -> None:
+        """Replay the WAL after the manifest's position: ``early`` (entries read and
+        conformed before the claim), then whatever follows them."""
+        after = manifest.replay_after_wal_entry_position
+        for entry, rows in early:
+            if entry.writer_epoch > self.epoch:
+                raise FencedError(self.region_id, self.epoch, entry.writer_epoch)
+            self._replay_one(entry, rows)
+            after = entry.position
+        for entry in self._wal.replay(after, self.epoch):
+            self._replay_one(entry, self._conform(entry))
+
+    def _replay_one(self, entry: WalEntry, rows: pa.Table) -> None:
+        self._active.append(rows, entry.position)
+        self._next_wal_position = entry.position + 1
+        self.stats.replayed_entries += 1
+        self.stats.replayed_rows += entry.table.num_rows
+
+    # -- public API ------------------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        """Generation number of the active MemTable."""
+        return self._active.generation
+
+    def put(self, data: Any, partial: bool = False) -> None:
+        """Upsert rows.
+
+        Accepts a pyarrow Table / RecordBatch / RecordBatchReader or pandas DataFrame.
+        An upsert replaces whole rows, so every column must be given (NULL explicitly
+        where meant); a missing column is a :class:`SchemaError`. With
+        ``partial=True`` missing columns keep the key's current value instead (NULL, or
+        an error for a non-nullable column, when the key does not exist yet), as
+        Apache Paimon's ``partial-update`` merge engine does; it costs one lookup of the
+        written keys per put, and such puts are serialized with the others of this
+        writer. Raises SchemaError / PrimaryKeyError / WrongRegionError without writing
+        anything. An error of earlier background work (a flush, or a non-durable WAL
+        write) is raised once, also before anything is written.
+        """
+        if partial:
+            from memwal_query.regions.spec import check_partial_sources
+
+            rows, missing = coerce_partial_rows(data, self._schema, self._pk)
+            check_partial_sources(self.table.routing_spec(), missing, self.table.lance_schema)
+        else:
+            rows, missing = coerce_rows(data, self._schema, self._pk), []
+        self._check_region(rows)
+        self._put_routed(rows, missing)
+
+    def _put_routed(self, rows: pa.Table, missing: Sequence[str] = ()) -> None:
+        """Put rows already coerced and routed to this region (used by table.write);
+        ``missing``: columns of a partial update, filled from the keys' current rows."""
+        if missing:
+            self._write_partial(rows, list(missing))
+        else:
+            self._write(with_tombstone(rows, False).cast(self._storage_schema))
+        self.stats.put_rows += rows.num_rows
+
+    def delete(self, keys: Any) -> None:
+        """Delete rows by primary key (a table holding the primary-key column(s))."""
+        key_table = coerce_keys(keys, self._schema, self._pk)
+        self._check_region(key_table)
+        self._write(tombstone_rows(key_table, self._schema).cast(self._storage_schema))
+        self.stats.delete_rows += key_table.num_rows
+
+    def sync(self) -> None:
+        """Write every buffered row to the WAL now (non-durable mode); no-op otherwise.
+
+        Rows whose earlier (background) WAL write failed are still buffered and written
+        here; this raises only if this write fails.
+        """
+        self._check_open()
+        with self._wal_token():
+            with self._cond:
+                self._wal_error = None  # superseded by this attempt's outcome
+            self._sync_locked_token()
+
+    def flush(self) -> int | None:
+        """Seal the MemTable and flush it (and any earlier sealed one) as generations.
+
+        Returns the newest generation flushed during this call, or None when there was
+        nothing to flush. Sealed MemTables whose background flush failed are retried
+        here; this raises only if this attempt fails (FencedError when fenced).
+        """
+        self._check_open()
+        with self._cond:
+            done_before = len(self.stats.flushed_generations)
+            self._wal_error = None  # _seal syncs every buffered row first
+            # Superseded by this attempt's outcome. Cleared before sealing: the drain
+            # _seal starts may fail before we wait for it, and that error is this
+            # attempt's to raise.
+            self._flush_error = None
+        self._seal(force=True)
+        with self._cond:
+            while True:
+                while self._flush_active:
+                    self._cond.wait()
+                if self._failed is not None:
+                    break
+                if self._flush_error is not None:
+                    error, self._flush_error = self._flush_error, None
+                    raise error
+                if not self._sealed:
+                    return (self.stats.flushed_generations[done_before:] or [None])[-1]
+                self._schedule_flush_locked()
+                if not self._flush_active:  # could not start: closed meanwhile
+                    break
+        self._check_open()  # raises FencedError / WriterClosedError
+        raise WriterClosedError(f"writer of region {self.region_id} is closed")
+
+    def close(self, flush: bool = True) -> None:
+        """Close the writer; with ``flush=True`` (default) flush the MemTable first.
+
+        With ``flush=False`` unflushed rows stay in the WAL (durable) and the next
+        writer of the region replays them.
+        """
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                if flush:
+                    self.flush()
+                else:
+                    self.sync()
+        finally:
+            self._closed = True
+            self._executor.shutdown(wait=True)
+            with self._cond:
+                self._cond.notify_all()
+
+    def __enter__(self) -> RegionWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close(flush=False)
+            except MemWalError:
+                pass
+
+    def memtables(self) -> list[MemTableSnapshot]:
+        """Snapshots of the unflushed MemTables (sealed ones first, then the active one).
+
+        Readers use these for read-your-writes; rows are visible once acknowledged.
+        """
+        with self._cond:
+            tables = [m.snapshot() for m in self._sealed]
+            tables.append(self._active.snapshot())
+        return [t for t in tables if t.batches]
+
+    def manifest(self) -> RegionManifest:
+        """The region's newest manifest (re-read from storage)."""
+        latest = self._store.load_latest()
+        assert latest is not None
+        return latest
+
+    @property
+    def unflushed_rows(self) -> int:
+        """Rows in the active and sealed MemTables."""
+        with self._cond:
+            return self._active.num_rows + sum(m.num_rows for m in self._sealed)
+
+    # -- internals -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        failed = self._failed
+        if failed is not None:
+            if isinstance(failed, FencedError):
+                # Keep the type, so callers can tell "fenced" from "closed"; a fresh
+                # exception each time (re-raising one object grows its traceback).
+                raise FencedError(
+                    failed.region_id, failed.local_epoch, failed.stored_epoch
+                ) from failed
+            raise WriterClosedError(
+                f"writer of region {self.region_id} failed earlier: {failed}"
+            ) from failed
+        if self._closed:
+            raise WriterClosedError(f"writer of region {self.region_id} is closed")
+
+    def _fenced(self, err: FencedError) -> FencedError:
+        """Record that this writer is fenced (every later call raises FencedError)."""
+        with self._cond:
+            if self._failed is None:
+                self._failed = err
+            self._cond.notify_all()
+        return err
+
+    def _raise_background_error(self) -> None:
+        """Raise, once, the error of failed background work; schedule a flush retry."""
+        if self._flush_error is None and self._wal_error is None:
+            return  # unlocked fast path; the locked check below decides
+        with self._cond:
+            if self._wal_error is not None:
+                error, self._wal_error = self._wal_error, None  # the ticker keeps retrying
+            elif self._flush_error is not None:
+                error, self._flush_error = self._flush_error, None
+                self._schedule_flush_locked()
+            else:
+                return
+        raise error
+
+    def _check_region(self, rows: pa.Table) -> None:
+        from memwal_query.regions.spec import is_unsharded
+
+        if rows.num_rows == 0:
+            return
+        if self.region_values is None:
+            key = {k: rows.column(k)[0].as_py() for k in self._pk}
+            raise WrongRegionError(
+                f"region {self.region_id} is not a region of the table's region spec (a "
+                "manual region of an older table, or one of another spec): it can be "
+                "replayed, flushed and merged, but new rows go to the region the spec "
+                f"gives their key (first row's key {key}); write with MemWalTable.write "
+                "or MemWalTable.writer(region_values=...)"
+            )
+        spec = self.table.routing_spec()
+        if is_unsharded(spec):
+            return
+        values = spec.evaluate(rows, self.table.lance_schema)
+        for field_id, expected in self.region_values.items():
+            col = values.column(field_id)
+            scalar = pa.scalar(expected, type=col.type) if expected is not None else None
+            if scalar is None:
+                bad = pc.is_valid(col)
+            elif (
+                pa.types.is_floating(col.type)
+                and isinstance(expected, float)
+                and math.isnan(expected)
+            ):
+                bad = pc.invert(pc.fill_null(pc.is_nan(col), False))  # NaN's region: NaN rows
+            else:
+                bad = pc.invert(pc.fill_null(pc.equal(col, scalar), False))
+            n_bad = pc.sum(bad.cast(pa.int64())).as_py() or 0
+            if n_bad:
+                idx = pc.index(bad, True).as_py()
+                key = {k: rows.column(k)[idx].as_py() for k in self._pk}
+                raise WrongRegionError(
+                    f"{n_bad} row(s) belong to another region than {self.region_id} "
+                    f"({field_id}={expected!r}); first: row {idx}, key {key}, has "
+                    f"{field_id}={col[idx].as_py()!r}"
+                )
+
+    @contextmanager
+    def _wal_token(self) -> Iterator[None]:
+        """Exclusive right to write the WAL and swap MemTables (held briefly)."""
+        with self._cond:
+            while self._wal_busy:
+                self._cond.wait()
+            self._wal_busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._wal_busy = False
+                self._cond.notify_all()
+
+    def _append_wal(self, rows: pa.Table) -> int:
+        """Write ``rows`` as the next WAL entry (caller holds the WAL token).
+
+        Returns its position once it is written and this writer is known not to be
+        fenced; only then may the rows be acknowledged.
+        """
+        data = encode_entry(rows, self.epoch, self._active.generation)
+        while True:
+            position = self._next_wal_position
+            try:
+                self._wal.write_encoded(position, data)
+            except AlreadyExistsError:
+                self._adopt(position)
+                continue
+            # Not advancing _next_wal_position before the check passes: if the check
+            # fails for another reason (storage error), the next write finds this entry
+            # at the same position and adopts it, so MemTable and WAL still agree.
+            self._check_superseded()
+            self._next_wal_position = position + 1
+            self.stats.wal_entries += 1
+            self.stats.wal_bytes += len(data)
+            return position
+
+    def _adopt(self, position: int) -> None:
+        """Take over the entry someone already wrote at our next position.
+
+        Written by an older (fenced) writer, or by this writer in a write whose outcome
+        was unknown (it raised, e.g. a timeout, but the object was stored): the entry
+        will be replayed after a crash, so it must be in the MemTable too, in WAL order
+        (before rows not yet in the WAL). Written by a newer writer: we are fenced.
+        """
+        entry = self._wal.read(position)
+        if entry.writer_epoch > self.epoch:
+            raise self._fenced(FencedError(self.region_id, self.epoch, entry.writer_epoch))
+        table = self._conform(entry)
+        with self._cond:
+            self._active.adopt(table, position)
+        self._next_wal_position = position + 1
+        self.stats.adopted_entries += 1
+
+    def _check_superseded(self) -> None:
+        """FencedError if another writer claimed the region (one HEAD, usually).
+
+        The spec checks the epoch only before manifest updates, which leaves a hole: a
+        fenced writer A may write a WAL position that the new writer B already wrote,
+        flushed, merged and garbage collected; the slot is free again, A's
+        put-if-not-exists succeeds, and B (or any later writer) never replays it because
+        replay starts after B's ``replay_after_wal_entry_position``. A would acknowledge
+        a lost write.
+
+        Why one HEAD of version ``known + 1`` after the WAL write closes it: B can flush
+        (and so make merge and GC delete entries) only after claiming, and claiming
+        commits a manifest version with a higher epoch. Versions are put-if-not-exists
+        in sequence, and A's own commits are fenced, so every version after A's newest
+        one is either A's own (its concurrent flush; skipped) or comes after B's claim.
+        So if version ``known + 1`` is absent *after* A's entry is stored, no one has
+        claimed yet: the next claimer replays from a position at or below A's entry and
+        sees it. If it is present with another epoch, A is fenced and the put is not
+        acknowledged (the entry may still be replayed: the outcome is in doubt, as with
+        any failed put).
+
+        Cost: one HEAD per WAL entry (shared by a group commit), a deliberate departure
+        from the spec, which checks epochs only at manifest updates.
+        """
+        try:
+            known = self._store.check_superseded(self._known_version, self.epoch)
+        except FencedError as e:
+            raise self._fenced(e) from None
+        if known != self._known_version:
+            with self._cond:
+                self._known_version = max(self._known_version, known)
+
+    def _wait_for_room(self) -> None:
+        """Backpressure: block while ``max_unflushed_memtables`` sealed MemTables wait for
+        their flush (BackpressureError after ``backpressure_timeout``)."""
+        if len(self._sealed) < self.max_unflushed_memtables:
+            return  # unlocked fast path
+        deadline = (
+            None
+            if self.backpressure_timeout is None
+            else time.monotonic() + self.backpressure_timeout
+        )
+        with self._cond:
+            while len(self._sealed) >= self.max_unflushed_memtables:
+                if self._failed is not None or self._closed:
+                    break
+                if self._flush_error is not None:
+                    break  # raised by _raise_background_error, which retries the flush
+                if not self._flush_active:
+                    self._schedule_flush_locked()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise BackpressureError(
+                        f"region {self.region_id}: {len(self._sealed)} MemTables wait "
+                        f"for their flush (max_unflushed_memtables="
+                        f"{self.max_unflushed_memtables}) and none finished within "
+                        f"{self.backpressure_timeout} s; the put was not written"
+                    )
+                self._cond.wait(timeout=left if left is not None else 1.0)
+        self._check_open()
+        self._raise_background_error()
+
+    def _write(self, rows: pa.Table) -> None:
+        self._check_open()
+        self._raise_background_error()
+        if rows.num_rows == 0:
+            return
+        self._wait_for_room()
+        if self.durable:
+            self._durable_write(rows)
+            self._seal(force=False)
+            return
+        with self._cond:
+            while self._partial_busy:
+                self._cond.wait()
+            self._active.append(rows, None)
+            self._unsynced.append(rows)
+            self._unsynced_bytes += rows.nbytes
+            over = self._unsynced_bytes >= self.max_wal_buffer_bytes
+        # The rows are accepted (non-durable puts never wait for the WAL). A failed WAL
+        # write keeps them buffered and is reported by the next call, not this one.
+        try:
+            if over:
+                with self._wal_token():
+                    self._sync_locked_token()
+            self._seal(force=False)
+        except FencedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete
+            with self._cond:
+                self._wal_error = e
+            self.stats.wal_write_errors += 1
+
+    def _write_partial(self, rows: pa.Table, missing: list[str]) -> None:
+        """A partial update: fill ``missing`` columns from the keys' current rows, then
+        write. The WAL token is held from the lookup to the write, so no other put of
+        this writer comes between them; a put of another writer fences this one first
+        (the write then fails and nothing is acknowledged)."""
+        self._check_open()
+        self._raise_background_error()
+        if rows.num_rows == 0:
+            return
+        self._wait_for_room()
+        with self._wal_token():
+            with self._cond:
+                self._partial_busy = True
+            try:
+                current = self.table.lookup(
+                    rows.select(self._pk), columns=[*self._pk, *missing], writers=[self]
+                )
+                full = fill_missing(rows, missing, current, self._pk, self._schema)
+                stored = with_tombstone(full, False).cast(self._storage_schema)
+                if self.durable:
+                    position = self._append_wal(stored)
+                    with self._cond:
+                        self._active.append(stored, position)
+                else:
+                    with self._cond:
+                        self._active.append(stored, None)
+                        self._unsynced.append(stored)
+                        self._unsynced_bytes += stored.nbytes
+            finally:
+                with self._cond:
+                    self._partial_busy = False
+                    self._cond.notify_all()
+        self._seal(force=False)
+
+    def _durable_write(self, rows: pa.Table) -> None:
+        req = _Request(rows)
+        with self._cond:
+            self._pending.append(req)
+            while not req.done and self._wal_busy:
+                self._cond.wait()
+            if req.done:
+                if req.error is not None:
+                    raise req.error
+                return
+            self._wal_busy = True  # leader
+            group, self._pending = self._pending, []
+        error: BaseException | None = None
+        try:
+            table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
+            position = self._append_wal(table)
+            with self._cond:
+                self._active.append(table, position)
+        except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
+            error = e
+        with self._cond:
+            for r in group:
+                r.done = True
+                r.error = error
+            self._wal_busy = False
+            self._cond.notify_all()
+        if error is not None:
+            raise error
+
+    def _sync_locked_token(self) -> None:
+        """Write unsynced rows as one WAL entry (caller holds the WAL token).
+
+        On failure the rows stay buffered (oldest first), so a later sync writes them
+        or raises; they are already in the MemTable.
+        """
+        with self._cond:
+            if not self._unsynced:
+                return
+            rows, self._unsynced = self._unsynced, []
+            nbytes, self._unsynced_bytes = self._unsynced_bytes, 0
+            active = self._active  # swapped only under the WAL token, which we hold
+            active.begin_sync()
+        position: int | None = None
+        try:
+            position = self._append_wal(pa.concat_tables(rows))
+        finally:
+            with self._cond:
+                active.end_sync(position)
+                if position is None:
+                    self._unsynced[:0] = rows
+                    self._unsynced_bytes += nbytes
+
+    def _tick_interval(self) -> float:
+        interval = min(self.max_memtable_age / 4, 1.0)
+        return interval if self.durable else min(interval, self.wal_flush_interval)
+
+    def _tick(self) -> bool:
+        """One background tick: seal a MemTable older than ``max_memtable_age``, and in
+        non-durable mode write the buffered rows to the WAL. False: stop ticking.
+
+        Keeps going after a failed write (the rows stay buffered and are retried); the
+        error is raised by the next put/delete unless a later write succeeds first.
+        """
+        if self._closed or self._failed is not None:
+            return False
+        if self._too_old(self._active):
+            try:
+                self._seal(force=False)
+            except Exception:  # noqa: BLE001 - the next put/flush reports it
+                pass
+        if self.durable or not self._unsynced:
+            return True
+        try:
+            with self._wal_token():
+                self._sync_locked_token()
+                with self._cond:
+                    self._wal_error = None  # everything buffered is in the WAL now
+        except FencedError:
+            return False
+        except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete/sync
+            with self._cond:
+                self._wal_error = e
+            self.stats.wal_write_errors += 1
+        return True
+
+    def _too_old(self, memtable: MemTable) -> bool:
+        started = memtable.first_append_at
+        return started is not None and time.monotonic() - started >= self.max_memtable_age
+
+    def _full(self, memtable: MemTable) -> bool:
+        """Whether ``memtable`` is due for a flush (size, row, write-count or age limit)."""
+        return (
+            memtable.num_rows >= self.max_memtable_rows
+            or memtable.nbytes >= self.max_memtable_bytes
+            or memtable.appends >= self.max_wal_entries
+            or self._too_old(memtable)
+        )
+
+    def _seal(self, force: bool) -> None:
+        """Swap the active MemTable for a new one and schedule its flush."""
+        if not force and not self._full(self._active):
+            return
+        with self._wal_token():
+            while True:
+                self._sync_locked_token()
+                with self._cond:
+                    if self._unsynced:
+                        continue  # rows arrived while syncing: they belong to this MemTable
+                    self._swap_locked(force)
+                    return
+
+    def _swap_locked(self, force: bool) -> None:
+        """Seal the active MemTable (caller holds the WAL token and the condition)."""
+        active = self._active
+        if active.num_rows == 0:
+            return
+        if not force and not self._full(active):
+            return
+        self._sealed.append(active)
+        self._active = MemTable(self.region_id, active.generation + 1, self._storage_schema)
+        self._schedule_flush_locked()
+
+    def _schedule_flush_locked(self) -> None:
+        """Start a drain of the sealed MemTables unless one is running (holds _cond).
+
+        One drain flushes every sealed MemTable, oldest first, including those sealed
+        while it runs; a failed one stays queued and the next drain retries it.
+        """
+        if self._flush_active or not self._sealed or self._failed is not None:
+            return
+        try:
+            self._executor.submit(self._drain_flushes)
+        except RuntimeError:  # executor shut down: closed writer
+            return
+        self._flush_active = True
+
+    def _drain_flushes(self) -> None:
+        """Flush sealed MemTables in order until none is left (runs on the flush thread)."""
+        try:
+            while True:
+                with self._cond:
+                    if not self._sealed or self._failed is not None:
+                        return
+                    memtable = self._sealed[0]
+                self._flush_one(memtable)
+        except FencedError as e:
+            self._fenced(e)
+        except BaseException as e:  # noqa: BLE001 - surfaced by the next put/delete/flush
+            with self._cond:
+                self._flush_error = e
+            self.stats.flush_errors += 1
+        finally:
+            with self._cond:
+                self._flush_active = False
+                self._cond.notify_all()
+
+    def _flush_one(self, memtable: MemTable) -> None:
+        """Flush the oldest sealed MemTable and commit the region manifest."""
+        from memwal_query.write.flush import write_generation
+
+        started = time.perf_counter()
+        gen_dir = paths.new_generation_dir(memtable.generation)
+        flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
+
+        merged = self.table.index().merged_generations().get(self.region_id, 0)
+        region_dir = paths.region_dir(self.table.uri, self.region_id)
+
+        def update(current: RegionManifest) -> RegionManifest:
+            # Generations merged and already garbage collected leave the list.
+            kept = tuple(
+                g
+                for g in current.flushed_generations
+                if g.generation > merged or self.table.io.is_dir(f"{region_dir}/{g.path}")
+            )
+            if current.current_generation != memtable.generation:
+                raise MemWalError(
+                    f"region {self.region_id}: manifest expects generation "
+                    f"{current.current_generation}, flushing {memtable.generation}"
+                )
+            return current.replace(
+                flushed_generations=kept + (flushed,),
+                current_generation=memtable.generation + 1,
+                replay_after_wal_entry_position=memtable.last_wal_position
+                or current.replay_after_wal_entry_position,
+                wal_entry_position_last_seen=max(
+                    current.wal_entry_position_last_seen, self._next_wal_position - 1
+                ),
+            )
+
+        committed = self._store.commit_update(self.epoch, update)
+        with self._cond:
+            self._known_version = max(self._known_version, committed.version)
+            self._sealed.pop(0)
+            self._cond.notify_all()  # puts waiting for room (backpressure)
+            self.stats.memtable_flushes += 1
+            self.stats.flushed_rows += memtable.num_rows
+            self.stats.flush_seconds += time.perf_counter() - started
+            self.stats.flushed_generations.append(memtable.generation)
+
+
+def _tick_loop(ref: weakref.ref[RegionWriter], interval: float) -> None:
+    """A writer's background thread; holds the writer only weakly, so a writer that is
+    dropped without ``close()`` is still collected (and its thread ends)."""
+    while True:
+        time.sleep(interval)
+        writer = ref()
+        if writer is None or not writer._tick():
+            return
+        del writer
