@@ -45,7 +45,7 @@ _LAZY = {
     "RegionField": "memwal_query.regions.spec",
     "RegionSpec": "memwal_query.regions.spec",
     "MemWalTable": "memwal_query.table",
-    "region_id_for": "memwal_query.table",
+    "region_id_for": "memwal_query.catalog",
     "RegionWriter": "memwal_query.write.writer",
     "MemWalDataset": "memwal_query.read.provider",
     "bucket_spec": "memwal_query.regions.spec",

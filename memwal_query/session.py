@@ -71,16 +71,17 @@ def register(
 def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> MemWalTable:
     """Open a table; a base table without primary key raises PrimaryKeyError (not
     NotInitializedError: it could never be initialized)."""
+    from memwal_query.catalog import open_dataset
     from memwal_query.exceptions import NotInitializedError
     from memwal_query.format.schema import require_primary_key
     from memwal_query.storage.io import normalize_uri
-    from memwal_query.table import MemWalTable, _open_dataset
+    from memwal_query.table import MemWalTable
 
     try:
         return MemWalTable.open(uri, storage_options)
     except NotInitializedError:
         norm = normalize_uri(uri)
-        require_primary_key(_open_dataset(norm, dict(storage_options or {})).schema, norm)
+        require_primary_key(open_dataset(norm, dict(storage_options or {})).schema, norm)
         raise
 
 

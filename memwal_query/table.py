@@ -7,56 +7,51 @@ Entry point of the library::
     with t.writer(region_values={"bucket": 3}) as w:
         w.put(rows)
 
-Finding a region from its value
--------------------------------
-With a region spec, the id of the region holding region value ``v`` is *derived* from
-``(spec_id, v)``: the first 16 bytes of ``sha256("memwal-region/{spec_id}/{v}")`` with
-the UUID version-4 and variant bits set (:func:`region_id_for`). Two writers for the same
-value therefore always compute the same region id, and the region manifest's
-put-if-not-exists + epoch fencing decides which of them owns it: two regions for one
-value can never be created. The region's values are recorded in its manifest
-(``region_field_entries``, as pylance does) so strong-consistency readers can prune
-regions without the MemWAL index snapshot.
+Layers
+------
+``MemWalTable`` is the facade over the layers (see ``docs/architecture.md``): it *is* a
+:class:`~memwal_query.catalog.Catalog` (the read-only handle every lower layer receives)
+and adds writing (region writers, routing), reading (providers, lookup, search) and
+maintenance (merge, GC, index catch-up, snapshots) on top, by calling down.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
-import hashlib
-import json
 import os
-import re
 import threading
 import uuid as uuid_mod
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_query.catalog import (
+    LINEAGE_KEY,
+    Catalog,
+    check_no_leftover_regions,
+    one_region,
+    open_dataset,
+)
+from memwal_query.catalog import (
+    region_id_for as region_id_for,  # public, re-exported (memwal_query.region_id_for)
+)
 from memwal_query.exceptions import (
     AlreadyInitializedError,
     FencedError,
-    InvalidPathError,
     JobEndedError,
-    LeftoverRegionsError,
     NotInitializedError,
     RegionSpecError,
     RegionSpecWarning,
-    StorageError,
-    TableNotFoundError,
     WriteIncompleteError,
     WriterClosedError,
 )
-from memwal_query.format import fieldvalues
 from memwal_query.format import index as mwindex
-from memwal_query.format.manifest import RegionManifest, RegionManifestStore, foreign_lineage
 from memwal_query.format.schema import coerce_rows, require_primary_key
 from memwal_query.storage import paths
-from memwal_query.storage.io import FileIO, file_io_for, normalize_uri
+from memwal_query.storage.factory import file_io_for
+from memwal_query.storage.io import normalize_uri
 from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
@@ -64,44 +59,7 @@ if TYPE_CHECKING:
     from memwal_query.regions.spec import RegionSpec
 
 
-LINEAGE_KEY = "memwal_query.lineage"
-"""Key of the table's lineage in ``MemWalIndexDetails.writer_config_defaults`` (a random
-token written by :meth:`MemWalTable.initialize`; regions record it when created)."""
-
-
-def _canonical(value: Any) -> str:
-    """Type-tagged canonical text of a region value (same value -> same text)."""
-    if value is None:
-        return "n"
-    if isinstance(value, bool):
-        return f"i:{int(value)}"
-    if isinstance(value, int):
-        return f"i:{value}"
-    if isinstance(value, float):
-        return f"i:{int(value)}" if value.is_integer() else f"f:{value!r}"
-    if isinstance(value, decimal.Decimal):
-        return f"d:{value.normalize()}"
-    if isinstance(value, str):
-        return "s:" + value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return "b:" + bytes(value).hex()
-    if isinstance(value, dt.datetime):
-        return "t:" + value.isoformat()
-    if isinstance(value, dt.date):
-        return "D:" + value.isoformat()
-    return "r:" + repr(value)
-
-
-def region_id_for(spec_id: int, values: dict[str, Any]) -> str:
-    """Deterministic region id (UUID v4 layout) of a region value under a spec."""
-    text = f"memwal-region/{spec_id}/" + json.dumps(
-        [[k, _canonical(values[k])] for k in sorted(values)], ensure_ascii=False
-    )
-    digest = hashlib.sha256(text.encode()).digest()[:16]
-    return str(uuid_mod.UUID(bytes=digest, version=4))
-
-
-class MemWalTable:
+class MemWalTable(Catalog):
     """A Lance base table with a MemWAL index: streaming upserts through regions.
 
     Use :meth:`initialize` once on an existing Lance dataset with a primary key, then
@@ -117,26 +75,12 @@ class MemWalTable:
     """
 
     def __init__(self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None):
-        self.uri = normalize_uri(uri)
-        self.storage_options = dict(storage_options or {})
-        self.io: FileIO = file_io_for(self.uri, self.storage_options)
-        self._dataset = _open_dataset(self.uri, self.storage_options)
-        self._dataset_lock = threading.Lock()
-        index = mwindex.read_index(self.io, self._dataset)
-        if index is None:
-            raise NotInitializedError(
-                f"{self.uri}: the table has no MemWAL index; call MemWalTable.initialize"
-            )
-        self._index = index
-        self.schema: pa.Schema = self._dataset.schema
-        self.primary_key: list[str] = require_primary_key(self.schema, self.uri)
-        self.lance_schema = self._dataset.lance_schema
+        super().__init__(uri, storage_options)
         self._writers: dict[str, RegionWriter] = {}
         # Guards opening the writers of write()/delete(): two threads routing rows to
         # one region must share one writer (a second claim would fence the first).
         self._writers_lock = threading.Lock()
         self._writer_options: dict[str, Any] = {}
-        self._manifests: dict[str, RegionManifest] = {}  # last read per region
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -190,7 +134,7 @@ class MemWalTable:
         norm = normalize_uri(uri)
         options = dict(storage_options or {})
         io = file_io_for(norm, options)
-        ds = _open_dataset(norm, options)
+        ds = open_dataset(norm, options)
         pk = require_primary_key(ds.schema, norm)
         if mwindex.read_index(io, ds) is not None:
             raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
@@ -219,7 +163,7 @@ class MemWalTable:
             list(i.fields) == [key_field] for i in ds.describe_indices()
         ):
             ds.create_scalar_index(pk[0], "BTREE")
-            ds = _open_dataset(norm, options)
+            ds = open_dataset(norm, options)
         details = mwindex.new_details(specs, names)
         details.writer_config_defaults[LINEAGE_KEY] = uuid_mod.uuid4().hex
         mwindex.commit_details(ds, details, None, storage_options=options)
@@ -231,151 +175,6 @@ class MemWalTable:
     ) -> MemWalTable:
         """Open an initialized table."""
         return cls(uri, storage_options)
-
-    # -- base table and index ----------------------------------------------------------
-    def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        """The base Lance dataset (latest version unless ``version`` is given)."""
-        if version is not None:
-            return lance.dataset(self.uri, version=version, storage_options=self.storage_options)
-        # A LanceDataset object must not be used from two threads at once (PyO3 borrow
-        # panics), so every caller gets its own object, checked out under a lock.
-        with self._dataset_lock:
-            return self._dataset.checkout_version(self._dataset.latest_version)
-
-    def index(self, dataset: lance.LanceDataset | None = None) -> mwindex.MemWalIndex:
-        """The MemWAL index of ``dataset``'s version (default: the latest version).
-
-        Pass the dataset you read so that data and merge progress come from the same
-        version (reading "latest" twice could pair old data with newer progress).
-        """
-        ds = dataset if dataset is not None else self.dataset()
-        idx = mwindex.read_index(self.io, ds)
-        if idx is None:
-            raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
-        from memwal_query.maintain.catchup import read_progress
-
-        progress = read_progress(self.io, self.uri)
-        if progress.index_catchup:
-            mwindex._max_progress(idx.details, progress)
-        if dataset is None:
-            self._index = idx
-        return idx
-
-    @property
-    def region_spec(self) -> RegionSpec | None:
-        """The current region spec (highest spec id), or None."""
-        specs = self._index.details.region_specs
-        if not specs:
-            return None
-        from memwal_query.regions.spec import RegionSpec
-
-        return RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
-
-    @property
-    def maintained_indexes(self) -> list[str]:
-        """Base-table index names also built for flushed generations."""
-        return list(self._index.details.maintained_indexes)
-
-    # -- regions -----------------------------------------------------------------------
-    @property
-    def lineage(self) -> str:
-        """The token :meth:`initialize` recorded for this life of the table ("" when the
-        index was written by pylance or an older memwal_query)."""
-        return self._index.details.writer_config_defaults.get(LINEAGE_KEY, "")
-
-    def region_ids(self) -> list[str]:
-        """Ids of every region that has a directory under ``_mem_wal/``."""
-        return _region_dirs(self.io, self.uri)
-
-    def region_manifest(self, region_id: str) -> RegionManifest | None:
-        """Newest manifest of a region (None when it has none).
-
-        The last manifest read per region is kept; finding that nothing changed since
-        costs one HEAD of the next version (see :meth:`RegionManifestStore.load_latest`).
-        A region of another lineage (left over from before the base table was
-        initialized again) counts as absent, with a warning: its rows are not this
-        table's.
-        """
-        known = self._manifests.get(region_id)
-        manifest = RegionManifestStore(self.io, self.uri, region_id).load_latest(known)
-        if manifest is not None and foreign_lineage(manifest, self.lineage):
-            warnings.warn(
-                f"{self.uri}: region {region_id} belongs to another lineage of the table "
-                f"({manifest.lineage}, the table's is {self.lineage}) and is not read; "
-                "remove it with MemWalTable.initialize(..., reset=True)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return None
-        if manifest is not None and manifest is not known:
-            self._manifests[region_id] = manifest
-        return manifest
-
-    def region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
-        """``(spec_id, {field_id: value})`` recorded in a region's manifest, or None.
-
-        Values are read from the manifest's ``region_field_entries`` (as pylance's
-        native writer records them); None for manual regions or another spec.
-        """
-        manifest = self.region_manifest(region_id)
-        spec = self.routing_spec()
-        if manifest is None or manifest.region_spec_id != spec.spec_id:
-            return None
-        raw = dict(manifest.region_field_entries)
-        values = {}
-        for f in spec.fields:
-            entry = raw.get(f.field_id)
-            values[f.field_id] = (
-                None if entry is None else fieldvalues.decode(entry, self._field_type(f))
-            )
-        return spec.spec_id, values
-
-    def _field_type(self, f: Any) -> pa.DataType:
-        """Arrow type of a region field's values (declared, or its source's type)."""
-        declared = f.declared_type
-        if declared is not None:
-            return declared
-        by_id = {}
-        stack = list(self.lance_schema.fields())
-        while stack:
-            x = stack.pop()
-            by_id[x.id()] = x.name()
-            stack.extend(x.children())
-        name = by_id.get(f.source_ids[0]) if f.source_ids else None
-        if name is None or self.schema.get_field_index(name) < 0:
-            raise RegionSpecError(f"region field {f.field_id!r}: no result type and no source")
-        return self.schema.field(name).type
-
-    def _field_entries(self, values: dict[str, Any]) -> tuple[tuple[str, bytes], ...]:
-        spec = self.routing_spec()
-        out = []
-        for f in spec.fields:
-            raw = fieldvalues.encode(values.get(f.field_id), self._field_type(f))
-            if raw is not None:
-                out.append((f.field_id, raw))
-        return tuple(out)
-
-    def region_id_for(self, values: dict[str, Any]) -> str:
-        """Region id of a region value under the current spec (see module docs)."""
-        spec = self.routing_spec()
-        wanted = {f.field_id for f in spec.fields}
-        if set(values) != wanted:
-            raise RegionSpecError(
-                f"region values must name exactly the spec's fields {sorted(wanted)}, "
-                f"got {sorted(values)}"
-            )
-        return region_id_for(spec.spec_id, values)
-
-    def routing_spec(self) -> RegionSpec:
-        """The spec rows are routed by: the current spec, or for a table whose index
-        records none (initialized by pylance or an older memwal_query) the one-region
-        :func:`~memwal_query.regions.spec.unsharded_spec`."""
-        spec = self.region_spec
-        if spec is not None:
-            return spec
-        from memwal_query.regions.spec import unsharded_spec
-
-        return unsharded_spec()
 
     def writer(
         self,
@@ -428,19 +227,19 @@ class MemWalTable:
                     f"{self.uri}: region spec {spec.spec_id} has several regions; pass "
                     "region_values (or use MemWalTable.write to route rows)"
                 )
-            region_values = _one_region(spec)
+            region_values = one_region(spec)
         if region_values is None:
             assert region_id is not None
             region_id = paths.validate_region_id(region_id)
             known = self.region_values(region_id)
             if known is not None:
                 spec_id, region_values = known
-                entries = self._field_entries(region_values)
+                entries = self.field_entries(region_values)
             elif self.region_manifest(region_id) is not None:
                 spec_id, entries = 0, ()  # not the spec's: recovery only (rows refused)
-            elif is_unsharded(spec) and region_id == self.region_id_for(_one_region(spec)):
-                spec_id, region_values = spec.spec_id, _one_region(spec)
-                entries = self._field_entries(region_values)
+            elif is_unsharded(spec) and region_id == self.region_id_for(one_region(spec)):
+                spec_id, region_values = spec.spec_id, one_region(spec)
+                entries = self.field_entries(region_values)
             else:
                 raise RegionSpecError(
                     f"{self.uri}: there is no region {region_id}; regions are created "
@@ -454,7 +253,7 @@ class MemWalTable:
                 )
             region_id = derived
             spec_id = spec.spec_id
-            entries = self._field_entries(region_values)
+            entries = self.field_entries(region_values)
         return RegionWriter(
             self,
             region_id,
@@ -462,6 +261,7 @@ class MemWalTable:
             region_values=region_values,
             region_spec_id=spec_id,
             region_field_entries=entries,
+            lookup=self.lookup,
             **options,
         )
 
@@ -866,7 +666,7 @@ def split_by_region(
     if rows.num_rows == 0:
         return []
     if is_unsharded(spec):
-        return [(_one_region(spec), rows)]
+        return [(one_region(spec), rows)]
     values = pa.Table.from_batches([spec.evaluate(rows, lance_schema)])
     field_ids = values.column_names
     import numpy as np
@@ -880,31 +680,6 @@ def split_by_region(
         idx = groups.column("__row_list")[i].values
         out.append((region, rows.take(pc.cast(idx, pa.int64()))))
     return out
-
-
-def _one_region(spec: RegionSpec) -> dict[str, Any]:
-    """The region values of the only region of an ``unsharded`` spec."""
-    return {f.field_id: 0 for f in spec.fields}
-
-
-def _field_names(lance_schema: Any) -> dict[int, str]:
-    out: dict[int, str] = {}
-    stack = list(lance_schema.fields())
-    while stack:
-        f = stack.pop()
-        out[f.id()] = f.name()
-        stack.extend(f.children())
-    return out
-
-
-def _field_ids(lance_schema: Any) -> set[int]:
-    ids: set[int] = set()
-    stack = list(lance_schema.fields())
-    while stack:
-        f = stack.pop()
-        ids.add(f.id())
-        stack.extend(f.children())
-    return ids
 
 
 def _check_spec_sources(
@@ -948,66 +723,21 @@ def _warn_non_key_sources(spec: RegionSpec, lance_schema: Any, pk: list[str], ur
         )
 
 
-def check_no_leftover_regions(io: FileIO, uri: str, reset: bool) -> None:
-    """LeftoverRegionsError when ``uri``'s ``_mem_wal/`` holds regions (before a new
-    MemWAL index is written) and ``reset`` does not allow removing them."""
-    leftovers = _region_dirs(io, uri)
-    if leftovers and not reset:
-        more = ", ..." if len(leftovers) > 5 else ""
-        raise LeftoverRegionsError(
-            f"{uri}: _mem_wal/ holds {len(leftovers)} region(s) of an earlier MemWAL of "
-            f"this table ({', '.join(leftovers[:5])}{more}); their rows would be read on "
-            "top of the current base table. Pass reset=True (memwal init --reset) to "
-            "remove them first.",
-            leftovers,
-        )
-
-
-def _region_dirs(io: FileIO, uri: str) -> list[str]:
-    """Ids of the region directories under ``uri``'s ``_mem_wal/``."""
-    paths.check_mem_wal_root(io, uri)
-    out = []
-    for name in io.list(paths.mem_wal_root(uri)):
-        try:
-            out.append(paths.validate_region_id(name))
-        except InvalidPathError:
-            continue
+def _field_names(lance_schema: Any) -> dict[int, str]:
+    out: dict[int, str] = {}
+    stack = list(lance_schema.fields())
+    while stack:
+        f = stack.pop()
+        out[f.id()] = f.name()
+        stack.extend(f.children())
     return out
 
 
-def _open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDataset:
-    """The Lance dataset at ``uri``.
-
-    Raises
-    ------
-    TableNotFoundError
-        Lance found no table there (no ``_versions/``).
-    StorageError
-        The store could not be read: a missing bucket, denied credentials, an
-        unreachable endpoint, an unreadable manifest. Not a TableNotFoundError: the
-        table may well exist.
-    """
-    try:
-        return lance.dataset(uri, storage_options=storage_options or None)
-    except (ValueError, OSError, RuntimeError) as e:
-        text = str(e)
-        if "was not found" in text or "LanceError(IO)" not in text:
-            raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e
-        raise StorageError(f"{uri}: cannot open the Lance table: {_store_error(text)}") from e
-
-
-def _store_error(text: str) -> str:
-    """One line saying why a Lance I/O error happened (S3 error code first)."""
-    code = re.search(r"<Code>([^<]+)</Code>", text)
-    status = re.search(r"status code: (\d{3})", text)
-    first = (text.split("<?xml", 1)[0].splitlines() or [""])[0]
-    first = first.removeprefix("LanceError(IO): ").rstrip(" :")
-    if code is not None:
-        first = f"{first} ({code.group(1)})"
-    if code is not None and code.group(1) == "NoSuchBucket":
-        return f"no such bucket: {first}"
-    if status is not None and status.group(1) in ("401", "403"):
-        return f"access denied (check the credentials): {first}"
-    if "error sending request" in text:
-        return f"cannot reach the store (check the endpoint): {first}"
-    return first
+def _field_ids(lance_schema: Any) -> set[int]:
+    ids: set[int] = set()
+    stack = list(lance_schema.fields())
+    while stack:
+        f = stack.pop()
+        ids.add(f.id())
+        stack.extend(f.children())
+    return ids

@@ -142,7 +142,7 @@ class LocalS3Server:
 def race_worker(root, options, path, payload, barrier, results) -> None:
     """Race a put-if-not-exists of ``payload`` at ``path``; report won/lost."""
     from memwal_query.exceptions import AlreadyExistsError
-    from memwal_query.storage.io import file_io_for
+    from memwal_query.storage.factory import file_io_for
 
     io = file_io_for(root, options)
     barrier.wait()
@@ -157,7 +157,7 @@ def lock_worker(uri, options, counter, rounds, results) -> None:
     """Increment the integer at ``counter`` ``rounds`` times under the index lock."""
     import time
 
-    from memwal_query.storage.io import file_io_for
+    from memwal_query.storage.factory import file_io_for
     from memwal_query.storage.locking import index_lock
 
     io = file_io_for(uri, options)

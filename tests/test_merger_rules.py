@@ -15,6 +15,7 @@ from test_merger import make_generations, view
 import memwal_query as mq
 from memwal_query.exceptions import GenerationGoneError
 from memwal_query.format import index as mwindex
+from memwal_query.format import snapshots as fsnap
 from memwal_query.maintain import snapshots
 from memwal_query.read import sources
 from memwal_query.regions.spec import expression_spec
@@ -187,7 +188,7 @@ def test_snapshots_inline_up_to_the_threshold(base_uri):
     assert idx.details.num_regions == snapshots.INLINE_THRESHOLD
     assert idx.details.HasField("inline_snapshots")
     assert not os.path.exists(os.path.join(table.uri, "_indices", idx.uuid, "index.lance"))
-    snap = snapshots._from_lance_bytes(idx.details.inline_snapshots, "inline")
+    snap = fsnap.from_lance_bytes(idx.details.inline_snapshots, "inline")
     assert snap.num_rows == snapshots.INLINE_THRESHOLD
     assert snap.schema.field("region_id").type == pa.binary(16)
     assert 5000 in set(table.to_table(consistency="eventual").column("id").to_pylist())
@@ -207,7 +208,7 @@ def test_snapshot_schema_has_region_field_columns(tmp_path):
     t.write(pa.table({"id": list(range(1, 30)), "v": list(range(1, 30))}, schema=schema))
     t.flush()
     idx = t.refresh_snapshots()
-    snap = snapshots._from_lance_bytes(idx.details.inline_snapshots, "inline")
+    snap = fsnap.from_lance_bytes(idx.details.inline_snapshots, "inline")
     assert snap.schema.names == [f.name for f in snapshots.BASE_FIELDS] + ["region_field_b"]
     assert snap.schema.field("region_field_b").type == pa.int32()
     assert sorted(snap.column("region_field_b").to_pylist()) == [0, 1, 2]

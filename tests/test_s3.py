@@ -34,7 +34,8 @@ from memwal_query.exceptions import (
 from memwal_query.format.manifest import RegionManifestStore
 from memwal_query.format.naming import from_bit_reversed, wal_entry_name
 from memwal_query.storage import paths
-from memwal_query.storage.io import FileIO, file_io_for, join
+from memwal_query.storage.factory import file_io_for
+from memwal_query.storage.io import FileIO, join
 
 from helpers import basic_rows
 

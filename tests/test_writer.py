@@ -306,7 +306,7 @@ def test_appendix1_writer_fencing_example(table):
         1,
         5,
         region_spec_id=1,
-        region_field_entries=table._field_entries({"bucket": 0}),
+        region_field_entries=table.field_entries({"bucket": 0}),
         replay_after_wal_entry_position=10,
         wal_entry_position_last_seen=12,
     )

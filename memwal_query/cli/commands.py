@@ -229,7 +229,7 @@ def init(
 
     from memwal_query.format import index as mwindex
     from memwal_query.format.schema import PK_METADATA_KEY, primary_key_columns
-    from memwal_query.storage.io import file_io_for
+    from memwal_query.storage.factory import file_io_for
     from memwal_query.table import MemWalTable
 
     try:
@@ -242,7 +242,7 @@ def init(
         raise click.BadParameter(f"no column(s) {missing} in {uri}")
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
-    from memwal_query.table import check_no_leftover_regions
+    from memwal_query.catalog import check_no_leftover_regions
 
     check_no_leftover_regions(file_io_for(uri), uri, reset)
     spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)

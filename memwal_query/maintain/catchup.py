@@ -14,7 +14,7 @@ field from any index commit that is not its own repair path, so a value written
 through ``CreateIndex`` does not survive. memwal_query therefore records it in
 ``_mem_wal/_index_catchup/{bit_reversed_version}.binpb`` (a ``MemWalIndexDetails``
 message holding only ``index_catchup``; versions written with put-if-not-exists and
-only ever raised), and :meth:`MemWalTable.index` merges it into the details it returns,
+only ever raised), and :meth:`Catalog.index` merges it into the details it returns,
 so readers see it where the spec says it is.
 """
 
@@ -22,67 +22,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memwal_query.exceptions import CommitConflictError, NotInitializedError, ObjectNotFoundError
+from memwal_query.exceptions import NotInitializedError
 from memwal_query.format._proto import memwal_pb2 as pb
-from memwal_query.format.index import _max_progress
-from memwal_query.format.naming import MANIFEST_SUFFIX, from_bit_reversed, manifest_name
+from memwal_query.format.progress import record_progress
 from memwal_query.storage import crashpoints, paths
-from memwal_query.storage.io import FileIO, join
-
-CATCHUP_DIR = "_index_catchup"
-
-
-def _dir(uri: str) -> str:
-    return join(paths.mem_wal_root(uri), CATCHUP_DIR)
-
-
-def read_progress(io: FileIO, uri: str) -> pb.MemWalIndexDetails:
-    """The latest recorded catch-up progress (an empty message when none)."""
-    versions = []
-    for name in io.list(_dir(uri)):
-        if name.endswith(MANIFEST_SUFFIX):
-            try:
-                versions.append(from_bit_reversed(name))
-            except ValueError:
-                continue
-    out = pb.MemWalIndexDetails()
-    for v in sorted(versions, reverse=True):
-        try:
-            out.ParseFromString(io.read(join(_dir(uri), manifest_name(v))))
-            return out
-        except (ObjectNotFoundError, Exception):  # noqa: BLE001 - try the one before
-            continue
-    return out
-
-
-def record_progress(io: FileIO, uri: str, update: pb.MemWalIndexDetails, retries: int = 20):
-    """Raise the recorded progress to at least ``update`` (a new version)."""
-    for _ in range(retries):
-        versions = [from_bit_reversed(n) for n in io.list(_dir(uri)) if n.endswith(MANIFEST_SUFFIX)]
-        latest = max(versions, default=0)
-        current = read_progress(io, uri)
-        merged = pb.MemWalIndexDetails()
-        merged.index_catchup.extend(current.index_catchup)
-        _max_progress(merged, update)
-        try:
-            io.put_if_not_exists(
-                join(_dir(uri), manifest_name(latest + 1)),
-                merged.SerializeToString(deterministic=True),
-            )
-            return merged
-        except Exception as e:  # noqa: BLE001 - lost the race: re-read and retry
-            from memwal_query.exceptions import AlreadyExistsError
-
-            if not isinstance(e, AlreadyExistsError):
-                raise
-    raise CommitConflictError(f"{uri}: could not record index catch-up progress")
-
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 
-def catch_up_indexes(table: MemWalTable, names: list[str] | None = None) -> dict[str, dict]:
+def catch_up_indexes(table: Catalog, names: list[str] | None = None) -> dict[str, dict]:
     """Rebuild/extend base indexes and record ``index_catchup``; return the progress."""
     names = list(names if names is not None else table.maintained_indexes)
     if not names:

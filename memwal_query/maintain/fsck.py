@@ -48,7 +48,7 @@ from memwal_query.storage import paths
 from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 ERROR = "error"
 WARNING = "warning"
@@ -89,7 +89,7 @@ class Finding:
         return f"{self.severity.upper():7} {self.kind:10} {self.path}: {self.message}{fix}"
 
 
-def _repair_cmd(table: MemWalTable, region_id: str, accept_loss: bool = False) -> str:
+def _repair_cmd(table: Catalog, region_id: str, accept_loss: bool = False) -> str:
     loss = " --accept-loss" if accept_loss else ""
     return f"memwal repair {table.uri} --region {region_id}{loss}"
 
@@ -99,7 +99,7 @@ def _message(e: BaseException) -> str:
     return reason if reason is not None else f"{type(e).__name__}: {e}"
 
 
-def check(table: MemWalTable, progress: Callable[[str], None] | None = None) -> list[Finding]:
+def check(table: Catalog, progress: Callable[[str], None] | None = None) -> list[Finding]:
     """Every problem of ``table``'s storage (empty for a healthy table); changes nothing.
 
     ``progress`` is called with each region id before it is checked.
@@ -130,11 +130,11 @@ def check(table: MemWalTable, progress: Callable[[str], None] | None = None) -> 
     return out
 
 
-def _check_catchup(table: MemWalTable) -> list[Finding]:
+def _check_catchup(table: Catalog) -> list[Finding]:
     """Index catch-up progress versions that do not decode (readers use the version
     before: less progress, so GC keeps more; harmless, hence warnings)."""
     from memwal_query.format._proto import memwal_pb2 as pb
-    from memwal_query.maintain.catchup import _dir
+    from memwal_query.format.progress import _dir
 
     out = []
     for name in table.io.list(_dir(table.uri)):
@@ -156,7 +156,7 @@ def _check_catchup(table: MemWalTable) -> list[Finding]:
     return out
 
 
-def _check_region(table: MemWalTable, region_id: str, merged: int) -> list[Finding]:
+def _check_region(table: Catalog, region_id: str, merged: int) -> list[Finding]:
     out: list[Finding] = []
     try:
         paths.check_region_layout(table.io, table.uri, region_id)
@@ -209,7 +209,7 @@ def _check_region(table: MemWalTable, region_id: str, merged: int) -> list[Findi
     return out
 
 
-def _check_bloom(table: MemWalTable, uri: str, keys) -> None:
+def _check_bloom(table: Catalog, uri: str, keys) -> None:
     """BloomCorruptError unless the filter passes its checks and every key hits it."""
     bf = bloom.validate(table.io, uri, keys.num_rows)
     hits = bf.might_contain(keys)
@@ -221,7 +221,7 @@ def _check_bloom(table: MemWalTable, uri: str, keys) -> None:
 
 
 def _wal_problems(
-    table: MemWalTable, region_id: str, manifest: RegionManifest
+    table: Catalog, region_id: str, manifest: RegionManifest
 ) -> list[tuple[str, str, str]]:
     """``(kind, path, message)`` of holes and unreadable entries of a region's WAL.
 
@@ -252,7 +252,7 @@ def _wal_problems(
 
 
 def repair(
-    table: MemWalTable, region_id: str, accept_loss: bool = False, dry_run: bool = False
+    table: Catalog, region_id: str, accept_loss: bool = False, dry_run: bool = False
 ) -> list[str]:
     """Repair one region; return what was done (or would be, with ``dry_run``).
 

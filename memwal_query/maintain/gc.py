@@ -42,12 +42,12 @@ from memwal_query.storage import crashpoints, paths
 from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 _GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
 
 
-def gc_limits(table: MemWalTable) -> dict[str, int]:
+def gc_limits(table: Catalog) -> dict[str, int]:
     """Per region, the highest generation that may be garbage collected."""
     ds = table.dataset()
     versions = [v["version"] for v in ds.versions()]
@@ -95,7 +95,7 @@ def _wal_bound(store: RegionManifestStore, limit: int) -> int:
     return bound
 
 
-def pinned_versions(table: MemWalTable, min_age: dt.timedelta) -> int:
+def pinned_versions(table: Catalog, min_age: dt.timedelta) -> int:
     """How many of the newest base versions a reader may still be reading: every version
     that was the *latest* within ``min_age`` (the one after it was committed less than
     ``min_age`` ago), and the latest. A view resolved on version ``V`` reads ``V`` and
@@ -116,7 +116,7 @@ def pinned_versions(table: MemWalTable, min_age: dt.timedelta) -> int:
     return keep
 
 
-def _plan(table: MemWalTable) -> list[tuple[str, bool]]:
+def _plan(table: Catalog) -> list[tuple[str, bool]]:
     """Everything the rules allow to delete: ``(path, is_tree)``; changes nothing.
 
     Reads (and so validates) the MemWAL index of every retained base version, the
@@ -153,7 +153,7 @@ def _plan(table: MemWalTable) -> list[tuple[str, bool]]:
 
 
 def gc(
-    table: MemWalTable,
+    table: Catalog,
     dry_run: bool = False,
     cleanup_older_than: dt.timedelta | None = None,
     min_age: dt.timedelta | None = None,
@@ -195,7 +195,7 @@ def gc(
     return [path for path, _ in plan]
 
 
-def status(table: MemWalTable) -> dict[str, Any]:
+def status(table: Catalog) -> dict[str, Any]:
     """Per-region state: epoch, generations flushed/merged, WAL span, sizes.
 
     Per region: ``writer_epoch``, ``manifest_version``, ``current_generation``,

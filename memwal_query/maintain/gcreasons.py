@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from memwal_query.format.index import read_index
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 
 @dataclass
@@ -38,7 +38,7 @@ def _age(timestamp: object) -> str:
     return f", {hours:.1f} h old"
 
 
-def kept_generations(table: MemWalTable) -> list[Kept]:
+def kept_generations(table: Catalog) -> list[Kept]:
     """Every generation listed in a region manifest that gc keeps, with its reasons:
     not merged yet; a retained base version that has not merged it (the oldest such
     version is named, with its age: ``--cleanup-older-than`` below that age frees it);

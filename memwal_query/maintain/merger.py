@@ -60,7 +60,7 @@ from memwal_query.storage import crashpoints
 from memwal_query.storage.locking import index_lock
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 DEFAULT_MAX_RETRIES = 20
 # Consecutive generations of a region are merged in one commit up to this many rows: a
@@ -132,7 +132,7 @@ def _backoff(attempt: int) -> float:
 
 
 def prepare_generation(
-    table: MemWalTable,
+    table: Catalog,
     region_id: str,
     gen: FlushedGeneration | Sequence[FlushedGeneration],
     schema: pa.Schema | None = None,
@@ -211,7 +211,7 @@ def _use_key_index(ds: lance.LanceDataset, source_rows: int) -> bool:
 
 
 def _commit_generation(
-    table: MemWalTable,
+    table: Catalog,
     ds: lance.LanceDataset,
     region_id: str | list[CompactedSsTable],
     prep: _Prepared,
@@ -250,7 +250,7 @@ def _commit_generation(
 
 
 def _commit_once(
-    table: MemWalTable,
+    table: Catalog,
     ds: lance.LanceDataset,
     index: Any,
     marker: str | list[CompactedSsTable],
@@ -286,7 +286,7 @@ def _commit_once(
 
 
 def merge_region(
-    table: MemWalTable,
+    table: Catalog,
     region_id: str,
     max_generations: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
@@ -325,7 +325,7 @@ def _next_batch(
 
 
 def _merge_region_into(
-    table: MemWalTable,
+    table: Catalog,
     region_id: str,
     max_generations: int | None,
     max_retries: int,
@@ -389,7 +389,7 @@ def _merge_region_into(
         )
 
 
-def _table_moved(table: MemWalTable, ds: lance.LanceDataset) -> bool:
+def _table_moved(table: Catalog, ds: lance.LanceDataset) -> bool:
     """Whether the base table has a newer version than ``ds`` (the merge was planned on).
 
     A merge that fails (a generation "Not found", a data file gone) while another
@@ -403,7 +403,7 @@ def _table_moved(table: MemWalTable, ds: lance.LanceDataset) -> bool:
         return False
 
 
-def table_generation_uri(table: MemWalTable, region_id: str, gen_dir: str) -> str:
+def table_generation_uri(table: Catalog, region_id: str, gen_dir: str) -> str:
     """Absolute URI of a generation directory (validated)."""
     from memwal_query.storage import paths
 
@@ -411,7 +411,7 @@ def table_generation_uri(table: MemWalTable, region_id: str, gen_dir: str) -> st
 
 
 def merge(
-    table: MemWalTable,
+    table: Catalog,
     region_id: str | None = None,
     max_generations: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
@@ -452,7 +452,7 @@ def merge(
 
 
 def _merge_across_regions(
-    table: MemWalTable,
+    table: Catalog,
     max_generations: int | None,
     max_retries: int,
     batch_rows: int,

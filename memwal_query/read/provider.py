@@ -55,11 +55,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import pruning, sources
+from memwal_query.read import pruning, sources, view
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
     from memwal_query.write.writer import RegionWriter
 
 BASE_BATCH_ROWS = 65536  # fewer, larger batches: less per-batch Python overhead
@@ -386,7 +386,7 @@ class MemWalDataset(pads.Dataset):
 
     Parameters
     ----------
-    table : MemWalTable
+    table : Catalog
     consistency : str
         ``"strong"`` (region manifests + writers' MemTables), ``"latest"`` (+ every
         region's durable unflushed WAL entries) or ``"eventual"`` (region
@@ -405,18 +405,18 @@ class MemWalDataset(pads.Dataset):
 
     def __init__(
         self,
-        table: MemWalTable,
+        table: Catalog,
         consistency: str = "strong",
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
         base_partitions: int = 2,
         max_staleness: float | None = None,
     ) -> None:
-        if consistency not in sources.CONSISTENCY_MODES:
+        if consistency not in view.CONSISTENCY_MODES:
             from memwal_query.exceptions import MemWalError
 
             raise MemWalError(
-                f"consistency must be one of {sources.CONSISTENCY_MODES}, got {consistency!r}"
+                f"consistency must be one of {view.CONSISTENCY_MODES}, got {consistency!r}"
             )
         self.table = table
         self.consistency = consistency

@@ -24,7 +24,6 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import lance
@@ -38,108 +37,31 @@ from memwal_query.exceptions import (
     MemWalError,
     ObjectNotFoundError,
 )
-from memwal_query.format.index import MemWalIndex, manifest_path
+from memwal_query.format.index import manifest_path
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+from memwal_query.read import view
 from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
+from memwal_query.read.view import GenerationRef, ReadPlan
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
     from memwal_query.write.writer import RegionWriter
-
-CONSISTENCY_MODES = ("strong", "eventual", "latest")
-
-
-@dataclass(frozen=True)
-class GenerationRef:
-    """A flushed generation to read.
-
-    Attributes
-    ----------
-    region_id : str
-    generation : int
-    uri : str
-        Directory of the generation's Lance table.
-    """
-
-    region_id: str
-    generation: int
-    uri: str
-
-
-@dataclass
-class RegionView:
-    """What one region contributes to a read."""
-
-    region_id: str
-    values: dict[str, Any] | None
-    merged_generation: int
-    generations: list[GenerationRef] = field(default_factory=list)
-    memtables: list[MemTableSnapshot] = field(default_factory=list)
-
-
-@dataclass
-class ReadPlan:
-    """The sources of one LSM read.
-
-    Attributes
-    ----------
-    base : lance.LanceDataset
-        The base table version read.
-    index : MemWalIndex
-        The MemWAL index of that version.
-    regions : list[RegionView]
-        Regions read (after pruning).
-    pruned : list[str]
-        Region ids skipped by region pruning.
-    consistency : str
-        ``"strong"`` or ``"eventual"``.
-    """
-
-    base: lance.LanceDataset
-    index: MemWalIndex
-    regions: list[RegionView]
-    pruned: list[str]
-    consistency: str
-
-    @property
-    def generations(self) -> list[GenerationRef]:
-        """All flushed generations read, region by region, oldest first."""
-        return [g for r in self.regions for g in r.generations]
-
-    def describe(self) -> str:
-        """Human-readable summary (what EXPLAIN-style debugging shows)."""
-        lines = [
-            f"MemWalScan: consistency={self.consistency} base_version={self.base.version} "
-            f"regions={len(self.regions)} pruned={len(self.pruned)}"
-        ]
-        for r in self.regions:
-            gens = ",".join(str(g.generation) for g in r.generations) or "-"
-            mems = ",".join(f"{m.generation}({m.num_rows} rows)" for m in r.memtables) or "-"
-            lines.append(
-                f"  region {r.region_id} values={r.values} merged<={r.merged_generation} "
-                f"generations=[{gens}] memtables=[{mems}]"
-            )
-        for rid in self.pruned:
-            lines.append(f"  pruned region {rid}")
-        return "\n".join(lines)
 
 
 def resolve(
-    table: MemWalTable,
+    table: Catalog,
     consistency: str = "strong",
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
     max_staleness: float | None = None,
 ) -> ReadPlan:
     """Resolve the pinned view to read now: :func:`memwal_query.read.view.resolve`."""
-    from memwal_query.read import view
-
     staleness = view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
     return view.resolve(table, consistency, writers, predicates, staleness)
 
 
-def base_version_gone(table: MemWalTable, version: int) -> bool:
+def base_version_gone(table: Catalog, version: int) -> bool:
     """Whether version ``version`` of the base table was cleaned up (its manifest is gone)."""
     try:
         manifest_path(table.io, table.uri, version)
@@ -151,7 +73,7 @@ def base_version_gone(table: MemWalTable, version: int) -> bool:
 
 
 @contextlib.contextmanager
-def reading_base(table: MemWalTable, base: lance.LanceDataset) -> Iterator[None]:
+def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
     """Turn an error reading ``base`` into :class:`BaseVersionGoneError` when that version
     was cleaned up meanwhile (Lance reports the deleted data file as a plain OSError or
     ArrowInvalid "Not found"); any other error propagates unchanged."""

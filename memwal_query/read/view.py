@@ -1,6 +1,6 @@
 """The pinned read view: what every reader of a MemWAL table reads, resolved once.
 
-A **View** (:class:`memwal_query.read.sources.ReadPlan`) is immutable: the base table at one
+A **View** (:class:`ReadPlan`) is immutable: the base table at one
 version ``V``, the MemWAL index read *from that same version* (its
 ``merged_generations`` say which flushed generations are already in ``V``), per region
 the flushed generations above the merged one, the MemTables of the writers handed in,
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memwal_query.exceptions import (
@@ -59,14 +60,95 @@ from memwal_query.exceptions import (
     MemWalError,
     ObjectNotFoundError,
 )
-from memwal_query.read.sources import GenerationRef, ReadPlan, RegionView
 from memwal_query.storage import paths
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
+    import lance
+
+    from memwal_query.catalog import Catalog
+    from memwal_query.format.index import MemWalIndex
     from memwal_query.format.manifest import RegionManifest
-    from memwal_query.table import MemWalTable
     from memwal_query.write.writer import RegionWriter
+
+
+CONSISTENCY_MODES = ("strong", "eventual", "latest")
+
+
+@dataclass(frozen=True)
+class GenerationRef:
+    """A flushed generation to read.
+
+    Attributes
+    ----------
+    region_id : str
+    generation : int
+    uri : str
+        Directory of the generation's Lance table.
+    """
+
+    region_id: str
+    generation: int
+    uri: str
+
+
+@dataclass
+class RegionView:
+    """What one region contributes to a read."""
+
+    region_id: str
+    values: dict[str, Any] | None
+    merged_generation: int
+    generations: list[GenerationRef] = field(default_factory=list)
+    memtables: list[MemTableSnapshot] = field(default_factory=list)
+
+
+@dataclass
+class ReadPlan:
+    """The sources of one LSM read.
+
+    Attributes
+    ----------
+    base : lance.LanceDataset
+        The base table version read.
+    index : MemWalIndex
+        The MemWAL index of that version.
+    regions : list[RegionView]
+        Regions read (after pruning).
+    pruned : list[str]
+        Region ids skipped by region pruning.
+    consistency : str
+        ``"strong"`` or ``"eventual"``.
+    """
+
+    base: lance.LanceDataset
+    index: MemWalIndex
+    regions: list[RegionView]
+    pruned: list[str]
+    consistency: str
+
+    @property
+    def generations(self) -> list[GenerationRef]:
+        """All flushed generations read, region by region, oldest first."""
+        return [g for r in self.regions for g in r.generations]
+
+    def describe(self) -> str:
+        """Human-readable summary (what EXPLAIN-style debugging shows)."""
+        lines = [
+            f"MemWalScan: consistency={self.consistency} base_version={self.base.version} "
+            f"regions={len(self.regions)} pruned={len(self.pruned)}"
+        ]
+        for r in self.regions:
+            gens = ",".join(str(g.generation) for g in r.generations) or "-"
+            mems = ",".join(f"{m.generation}({m.num_rows} rows)" for m in r.memtables) or "-"
+            lines.append(
+                f"  region {r.region_id} values={r.values} merged<={r.merged_generation} "
+                f"generations=[{gens}] memtables=[{mems}]"
+            )
+        for rid in self.pruned:
+            lines.append(f"  pruned region {rid}")
+        return "\n".join(lines)
+
 
 CONSISTENCY_MODES = ("strong", "eventual", "latest")
 RESOLVE_ATTEMPTS = 5
@@ -84,7 +166,7 @@ class _Replan(Exception):
 
 
 def resolve(
-    table: MemWalTable,
+    table: Catalog,
     consistency: str = "strong",
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
@@ -94,7 +176,7 @@ def resolve(
 
     Parameters
     ----------
-    table : MemWalTable
+    table : Catalog
     consistency : str
         ``"strong"`` (region manifests), ``"eventual"`` (index snapshots, at most
         ``max_staleness`` old) or ``"latest"`` (manifests + durable WAL entries not yet
@@ -139,7 +221,7 @@ def resolve(
 
 
 def _resolve_once(
-    table: MemWalTable,
+    table: Catalog,
     consistency: str,
     mem_by_region: dict[str, list[MemTableSnapshot]],
     predicates: list[tuple[str, str, Any]] | None,
@@ -170,7 +252,7 @@ def _resolve_once(
 
 
 def _build(
-    table: MemWalTable,
+    table: Catalog,
     consistency: str,
     base,
     index,
@@ -220,7 +302,7 @@ def _build(
     return ReadPlan(base, index, regions, pruned, consistency)
 
 
-def _manifests(table: MemWalTable) -> dict[str, RegionManifest]:
+def _manifests(table: Catalog) -> dict[str, RegionManifest]:
     out = {}
     for region_id in table.region_ids():
         m = table.region_manifest(region_id)
@@ -229,33 +311,36 @@ def _manifests(table: MemWalTable) -> dict[str, RegionManifest]:
     return out
 
 
-def _state_of(table: MemWalTable, region_id: str, manifest: RegionManifest) -> _State:
+def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:
     return (
         table.region_values(region_id),
         [(g.generation, g.path) for g in manifest.flushed_generations],
     )
 
 
-def _manifest_state(table: MemWalTable, region_id: str) -> _State | None:
+def _manifest_state(table: Catalog, region_id: str) -> _State | None:
     m = table.region_manifest(region_id)
     return None if m is None else _state_of(table, region_id, m)
 
 
-def _snapshot_states(table: MemWalTable, index, max_staleness: float | None):
+def _snapshot_states(table: Catalog, index, max_staleness: float | None):
     """Region states from the snapshots of ``index``; None when there is none to use
     (never written, external file gone, or older than ``max_staleness`` seconds)."""
-    from memwal_query.maintain.snapshots import read_snapshots
+    from memwal_query.format.snapshots import read_snapshots
 
     if max_staleness is not None:
         ts = index.details.snapshot_ts_millis
         if ts and time.time() - ts / 1000.0 > max_staleness:
             return None
-    return read_snapshots(table, index)
+    spec = table.region_spec
+    if spec is None:
+        return read_snapshots(table.io, table.uri, index, None, [])
+    return read_snapshots(
+        table.io, table.uri, index, spec.spec_id, [f.field_id for f in spec.fields]
+    )
 
 
-def _wal_tail(
-    table: MemWalTable, region_id: str, manifest: RegionManifest
-) -> list[MemTableSnapshot]:
+def _wal_tail(table: Catalog, region_id: str, manifest: RegionManifest) -> list[MemTableSnapshot]:
     """Durable WAL entries after the manifest's replay position, as MemTable snapshots
     (one per generation recorded in the entries), oldest first.
 

@@ -91,7 +91,8 @@ from memwal_query.spark._common import (
     require_spec,
     split_by_value,
 )
-from memwal_query.storage.io import file_io_for, join
+from memwal_query.storage.factory import file_io_for
+from memwal_query.storage.io import join
 from memwal_query.storage.paths import mem_wal_root
 from memwal_query.table import concurrently
 

@@ -72,7 +72,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.spark._common import open_table
 
 try:  # PySpark >= 4.1
@@ -252,14 +252,14 @@ class NewerPartition(InputPartition):
     ``consistency="latest"``), deduplicated by :func:`memwal_query.read.sources.newer_view`
     (the provider's code and rule)."""
 
-    def __init__(self, regions: list[sources.RegionView], consistency: str) -> None:
+    def __init__(self, regions: list[view.RegionView], consistency: str) -> None:
         super().__init__(tuple(r.region_id for r in regions))
         self.regions = regions
         self.consistency = consistency
 
-    def plan(self) -> sources.ReadPlan:
+    def plan(self) -> view.ReadPlan:
         """The partition's regions as a read plan (no base: read by BasePartition)."""
-        return sources.ReadPlan(None, None, self.regions, [], self.consistency)  # type: ignore[arg-type]
+        return view.ReadPlan(None, None, self.regions, [], self.consistency)  # type: ignore[arg-type]
 
 
 class BasePartition(InputPartition):

@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 from memwal_query.exceptions import AlreadyExistsError, MemWalError
 from memwal_query.spark._common import SPARK_DIR, fault
 from memwal_query.spark.ingest import WriteResult, write
-from memwal_query.storage.io import file_io_for, join, normalize_uri
+from memwal_query.storage.factory import file_io_for
+from memwal_query.storage.io import join, normalize_uri
 from memwal_query.storage.paths import mem_wal_root
 
 if TYPE_CHECKING:

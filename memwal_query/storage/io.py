@@ -6,8 +6,9 @@ object stores offer: whole-object read/write, HEAD, list, delete, and an atomic
 **put-if-not-exists**, which is what makes WAL entries and manifest versions safe
 under concurrent writers.
 
-Paths are plain strings joined with ``/``. :func:`file_io_for` picks the implementation
-from a URI (a local path or ``file://`` URI, or ``s3://`` through
+Paths are plain strings joined with ``/``.
+:func:`memwal_query.storage.factory.file_io_for` picks the implementation from a URI
+(a local path or ``file://`` URI, or ``s3://`` through
 :mod:`memwal_query.storage.objectstore`).
 """
 
@@ -19,7 +20,6 @@ import shutil
 import stat
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 
 from memwal_query.exceptions import AlreadyExistsError, ObjectNotFoundError, StorageError
 
@@ -253,28 +253,6 @@ def _unlink_quiet(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def file_io_for(uri: str, storage_options: Mapping[str, str] | None = None) -> FileIO:
-    """Return the :class:`FileIO` for a table URI.
-
-    A local path or ``file://`` URI: :class:`LocalFileIO`; ``s3://bucket/path``:
-    :class:`memwal_query.storage.objectstore.S3FileIO` configured from ``storage_options``.
-    """
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else "file"
-    if scheme == "file":
-        fsync = (storage_options or {}).get("fsync", "true").lower() != "false"
-        return LocalFileIO(fsync=fsync)
-    if scheme == "s3":
-        try:
-            from memwal_query.storage.objectstore import S3FileIO
-        except ImportError as e:
-            raise StorageError(
-                f"{uri}: s3:// tables need the 'obstore' package ({e}); "
-                "pip install 'memwal_query[s3]'"
-            ) from e
-        return S3FileIO.from_storage_options(storage_options)
-    raise StorageError(f"{uri}: object store scheme {scheme!r} is not supported yet")
 
 
 def normalize_uri(uri: str | os.PathLike) -> str:

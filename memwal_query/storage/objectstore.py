@@ -3,7 +3,7 @@
 Everything memwal_query writes outside Lance datasets (WAL entries, region manifests,
 version hints, bloom filters, catch-up progress) goes through :class:`S3FileIO`; the
 Lance datasets themselves (base table and flushed generations) are read and written by
-Lance with the same ``storage_options``. :func:`memwal_query.storage.io.file_io_for` returns an
+Lance with the same ``storage_options``. :func:`memwal_query.storage.factory.file_io_for` returns an
 :class:`S3FileIO` for ``s3://bucket/path`` URIs.
 
 Credentials and endpoint

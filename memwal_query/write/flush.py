@@ -29,7 +29,7 @@ from memwal_query.storage.io import join
 from memwal_query.write.memtable import MemTable
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 BLOOM_FILE = "bloom_filter.bin"
 PK_INDEX_NAME = "__memwal_pk"
@@ -39,7 +39,7 @@ COALESCE_ROWS = 1 << 16  # rows per batch handed to Lance (see ``coalesced_batch
 
 
 def write_generation(
-    table: MemWalTable, region_id: str, gen_dir: str, memtable: MemTable
+    table: Catalog, region_id: str, gen_dir: str, memtable: MemTable
 ) -> FlushedGeneration:
     """Write ``memtable`` as generation ``memtable.generation`` into ``gen_dir``."""
     uri = paths.generation_path(table.uri, region_id, gen_dir)
@@ -100,7 +100,7 @@ def coalesced_batches(data: pa.Table, min_rows: int = COALESCE_ROWS) -> pa.Recor
     return pa.RecordBatchReader.from_batches(schema, groups())
 
 
-def _publish_pk_index(table: MemWalTable, ds: lance.LanceDataset, uri: str) -> None:
+def _publish_pk_index(table: Catalog, ds: lance.LanceDataset, uri: str) -> None:
     """Copy the BTREE files to ``_pk_index/``, where pylance's native reader expects them."""
     (desc,) = [d for d in ds.describe_indices() if d.name == PK_INDEX_NAME]
     index_dir = join(uri, "_indices", desc.segments[0].uuid)

@@ -44,7 +44,7 @@ from memwal_query.format.schema import TOMBSTONE
 from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 LOG = logging.getLogger(__name__)
 REPORT_FILE = "memwal_indexes.json"
@@ -379,12 +379,12 @@ def _build_vector(
     return {"status": "skipped", "reason": "; ".join(errors)}
 
 
-def build_maintained_indexes(table: MemWalTable, gen_ds: lance.LanceDataset) -> dict[str, Any]:
+def build_maintained_indexes(table: Catalog, gen_ds: lance.LanceDataset) -> dict[str, Any]:
     """Build every maintained index of ``table`` on a freshly written generation.
 
     Parameters
     ----------
-    table : MemWalTable
+    table : Catalog
         The table (its base dataset supplies the index definitions).
     gen_ds : lance.LanceDataset
         The generation's Lance table (already written, with its bloom filter).
@@ -433,7 +433,7 @@ def build_maintained_indexes(table: MemWalTable, gen_ds: lance.LanceDataset) -> 
     return report
 
 
-def read_report(table: MemWalTable, gen_uri: str) -> dict[str, Any]:
+def read_report(table: Catalog, gen_uri: str) -> dict[str, Any]:
     """The ``memwal_indexes.json`` of a generation (``{}`` when absent)."""
     try:
         return json.loads(table.io.read(join(gen_uri, REPORT_FILE)))

@@ -39,7 +39,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +53,7 @@ from memwal_query.exceptions import (
     BackpressureError,
     FencedError,
     MemWalError,
+    SchemaError,
     WriterClosedError,
     WrongRegionError,
 )
@@ -71,7 +72,7 @@ from memwal_query.storage import paths
 from memwal_query.write.memtable import MemTable, MemTableSnapshot
 
 if TYPE_CHECKING:
-    from memwal_query.table import MemWalTable
+    from memwal_query.catalog import Catalog
 
 DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
@@ -113,7 +114,7 @@ class RegionWriter:
 
     Parameters
     ----------
-    table : MemWalTable
+    table : Catalog
         The table.
     region_id : str
         Region UUID.
@@ -146,11 +147,17 @@ class RegionWriter:
         spec): it can be replayed, flushed and closed, but refuses new rows.
     region_spec_id : int
         Spec id recorded when the region is created (0: manual region).
+    region_field_entries : tuple
+        ``(field_id, value bytes)`` recorded in the manifest when the region is created.
+    lookup : callable, optional
+        ``lookup(keys, columns=..., writers=[self])`` returning the keys' current rows
+        (the table's :meth:`~memwal_query.table.MemWalTable.lookup`): partial updates
+        read the columns they do not set through it. Without it they are refused.
     """
 
     def __init__(
         self,
-        table: MemWalTable,
+        table: Catalog,
         region_id: str,
         *,
         durable: bool = True,
@@ -165,8 +172,10 @@ class RegionWriter:
         region_values: dict[str, Any] | None = None,
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
+        lookup: Callable[..., pa.Table] | None = None,
     ) -> None:
         self.table = table
+        self._lookup = lookup
         self.region_id = paths.validate_region_id(region_id)
         self.durable = durable
         self.max_memtable_rows = max_memtable_rows
@@ -650,7 +659,13 @@ class RegionWriter:
             with self._cond:
                 self._partial_busy = True
             try:
-                current = self.table.lookup(
+                if self._lookup is None:
+                    raise SchemaError(
+                        f"{self.table.uri}: this writer cannot read current rows, so it "
+                        f"cannot fill the missing column(s) {missing} of a partial update "
+                        "(open writers with MemWalTable.writer)"
+                    )
+                current = self._lookup(
                     rows.select(self._pk), columns=[*self._pk, *missing], writers=[self]
                 )
                 full = fill_missing(rows, missing, current, self._pk, self._schema)

@@ -1,0 +1,342 @@
+"""The catalog handle: what every layer below the table facade knows of a table.
+
+A :class:`Catalog` is the read-only part of a MemWAL table: its URI, storage, schema and
+primary key (fixed when it is opened), its base Lance dataset and MemWAL index, its region
+spec and the region manifests. Writers, readers, search and maintenance receive a
+``Catalog`` (never the :class:`~memwal_query.table.MemWalTable` facade, which adds
+writing, SQL and search on top), so the layers below the facade never call back up into
+it. See ``docs/architecture.md``.
+
+Finding a region from its value
+-------------------------------
+With a region spec, the id of the region holding region value ``v`` is *derived* from
+``(spec_id, v)``: the first 16 bytes of ``sha256("memwal-region/{spec_id}/{v}")`` with
+the UUID version-4 and variant bits set (:func:`region_id_for`). Two writers for the same
+value therefore always compute the same region id, and the region manifest's
+put-if-not-exists + epoch fencing decides which of them owns it: two regions for one
+value can never be created.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import json
+import os
+import re
+import threading
+import uuid as uuid_mod
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+
+from memwal_query.exceptions import (
+    InvalidPathError,
+    LeftoverRegionsError,
+    NotInitializedError,
+    RegionSpecError,
+    StorageError,
+    TableNotFoundError,
+)
+from memwal_query.format import fieldvalues
+from memwal_query.format import index as mwindex
+from memwal_query.format.manifest import RegionManifest, RegionManifestStore, foreign_lineage
+from memwal_query.format.progress import read_progress
+from memwal_query.format.schema import require_primary_key
+from memwal_query.storage import paths
+from memwal_query.storage.factory import file_io_for
+from memwal_query.storage.io import FileIO, normalize_uri
+
+if TYPE_CHECKING:
+    from memwal_query.regions.spec import RegionSpec
+
+LINEAGE_KEY = "memwal_query.lineage"
+"""Key of the table's lineage in ``MemWalIndexDetails.writer_config_defaults`` (a random
+token written by :meth:`MemWalTable.initialize`; regions record it when created)."""
+
+
+def _canonical(value: Any) -> str:
+    """Type-tagged canonical text of a region value (same value -> same text)."""
+    if value is None:
+        return "n"
+    if isinstance(value, bool):
+        return f"i:{int(value)}"
+    if isinstance(value, int):
+        return f"i:{value}"
+    if isinstance(value, float):
+        return f"i:{int(value)}" if value.is_integer() else f"f:{value!r}"
+    if isinstance(value, decimal.Decimal):
+        return f"d:{value.normalize()}"
+    if isinstance(value, str):
+        return "s:" + value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "b:" + bytes(value).hex()
+    if isinstance(value, dt.datetime):
+        return "t:" + value.isoformat()
+    if isinstance(value, dt.date):
+        return "D:" + value.isoformat()
+    return "r:" + repr(value)
+
+
+def region_id_for(spec_id: int, values: dict[str, Any]) -> str:
+    """Deterministic region id (UUID v4 layout) of a region value under a spec."""
+    text = f"memwal-region/{spec_id}/" + json.dumps(
+        [[k, _canonical(values[k])] for k in sorted(values)], ensure_ascii=False
+    )
+    digest = hashlib.sha256(text.encode()).digest()[:16]
+    return str(uuid_mod.UUID(bytes=digest, version=4))
+
+
+class Catalog:
+    """Read-only handle of an initialized MemWAL table (see module docs).
+
+    Its identity (``uri``, ``storage_options``, ``io``, ``schema``, ``primary_key``,
+    ``lance_schema``) is fixed when it is opened; :meth:`dataset`, :meth:`index` and
+    :meth:`region_manifest` read the current state of storage (the last manifest read per
+    region and the last index are cached).
+
+    Raises
+    ------
+    TableNotFoundError, StorageError, PrimaryKeyError, NotInitializedError
+        No Lance table at ``uri``, the store cannot be read, the table has no primary key
+        or no MemWAL index.
+    """
+
+    def __init__(self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None):
+        self.uri = normalize_uri(uri)
+        self.storage_options = dict(storage_options or {})
+        self.io: FileIO = file_io_for(self.uri, self.storage_options)
+        self._dataset = open_dataset(self.uri, self.storage_options)
+        self._dataset_lock = threading.Lock()
+        index = mwindex.read_index(self.io, self._dataset)
+        if index is None:
+            raise NotInitializedError(
+                f"{self.uri}: the table has no MemWAL index; call MemWalTable.initialize"
+            )
+        self._index = index
+        self.schema: pa.Schema = self._dataset.schema
+        self.primary_key: list[str] = require_primary_key(self.schema, self.uri)
+        self.lance_schema = self._dataset.lance_schema
+        # Guards opening the writers of write()/delete(): two threads routing rows to
+        # one region must share one writer (a second claim would fence the first).
+        self._writers_lock = threading.Lock()
+        self._writer_options: dict[str, Any] = {}
+        self._manifests: dict[str, RegionManifest] = {}  # last read per region
+
+    # -- construction ------------------------------------------------------------------
+
+    # -- base table and index ----------------------------------------------------------
+    def dataset(self, version: int | None = None) -> lance.LanceDataset:
+        """The base Lance dataset (latest version unless ``version`` is given)."""
+        if version is not None:
+            return lance.dataset(self.uri, version=version, storage_options=self.storage_options)
+        # A LanceDataset object must not be used from two threads at once (PyO3 borrow
+        # panics), so every caller gets its own object, checked out under a lock.
+        with self._dataset_lock:
+            return self._dataset.checkout_version(self._dataset.latest_version)
+
+    def index(self, dataset: lance.LanceDataset | None = None) -> mwindex.MemWalIndex:
+        """The MemWAL index of ``dataset``'s version (default: the latest version).
+
+        Pass the dataset you read so that data and merge progress come from the same
+        version (reading "latest" twice could pair old data with newer progress).
+        """
+        ds = dataset if dataset is not None else self.dataset()
+        idx = mwindex.read_index(self.io, ds)
+        if idx is None:
+            raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
+        progress = read_progress(self.io, self.uri)
+        if progress.index_catchup:
+            mwindex._max_progress(idx.details, progress)
+        if dataset is None:
+            self._index = idx
+        return idx
+
+    @property
+    def region_spec(self) -> RegionSpec | None:
+        """The current region spec (highest spec id), or None."""
+        specs = self._index.details.region_specs
+        if not specs:
+            return None
+        from memwal_query.regions.spec import RegionSpec
+
+        return RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
+
+    @property
+    def maintained_indexes(self) -> list[str]:
+        """Base-table index names also built for flushed generations."""
+        return list(self._index.details.maintained_indexes)
+
+    # -- regions -----------------------------------------------------------------------
+    @property
+    def lineage(self) -> str:
+        """The token :meth:`initialize` recorded for this life of the table ("" when the
+        index was written by pylance or an older memwal_query)."""
+        return self._index.details.writer_config_defaults.get(LINEAGE_KEY, "")
+
+    def region_ids(self) -> list[str]:
+        """Ids of every region that has a directory under ``_mem_wal/``."""
+        return region_dirs(self.io, self.uri)
+
+    def region_manifest(self, region_id: str) -> RegionManifest | None:
+        """Newest manifest of a region (None when it has none).
+
+        The last manifest read per region is kept; finding that nothing changed since
+        costs one HEAD of the next version (see :meth:`RegionManifestStore.load_latest`).
+        A region of another lineage (left over from before the base table was
+        initialized again) counts as absent, with a warning: its rows are not this
+        table's.
+        """
+        known = self._manifests.get(region_id)
+        manifest = RegionManifestStore(self.io, self.uri, region_id).load_latest(known)
+        if manifest is not None and foreign_lineage(manifest, self.lineage):
+            warnings.warn(
+                f"{self.uri}: region {region_id} belongs to another lineage of the table "
+                f"({manifest.lineage}, the table's is {self.lineage}) and is not read; "
+                "remove it with MemWalTable.initialize(..., reset=True)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        if manifest is not None and manifest is not known:
+            self._manifests[region_id] = manifest
+        return manifest
+
+    def region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
+        """``(spec_id, {field_id: value})`` recorded in a region's manifest, or None.
+
+        Values are read from the manifest's ``region_field_entries`` (as pylance's
+        native writer records them); None for manual regions or another spec.
+        """
+        manifest = self.region_manifest(region_id)
+        spec = self.routing_spec()
+        if manifest is None or manifest.region_spec_id != spec.spec_id:
+            return None
+        raw = dict(manifest.region_field_entries)
+        values = {}
+        for f in spec.fields:
+            entry = raw.get(f.field_id)
+            values[f.field_id] = (
+                None if entry is None else fieldvalues.decode(entry, self.field_type(f))
+            )
+        return spec.spec_id, values
+
+    def field_type(self, f: Any) -> pa.DataType:
+        """Arrow type of a region field's values (declared, or its source's type)."""
+        declared = f.declared_type
+        if declared is not None:
+            return declared
+        by_id = {}
+        stack = list(self.lance_schema.fields())
+        while stack:
+            x = stack.pop()
+            by_id[x.id()] = x.name()
+            stack.extend(x.children())
+        name = by_id.get(f.source_ids[0]) if f.source_ids else None
+        if name is None or self.schema.get_field_index(name) < 0:
+            raise RegionSpecError(f"region field {f.field_id!r}: no result type and no source")
+        return self.schema.field(name).type
+
+    def field_entries(self, values: dict[str, Any]) -> tuple[tuple[str, bytes], ...]:
+        spec = self.routing_spec()
+        out = []
+        for f in spec.fields:
+            raw = fieldvalues.encode(values.get(f.field_id), self.field_type(f))
+            if raw is not None:
+                out.append((f.field_id, raw))
+        return tuple(out)
+
+    def region_id_for(self, values: dict[str, Any]) -> str:
+        """Region id of a region value under the current spec (see module docs)."""
+        spec = self.routing_spec()
+        wanted = {f.field_id for f in spec.fields}
+        if set(values) != wanted:
+            raise RegionSpecError(
+                f"region values must name exactly the spec's fields {sorted(wanted)}, "
+                f"got {sorted(values)}"
+            )
+        return region_id_for(spec.spec_id, values)
+
+    def routing_spec(self) -> RegionSpec:
+        """The spec rows are routed by: the current spec, or for a table whose index
+        records none (initialized by pylance or an older memwal_query) the one-region
+        :func:`~memwal_query.regions.spec.unsharded_spec`."""
+        spec = self.region_spec
+        if spec is not None:
+            return spec
+        from memwal_query.regions.spec import unsharded_spec
+
+        return unsharded_spec()
+
+
+def one_region(spec: RegionSpec) -> dict[str, Any]:
+    """The region values of the only region of an ``unsharded`` spec."""
+    return {f.field_id: 0 for f in spec.fields}
+
+
+def check_no_leftover_regions(io: FileIO, uri: str, reset: bool) -> None:
+    """LeftoverRegionsError when ``uri``'s ``_mem_wal/`` holds regions (before a new
+    MemWAL index is written) and ``reset`` does not allow removing them."""
+    leftovers = region_dirs(io, uri)
+    if leftovers and not reset:
+        more = ", ..." if len(leftovers) > 5 else ""
+        raise LeftoverRegionsError(
+            f"{uri}: _mem_wal/ holds {len(leftovers)} region(s) of an earlier MemWAL of "
+            f"this table ({', '.join(leftovers[:5])}{more}); their rows would be read on "
+            "top of the current base table. Pass reset=True (memwal init --reset) to "
+            "remove them first.",
+            leftovers,
+        )
+
+
+def region_dirs(io: FileIO, uri: str) -> list[str]:
+    """Ids of the region directories under ``uri``'s ``_mem_wal/``."""
+    paths.check_mem_wal_root(io, uri)
+    out = []
+    for name in io.list(paths.mem_wal_root(uri)):
+        try:
+            out.append(paths.validate_region_id(name))
+        except InvalidPathError:
+            continue
+    return out
+
+
+def open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDataset:
+    """The Lance dataset at ``uri``.
+
+    Raises
+    ------
+    TableNotFoundError
+        Lance found no table there (no ``_versions/``).
+    StorageError
+        The store could not be read: a missing bucket, denied credentials, an
+        unreachable endpoint, an unreadable manifest. Not a TableNotFoundError: the
+        table may well exist.
+    """
+    try:
+        return lance.dataset(uri, storage_options=storage_options or None)
+    except (ValueError, OSError, RuntimeError) as e:
+        text = str(e)
+        if "was not found" in text or "LanceError(IO)" not in text:
+            raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e
+        raise StorageError(f"{uri}: cannot open the Lance table: {store_error(text)}") from e
+
+
+def store_error(text: str) -> str:
+    """One line saying why a Lance I/O error happened (S3 error code first)."""
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    status = re.search(r"status code: (\d{3})", text)
+    first = (text.split("<?xml", 1)[0].splitlines() or [""])[0]
+    first = first.removeprefix("LanceError(IO): ").rstrip(" :")
+    if code is not None:
+        first = f"{first} ({code.group(1)})"
+    if code is not None and code.group(1) == "NoSuchBucket":
+        return f"no such bucket: {first}"
+    if status is not None and status.group(1) in ("401", "403"):
+        return f"access denied (check the credentials): {first}"
+    if "error sending request" in text:
+        return f"cannot reach the store (check the endpoint): {first}"
+    return first
