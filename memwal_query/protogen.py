@@ -25,7 +25,7 @@ PROTO_FILES = ["memwal.proto", "lance_table.proto"]
 
 
 def _protoc(args: list[str], proto_dir: Path = PROTO_DIR) -> None:
-    from grpc_tools import protoc  # type: ignore[import-untyped]
+    from grpc_tools import protoc
 
     well_known = Path(protoc.__file__).resolve().parent / "_proto"
     rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{well_known}", *args])

@@ -158,7 +158,9 @@ class MemWalTable(Catalog):
         check_no_leftover_regions(io, norm, reset)
         if reset:
             io.delete_tree(paths.mem_wal_root(norm))
-        key_field = ds.lance_schema.field(pk[0]).id()
+        key_lance_field = ds.lance_schema.field(pk[0])
+        assert key_lance_field is not None  # require_primary_key found it
+        key_field = key_lance_field.id()
         if primary_key_index and not any(
             list(i.fields) == [key_field] for i in ds.describe_indices()
         ):

@@ -271,7 +271,7 @@ def init(
                     f"primary-key column(s) {nullable} hold {nulls.num_rows} NULL value(s)"
                 )
             for k in nullable:  # Lance requires non-nullable primary-key columns
-                ds.alter_columns({"path": k, "nullable": False})
+                ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]
             ds = lance.dataset(uri)
         ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
     t = MemWalTable.initialize(
@@ -645,7 +645,7 @@ def sql(
             register(ctx, n, uri, consistency=consistency)
     names += [_register_extra(ctx, spec, consistency) for spec in tables]
     if not allow_write:
-        ctx = _ReadOnlySql(ctx)
+        ctx = _ReadOnlySql(ctx)  # type: ignore[assignment]  # same .sql() surface
     statements = _split_statements(script.read()) if script is not None else []
     if query is not None:
         statements = [query]

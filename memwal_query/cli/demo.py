@@ -60,7 +60,9 @@ def run(directory: str | None = None, rows: int = 20_000, batches: int = 40) -> 
     rng = np.random.default_rng(7)
     mode = "overwrite" if os.path.exists(uri) else "create"
     lance.write_dataset(_rows(np.arange(rows), rng, 0), uri, mode=mode)
-    id_field = lance.dataset(uri).lance_schema.field("id").id()
+    id_lance_field = lance.dataset(uri).lance_schema.field("id")
+    assert id_lance_field is not None
+    id_field = id_lance_field.id()
     spec = RegionSpec(
         spec_id=1,
         fields=[

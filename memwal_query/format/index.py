@@ -129,7 +129,7 @@ def _index_entry(index_uuid: str, dataset_version: int, details: pb.MemWalIndexD
         name=INDEX_NAME,
         fields=[],
         dataset_version=dataset_version,
-        fragment_ids=set(),
+        fragment_ids=set(),  # type: ignore[arg-type]  # pylance accepts a set
         index_version=0,
         index_details=(TYPE_URL, details.SerializeToString(deterministic=True)),
     )

@@ -104,7 +104,7 @@ def pinned_versions(table: Catalog, min_age: dt.timedelta) -> int:
     versions = table.dataset().versions()
     if not versions:
         return 1
-    stamps = [v["timestamp"] for v in versions]
+    stamps: list[dt.datetime] = [v["timestamp"] for v in versions]  # type: ignore[misc]
     now = dt.datetime.now(stamps[-1].tzinfo) if stamps[-1].tzinfo else dt.datetime.now()
     keep = 1
     for i in range(len(stamps) - 1, 0, -1):

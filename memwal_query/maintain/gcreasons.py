@@ -61,12 +61,12 @@ def kept_generations(table: Catalog) -> list[Kept]:
             if g > merged_now.get(region_id, 0):
                 reasons.append("not merged yet (memwal merge)")
             else:
-                behind = [(v, ts) for v, ts, m in retained if (m or {}).get(region_id, 0) < g]
+                behind = [(rv, ts) for rv, ts, m in retained if (m or {}).get(region_id, 0) < g]
                 if behind:
-                    v, ts = behind[0]
+                    first, ts = behind[0]
                     more = f" (and {len(behind) - 1} later ones)" if len(behind) > 1 else ""
                     reasons.append(
-                        f"retained base version {v}{_age(ts)}{more} predates its merge: "
+                        f"retained base version {first}{_age(ts)}{more} predates its merge: "
                         "kept for time travel until old versions are cleaned up "
                         "(memwal gc --cleanup-older-than HOURS)"
                     )

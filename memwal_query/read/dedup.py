@@ -133,15 +133,18 @@ class KeySet:
             return np.zeros(n, dtype=bool)
         if self._dense is not None or self._sorted is not None:
             v = _int_values(keys.column(0))
+            assert v is not None  # an integer key set is only probed with integer keys
             if self._dense is not None:
                 inside = (v >= self._lo) & (v <= self._hi)
                 out = np.zeros(n, dtype=bool)
                 out[inside] = self._dense[v[inside] - self._lo]
                 return out
+            assert self._sorted is not None
             return in_sorted(v, self._sorted)
         if isinstance(keys, pa.RecordBatch):
             keys = pa.Table.from_batches([keys])
         keys = normalize_keys(keys, self.pk)
+        assert self._table is not None
         if len(self.pk) == 1:
             return pc.is_in(keys.column(0), value_set=self._table.column(0)).to_numpy(
                 zero_copy_only=False
@@ -193,7 +196,7 @@ def newest_indices(
     """
     if rows.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
-    multi = regions is not None and len(regions) and regions.min() != regions.max()
+    multi = regions is not None and bool(len(regions)) and regions.min() != regions.max()
     if len(pk) == 1:
         ints = _int_values(rows.column(pk[0]))
         if ints is not None:
@@ -208,6 +211,7 @@ def newest_indices(
                 np.minimum.at(first, ints - lo, pos)
                 seen = last >= 0
                 lasts, firsts = last[seen], first[seen]
+                assert regions is not None
                 return _across_regions(rows, pk, lasts, firsts, regions, generations)
     idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
     keyed = normalize_keys(rows.select(pk), pk).append_column(_IDX, idx)
@@ -217,6 +221,7 @@ def newest_indices(
     agg = keyed.group_by(pk).aggregate([(_IDX, "max"), (_IDX, "min")])
     lasts = agg.column(f"{_IDX}_max").to_numpy()
     firsts = agg.column(f"{_IDX}_min").to_numpy()
+    assert regions is not None
     return _across_regions(rows, pk, lasts, firsts, regions, generations)
 
 

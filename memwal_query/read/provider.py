@@ -431,13 +431,13 @@ class MemWalDataset(pads.Dataset):
         self.last_plan: sources.ReadPlan | None = None
 
     @property
-    def schema(self) -> pa.Schema:  # type: ignore[override]
+    def schema(self) -> pa.Schema:
         """Table columns (plus ``_gen``/``_rowaddr`` with ``meta_columns``)."""
         return self._schema
 
     def scanner(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
-    ) -> _Scanner:  # type: ignore[override]
+    ) -> _Scanner:
         """A scanner over the deduplicated view (also usable without DataFusion).
 
         Sources are resolved when batches are first requested (DataFusion calls this
@@ -460,7 +460,7 @@ class MemWalDataset(pads.Dataset):
         self.last_plan = plan
         return plan
 
-    def get_fragments(self, filter: pc.Expression | None = None) -> list:  # type: ignore[override]
+    def get_fragments(self, filter: pc.Expression | None = None) -> list:
         """Resolve the sources now and split the work into partitions."""
         state = _QueryState(self, filter)
         self.last_plan = state.plan
@@ -475,11 +475,11 @@ class MemWalDataset(pads.Dataset):
 
     def to_table(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
-    ) -> pa.Table:  # type: ignore[override]
+    ) -> pa.Table:
         """The deduplicated view as one table."""
         return self.scanner(columns=columns, filter=filter).to_table()
 
-    def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:  # type: ignore[override]
+    def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:
         """Number of live rows."""
         return self.to_table(columns=[], filter=filter).num_rows
 

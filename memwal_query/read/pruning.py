@@ -61,7 +61,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
         kind = m.lastgroup
         if kind == "ws":
             continue
-        out.append((kind, m.group()))
+        out.append((kind or "", m.group()))
     return out
 
 

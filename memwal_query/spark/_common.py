@@ -53,7 +53,8 @@ def default_worker_python() -> str | None:
     except ImportError:
         return None
     sc = SparkContext._active_spark_context
-    if sc is not None and sc.master.startswith("local") and sc.pythonExec == "python3":
+    master = sc.master if sc is not None else None
+    if sc is not None and master and master.startswith("local") and sc.pythonExec == "python3":
         sc.pythonExec = sys.executable
     return sys.executable
 

@@ -684,6 +684,7 @@ class _RegionSink:
                 self.upserted += run.num_rows
             fault("ingest.after_put")
             if armed("ingest.fence_after_put"):  # tests: another writer claims the region
+                assert self.writer is not None
                 self.table.writer(region_values=self.writer.region_values).close(flush=False)
 
     def _retrying(self, run: pa.Table, is_delete: bool, put: Any) -> Any:

@@ -37,7 +37,7 @@ the region's committed progress stands.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -167,8 +167,8 @@ def merge(
         ids = sorted(todo)
         n = max(1, min(len(ids), slices or len(ids)))
 
-        def task(it: Iterator[str]) -> Iterator[dict[str, Any]]:
-            return merge_partition(it, options)
+        def task(it: Iterable[str]) -> Iterable[dict[str, Any]]:
+            return merge_partition(iter(it), options)
 
         rows = spark.sparkContext.parallelize(ids, n).mapPartitions(task).collect()
         conflicts = False

@@ -440,8 +440,8 @@ class S3FileIO(FileIO):
                 try:
                     store = S3Store(
                         bucket,
-                        config=dict(s.config) or None,
-                        client_options=dict(s.client_options) or None,
+                        config=dict(s.config) or None,  # type: ignore[arg-type]
+                        client_options=dict(s.client_options) or None,  # type: ignore[arg-type]
                         retry_config=dict(s.retry_config) or None,  # type: ignore[arg-type]
                     )
                 except Exception as e:  # noqa: BLE001 - obstore config errors

@@ -423,7 +423,11 @@ def build_maintained_indexes(table: Catalog, gen_ds: lance.LanceDataset) -> dict
                 )
                 entry.update(status="built", built_type="INVERTED")
             else:
-                gen_ds.create_scalar_index(info.column, info.index_type.upper(), name=name)
+                gen_ds.create_scalar_index(
+                    info.column,
+                    info.index_type.upper(),  # type: ignore[arg-type]  # a Lance index type
+                    name=name,
+                )
                 entry.update(status="built", built_type=info.index_type.upper())
         except Exception as e:  # noqa: BLE001 - a maintained index never fails a flush
             LOG.warning("generation %s: cannot build index %s: %s", gen_ds.uri, name, e)

@@ -255,7 +255,7 @@ class RegionWriter:
         )
 
     def _replay(
-        self, manifest: RegionManifest, early: list[tuple[WalEntry, pa.Table]] = ()
+        self, manifest: RegionManifest, early: Sequence[tuple[WalEntry, pa.Table]] = ()
     ) -> None:
         """Replay the WAL after the manifest's position: ``early`` (entries read and
         conformed before the claim), then whatever follows them."""
@@ -358,7 +358,8 @@ class RegionWriter:
                     error, self._flush_error = self._flush_error, None
                     raise error
                 if not self._sealed:
-                    return (self.stats.flushed_generations[done_before:] or [None])[-1]
+                    done = self.stats.flushed_generations[done_before:]
+                    return done[-1] if done else None
                 self._schedule_flush_locked()
                 if not self._flush_active:  # could not start: closed meanwhile
                     break
