@@ -12,17 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memwal_query.exceptions import RegionSpecError
-
 _ALIASES = {"utf8": "string", "large_utf8": "large_string", "bool": "bool", "boolean": "bool"}
-
-
-def arrow_type(name: str) -> pa.DataType:
-    """Arrow type from its name (``int32``, ``utf8``, ``date32``, ``timestamp[us]``...)."""
-    try:
-        return pa.type_for_alias(_ALIASES.get(name.lower(), name.lower()))
-    except (ValueError, KeyError) as e:
-        raise RegionSpecError(f"unknown result type {name!r}") from e
 
 
 def encode(value: Any, type_: pa.DataType) -> bytes | None:

@@ -20,7 +20,6 @@ PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
 TOMBSTONE = "_tombstone"
 GEN_COLUMN = "_gen"
 ROWADDR_COLUMN = "_rowaddr"
-RESERVED_COLUMNS = (TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN, "_rowid", "_distance", "_score")
 
 
 def primary_key_columns(schema: pa.Schema) -> list[str]:
@@ -42,11 +41,6 @@ def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
             "'lance-schema:unenforced-primary-key': 'true'"
         )
     return keys
-
-
-def strip_metadata(schema: pa.Schema) -> pa.Schema:
-    """The schema without field or schema metadata (for type comparisons)."""
-    return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
 
 
 def to_table(data: Any, what: str = "input", columns: Collection[str] = ()) -> pa.Table:

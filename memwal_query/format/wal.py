@@ -293,27 +293,6 @@ class Wal:
                 f"`memwal repair URI --region {self.region_id} --accept-loss` moves past it",
             )
 
-    def first_gap(self, after: int) -> int | None:
-        """The first missing position after ``after`` that has entries beyond it, or None.
-
-        One LIST; used to refuse before anything is written (a writer checks it before
-        claiming the region, fsck reports it).
-        """
-        expected = after + 1
-        for p in self.positions():
-            if p < expected:
-                continue
-            if p != expected:
-                return expected
-            expected += 1
-        return None
-
-    def check_contiguous(self, after: int) -> None:
-        """WalCorruptError if the entries after ``after`` have a hole (see :meth:`check_end`)."""
-        gap = self.first_gap(after)
-        if gap is not None:
-            self.check_end(gap)
-
     def replay(self, after: int, current_epoch: int) -> Iterator[WalEntry]:
         """Yield entries ``after + 1, after + 2, ...`` until one is missing.
 
@@ -333,13 +312,3 @@ class Wal:
                 raise FencedError(self.region_id, current_epoch, entry.writer_epoch)
             yield entry
             position += 1
-
-    def delete_through(self, position: int, start: int = 1) -> list[str]:
-        """Delete entries ``start..position`` (garbage collection); return deleted paths."""
-        removed = []
-        for p in range(start, position + 1):
-            path = self.path(p)
-            if self.io.exists(path):
-                self.io.delete(path)
-                removed.append(path)
-        return removed

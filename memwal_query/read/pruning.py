@@ -2,8 +2,7 @@
 
 DataFusion hands the provider its filter as a ``pyarrow.compute.Expression``, which has
 no public visitor API, so :func:`predicates_from_expression` reads its serialized tree
-(:func:`decode`; the canonical text ``((a == 5) and is_in(s, {value_set=...}))`` only as a
-fallback without string literals) into a conjunction of simple predicates
+(:func:`decode`) into a conjunction of simple predicates
 ``(column, op, value)`` with ``op`` in ``= != < <= > >= in``. Anything it does not
 understand is dropped from the conjunction, which only means *less* pruning: pruning
 never depends on a predicate it could not read. ``OR`` of equalities on one column
@@ -17,182 +16,26 @@ The same filter is also evaluated by pyarrow on rows that Lance does not filter 
 generations, MemTables, and base rows when Lance refuses the expression). pyarrow
 compares floats the IEEE way while DataFusion (and Lance, which runs DataFusion) orders
 NaN above every other value and equal to itself; :func:`decode` reads the expression
-tree losslessly and :func:`with_datafusion_semantics` rewrites the float comparisons so
+tree losslessly and :func:`datafusion_semantics` rewrites the float comparisons so
 that every source answers as DataFusion would.
 """
 
 from __future__ import annotations
 
 import ctypes
-import datetime as dt
-import json
-import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>\s+)
-  | (?P<ts>\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:\.\d+)?Z?)
-  | (?P<date>\d{4}-\d{2}-\d{2})
-  | (?P<num>-?(?:\d+\.\d*|\d*\.\d+|\d+)(?:[eE][+-]?\d+)?)
-  | (?P<str>"(?:[^"\\]|\\.)*")
-  | (?P<op>==|!=|<=|>=|<|>)
-  | (?P<punct>[(){}\[\],=:])
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<other>.)
-    """,
-    re.VERBOSE,
-)
+
+class _Unknown(Exception):
+    """An expression-tree node :func:`decode` does not know."""
+
+
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "=", "!=": "!="}
 
 Predicate = tuple[str, str, Any]
-
-
-class _Unknown(Exception):
-    pass
-
-
-def _tokens(text: str) -> list[tuple[str, str]]:
-    out = []
-    for m in _TOKEN.finditer(text):
-        kind = m.lastgroup
-        if kind == "ws":
-            continue
-        out.append((kind or "", m.group()))
-    return out
-
-
-class _Parser:
-    def __init__(self, text: str) -> None:
-        self.toks = _tokens(text)
-        self.i = 0
-
-    def peek(self) -> tuple[str, str] | None:
-        return self.toks[self.i] if self.i < len(self.toks) else None
-
-    def take(self, value: str | None = None) -> tuple[str, str]:
-        tok = self.peek()
-        if tok is None or (value is not None and tok[1] != value):
-            raise _Unknown
-        self.i += 1
-        return tok
-
-    def node(self) -> Any:
-        tok = self.peek()
-        if tok is None:
-            raise _Unknown
-        if tok[1] == "(":
-            self.take("(")
-            left = self.node()
-            nxt = self.peek()
-            if nxt is not None and nxt[1] == ")":
-                self.take(")")
-                return left
-            if nxt is None:
-                raise _Unknown
-            op = self.take()[1]
-            right = self.node()
-            self.take(")")
-            if op in ("and", "or"):
-                return (op, left, right)
-            if op in ("==", "!=", "<", "<=", ">", ">="):
-                return ("cmp", "=" if op == "==" else op, left, right)
-            return ("unknown",)
-        if tok[0] == "ident" and self.toks[self.i + 1 : self.i + 2] == [("punct", "(")]:
-            return self.call()
-        return self.atom()
-
-    def atom(self) -> Any:
-        kind, text = self.take()
-        if kind == "ident":
-            if text in ("true", "false"):
-                return ("lit", text == "true")
-            if text == "null":
-                return ("lit", None)
-            return ("field", text)
-        if kind == "num":
-            return ("lit", float(text) if any(c in text for c in ".eE") else int(text))
-        if kind == "str":
-            return ("lit", json.loads(text))
-        if kind == "date":
-            return ("lit", dt.date.fromisoformat(text))
-        if kind == "ts":
-            tz = text.endswith("Z")
-            value = dt.datetime.fromisoformat(text.rstrip("Z").replace(" ", "T"))
-            return ("lit", value.replace(tzinfo=dt.timezone.utc) if tz else value)
-        raise _Unknown
-
-    def call(self) -> Any:
-        name = self.take()[1]
-        self.take("(")
-        if name == "is_in":
-            field = self.node()
-            self.take(",")
-            self.take("{")
-            self.take("value_set")
-            self.take("=")
-            self.take()  # type name
-            if self.peek() == ("punct", ":"):
-                self.take(":")
-            self.take("[")
-            values = []
-            while self.peek() != ("punct", "]"):
-                values.append(self.atom()[1])
-                if self.peek() == ("punct", ","):
-                    self.take(",")
-            self.take("]")
-            self._skip_to_close()  # the options' "}"
-            self._skip_to_close()  # the call's ")"
-            return ("in", field, values)
-        self._skip_to_close()
-        return ("unknown",)
-
-    def _skip_to_close(self) -> None:
-        depth = 1
-        while depth:
-            tok = self.take()
-            if tok[1] in ("(", "{", "["):
-                depth += 1
-            elif tok[1] in (")", "}", "]"):
-                depth -= 1
-
-
-def _conjuncts(node: Any) -> list[Predicate]:
-    kind = node[0]
-    if kind == "and":
-        return _conjuncts(node[1]) + _conjuncts(node[2])
-    if kind == "cmp":
-        _, op, left, right = node
-        if left[0] == "field" and right[0] == "lit":
-            return [(left[1], op, right[1])]
-        if left[0] == "lit" and right[0] == "field":
-            return [(right[1], _FLIP[op], left[1])]
-        return []
-    if kind == "in" and node[1][0] == "field":
-        return [(node[1][1], "in", list(node[2]))]
-    if kind == "or":
-        col, values = _equalities(node)
-        if col is not None:
-            return [(col, "in", values)]
-    return []
-
-
-def _equalities(node: Any) -> tuple[str | None, list]:
-    """``a = 1 or a = 2 or a in (3)`` -> ``("a", [1, 2, 3])``; otherwise ``(None, [])``."""
-    if node[0] == "or":
-        c1, v1 = _equalities(node[1])
-        c2, v2 = _equalities(node[2])
-        if c1 is not None and c1 == c2:
-            return c1, v1 + v2
-        return None, []
-    preds = _conjuncts(node)
-    if len(preds) == 1 and preds[0][1] in ("=", "in"):
-        col, op, value = preds[0]
-        return col, (list(value) if op == "in" else [value])
-    return None, []
 
 
 def predicates_from_expression(expr: Any) -> list[Predicate]:
@@ -201,25 +44,13 @@ def predicates_from_expression(expr: Any) -> list[Predicate]:
     Read from the expression tree (:func:`decode`), whose literals keep their exact
     value: the canonical text cannot be trusted for strings, which pyarrow prints
     without escaping (``'x", "y'`` in an ``IN`` list would read as two values, and
-    pruning on them would skip the region that holds the real one). The text parser is
-    only a fallback for an expression that cannot be decoded and has no quoted literal.
+    pruning on them would skip the region that holds the real one). An expression that
+    cannot be decoded gives no predicate (less pruning, never a wrong one).
     """
-    if expr is None:
+    if expr is None or not isinstance(expr, pc.Expression):
         return []
-    node = decode(expr) if isinstance(expr, pc.Expression) else None
-    if node is not None:
-        return _tree_conjuncts(node)
-    text = str(expr)
-    if '"' in text:
-        return []
-    try:
-        parser = _Parser(text)
-        tree = parser.node()
-        if parser.peek() is not None:
-            return []
-    except (_Unknown, ValueError, IndexError):
-        return []
-    return [p for p in _conjuncts(tree) if p[2] is not None or p[1] == "in"]
+    node = decode(expr)
+    return [] if node is None else _tree_conjuncts(node)
 
 
 _TREE_OPS = {
@@ -319,10 +150,7 @@ def referenced_columns(expr: Any, names: list[str]) -> list[str]:
     if node is not None:
         used = fields_of(node)
         return [n for n in names if n in used]
-    idents = {text for kind, text in _tokens(str(expr)) if kind == "ident"}
-    if any(n not in idents for n in names) and any(not n.isidentifier() for n in names):
-        return list(names)  # a name the tokenizer cannot see: be safe
-    return [n for n in names if n in idents]
+    return list(names)  # cannot be read: every column may be referenced
 
 
 # -- the expression tree -----------------------------------------------------------------
@@ -567,18 +395,6 @@ def _rewrite(node: Node, schema: pa.Schema) -> Node:
 def datafusion_semantics(node: Node, schema: pa.Schema) -> Node:
     """``node`` with its float comparisons rewritten to DataFusion's order (module docs)."""
     return _rewrite(node, schema)
-
-
-def with_datafusion_semantics(expr: pc.Expression, schema: pa.Schema) -> pc.Expression | None:
-    """:func:`datafusion_semantics` of an expression.
-
-    Returns ``expr`` itself when nothing changes, None when the expression cannot be read.
-    """
-    node = decode(expr)
-    if node is None:
-        return None
-    new = _rewrite(node, schema)
-    return expr if same(new, node) else encode(new)
 
 
 def substitute(node: Node, values: dict[str, pa.Scalar]) -> Node:

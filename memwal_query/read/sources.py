@@ -230,19 +230,6 @@ def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
     return out
 
 
-def newer_rows(plan: ReadPlan, schema: pa.Schema, storage_options=None) -> pa.Table:
-    """Every row of the plan's generations and MemTables, oldest first per region."""
-    parts: list[pa.Table] = []
-    for region in plan.regions:
-        for ref in region.generations:
-            parts.append(read_generation(ref, schema, storage_options))
-        for m in region.memtables:
-            parts.append(conform(memtable_rows(m), schema))
-    if not parts:
-        return _empty(schema)
-    return pa.concat_tables(parts)
-
-
 def _empty(schema: pa.Schema) -> pa.Table:
     return conform(schema.empty_table(), schema)
 
