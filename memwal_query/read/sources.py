@@ -21,8 +21,6 @@ Regions whose region value cannot satisfy the query's predicates are pruned.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +40,7 @@ from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
 from memwal_query.read import view
 from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
 from memwal_query.read.view import GenerationRef, ReadPlan
+from memwal_query.storage.cache import LRUCache
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -91,8 +90,13 @@ def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
 
 
 # -- reading flushed generations ---------------------------------------------------------
-class _GenerationCache:
-    """Process-wide LRU of decoded generation columns (generations are immutable).
+def _columns_nbytes(columns: dict[str, pa.ChunkedArray]) -> int:
+    return sum(c.nbytes for c in columns.values())
+
+
+class _GenerationCache(LRUCache[str, dict[str, pa.ChunkedArray]]):
+    """Process-wide LRU of decoded generation columns (generations are immutable),
+    bounded by bytes (default 1 GiB).
 
     Per generation directory: its ``_rowaddr`` and the columns read so far, each read
     from Lance at most once and only when a query needs it (projection pushdown: a query
@@ -100,42 +104,17 @@ class _GenerationCache:
     """
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[str, dict[str, pa.ChunkedArray]] = OrderedDict()
-        self._sizes: dict[str, int] = {}
-        self._bytes = 0
-        self._lock = threading.Lock()
+        super().__init__(1 << 20, max_bytes=max_bytes, sizeof=_columns_nbytes)
 
-    def get(self, uri: str) -> dict[str, pa.ChunkedArray]:
+    def columns(self, uri: str) -> dict[str, pa.ChunkedArray]:
         """The columns cached for ``uri`` (a copy; empty when none)."""
-        with self._lock:
-            entry = self._items.get(uri)
-            if entry is None:
-                return {}
-            self._items.move_to_end(uri)
-            return dict(entry)
+        return dict(self.get(uri) or {})
 
     def add(self, uri: str, columns: dict[str, pa.ChunkedArray]) -> dict[str, pa.ChunkedArray]:
-        """Cache ``columns`` of ``uri``; return every column now cached for it."""
-        with self._lock:
-            entry = self._items.setdefault(uri, {})
-            self._items.move_to_end(uri)
-            for name, col in columns.items():
-                if name not in entry:
-                    entry[name] = col
-                    self._sizes[uri] = self._sizes.get(uri, 0) + col.nbytes
-                    self._bytes += col.nbytes
-            out = dict(entry)
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                old, _ = self._items.popitem(last=False)
-                self._bytes -= self._sizes.pop(old, 0)
-            return out
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._sizes.clear()
-            self._bytes = 0
+        """Cache ``columns`` of ``uri`` too; return every column now cached for it."""
+        merged = {**columns, **(self.get(uri) or {})}
+        self.put(uri, merged)
+        return dict(merged)
 
 
 GENERATION_CACHE = _GenerationCache()
@@ -156,7 +135,7 @@ def read_generation(
     """
     target = _storage_read_schema(schema)
     names = target.names if columns is None else [c for c in columns if c in target.names]
-    cached = GENERATION_CACHE.get(ref.uri)
+    cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
     if missing or ROWADDR_COLUMN not in cached:
         try:
@@ -300,11 +279,10 @@ class NewerView:
         return self.columns(cols).take(pa.array(selected))
 
 
-_FLUSHED_VIEWS: OrderedDict[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = (
-    OrderedDict()
+_FLUSHED_VIEWS: LRUCache[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = LRUCache(
+    8
 )
-_FLUSHED_LOCK = threading.Lock()
-_FLUSHED_MAX = 8
+_MEM_VIEWS: LRUCache[tuple, tuple] = LRUCache(8)
 
 
 def _ranks(plan: ReadPlan) -> dict[str, int]:
@@ -330,11 +308,9 @@ def _flushed_view(
     """(row count, newest indices, key set, region rank and ``_gen`` of the newest rows)
     of the plan's generations (cached)."""
     key = (tuple(g.uri for g in plan.generations), schema)
-    with _FLUSHED_LOCK:
-        hit = _FLUSHED_VIEWS.get(key)
-        if hit is not None:
-            _FLUSHED_VIEWS.move_to_end(key)
-            return hit
+    hit = _FLUSHED_VIEWS.get(key)
+    if hit is not None:
+        return hit
     ranks = _ranks(plan)
     parts = [
         read_generation(g, schema, storage_options, [*pk, GEN_COLUMN]) for g in plan.generations
@@ -347,14 +323,7 @@ def _flushed_view(
     gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
     winners = newest_indices(keys, pk, regions, gens)
     view = (keys.num_rows, winners, KeySet(keys.select(pk)), regions[winners], gens[winners])
-    with _FLUSHED_LOCK:
-        _FLUSHED_VIEWS[key] = view
-        while len(_FLUSHED_VIEWS) > _FLUSHED_MAX:
-            _FLUSHED_VIEWS.popitem(last=False)
-    return view
-
-
-_MEM_VIEWS: OrderedDict[tuple, tuple] = OrderedDict()
+    return _FLUSHED_VIEWS.put(key, view)
 
 
 def _memtable_view(
@@ -364,10 +333,9 @@ def _memtable_view(
     MemTable snapshots (cached: they only grow)."""
     key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
     lasts = tuple(m.batches[-1] for m in mems)
-    with _FLUSHED_LOCK:
-        hit = _MEM_VIEWS.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
-            return hit[1:6]
+    hit = _MEM_VIEWS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
+        return hit[1:6]
     rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
     sizes = [m.num_rows for m in mems]
     regions = np.repeat(np.array([ranks[m.region_id] for m in mems], np.int64), sizes)
@@ -375,10 +343,7 @@ def _memtable_view(
     win_m = newest_indices(rows_m, pk, regions, gens)
     keys = KeySet(rows_m.select(pk))
     out = (rows_m, win_m, keys, regions[win_m], gens[win_m])
-    with _FLUSHED_LOCK:
-        _MEM_VIEWS[key] = (lasts, *out, dict(ranks))
-        while len(_MEM_VIEWS) > _FLUSHED_MAX:
-            _MEM_VIEWS.popitem(last=False)
+    _MEM_VIEWS.put(key, (lasts, *out, dict(ranks)))
     return out
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.format.schema import TOMBSTONE
+from memwal_query.storage.cache import LRUCache
 from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
@@ -113,10 +113,13 @@ class VectorModel:
 
 @dataclass
 class _Cache:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    vector: dict[tuple, VectorModel] = field(default_factory=dict)
-    fts: dict[tuple, dict[str, Any]] = field(default_factory=dict)
-    indexes: dict[tuple, dict[str, BaseIndexInfo]] = field(default_factory=dict)
+    """Per base version: the base's index descriptions, vector models, FTS parameters."""
+
+    vector: LRUCache[tuple, VectorModel] = field(default_factory=lambda: LRUCache(64))
+    fts: LRUCache[tuple, dict[str, Any]] = field(default_factory=lambda: LRUCache(64))
+    indexes: LRUCache[tuple, dict[str, BaseIndexInfo]] = field(
+        default_factory=lambda: LRUCache(256)
+    )
 
 
 _CACHE = _Cache()
@@ -137,8 +140,7 @@ def base_indexes(ds: lance.LanceDataset) -> dict[str, BaseIndexInfo]:
     Cached per dataset version (a version's indexes never change).
     """
     key = (ds.uri, ds.version)
-    with _CACHE.lock:
-        cached = _CACHE.indexes.get(key)
+    cached = _CACHE.indexes.get(key)
     if cached is not None:
         return cached
     out: dict[str, BaseIndexInfo] = {}
@@ -156,10 +158,7 @@ def base_indexes(ds: lance.LanceDataset) -> dict[str, BaseIndexInfo]:
             fragment_ids=frozenset(frags),
             segment_uuids=tuple(str(s.uuid) for s in d.segments),
         )
-    with _CACHE.lock:
-        if len(_CACHE.indexes) > 256:
-            _CACHE.indexes.clear()
-        _CACHE.indexes[key] = out
+    _CACHE.indexes.put(key, out)
     return out
 
 
@@ -258,8 +257,7 @@ def vector_model(
 ) -> VectorModel:
     """Centroids (+ PQ codebook) of a base vector index; cached per index segments."""
     key = (ds.uri, info.name, info.segment_uuids)
-    with _CACHE.lock:
-        cached = _CACHE.vector.get(key)
+    cached = _CACHE.vector.get(key)
     if cached is not None:
         return cached
     stats = ds.stats.index_stats(info.name)
@@ -285,8 +283,7 @@ def vector_model(
         num_bits=num_bits,
         codebook=codebook,
     )
-    with _CACHE.lock:
-        _CACHE.vector[key] = model
+    _CACHE.vector.put(key, model)
     return model
 
 
@@ -314,14 +311,12 @@ def vector_metric(ds: lance.LanceDataset, info: BaseIndexInfo | None) -> str:
 def fts_params(ds: lance.LanceDataset, index_name: str) -> dict[str, Any]:
     """The tokenizer parameters of an INVERTED index (as ``index_stats`` reports them)."""
     key = (ds.uri, ds.version, index_name)
-    with _CACHE.lock:
-        cached = _CACHE.fts.get(key)
+    cached = _CACHE.fts.get(key)
     if cached is not None:
         return cached
     stats = ds.stats.index_stats(index_name)
     params = dict((stats.get("indices") or [{}])[0].get("params") or {})
-    with _CACHE.lock:
-        _CACHE.fts[key] = params
+    _CACHE.fts.put(key, params)
     return params
 
 
