@@ -44,12 +44,12 @@ pytest.importorskip("moto")
 
 from s3server import LocalS3Server, lock_worker, race_worker  # noqa: E402
 
-from memwal_query.storage import objectstore  # noqa: E402
-from memwal_query.storage.objectstore import (  # noqa: E402
+from memwal_query.storage import objectstore, s3config  # noqa: E402
+from memwal_query.storage.lease import LeaseLock  # noqa: E402
+from memwal_query.storage.objectstore import S3FileIO  # noqa: E402
+from memwal_query.storage.s3config import (  # noqa: E402
     ConditionalPutUnsupportedError,
-    LeaseLock,
     LockTimeoutError,
-    S3FileIO,
     s3_settings,
 )
 
@@ -688,7 +688,7 @@ def test_registered_commit_lock(s3_server):
             calls.append(name)
             return lock
 
-    objectstore.register_commit_lock("test-lock", Lock())
+    s3config.register_commit_lock("test-lock", Lock())
     options = s3_server.storage_options(
         memwal_conditional_put="false", memwal_commit_lock="test-lock"
     )
@@ -845,7 +845,7 @@ def test_lance_concurrent_commits_on_s3(s3):
 def test_default_retries_are_bounded_and_overridable():
     """Without retry options the HTTP client retries 3 times within 30 s (obstore alone:
     10 within 180 s per request); the storage options still override it."""
-    from memwal_query.storage.objectstore import s3_settings
+    from memwal_query.storage.s3config import s3_settings
 
     assert s3_settings({}).retry_config == {
         "max_retries": 3,
@@ -864,7 +864,7 @@ def test_put_with_unknown_outcome_stops_trying_after_the_deadline(tmp_path, monk
     try:
         server.create_bucket("deadline-bucket")
         options = server.storage_options(client_max_retries="0", client_retry_timeout="1")
-        fio = objectstore.S3FileIO(objectstore.s3_settings(options))
+        fio = objectstore.S3FileIO(s3config.s3_settings(options))
         path = f"s3://deadline-bucket/{uuid.uuid4().hex}/x"
         fio.put_if_not_exists(path + ".a", b"a")
         server.stop()

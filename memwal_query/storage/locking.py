@@ -16,7 +16,7 @@ memwal_query therefore:
 
 The lock is an advisory ``flock`` on ``_mem_wal/.index.lock`` for local tables; on object
 stores (``s3://``) it is a lease object at the same path, or the configured external
-commit lock (see :func:`memwal_query.storage.objectstore.index_lease`). Do not run pylance's
+commit lock (see :func:`memwal_query.storage.lease.index_lease`). Do not run pylance's
 native merger concurrently with memwal_query's snapshot refresh or catch-up on the same
 table.
 """
@@ -58,7 +58,7 @@ def index_lock(table_uri: str, io: FileIO | None = None) -> Iterator[None]:
         tlock = _thread_locks.setdefault(table_uri, threading.RLock())
     with tlock:
         if "://" in table_uri and not table_uri.startswith("file://"):
-            from memwal_query.storage.objectstore import index_lease
+            from memwal_query.storage.lease import index_lease
 
             with index_lease(io, table_uri):
                 setattr(_held, table_uri, 1)
