@@ -31,7 +31,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from memwal_query import spark as mqs  # noqa: E402
-from memwal_query.spark import ingest, source  # noqa: E402
+from memwal_query.spark import ingest, ingest_tasks, source  # noqa: E402
 from memwal_query.spark._common import FAULT_DIR_ENV  # noqa: E402
 from memwal_query.spark.merge import merge_partition  # noqa: E402
 
@@ -399,7 +399,7 @@ def test_attempt_of_an_ended_job_writes_nothing(spark, tmp_path, monkeypatch):
     batches = packed(t, ids, "old", options)
     list(ingest.write_partition(iter(batches), options))  # the winning attempt
     ingest.end_job(options)  # what mqs.write does once Spark returns
-    assert f"{options['job']}.done" in os.listdir(ingest.jobs_dir(t.uri))
+    assert f"{options['job']}.done" in os.listdir(ingest_tasks.jobs_dir(t.uri))
     mqs.write(spark_rows(spark, 5000, 6000, tag="new"), t.uri)  # a later job
     upsert_model(model, ids, "new")
     epochs = {r: t.region_manifest(r).writer_epoch for r in t.region_ids()}
@@ -415,9 +415,9 @@ def test_attempt_of_an_ended_job_writes_nothing(spark, tmp_path, monkeypatch):
     assert_view(t.uri, model)
     # expired markers are pruned by the next write
     old = f"{0:013d}-{'0' * 32}.done"
-    open(os.path.join(ingest.jobs_dir(t.uri), old), "w").close()
+    open(os.path.join(ingest_tasks.jobs_dir(t.uri), old), "w").close()
     ingest.end_job(task_options(t, job=ingest.new_job()))
-    assert old not in os.listdir(ingest.jobs_dir(t.uri))
+    assert old not in os.listdir(ingest_tasks.jobs_dir(t.uri))
 
 
 # -- streaming -------------------------------------------------------------------------

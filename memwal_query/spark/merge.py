@@ -196,7 +196,7 @@ def merge(
 def merge_partition(region_ids: Iterator[str], options: dict[str, Any]) -> Iterator[dict]:
     """Executor side: merge each region of this partition, generation by generation."""
     from memwal_query.maintain.merger import merge_region
-    from memwal_query.spark.ingest import _task_info
+    from memwal_query.spark.ingest_tasks import _task_info
 
     partition, attempt = _task_info()
     table = open_table(options["uri"], options["storage_options"])

@@ -1,0 +1,373 @@
+"""Executor side of :mod:`memwal_query.spark.ingest`: write-job markers, routing rows
+to regions, packing them for the shuffle, and writing one region's rows per task
+(:func:`write_partition`, run by ``mapInArrow``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.exceptions import (
+    AlreadyExistsError,
+    FencedError,
+    JobEndedError,
+    MemWalError,
+    SchemaError,
+)
+from memwal_query.format.schema import coerce_keys, coerce_partial_rows
+from memwal_query.regions.spec import check_partial_sources
+from memwal_query.spark._common import (
+    REGION_COLUMN,
+    SPARK_DIR,
+    armed,
+    fault,
+    open_table,
+    region_id_array,
+    require_spec,
+    split_by_value,
+)
+from memwal_query.storage.factory import file_io_for
+from memwal_query.storage.io import join
+from memwal_query.storage.paths import mem_wal_root
+from memwal_query.table import concurrently
+
+if TYPE_CHECKING:
+    from memwal_query.table import MemWalTable
+    from memwal_query.write.writer import RegionWriter
+
+from memwal_query.spark.ingest_schema import (
+    DEFAULT_FENCE_RETRIES,
+    JOB_MARKER_TTL,
+    PACKED_SCHEMA,
+    PAYLOAD_COLUMN,
+    RESULT_SCHEMA,
+)
+
+
+# -- write jobs ------------------------------------------------------------------------
+def new_job() -> str:
+    """A fresh write job id: ``{start time in ms:013d}-{uuid hex}`` (sortable by age)."""
+    return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex}"
+
+
+def jobs_dir(uri: str) -> str:
+    """``{table}/_mem_wal/_spark/jobs``: the ended-markers of write jobs."""
+    return join(mem_wal_root(uri), SPARK_DIR, "jobs")
+
+
+def end_job(options: dict[str, Any]) -> None:
+    """Driver: mark the write job ``options["job"]`` ended, then prune expired markers.
+
+    From then on a task attempt of the job refuses to claim a region (see the module
+    docs). Idempotent; pruning is best effort.
+    """
+    io = file_io_for(options["uri"], options["storage_options"])
+    directory = jobs_dir(options["uri"])
+    try:
+        io.put_if_not_exists(join(directory, f"{options['job']}.done"), b"")
+    except AlreadyExistsError:
+        pass
+    cutoff = (time.time() - JOB_MARKER_TTL) * 1000
+    try:
+        for name in io.list(directory):
+            stamp = name.split("-", 1)[0]
+            if name.endswith(".done") and stamp.isdigit() and int(stamp) < cutoff:
+                io.delete(join(directory, name))
+    except MemWalError:  # pragma: no cover - pruning again on the next write
+        pass
+
+
+def job_ended(options: dict[str, Any]) -> bool:
+    """Executor: whether the driver marked this task's write job ended (one HEAD)."""
+    job = options.get("job")
+    if job is None:
+        return False
+    io = file_io_for(options["uri"], options["storage_options"])
+    return io.exists(join(jobs_dir(options["uri"]), f"{job}.done"))
+
+
+# -- executor side: routing ------------------------------------------------------------
+def _delete_mask(batch: pa.RecordBatch | pa.Table, options: dict[str, Any]) -> np.ndarray:
+    """Which rows are deletes (``delete_column`` true, or every row in delete mode)."""
+    column = options["delete_column"]
+    if column is None:
+        return np.full(batch.num_rows, options["mode"] == "delete")
+    col = batch.column(column)
+    if col.type != pa.bool_():
+        col = pc.cast(col, pa.bool_())
+    return pc.fill_null(col, False).to_numpy(zero_copy_only=False)
+
+
+def _data(batch: pa.RecordBatch | pa.Table, options: dict[str, Any]) -> pa.Table:
+    """The columns to write (without the delete flag, sort-only columns, region id)."""
+    drop = {REGION_COLUMN, *options["ignore"]}
+    keep = [n for n in batch.schema.names if n not in drop]
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch.select(keep)])
+    return batch.select(keep)
+
+
+def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.RecordBatch:
+    """Region values of upsert rows (full rows) or delete keys, as the writer computes them.
+
+    :meth:`RegionWriter.put` checks ``spec.evaluate`` on the coerced rows, and
+    :meth:`RegionWriter.delete` on the key table, so routing does exactly the same.
+    """
+    spec = require_spec(table)
+    if is_delete:
+        rows = coerce_keys(data, table.schema, table.primary_key)
+    else:
+        # partial updates (checked on the driver) may lack columns the spec does not read
+        rows, missing = coerce_partial_rows(data, table.schema, table.primary_key)
+        check_partial_sources(spec, missing, table.lance_schema)
+    return spec.evaluate(rows, table.lance_schema)
+
+
+def batch_region_ids(
+    table: MemWalTable, batch: pa.RecordBatch, options: dict[str, Any]
+) -> pa.Array:
+    """Derived region id of every row of an input batch."""
+    spec = require_spec(table)
+    data = _data(batch, options)
+    deletes = _delete_mask(batch, options)
+    parts: list[tuple[np.ndarray, pa.Array]] = []
+    for is_delete in (False, True):
+        idx = np.flatnonzero(deletes == is_delete)
+        if not len(idx):
+            continue
+        part = data if len(idx) == batch.num_rows else data.take(pa.array(idx))
+        parts.append((idx, region_id_array(spec, region_values(table, part, is_delete))))
+    if len(parts) == 1:
+        return parts[0][1]
+    # upserts and deletes: put each row's id back in its place
+    where = np.empty(batch.num_rows, dtype=np.int64)
+    where[np.concatenate([idx for idx, _ in parts])] = np.arange(batch.num_rows)
+    return pa.concat_arrays([a for _, a in parts]).take(pa.array(where))
+
+
+def route_batches(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """:func:`route`: append the derived region id of every row (``__memwal_region``)."""
+    table = open_table(options["uri"], options["storage_options"])
+    for batch in batches:
+        if batch.num_rows:
+            ids = batch_region_ids(table, batch, options)
+            yield batch.append_column(pa.field(REGION_COLUMN, pa.string(), nullable=False), ids)
+
+
+def pack_batches(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Stage 1 of :func:`write`: each batch's rows of one region as one Arrow IPC blob.
+
+    Yields ``(__memwal_region, payload)`` rows: the shuffle then moves a few blobs per
+    input batch instead of converting every row to Spark's row format and back.
+    """
+    table = open_table(options["uri"], options["storage_options"])
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        ids = batch_region_ids(table, batch, options)
+        regions: list[str] = []
+        offsets = [0]
+        out = pa.BufferOutputStream()  # every region's IPC stream, back to back
+        for region_id, idx in split_by_value(ids):
+            part = batch if len(idx) == batch.num_rows else batch.take(pa.array(idx))
+            with pa.ipc.new_stream(out, part.schema) as w:
+                w.write_batch(part)
+            regions.append(region_id)
+            offsets.append(out.tell())
+        payload = pa.Array.from_buffers(
+            pa.large_binary(),
+            len(regions),
+            [None, pa.py_buffer(np.asarray(offsets, dtype=np.int64)), out.getvalue()],
+        )
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(regions, pa.string()), payload.cast(pa.binary())], schema=PACKED_SCHEMA
+        )
+
+
+def unpack(payload: pa.Array) -> Iterator[pa.Table]:
+    """The tables of a ``payload`` column (see :func:`pack_batches`)."""
+    for i in range(len(payload)):
+        yield pa.ipc.open_stream(payload[i].as_buffer()).read_all()
+
+
+# -- executor side: writing ------------------------------------------------------------
+class _RegionSink:
+    """One region's writer inside a write task, with its row buffer."""
+
+    def __init__(self, table: MemWalTable, region_id: str, options: dict[str, Any]) -> None:
+        self.table = table
+        self.region_id = region_id
+        self.options = options
+        self.writer: RegionWriter | None = None
+        self.buffer: list[pa.Table] = []
+        self.buffered = 0
+        self.upserted = 0
+        self.deleted = 0
+        self.generation: int | None = None
+        # A row of the region and whether it was a delete (to claim the region again).
+        self._first: tuple[pa.Table, bool] | None = None
+
+    def _open(self, first: pa.Table, is_delete: bool) -> RegionWriter:
+        if job_ended(self.options):  # do not even claim (it would fence a later job)
+            raise JobEndedError(self.region_id, self.options["job"])
+        values = region_values(self.table, first, is_delete)
+        region = {name: values.column(name)[0].as_py() for name in values.schema.names}
+        writer = self.table.writer(region_values=region, **self.options["writer_options"])
+        if writer.region_id != self.region_id:  # routing and writer disagree: a bug
+            writer.close(flush=False)
+            raise MemWalError(
+                f"routed region {self.region_id} but the writer derived {writer.region_id}"
+            )
+        # Checked again after claiming: no marker now means we claimed before the job
+        # ended, so before any later job's claim, which then fences us.
+        if job_ended(self.options):
+            try:
+                writer.close(flush=False)
+            except MemWalError:  # fenced meanwhile: nothing of ours to keep
+                pass
+            raise JobEndedError(self.region_id, self.options["job"], writer.epoch)
+        return writer
+
+    def add(self, rows: pa.Table) -> None:
+        """Buffer ``rows`` (input columns); write when ``buffer_rows`` are buffered.
+
+        With ``order_by`` everything is kept until :meth:`finish`, which sorts it.
+        """
+        self.buffer.append(rows)
+        self.buffered += rows.num_rows
+        if not self.options["order"] and self.buffered >= self.options["buffer_rows"]:
+            self.drain()
+
+    def drain(self) -> None:
+        """Write the buffer: one durable put/delete per run of upserts or deletes."""
+        if not self.buffer:
+            return
+        rows = pa.concat_tables(self.buffer, promote_options="default")
+        self.buffer, self.buffered = [], 0
+        if self.options["order"]:
+            rows = rows.sort_by([(c, "ascending") for c in self.options["order"]])
+        deletes = _delete_mask(rows, self.options)
+        data = _data(rows, self.options)
+        bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
+        schema, pk = self.table.schema, self.table.primary_key
+        for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]):
+            run = data.slice(start, end - start)
+            is_delete = bool(deletes[start])
+            if is_delete:
+                keys = coerce_keys(run, schema, pk)
+                self._retrying(run, is_delete, lambda w, k=keys: w.delete(k))
+                self.deleted += keys.num_rows
+            else:
+                # Routed with spec.evaluate on these coerced rows: put without re-checking.
+                full, missing = coerce_partial_rows(run, schema, pk)
+                if missing and not self.options.get("partial"):
+                    raise SchemaError(f"column(s) {missing} are missing from the input")
+                self._retrying(run, is_delete, lambda w, f=full, m=missing: w._put_routed(f, m))
+                self.upserted += run.num_rows
+            fault("ingest.after_put")
+            if armed("ingest.fence_after_put"):  # tests: another writer claims the region
+                assert self.writer is not None
+                self.table.writer(region_values=self.writer.region_values).close(flush=False)
+
+    def _retrying(self, run: pa.Table, is_delete: bool, put: Any) -> Any:
+        """``put(writer)``, claiming the region again when another writer fenced ours
+        (the fenced put was not acknowledged; the new claim replays what was)."""
+        if self._first is None:
+            self._first = (run.slice(0, 1), is_delete)
+        retries = self.options.get("fence_retries", DEFAULT_FENCE_RETRIES)
+        for attempt in range(retries + 1):
+            if self.writer is None:
+                self.writer = self._open(run.slice(0, 1), is_delete)
+            try:
+                return put(self.writer)
+            except JobEndedError:
+                raise
+            except FencedError:
+                self.abort()
+                self.writer = None
+                if attempt == retries:
+                    raise
+                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def finish(self) -> None:
+        """Write what is buffered, then flush (or sync the WAL) and close the writer."""
+        self.drain()
+        if self.writer is None:
+            return
+        if self.options["flush"]:
+            # Fenced here, the rows are still durable (acknowledged): flush them through
+            # a new claim, which replays them.
+            assert self._first is not None
+            self.generation = self._retrying(*self._first, lambda w: w.flush())
+        assert self.writer is not None
+        self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
+
+    def abort(self) -> None:
+        """Close without flushing (the WAL keeps what was acknowledged)."""
+        if self.writer is not None:
+            try:
+                self.writer.close(flush=False)
+            except Exception:  # noqa: BLE001 - the task is failing anyway
+                pass
+
+
+def _task_info() -> tuple[int, int]:
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover
+        return 0, 0
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, 0
+    return ctx.partitionId(), ctx.attemptNumber()
+
+
+def write_partition(
+    batches: Iterator[pa.RecordBatch], options: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Stage 2: write a partition's packed rows through one RegionWriter per region.
+
+    Input: :func:`pack_batches` output. Yields one small result batch
+    (:data:`RESULT_SCHEMA`) once every region's rows are durable (flushed or in the
+    WAL), so Spark sees success only after durability.
+    """
+    partition, attempt = _task_info()
+    table = open_table(options["uri"], options["storage_options"])
+    sinks: dict[str, _RegionSink] = {}
+    try:
+        for batch in batches:
+            regions = batch.column(REGION_COLUMN).to_pylist()
+            for region_id, rows in zip(regions, unpack(batch.column(PAYLOAD_COLUMN))):
+                sink = sinks.get(region_id)
+                if sink is None:
+                    sink = sinks[region_id] = _RegionSink(table, region_id, options)
+                sink.add(rows)
+        concurrently(lambda sink: sink.finish(), sinks.values())
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        raise
+    out: dict[str, list] = {name: [] for name in RESULT_SCHEMA.names}
+    for region_id, sink in sorted(sinks.items()):
+        out["region_id"].append(region_id)
+        out["upserted"].append(sink.upserted)
+        out["deleted"].append(sink.deleted)
+        out["generation"].append(sink.generation)
+        out["epoch"].append(sink.writer.epoch if sink.writer is not None else None)
+        out["partition"].append(partition)
+        out["attempt"].append(attempt)
+    if sinks:
+        yield pa.RecordBatch.from_pydict(out, schema=RESULT_SCHEMA)
