@@ -39,21 +39,16 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
-    AlreadyExistsError,
-    BackpressureError,
     FencedError,
     MemWalError,
-    SchemaError,
     WriterClosedError,
     WrongRegionError,
 )
@@ -62,54 +57,31 @@ from memwal_query.format.schema import (
     coerce_keys,
     coerce_partial_rows,
     coerce_rows,
-    fill_missing,
     storage_schema,
     tombstone_rows,
     with_tombstone,
 )
-from memwal_query.format.wal import Wal, WalEntry, conform_entry, encode_entry
+from memwal_query.format.wal import Wal, WalEntry
 from memwal_query.storage import paths
 from memwal_query.write.memtable import MemTable, MemTableSnapshot
+from memwal_query.write.walpath import _WalPath
+from memwal_query.write.writer_state import (
+    DEFAULT_MAX_MEMTABLE_AGE,
+    DEFAULT_MAX_MEMTABLE_BYTES,
+    DEFAULT_MAX_MEMTABLE_ROWS,
+    DEFAULT_MAX_UNFLUSHED_MEMTABLES,
+    DEFAULT_MAX_WAL_BUFFER_BYTES,
+    DEFAULT_MAX_WAL_ENTRIES,
+    DEFAULT_WAL_FLUSH_INTERVAL,
+    WriterStats,
+    _Request,
+)
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
 
-DEFAULT_MAX_MEMTABLE_ROWS = 100_000
-DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_WAL_BUFFER_BYTES = 8 * 1024 * 1024
-DEFAULT_WAL_FLUSH_INTERVAL = 0.1
-DEFAULT_MAX_UNFLUSHED_MEMTABLES = 4
-DEFAULT_MAX_WAL_ENTRIES = 1_000
-DEFAULT_MAX_MEMTABLE_AGE = 60.0
 
-
-@dataclass
-class _Request:
-    rows: pa.Table
-    done: bool = False
-    error: BaseException | None = None
-
-
-@dataclass
-class WriterStats:
-    """Counters of one writer (all since it was opened)."""
-
-    put_rows: int = 0
-    delete_rows: int = 0
-    wal_entries: int = 0
-    wal_bytes: int = 0
-    replayed_entries: int = 0
-    replayed_rows: int = 0
-    adopted_entries: int = 0
-    memtable_flushes: int = 0
-    flushed_rows: int = 0
-    flush_seconds: float = 0.0
-    flushed_generations: list[int] = field(default_factory=list)
-    flush_errors: int = 0
-    wal_write_errors: int = 0
-
-
-class RegionWriter:
+class RegionWriter(_WalPath):
     """The single writer of one region. Obtain one with :meth:`MemWalTable.writer`.
 
     Parameters
@@ -248,12 +220,6 @@ class RegionWriter:
         self._ticker.start()
 
     # -- recovery --------------------------------------------------------------------
-    def _conform(self, entry: WalEntry) -> pa.Table:
-        """An entry's rows in the current storage schema; WalCorruptError if hostile."""
-        return conform_entry(
-            self._wal.path(entry.position), entry.table, self._storage_schema, self._pk
-        )
-
     def _replay(
         self, manifest: RegionManifest, early: Sequence[tuple[WalEntry, pa.Table]] = ()
     ) -> None:
@@ -421,43 +387,6 @@ class RegionWriter:
             return self._active.num_rows + sum(m.num_rows for m in self._sealed)
 
     # -- internals -------------------------------------------------------------------
-    def _check_open(self) -> None:
-        failed = self._failed
-        if failed is not None:
-            if isinstance(failed, FencedError):
-                # Keep the type, so callers can tell "fenced" from "closed"; a fresh
-                # exception each time (re-raising one object grows its traceback).
-                raise FencedError(
-                    failed.region_id, failed.local_epoch, failed.stored_epoch
-                ) from failed
-            raise WriterClosedError(
-                f"writer of region {self.region_id} failed earlier: {failed}"
-            ) from failed
-        if self._closed:
-            raise WriterClosedError(f"writer of region {self.region_id} is closed")
-
-    def _fenced(self, err: FencedError) -> FencedError:
-        """Record that this writer is fenced (every later call raises FencedError)."""
-        with self._cond:
-            if self._failed is None:
-                self._failed = err
-            self._cond.notify_all()
-        return err
-
-    def _raise_background_error(self) -> None:
-        """Raise, once, the error of failed background work; schedule a flush retry."""
-        if self._flush_error is None and self._wal_error is None:
-            return  # unlocked fast path; the locked check below decides
-        with self._cond:
-            if self._wal_error is not None:
-                error, self._wal_error = self._wal_error, None  # the ticker keeps retrying
-            elif self._flush_error is not None:
-                error, self._flush_error = self._flush_error, None
-                self._schedule_flush_locked()
-            else:
-                return
-        raise error
-
     def _check_region(self, rows: pa.Table) -> None:
         from memwal_query.regions.spec import is_unsharded
 
@@ -498,392 +427,6 @@ class RegionWriter:
                     f"({field_id}={expected!r}); first: row {idx}, key {key}, has "
                     f"{field_id}={col[idx].as_py()!r}"
                 )
-
-    @contextmanager
-    def _wal_token(self) -> Iterator[None]:
-        """Exclusive right to write the WAL and swap MemTables (held briefly)."""
-        with self._cond:
-            while self._wal_busy:
-                self._cond.wait()
-            self._wal_busy = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._wal_busy = False
-                self._cond.notify_all()
-
-    def _append_wal(self, rows: pa.Table) -> int:
-        """Write ``rows`` as the next WAL entry (caller holds the WAL token).
-
-        Returns its position once it is written and this writer is known not to be
-        fenced; only then may the rows be acknowledged.
-        """
-        data = encode_entry(rows, self.epoch, self._active.generation)
-        while True:
-            position = self._next_wal_position
-            try:
-                self._wal.write_encoded(position, data)
-            except AlreadyExistsError:
-                self._adopt(position)
-                continue
-            # Not advancing _next_wal_position before the check passes: if the check
-            # fails for another reason (storage error), the next write finds this entry
-            # at the same position and adopts it, so MemTable and WAL still agree.
-            self._check_superseded()
-            self._next_wal_position = position + 1
-            self.stats.wal_entries += 1
-            self.stats.wal_bytes += len(data)
-            return position
-
-    def _adopt(self, position: int) -> None:
-        """Take over the entry someone already wrote at our next position.
-
-        Written by an older (fenced) writer, or by this writer in a write whose outcome
-        was unknown (it raised, e.g. a timeout, but the object was stored): the entry
-        will be replayed after a crash, so it must be in the MemTable too, in WAL order
-        (before rows not yet in the WAL). Written by a newer writer: we are fenced.
-        """
-        entry = self._wal.read(position)
-        if entry.writer_epoch > self.epoch:
-            raise self._fenced(FencedError(self.region_id, self.epoch, entry.writer_epoch))
-        table = self._conform(entry)
-        with self._cond:
-            self._active.adopt(table, position)
-        self._next_wal_position = position + 1
-        self.stats.adopted_entries += 1
-
-    def _check_superseded(self) -> None:
-        """FencedError if another writer claimed the region (one HEAD, usually).
-
-        The spec checks the epoch only before manifest updates, which leaves a hole: a
-        fenced writer A may write a WAL position that the new writer B already wrote,
-        flushed, merged and garbage collected; the slot is free again, A's
-        put-if-not-exists succeeds, and B (or any later writer) never replays it because
-        replay starts after B's ``replay_after_wal_entry_position``. A would acknowledge
-        a lost write.
-
-        Why one HEAD of version ``known + 1`` after the WAL write closes it: B can flush
-        (and so make merge and GC delete entries) only after claiming, and claiming
-        commits a manifest version with a higher epoch. Versions are put-if-not-exists
-        in sequence, and A's own commits are fenced, so every version after A's newest
-        one is either A's own (its concurrent flush; skipped) or comes after B's claim.
-        So if version ``known + 1`` is absent *after* A's entry is stored, no one has
-        claimed yet: the next claimer replays from a position at or below A's entry and
-        sees it. If it is present with another epoch, A is fenced and the put is not
-        acknowledged (the entry may still be replayed: the outcome is in doubt, as with
-        any failed put).
-
-        Cost: one HEAD per WAL entry (shared by a group commit), a deliberate departure
-        from the spec, which checks epochs only at manifest updates.
-        """
-        try:
-            known = self._store.check_superseded(self._known_version, self.epoch)
-        except FencedError as e:
-            raise self._fenced(e) from None
-        if known != self._known_version:
-            with self._cond:
-                self._known_version = max(self._known_version, known)
-
-    def _wait_for_room(self) -> None:
-        """Backpressure: block while ``max_unflushed_memtables`` sealed MemTables wait for
-        their flush (BackpressureError after ``backpressure_timeout``)."""
-        if len(self._sealed) < self.max_unflushed_memtables:
-            return  # unlocked fast path
-        deadline = (
-            None
-            if self.backpressure_timeout is None
-            else time.monotonic() + self.backpressure_timeout
-        )
-        with self._cond:
-            while len(self._sealed) >= self.max_unflushed_memtables:
-                if self._failed is not None or self._closed:
-                    break
-                if self._flush_error is not None:
-                    break  # raised by _raise_background_error, which retries the flush
-                if not self._flush_active:
-                    self._schedule_flush_locked()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise BackpressureError(
-                        f"region {self.region_id}: {len(self._sealed)} MemTables wait "
-                        f"for their flush (max_unflushed_memtables="
-                        f"{self.max_unflushed_memtables}) and none finished within "
-                        f"{self.backpressure_timeout} s; the put was not written"
-                    )
-                self._cond.wait(timeout=left if left is not None else 1.0)
-        self._check_open()
-        self._raise_background_error()
-
-    def _write(self, rows: pa.Table) -> None:
-        self._check_open()
-        self._raise_background_error()
-        if rows.num_rows == 0:
-            return
-        self._wait_for_room()
-        if self.durable:
-            self._durable_write(rows)
-            self._seal(force=False)
-            return
-        with self._cond:
-            while self._partial_busy:
-                self._cond.wait()
-            self._active.append(rows, None)
-            self._unsynced.append(rows)
-            self._unsynced_bytes += rows.nbytes
-            over = self._unsynced_bytes >= self.max_wal_buffer_bytes
-        # The rows are accepted (non-durable puts never wait for the WAL). A failed WAL
-        # write keeps them buffered and is reported by the next call, not this one.
-        try:
-            if over:
-                with self._wal_token():
-                    self._sync_locked_token()
-            self._seal(force=False)
-        except FencedError:
-            raise
-        except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete
-            with self._cond:
-                self._wal_error = e
-            self.stats.wal_write_errors += 1
-
-    def _write_partial(self, rows: pa.Table, missing: list[str]) -> None:
-        """A partial update: fill ``missing`` columns from the keys' current rows, then
-        write. The WAL token is held from the lookup to the write, so no other put of
-        this writer comes between them; a put of another writer fences this one first
-        (the write then fails and nothing is acknowledged)."""
-        self._check_open()
-        self._raise_background_error()
-        if rows.num_rows == 0:
-            return
-        self._wait_for_room()
-        with self._wal_token():
-            with self._cond:
-                self._partial_busy = True
-            try:
-                if self._lookup is None:
-                    raise SchemaError(
-                        f"{self.table.uri}: this writer cannot read current rows, so it "
-                        f"cannot fill the missing column(s) {missing} of a partial update "
-                        "(open writers with MemWalTable.writer)"
-                    )
-                current = self._lookup(
-                    rows.select(self._pk), columns=[*self._pk, *missing], writers=[self]
-                )
-                full = fill_missing(rows, missing, current, self._pk, self._schema)
-                stored = with_tombstone(full, False).cast(self._storage_schema)
-                if self.durable:
-                    position = self._append_wal(stored)
-                    with self._cond:
-                        self._active.append(stored, position)
-                else:
-                    with self._cond:
-                        self._active.append(stored, None)
-                        self._unsynced.append(stored)
-                        self._unsynced_bytes += stored.nbytes
-            finally:
-                with self._cond:
-                    self._partial_busy = False
-                    self._cond.notify_all()
-        self._seal(force=False)
-
-    def _durable_write(self, rows: pa.Table) -> None:
-        req = _Request(rows)
-        with self._cond:
-            self._pending.append(req)
-            while not req.done and self._wal_busy:
-                self._cond.wait()
-            if req.done:
-                if req.error is not None:
-                    raise req.error
-                return
-            self._wal_busy = True  # leader
-            group, self._pending = self._pending, []
-        error: BaseException | None = None
-        try:
-            table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
-            position = self._append_wal(table)
-            with self._cond:
-                self._active.append(table, position)
-        except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
-            error = e
-        with self._cond:
-            for r in group:
-                r.done = True
-                r.error = error
-            self._wal_busy = False
-            self._cond.notify_all()
-        if error is not None:
-            raise error
-
-    def _sync_locked_token(self) -> None:
-        """Write unsynced rows as one WAL entry (caller holds the WAL token).
-
-        On failure the rows stay buffered (oldest first), so a later sync writes them
-        or raises; they are already in the MemTable.
-        """
-        with self._cond:
-            if not self._unsynced:
-                return
-            rows, self._unsynced = self._unsynced, []
-            nbytes, self._unsynced_bytes = self._unsynced_bytes, 0
-            active = self._active  # swapped only under the WAL token, which we hold
-            active.begin_sync()
-        position: int | None = None
-        try:
-            position = self._append_wal(pa.concat_tables(rows))
-        finally:
-            with self._cond:
-                active.end_sync(position)
-                if position is None:
-                    self._unsynced[:0] = rows
-                    self._unsynced_bytes += nbytes
-
-    def _tick_interval(self) -> float:
-        interval = min(self.max_memtable_age / 4, 1.0)
-        return interval if self.durable else min(interval, self.wal_flush_interval)
-
-    def _tick(self) -> bool:
-        """One background tick: seal a MemTable older than ``max_memtable_age``, and in
-        non-durable mode write the buffered rows to the WAL. False: stop ticking.
-
-        Keeps going after a failed write (the rows stay buffered and are retried); the
-        error is raised by the next put/delete unless a later write succeeds first.
-        """
-        if self._closed or self._failed is not None:
-            return False
-        if self._too_old(self._active):
-            try:
-                self._seal(force=False)
-            except Exception:  # noqa: BLE001 - the next put/flush reports it
-                pass
-        if self.durable or not self._unsynced:
-            return True
-        try:
-            with self._wal_token():
-                self._sync_locked_token()
-                with self._cond:
-                    self._wal_error = None  # everything buffered is in the WAL now
-        except FencedError:
-            return False
-        except Exception as e:  # noqa: BLE001 - surfaced by the next put/delete/sync
-            with self._cond:
-                self._wal_error = e
-            self.stats.wal_write_errors += 1
-        return True
-
-    def _too_old(self, memtable: MemTable) -> bool:
-        started = memtable.first_append_at
-        return started is not None and time.monotonic() - started >= self.max_memtable_age
-
-    def _full(self, memtable: MemTable) -> bool:
-        """Whether ``memtable`` is due for a flush (size, row, write-count or age limit)."""
-        return (
-            memtable.num_rows >= self.max_memtable_rows
-            or memtable.nbytes >= self.max_memtable_bytes
-            or memtable.appends >= self.max_wal_entries
-            or self._too_old(memtable)
-        )
-
-    def _seal(self, force: bool) -> None:
-        """Swap the active MemTable for a new one and schedule its flush."""
-        if not force and not self._full(self._active):
-            return
-        with self._wal_token():
-            while True:
-                self._sync_locked_token()
-                with self._cond:
-                    if self._unsynced:
-                        continue  # rows arrived while syncing: they belong to this MemTable
-                    self._swap_locked(force)
-                    return
-
-    def _swap_locked(self, force: bool) -> None:
-        """Seal the active MemTable (caller holds the WAL token and the condition)."""
-        active = self._active
-        if active.num_rows == 0:
-            return
-        if not force and not self._full(active):
-            return
-        self._sealed.append(active)
-        self._active = MemTable(self.region_id, active.generation + 1, self._storage_schema)
-        self._schedule_flush_locked()
-
-    def _schedule_flush_locked(self) -> None:
-        """Start a drain of the sealed MemTables unless one is running (holds _cond).
-
-        One drain flushes every sealed MemTable, oldest first, including those sealed
-        while it runs; a failed one stays queued and the next drain retries it.
-        """
-        if self._flush_active or not self._sealed or self._failed is not None:
-            return
-        try:
-            self._executor.submit(self._drain_flushes)
-        except RuntimeError:  # executor shut down: closed writer
-            return
-        self._flush_active = True
-
-    def _drain_flushes(self) -> None:
-        """Flush sealed MemTables in order until none is left (runs on the flush thread)."""
-        try:
-            while True:
-                with self._cond:
-                    if not self._sealed or self._failed is not None:
-                        return
-                    memtable = self._sealed[0]
-                self._flush_one(memtable)
-        except FencedError as e:
-            self._fenced(e)
-        except BaseException as e:  # noqa: BLE001 - surfaced by the next put/delete/flush
-            with self._cond:
-                self._flush_error = e
-            self.stats.flush_errors += 1
-        finally:
-            with self._cond:
-                self._flush_active = False
-                self._cond.notify_all()
-
-    def _flush_one(self, memtable: MemTable) -> None:
-        """Flush the oldest sealed MemTable and commit the region manifest."""
-        from memwal_query.write.flush import write_generation
-
-        started = time.perf_counter()
-        gen_dir = paths.new_generation_dir(memtable.generation)
-        flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
-
-        merged = self.table.index().merged_generations().get(self.region_id, 0)
-        region_dir = paths.region_dir(self.table.uri, self.region_id)
-
-        def update(current: RegionManifest) -> RegionManifest:
-            # Generations merged and already garbage collected leave the list.
-            kept = tuple(
-                g
-                for g in current.flushed_generations
-                if g.generation > merged or self.table.io.is_dir(f"{region_dir}/{g.path}")
-            )
-            if current.current_generation != memtable.generation:
-                raise MemWalError(
-                    f"region {self.region_id}: manifest expects generation "
-                    f"{current.current_generation}, flushing {memtable.generation}"
-                )
-            return current.replace(
-                flushed_generations=kept + (flushed,),
-                current_generation=memtable.generation + 1,
-                replay_after_wal_entry_position=memtable.last_wal_position
-                or current.replay_after_wal_entry_position,
-                wal_entry_position_last_seen=max(
-                    current.wal_entry_position_last_seen, self._next_wal_position - 1
-                ),
-            )
-
-        committed = self._store.commit_update(self.epoch, update)
-        with self._cond:
-            self._known_version = max(self._known_version, committed.version)
-            self._sealed.pop(0)
-            self._cond.notify_all()  # puts waiting for room (backpressure)
-            self.stats.memtable_flushes += 1
-            self.stats.flushed_rows += memtable.num_rows
-            self.stats.flush_seconds += time.perf_counter() - started
-            self.stats.flushed_generations.append(memtable.generation)
 
 
 def _tick_loop(ref: weakref.ref[RegionWriter], interval: float) -> None:
