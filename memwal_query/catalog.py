@@ -120,13 +120,7 @@ class Catalog:
         self.schema: pa.Schema = self._dataset.schema
         self.primary_key: list[str] = require_primary_key(self.schema, self.uri)
         self.lance_schema = self._dataset.lance_schema
-        # Guards opening the writers of write()/delete(): two threads routing rows to
-        # one region must share one writer (a second claim would fence the first).
-        self._writers_lock = threading.Lock()
-        self._writer_options: dict[str, Any] = {}
         self._manifests: dict[str, RegionManifest] = {}  # last read per region
-
-    # -- construction ------------------------------------------------------------------
 
     # -- base table and index ----------------------------------------------------------
     def dataset(self, version: int | None = None) -> lance.LanceDataset:

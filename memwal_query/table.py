@@ -18,14 +18,12 @@ maintenance (merge, GC, index catch-up, snapshots) on top, by calling down.
 from __future__ import annotations
 
 import os
-import threading
 import uuid as uuid_mod
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from memwal_query.catalog import (
     LINEAGE_KEY,
@@ -39,19 +37,16 @@ from memwal_query.catalog import (
 )
 from memwal_query.exceptions import (
     AlreadyInitializedError,
-    FencedError,
-    JobEndedError,
     NotInitializedError,
     RegionSpecError,
     RegionSpecWarning,
-    WriteIncompleteError,
-    WriterClosedError,
 )
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import coerce_rows, require_primary_key
 from memwal_query.storage import paths
 from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import normalize_uri
+from memwal_query.write.routing import RoutedWriters, split_by_region
 from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
@@ -76,11 +71,7 @@ class MemWalTable(Catalog):
 
     def __init__(self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None):
         super().__init__(uri, storage_options)
-        self._writers: dict[str, RegionWriter] = {}
-        # Guards opening the writers of write()/delete(): two threads routing rows to
-        # one region must share one writer (a second claim would fence the first).
-        self._writers_lock = threading.Lock()
-        self._writer_options: dict[str, Any] = {}
+        self._routed = RoutedWriters(self, self._open_routed)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -368,7 +359,7 @@ class MemWalTable(Catalog):
         from memwal_query.read.provider import MemWalDataset
 
         if writers is None:
-            writers = list(self._writers.values())
+            writers = self._routed.writers()
         return MemWalDataset(self, consistency, writers, meta_columns, max_staleness=max_staleness)
 
     def to_table(
@@ -442,12 +433,12 @@ class MemWalTable(Catalog):
         return fts_search(self, column, query, k, filter, self._default_writers(writers), **kw)
 
     def _default_writers(self, writers: Sequence[RegionWriter] | None) -> list[RegionWriter]:
-        return list(self._writers.values()) if writers is None else list(writers)
+        return self._routed.writers() if writers is None else list(writers)
 
     # -- routing writes ----------------------------------------------------------------
     def configure_writers(self, **options: Any) -> None:
         """Options (``durable``, ``max_memtable_rows``...) for writers opened by write()."""
-        self._writer_options = dict(options)
+        self._routed.options = dict(options)
 
     def write(self, data: Any, *, partial: bool = False) -> dict[str, int]:
         """Route rows to their regions by the region spec and put them.
@@ -486,7 +477,7 @@ class MemWalTable(Catalog):
         else:
             rows, missing = coerce_rows(data, self.schema, self.primary_key), []
         parts = split_by_region(spec, rows, self.lance_schema)
-        return self._write_parts(parts, lambda w, part: w._put_routed(part, missing))
+        return self._routed.write_parts(parts, lambda w, part: w._put_routed(part, missing))
 
     def delete(self, keys: Any) -> dict[str, int]:
         """Route delete tombstones to their regions (the spec must read key columns only).
@@ -505,103 +496,25 @@ class MemWalTable(Catalog):
                 f"not only the primary key {self.primary_key}; delete through the region's writer"
             )
         parts = split_by_region(spec, key_table, self.lance_schema)
-        return self._write_parts(parts, lambda w, part: w.delete(part))
+        return self._routed.write_parts(parts, lambda w, part: w.delete(part))
 
-    write_retries: int = 5
-    """How many times :meth:`write`/:meth:`delete` claim a region again after being
-    fenced by another writer of it (exponential backoff from 50 ms, at most 2 s)."""
+    @property
+    def write_retries(self) -> int:
+        """How many times :meth:`write`/:meth:`delete`/:meth:`flush` claim a region
+        again after being fenced by another writer of it (default 5; exponential
+        backoff from 50 ms, at most 2 s)."""
+        return self._routed.write_retries
 
-    def _write_parts(
-        self,
-        parts: list[tuple[dict[str, Any], pa.Table]],
-        put: Callable[[RegionWriter, pa.Table], None],
-    ) -> dict[str, int]:
-        """Write each region's part (concurrently) with fencing retries; see :meth:`write`."""
-        jobs = [(self.region_id_for(values), values, part) for values, part in parts]
+    @write_retries.setter
+    def write_retries(self, value: int) -> None:
+        self._routed.write_retries = value
 
-        def one(job: tuple[str, dict[str, Any], pa.Table]) -> BaseException | None:
-            try:
-                self._put_region(*job, put)
-            except BaseException as e:  # noqa: BLE001 - collected per region
-                return e
-            return None
-
-        outcomes = [one(jobs[0])] if len(jobs) == 1 else concurrently(one, jobs)
-        written: dict[str, int] = {}
-        errors: dict[str, BaseException] = {}
-        for (region_id, _, part), error in zip(jobs, outcomes):
-            if error is None:
-                written[region_id] = written.get(region_id, 0) + part.num_rows
-            else:
-                errors[region_id] = error
-        if errors:
-            if not written:
-                raise next(iter(errors.values()))
-            raise WriteIncompleteError(self.uri, written, errors)
-        return written
-
-    def _put_region(
-        self,
-        region_id: str,
-        values: dict[str, Any],
-        part: pa.Table,
-        put: Callable[[RegionWriter, pa.Table], None],
-    ) -> None:
-        """``put`` ``part`` through the region's writer, claiming it again when fenced."""
-        self._retry_fenced(region_id, values, lambda w: put(w, part))
-
-    def _retry_fenced(
-        self, region_id: str, values: dict[str, Any], call: Callable[[RegionWriter], Any]
-    ) -> Any:
-        """``call`` the region's routed writer; when another writer fenced it, drop it,
-        claim the region again (after a backoff) and call again, ``write_retries``
-        times. A fenced call was never acknowledged, so calling again is safe."""
-        import random
-        import time
-
-        for attempt in range(self.write_retries + 1):
-            w = self._routed_writer(region_id, values)
-            try:
-                return call(w)
-            except FencedError as e:
-                self._drop_writer(region_id, w)
-                if isinstance(e, JobEndedError) or attempt == self.write_retries:
-                    raise
-            except WriterClosedError:
-                # closed by another thread's drop after its fence: claim again
-                self._drop_writer(region_id, w)
-                if attempt == self.write_retries:
-                    raise
-            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
-
-    def _drop_writer(self, region_id: str, w: RegionWriter) -> None:
-        """Forget a fenced writer (its acknowledged rows are in the WAL; the next
-        writer of the region replays them)."""
-        with self._writers_lock:
-            if self._writers.get(region_id) is w:
-                del self._writers[region_id]
-        try:
-            w.close(flush=False)
-        except Exception:  # noqa: BLE001 - fenced: nothing of ours left to save
-            pass
-
-    def _routed_writer(self, region_id: str, values: dict[str, Any]) -> RegionWriter:
-        """The writer :meth:`write`/:meth:`delete` use for a region, opened on first
-        use, once per region even when several threads ask at the same time."""
-        w = self._writers.get(region_id)
-        if w is not None:
-            return w
-        with self._writers_lock:
-            w = self._writers.get(region_id)
-            if w is None:
-                w = self.writer(region_values=values, **self._writer_options)
-                self._writers[region_id] = w
-            return w
+    def _open_routed(self, values: dict[str, Any], **options: Any) -> RegionWriter:
+        return self.writer(region_values=values, **options)
 
     def writers(self) -> list[RegionWriter]:
         """Writers opened by :meth:`write`."""
-        return list(self._writers.values())
+        return self._routed.writers()
 
     def flush(self) -> dict[str, int | None]:
         """Flush every writer opened by :meth:`write` (concurrently); ``{region_id: gen}``.
@@ -610,26 +523,11 @@ class MemWalTable(Catalog):
         :meth:`write` does): its acknowledged rows are in the WAL, and the new claim
         replays and flushes them.
         """
-        items = list(self._writers.items())
-        gens = concurrently(lambda item: self._flush_routed(*item), items)
-        return {rid: g for (rid, _), g in zip(items, gens)}
-
-    def _flush_routed(self, region_id: str, w: RegionWriter) -> int | None:
-        values = w.region_values or {}
-        return self._retry_fenced(region_id, values, lambda writer: writer.flush())
+        return self._routed.flush()
 
     def close(self, flush: bool = True) -> None:
         """Close the writers opened by :meth:`write` (flushing them first by default)."""
-        try:
-            if flush:
-                self.flush()
-        finally:
-            writers, self._writers = self._writers, {}
-            for w in writers.values():
-                try:
-                    w.close(flush=False)
-                except FencedError:
-                    pass  # its acknowledged rows are in the WAL: the region's next writer has them
+        self._routed.close(flush)
 
     def __enter__(self) -> MemWalTable:
         return self
@@ -639,49 +537,6 @@ class MemWalTable(Catalog):
 
     def __repr__(self) -> str:
         return f"MemWalTable({self.uri!r}, primary_key={self.primary_key})"
-
-
-def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list:
-    """``[fn(x) for x in items]`` run in threads (flushes overlap their I/O and the
-    GIL-free parts of Lance and numpy); every call finishes, then the first error is
-    raised."""
-    items = list(items)
-    if len(items) <= 1:
-        return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-        futures = [pool.submit(fn, x) for x in items]
-    errors = [f.exception() for f in futures]
-    for e in errors:
-        if e is not None:
-            raise e
-    return [f.result() for f in futures]
-
-
-def split_by_region(
-    spec: RegionSpec, rows: pa.Table, lance_schema: Any
-) -> list[tuple[dict[str, Any], pa.Table]]:
-    """Split ``rows`` by region value: ``[(values, rows_of_that_region), ...]``."""
-    from memwal_query.regions.spec import is_unsharded
-
-    if rows.num_rows == 0:
-        return []
-    if is_unsharded(spec):
-        return [(one_region(spec), rows)]
-    values = pa.Table.from_batches([spec.evaluate(rows, lance_schema)])
-    field_ids = values.column_names
-    import numpy as np
-
-    keyed = values.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    # NULL region values form their own group, as they form their own region.
-    groups = keyed.group_by(field_ids, use_threads=False).aggregate([("__row", "list")])
-    out = []
-    for i in range(groups.num_rows):
-        region = {f: groups.column(f)[i].as_py() for f in field_ids}
-        idx = groups.column("__row_list")[i].values
-        out.append((region, rows.take(pc.cast(idx, pa.int64()))))
-    return out
 
 
 def _check_spec_sources(

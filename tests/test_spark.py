@@ -22,7 +22,8 @@ import memwal_query as mq
 from memwal_query import FencedError, SchemaError
 from memwal_query.format.index import read_index_at
 from memwal_query.storage.paths import generation_path
-from memwal_query.table import concurrently, region_id_for, split_by_region
+from memwal_query.table import region_id_for
+from memwal_query.write.routing import concurrently, split_by_region
 
 from helpers import BASIC_SCHEMA, basic_rows
 

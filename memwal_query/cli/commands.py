@@ -357,7 +357,7 @@ def ingest(
     """
     from memwal_query.format.schema import coerce_partial_rows
     from memwal_query.storage.paths import validate_region_id
-    from memwal_query.table import split_by_region
+    from memwal_query.write.routing import split_by_region
 
     t = _open(uri)
     tables = []

@@ -37,7 +37,7 @@ from memwal_query.spark._common import (
 from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import join
 from memwal_query.storage.paths import mem_wal_root
-from memwal_query.table import concurrently
+from memwal_query.write.routing import concurrently
 
 if TYPE_CHECKING:
     from memwal_query.table import MemWalTable

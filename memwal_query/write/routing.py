@@ -1,0 +1,228 @@
+"""Routing rows to their regions' writers: what :meth:`MemWalTable.write` and
+:meth:`MemWalTable.delete` do.
+
+Rows are split by region value (:func:`split_by_region`), each region's part goes through
+that region's writer (one per region, opened on first use and shared by every thread),
+concurrently; a writer fenced by another writer of its region is claimed again and the
+call retried (:meth:`RoutedWriters._retry_fenced`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.catalog import one_region
+from memwal_query.exceptions import (
+    FencedError,
+    JobEndedError,
+    WriteIncompleteError,
+    WriterClosedError,
+)
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+    from memwal_query.regions.spec import RegionSpec
+    from memwal_query.write.writer import RegionWriter
+
+
+class RoutedWriters:
+    """The writers of one table object, one per region, opened on first use.
+
+    Parameters
+    ----------
+    catalog : Catalog
+        The table.
+    open_writer : callable
+        ``open_writer(region_values, **options)`` claims a region and returns its writer
+        (the table's :meth:`~memwal_query.table.MemWalTable.writer`).
+    """
+
+    write_retries: int = 5
+    """How many times a region is claimed again after its writer was fenced by another
+    writer of it (exponential backoff from 50 ms, at most 2 s)."""
+
+    def __init__(self, catalog: Catalog, open_writer: Callable[..., RegionWriter]) -> None:
+        self.catalog = catalog
+        self._open = open_writer
+        self.options: dict[str, Any] = {}
+        self._writers: dict[str, RegionWriter] = {}
+        # Guards opening writers: two threads routing rows to one region must share one
+        # writer (a second claim would fence the first).
+        self._writers_lock = threading.Lock()
+
+    def write_parts(
+        self,
+        parts: list[tuple[dict[str, Any], pa.Table]],
+        put: Callable[[RegionWriter, pa.Table], None],
+    ) -> dict[str, int]:
+        """Write each region's part (concurrently) with fencing retries; ``{region_id:
+        rows written}`` (see :meth:`MemWalTable.write` for atomicity)."""
+        return self._write_parts(parts, put)
+
+    def _write_parts(
+        self,
+        parts: list[tuple[dict[str, Any], pa.Table]],
+        put: Callable[[RegionWriter, pa.Table], None],
+    ) -> dict[str, int]:
+        """Write each region's part (concurrently) with fencing retries; see :meth:`write`."""
+        jobs = [(self.catalog.region_id_for(values), values, part) for values, part in parts]
+
+        def one(job: tuple[str, dict[str, Any], pa.Table]) -> BaseException | None:
+            try:
+                self._put_region(*job, put)
+            except BaseException as e:  # noqa: BLE001 - collected per region
+                return e
+            return None
+
+        outcomes = [one(jobs[0])] if len(jobs) == 1 else concurrently(one, jobs)
+        written: dict[str, int] = {}
+        errors: dict[str, BaseException] = {}
+        for (region_id, _, part), error in zip(jobs, outcomes):
+            if error is None:
+                written[region_id] = written.get(region_id, 0) + part.num_rows
+            else:
+                errors[region_id] = error
+        if errors:
+            if not written:
+                raise next(iter(errors.values()))
+            raise WriteIncompleteError(self.catalog.uri, written, errors)
+        return written
+
+    def _put_region(
+        self,
+        region_id: str,
+        values: dict[str, Any],
+        part: pa.Table,
+        put: Callable[[RegionWriter, pa.Table], None],
+    ) -> None:
+        """``put`` ``part`` through the region's writer, claiming it again when fenced."""
+        self._retry_fenced(region_id, values, lambda w: put(w, part))
+
+    def _retry_fenced(
+        self, region_id: str, values: dict[str, Any], call: Callable[[RegionWriter], Any]
+    ) -> Any:
+        """``call`` the region's routed writer; when another writer fenced it, drop it,
+        claim the region again (after a backoff) and call again, ``write_retries``
+        times. A fenced call was never acknowledged, so calling again is safe."""
+        import random
+        import time
+
+        for attempt in range(self.write_retries + 1):
+            w = self._routed_writer(region_id, values)
+            try:
+                return call(w)
+            except FencedError as e:
+                self._drop_writer(region_id, w)
+                if isinstance(e, JobEndedError) or attempt == self.write_retries:
+                    raise
+            except WriterClosedError:
+                # closed by another thread's drop after its fence: claim again
+                self._drop_writer(region_id, w)
+                if attempt == self.write_retries:
+                    raise
+            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def _drop_writer(self, region_id: str, w: RegionWriter) -> None:
+        """Forget a fenced writer (its acknowledged rows are in the WAL; the next
+        writer of the region replays them)."""
+        with self._writers_lock:
+            if self._writers.get(region_id) is w:
+                del self._writers[region_id]
+        try:
+            w.close(flush=False)
+        except Exception:  # noqa: BLE001 - fenced: nothing of ours left to save
+            pass
+
+    def _routed_writer(self, region_id: str, values: dict[str, Any]) -> RegionWriter:
+        """The writer :meth:`write`/:meth:`delete` use for a region, opened on first
+        use, once per region even when several threads ask at the same time."""
+        w = self._writers.get(region_id)
+        if w is not None:
+            return w
+        with self._writers_lock:
+            w = self._writers.get(region_id)
+            if w is None:
+                w = self._open(values, **self.options)
+                self._writers[region_id] = w
+            return w
+
+    def writers(self) -> list[RegionWriter]:
+        """The writers opened so far."""
+        return list(self._writers.values())
+
+    def flush(self) -> dict[str, int | None]:
+        """Flush every writer opened by :meth:`write` (concurrently); ``{region_id: gen}``.
+
+        A writer fenced by another writer of its region meanwhile is claimed again (as
+        :meth:`write` does): its acknowledged rows are in the WAL, and the new claim
+        replays and flushes them.
+        """
+        items = list(self._writers.items())
+        gens = concurrently(lambda item: self._flush_routed(*item), items)
+        return {rid: g for (rid, _), g in zip(items, gens)}
+
+    def _flush_routed(self, region_id: str, w: RegionWriter) -> int | None:
+        values = w.region_values or {}
+        return self._retry_fenced(region_id, values, lambda writer: writer.flush())
+
+    def close(self, flush: bool = True) -> None:
+        """Close the writers opened by :meth:`write` (flushing them first by default)."""
+        try:
+            if flush:
+                self.flush()
+        finally:
+            writers, self._writers = self._writers, {}
+            for w in writers.values():
+                try:
+                    w.close(flush=False)
+                except FencedError:
+                    pass  # its acknowledged rows are in the WAL: the region's next writer has them
+
+
+def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list:
+    """``[fn(x) for x in items]`` run in threads (flushes overlap their I/O and the
+    GIL-free parts of Lance and numpy); every call finishes, then the first error is
+    raised."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futures = [pool.submit(fn, x) for x in items]
+    errors = [f.exception() for f in futures]
+    for e in errors:
+        if e is not None:
+            raise e
+    return [f.result() for f in futures]
+
+
+def split_by_region(
+    spec: RegionSpec, rows: pa.Table, lance_schema: Any
+) -> list[tuple[dict[str, Any], pa.Table]]:
+    """Split ``rows`` by region value: ``[(values, rows_of_that_region), ...]``."""
+    from memwal_query.regions.spec import is_unsharded
+
+    if rows.num_rows == 0:
+        return []
+    if is_unsharded(spec):
+        return [(one_region(spec), rows)]
+    values = pa.Table.from_batches([spec.evaluate(rows, lance_schema)])
+    field_ids = values.column_names
+
+    keyed = values.append_column("__row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    # NULL region values form their own group, as they form their own region.
+    groups = keyed.group_by(field_ids, use_threads=False).aggregate([("__row", "list")])
+    out = []
+    for i in range(groups.num_rows):
+        region = {f: groups.column(f)[i].as_py() for f in field_ids}
+        idx = groups.column("__row_list")[i].values
+        out.append((region, rows.take(pc.cast(idx, pa.int64()))))
+    return out
