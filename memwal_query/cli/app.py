@@ -1,0 +1,130 @@
+"""The ``memwal`` click group, its error handling and the helpers every command uses.
+
+Every error a user can cause prints one line (``error: ...``) and exits with status 1;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+
+from memwal_query.exceptions import (
+    MemWalError,
+)
+
+
+def _handle_errors(fn: Callable) -> Callable:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        try:
+            return fn(*args, **kwargs)
+        except (click.ClickException, BrokenPipeError):
+            raise
+        except (MemWalError, OSError, ValueError, RuntimeError, Exception) as e:  # noqa: BLE001
+            if (ctx.find_root().obj or {}).get("debug"):
+                raise
+            click.echo(
+                f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}", err=True
+            )
+            sys.exit(1)
+
+    return wrapper
+
+
+class _OneLineErrorGroup(click.Group):
+    """A command group whose usage errors also print one line and exit non-zero.
+
+    Click's own rendering of a usage error (bad option value, unknown command, missing
+    argument) is three lines; here it is ``error: <message> (see 'memwal CMD -h')`` on
+    stderr with click's exit status (2). ``memwal`` without a command prints the help.
+    """
+
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        """Run the command line; exit with its status (see the class docs).
+
+        ``--debug`` is accepted anywhere before a ``--`` (``memwal sql --debug URI``): it
+        is moved in front of the subcommand, where the group reads it. A closed output
+        pipe (``memwal sql ... | head``) ends the command quietly.
+        """
+        args = _debug_first(list(sys.argv[1:] if args is None else args))
+        if kwargs.get("standalone_mode", True) is False:
+            return super().main(args, *rest, **kwargs)
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(args, *rest, **kwargs)
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+        except click.exceptions.NoArgsIsHelpError as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            hint = ""
+            ctx = getattr(e, "ctx", None)
+            if isinstance(e, click.UsageError) and ctx is not None:
+                hint = f" (see '{ctx.command_path} -h')"
+            click.echo(f"error: {e.format_message()}{hint}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _debug_first(args: list[str]) -> list[str]:
+    """``args`` with every ``--debug`` before a ``--`` moved to the front."""
+    end = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:end] if a != "--debug"]
+    if len(head) == end:
+        return args
+    return ["--debug", *head, *args[end:]]
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader of our stdout went away (``| head``): exit 0 without a traceback (and
+    without Python's complaint when it flushes stdout at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (e.g. CliRunner): nothing to silence
+        pass
+    sys.exit(0)
+
+
+@click.group(cls=_OneLineErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks (accepted anywhere).")
+@click.version_option(package_name="memwal_query", prog_name="memwal")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """memwal: LSM (MemWAL) tables on Lance, queried with SQL."""
+    ctx.obj = {"debug": debug}
+
+
+def _open(uri: str):
+    from memwal_query.table import MemWalTable
+
+    return MemWalTable.open(uri)
+
+
+def _regions(table: Any, region: str | None) -> list[str]:
+    """Every region of ``table``, or just ``region`` (a valid id of an existing region)."""
+    from memwal_query.storage.paths import validate_region_id
+
+    existing = table.region_ids()
+    if region is None:
+        return existing
+    region = validate_region_id(region)
+    if region not in existing:
+        raise click.BadParameter(f"no region {region} in {table.uri}", param_hint="--region")
+    return [region]
+
+
+def _progress(iterable: Any = None, **kwargs: Any) -> Any:
+    """A click progress bar on stderr, shown on a terminal only (stdout stays data)."""
+    return click.progressbar(iterable, file=sys.stderr, hidden=not sys.stderr.isatty(), **kwargs)
