@@ -23,6 +23,7 @@ import lance
 import pyarrow as pa
 
 from memwal_query.format import bloom
+from memwal_query.format.lancetypes import btree_indexable
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.storage import crashpoints, paths
 from memwal_query.storage.io import join
@@ -55,7 +56,7 @@ def write_generation(
     crashpoints.point("flush.mid")
     keys = data.select(table.primary_key)
     bloom.write(table.io, uri, keys)
-    if len(table.primary_key) == 1 and _btree_indexable(keys.schema[0].type):
+    if len(table.primary_key) == 1 and btree_indexable(keys.schema[0].type):
         ds.create_scalar_index(table.primary_key[0], "BTREE", name=PK_INDEX_NAME)
         _publish_pk_index(table, ds, uri)
     if table.maintained_indexes:
@@ -106,13 +107,3 @@ def _publish_pk_index(table: Catalog, ds: lance.LanceDataset, uri: str) -> None:
     index_dir = join(uri, "_indices", desc.segments[0].uuid)
     for name in table.io.list(index_dir):
         table.io.write(join(uri, PK_INDEX_DIR, name), table.io.read(join(index_dir, name)))
-
-
-def _btree_indexable(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_temporal(t)
-        or pa.types.is_floating(t)
-    )
