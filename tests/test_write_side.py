@@ -516,7 +516,7 @@ def test_unflushed_memtables_stay_bounded(uri, held_flushes):
     assert len(sql_rows(t)) == 30
 
 
-def wait_for(predicate, timeout: float = 60.0) -> bool:
+def wait_for(predicate, timeout: float = 300.0) -> bool:
     import time
 
     end = time.monotonic() + timeout
