@@ -20,6 +20,8 @@ __all__ = [
     "arrow_type_name",
     "cast_result",
     "int_numpy",
+    "is_binary_type",
+    "is_string_type",
     "plain",
     "valid_mask",
 ]
@@ -185,6 +187,16 @@ def arrow_type_name(data_type: pa.DataType) -> str:
     if arrow_type_from_name(name) != data_type:
         raise RegionSpecError(f"Arrow type {data_type} has no region type name")
     return name
+
+
+def is_string_type(t: pa.DataType) -> bool:
+    """string, large_string or string_view."""
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
+def is_binary_type(t: pa.DataType) -> bool:
+    """binary, large_binary or binary_view (not fixed-size)."""
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t))
 
 
 # -- arrays ------------------------------------------------------------------------------

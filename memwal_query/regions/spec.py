@@ -513,6 +513,8 @@ def truncate_spec(
     """
     fid = field_id_of(schema, column)
     result_type = _result_type_of(schema, fid)
+    if result_type in ("int8", "int16"):  # promoted, as Iceberg (see TruncateTransform)
+        result_type = "int32"
     field_ = RegionField.truncate(field_id or f"{column}_trunc", fid, width, result_type)
     return RegionSpec(spec_id, [field_])
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.exceptions import RegionSpecError
+from memwal_query.regions.arrowtypes import is_binary_type, is_string_type
 from memwal_query.regions.murmur3 import buckets, concat_prefixed, encode, murmur3_bytes
 from memwal_query.regions.predicates import Predicate
 from memwal_query.regions.sources import Source
@@ -40,12 +41,8 @@ def hashable(source_type: pa.DataType) -> bool:
         or pa.types.is_date(t)
         or pa.types.is_timestamp(t)
         or pa.types.is_time(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_string_view(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_binary_view(t)
+        or is_string_type(t)
+        or is_binary_type(t)
         or pa.types.is_fixed_size_binary(t)
     )
 

@@ -1,10 +1,10 @@
 """The date-part transforms ``year``, ``month``, ``day`` and ``hour`` (int32).
 
-``date_part(unit, col0)`` of date32, date64 and timestamp columns (any unit). For a
-timestamp *with a time zone* the parts of its **UTC** value are used (the stored
-instant, as Iceberg's transforms of ``timestamptz``), so that the region of a row never
-depends on a time-zone setting; ``hour`` of a date is 0. See ``docs/compatibility.md``
-for how this differs from DataFusion's ``date_part`` on such a column.
+``date_part(unit, col0)`` of date32, date64 and timestamp columns (any unit; ``hour``
+also of time32/time64). For a timestamp *with a time zone* the parts of its **UTC**
+value are used (the stored instant, as Iceberg's transforms of ``timestamptz``), so
+that the region of a row never depends on a time-zone setting; ``hour`` of a date is 0.
+See ``docs/compatibility.md`` for how this differs from DataFusion's ``date_part`` on such a column.
 
 Pruning: ``year`` is monotone (``col >= v`` gives ``year >= year(v)``); month, day and
 hour are month of the year, day of the month and hour of the day (cyclic, *not*
@@ -66,6 +66,8 @@ def date_part(array: pa.Array, unit: str, field_id: str) -> pa.Array:
     elif pa.types.is_timestamp(t):
         if t.tz is not None:
             arr = arr.cast(pa.timestamp(t.unit))  # the UTC wall clock
+    elif pa.types.is_time(t) and unit == "hour":
+        arr = arr.cast(pa.time64("us"))  # hour of the day
     else:
         raise RegionSpecError(
             f"region field {field_id!r}: transform {unit!r} needs a date or timestamp "
@@ -142,7 +144,25 @@ class DayTransform(DatePartTransform):
 
 
 class HourTransform(DatePartTransform):
-    """``hour``: hour of the day, 0..23 (cyclic; 0 for dates)."""
+    """``hour``: hour of the day, 0..23 (cyclic; 0 for dates). Also of ``time32`` /
+    ``time64`` columns (as DataFusion's ``date_part('hour', col0)``), where it is
+    monotone: ranges on a time column project like ``year``."""
 
     name = "hour"
     parents = ("year", "month", "day")
+
+    def can_transform(self, source_type: pa.DataType) -> bool:
+        """date32, date64, timestamp, time32 and time64."""
+        return super().can_transform(source_type) or bool(pa.types.is_time(source_type))
+
+    def project_range(self, op: str, value: Any, source: Source) -> list[Predicate]:
+        """Monotone on a time column; see :meth:`DatePartTransform.project_ranges`."""
+        if source.type is not None and pa.types.is_time(source.type):
+            return self.project_monotone(op, value, source)
+        return []
+
+    def project_ranges(self, ranges: list[tuple[str, Any]], source: Source) -> list[Predicate]:
+        """Cyclic on dates and timestamps (see the base class); none on a time column."""
+        if source.type is not None and pa.types.is_time(source.type):
+            return []
+        return super().project_ranges(ranges, source)
