@@ -62,27 +62,13 @@ A region whose value is NULL or unknown is never pruned (a NULL bucket can also 
 written while the source column was absent from the schema, e.g. dropped and re-added),
 and neither are unknown columns, ops, uncomparable or NaN values.
 
-Differences from pylance
-------------------------
-pylance 14's native ``lance.mem_wal.evaluate_sharding_spec`` (``ShardingSpec``) differs:
-
-* It implements only ``identity``, ``bucket`` (and a non-spec ``unsharded``); year,
-  month, day, hour, truncate, multi_bucket and expressions raise there.
-* Bucket is ``(h & 0x7fffffff) % N``; the spec (and this module) use ``abs(h) % N``.
-  They agree exactly when ``h >= 0``, i.e. for about half the values.
-* It hashes int8/int16/int32, uint8/16/32, bool, date32, time32 and float32 as a
-  *4-byte* int32, so int32(5) and int64(5) land in different buckets there (not
-  type-promotion resistant); int64, uint64 (same two's complement wrap) and float64
-  (same canonical bits) hash as 8 bytes, like here.
-* Timestamps are hashed in their stored unit (here always microseconds): only
-  ``timestamp[us]`` agrees.
-* Strings: the trailing ``len % 4`` bytes are mixed one by one, sign-extended (Spark's
-  ``hashUnsafeBytes``), which is not standard murmur3: only strings whose UTF-8 length is
-  a multiple of 4 hash the same. Binary and decimal columns are rejected there.
-* NULL hashes as 0 there (bucket 0, non-nullable result); here a NULL bucket.
-* A source id missing from the schema or batch is an error there; NULL here.
-* A ``column`` parameter there overrides ``source_ids``; it is ignored here.
-* identity ignores ``result_type`` there; here a declared ``result_type`` is cast to.
+Differences from pylance and Iceberg
+------------------------------------
+pylance 14's native ``lance.mem_wal.evaluate_sharding_spec`` implements only identity,
+bucket and unsharded, and hashes differently (``(h & 0x7fffffff) % N``, 4-byte hashing
+of 32-bit types, timestamps in their unit, a non-standard string tail, NULL as bucket
+0). The clause-by-clause table (spec, ours, pylance, Iceberg), with every decision taken
+where the spec is silent or contradicts itself, is in ``docs/compatibility.md``.
 """
 
 from __future__ import annotations
