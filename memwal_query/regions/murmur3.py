@@ -93,7 +93,8 @@ def _fmix(h: np.ndarray, length: np.ndarray | np.uint32) -> np.ndarray:
     h = h * _F1
     h = h ^ (h >> np.uint32(13))
     h = h * _F2
-    return h ^ (h >> np.uint32(16))
+    out: np.ndarray = h ^ (h >> np.uint32(16))
+    return out
 
 
 def murmur3_int64_u32(values: np.ndarray) -> np.ndarray:
@@ -108,7 +109,8 @@ def _words_at(words: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """The little-endian uint32 at each (unaligned) byte position, from aligned words."""
     q = pos >> 2
     both = words[q].astype(np.uint64) | (words[q + 1].astype(np.uint64) << np.uint64(32))
-    return (both >> ((pos & 3) * 8).astype(np.uint64)).astype(np.uint32)
+    out: np.ndarray = (both >> ((pos & 3) * 8).astype(np.uint64)).astype(np.uint32)
+    return out
 
 
 def murmur3_bytes(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -186,8 +188,8 @@ _MICROS_PER = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 1}
 
 def _to_micros(values: np.ndarray, unit: str) -> np.ndarray:
     if unit == "ns":
-        return np.floor_divide(values, 1000)
-    return values * np.int64(_MICROS_PER[unit])
+        return np.asarray(np.floor_divide(values, 1000))
+    return np.asarray(values * np.int64(_MICROS_PER[unit]))
 
 
 def _var_bytes(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

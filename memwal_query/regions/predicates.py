@@ -116,7 +116,7 @@ def compare(a: Any, b: Any) -> int | None:
     else:
         return None
     try:
-        return (a > b) - (a < b)
+        return int((a > b) - (a < b))
     except TypeError:
         return None
 

@@ -368,7 +368,8 @@ class RegionSpec:
         """
         if schema is None or not predicates:
             return True
-        cache: dict = self.__dict__.setdefault("_projections", {})
+        cache: dict[tuple[str, str, int], tuple[Any, list[Predicate]]]
+        cache = self.__dict__.setdefault("_projections", {})
         key = (repr(self.fields), repr(list(predicates)), id(schema))
         hit = cache.get(key)
         if hit is None or hit[0] is not schema:
