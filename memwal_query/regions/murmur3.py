@@ -11,7 +11,9 @@ Iceberg bucket encoding, so every integer width hashes alike - type-promotion re
 * date32 / date64: days since the epoch, as int64 (date64 is floored to whole days).
 * timestamp (any unit, any time zone): microseconds since the epoch (UTC), as int64
   (nanoseconds are floored). time32/time64: microseconds since midnight, as int64.
-* string / large_string / string_view: the UTF-8 bytes; binary (all kinds): the bytes.
+* string / large_string / string_view: the UTF-8 bytes; binary (all kinds): the bytes;
+  ``arrow.uuid`` (and any extension type): its storage, so a uuid hashes as its 16 bytes
+  in RFC 4122 order, as Iceberg's uuid.
 * decimal: the unscaled value as minimal big-endian two's-complement bytes (Java's
   ``BigInteger.toByteArray``); the hash depends on the scale, not on the precision.
 * float16/32/64: Iceberg's rule: the value cast to float64, ``-0.0`` canonicalized to
@@ -32,6 +34,10 @@ same as bucket (the length prefix).
 The hash is vectorised in numpy uint32 arithmetic (8-byte inputs as two blocks; variable
 length inputs block by block across all rows at once). Only byte strings longer than 64
 bytes (long strings/binaries, long multi_bucket concatenations) are hashed one by one
+with ``mmh3`` - a per-value Python loop, measured faster than many numpy block steps.
+Measured (1M rows): bucket of int64 ~0.06 s, of short strings ~0.2 s, multi_bucket of
+(int64, string) ~1 s. A worked example of the multi_bucket bytes is in
+``docs/compatibility.md``.
 """
 
 from __future__ import annotations
