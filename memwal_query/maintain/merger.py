@@ -1,13 +1,17 @@
 """The merger: flushed generations into the base table, in order, exactly once.
 
 Per region, generations above ``merged_generations[region]`` are merged strictly in
-ascending order, ONE Lance ``merge_insert`` commit per generation, carrying the data and
-the progress together: ``mark_sstables_as_compacted([(region, generation)])`` records
-``merged_generations[region] = generation`` in the same commit. Never two commits.
+ascending order. A contiguous run of a region's pending generations, up to
+``batch_rows`` rows in all (``batch_rows=0``: one generation), goes into ONE Lance
+``merge_insert`` commit carrying the data and the progress together:
+``mark_sstables_as_compacted([(region, last generation of the run)])`` records
+``merged_generations[region]`` in the same commit (:func:`_next_batch`); data and
+progress are never two commits. :func:`merge` can also put several regions into one
+commit (:func:`_merge_across_regions`: a key lives in one region).
 
-Each generation is reduced to the last write per key (highest ``_rowaddr``), which
-splits it into *upserts* (live rows) and *deletes* (keys whose last write is a
-tombstone):
+Each batch is reduced to the last write per key (rows read in generation order, then
+by ``_rowaddr``), which splits it into *upserts* (live rows) and *deletes* (keys whose
+last write is a tombstone):
 
 - upserts: ``when_matched_update_all`` + ``when_not_matched_insert_all`` (a join on the
   primary key);
