@@ -260,7 +260,10 @@ def version_cursor(table: MemWalTable, version: int) -> Cursor:
         base = table.dataset(version=version)
     except (ValueError, OSError, RuntimeError) as e:
         raise VersionGoneError(f"{table.uri}: base version {version} is not available: {e}") from e
-    merged = table.index(base).merged_generations()
+    from memwal_query.format.index import read_index
+
+    index = read_index(table.io, base)  # None: from before initialize, nothing merged
+    merged = {} if index is None else index.merged_generations()
     positions = {}
     for region_id, gen in merged.items():
         history = ManifestHistory(RegionManifestStore(table.io, table.uri, region_id))

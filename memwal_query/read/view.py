@@ -360,12 +360,17 @@ def resolve_as_of(
     """
     from memwal_query.exceptions import VersionGoneError
 
+    from memwal_query.format.index import MemWalIndex, read_index
+
     version, moment = as_of_moment(table, as_of)
     try:
         base = table.dataset(version=version)
-        index = table.index(base)
+        index = read_index(table.io, base)
     except (ValueError, OSError, RuntimeError, ObjectNotFoundError) as e:
         raise VersionGoneError(f"{table.uri}: base version {version} is gone: {e}") from e
+    if index is None:  # a version from before MemWalTable.initialize: the base alone
+        empty = MemWalIndex("", version, table.index().details.__class__())
+        return ReadPlan(base, empty, [], [], "strong")
     states: dict[str, _State] = {}
     for region_id in table.region_ids():
         manifest = manifest_at(table, region_id, moment)
