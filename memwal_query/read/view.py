@@ -359,7 +359,6 @@ def resolve_as_of(
         by GC or Lance); the message names it.
     """
     from memwal_query.exceptions import VersionGoneError
-
     from memwal_query.format.index import MemWalIndex, read_index
 
     version, moment = as_of_moment(table, as_of)
