@@ -602,6 +602,12 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
     is_flag=True,
     help="Allow statements that write files or change the session (COPY, CREATE, SET...).",
 )
+@click.option(
+    "--as-of",
+    default=None,
+    help="Time travel: read the table at URI as it was at this base version or ISO "
+    "timestamp (see docs/changes.md).",
+)
 @_handle_errors
 def sql(
     uri: str | None,
@@ -613,6 +619,7 @@ def sql(
     output: str | None,
     consistency: str,
     allow_write: bool = False,
+    as_of: str | None = None,
 ) -> None:
     """Run QUERY (or the statements of -f FILE) against the table at URI; neither: an
     interactive prompt.
@@ -642,7 +649,7 @@ def sql(
     if uri is not None:
         names = [name] if name else _default_sql_names(uri)
         for n in names:
-            register(ctx, n, uri, consistency=consistency)
+            register(ctx, n, uri, consistency=consistency, as_of=as_of)
     names += [_register_extra(ctx, spec, consistency) for spec in tables]
     if not allow_write:
         ctx = _ReadOnlySql(ctx)
@@ -994,3 +1001,9 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
             click.echo(("would " if dry_run else "") + action)
             done += 1
     click.echo(f"{done} repair(s)" + (" (dry run)" if dry_run else ""))
+
+
+# Commands defined in their own modules (they import this one's helpers).
+from memwal_query.cli.changes import changes as _changes_command  # noqa: E402
+
+main.add_command(_changes_command)
