@@ -233,6 +233,11 @@ def version_at(table: MemWalTable, moment: dt.datetime) -> int:
     listed = [(v["version"], _epoch(v["timestamp"])) for v in table.dataset().versions()]
     before = [v for v, ts in listed if ts <= when]
     if not before:
+        if listed and min(v for v, _ in listed) > 1:
+            raise VersionGoneError(
+                f"{table.uri}: the base version that was the latest at {moment.isoformat()} "
+                f"was cleaned up; versions kept: {[v for v, _ in listed]}"
+            )
         raise CursorError(f"{table.uri}: no base version at or before {moment.isoformat()}")
     version = max(before)
     later = [v for v, _ in listed if v > version]
@@ -341,6 +346,7 @@ def changes(
     writers: Sequence[RegionWriter] | None = None,
     regions: Sequence[str] | None = None,
     max_rows: int | None = None,
+    until: Any = None,
 ) -> Changes:
     """Every change after ``since`` (see module docs).
 
@@ -360,6 +366,10 @@ def changes(
     max_rows : int, optional
         Stop after the WAL entry that reaches this many rows (whole entries only);
         :attr:`Changes.complete` is then False.
+    until : str or Cursor, optional
+        Read no further than this cursor (e.g. :func:`end_cursor` taken earlier: a
+        distributed reader splits ``(since, until]`` by region); every entry up to it
+        must still exist.
 
     Raises
     ------
@@ -375,6 +385,7 @@ def changes(
     if max_rows is not None and max_rows <= 0:
         raise MemWalError(f"max_rows must be positive, got {max_rows}")
     start = start_cursor(table, since)
+    stop = None if until is None else start_cursor(table, until)
     cursor = start if start is not None else Cursor({}, table.lineage)
     cursor = Cursor(dict(cursor.positions), table.lineage)
     writer_regions = set()
@@ -397,7 +408,8 @@ def changes(
         unbounded = consistency == "latest" or region_id in writer_regions
         reader = _RegionFeed(table, region_id, out_schema)
         after = cursor.positions.get(region_id, 0) if start is not None else None
-        for position, part in reader.read(after, unbounded, budget):
+        end = None if stop is None else stop.positions.get(region_id, 0)
+        for position, part in reader.read(after, unbounded, budget, end):
             parts.append(part)
             rows += part.num_rows
             cursor = cursor.advanced(region_id, position)
@@ -424,14 +436,17 @@ class _RegionFeed:
         self.floor: int | None = None  # since=None: the position before the earliest read
 
     def read(
-        self, after: int | None, unbounded: bool, budget: int | None
+        self, after: int | None, unbounded: bool, budget: int | None, end: int | None = None
     ) -> Iterator[tuple[int, pa.Table]]:
         """``(position, changes of that entry)`` for the entries after ``after`` (None:
-        from the earliest one stored), in position order."""
+        from the earliest one stored) and up to ``end`` (None: the manifest's flush
+        position, or with ``unbounded`` the end of the WAL), in position order."""
         manifest = self.table.region_manifest(self.region_id)
         if manifest is None:
             return
         limit = None if unbounded else manifest.replay_after_wal_entry_position
+        if end is not None:
+            limit = end
         if after is None:
             stored = self.wal.positions()
             first = min(stored) if stored else manifest.replay_after_wal_entry_position + 1
@@ -493,6 +508,24 @@ class _RegionFeed:
         out = out.append_column(CHANGE_FIELDS[2], pa.array(np.full(n, gen, np.uint64)))
         out = out.append_column(CHANGE_FIELDS[3], pa.array(seq))
         return out.cast(self.out_schema)
+
+
+def end_cursor(table: MemWalTable, consistency: str = "strong") -> Cursor:
+    """The cursor at the end of the feed now (per region: the flush position, or with
+    ``"latest"`` the last contiguous WAL entry), without reading any change."""
+    if consistency not in _MODES:
+        raise MemWalError(f"consistency must be one of {_MODES} for changes, got {consistency!r}")
+    positions = {}
+    for region_id in table.region_ids():
+        manifest = table.region_manifest(region_id)
+        if manifest is None:
+            continue
+        position = manifest.replay_after_wal_entry_position
+        if consistency == "latest":
+            wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+            position = wal.last_position(position)
+        positions[region_id] = position
+    return Cursor(positions, table.lineage)
 
 
 # -- registered consumers --------------------------------------------------------------

@@ -378,9 +378,9 @@ def resolve_as_of(
     plan = _build(table, "strong", base, index, states, {}, {}, predicates)
     for region in plan.regions:
         for g in region.generations:
-            if not table.io.is_dir(g.path):
+            if not table.io.is_dir(g.uri):
                 raise VersionGoneError(
-                    f"{g.path}: generation {g.generation} of region {g.region_id}, live at "
+                    f"{g.uri}: generation {g.generation} of region {g.region_id}, live at "
                     f"base version {version}, was garbage collected (keep it with "
                     "gc(retain_versions_for=...))"
                 )
