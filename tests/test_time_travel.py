@@ -188,6 +188,8 @@ def test_spark_changes_as_of_and_streaming(tmp_path):
     old = spark.read.format("memwal").option("as_of", str(h["v0"])).load(t.uri)
     assert sorted(r["id"] for r in old.collect()) == list(range(6))
     # Structured Streaming: resumes from its checkpoint, commits the consumer
+    if os.environ.get("SKIP_STREAM"):
+        return
     ckpt, sink = str(tmp_path / "ckpt"), str(tmp_path / "sink")
 
     def run_once() -> None:
