@@ -327,7 +327,7 @@ def as_of_moment(table: MemWalTable, as_of: Any) -> tuple[int, float]:
             raise CursorError(
                 f"as_of={as_of!r} is neither a base version nor an ISO timestamp"
             ) from e
-    listed = {v["version"]: v["timestamp"] for v in table.dataset().versions()}
+    listed: dict[int, Any] = {v["version"]: v["timestamp"] for v in table.dataset().versions()}
     if isinstance(as_of, dt.datetime):
         version = version_at(table, as_of)
         return version, as_of.timestamp()
