@@ -319,6 +319,7 @@ class _PausingIO:
         return self.inner.list(prefix)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("registered", [True, False])
 def test_pause_at_each_storage_access(tmp_path, registered):
     """Deterministic: the consumer is paused at its k-th storage access while a writer

@@ -192,33 +192,36 @@ def start_cursor(table: MemWalTable, since: Any) -> Cursor | None:
         return None
     if isinstance(since, Cursor):
         cursor = since
-    elif isinstance(since, str):
-        if since.startswith(CURSOR_PREFIX):
-            cursor = Cursor.decode(since)
-        elif since.strip().isdigit():
-            return version_cursor(table, int(since))
-        else:
-            try:
-                moment = dt.datetime.fromisoformat(since.strip())
-            except ValueError as e:
-                raise CursorError(
-                    f"since={since!r} is neither a cursor, a base version nor an ISO timestamp"
-                ) from e
-            return version_cursor(table, version_at(table, moment))
-    elif isinstance(since, bool):
-        raise CursorError(f"since={since!r} is not a cursor, a version or a timestamp")
-    elif isinstance(since, int):
-        return version_cursor(table, since)
-    elif isinstance(since, dt.datetime):
-        return version_cursor(table, version_at(table, since))
+    elif isinstance(since, str) and since.startswith(CURSOR_PREFIX):
+        cursor = Cursor.decode(since)
     else:
-        raise CursorError(f"since={since!r} is not a cursor, a version or a timestamp")
+        point = parse_point(since, "since")
+        if isinstance(point, dt.datetime):
+            point = version_at(table, point)
+        return version_cursor(table, point)
     if cursor.lineage and table.lineage and cursor.lineage != table.lineage:
         raise CursorError(
             f"the cursor belongs to another table or an earlier life of {table.uri} "
             f"(lineage {cursor.lineage}, the table's is {table.lineage})"
         )
     return cursor
+
+
+def parse_point(value: Any, what: str) -> int | dt.datetime:
+    """A base version (int, or a string of digits) or a moment (``datetime``, or an
+    ISO-8601 string) from ``value``; :class:`CursorError` naming ``what`` otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value.strip())
+        except ValueError as e:
+            raise CursorError(
+                f"{what}={value!r} is neither a cursor, a base version nor an ISO timestamp"
+            ) from e
+    if isinstance(value, dt.datetime) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise CursorError(f"{what}={value!r} is not a cursor, a base version or a timestamp")
 
 
 def version_at(table: MemWalTable, moment: dt.datetime) -> int:

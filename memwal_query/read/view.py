@@ -315,24 +315,14 @@ def as_of_moment(table: MemWalTable, as_of: Any) -> tuple[int, float]:
     """
     import datetime as dt
 
-    from memwal_query.exceptions import CursorError, VersionGoneError
-    from memwal_query.read.changes import version_at
+    from memwal_query.exceptions import VersionGoneError
+    from memwal_query.read.changes import parse_point, version_at
 
-    if isinstance(as_of, str) and as_of.strip().isdigit():
-        as_of = int(as_of)
-    elif isinstance(as_of, str):
-        try:
-            as_of = dt.datetime.fromisoformat(as_of.strip())
-        except ValueError as e:
-            raise CursorError(
-                f"as_of={as_of!r} is neither a base version nor an ISO timestamp"
-            ) from e
+    point = parse_point(as_of, "as_of")
+    if isinstance(point, dt.datetime):
+        return version_at(table, point), point.timestamp()
     listed: dict[int, Any] = {v["version"]: v["timestamp"] for v in table.dataset().versions()}
-    if isinstance(as_of, dt.datetime):
-        version = version_at(table, as_of)
-        return version, as_of.timestamp()
-    if isinstance(as_of, bool) or not isinstance(as_of, int):
-        raise CursorError(f"as_of={as_of!r} is neither a base version nor a timestamp")
+    as_of = point
     if as_of not in listed:
         raise VersionGoneError(
             f"{table.uri}: base version {as_of} is not available (cleaned up, or never "
