@@ -96,7 +96,7 @@ def changes(
             batch = t.changes(since=since, consistency=consistency, max_rows=max_rows)
             if sink is not None:
                 sink.write(batch.table)
-            elif batch.num_rows or not follow:
+            elif batch.num_rows or (not follow and fmt != "json"):  # no blank JSON line
                 if follow and output is not None:
                     _append(batch.table, fmt, output)
                 else:
