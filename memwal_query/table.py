@@ -60,6 +60,7 @@ from memwal_query.storage.io import FileIO, file_io_for, normalize_uri
 from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
+    from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
 
@@ -539,7 +540,7 @@ class MemWalTable:
         consistency: str = "strong",
         max_rows: int | None = None,
         regions: Sequence[str] | None = None,
-    ) -> Any:
+    ) -> Changes:
         """Every change after ``since``: ``.table`` (rows + ``_change_type``, ``_region``,
         ``_gen``, ``_seq``) and ``.cursor`` (pass it as ``since`` next time).
 
