@@ -157,34 +157,88 @@ def test_sql_changes_function_and_cli(tmp_path):
     t.close()
 
 
-@pytest.mark.slow
-def test_spark_changes_and_as_of(tmp_path):
-    pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
+SPARK_SCRIPT = r"""
+import os, sys
+os.environ["PYSPARK_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession  # Spark first: its JVM must not fork after lance loads
 
-    from memwal_query import spark as mqs
-    from memwal_query.spark.changes import changes_frame
+spark = (
+    SparkSession.builder.master("local[2]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.sql.shuffle.partitions", "2")
+    .config("spark.ui.showConsoleProgress", "false")
+    .getOrCreate()
+)
+spark.sparkContext.setLogLevel("ERROR")
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+import pyarrow.parquet as pq
+import test_time_travel as tt
+from helpers import basic_rows
+from pathlib import Path
+from memwal_query import spark as mqs
+from memwal_query.spark.changes import changes_frame
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+mqs.register_source(spark)
+tmp = Path(sys.argv[1])
+t = tt._table(tmp)
+h = tt._history(t)
+df = spark.read.format("memwal").option("changes_since", str(h["v1"])).load(t.uri)
+assert sorted(r["id"] for r in df.collect()) == [1, 7]
+frame, cursor = changes_frame(spark, t.uri, since="earliest")
+assert frame.count() == 4
+t.write(basic_rows([9]))
+t.flush()
+assert frame.count() == 4  # the end was fixed when the frame was made
+rest, _ = changes_frame(spark, t.uri, since=cursor)
+assert [r["id"] for r in rest.collect()] == [9]
+old = spark.read.format("memwal").option("as_of", str(h["v0"])).load(t.uri)
+assert sorted(r["id"] for r in old.collect()) == list(range(6))
+
+
+def run_stream():
+    q = (
+        spark.readStream.format("memwal")
+        .option("changes_since", str(h["v1"]))
+        .option("consumer", "stream")
+        .load(t.uri)
+        .writeStream.format("parquet")
+        .option("path", str(tmp / "sink"))
+        .option("checkpointLocation", str(tmp / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
     )
-    mqs.register_source(spark)
-    t = _table(tmp_path)
-    h = _history(t)
-    df = spark.read.format("memwal").option("changes_since", str(h["v1"])).load(t.uri)
-    assert sorted(r["id"] for r in df.collect()) == [1, 7]
-    frame, cursor = changes_frame(spark, t.uri, since="earliest")
-    assert frame.count() == 4
-    t.write(basic_rows([9]))
-    t.flush()
-    assert frame.count() == 4  # the end was fixed when the frame was made
-    rest, _ = changes_frame(spark, t.uri, since=cursor)
-    assert [r["id"] for r in rest.collect()] == [9]
-    old = spark.read.format("memwal").option("as_of", str(h["v0"])).load(t.uri)
-    assert sorted(r["id"] for r in old.collect()) == list(range(6))
-    t.close()
+    q.awaitTermination()
+
+
+run_stream()
+t.write(basic_rows([10, 11]))
+t.flush()
+run_stream()  # resumes from the checkpoint: only the new changes
+assert sorted(pq.read_table(tmp / "sink")["id"].to_pylist()) == [1, 7, 9, 10, 11]
+# the registered consumer trails by at most the last batch (committed when the next starts)
+assert sorted(t.changes(since=t.consumers()["stream"]).table["id"].to_pylist()) in ([], [10, 11])
+t.close()
+print("SPARK-OK")
+"""
+
+
+@pytest.mark.slow
+def test_spark_changes_as_of_and_streaming(tmp_path):
+    """Spark batch feed, ``changes_frame``, ``as_of`` and the Structured Streaming source
+    (resuming from its checkpoint), in a process that starts Spark before lance loads."""
+    pytest.importorskip("pyspark")
+    import subprocess
+
+    script = tmp_path / "spark_check.py"
+    script.write_text(SPARK_SCRIPT)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), tests, root],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert res.returncode == 0 and "SPARK-OK" in res.stdout, res.stderr[-3000:]

@@ -10,8 +10,20 @@ The end of the read is fixed when Spark plans it (option ``changes_until``, defa
 the end of the feed then), and each region is one partition reading its WAL entries
 ``(since, until]``: re-running the plan reads the same changes.
 
-There is no Structured Streaming source yet (see ``docs/changes.md``): poll with
-:func:`changes_frame` from the previous cursor.
+Structured Streaming::
+
+    q = (spark.readStream.format("memwal").option("changes_since", "earliest")
+         .option("consumer", "etl").load(uri)
+         .writeStream.option("checkpointLocation", ckpt)...start())
+
+Offsets are ``{"r": {region: position}}`` JSON; Spark stores them in the checkpoint,
+so a restarted query resumes after the last committed batch. With
+``option("consumer", name)`` each offset Spark commits is registered as that
+consumer's cursor, so GC keeps what the query has not consumed (Spark commits a
+batch's source offsets when the next batch starts: the registration trails by up to
+one batch, which only makes GC keep more). Start Spark before lance is imported in
+the driver process (see the README): a streaming source's planning worker did not
+start otherwise in our tests.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from memwal_query.read.changes import (
@@ -80,7 +92,7 @@ def _split(start: Cursor, end: Cursor) -> list[InputPartition]:
 
 
 class _ChangesReading:
-    """Options and reading one region (shared with a future streaming reader)."""
+    """What the batch and streaming readers share: options and reading one region."""
 
     def __init__(self, uri: str, options: dict[str, str], schema: StructType) -> None:
         self.uri = uri
@@ -119,6 +131,37 @@ class MemWalChangesReader(_ChangesReading, DataSourceReader):
         """The changes of one region's range."""
         assert isinstance(partition, RegionChanges)
         yield from self._read_region(partition)
+
+
+class MemWalChangesStreamReader(_ChangesReading, DataSourceStreamReader):
+    """Structured Streaming source of the change feed (offsets: per-region positions)."""
+
+    def initialOffset(self) -> dict:  # noqa: N802 - PySpark's name
+        """Where a new query starts (``changes_since``, default the earliest kept)."""
+        table = open_table(self.uri, self.storage_options)
+        return {"r": _start(table, self.options.get(SINCE)).positions}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:  # noqa: N802
+        """The end of the feed now (PySpark's name; ``start``/``limit`` of its admission
+        control are not used: every change up to the end is one batch)."""
+        table = open_table(self.uri, self.storage_options)
+        return {"r": end_cursor(table, self.consistency).positions}
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        """One partition per region with changes in ``(start, end]``."""
+        return _split(Cursor(dict(start["r"])), Cursor(dict(end["r"])))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The changes of one region's range."""
+        assert isinstance(partition, RegionChanges)
+        yield from self._read_region(partition)
+
+    def commit(self, end: dict) -> None:
+        """Spark committed everything up to ``end``: advance the registered consumer."""
+        name = self.options.get("consumer")
+        if name:
+            table = open_table(self.uri, self.storage_options)
+            table.register_consumer(name, Cursor(dict(end["r"]), table.lineage))
 
 
 def changes_frame(

@@ -513,7 +513,7 @@ class MemWalDataSource(DataSource):
     partition), ``pushFilters`` (``true`` to enable filter pushdown: only for a
     DataFrame that runs a single query, see the module docs), ``as_of`` (time travel:
     a base version or ISO timestamp), ``changes_since`` (the change feed, see
-    :mod:`memwal_query.spark.changes`),
+    :mod:`memwal_query.spark.changes`; also a Structured Streaming source),
     ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
     """
 
@@ -552,6 +552,10 @@ class MemWalDataSource(DataSource):
         pushdown = options.get("pushfilters", "false").lower() == "true"
         cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
         return cls(self._uri(), options, schema)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
+        """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
+        return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
 
 
 def register_source(spark: SparkSession) -> None:
