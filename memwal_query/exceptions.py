@@ -192,6 +192,45 @@ class LeftoverRegionsError(MemWalError):
         self.regions = list(regions)
 
 
+class ChangesGoneError(MemWalError):
+    """The change feed cannot continue from a cursor: what it needs was garbage collected.
+
+    The WAL entries (and the generations flushed from them) after the cursor's
+    position in a region were removed by GC (see ``docs/changes.md``: register the
+    consumer with :meth:`MemWalTable.register_consumer` so GC keeps them). Never a
+    shorter answer: the consumer must resynchronise (e.g. from a base version).
+
+    Attributes
+    ----------
+    region_id : str
+        The region concerned.
+    position : int
+        The first WAL position the cursor needs that is gone.
+    path : str
+        That WAL entry's path.
+    """
+
+    def __init__(self, region_id: str, position: int, path: str, detail: str = "") -> None:
+        super().__init__(
+            f"{path}: WAL entry {position} of region {region_id}, needed by the cursor, "
+            f"was garbage collected{': ' + detail if detail else ''}"
+        )
+        self.region_id = region_id
+        self.position = position
+        self.path = path
+
+
+class VersionGoneError(BaseVersionGoneError):
+    """A time-travel read (``as_of``) needs a base version, region manifest version or
+    generation that GC removed; the message names it. Keep it with
+    ``gc(retain_versions_for=...)``."""
+
+
+class CursorError(MemWalError, ValueError):
+    """A change-feed cursor (or ``since``/``as_of`` value) cannot be read, or belongs to
+    another table; the message quotes it."""
+
+
 class BackpressureError(MemWalError):
     """A put waited longer than ``backpressure_timeout`` for unflushed MemTables to drain.
 

@@ -22,17 +22,20 @@ def register(
     meta_columns: bool = False,
     storage_options: dict[str, str] | None = None,
     max_staleness: float | None = None,
+    as_of: Any = None,
 ) -> MemWalTable:
     """Register the MemWAL table at ``uri`` as ``name`` in ``ctx``; return the table.
 
     Also registers the SQL table functions ``vector_search``, ``fts_search`` and
-    ``lookup`` (see :mod:`memwal_query.search`); for ``name`` they read the MemTables of
+    ``lookup`` (see :mod:`memwal_query.search`) and ``changes`` (the change feed, see
+    :mod:`memwal_query.read.changes_sql`); for ``name`` they read the MemTables of
     ``writers`` too (strong consistency, like every search). Eventual consistency by default
     (region snapshots of the MemWAL index, falling back to the region manifests while
     no snapshot has been written, or when it is older than ``max_staleness`` seconds:
     default :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`); pass
     ``consistency="strong"`` and ``writers=`` for read-your-writes, or
-    ``consistency="latest"`` to see every process's acknowledged writes.
+    ``consistency="latest"`` to see every process's acknowledged writes. ``as_of`` (a
+    base version or timestamp) registers the table as it was then (time travel).
 
     Raises (before anything is registered)
     --------------------------------------
@@ -50,7 +53,9 @@ def register(
     from memwal_query.table import MemWalTable
 
     table = uri if isinstance(uri, MemWalTable) else _open(uri, storage_options)
-    provider = table.provider(consistency=consistency, writers=writers, meta_columns=meta_columns)
+    provider = table.provider(
+        consistency=consistency, writers=writers, meta_columns=meta_columns, as_of=as_of
+    )
     provider.max_staleness = max_staleness
     provider.check()
     ctx.register_table(name, provider)
@@ -65,6 +70,9 @@ def register(
     # The functions look both dicts up at call time: tables and writers registered
     # later on this context are found too.
     register_search_functions(ctx, writers=registered_writers)
+    from memwal_query.read.changes_sql import register_changes_function
+
+    register_changes_function(ctx, _registered(ctx))
     return table
 
 

@@ -50,6 +50,7 @@ from memwal_query.write.routing import RoutedWriters, split_by_region
 from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
+    from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
 
@@ -295,7 +296,12 @@ class MemWalTable(Catalog):
         return catch_up_indexes(self, names)
 
     def gc(
-        self, dry_run: bool = False, cleanup_older_than=None, min_age=None, progress=None
+        self,
+        dry_run: bool = False,
+        cleanup_older_than=None,
+        min_age=None,
+        progress=None,
+        retain_versions_for=None,
     ) -> list[str]:
         """Delete merged, caught-up, unreferenced generations and WAL entries.
 
@@ -303,7 +309,10 @@ class MemWalTable(Catalog):
         ``datetime.timedelta``) first removes older base-table versions with Lance,
         except those that were the latest within ``min_age`` (default:
         ``cleanup_older_than``), which readers may still use. ``progress(done, total)``
-        is called as paths are deleted.
+        is called as paths are deleted. ``retain_versions_for`` (a timedelta) keeps
+        every base version that was the latest within that window, so time travel
+        (``as_of``) to any moment in it works. Changes a registered consumer
+        (:meth:`register_consumer`) has not consumed are never removed.
         """
         from memwal_query.maintain.gc import gc
 
@@ -313,7 +322,55 @@ class MemWalTable(Catalog):
             cleanup_older_than=cleanup_older_than,
             min_age=min_age,
             progress=progress,
+            retain_versions_for=retain_versions_for,
         )
+
+    # -- change feed -------------------------------------------------------------------
+    def changes(
+        self,
+        since: Any = None,
+        writers: Sequence[RegionWriter] | None = None,
+        consistency: str = "strong",
+        max_rows: int | None = None,
+        regions: Sequence[str] | None = None,
+    ) -> Changes:
+        """Every change after ``since``: ``.table`` (rows + ``_change_type``, ``_region``,
+        ``_gen``, ``_seq``) and ``.cursor`` (pass it as ``since`` next time).
+
+        ``since``: a cursor, a base version, a timestamp, or None (the earliest change
+        still available). See :mod:`memwal_query.read.changes` for the guarantees, and
+        :meth:`register_consumer` to keep GC from removing what a consumer needs.
+        Unlike :meth:`provider`, ``writers`` defaults to none.
+        """
+        from memwal_query.read.changes import changes
+
+        return changes(
+            self,
+            since,
+            consistency=consistency,
+            writers=writers,
+            regions=regions,
+            max_rows=max_rows,
+        )
+
+    def register_consumer(self, name: str, cursor: Any = None) -> str:
+        """Record (or advance) consumer ``name`` at ``cursor``: GC keeps every change
+        after it. Returns the stored cursor (None: the earliest change available)."""
+        from memwal_query.read.changes import register_consumer
+
+        return register_consumer(self, name, cursor)
+
+    def consumers(self) -> dict[str, str]:
+        """Registered consumers and their cursors."""
+        from memwal_query.read.changes import consumers
+
+        return {name: c.encode() for name, c in consumers(self).items()}
+
+    def drop_consumer(self, name: str) -> None:
+        """Forget a registered consumer (GC stops keeping changes for it)."""
+        from memwal_query.read.changes import drop_consumer
+
+        drop_consumer(self, name)
 
     def status(self) -> dict[str, Any]:
         """Per region: epoch, generations flushed/merged, WAL span, sizes."""
@@ -338,6 +395,7 @@ class MemWalTable(Catalog):
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
         max_staleness: float | None = None,
+        as_of: Any = None,
     ) -> MemWalDataset:
         """A deduplicated view to register in DataFusion (``ctx.register_table``).
 
@@ -355,12 +413,19 @@ class MemWalTable(Catalog):
             Expose ``_gen`` and ``_rowaddr``.
         max_staleness : float, optional
             ``eventual``: seconds after which a snapshot is too old (manifests instead).
+        as_of : int, datetime or str, optional
+            Time travel: the table as it was at that base version (or at the newest
+            base version not after that moment), with the generations live then
+            (:func:`memwal_query.read.view.resolve_as_of`); ``VersionGoneError`` when
+            GC removed what that moment needs.
         """
         from memwal_query.read.provider import MemWalDataset
 
         if writers is None:
             writers = self._routed.writers()
-        return MemWalDataset(self, consistency, writers, meta_columns, max_staleness=max_staleness)
+        return MemWalDataset(
+            self, consistency, writers, meta_columns, max_staleness=max_staleness, as_of=as_of
+        )
 
     def to_table(
         self,
@@ -387,7 +452,8 @@ class MemWalTable(Catalog):
         writers: Sequence[RegionWriter] | None = None,
         **kw: Any,
     ) -> pa.Table:
-        """Newest live rows of the given primary keys (see :mod:`memwal_query.search`)."""
+        """Newest live rows of the given primary keys (see :mod:`memwal_query.search`);
+        ``as_of=`` (a base version or moment) looks them up in the past."""
         from memwal_query.search import lookup
 
         return lookup(self, keys, columns, self._default_writers(writers), **kw)

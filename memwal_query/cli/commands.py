@@ -253,3 +253,9 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
             click.echo(("would " if dry_run else "") + action)
             done += 1
     click.echo(f"{done} repair(s)" + (" (dry run)" if dry_run else ""))
+
+
+# Commands defined in their own modules (they import the helpers of cli.app).
+from memwal_query.cli.changes import changes as _changes_command  # noqa: E402
+
+main.add_command(_changes_command)

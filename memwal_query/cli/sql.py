@@ -184,6 +184,12 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
     is_flag=True,
     help="Allow statements that write files or change the session (COPY, CREATE, SET...).",
 )
+@click.option(
+    "--as-of",
+    default=None,
+    help="Time travel: read the table at URI as it was at this base version or ISO "
+    "timestamp (see docs/changes.md).",
+)
 @_handle_errors
 def sql(
     uri: str | None,
@@ -195,6 +201,7 @@ def sql(
     output: str | None,
     consistency: str,
     allow_write: bool = False,
+    as_of: str | None = None,
 ) -> None:
     """Run QUERY (or the statements of -f FILE) against the table at URI; neither: an
     interactive prompt.
@@ -224,7 +231,7 @@ def sql(
     if uri is not None:
         names = [name] if name else _default_sql_names(uri)
         for n in names:
-            register(ctx, n, uri, consistency=consistency)
+            register(ctx, n, uri, consistency=consistency, as_of=as_of)
     names += [_register_extra(ctx, spec, consistency) for spec in tables]
     if not allow_write:
         ctx = _ReadOnlySql(ctx)  # type: ignore[assignment]  # same .sql() surface

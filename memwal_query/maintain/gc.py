@@ -14,6 +14,10 @@ deleted only when all of these hold (spec, "Garbage Collector"):
    records every region merged at the version it indexed, so a region absent there
    had nothing merged (and indexed) yet.
 
+3. no registered change-feed consumer still needs ``g``: a consumer at WAL position
+   ``p`` of the region keeps the generation holding entry ``p + 1`` and every later one
+   (:func:`memwal_query.read.changes.consumer_limits`, ``docs/changes.md``).
+
 Directories of failed flush attempts (a ``*_gen_i`` directory no manifest lists, with
 ``i`` below the region's ``current_generation``) are removed too. The region
 manifests are not rewritten (they belong to the writers); readers skip listed
@@ -68,6 +72,11 @@ def gc_limits(table: Catalog) -> dict[str, int]:
             if name in catchup:
                 limit = min(limit, catchup[name].get(region_id, 0))
         limits[region_id] = limit
+    from memwal_query.read.changes import consumer_limits
+
+    for region_id, limit in consumer_limits(table).items():
+        if region_id in limits:
+            limits[region_id] = min(limits[region_id], limit)
     return limits
 
 
@@ -158,6 +167,7 @@ def gc(
     cleanup_older_than: dt.timedelta | None = None,
     min_age: dt.timedelta | None = None,
     progress: Callable[[int, int], None] | None = None,
+    retain_versions_for: dt.timedelta | None = None,
 ) -> list[str]:
     """Delete what the rules above allow; return the paths removed (or that would be).
 
@@ -175,13 +185,18 @@ def gc(
     it had not merged). Here the window starts when a version stopped being the latest:
     a view used within ``min_age`` of its resolution reads all its pieces (see
     :mod:`memwal_query.read.view`); later, a typed error, never a shorter answer.
+
+    ``retain_versions_for`` widens that window for time travel: every version that was
+    the latest within it is kept (and, by rule 1, the generations it has not merged),
+    so ``as_of`` any moment in the window reads all it needs.
     """
     plan = _plan(table)
     if cleanup_older_than is not None and not dry_run:
         window = cleanup_older_than if min_age is None else min_age
-        table.dataset().cleanup_old_versions(
-            older_than=cleanup_older_than, retain_versions=pinned_versions(table, window)
-        )
+        keep = pinned_versions(table, window)
+        if retain_versions_for is not None:
+            keep = max(keep, pinned_versions(table, retain_versions_for))
+        table.dataset().cleanup_old_versions(older_than=cleanup_older_than, retain_versions=keep)
         plan = _plan(table)  # fewer retained versions: more may go
     if not dry_run:
         for done, (path, is_tree) in enumerate(plan, 1):

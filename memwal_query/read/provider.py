@@ -144,7 +144,12 @@ class _QueryState:
         table = dataset.table
         predicates = pruning.predicates_from_expression(filter)
         self.plan = sources.resolve(
-            table, dataset.consistency, dataset.writers, predicates, dataset.max_staleness
+            table,
+            dataset.consistency,
+            dataset.writers,
+            predicates,
+            dataset.max_staleness,
+            dataset.as_of,
         )
         self._lock = threading.Lock()
         self._view: sources.NewerView | None = None
@@ -401,6 +406,9 @@ class MemWalDataset(pads.Dataset):
         ``eventual``: seconds after which a region snapshot is too old and the region
         manifests are read instead (default
         :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`).
+    as_of : int, datetime or str, optional
+        Time travel: the table as it was at that base version or moment
+        (:func:`memwal_query.read.view.resolve_as_of`).
     """
 
     def __init__(
@@ -411,6 +419,7 @@ class MemWalDataset(pads.Dataset):
         meta_columns: bool = False,
         base_partitions: int = 2,
         max_staleness: float | None = None,
+        as_of: Any = None,
     ) -> None:
         if consistency not in view.CONSISTENCY_MODES:
             from memwal_query.exceptions import MemWalError
@@ -421,6 +430,7 @@ class MemWalDataset(pads.Dataset):
         self.table = table
         self.consistency = consistency
         self.max_staleness = max_staleness
+        self.as_of = as_of
         self.writers = list(writers or [])
         self.meta_columns = meta_columns
         self.base_partitions = max(1, base_partitions)
@@ -455,7 +465,11 @@ class MemWalDataset(pads.Dataset):
         """Resolve the sources now and return the plan: raises the typed error (e.g.
         ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
         plan = sources.resolve(
-            self.table, self.consistency, self.writers, max_staleness=self.max_staleness
+            self.table,
+            self.consistency,
+            self.writers,
+            max_staleness=self.max_staleness,
+            as_of=self.as_of,
         )
         self.last_plan = plan
         return plan

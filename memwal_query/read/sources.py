@@ -54,10 +54,12 @@ def resolve(
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
     max_staleness: float | None = None,
+    as_of: Any = None,
 ) -> ReadPlan:
-    """Resolve the pinned view to read now: :func:`memwal_query.read.view.resolve`."""
+    """Resolve the pinned view to read now (or, with ``as_of``, of a past moment):
+    :func:`memwal_query.read.view.resolve`."""
     staleness = view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
-    return view.resolve(table, consistency, writers, predicates, staleness)
+    return view.resolve(table, consistency, writers, predicates, staleness, as_of)
 
 
 def base_version_gone(table: Catalog, version: int) -> bool:

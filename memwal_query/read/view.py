@@ -171,8 +171,11 @@ def resolve(
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
     max_staleness: float | None = DEFAULT_MAX_STALENESS,
+    as_of: Any = None,
 ) -> ReadPlan:
-    """Resolve the :data:`View` to read now (see module docs).
+    """Resolve the :data:`View` to read now (see module docs), or with ``as_of`` the
+    view of a past moment (:func:`resolve_as_of`; ``consistency`` and ``writers`` are
+    then not used).
 
     Parameters
     ----------
@@ -188,6 +191,8 @@ def resolve(
         pruned.
     max_staleness : float or None
         ``eventual`` only: seconds after which a snapshot is too old (None: any age).
+    as_of : int, datetime or str, optional
+        Time travel: a base version or a moment (see :func:`resolve_as_of`).
 
     Raises
     ------
@@ -196,6 +201,8 @@ def resolve(
     BaseVersionGoneError
         The base version kept disappearing while the view was resolved.
     """
+    if as_of is not None:
+        return resolve_as_of(table, as_of, predicates)
     if consistency not in CONSISTENCY_MODES:
         raise MemWalError(f"consistency must be one of {CONSISTENCY_MODES}, got {consistency!r}")
     mem_by_region: dict[str, list[MemTableSnapshot]] = {}
@@ -374,3 +381,134 @@ def _wal_tail(table: Catalog, region_id: str, manifest: RegionManifest) -> list[
         batches = tuple(b for t in tables for b in t.to_batches())
         out.append(MemTableSnapshot(region_id, gen, batches, schema))
     return out
+
+
+# -- time travel -----------------------------------------------------------------------
+def as_of_moment(table: Catalog, as_of: Any) -> tuple[int, float]:
+    """``(base version, moment in epoch seconds)`` that ``as_of`` stands for.
+
+    An int (or a string of digits) is a base version ``V``: the moment is ``V``'s
+    commit time. A ``datetime`` (naive: local time) or an ISO-8601 string is a moment
+    ``T``: the base version is the one that was the latest at ``T``.
+
+    Raises
+    ------
+    VersionGoneError
+        The version was cleaned up (or never existed).
+    CursorError
+        ``as_of`` is neither; no base version is that old.
+    """
+    import datetime as dt
+
+    from memwal_query.exceptions import VersionGoneError
+    from memwal_query.read.changes import parse_point, version_at
+
+    point = parse_point(as_of, "as_of")
+    if isinstance(point, dt.datetime):
+        return version_at(table, point), point.timestamp()
+    listed: dict[int, Any] = {v["version"]: v["timestamp"] for v in table.dataset().versions()}
+    as_of = point
+    if as_of not in listed:
+        raise VersionGoneError(
+            f"{table.uri}: base version {as_of} is not available (cleaned up, or never "
+            f"written); versions kept: {sorted(listed)}"
+        )
+    return as_of, listed[as_of].timestamp()
+
+
+def resolve_as_of(
+    table: Catalog, as_of: Any, predicates: list[tuple[str, str, Any]] | None = None
+) -> ReadPlan:
+    """The :data:`View` of the table as it was at ``as_of`` (see :func:`as_of_moment`).
+
+    The base version ``V`` of that moment, read with the MemWAL index of ``V``, plus per
+    region the generations listed in the region manifest version that was the newest
+    at the moment (found by the manifest files' modification times) and not merged
+    into ``V``, deduplicated as usual. MemTables and WAL entries not flushed at that
+    moment are not part of it (no writer's memory survives to be read later).
+
+    Raises
+    ------
+    VersionGoneError
+        ``V``, a manifest version or a generation of that moment is gone (cleaned up
+        by GC or Lance); the message names it.
+    """
+    from memwal_query.exceptions import VersionGoneError
+    from memwal_query.format.index import MemWalIndex, read_index
+
+    version, moment = as_of_moment(table, as_of)
+    try:
+        base = table.dataset(version=version)
+        index = read_index(table.io, base)
+    except (ValueError, OSError, RuntimeError, ObjectNotFoundError) as e:
+        raise VersionGoneError(f"{table.uri}: base version {version} is gone: {e}") from e
+    if index is None:  # a version from before Catalog.initialize: the base alone
+        empty = MemWalIndex("", version, table.index().details.__class__())
+        return ReadPlan(base, empty, [], [], "strong")
+    states: dict[str, _State] = {}
+    for region_id in table.region_ids():
+        manifest = manifest_at(table, region_id, moment)
+        if manifest is not None:
+            states[region_id] = _state_of(table, region_id, manifest)
+    plan = _build(table, "strong", base, index, states, {}, {}, predicates)
+    for region in plan.regions:
+        for g in region.generations:
+            if not table.io.is_dir(g.uri):
+                raise VersionGoneError(
+                    f"{g.uri}: generation {g.generation} of region {g.region_id}, live at "
+                    f"base version {version}, was garbage collected (keep it with "
+                    "gc(retain_versions_for=...))"
+                )
+    return plan
+
+
+def manifest_at(table: Catalog, region_id: str, moment: float) -> RegionManifest | None:
+    """The newest manifest version of a region written at or before ``moment`` (epoch
+    seconds), by binary search over the versions' modification times; None when the
+    region did not exist yet."""
+    from memwal_query.exceptions import VersionGoneError
+    from memwal_query.format.manifest import RegionManifestStore
+
+    store = RegionManifestStore(table.io, table.uri, region_id)
+    lo, hi = 1, store.latest_version()
+    found = 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        try:
+            stamp = modified_at(table.io, store.path(mid))
+        except (ObjectNotFoundError, FileNotFoundError) as e:
+            raise VersionGoneError(
+                f"{store.path(mid)}: region {region_id} manifest version {mid} is gone"
+            ) from e
+        if stamp <= moment:
+            found, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return store.load(found) if found else None
+
+
+def modified_at(io: Any, path: str) -> float:
+    """Modification time (epoch seconds) of an object: ``stat`` on a local file
+    system, the ``Last-Modified`` of a HEAD on S3."""
+    from memwal_query.storage.io import LocalFileIO
+
+    if isinstance(io, LocalFileIO):
+        import os
+
+        return os.stat(io._local(path)).st_mtime
+    try:
+        from memwal_query.storage.objectstore import S3FileIO
+    except ImportError:  # pragma: no cover - no obstore
+        S3FileIO = None  # type: ignore[assignment,misc]  # noqa: N806
+    if S3FileIO is not None and isinstance(io, S3FileIO):
+        import obstore
+
+        store, key = io._locate(path)
+        try:
+            meta = obstore.head(store, key)
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(f"{path}: not found") from e
+        return float(meta["last_modified"].timestamp())
+    raise MemWalError(
+        f"{path}: time travel needs modification times, which {type(io).__name__} lacks"
+    )

@@ -345,6 +345,7 @@ class MemWalReader(DataSourceReader):
         self.options = options
         self.schema = schema
         self.consistency = options.get("consistency", "strong")
+        self.as_of = options.get("as_of")  # time travel (memwal_query.read.view.resolve_as_of)
         self.rows_per_split = int(options.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
         self.storage_options = _storage_options(options)
         self.filters: list[Any] = []
@@ -373,7 +374,7 @@ class MemWalReader(DataSourceReader):
         """Resolve the view now: one partition of the regions' rows, plus base splits."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
-        plan = sources.resolve(table, self.consistency, None, preds or None)
+        plan = sources.resolve(table, self.consistency, None, preds or None, as_of=self.as_of)
         parts: list[InputPartition] = []
         newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
         if newer is not None:
@@ -510,7 +511,9 @@ class MemWalDataSource(DataSource):
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
     ``consistency`` (``strong``/``eventual``/``latest``), ``rowsPerSplit`` (base rows per
     partition), ``pushFilters`` (``true`` to enable filter pushdown: only for a
-    DataFrame that runs a single query, see the module docs),
+    DataFrame that runs a single query, see the module docs), ``as_of`` (time travel:
+    a base version or ISO timestamp), ``changes_since`` (the change feed, see
+    :mod:`memwal_query.spark.changes`; also a Structured Streaming source),
     ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
     """
 
@@ -528,6 +531,8 @@ class MemWalDataSource(DataSource):
     def schema(self) -> StructType:
         """The table schema (or the ``columns`` option's subset), as Spark types."""
         table = open_table(self._uri(), _storage_options(self.options))
+        if _changes.is_changes_read(self.options):
+            return _changes.spark_changes_schema(table)
         schema = table.schema
         cols = self.options.get("columns")
         if cols:
@@ -541,10 +546,16 @@ class MemWalDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader returning ``schema``'s columns."""
         options = {k.lower(): v for k, v in self.options.items()}
+        if _changes.is_changes_read(options):
+            return _changes.MemWalChangesReader(self._uri(), options, schema)
         # Opt-in: Spark shares a pushed-down reader with later queries (module docs).
         pushdown = options.get("pushfilters", "false").lower() == "true"
         cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
         return cls(self._uri(), options, schema)
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
+        """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
+        return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
 
 
 def register_source(spark: SparkSession) -> None:
@@ -558,3 +569,6 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     """``spark.read.format("memwal").options(**options).load(uri)`` (registers first)."""
     register_source(spark)
     return spark.read.format(FORMAT).options(**options).load(uri)
+
+
+from memwal_query.spark import changes as _changes  # noqa: E402 - uses this module
