@@ -356,19 +356,19 @@ class MemWalTable(Catalog):
     def register_consumer(self, name: str, cursor: Any = None) -> str:
         """Record (or advance) consumer ``name`` at ``cursor``: GC keeps every change
         after it. Returns the stored cursor (None: the earliest change available)."""
-        from memwal_query.read.changes import register_consumer
+        from memwal_query.read.consumers import register_consumer
 
         return register_consumer(self, name, cursor)
 
     def consumers(self) -> dict[str, str]:
         """Registered consumers and their cursors."""
-        from memwal_query.read.changes import consumers
+        from memwal_query.read.consumers import consumers
 
         return {name: c.encode() for name, c in consumers(self).items()}
 
     def drop_consumer(self, name: str) -> None:
         """Forget a registered consumer (GC stops keeping changes for it)."""
-        from memwal_query.read.changes import drop_consumer
+        from memwal_query.read.consumers import drop_consumer
 
         drop_consumer(self, name)
 

@@ -16,7 +16,7 @@ deleted only when all of these hold (spec, "Garbage Collector"):
 
 3. no registered change-feed consumer still needs ``g``: a consumer at WAL position
    ``p`` of the region keeps the generation holding entry ``p + 1`` and every later one
-   (:func:`memwal_query.read.changes.consumer_limits`, ``docs/changes.md``).
+   (:func:`memwal_query.read.consumers.consumer_limits`, ``docs/changes.md``).
 
 Directories of failed flush attempts (a ``*_gen_i`` directory no manifest lists, with
 ``i`` below the region's ``current_generation``) are removed too. The region
@@ -72,7 +72,7 @@ def gc_limits(table: Catalog) -> dict[str, int]:
             if name in catchup:
                 limit = min(limit, catchup[name].get(region_id, 0))
         limits[region_id] = limit
-    from memwal_query.read.changes import consumer_limits
+    from memwal_query.read.consumers import consumer_limits
 
     for region_id, limit in consumer_limits(table).items():
         if region_id in limits:

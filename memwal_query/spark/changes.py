@@ -37,12 +37,12 @@ from pyspark.sql.types import StructType
 
 from memwal_query.read.changes import (
     Cursor,
-    _earliest_positions,
     change_schema,
     changes,
     end_cursor,
     start_cursor,
 )
+from memwal_query.read.consumers import _earliest_positions
 from memwal_query.spark._common import open_table
 from memwal_query.spark.source import _spark_compatible, _spark_schema, _storage_options
 
