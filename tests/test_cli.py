@@ -86,6 +86,7 @@ def plain_uri(tmp_path):
     return uri
 
 
+@pytest.mark.slow
 def test_real_process_smoke(tmp_path):
     """The one run of the installed command as real processes (every other test drives
     the click group in-process): the console script ``memwal`` (``python -m
@@ -125,6 +126,7 @@ def test_real_process_smoke(tmp_path):
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+@pytest.mark.slow
 def test_demo_into_dir_and_twice(tmp_path):
     out = memwal("demo", str(tmp_path / "d"), "--rows", "5000").stdout
     assert "last write wins" in out and "5,000 rows" in out
@@ -427,6 +429,7 @@ def _pty_session(args, keys, env, timeout=120):
     return out.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_interactive_prompt_with_history(tmp_path, plain_uri):
     """On a terminal: multi-line statements, an error that does not end the session,
     and a history file from which the next session recalls a statement (arrow up)."""

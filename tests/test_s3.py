@@ -92,6 +92,12 @@ class Backend:
         return mq.MemWalTable.initialize(uri, storage_options=self.storage_options)
 
 
+# For a test whose S3 run is slow: local in the fast lane, S3 in the full run only.
+S3_IS_SLOW = pytest.mark.parametrize(
+    "backend", ["local", pytest.param("s3", marks=pytest.mark.slow)], indirect=True
+)
+
+
 @pytest.fixture(params=["local", "s3"])
 def backend(request, tmp_path) -> Backend:
     """The same test on local disk and on the local S3 server."""
@@ -281,6 +287,7 @@ def test_reader_provider_and_sql(backend):
     assert got == {"id": [5, 500], "val": [50.0, 500.0]}
 
 
+@S3_IS_SLOW
 def test_merger_and_gc(backend):
     t = backend.table()
     w = t.writer()
@@ -345,6 +352,7 @@ def _search_rows(ids, seed: int, text: str | None = None) -> pa.Table:
     return pa.table({"id": ids, "text": texts, "vec": flat}, schema=schema)
 
 
+@S3_IS_SLOW
 def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
     """Maintained indexes, searches, a batched merge, catch-up, GC and eventual reads
     give the same answers as a dict model, on local disk and on S3."""
@@ -605,6 +613,7 @@ def test_put_landing_as_the_store_dies_is_adopted_not_lost():
         server.stop()
 
 
+@pytest.mark.slow
 def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     """The memwal CLI reaches S3 through AWS_* variables only (AWS_ENDPOINT as documented):
     ingest, sql, status --json, merge and gc agree with the rows written."""
