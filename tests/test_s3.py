@@ -500,6 +500,7 @@ def test_missing_bucket_is_a_storage_error(s3_server):
     assert not io.exists("s3://no-such-bucket/x/a")
 
 
+@pytest.mark.slow  # ~5-8 s, mostly waiting: Lance tries a refused list six times
 def test_open_errors_are_typed_and_name_the_uri(s3_server):
     """A missing bucket or refused credentials is a StorageError naming the URI, not
     TableNotFoundError ("no Lance table here"): the table may well exist."""
