@@ -30,3 +30,12 @@ def table(base_uri):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts a SparkSession (the ``spark`` fixture, directly or through
+    another fixture) is ``slow``: the JVM alone takes seconds, so the fast lane
+    (``pytest -m "not slow"``) leaves Spark to the full run."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -19,29 +19,44 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 _READS = ("GET", "HEAD")
 
 
 class _Linearized:
-    """WSGI middleware: mutating requests one at a time (optionally minus preconditions)."""
+    """WSGI middleware: mutating requests one at a time (optionally minus preconditions);
+    while ``requests`` is a list, each request's ``(method, path, status)`` is appended."""
 
     def __init__(self, app: Any, strip_conditions: bool = False) -> None:
         self.app = app
         self.lock = threading.Lock()
         self.strip_conditions = strip_conditions
+        self.requests: list[tuple[str, str, int]] | None = None
 
     def __call__(self, environ: dict, start_response: Any) -> Any:
         if self.strip_conditions:
             environ.pop("HTTP_IF_NONE_MATCH", None)
             environ.pop("HTTP_IF_MATCH", None)
-        if environ.get("REQUEST_METHOD", "GET").upper() in _READS:
-            return self.app(environ, start_response)
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        path = environ.get("PATH_INFO", "")
+        if environ.get("QUERY_STRING"):
+            path += "?" + environ["QUERY_STRING"]
+
+        def logged(status: str, *args: Any) -> Any:
+            log = self.requests
+            if log is not None:
+                log.append((method, path, int(status.split()[0])))
+            return start_response(status, *args)
+
+        if method in _READS:
+            return self.app(environ, logged)
         with self.lock:
-            return list(self.app(environ, start_response))
+            return list(self.app(environ, logged))
 
 
 class LocalS3Server:
@@ -71,6 +86,7 @@ class LocalS3Server:
         self.port = port
         self.strip_conditions = strip_conditions
         self._server: Any = None
+        self._app: _Linearized | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> LocalS3Server:
@@ -87,6 +103,7 @@ class LocalS3Server:
                 pass
 
         app = _Linearized(DomainDispatcherApplication(create_backend_app), self.strip_conditions)
+        self._app = app
         self._server = make_server(self.host, self.port, app, threaded=True, request_handler=_Quiet)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -94,6 +111,19 @@ class LocalS3Server:
         )
         self._thread.start()
         return self
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[tuple[str, str, int]]]:
+        """Within the block, ``(method, path, HTTP status)`` of every request answered is
+        appended to the list yielded (tests count requests and retries with it)."""
+        if self._app is None:
+            raise RuntimeError("the server is not running")
+        log: list[tuple[str, str, int]] = []
+        self._app.requests = log
+        try:
+            yield log
+        finally:
+            self._app.requests = None
 
     @property
     def endpoint(self) -> str:

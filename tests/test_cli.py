@@ -1,4 +1,7 @@
-"""The memwal command line, driven as a subprocess (success and error paths).
+"""The memwal command line (success and error paths), driven in-process through click's
+``CliRunner``; :func:`test_real_process_smoke` runs the installed command as a real
+process once, and the interactive prompt runs on a pseudo-terminal (a real process: it
+needs a terminal).
 
 Every command has a success test and error tests; an error must be one line on stderr
 (``error: ...``), a non-zero exit status and no traceback (unless ``--debug``), and a
@@ -11,29 +14,45 @@ import select
 import subprocess
 import sys
 import time
+import traceback
 import uuid
+from dataclasses import dataclass
 
 import lance
 import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
+
+from memwal_query.cli.commands import main
 
 from helpers import basic_rows, default_region
 
 
-def memwal(*args, check=True, input=None, env=None):
-    proc = subprocess.run(
-        [sys.executable, "-m", "memwal_query", *args],
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=300,
-        env=None if env is None else {**os.environ, **env},
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"memwal {args} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+@dataclass
+class Ran:
+    """What a run of ``memwal`` left: exit status, stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def memwal(*args: str, check: bool = True, input: str | None = None) -> Ran:
+    """Run ``memwal *args`` in this process (click's CliRunner).
+
+    An exception that escapes the command is added to stderr as the traceback Python
+    would print, so the one-line-error checks see what a user of the real command sees.
+    """
+    result = CliRunner().invoke(main, list(args), input=input, prog_name="memwal")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    ran = Ran(result.exit_code, result.stdout, stderr)
+    if check and ran.returncode != 0:
+        raise AssertionError(f"memwal {args} failed:\n{ran.stdout}\n{ran.stderr}")
+    return ran
 
 
 def tree(path):
@@ -67,21 +86,20 @@ def plain_uri(tmp_path):
     return uri
 
 
-def test_demo_in_a_temp_dir_under_a_minute(tmp_path):
-    """``memwal demo`` (the console script) with no DIR: a temp dir, < 60 s, _gen shown."""
+@pytest.mark.slow
+def test_real_process_smoke(tmp_path):
+    """The one run of the installed command as real processes (every other test drives
+    the click group in-process): the console script ``memwal`` (``python -m
+    memwal_query`` without it), ``demo`` into a temp dir (``$TMPDIR``), then ``sql`` on
+    the demo's table with a reader that goes away after one line (``| head -1``): no
+    traceback, status 0. A closed pipe only exists between real processes."""
     script = os.path.join(os.path.dirname(sys.executable), "memwal")
     cmd = [script] if os.path.exists(script) else [sys.executable, "-m", "memwal_query"]
-    started = time.monotonic()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.run(
-        [*cmd, "demo"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
+        [*cmd, "demo", "--rows", "5000"], capture_output=True, text=True, timeout=300, env=env
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
-    assert elapsed < 60, f"memwal demo took {elapsed:.1f} s"
     out = proc.stdout
     assert str(tmp_path) in out  # the table went into the temp dir
     assert "last write wins" in out and "live rows" in out
@@ -93,8 +111,22 @@ def test_demo_in_a_temp_dir_under_a_minute(tmp_path):
     # (ts prints as two words: date and time)
     assert row[0] == "7" and float(row[2]) >= 200_000 and int(row[-2]) >= 1
     assert "rows per source generation" in out
+    uri = out.split("Base table: ")[1].split(" (")[0]
+    # ~5,000 rows of CSV (~200 kB): more than a pipe holds, so writes after the close fail
+    reader = subprocess.Popen(
+        [*cmd, "sql", uri, "SELECT * FROM t", "--format", "csv"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert reader.stdout.readline().startswith(b'"id"')
+    reader.stdout.close()  # what `| head -1` does
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+@pytest.mark.slow
 def test_demo_into_dir_and_twice(tmp_path):
     out = memwal("demo", str(tmp_path / "d"), "--rows", "5000").stdout
     assert "last write wins" in out and "5,000 rows" in out
@@ -348,7 +380,8 @@ def test_dry_runs_change_nothing(tmp_path, plain_uri):
 def _pty_session(args, keys, env, timeout=120):
     """Run ``memwal *args`` on a pseudo-terminal; type each of ``keys`` at a new prompt.
 
-    Returns everything the terminal showed.
+    Returns everything the terminal showed. A real process (not CliRunner): the prompt's
+    line editing and history (readline) work only when stdin is a terminal.
     """
     import pty
 
@@ -396,6 +429,7 @@ def _pty_session(args, keys, env, timeout=120):
     return out.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_interactive_prompt_with_history(tmp_path, plain_uri):
     """On a terminal: multi-line statements, an error that does not end the session,
     and a history file from which the next session recalls a statement (arrow up)."""

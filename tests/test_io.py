@@ -17,6 +17,7 @@ def _race(path: str, payload: bytes, barrier, results) -> None:
         results.put(("lost", payload[:8]))
 
 
+@pytest.mark.slow  # forkserver processes that each import lance: ~13-30 s of wall time
 def test_put_if_not_exists_one_winner_across_processes(tmp_path):
     ctx = mp.get_context("forkserver")
     n = 8

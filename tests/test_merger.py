@@ -198,6 +198,7 @@ def run_merger(uri, region, n, crash_at=None):
     )
 
 
+@pytest.mark.slow
 def test_appendix2_racing_mergers(table):
     region, model = make_generations(table, n=4)
     procs = [run_merger(table.uri, region, 99) for _ in range(2)]
@@ -216,6 +217,7 @@ def test_appendix2_racing_mergers(table):
     assert history == sorted(history)
 
 
+@pytest.mark.slow
 def test_appendix2_crash_after_commit(table):
     region, model = make_generations(table, n=3)
     p = run_merger(table.uri, region, 99, crash_at="merge.after_commit")

@@ -23,6 +23,7 @@ import time
 
 import lance
 import pyarrow as pa
+import pytest
 from test_merger import base_view, make_generations, view
 
 from memwal_query.format import index as mwindex
@@ -119,6 +120,7 @@ def data_files(uri: str) -> set[str]:
     return set(os.listdir(os.path.join(uri, "data")))
 
 
+@pytest.mark.slow
 def test_appendix2_scenario1_racing_on_the_same_generation(table, tmp_path):
     """Both mergers prepare generation 1 from the same version; the loser's commit is
     refused, it re-reads merged_gen >= 1 and moves on (Appendix 2, scenario 1)."""
@@ -147,6 +149,7 @@ def test_appendix2_scenario1_racing_on_the_same_generation(table, tmp_path):
     assert view(table) == model
 
 
+@pytest.mark.slow
 def test_killed_between_data_write_and_commit_then_rerun(table, tmp_path):
     """Lance wrote the merge's data files, the process died before committing: the table
     is unchanged (the files are unreferenced), and a rerun merges everything once."""
@@ -175,6 +178,7 @@ def _wait(path, proc: subprocess.Popen) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_reads_before_during_and_after_a_running_merge_agree(table, tmp_path):
     """A merger process is held before and after each of its commits; every read (and a
     read plan resolved before the merge started) returns exactly the model."""

@@ -122,6 +122,7 @@ ops = st.lists(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=ops)
+@pytest.mark.slow
 def test_differential_against_model(tmp_path_factory, ops):
     uri = str(tmp_path_factory.mktemp("diff") / "t")
     lance.write_dataset(basic_rows(range(0, 40, 3)), uri)
@@ -207,6 +208,7 @@ def _apply(state: dict, ops: list) -> dict:
     with_writers=st.sets(st.integers(0, N_BUCKETS - 1)),
     probe=st.lists(st.integers(0, 60), min_size=1, max_size=6),
 )
+@pytest.mark.slow
 def test_differential_regions_modes_and_writer_subsets(tmp_path_factory, ops, with_writers, probe):
     """Random puts/deletes/flushes/merges/snapshots over bucket(id, 3) regions; every
     query in both modes, with all, none or some writers handed in, equals the model:

@@ -124,6 +124,7 @@ batches = st.lists(st.lists(row, min_size=0, max_size=6), min_size=1, max_size=6
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(batches=batches, deletes=st.lists(st.integers(-5, 5), max_size=4))
+@pytest.mark.slow
 def test_duplicate_keys_empty_batches_nullable_values(tmp_path_factory, batches, deletes):
     uri = str(tmp_path_factory.mktemp("p") / "t")
     schema = pa.schema([pa.field("k", pa.int64(), False, PK), pa.field("v", pa.int64())])
@@ -241,6 +242,7 @@ def workloads(draw):
     max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(w=workloads())
+@pytest.mark.slow
 def test_property_keys_values_schema_evolution(tmp_path_factory, w):
     """Random puts/deletes over int, float (NaN, -0.0, inf), string (empty, very long,
     unicode, NUL) and binary keys, with duplicate keys in a batch, empty batches, NULL

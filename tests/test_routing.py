@@ -224,6 +224,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_concurrent_routing_processes_create_one_region_per_value(bucket_table):
     """Processes routing rows of the same values at once never create two regions for one."""
     t = bucket_table

@@ -8,6 +8,7 @@ conditional-put verification, ambiguous-put resolution and option translation.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import multiprocessing as mp
@@ -48,6 +49,7 @@ from memwal_query.storage import objectstore, s3config  # noqa: E402
 from memwal_query.storage.lease import LeaseLock  # noqa: E402
 from memwal_query.storage.objectstore import S3FileIO  # noqa: E402
 from memwal_query.storage.s3config import (  # noqa: E402
+    OPT_VERIFY_CONDITIONAL_PUT,
     ConditionalPutUnsupportedError,
     LockTimeoutError,
     s3_settings,
@@ -89,6 +91,12 @@ class Backend:
     def table(self, ids=range(100), name: str = "base") -> mq.MemWalTable:
         uri = self.base_table(ids, name)
         return mq.MemWalTable.initialize(uri, storage_options=self.storage_options)
+
+
+# For a test whose S3 run is slow: local in the fast lane, S3 in the full run only.
+S3_IS_SLOW = pytest.mark.parametrize(
+    "backend", ["local", pytest.param("s3", marks=pytest.mark.slow)], indirect=True
+)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -280,6 +288,7 @@ def test_reader_provider_and_sql(backend):
     assert got == {"id": [5, 500], "val": [50.0, 500.0]}
 
 
+@S3_IS_SLOW
 def test_merger_and_gc(backend):
     t = backend.table()
     w = t.writer()
@@ -344,6 +353,7 @@ def _search_rows(ids, seed: int, text: str | None = None) -> pa.Table:
     return pa.table({"id": ids, "text": texts, "vec": flat}, schema=schema)
 
 
+@S3_IS_SLOW
 def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
     """Maintained indexes, searches, a batched merge, catch-up, GC and eventual reads
     give the same answers as a dict model, on local disk and on S3."""
@@ -491,6 +501,7 @@ def test_missing_bucket_is_a_storage_error(s3_server):
     assert not io.exists("s3://no-such-bucket/x/a")
 
 
+@pytest.mark.slow  # ~5-8 s, mostly waiting: Lance tries a refused list six times
 def test_open_errors_are_typed_and_name_the_uri(s3_server):
     """A missing bucket or refused credentials is a StorageError naming the URI, not
     TableNotFoundError ("no Lance table here"): the table may well exist."""
@@ -506,22 +517,31 @@ def test_open_errors_are_typed_and_name_the_uri(s3_server):
         mq.MemWalTable.initialize("s3://no-such-bucket/t", storage_options=options)
     assert not isinstance(e.value, mq.TableNotFoundError)
     assert str(e.value).startswith("s3://no-such-bucket/t: ")
-    started = time.monotonic()
     with enable_iam_authentication():  # moto now refuses the test credentials (403)
-        with pytest.raises(StorageError, match="access denied") as e:
-            mq.MemWalTable.open(uri, storage_options=options)
+        with s3_server.recording() as by_lance, pytest.raises((OSError, ValueError)):
+            lance.dataset(uri, storage_options=options)
+        with s3_server.recording() as by_open:
+            with pytest.raises(StorageError, match="access denied") as e:
+                mq.MemWalTable.open(uri, storage_options=options)
         assert not isinstance(e.value, mq.TableNotFoundError)
         assert str(e.value).startswith(f"{uri}: ") and "InvalidAccessKeyId" in str(e.value)
-        io = file_io_for(uri, options)
-        with pytest.raises(StorageError, match=uri):
-            io.put_if_not_exists(uri + "/x", b"1")
-    assert time.monotonic() - started < 30  # refused at once: no retries of a 403
+        # Refused at once, no retries of a 403: the open makes the requests of Lance's own
+        # open and no more, and a put is sent once (the conditional-put probe of a new
+        # FileIO; the object itself when the probe is off).
+        assert by_open == by_lance and {status for *_, status in by_open} == {403}
+        probing = file_io_for(uri, options)
+        direct = file_io_for(uri, {**options, OPT_VERIFY_CONDITIONAL_PUT: "false"})
+        for io, target in [(probing, "/.memwal-probe-"), (direct, "/x")]:
+            with s3_server.recording() as log, pytest.raises(StorageError, match=uri):
+                io.put_if_not_exists(uri + "/x", b"1")
+            puts = [path for method, path, _ in log if method == "PUT"]
+            assert len(puts) == 1 and target in puts[0], log
 
 
-def test_put_while_the_store_is_down_raises_and_loses_nothing(tmp_path):
+def test_put_while_the_store_is_down_raises_and_loses_nothing(tmp_path, monkeypatch):
     """The store stops between puts: the put raises a StorageError naming the WAL entry
-    within seconds (bounded retries); once the store is back, the writer goes on and every
-    acknowledged row is there."""
+    after a bounded number of attempts; once the store is back, the writer goes on and
+    every acknowledged row is there."""
     server = LocalS3Server().start()
     try:
         server.create_bucket("down-bucket")
@@ -533,10 +553,21 @@ def test_put_while_the_store_is_down_raises_and_loses_nothing(tmp_path):
         w.put(basic_rows([100]))
         port = server.port
         server.stop()
-        started = time.monotonic()
+        attempts: list[str] = []
+        real_put = objectstore.obstore.put
+
+        def counted(store, key, *args, **kwargs):
+            attempts.append(key)
+            if len(attempts) > 50:  # unbounded retries: end them (the assert below fails)
+                raise objectstore.obx.PermissionDeniedError("test: too many attempts")
+            return real_put(store, key, *args, **kwargs)
+
+        monkeypatch.setattr(objectstore.obstore, "put", counted)
         with pytest.raises(StorageError, match=r"wal/.*\.arrow"):
             w.put(basic_rows([101]))
-        assert time.monotonic() - started < 20
+        monkeypatch.setattr(objectstore.obstore, "put", real_put)
+        assert 1 <= len(attempts) <= 5, attempts  # objectstore._PUT_ATTEMPTS
+        assert all("/wal/" in key for key in attempts), attempts
         server = LocalS3Server(port=port).start()  # moto keeps its objects in memory
         w.put(basic_rows([102]))
         w.close()
@@ -584,6 +615,7 @@ def test_put_landing_as_the_store_dies_is_adopted_not_lost():
         server.stop()
 
 
+@pytest.mark.slow
 def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     """The memwal CLI reaches S3 through AWS_* variables only (AWS_ENDPOINT as documented):
     ingest, sql, status --json, merge and gc agree with the rows written."""
@@ -737,6 +769,23 @@ def test_ambiguous_put_is_resolved_by_token(s3, monkeypatch):
     assert io.read(root + "/c") == b"c" and len(calls) == 2
 
 
+@contextlib.contextmanager
+def _lease_attempts():
+    """``(outcome, time.time() at its end)`` of every ``LeaseLock`` attempt in the block
+    (outcome: ``"acquired"``, ``"retry"`` or the holder that made it wait)."""
+    seen: list[tuple[str, float]] = []
+    attempt = LeaseLock._attempt
+
+    def spy(self):
+        outcome = attempt(self)
+        seen.append((outcome, time.time()))
+        return outcome
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(LeaseLock, "_attempt", spy)
+        yield seen
+
+
 def _write_lease(io, path, owner, expires_in):
     lease = {"owner": owner, "expires_at": time.time() + expires_in, "ttl": 1, "released": False}
     io.write(path, json.dumps(lease).encode())
@@ -750,12 +799,14 @@ def test_lease_takeover_of_expired_lease(s3):
         assert lock.took_over == "crashed-holder"
         assert json.loads(io.read(path))["owner"] == lock.owner
     assert json.loads(io.read(path))["released"] is True
-    # A live lease blocks until it expires (crashed holder: no renewal).
+    # A live lease blocks until it expires (crashed holder: no renewal): the contender's
+    # first attempts find it held, the one that takes it over ends after its expiry.
     _write_lease(io, path, "stalled-holder", expires_in=0.6)
-    started = time.monotonic()
-    with LeaseLock(io, path, skew=0, poll=0.05) as lock:
-        assert time.monotonic() - started >= 0.5
+    expires_at = json.loads(io.read(path))["expires_at"]
+    with _lease_attempts() as attempts, LeaseLock(io, path, skew=0, poll=0.05) as lock:
         assert lock.took_over == "stalled-holder"
+    assert attempts[0][0].startswith("stalled-holder (expires in "), attempts
+    assert attempts[-1][0] == "acquired" and attempts[-1][1] > expires_at, attempts
     _write_lease(io, path, "live-holder", expires_in=30)
     with pytest.raises(LockTimeoutError, match="live-holder"):
         LeaseLock(io, path, timeout=0.3).acquire()
@@ -772,9 +823,9 @@ def test_lease_is_renewed_while_held(s3):
         assert not holder.lost
     finally:
         holder.release()
-    started = time.monotonic()
-    with LeaseLock(io, path, skew=0):
-        assert time.monotonic() - started < 0.5  # released: no waiting for expiry
+    with _lease_attempts() as attempts, LeaseLock(io, path, skew=0) as lock:
+        assert lock.took_over is None  # released, not expired
+    assert [outcome for outcome, _ in attempts] == ["acquired"]  # no waiting for expiry
 
 
 def test_lease_lost_is_detected(s3):

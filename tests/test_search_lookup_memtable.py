@@ -311,6 +311,7 @@ def test_random_appends_adopts_and_old_snapshots_vs_brute_force():
     assert _via_index(uri, snap, everything) == _brute(snap, everything)
 
 
+@pytest.mark.slow
 def test_replaced_memtable_of_same_generation_is_reindexed():
     """A new MemTable object (same table, region, generation) never reuses the index,
     even when its batches get the ids of the previous one's."""

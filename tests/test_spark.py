@@ -351,6 +351,7 @@ def test_stale_attempt_is_fenced_by_spark_retry(spark, tmp_path):
     assert_view(t.uri, model)
 
 
+@pytest.mark.slow
 def test_speculative_attempts_interleaved(tmp_path):
     """Two attempts of one write task, the second starting while the first runs."""
     t = new_table(tmp_path)

@@ -619,6 +619,7 @@ def test_interrupted_ingest_reports_durable_rows_and_converges(uri, tmp_path):
     n = 40_000
     f = str(tmp_path / "big.parquet")
     pq.write_table(basic_rows(range(n)), f)
+    # A real process (not CliRunner): the test sends it SIGTERM half-way through.
     cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--batch-rows", "20"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: wal_files(uri) >= 3 or p.poll() is not None)
