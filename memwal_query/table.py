@@ -60,6 +60,7 @@ from memwal_query.storage.io import FileIO, file_io_for, normalize_uri
 from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
+    from memwal_query.maintain.policy import MaintenancePolicy, MaintenanceReport
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
 
@@ -521,6 +522,23 @@ class MemWalTable:
             min_age=min_age,
             progress=progress,
         )
+
+    def maintain(
+        self,
+        policy: MaintenancePolicy | None = None,
+        dry_run: bool = False,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> MaintenanceReport:
+        """One maintenance pass: merge regions over the policy's thresholds, catch up
+        indexes, refresh snapshots, GC with a retention window (``memwal maintain``).
+
+        See :mod:`memwal_query.maintain.policy` for the policy defaults and why each
+        step is safe alongside writers, readers and other maintainers. ``dry_run`` only
+        reports; ``progress(step, done, total)`` is called as steps advance.
+        """
+        from memwal_query.maintain.policy import maintain
+
+        return maintain(self, policy, dry_run=dry_run, progress=progress)
 
     def status(self) -> dict[str, Any]:
         """Per region: epoch, generations flushed/merged, WAL span, sizes."""

@@ -994,3 +994,9 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
             click.echo(("would " if dry_run else "") + action)
             done += 1
     click.echo(f"{done} repair(s)" + (" (dry run)" if dry_run else ""))
+
+
+# -- commands defined in their own modules ------------------------------------------------
+from memwal_query.cli.maintain import maintain as _maintain  # noqa: E402 - needs the above
+
+main.add_command(_maintain)
