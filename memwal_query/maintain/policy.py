@@ -331,21 +331,30 @@ def snapshots_stale(table: MemWalTable) -> bool:
     }
 
 
-def _retrying(table: MemWalTable, step: Callable[[], _T]) -> _T:
-    """Run ``step``; once more if it failed while the base table moved (another
-    maintainer committed or cleaned up versions under it): the retry reads the newer
-    state. A failure on an unchanged table propagates."""
-    before = table.dataset().version
+def _version(table: MemWalTable) -> int | None:
+    """The base table's latest version (None when it cannot be read just now: the
+    version found latest was cleaned up before it could be opened)."""
     try:
-        return step()
-    except Exception:
+        return table.dataset().version
+    except Exception:  # noqa: BLE001 - the caller decides
+        return None
+
+
+def _retrying(table: MemWalTable, step: Callable[[], _T], attempts: int) -> _T:
+    """Run ``step``; again (up to ``attempts`` times in all) while it fails with the
+    base table moving under it (another maintainer committed, or cleaned up the version
+    the step was reading): each retry reads the newer state. A failure on an unchanged
+    table propagates."""
+    for attempt in range(1, attempts + 1):
+        before = _version(table)
         try:
-            moved = table.dataset().version != before
-        except Exception:  # noqa: BLE001 - cannot tell: report the original failure
-            moved = False
-        if not moved:
-            raise
-        return step()
+            return step()
+        except Exception:
+            after = _version(table)
+            moved = before is None or (after is not None and after != before)
+            if not moved or attempt >= attempts:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover - attempts >= 1
 
 
 def _note(progress: Progress | None, step: str, done: int, total: int) -> None:
@@ -379,6 +388,7 @@ def _merge_step(
                         policy.max_retries,
                         policy.merge_batch_rows,
                     ),
+                    max(1, policy.max_retries),
                 )
             )
         except Exception as e:  # noqa: BLE001 - reported; the other regions go on
@@ -425,8 +435,9 @@ def maintain(
     policy = MaintenancePolicy() if policy is None else policy
     started = time.perf_counter()
     report = MaintenanceReport(table.uri, dry_run)
+    attempts = max(1, policy.max_retries)
     _note(progress, "planning", 0, 1)
-    report.regions = plan_regions(table, policy)
+    report.regions = _retrying(table, lambda: plan_regions(table, policy), attempts)
     _note(progress, "planning", 1, 1)
     first: BaseException | None = None
 
@@ -447,7 +458,9 @@ def maintain(
                 from memwal_query.maintain.catchup import catch_up_indexes
 
                 names = report.catch_up
-                report.index_catchup = _retrying(table, lambda: catch_up_indexes(table, names))
+                report.index_catchup = _retrying(
+                    table, lambda: catch_up_indexes(table, names), attempts
+                )
             _note(progress, "catching up", 1, 1)
         except Exception as e:  # noqa: BLE001 - reported; the other steps go on
             report.errors["catch up"] = f"{type(e).__name__}: {e}"
@@ -459,7 +472,7 @@ def maintain(
             if report.snapshots_refreshed and not dry_run:
                 from memwal_query.maintain.snapshots import refresh
 
-                _retrying(table, lambda: refresh(table))
+                _retrying(table, lambda: refresh(table), attempts)
             _note(progress, "refreshing snapshots", 1, 1)
         except Exception as e:  # noqa: BLE001 - reported; the other steps go on
             report.errors["refresh snapshots"] = f"{type(e).__name__}: {e}"
@@ -481,6 +494,7 @@ def maintain(
                     min_age=policy.retention,
                     progress=collect,
                 ),
+                attempts,
             )
         except Exception as e:  # noqa: BLE001 - reported below
             report.errors["gc"] = f"{type(e).__name__}: {e}"
