@@ -245,12 +245,31 @@ def stepper(monkeypatch: Any) -> dict[str, _Stepper]:
     ):
         hook(LocalFileIO, name)
     hook(lance, "dataset")
-    for name in ("checkout_version", "to_table", "scanner", "count_rows", "cleanup_old_versions"):
+    for name in (
+        "checkout_version",
+        "to_table",
+        "scanner",
+        "count_rows",
+        "cleanup_old_versions",
+        "commit",
+    ):
         hook(lance.LanceDataset, name)
     lance_dataset = sys.modules["lance.dataset"]
     hook(lance_dataset.MergeInsertBuilder, "execute")
     hook(lance_dataset.DatasetOptimizer, "optimize_indices")
     return box
+
+
+_MUTATING = {
+    "write",
+    "put_if_not_exists",
+    "delete",
+    "delete_tree",
+    "execute",
+    "optimize_indices",
+    "cleanup_old_versions",
+    "commit",
+}
 
 
 def _put(model: dict[int, float], w: Any, step: int) -> None:
@@ -301,22 +320,33 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     def read(i: int) -> None:
         assert _state(t) == model, f"reader at access {i}"
 
-    def other_maintainer(i: int) -> None:
+    def other_maintainer(i: int, everything: bool = False) -> None:
         if s.locked:  # it would wait for the paused maintainer's lock: flush instead
             return flush(i)
         # Its own retention window (the default) keeps the versions the paused one reads;
         # the paused one (retention 0) deletes everything it may, under its competitors.
-        maintain(other, MaintenancePolicy(max_generations=0))
+        # It leaves catch-up and snapshots to the paused one, except right before the
+        # paused one extends the indexes: there it catches up first.
+        steps = {"catch_up": everything, "refresh_snapshots": everything}
+        maintain(other, MaintenancePolicy(max_generations=0, **steps))
         assert _state(t) == model, f"after another maintainer at access {i}"
 
     ops = [flush, read, other_maintainer]
     # Each flush and each other maintainer adds base versions, which the paused one's GC
-    # reads one by one (more accesses, more ops...): after this many accesses the
-    # competitor is a reader only.
-    budget = 90
+    # then reads one by one (more accesses, more ops...): after ``budget`` accesses the
+    # competitor is a reader, before each access that changes storage (a reader's
+    # answer can change only there, so every state the maintainer leaves is read).
+    budget = 30
     n = 0
     for where in s.steps():
-        (ops[n % 3] if n < budget else read)(n + 2)
+        if where == "DatasetOptimizer.optimize_indices":
+            flush(n)  # a merge for the other maintainer to make and index
+            other_maintainer(n, everything=True)
+            flush(n + 1)  # and snapshots left stale for the paused one to refresh
+        elif n < budget:
+            ops[n % 3](n)
+        elif where.rsplit(".", 1)[1] in _MUTATING:
+            read(n)
         seen[where] = seen.get(where, 0) + 1
         n += 1
     th.join(60)
@@ -324,8 +354,8 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     if "error" in out:
         raise AssertionError(f"maintainer failed at access {n} ({s.where})") from out["error"]
     assert n > 30, seen  # it did touch storage that often
-    print(n, seen)
     assert {"MergeInsertBuilder.execute", "LocalFileIO.delete_tree"} <= set(seen), seen
+    assert {"DatasetOptimizer.optimize_indices", "LanceDataset.commit"} <= set(seen), seen
     # Everything flushed gets merged; the base table then is the model, each key once.
     maintain(other, NOW)
     assert _state(t) == model
