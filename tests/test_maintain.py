@@ -327,8 +327,10 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
         # the paused one (retention 0) deletes everything it may, under its competitors.
         # It leaves catch-up and snapshots to the paused one, except right before the
         # paused one extends the indexes: there it catches up first.
-        steps = {"catch_up": everything, "refresh_snapshots": everything}
-        maintain(other, MaintenancePolicy(max_generations=0, **steps))
+        policy = MaintenancePolicy(
+            max_generations=0, catch_up=everything, refresh_snapshots=everything
+        )
+        maintain(other, policy)
         assert _state(t) == model, f"after another maintainer at access {i}"
 
     ops = [flush, read, other_maintainer]

@@ -997,6 +997,6 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
 
 
 # -- commands defined in their own modules ------------------------------------------------
-from memwal_query.cli.maintain import maintain as _maintain  # noqa: E402 - needs the above
+from memwal_query.cli.maintain import COMMAND as _maintain_command  # noqa: E402 - needs the above
 
-main.add_command(_maintain)
+main.add_command(_maintain_command)

@@ -204,3 +204,7 @@ def maintain(
         click.echo(f"stopped after {passes} pass(es)", err=True)
     if failed:
         sys.exit(1)
+
+
+COMMAND: click.Command = maintain
+"""The ``maintain`` command, as registered on the ``memwal`` group."""
