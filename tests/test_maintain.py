@@ -382,6 +382,7 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     res = runner.invoke(main, ["maintain", t.uri, "--max-rows", "1", "--retention-hours", "0"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: merged [1] (2 unmerged rows > 1)" in res.output
+    assert "merging" not in res.output  # no progress bar when not on a terminal
     assert "catch up indexes ['name_idx']" in res.output
     assert t.index().merged_generations() == {w.region_id: 1}
     res = runner.invoke(main, ["maintain", t.uri, "--watch", "0", "--max-passes", "2", "--json"])
@@ -390,6 +391,37 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     assert len(passes) == 2 and all(p["regions"] == [] and p["errors"] == {} for p in passes)
     res = runner.invoke(main, ["maintain", t.uri, "--max-generations", "-1"])
     assert res.exit_code == 2 and "--max-generations" in res.output
+    w.close()
+
+
+def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch: Any) -> None:
+    t = _table(tmp_path)
+    w = _writer(t, 0)
+    w.put(basic_rows([2]))
+    w.flush()
+    from memwal_query.maintain import catchup
+
+    calls: list[int] = []
+
+    def flaky(table: Any, names: Any = None) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk on fire")
+        return real(table, names)
+
+    real = catchup.catch_up_indexes
+    monkeypatch.setattr(catchup, "catch_up_indexes", flaky)
+    args = ["maintain", t.uri, "--max-generations", "0", "--watch", "0", "--max-passes", "2"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output  # the last pass succeeded
+    assert "failed: catch up: OSError: disk on fire" in res.output
+    assert "catch up indexes ['name_idx']" in res.output and len(calls) == 2
+    assert indexes_behind(t) == []
+    calls.clear()  # fails once more: without --watch, the exit status is 1
+    w.put(basic_rows([4]))
+    w.flush()
+    res = CliRunner().invoke(main, ["maintain", t.uri, "--max-generations", "0"])
+    assert res.exit_code == 1 and "failed: catch up: OSError: disk on fire" in res.output
     w.close()
 
 
