@@ -5,8 +5,8 @@ reusing the steps of :mod:`memwal_query.maintain` (no step is reimplemented here
 
 1. **merge** (:func:`memwal_query.maintain.merger.merge_region`): every region with more
    than ``max_generations`` unmerged generations, or more than ``max_rows`` unmerged
-   rows, is merged up to the generations the pass saw (generations flushed while the
-   pass runs wait for the next pass, so a pass is bounded);
+   rows, is merged, at most as many generations as the pass found unmerged (so a pass
+   is bounded even under a fast writer: what it leaves waits for the next pass);
 2. **catch up indexes** (:func:`memwal_query.maintain.catchup.catch_up_indexes`): the
    maintained base indexes whose recorded catch-up is behind ``merged_generations``;
 3. **refresh snapshots** (:func:`memwal_query.maintain.snapshots.refresh`): when the
@@ -369,7 +369,8 @@ def _merge_step(
     report: MaintenanceReport,
     progress: Progress | None,
 ) -> BaseException | None:
-    """Merge the chosen regions up to the generations planned; failures per region."""
+    """Merge the chosen regions, at most the number of generations planned for each;
+    a failed region is recorded in ``report.errors`` and the others go on."""
     from memwal_query.maintain.merger import merge_region
 
     chosen = [p for p in plans if p.merge]
