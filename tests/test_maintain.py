@@ -7,7 +7,8 @@
   makes (FileIO calls and Lance opens/scans/commits, counted in its thread); at each
   pause the test runs a writer flush, a reader or another maintainer, then lets it go
   on. Readers always equal a dict model; at the end the base table holds every key once.
-- ``memwal maintain`` (one pass, --dry-run, --json, --watch) and ``mqs.maintain``.
+- ``memwal maintain`` (one pass, --dry-run, --json, --watch). ``mqs.maintain`` is tested in
+  tests/test_spark.py (it shares that module's SparkSession).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 
 import lance
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
@@ -423,51 +423,3 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
     res = CliRunner().invoke(main, ["maintain", t.uri, "--max-generations", "0"])
     assert res.exit_code == 1 and "failed: catch up: OSError: disk on fire" in res.output
     w.close()
-
-
-# -- Spark ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    from memwal_query import spark as mqs
-
-    mqs.default_worker_python()
-    session = (
-        SparkSession.builder.master("local[2,2]")
-        .appName("memwal_query-maintain-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-@pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
-def test_spark_maintain_merges_as_tasks(tmp_path: Any, spark: Any) -> None:
-    from memwal_query import spark as mqs
-
-    t = _table(tmp_path)
-    model = {i: float(i) for i in range(20)}
-    writers = [_writer(t, p) for p in (0, 1)]
-    for i in range(3):
-        _put(model, writers[i % 2], i)
-    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(max_generations=1))
-    assert summary.merge is not None
-    assert summary.merge.by_region() == {writers[0].region_id: [1, 2]}  # odd: 1 generation
-    assert [(m.region_id, m.generation) for m in summary.report.merged] == [
-        (writers[0].region_id, 1),
-        (writers[0].region_id, 2),
-    ]
-    assert summary.report.catch_up == ["name_idx"] and summary.report.snapshots_refreshed
-    assert _state(t) == model
-    dry = mqs.maintain(spark, t.uri, policy=NOW, dry_run=True)
-    assert dry.merge is None and [r.generations for r in dry.report.to_merge] == [[1]]
-    for w in writers:
-        w.close()
-    assert pc.sum(lance.dataset(t.uri).to_table().column("id")).as_py() > 0
