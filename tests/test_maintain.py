@@ -126,6 +126,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     report = t.maintain(MaintenancePolicy(max_generations=2, max_rows=10, gc=False))
     assert [(m.region_id, m.generation) for m in report.merged] == [(odd.region_id, 1)]
     assert "20 unmerged rows > 10" in "\n".join(report.lines())
+    assert not report.collected and not any("remove" in x for x in report.lines())
     even.close()
     odd.close()
 

@@ -190,6 +190,8 @@ class MaintenanceReport:
         The region snapshots were stale (and were refreshed, unless a dry run).
     gc_paths : list of str
         Paths GC removed (or would remove).
+    collected : bool
+        The GC step ran (the policy's ``gc``).
     errors : dict
         ``{step or "merge <region>": error text}`` of what failed.
     seconds : float
@@ -203,6 +205,7 @@ class MaintenanceReport:
     index_catchup: dict[str, dict[str, int]] = field(default_factory=dict)
     snapshots_refreshed: bool = False
     gc_paths: list[str] = field(default_factory=list)
+    collected: bool = False
     errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -237,7 +240,7 @@ class MaintenanceReport:
             out.append(f"{would}catch up indexes {self.catch_up}")
         if self.snapshots_refreshed:
             out.append(f"{would}refresh region snapshots")
-        if self.gc_paths or not self.errors:
+        if self.collected:
             out.append(f"{would}remove {len(self.gc_paths)} path(s)")
         for k, v in sorted(self.errors.items()):
             out.append(f"failed: {k}: {v}")
@@ -263,6 +266,7 @@ class MaintenanceReport:
             "index_catchup": self.index_catchup,
             "snapshots_refreshed": self.snapshots_refreshed,
             "gc_paths": self.gc_paths,
+            "collected": self.collected,
             "errors": self.errors,
             "seconds": round(self.seconds, 3),
         }
@@ -497,6 +501,7 @@ def maintain(
                 ),
                 attempts,
             )
+            report.collected = True
         except Exception as e:  # noqa: BLE001 - reported below
             report.errors["gc"] = f"{type(e).__name__}: {e}"
             first = first or e
