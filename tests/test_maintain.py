@@ -59,6 +59,14 @@ def _writer(t: mq.MemWalTable, parity: int) -> Any:
     return t.writer(region_values={"p": parity})
 
 
+def _flushed(t: mq.MemWalTable, parity: int, ids: list[int]) -> Any:
+    """A writer of region ``parity`` that has flushed one generation of ``ids``."""
+    w = _writer(t, parity)
+    w.put(basic_rows(ids))
+    w.flush()
+    return w
+
+
 def _state(t: mq.MemWalTable) -> dict[int, float]:
     got = mq.MemWalTable.open(t.uri).to_table(columns=["id", "val"])
     ids = got.column("id").to_pylist()
@@ -158,9 +166,7 @@ def test_pass_collects_and_a_quiet_pass_commits_nothing(tmp_path: Any) -> None:
 
 def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -> None:
     t = _table(tmp_path)
-    w = _writer(t, 0)
-    w.put(basic_rows([2]))
-    w.flush()
+    w = _flushed(t, 0, [2])
     t.maintain(NOW)  # generation 1 merged, indexed, collected
     w.put(basic_rows([4]))
     w.flush()
@@ -371,9 +377,7 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
 # -- command line ----------------------------------------------------------------------------
 def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     t = _table(tmp_path)
-    w = _writer(t, 1)
-    w.put(basic_rows([101, 103]))
-    w.flush()
+    w = _flushed(t, 1, [101, 103])
     runner = CliRunner()
     res = runner.invoke(main, ["maintain", t.uri, "--dry-run", "--max-generations", "0"])
     assert res.exit_code == 0, res.output
@@ -397,9 +401,7 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
 
 def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch: Any) -> None:
     t = _table(tmp_path)
-    w = _writer(t, 0)
-    w.put(basic_rows([2]))
-    w.flush()
+    w = _flushed(t, 0, [2])
     from memwal_query.maintain import catchup
 
     calls: list[int] = []
