@@ -93,6 +93,10 @@ def test_policy_defaults_and_validation() -> None:
     p = MaintenancePolicy()
     assert (p.max_generations, p.max_rows, p.retention) == (4, 100_000, dt.timedelta(hours=1))
     assert p.catch_up and p.refresh_snapshots and p.gc
+    from memwal_query.maintain import merger
+
+    assert (p.batch_rows(), p.retries()) == (merger.DEFAULT_BATCH_ROWS, merger.DEFAULT_MAX_RETRIES)
+    assert MaintenancePolicy(merge_batch_rows=0, max_retries=3).batch_rows() == 0
     assert p.wants_merge(4, 100_000) is None
     assert p.wants_merge(5, 0) == "5 unmerged generations > 4"
     assert p.wants_merge(1, 100_001) == "100001 unmerged rows > 100000"

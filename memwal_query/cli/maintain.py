@@ -17,7 +17,6 @@ from typing import Any
 import click
 
 from memwal_query.cli.commands import _handle_errors, _open, _progress
-from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS
 from memwal_query.maintain.policy import (
     DEFAULT_MAX_GENERATIONS,
     DEFAULT_MAX_ROWS,
@@ -57,7 +56,7 @@ class _StepBars:
 def _policy(
     max_generations: int,
     max_rows: int,
-    batch_rows: int,
+    batch_rows: int | None,
     retention_hours: float | None,
     keep_versions: bool,
     catch_up: bool,
@@ -118,9 +117,8 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
 @click.option(
     "--batch-rows",
     type=click.IntRange(min=0),
-    default=DEFAULT_BATCH_ROWS,
-    show_default=True,
-    help="Rows of consecutive generations merged per commit (0: one per generation).",
+    help="Rows of consecutive generations merged per commit (0: one per generation) "
+    "[default: the merger's, 1000000].",
 )
 @click.option(
     "--retention-hours",
@@ -144,7 +142,7 @@ def maintain(
     dry_run: bool,
     max_generations: int,
     max_rows: int,
-    batch_rows: int,
+    batch_rows: int | None,
     retention_hours: float | None,
     keep_versions: bool,
     catch_up: bool,

@@ -53,10 +53,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memwal_query.exceptions import MemWalError
-from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, MergeResult
 
 if TYPE_CHECKING:
+    from memwal_query.maintain.merger import MergeResult
     from memwal_query.table import MemWalTable
+
+# The merger (and Lance) are imported when a pass runs, not with this module: the
+# ``memwal`` command line imports it for its option defaults on every start.
 
 Progress = Callable[[str, int, int], None]
 """``progress(step, done, total)``: called as a step advances (``step`` is one of
@@ -101,13 +104,14 @@ class MaintenancePolicy:
         Merge a region with more than this many unmerged rows (default 100,000; counted
         from the manifest's ``physical_rows`` statistic, a generation without it counts
         0 rows and is merged by ``max_generations``).
-    merge_batch_rows : int
+    merge_batch_rows : int, optional
         Consecutive generations of a region up to this many rows are merged by one
-        commit (default :data:`memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`; ``0``:
-        one commit per generation).
-    max_retries : int
-        Commit races a region's merge tolerates (default
-        :data:`memwal_query.maintain.merger.DEFAULT_MAX_RETRIES`).
+        commit (``0``: one commit per generation). None (default): the merger's
+        :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_ROWS` (1,000,000).
+    max_retries : int, optional
+        Commit races a region's merge tolerates, and how often a step is retried while
+        the base table moves under it. None (default): the merger's
+        :data:`~memwal_query.maintain.merger.DEFAULT_MAX_RETRIES` (20).
     catch_up : bool
         Extend the maintained base indexes over merged data when they are behind
         (default True).
@@ -126,8 +130,8 @@ class MaintenancePolicy:
 
     max_generations: int = DEFAULT_MAX_GENERATIONS
     max_rows: int = DEFAULT_MAX_ROWS
-    merge_batch_rows: int = DEFAULT_BATCH_ROWS
-    max_retries: int = DEFAULT_MAX_RETRIES
+    merge_batch_rows: int | None = None
+    max_retries: int | None = None
     catch_up: bool = True
     refresh_snapshots: bool = True
     gc: bool = True
@@ -136,6 +140,8 @@ class MaintenancePolicy:
     def __post_init__(self) -> None:
         for name in ("max_generations", "max_rows", "merge_batch_rows", "max_retries"):
             value = getattr(self, name)
+            if value is None and name in ("merge_batch_rows", "max_retries"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"MaintenancePolicy.{name} must be an int >= 0, got {value!r}")
         if self.retention is not None and (
@@ -145,6 +151,18 @@ class MaintenancePolicy:
                 f"MaintenancePolicy.retention must be a timedelta >= 0 or None, "
                 f"got {self.retention!r}"
             )
+
+    def batch_rows(self) -> int:
+        """``merge_batch_rows``, or the merger's default."""
+        from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS
+
+        return DEFAULT_BATCH_ROWS if self.merge_batch_rows is None else self.merge_batch_rows
+
+    def retries(self) -> int:
+        """``max_retries``, or the merger's default."""
+        from memwal_query.maintain.merger import DEFAULT_MAX_RETRIES
+
+        return DEFAULT_MAX_RETRIES if self.max_retries is None else self.max_retries
 
     def wants_merge(self, generations: int, rows: int) -> str | None:
         """Why a region with this much unmerged work is merged (None: it is not)."""
@@ -390,10 +408,10 @@ def _merge_step(
                         table,
                         plan.region_id,
                         len(plan.generations),
-                        policy.max_retries,
-                        policy.merge_batch_rows,
+                        policy.retries(),
+                        policy.batch_rows(),
                     ),
-                    max(1, policy.max_retries),
+                    max(1, policy.retries()),
                 )
             )
         except Exception as e:  # noqa: BLE001 - reported; the other regions go on
@@ -440,7 +458,7 @@ def maintain(
     policy = MaintenancePolicy() if policy is None else policy
     started = time.perf_counter()
     report = MaintenanceReport(table.uri, dry_run)
-    attempts = max(1, policy.max_retries)
+    attempts = max(1, policy.retries())
     _note(progress, "planning", 0, 1)
     report.regions = _retrying(table, lambda: plan_regions(table, policy), attempts)
     _note(progress, "planning", 1, 1)

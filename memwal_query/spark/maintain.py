@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memwal_query.exceptions import CommitConflictError
-from memwal_query.maintain.merger import MergeResult
 from memwal_query.maintain.policy import (
     MaintenancePolicy,
     MaintenanceReport,
@@ -27,6 +26,8 @@ from memwal_query.spark.merge import merge as spark_merge
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from memwal_query.maintain.merger import MergeResult
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,13 @@ def maintain(
     jobs: list[MergeSummary] = []
 
     def merge(plans: list[RegionPlan]) -> list[MergeResult]:
+        from memwal_query.maintain.merger import MergeResult
+
         summary = spark_merge(
             spark,
             table.uri,
             regions=[p.region_id for p in plans],
-            max_retries=policy.max_retries,
+            max_retries=policy.retries(),
             max_rounds=max_rounds,
             parallelism=parallelism,
             storage_options=storage_options,
