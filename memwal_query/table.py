@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import uuid as uuid_mod
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -50,6 +50,7 @@ from memwal_query.write.routing import RoutedWriters, split_by_region
 from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
+    from memwal_query.maintain.policy import MaintenancePolicy, MaintenanceReport
     from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
@@ -371,6 +372,23 @@ class MemWalTable(Catalog):
         from memwal_query.read.consumers import drop_consumer
 
         drop_consumer(self, name)
+
+    def maintain(
+        self,
+        policy: MaintenancePolicy | None = None,
+        dry_run: bool = False,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> MaintenanceReport:
+        """One maintenance pass: merge regions over the policy's thresholds, catch up
+        indexes, refresh snapshots, GC with a retention window (``memwal maintain``).
+
+        See :mod:`memwal_query.maintain.policy` for the policy defaults and why each
+        step is safe alongside writers, readers and other maintainers. ``dry_run`` only
+        reports; ``progress(step, done, total)`` is called as steps advance.
+        """
+        from memwal_query.maintain.policy import maintain
+
+        return maintain(self, policy, dry_run=dry_run, progress=progress)
 
     def status(self) -> dict[str, Any]:
         """Per region: epoch, generations flushed/merged, WAL span, sizes."""

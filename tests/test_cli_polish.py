@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import memwal_query as mq
 from memwal_query.cli.commands import _split_statements, _write_atomically, main
-from memwal_query.cli.commands.fmt import json_text
+from memwal_query.cli.fmt import json_text
 
 from helpers import PK
 

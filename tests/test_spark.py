@@ -976,3 +976,32 @@ def test_reader_differential(spark, tmp_path):
         assert got["val"].to_pylist() == [model[i] for i in ids]
     for w in t.writers():
         w.close()
+
+
+# -- maintenance with merges as Spark tasks (issue 20) -------------------------------------
+@pytest.mark.slow
+def test_maintain_merges_over_the_policy_as_tasks(tmp_path, spark):
+    """mqs.maintain: the regions over the policy are merged by Spark tasks; catch-up,
+    snapshots and GC on the driver (the rest of maintenance: tests/test_maintain.py)."""
+    from test_maintain import NOW, _put, _state, _table, _writer
+
+    from memwal_query.maintain.policy import MaintenancePolicy
+
+    t = _table(tmp_path)
+    model = {i: float(i) for i in range(20)}
+    writers = [_writer(t, p) for p in (0, 1)]
+    for i in range(3):
+        _put(model, writers[i % 2], i)
+    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(max_generations=1))
+    assert summary.merge is not None
+    assert summary.merge.by_region() == {writers[0].region_id: [1, 2]}  # odd: 1 generation
+    assert [(m.region_id, m.generation) for m in summary.report.merged] == [
+        (writers[0].region_id, 1),
+        (writers[0].region_id, 2),
+    ]
+    assert summary.report.catch_up == ["name_idx"] and summary.report.snapshots_refreshed
+    assert _state(t) == model
+    dry = mqs.maintain(spark, t.uri, policy=NOW, dry_run=True)
+    assert dry.merge is None and [r.generations for r in dry.report.to_merge] == [[1]]
+    for w in writers:
+        w.close()

@@ -259,3 +259,6 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
 from memwal_query.cli.changes import changes as _changes_command  # noqa: E402
 
 main.add_command(_changes_command)
+from memwal_query.cli.maintain import COMMAND as _maintain_command  # noqa: E402
+
+main.add_command(_maintain_command)

@@ -7,6 +7,7 @@
     mqs.write(df, uri, mode="upsert")                      # batch DataFrame -> regions
     query = stream_df.writeStream.foreachBatch(mqs.sink(uri)).start()
     mqs.merge(spark, uri)                                  # merge regions as Spark tasks
+    mqs.maintain(spark, uri, policy=MaintenancePolicy())   # merge over a policy, catch up, GC
     mqs.register_source(spark)
     spark.read.format("memwal").load(uri)                  # deduplicated LSM view
 
@@ -30,6 +31,7 @@ from memwal_query.spark._common import (
     region_id_array,
 )
 from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
+from memwal_query.spark.maintain import MaintainSummary, maintain
 from memwal_query.spark.merge import MergedGeneration, MergeSummary, merge, pending_generations
 from memwal_query.spark.source import MemWalDataSource, filter_expression, read, register_source
 from memwal_query.spark.streaming import MemWalSink, sink
@@ -40,6 +42,7 @@ __all__ = [
     "REGION_COLUMN",
     "InjectedFault",
     "JobEndedError",
+    "MaintainSummary",
     "MemWalDataSource",
     "MemWalSink",
     "MergeSummary",
@@ -47,6 +50,7 @@ __all__ = [
     "RegionWriteResult",
     "WriteResult",
     "filter_expression",
+    "maintain",
     "merge",
     "pending_generations",
     "read",

@@ -1,0 +1,208 @@
+"""``memwal maintain``: one maintenance pass, or one every few seconds with ``--watch``.
+
+The pass is :func:`memwal_query.maintain.policy.maintain`; the options set the fields
+of :class:`~memwal_query.maintain.policy.MaintenancePolicy` (defaults shown by
+``memwal maintain -h``). Progress bars go to stderr on a terminal only; stdout gets one
+line per action (or one JSON object per pass with ``--json``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from memwal_query.cli.commands import _handle_errors, _open, _progress
+from memwal_query.maintain.policy import (
+    DEFAULT_MAX_GENERATIONS,
+    DEFAULT_MAX_ROWS,
+    DEFAULT_RETENTION,
+    MaintenanceFailedError,
+    MaintenancePolicy,
+    MaintenanceReport,
+)
+
+DEFAULT_WATCH_SECONDS = 30.0
+
+
+class _StepBars:
+    """``progress(step, done, total)`` drawn as one click progress bar per step."""
+
+    def __init__(self) -> None:
+        self._step: str | None = None
+        self._bar: Any = None
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if step != self._step:
+            self.close()
+            self._step = step
+            self._bar = _progress(length=max(total, 1), label=step, show_pos=True)
+            self._bar.__enter__()
+        bar = self._bar
+        bar.length = max(total, 1)
+        bar.update(done - bar.pos)
+
+    def close(self) -> None:
+        """Finish the bar of the current step."""
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+        self._bar, self._step = None, None
+
+
+def _policy(
+    max_generations: int,
+    max_rows: int,
+    batch_rows: int | None,
+    retention_hours: float | None,
+    keep_versions: bool,
+    catch_up: bool,
+    snapshots: bool,
+    gc: bool,
+) -> MaintenancePolicy:
+    retention: dt.timedelta | None = DEFAULT_RETENTION
+    if keep_versions:
+        retention = None
+    elif retention_hours is not None:
+        retention = dt.timedelta(hours=retention_hours)
+    return MaintenancePolicy(
+        max_generations=max_generations,
+        max_rows=max_rows,
+        merge_batch_rows=batch_rows,
+        catch_up=catch_up,
+        refresh_snapshots=snapshots,
+        gc=gc,
+        retention=retention,
+    )
+
+
+def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+        return
+    prefix = time.strftime("%H:%M:%S ") if stamp else ""
+    for line in report.lines():
+        click.echo(prefix + line)
+
+
+@click.command()
+@click.argument("uri")
+@click.option(
+    "--watch",
+    type=click.FloatRange(min=0),
+    is_flag=False,
+    flag_value=DEFAULT_WATCH_SECONDS,
+    default=None,
+    metavar="[SECONDS]",
+    help=f"Run a pass every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until interrupted.",
+)
+@click.option("--dry-run", is_flag=True, help="Only show what a pass would do.")
+@click.option(
+    "--max-generations",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_GENERATIONS,
+    show_default=True,
+    help="Merge a region with more unmerged generations than this.",
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_ROWS,
+    show_default=True,
+    help="Merge a region with more unmerged rows than this.",
+)
+@click.option(
+    "--batch-rows",
+    type=click.IntRange(min=0),
+    help="Rows of consecutive generations merged per commit (0: one per generation) "
+    "[default: the merger's, 1000000].",
+)
+@click.option(
+    "--retention-hours",
+    type=click.FloatRange(min=0),
+    help=f"GC retention window [default: {DEFAULT_RETENTION.total_seconds() / 3600:g}].",
+)
+@click.option("--keep-versions", is_flag=True, help="GC removes no base versions.")
+@click.option("--catch-up/--no-catch-up", default=True, show_default=True, help="Catch up indexes.")
+@click.option(
+    "--snapshots/--no-snapshots", default=True, show_default=True, help="Refresh snapshots."
+)
+@click.option("--gc/--no-gc", default=True, show_default=True, help="Garbage collect.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
+@click.option(
+    "--max-passes", type=click.IntRange(min=1), help="With --watch: stop after this many passes."
+)
+@_handle_errors
+def maintain(
+    uri: str,
+    watch: float | None,
+    dry_run: bool,
+    max_generations: int,
+    max_rows: int,
+    batch_rows: int | None,
+    retention_hours: float | None,
+    keep_versions: bool,
+    catch_up: bool,
+    snapshots: bool,
+    gc: bool,
+    as_json: bool,
+    max_passes: int | None,
+) -> None:
+    """Merge regions over the policy, catch up indexes, refresh snapshots, GC.
+
+    Safe to run alongside writers, readers and other maintainers. With --watch, a
+    failed pass is reported and the next one runs; the exit status is that of the
+    last pass.
+    """
+    policy = _policy(
+        max_generations,
+        max_rows,
+        batch_rows,
+        retention_hours,
+        keep_versions,
+        catch_up,
+        snapshots,
+        gc,
+    )
+    t = _open(uri)
+    if watch is None:
+        bars = _StepBars()
+        try:
+            report = t.maintain(policy, dry_run=dry_run, progress=bars)
+        except MaintenanceFailedError as e:
+            bars.close()
+            _show(e.report, as_json, stamp=False)
+            raise
+        bars.close()
+        _show(report, as_json, stamp=False)
+        return
+    passes, failed = 0, False
+    try:
+        while True:
+            passes += 1
+            bars = _StepBars()
+            try:
+                _show(t.maintain(policy, dry_run=dry_run, progress=bars), as_json, stamp=True)
+                failed = False
+            except MaintenanceFailedError as e:
+                _show(e.report, as_json, stamp=True)
+                failed = True
+            except Exception as e:  # noqa: BLE001 - reported; the next pass may succeed
+                click.echo(f"error: {type(e).__name__}: {e}", err=True)
+                failed = True
+            finally:
+                bars.close()
+            if max_passes is not None and passes >= max_passes:
+                break
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        click.echo(f"stopped after {passes} pass(es)", err=True)
+    if failed:
+        sys.exit(1)
+
+
+COMMAND: click.Command = maintain
+"""The ``maintain`` command, as registered on the ``memwal`` group."""

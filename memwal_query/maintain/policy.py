@@ -1,0 +1,537 @@
+"""Automatic maintenance: one pass of merge, index catch-up, snapshot refresh and GC.
+
+:func:`maintain` looks at a table and does what a :class:`MaintenancePolicy` asks,
+reusing the steps of :mod:`memwal_query.maintain` (no step is reimplemented here):
+
+1. **merge** (:func:`memwal_query.maintain.merger.merge_region`): every region with more
+   than ``max_generations`` unmerged generations, or more than ``max_rows`` unmerged
+   rows, is merged, at most as many generations as the pass found unmerged (so a pass
+   is bounded even under a fast writer: what it leaves waits for the next pass);
+2. **catch up indexes** (:func:`memwal_query.maintain.catchup.catch_up_indexes`): the
+   maintained base indexes whose recorded catch-up is behind ``merged_generations``;
+3. **refresh snapshots** (:func:`memwal_query.maintain.snapshots.refresh`): when the
+   region snapshots in the MemWAL index no longer list what the region manifests list
+   (a region or a flushed generation is missing);
+4. **garbage collect** (:func:`memwal_query.maintain.gc.gc`) with a retention window:
+   base versions older than ``retention`` are removed with Lance, except those that were
+   the latest within ``retention`` (readers may still use them), then every generation
+   and WAL entry that the remaining versions and indexes no longer need.
+
+Steps that have nothing to do commit nothing, so a pass over a quiet table writes
+nothing and ``memwal maintain --watch`` does not grow the base table's version history.
+
+Running alongside writers, readers and other maintainers
+--------------------------------------------------------
+No step needs a lock of its own; each is safe by the rules of the step it reuses:
+
+- a merge is one Lance commit carrying the data and the progress marker, taken under
+  the table's index lock with ``conflict_retries(0)``; a merger that loses a race (or
+  finds the base table moved under it) re-reads ``merged_generations`` and continues
+  from there, so a generation is never merged twice nor skipped, whoever else merges;
+- catch-up records only the merge progress of the version it indexed (never more than
+  the index covers) and its record only ever rises (put-if-not-exists versions);
+- a snapshot refresh re-reads the latest MemWAL index inside the index lock and keeps
+  any merge progress committed meanwhile;
+- GC deletes a generation only when every retained base version merged it and every
+  maintained index caught up to it, after reading (and validating) everything first; a
+  generation being flushed is never below the manifest's ``current_generation`` it
+  reads, and a pinned reader's base version stays retained for ``retention``.
+
+A step that fails (a lost race beyond the merger's retries, a base version cleaned up
+under a slow catch-up by another maintainer's GC) is retried once on the newer state
+when the table moved meanwhile; a failure that remains does not stop the other steps
+(a failed merge still lets GC run, which is always safe), and :func:`maintain` raises
+:class:`MaintenanceFailedError` carrying the report at the end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from memwal_query.exceptions import MemWalError
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+    from memwal_query.maintain.merger import MergeResult
+
+# The merger (and Lance) are imported when a pass runs, not with this module: the
+# ``memwal`` command line imports it for its option defaults on every start.
+
+Progress = Callable[[str, int, int], None]
+"""``progress(step, done, total)``: called as a step advances (``step`` is one of
+:data:`STEPS`); a progress bar or a log line per call."""
+
+STEPS = ("planning", "merging", "catching up", "refreshing snapshots", "collecting")
+
+DEFAULT_MAX_GENERATIONS = 4
+DEFAULT_MAX_ROWS = 100_000
+DEFAULT_RETENTION = dt.timedelta(hours=1)
+
+_T = TypeVar("_T")
+
+
+class MaintenanceFailedError(MemWalError):
+    """A maintenance pass finished with failed steps (the other steps were done).
+
+    Attributes
+    ----------
+    report : MaintenanceReport
+        What the pass did, with ``errors`` naming each failed step or region.
+    """
+
+    def __init__(self, report: MaintenanceReport, cause: BaseException | None) -> None:
+        detail = "; ".join(f"{k}: {v}" for k, v in sorted(report.errors.items()))
+        super().__init__(f"{report.uri}: maintenance failed ({detail})")
+        self.report = report
+        self.__cause__ = cause
+
+
+@dataclass(frozen=True)
+class MaintenancePolicy:
+    """What a maintenance pass does (every field has a documented default).
+
+    Parameters
+    ----------
+    max_generations : int
+        Merge a region with **more than** this many unmerged generations (default 4;
+        vector search pays ~4 ms per unmerged generation, so this bounds that cost).
+        ``0`` merges every region with anything unmerged.
+    max_rows : int
+        Merge a region with more than this many unmerged rows (default 100,000; counted
+        from the manifest's ``physical_rows`` statistic, a generation without it counts
+        0 rows and is merged by ``max_generations``).
+    merge_batch_rows : int, optional
+        Consecutive generations of a region up to this many rows are merged by one
+        commit (``0``: one commit per generation). None (default): the merger's
+        :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_ROWS` (1,000,000).
+    max_retries : int, optional
+        Commit races a region's merge tolerates, and how often a step is retried while
+        the base table moves under it. None (default): the merger's
+        :data:`~memwal_query.maintain.merger.DEFAULT_MAX_RETRIES` (20).
+    catch_up : bool
+        Extend the maintained base indexes over merged data when they are behind
+        (default True).
+    refresh_snapshots : bool
+        Refresh the region snapshots of the MemWAL index when they are stale (default
+        True).
+    gc : bool
+        Garbage collect generations and WAL entries (default True).
+    retention : datetime.timedelta or None
+        GC's retention window (default 1 hour): base versions older than this are
+        removed, except those that were the latest within it, so a reader's pinned
+        view stays readable for ``retention`` after it was resolved (time travel to
+        older versions is lost). None: keep every base version (GC then frees only
+        what every version ever retained has merged, usually nothing).
+    """
+
+    max_generations: int = DEFAULT_MAX_GENERATIONS
+    max_rows: int = DEFAULT_MAX_ROWS
+    merge_batch_rows: int | None = None
+    max_retries: int | None = None
+    catch_up: bool = True
+    refresh_snapshots: bool = True
+    gc: bool = True
+    retention: dt.timedelta | None = DEFAULT_RETENTION
+
+    def __post_init__(self) -> None:
+        for name in ("max_generations", "max_rows", "merge_batch_rows", "max_retries"):
+            value = getattr(self, name)
+            if value is None and name in ("merge_batch_rows", "max_retries"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"MaintenancePolicy.{name} must be an int >= 0, got {value!r}")
+        if self.retention is not None and (
+            not isinstance(self.retention, dt.timedelta) or self.retention < dt.timedelta(0)
+        ):
+            raise ValueError(
+                f"MaintenancePolicy.retention must be a timedelta >= 0 or None, "
+                f"got {self.retention!r}"
+            )
+
+    def batch_rows(self) -> int:
+        """``merge_batch_rows``, or the merger's default."""
+        from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS
+
+        return DEFAULT_BATCH_ROWS if self.merge_batch_rows is None else self.merge_batch_rows
+
+    def retries(self) -> int:
+        """``max_retries``, or the merger's default."""
+        from memwal_query.maintain.merger import DEFAULT_MAX_RETRIES
+
+        return DEFAULT_MAX_RETRIES if self.max_retries is None else self.max_retries
+
+    def wants_merge(self, generations: int, rows: int) -> str | None:
+        """Why a region with this much unmerged work is merged (None: it is not)."""
+        if generations > self.max_generations:
+            return f"{generations} unmerged generations > {self.max_generations}"
+        if rows > self.max_rows:
+            return f"{rows} unmerged rows > {self.max_rows}"
+        return None
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    """A region's unmerged work as a pass found it, and whether the policy merges it."""
+
+    region_id: str
+    generations: list[int]
+    rows: int
+    reason: str | None
+
+    @property
+    def merge(self) -> bool:
+        """Whether the policy merges this region."""
+        return self.reason is not None
+
+
+@dataclass
+class MaintenanceReport:
+    """What :func:`maintain` did (or, with ``dry_run``, would do).
+
+    Attributes
+    ----------
+    uri : str
+    dry_run : bool
+    regions : list of RegionPlan
+        Every region with unmerged generations when the pass started.
+    merged : list of MergeResult
+        Generations merged by this pass (empty in a dry run).
+    catch_up : list of str
+        Maintained indexes that were behind (caught up, or would be).
+    index_catchup : dict
+        ``{index: {region_id: generation}}`` recorded after catch-up (empty if none ran).
+    snapshots_refreshed : bool
+        The region snapshots were stale (and were refreshed, unless a dry run).
+    gc_paths : list of str
+        Paths GC removed (or would remove).
+    collected : bool
+        The GC step ran (the policy's ``gc``).
+    errors : dict
+        ``{step or "merge <region>": error text}`` of what failed.
+    seconds : float
+    """
+
+    uri: str
+    dry_run: bool
+    regions: list[RegionPlan] = field(default_factory=list)
+    merged: list[MergeResult] = field(default_factory=list)
+    catch_up: list[str] = field(default_factory=list)
+    index_catchup: dict[str, dict[str, int]] = field(default_factory=dict)
+    snapshots_refreshed: bool = False
+    gc_paths: list[str] = field(default_factory=list)
+    collected: bool = False
+    errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """No step failed."""
+        return not self.errors
+
+    @property
+    def to_merge(self) -> list[RegionPlan]:
+        """The regions the policy chose to merge."""
+        return [r for r in self.regions if r.merge]
+
+    def lines(self) -> list[str]:
+        """One human-readable line per action (what ``memwal maintain`` prints)."""
+        would = "would " if self.dry_run else ""
+        out: list[str] = []
+        merged: dict[str, list[int]] = {}
+        for m in self.merged:
+            merged.setdefault(m.region_id, []).append(m.generation)
+        for r in self.regions:
+            if not r.merge:
+                out.append(
+                    f"{r.region_id}: {len(r.generations)} unmerged generation(s), "
+                    f"{r.rows} row(s): below the policy, left"
+                )
+            elif self.dry_run:
+                out.append(f"{r.region_id}: would merge {r.generations} ({r.reason})")
+            else:
+                out.append(f"{r.region_id}: merged {merged.get(r.region_id, [])} ({r.reason})")
+        if self.catch_up:
+            out.append(f"{would}catch up indexes {self.catch_up}")
+        if self.snapshots_refreshed:
+            out.append(f"{would}refresh region snapshots")
+        if self.collected:
+            out.append(f"{would}remove {len(self.gc_paths)} path(s)")
+        for k, v in sorted(self.errors.items()):
+            out.append(f"failed: {k}: {v}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``memwal maintain --json``)."""
+        return {
+            "uri": self.uri,
+            "dry_run": self.dry_run,
+            "regions": [
+                {
+                    "region_id": r.region_id,
+                    "unmerged_generations": r.generations,
+                    "unmerged_rows": r.rows,
+                    "merge": r.merge,
+                    "reason": r.reason,
+                }
+                for r in self.regions
+            ],
+            "merged": [{"region_id": m.region_id, "generation": m.generation} for m in self.merged],
+            "catch_up": self.catch_up,
+            "index_catchup": self.index_catchup,
+            "snapshots_refreshed": self.snapshots_refreshed,
+            "gc_paths": self.gc_paths,
+            "collected": self.collected,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def plan_regions(table: Catalog, policy: MaintenancePolicy) -> list[RegionPlan]:
+    """Every region with unmerged generations, and whether ``policy`` merges it.
+
+    Reads the latest MemWAL index once (``merged_generations``) and each region's newest
+    manifest; changes nothing.
+    """
+    merged = table.index().merged_generations()
+    plans: list[RegionPlan] = []
+    for region_id in table.region_ids():
+        manifest = table.region_manifest(region_id)
+        if manifest is None:
+            continue
+        done = merged.get(region_id, 0)
+        pending = sorted(
+            (g for g in manifest.flushed_generations if g.generation > done),
+            key=lambda g: g.generation,
+        )
+        if not pending:
+            continue
+        rows = sum(g.physical_rows or 0 for g in pending)
+        gens = [g.generation for g in pending]
+        plans.append(RegionPlan(region_id, gens, rows, policy.wants_merge(len(gens), rows)))
+    return plans
+
+
+def indexes_behind(table: Catalog) -> list[str]:
+    """Maintained indexes whose recorded catch-up is below ``merged_generations``.
+
+    An index with no record at all is behind as soon as anything was merged (GC treats
+    it as caught up, as the spec says, but its data is not indexed).
+    """
+    index = table.index()
+    merged = {r: g for r, g in index.merged_generations().items() if g > 0}
+    catchup = index.index_catchup()
+    behind = []
+    for name in table.maintained_indexes:
+        done = catchup.get(name)
+        if done is None:
+            if merged:
+                behind.append(name)
+        elif any(done.get(r, 0) < g for r, g in merged.items()):
+            behind.append(name)
+    return behind
+
+
+def snapshots_stale(table: Catalog) -> bool:
+    """Whether the MemWAL index's region snapshots miss a region or a flushed generation
+    that the region manifests list (or list one the manifests no longer do)."""
+    from memwal_query.format.snapshots import read_snapshots
+
+    current: dict[str, list[tuple[int, str]]] = {}
+    for region_id in table.region_ids():
+        manifest = table.region_manifest(region_id)
+        if manifest is not None:
+            current[region_id] = [(g.generation, g.path) for g in manifest.flushed_generations]
+    spec = table.region_spec
+    states = read_snapshots(
+        table.io,
+        table.uri,
+        table.index(),
+        spec.spec_id if spec is not None else None,
+        [f.field_id for f in spec.fields] if spec is not None else [],
+    )
+    if states is None:
+        return bool(current)
+    return {r: sorted(gens) for r, (_, gens) in states.items()} != {
+        r: sorted(gens) for r, gens in current.items()
+    }
+
+
+def _version(table: Catalog) -> int | None:
+    """The base table's latest version (None when it cannot be read just now: the
+    version found latest was cleaned up before it could be opened)."""
+    try:
+        return table.dataset().version
+    except Exception:  # noqa: BLE001 - the caller decides
+        return None
+
+
+def _retrying(table: Catalog, step: Callable[[], _T], attempts: int) -> _T:
+    """Run ``step``; again (up to ``attempts`` times in all) while it fails with the
+    base table moving under it (another maintainer committed, or cleaned up the version
+    the step was reading): each retry reads the newer state. A failure on an unchanged
+    table propagates."""
+    for attempt in range(1, attempts + 1):
+        before = _version(table)
+        try:
+            return step()
+        except Exception:
+            after = _version(table)
+            moved = before is None or (after is not None and after != before)
+            if not moved or attempt >= attempts:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover - attempts >= 1
+
+
+def _note(progress: Progress | None, step: str, done: int, total: int) -> None:
+    if progress is not None:
+        progress(step, done, total)
+
+
+def _merge_step(
+    table: Catalog,
+    plans: list[RegionPlan],
+    policy: MaintenancePolicy,
+    report: MaintenanceReport,
+    progress: Progress | None,
+) -> BaseException | None:
+    """Merge the chosen regions, at most the number of generations planned for each;
+    a failed region is recorded in ``report.errors`` and the others go on."""
+    from memwal_query.maintain.merger import merge_region
+
+    chosen = [p for p in plans if p.merge]
+    first: BaseException | None = None
+    for i, plan in enumerate(chosen, 1):
+        try:
+            # At most the generations planned (a fast writer cannot keep the pass busy);
+            # fewer when another maintainer merged some of them meanwhile.
+            report.merged.extend(
+                _retrying(
+                    table,
+                    lambda plan=plan: merge_region(  # type: ignore[misc]
+                        table,
+                        plan.region_id,
+                        len(plan.generations),
+                        policy.retries(),
+                        policy.batch_rows(),
+                    ),
+                    max(1, policy.retries()),
+                )
+            )
+        except Exception as e:  # noqa: BLE001 - reported; the other regions go on
+            report.errors[f"merge {plan.region_id}"] = f"{type(e).__name__}: {e}"
+            first = first or e
+        _note(progress, "merging", i, len(chosen))
+    return first
+
+
+def maintain(
+    table: Catalog,
+    policy: MaintenancePolicy | None = None,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+    merge: Callable[[list[RegionPlan]], list[MergeResult]] | None = None,
+) -> MaintenanceReport:
+    """Run one maintenance pass over ``table`` (see the module docs for the steps).
+
+    Parameters
+    ----------
+    table : Catalog
+    policy : MaintenancePolicy, optional
+        Default: ``MaintenancePolicy()`` (the documented defaults).
+    dry_run : bool
+        Only report what the pass would do; nothing is written or deleted. Later steps
+        are planned on the current state (a dry run does not see its own merges).
+    progress : callable, optional
+        ``progress(step, done, total)`` as steps advance (see :data:`Progress`).
+    merge : callable, optional
+        Runs the merges instead of the in-process merger (``memwal_query.spark`` merges
+        as Spark tasks): receives the regions to merge, returns what it merged, raises
+        on failure.
+
+    Returns
+    -------
+    MaintenanceReport
+
+    Raises
+    ------
+    MaintenanceFailedError
+        Some step failed (its ``report`` says which; the other steps were done). A
+        corrupt file met while *planning* raises its own typed error, table unchanged.
+    """
+    policy = MaintenancePolicy() if policy is None else policy
+    started = time.perf_counter()
+    report = MaintenanceReport(table.uri, dry_run)
+    attempts = max(1, policy.retries())
+    _note(progress, "planning", 0, 1)
+    report.regions = _retrying(table, lambda: plan_regions(table, policy), attempts)
+    _note(progress, "planning", 1, 1)
+    first: BaseException | None = None
+
+    if not dry_run and report.to_merge:
+        if merge is None:
+            first = _merge_step(table, report.regions, policy, report, progress)
+        else:
+            try:
+                report.merged.extend(merge(report.to_merge))
+            except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+                report.errors["merge"] = f"{type(e).__name__}: {e}"
+                first = e
+
+    if policy.catch_up:
+        try:
+            report.catch_up = indexes_behind(table)
+            if report.catch_up and not dry_run:
+                from memwal_query.maintain.catchup import catch_up_indexes
+
+                names = report.catch_up
+                report.index_catchup = _retrying(
+                    table, lambda: catch_up_indexes(table, names), attempts
+                )
+            _note(progress, "catching up", 1, 1)
+        except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+            report.errors["catch up"] = f"{type(e).__name__}: {e}"
+            first = first or e
+
+    if policy.refresh_snapshots:
+        try:
+            report.snapshots_refreshed = snapshots_stale(table)
+            if report.snapshots_refreshed and not dry_run:
+                from memwal_query.maintain.snapshots import refresh
+
+                _retrying(table, lambda: refresh(table), attempts)
+            _note(progress, "refreshing snapshots", 1, 1)
+        except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+            report.errors["refresh snapshots"] = f"{type(e).__name__}: {e}"
+            first = first or e
+
+    if policy.gc:
+        from memwal_query.maintain.gc import gc
+
+        def collect(done: int, total: int) -> None:
+            _note(progress, "collecting", done, total)
+
+        try:
+            report.gc_paths = _retrying(
+                table,
+                lambda: gc(
+                    table,
+                    dry_run=dry_run,
+                    cleanup_older_than=policy.retention,
+                    min_age=policy.retention,
+                    progress=collect,
+                ),
+                attempts,
+            )
+            report.collected = True
+        except Exception as e:  # noqa: BLE001 - reported below
+            report.errors["gc"] = f"{type(e).__name__}: {e}"
+            first = first or e
+
+    report.seconds = time.perf_counter() - started
+    if report.errors:
+        raise MaintenanceFailedError(report, first)
+    return report
