@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import uuid as uuid_mod
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,10 +38,10 @@ from memwal_query.exceptions import (
     AlreadyInitializedError,
     NotInitializedError,
     RegionSpecError,
-    RegionSpecWarning,
 )
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import coerce_rows, require_primary_key
+from memwal_query.regions.checks import check_spec_sources, field_names, warn_non_key_sources
 from memwal_query.storage import paths
 from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import normalize_uri
@@ -137,8 +136,8 @@ class MemWalTable(Catalog):
             region_spec = unsharded_spec()
         if region_spec.spec_id <= 0:
             raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
-        _check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
-        _warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
+        check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
+        warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
         specs = [region_spec.to_proto()]
         names = list(maintained_indexes or [])
         existing = {i.name for i in ds.describe_indices()}
@@ -572,7 +571,7 @@ class MemWalTable(Catalog):
 
         key_table = coerce_keys(keys, self.schema, self.primary_key)
         spec = self.routing_spec()
-        names = _field_names(self.lance_schema)
+        names = field_names(self.lance_schema)
         sources = {names.get(i) for f in spec.fields for i in f.source_ids}
         if not sources <= set(self.primary_key):
             raise RegionSpecError(
@@ -621,64 +620,3 @@ class MemWalTable(Catalog):
 
     def __repr__(self) -> str:
         return f"MemWalTable({self.uri!r}, primary_key={self.primary_key})"
-
-
-def _check_spec_sources(
-    spec: RegionSpec, lance_schema: Any, uri: str, schema: pa.Schema | None = None
-) -> None:
-    """RegionSpecError unless every source field exists and (with ``schema``) the spec
-    can evaluate rows of the table (e.g. truncate of a decimal column cannot)."""
-    known = _field_ids(lance_schema)
-    for f in spec.fields:
-        missing = [i for i in f.source_ids if i not in known]
-        if missing:
-            raise RegionSpecError(
-                f"{uri}: region field {f.field_id!r} refers to unknown field id(s) {missing}"
-            )
-    if schema is not None:
-        try:
-            spec.evaluate(pa.RecordBatch.from_pylist([], schema=schema), schema)
-        except RegionSpecError as e:
-            raise RegionSpecError(f"{uri}: {e}") from e
-
-
-def _warn_non_key_sources(spec: RegionSpec, lance_schema: Any, pk: list[str], uri: str) -> None:
-    """RegionSpecWarning when the spec reads columns outside the primary key.
-
-    Every key must live in exactly one region (dedup and region pruning rely on it).
-    A spec over primary-key columns guarantees it; one over other columns (e.g. a time
-    range on ``ts`` with key ``id``) only if a key's value in them never changes.
-    """
-    names = _field_names(lance_schema)
-    outside = sorted({names[i] for f in spec.fields for i in f.source_ids if i in names} - set(pk))
-    if outside:
-        warnings.warn(
-            f"{uri}: region spec {spec.spec_id} reads column(s) {outside} outside the "
-            f"primary key {pk}. Each key must live in exactly one region, so a key's value "
-            f"in {outside} must never change once written: an upsert that changes it puts "
-            "the key in a second region, and reads may then return an older version or a "
-            "row that no longer matches the filter. Include these column(s) in the primary "
-            "key (e.g. key (id, ts) for time-range regions) or region on key columns.",
-            RegionSpecWarning,
-            stacklevel=3,
-        )
-
-
-def _field_names(lance_schema: Any) -> dict[int, str]:
-    out: dict[int, str] = {}
-    stack = list(lance_schema.fields())
-    while stack:
-        f = stack.pop()
-        out[f.id()] = f.name()
-        stack.extend(f.children())
-    return out
-
-
-def _field_ids(lance_schema: Any) -> set[int]:
-    ids: set[int] = set()
-    stack = list(lance_schema.fields())
-    while stack:
-        f = stack.pop()
-        ids.add(f.id())
-        stack.extend(f.children())
-    return ids
