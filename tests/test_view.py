@@ -5,7 +5,9 @@
 - Torn reads: a query and a lookup are paused at *every* storage access they make
   (FileIO calls and Lance dataset opens/reads, counted in the reader's thread), while
   another table object merges, garbage collects (the old base version too) and flushes;
-  the answer is the state before or after, or a typed error: never a mix.
+  the answer is the state before or after, or a typed error: never a mix. The same for
+  another process's ``consistency="latest"`` reader (durable WAL tail) and for exact
+  vector search and FTS.
 """
 
 from __future__ import annotations
@@ -209,11 +211,13 @@ BEFORE = _apply(BASE, GEN1[:2], GEN1[2])
 AFTER = _apply(BEFORE, GEN2)
 
 
-def _template(tmp_path, external: bool) -> tuple[str, str]:
-    """Base + generation 1 flushed (snapshot refreshed) + generation 2 in the WAL."""
-    t = _init(tmp_path, name="template")
+def _template(tmp_path, external: bool, search: bool = False) -> tuple[str, str]:
+    """Base + generation 1 flushed (snapshot refreshed) + generation 2 in the WAL
+    (``search``: the search table of :func:`_search_init`)."""
+    t = _search_init(tmp_path) if search else _init(tmp_path, name="template")
+    make = _search_rows if search else _rows
     w = t.writer()
-    w.put(_rows(*GEN1[:2]))
+    w.put(make(*GEN1[:2]))
     w.delete(pa.table({"id": pa.array(GEN1[2], pa.int64())}))
     w.flush()
     if external:
@@ -225,8 +229,52 @@ def _template(tmp_path, external: bool) -> tuple[str, str]:
             snapshots.INLINE_THRESHOLD = old
     else:
         t.refresh_snapshots()
-    w.put(_rows(*GEN2))  # durable: in the WAL, replayed by the next writer
+    w.put(make(*GEN2))  # durable: in the WAL, replayed by the next writer
     return t.uri, w.region_id
+
+
+def _search_rows(ids, vals) -> pa.Table:
+    """Rows of the search schema: ``x`` holds the value, the vector depends on both,
+    every text contains ``common``."""
+    from test_search import DIM
+    from test_search import rows as search_rows
+
+    vecs = [np.full(DIM, i * 0.01 + v * 0.001, np.float32) for i, v in zip(ids, vals)]
+    return search_rows(ids, vecs, x=list(vals), text=[f"common w{v}" for v in vals])
+
+
+def _search_init(tmp_path) -> mq.MemWalTable:
+    """Base rows 0..19 (``x`` = id) with a vector (IVF_FLAT) and an INVERTED index (not
+    maintained: merged rows are searched unindexed)."""
+    uri = str(tmp_path / "template")
+    ds = lance.write_dataset(_search_rows(range(20), range(20)), uri)
+    ds.create_index("vec", "IVF_FLAT", num_partitions=4, name="vec_idx")
+    ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    return mq.MemWalTable.initialize(uri)
+
+
+def _x_dict(t: pa.Table) -> dict[int, float]:
+    return {i: float(x) for i, x in zip(t.column("id").to_pylist(), t.column("x").to_pylist())}
+
+
+def _vector(t: mq.MemWalTable, **kw) -> dict[int, float]:
+    # every partition probed, k above the row count: exact, every live row
+    from test_search import DIM
+
+    q = np.zeros(DIM, np.float32)
+    return _x_dict(t.vector_search("vec", q, k=200, nprobes=4, columns=["id", "x"], **kw))
+
+
+def _fts(t: mq.MemWalTable, **kw) -> dict[int, float]:
+    return _x_dict(t.fts_search("text", "common", k=200, columns=["id", "x"], **kw))
+
+
+_OPS = {
+    "sql": _sql,
+    "lookup": lambda t, **kw: _lookup(t, range(110), **kw),
+    "vector": _vector,
+    "fts": _fts,
+}
 
 
 def _race(tmp_path, pauser, template, region_id, mode, op, target):
@@ -236,7 +284,7 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     writer_table = mq.MemWalTable.open(uri)
     w = writer_table.writer(region_id)  # replays generation 2 into its MemTable
     reader = mq.MemWalTable.open(uri)
-    consistency = "strong" if mode in ("strong", "ryw") else "eventual"
+    consistency = {"ryw": "strong", "eventual_external": "eventual"}.get(mode, mode)
     kw = {"consistency": consistency, "writers": [w] if mode == "ryw" else []}
     p = _Pauser(target)
     out: dict = {}
@@ -244,10 +292,7 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     def run():
         p.tid = threading.get_ident()
         try:
-            if op == "sql":
-                out["answer"] = _sql(reader, **kw)
-            else:
-                out["answer"] = _lookup(reader, range(110), **kw)
+            out["answer"] = _OPS[op](reader, **kw)
         except (BaseVersionGoneError, GenerationGoneError) as e:
             out["error"] = e
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -282,7 +327,31 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
 def test_paused_reader_sees_before_or_after(tmp_path, pauser, mode):
     template, region_id = _template(tmp_path, external=mode == "eventual_external")
     allowed = [AFTER] if mode == "ryw" else [BEFORE, AFTER]
-    for op in ("sql", "lookup"):
+    _pause_everywhere(tmp_path, pauser, template, region_id, mode, ("sql", "lookup"), allowed)
+
+
+@pytest.mark.slow
+def test_paused_latest_reader_sees_the_acknowledged_state(tmp_path, pauser):
+    # Another process's reader with consistency="latest": generation 2 is acknowledged
+    # (durable in the WAL) before the query starts, so the only right answer is AFTER,
+    # whether it is read from the WAL tail or, once flushed meanwhile, from generation 2.
+    template, region_id = _template(tmp_path, external=False)
+    _pause_everywhere(tmp_path, pauser, template, region_id, "latest", ("sql", "lookup"), [AFTER])
+
+
+@pytest.mark.slow
+def test_paused_search_sees_before_or_after(tmp_path, pauser):
+    # Exact vector search and FTS (every live row) paused at every storage access.
+    # (Found: the base index lookup of a search plan on a version cleaned up meanwhile
+    # raised Lance's ValueError instead of BaseVersionGoneError, so no re-plan.)
+    template, region_id = _template(tmp_path, external=False, search=True)
+    allowed = [BEFORE, AFTER]
+    _pause_everywhere(tmp_path, pauser, template, region_id, "strong", ("vector", "fts"), allowed)
+
+
+def _pause_everywhere(tmp_path, pauser, template, region_id, mode, ops, allowed) -> None:
+    """Run each of ``ops`` paused at access 0, 1, 2, ... until a run does not pause."""
+    for op in ops:
         target = 0
         while True:
             out, paused, where = _race(tmp_path, pauser, template, region_id, mode, op, target)

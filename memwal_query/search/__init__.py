@@ -653,7 +653,8 @@ def resolve_search(
     """
     plan = sources.resolve(table, consistency, writers, predicates)
     base = plan.base
-    index = genindex.find_index(base, column, kind) if column is not None else None
+    with sources.reading_base(table, base):  # V cleaned up meanwhile: a typed error
+        index = genindex.find_index(base, column, kind) if column is not None else None
     merged = plan.index.merged_generations()
     regions: dict[str, _Region] = {}
     for view in plan.regions:
@@ -703,7 +704,8 @@ def resolve_search(
             if not ok:
                 break
         if ok:
-            ok = _gap_covers_unindexed(table, base, index, regions, notes)
+            with sources.reading_base(table, base):
+                ok = _gap_covers_unindexed(table, base, index, regions, notes)
         if ok:
             indexed_only = True
         else:
