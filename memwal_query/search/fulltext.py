@@ -267,16 +267,16 @@ def fts_search(
         if s.kind == "memtable":
             parts = [
                 (int(off), _memtable_token_index(table, m, column, tok_kwargs))
-                for off, m in zip(s.mem.offsets, s.mem.memtables)
+                for off, m in zip(s.mem_region.offsets, s.mem_region.memtables)
             ]
-            mem_fts[i] = _MemFts(s.mem.rows, parts, s.mem.live)
+            mem_fts[i] = _MemFts(s.mem_region.rows, parts, s.mem_region.live)
             s.stats["index"] = "memory"
             return mem_fts[i].stats(tokens)
-        if s.kind == "generation" and not s.gen.has_index(info.name):
-            mem_fts[i] = _gen_mem_fts(s.gen, table, column, tok_kwargs)
+        if s.kind == "generation" and not s.gen_info.has_index(info.name):
+            mem_fts[i] = _gen_mem_fts(s.gen_info, table, column, tok_kwargs)
             s.stats["index"] = "memory"
             return mem_fts[i].stats(tokens)
-        ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+        ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
         with sources.reading_base(table, plan.base), _reading(s.gen):
             ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
             s.stats["index"] = info.name
@@ -369,7 +369,7 @@ def fts_search(
             else:
                 rowid = pa.array(top.astype(np.uint64))
             return out.append_column(ROWID, rowid.cast(pa.uint64()))
-        ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+        ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
         kwargs: dict[str, Any] = dict(
             full_text_query=MatchQuery(query, column),
             columns=[*_lance_columns(ds, narrow), SCORE],
@@ -381,8 +381,8 @@ def fts_search(
         if s.kind == "base":
             if plan.indexed_only:
                 kwargs["fast_search"] = True
-        elif s.gen.blocklist is not None:
-            kwargs["row_addr_blocklist"] = s.gen.blocklist
+        elif s.gen_info.blocklist is not None:
+            kwargs["row_addr_blocklist"] = s.gen_info.blocklist
         with sources.reading_base(table, plan.base), _reading(s.gen):
             scanner = ds.scanner(**kwargs)
             if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:

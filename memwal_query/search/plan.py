@@ -242,7 +242,7 @@ def resolve_search(
                 region.gap.append(ref)
             if not ok:
                 break
-        if ok:
+        if ok and index is not None:
             ok = _gap_covers_unindexed(table, base, index, regions, notes)
         if ok:
             indexed_only = True

@@ -149,7 +149,7 @@ def lookup(
             if mem_hashes is None:
                 mem_hashes = _index_hashes(probe)
             found = _memtable_lookup(table, m, keys_at(todo), mem_hashes[todo], read_cols)
-            c = {"source": f"memtable {m.generation} of region {region.region_id}"}
+            c: dict[str, Any] = {"source": f"memtable {m.generation} of region {region.region_id}"}
             c["probed"] = len(todo)
             counters.append(c)
             if found is None:

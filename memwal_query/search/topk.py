@@ -47,6 +47,18 @@ class _Source:
     live: pa.Table | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def gen_info(self) -> _GenInfo:
+        """The generation of a ``"generation"`` source."""
+        assert self.gen is not None, self.kind
+        return self.gen
+
+    @property
+    def mem_region(self) -> _MemRegion:
+        """The MemTables of a ``"memtable"`` source."""
+        assert self.mem is not None, self.kind
+        return self.mem
+
     def label(self) -> str:
         if self.kind == "base":
             return "base"
@@ -111,7 +123,7 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
         return cands
     keys = cands.select(pk)
     stale = np.zeros(n, bool)
-    hashes = hash_keys(keys) if src.newer_gens else None
+    hashes = hash_keys(keys) if src.newer_gens else np.zeros(0, np.uint64)
     for g in src.newer_gens:
         todo = ~stale
         maybe = np.zeros(n, bool)
@@ -124,10 +136,10 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
             stale[idx[exact]] = True
     for m in src.newer_mems:
         stale |= m.keyset.contains(keys)
-    g, rank = src.rank_gen
+    own_gen, rank = src.rank_gen
     for m, r2 in src.cross_mems:
         theirs = m.newest_gens(keys)
-        stale |= (theirs > g) | ((theirs == g) & (r2 > rank))
+        stale |= (theirs > own_gen) | ((theirs == own_gen) & (r2 > rank))
     st["stale"] = st.get("stale", 0) + int(stale.sum())
     if not stale.any():
         return cands
@@ -271,9 +283,9 @@ def _materialize(
         pos = np.flatnonzero(src == i)
         ids = rowid[pos]
         if s.kind == "memtable":
-            part = s.mem.rows.select(need).take(pa.array(ids.astype(np.int64)))
+            part = s.mem_region.rows.select(need).take(pa.array(ids.astype(np.int64)))
         else:
-            ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+            ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
             cols = _lance_columns(ds, need)
             if cols:
                 with sources.reading_base(table, plan.base), _reading(s.gen):

@@ -161,8 +161,8 @@ def vector_search(
 
     def fetch(s: _Source, kk: int) -> pa.Table:
         if s.kind == "memtable":
-            return _memtable_knn(s.mem, column, q, kk, metric, filter, narrow)
-        ds = _own(plan.base) if s.kind == "base" else s.gen.dataset()
+            return _memtable_knn(s.mem_region, column, q, kk, metric, filter, narrow)
+        ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
         kwargs: dict[str, Any] = dict(
             nearest=nearest(kk),
             columns=[*_lance_columns(ds, narrow), DISTANCE],
@@ -174,9 +174,10 @@ def vector_search(
             if plan.indexed_only:
                 kwargs["fast_search"] = True
         else:
-            s.stats["index"] = info.name if s.gen.has_index(info and info.name) else "flat"
-            if s.gen.blocklist is not None:
-                kwargs["row_addr_blocklist"] = s.gen.blocklist
+            indexed = info is not None and s.gen_info.has_index(info.name)
+            s.stats["index"] = info.name if indexed and info is not None else "flat"
+            if s.gen_info.blocklist is not None:
+                kwargs["row_addr_blocklist"] = s.gen_info.blocklist
         with sources.reading_base(table, plan.base), _reading(s.gen):
             scanner = ds.scanner(**kwargs)
             if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
