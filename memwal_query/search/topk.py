@@ -20,6 +20,7 @@ from memwal_query.exceptions import (
 from memwal_query.format.bloom import hash_keys
 from memwal_query.read import sources
 from memwal_query.search.common import _IDX, _MAX_ROUNDS, _SRC, ROWID
+from memwal_query.search.genblock import BLOCK_MAX_ROWS, GenBlock, gen_block
 from memwal_query.search.generations import _gen_info, _GenInfo, _own, _reading
 from memwal_query.search.keys import _mask_to_indices
 from memwal_query.search.plan import SearchPlan, _MemRegion
@@ -30,13 +31,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Source:
-    kind: str  # "base" | "generation" | "memtable"
+    kind: str  # "base" | "generation" | "memtable" | "block"
     region_id: str | None
     generation: int
     gap: bool = False
     gen: _GenInfo | None = None
     mem: _MemRegion | None = None
+    block: GenBlock | None = None  # every generation at once (see genblock)
     newer_gens: list[_GenInfo] = field(default_factory=list)
+    # blocks holding newer versions when their (_gen, region rank) beats ``rank_gen``
+    newer_blocks: list[GenBlock] = field(default_factory=list)
     newer_mems: list[_MemRegion] = field(default_factory=list)
     # MemTables of other regions: newer for a key when its _gen there beats ``rank_gen``
     cross_mems: list[tuple[_MemRegion, int]] = field(default_factory=list)
@@ -62,12 +66,21 @@ class _Source:
     def label(self) -> str:
         if self.kind == "base":
             return "base"
+        if self.kind == "block" and self.block is not None:
+            return f"block of {len(self.block.members)} generations"
         gap = " (gap)" if self.gap else ""
         return f"{self.kind} {self.generation}{gap} of region {self.region_id}"
 
 
-def _build_sources(table: MemWalTable, plan: SearchPlan) -> list[_Source]:
-    """Sources, base first; each knows the newer sources its candidates must beat."""
+def _build_sources(
+    table: MemWalTable, plan: SearchPlan, cross_generations: bool = True
+) -> list[_Source]:
+    """Sources, base first; each knows the newer sources its candidates must beat.
+
+    With ``cross_generations`` False the generations of other regions are not listed as
+    newer sources (quadratic in the number of generations): for :func:`_with_block`,
+    which replaces them with one block.
+    """
     pk = table.primary_key
     out: list[_Source] = []
     all_gens: list[_GenInfo] = []
@@ -106,7 +119,7 @@ def _build_sources(table: MemWalTable, plan: SearchPlan) -> list[_Source]:
     # then its region rank, is higher (dedup.newest_indices's rule).
     for src in per_region:
         g, rank = src.rank_gen
-        for r2, ref, info in every_gen:
+        for r2, ref, info in every_gen if cross_generations else ():
             if r2 != rank and (ref.generation, r2) > (g, rank):
                 src.newer_gens.append(info)
         src.cross_mems = [(m, r2) for r2, m in every_mem if r2 != rank]
@@ -119,7 +132,7 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
     """Remove candidates whose key exists in a newer source (bloom first, then exact)."""
     n = cands.num_rows
     st = src.stats
-    if n == 0 or (not src.newer_gens and not src.newer_mems and not src.cross_mems):
+    if n == 0 or not _has_newer(src):
         return cands
     keys = cands.select(pk)
     stale = np.zeros(n, bool)
@@ -136,14 +149,61 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
             stale[idx[exact]] = True
     for m in src.newer_mems:
         stale |= m.keyset.contains(keys)
+    # (_gen, region rank) of each candidate: the source's, or per row for a block
+    own_gen: int | np.ndarray
+    rank: int | np.ndarray
     own_gen, rank = src.rank_gen
+    if src.block is not None:
+        rows = cands.column(ROWID).to_numpy().astype(np.int64)
+        own_gen, rank = src.block.gens[rows], src.block.ranks[rows]
     for m, r2 in src.cross_mems:
         theirs = m.newest_gens(keys)
         stale |= (theirs > own_gen) | ((theirs == own_gen) & (r2 > rank))
+    for b in src.newer_blocks:
+        their_gen, their_rank = b.newest(keys)
+        stale |= (their_gen > own_gen) | ((their_gen == own_gen) & (their_rank > rank))
     st["stale"] = st.get("stale", 0) + int(stale.sum())
     if not stale.any():
         return cands
     return cands.filter(pa.array(~stale))
+
+
+def _has_newer(s: _Source) -> bool:
+    return bool(s.newer_gens or s.newer_mems or s.cross_mems or s.newer_blocks)
+
+
+def _block_sources(
+    table: MemWalTable, plan: SearchPlan, column: str, min_generations: int
+) -> list[_Source]:
+    """The sources of ``plan`` with every generation replaced by one :class:`GenBlock`
+    source, when there are at least ``min_generations`` of them and they are small enough
+    in all (:data:`~memwal_query.search.genblock.BLOCK_MAX_ROWS`); else one source per
+    generation (:func:`_build_sources`)."""
+    srcs = _build_sources(table, plan, cross_generations=False)
+    gens = [s for s in srcs if s.kind == "generation"]
+    if len(gens) < max(min_generations, 1) or (
+        sum(s.gen_info.num_rows for s in gens) > BLOCK_MAX_ROWS
+    ):
+        return _build_sources(table, plan)
+    members = sorted((s.rank_gen[1], s.rank_gen[0], s.gen_info) for s in gens)
+    block = gen_block(
+        [(rank, info) for rank, _, info in members],
+        table.schema,
+        list(table.primary_key),
+        column,
+        table.storage_options or None,
+    )
+    mems = [s for s in srcs if s.kind == "memtable"]
+    out: list[_Source] = []
+    for s in srcs:
+        if s.kind == "generation":
+            continue
+        s.newer_gens = []
+        s.newer_blocks = [block]
+        out.append(s)
+    every_mem = [(s.mem_region, s.rank_gen[1]) for s in mems]
+    out.append(_Source("block", None, 0, block=block, cross_mems=every_mem))
+    return out
 
 
 def _run_topk(
@@ -171,8 +231,7 @@ def _run_topk(
     milliseconds of fixed overhead however small the generation).
     """
     for s in sources_:
-        has_newer = bool(s.newer_gens or s.newer_mems or s.cross_mems)
-        s.k_fetch = 2 * k + 8 if has_newer else k
+        s.k_fetch = 2 * k + 8 if _has_newer(s) else k
 
     def run(s: _Source) -> None:
         cands = fetch(s, s.k_fetch)
@@ -284,6 +343,8 @@ def _materialize(
         ids = rowid[pos]
         if s.kind == "memtable":
             part = s.mem_region.rows.select(need).take(pa.array(ids.astype(np.int64)))
+        elif s.block is not None:
+            part = s.block.take(ids.astype(np.int64), need)
         else:
             ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
             cols = _lance_columns(ds, need)

@@ -15,10 +15,12 @@ from memwal_query.exceptions import (
 )
 from memwal_query.read import sources
 from memwal_query.search.common import DISTANCE, ROWID
+from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.keys import _mask_to_indices
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
+    _block_sources,
     _build_sources,
     _conform_output,
     _fill_debug,
@@ -147,7 +149,10 @@ def vector_search(
     info = plan.index
     metric = genindex.vector_metric(plan.base, info) if info is not None else "l2"
     exact = metric in ("l2", "euclidean", "cosine", "dot", "hamming")
-    srcs = _build_sources(table, plan)
+    if filter is None and exact:
+        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
+    else:
+        srcs = _build_sources(table, plan)
 
     def nearest(kk: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
@@ -160,6 +165,8 @@ def vector_search(
     narrow = list(dict.fromkeys([*pk, column]))
 
     def fetch(s: _Source, kk: int) -> pa.Table:
+        if s.block is not None:
+            return s.block.knn(q, kk, metric)
         if s.kind == "memtable":
             return _memtable_knn(s.mem_region, column, q, kk, metric, filter, narrow)
         ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
