@@ -63,6 +63,8 @@ _MEM_FTS = _LRU(_MEM_FTS_CACHE_SIZE)
 _INDEX_STATS = _LRU(1024)
 
 _MEM_KEYS = _LRU(_MEM_FTS_CACHE_SIZE)
+_GEN_TOKENS = _LRU(4 * _GEN_CACHE_SIZE)  # token indexes of generations, by directory
+_BLOCKS = _LRU(4)  # generation blocks (see genblock)
 
 
 def clear_caches() -> None:
@@ -71,3 +73,5 @@ def clear_caches() -> None:
     _MEM_FTS.clear()
     _MEM_KEYS.clear()
     _INDEX_STATS.clear()
+    _GEN_TOKENS.clear()
+    _BLOCKS.clear()

@@ -31,9 +31,11 @@ from memwal_query.search.common import (
     SCORE,
     B,
 )
+from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _predicates, resolve_search
 from memwal_query.search.textindex import (
+    _block_mem_fts,
     _FtsStats,
     _gen_mem_fts,
     _MemFts,
@@ -42,6 +44,7 @@ from memwal_query.search.textindex import (
 )
 from memwal_query.search.topk import (
     _SEARCH_POOL,
+    _block_sources,
     _build_sources,
     _conform_output,
     _fill_debug,
@@ -257,7 +260,10 @@ def fts_search(
     tokens, words = _query_tokens(query, tok_kwargs)
     if not tokens:
         return empty
-    srcs = _build_sources(table, plan)
+    if filter is None:
+        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
+    else:
+        srcs = _build_sources(table, plan)
     storage = table.storage_options or None
 
     # -- per-source matchers and global statistics ------------------------------------
@@ -270,6 +276,10 @@ def fts_search(
                 for off, m in zip(s.mem_region.offsets, s.mem_region.memtables)
             ]
             mem_fts[i] = _MemFts(s.mem_region.rows, parts, s.mem_region.live)
+            s.stats["index"] = "memory"
+            return mem_fts[i].stats(tokens)
+        if s.block is not None:
+            mem_fts[i] = _block_mem_fts(s.block, table, column, tok_kwargs)
             s.stats["index"] = "memory"
             return mem_fts[i].stats(tokens)
         if s.kind == "generation" and not s.gen_info.has_index(info.name):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -27,9 +28,8 @@ import pyarrow.compute as pc
 from memwal_query.format.schema import TOMBSTONE
 from memwal_query.read import sources
 from memwal_query.read.dedup import newest_indices
-from memwal_query.search.common import _LRU, DISTANCE, ROWID
-from memwal_query.search.generations import _GenInfo, _reading
-from memwal_query.search.keys import _KeyIndex
+from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
+from memwal_query.search.keys import _ints, _KeyIndex
 
 BLOCK_MAX_ROWS = 2_000_000
 """Generations holding more rows than this in all are searched one by one (their indexes)."""
@@ -37,7 +37,11 @@ BLOCK_MIN_GENERATIONS = 4
 """Fewer generations than this are searched one by one (a few concurrent Lance queries
 cost about as much as the block, and keep their per-generation counters in ``debug``)."""
 
-_BLOCKS = _LRU(4)
+_READERS = ThreadPoolExecutor(4, thread_name_prefix="memwal-genblock")
+
+
+class _TooLarge(Exception):
+    """Internal: the generations hold more than BLOCK_MAX_ROWS rows."""
 
 
 class GenBlock:
@@ -50,7 +54,7 @@ class GenBlock:
 
     def __init__(
         self,
-        members: Sequence[tuple[int, _GenInfo]],
+        members: Sequence[tuple[int, sources.GenerationRef]],
         schema: pa.Schema,
         pk: list[str],
         column: str,
@@ -61,16 +65,27 @@ class GenBlock:
         self.pk = pk
         self.column = column
         self.storage_options = storage_options
-        parts: list[pa.Table] = []
+        cols = [*pk, column, TOMBSTONE]
+        total = [0]
+        lock = threading.Lock()
+
+        def read(ref: sources.GenerationRef) -> pa.Table:
+            # GenerationGoneError when the generation's files are gone: the search re-plans
+            t = sources.read_generation(ref, schema, storage_options, columns=cols)
+            with lock:
+                total[0] += t.num_rows
+                if total[0] > BLOCK_MAX_ROWS:
+                    raise _TooLarge
+            return t
+
+        # one read per generation, concurrently (Lance releases the GIL while reading)
+        futures = [_READERS.submit(read, ref) for _, ref in self.members]
+        parts: list[pa.Table] = [f.result() for f in futures]
+        self.sizes = [t.num_rows for t in parts]
         gens, ranks, member, pos = [], [], [], []
-        for i, (rank, info) in enumerate(self.members):
-            with _reading(info):
-                t = sources.read_generation(
-                    info.ref, schema, storage_options, columns=[*pk, column, TOMBSTONE]
-                )
+        for i, ((rank, ref), t) in enumerate(zip(self.members, parts)):
             n = t.num_rows
-            parts.append(t)
-            gens.append(np.full(n, info.ref.generation, np.int64))
+            gens.append(np.full(n, ref.generation, np.int64))
             ranks.append(np.full(n, rank, np.int64))
             member.append(np.full(n, i, np.int64))
             pos.append(np.arange(n, dtype=np.int64))
@@ -84,8 +99,16 @@ class GenBlock:
         last = newest_indices(self.keys, pk, self.ranks, self.gens)
         tomb = pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
         self.live_rows = last[~tomb[last]]
-        # newest version of every key here (tombstones too: they hide older rows)
-        self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
+        # newest version of every key here (tombstones too: they hide older rows): for
+        # one integer key column sorted values (binary search), else a hashed key index
+        ints = _ints(self.keys.column(0)) if len(pk) == 1 and len(last) else None
+        self._newest_ints: tuple[np.ndarray, np.ndarray] | None = None
+        self._newest: _KeyIndex | None = None
+        if ints is not None:
+            order = np.argsort(ints[last], kind="stable")
+            self._newest_ints = (ints[last][order], last[order])
+        else:
+            self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
         self._lock = threading.Lock()
         self._matrix: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -98,7 +121,26 @@ class GenBlock:
         n = keys.num_rows
         g = np.full(n, -1, np.int64)
         r = np.full(n, -1, np.int64)
-        if n == 0 or self._newest.num_keys == 0:
+        if n == 0 or len(self.live_rows) + len(self.gens) == 0:
+            return g, r
+        if self._newest_ints is not None:
+            probe = _ints(keys.column(0))
+            if probe is not None:
+                values, at = self._newest_ints
+                pos = np.minimum(np.searchsorted(values, probe), len(values) - 1)
+                hit = values[pos] == probe
+                rows = at[pos[hit]]
+                g[hit] = self.gens[rows]
+                r[hit] = self.ranks[rows]
+                return g, r
+            # keys of another type than the table's (not expected): exact key index
+            last = self._newest_ints[1]
+            self._newest = _KeyIndex(
+                self.keys.take(pa.array(last)), np.zeros(len(last), bool), last
+            )
+            self._newest_ints = None
+        assert self._newest is not None
+        if self._newest.num_keys == 0:
             return g, r
         pos = self._newest.probe(keys)
         hit = pos >= 0
@@ -141,9 +183,8 @@ class GenBlock:
         out: list[tuple[np.ndarray, pa.Table]] = []
         for i in np.unique(members).tolist():
             at = np.flatnonzero(members == i)
-            _, info = self.members[i]
-            with _reading(info):
-                t = sources.read_generation(info.ref, self.schema, self.storage_options, columns)
+            _, ref = self.members[i]
+            t = sources.read_generation(ref, self.schema, self.storage_options, columns)
             out.append((at, t.take(pa.array(self.pos[rows[at]]))))
         order = np.concatenate([at for at, _ in out])
         got = pa.concat_tables([t for _, t in out])
@@ -151,22 +192,20 @@ class GenBlock:
 
 
 def gen_block(
-    members: Sequence[tuple[int, _GenInfo]],
+    members: Sequence[tuple[int, sources.GenerationRef]],
     schema: pa.Schema,
     pk: list[str],
     column: str,
     storage_options: dict[str, str] | None,
-) -> GenBlock:
+) -> GenBlock | None:
     """The (cached) block of ``members`` (``(region rank, generation)``, ordered by rank,
-    then generation)."""
+    then generation); None when they hold more than :data:`BLOCK_MAX_ROWS` rows."""
     key = (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
     block: GenBlock | None = _BLOCKS.get(key)
     if block is None:
-        block = GenBlock(members, schema, pk, column, storage_options)
+        try:
+            block = GenBlock(members, schema, pk, column, storage_options)
+        except _TooLarge:
+            return None
         _BLOCKS.put(key, block)
     return block
-
-
-def clear_blocks() -> None:
-    """Forget the cached blocks."""
-    _BLOCKS.clear()

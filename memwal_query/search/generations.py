@@ -28,7 +28,6 @@ from memwal_query.search.common import _GENERATIONS
 from memwal_query.search.keys import _KeyIndex
 
 if TYPE_CHECKING:
-    from memwal_query.search.textindex import _TokenIndex
     from memwal_query.table import MemWalTable
 
 
@@ -68,7 +67,6 @@ class _GenInfo:
         self._lock = threading.Lock()
         self._keys: _KeyIndex | None = None
         self._blocklist: bytes | None = None
-        self._token_index: dict[tuple, _TokenIndex] = {}
 
     def _load_keys(self) -> None:
         with self._lock:

@@ -10,7 +10,7 @@ import pyarrow as pa
 from memwal_query.exceptions import MemWalError
 from memwal_query.search.fulltext import fts_search
 from memwal_query.search.pointlookup import lookup
-from memwal_query.search.vector import vector_search
+from memwal_query.search.vector import DEFAULT_REFINE_FACTOR, vector_search
 
 if TYPE_CHECKING:
     import datafusion
@@ -113,7 +113,11 @@ def register_search_functions(
         flt = vals[4] if len(vals) > 4 and vals[4] else None
         nprobes = int(vals[5]) if len(vals) > 5 else 20
         t = table_of(name)
-        return as_table(vector_search(t, column, query, k, flt, nprobes, writers=writers_of(name)))
+        return as_table(
+            vector_search(
+                t, column, query, k, flt, nprobes, DEFAULT_REFINE_FACTOR, writers_of(name)
+            )
+        )
 
     def sql_fts_search(*args: Any) -> Any:
         vals = [_literal(a) for a in args]

@@ -12,11 +12,12 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.read import sources
-from memwal_query.search.common import _MEM_FTS
+from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
 from memwal_query.search.generations import _GenInfo
 from memwal_query.search.plan import _filter_indices
 
 if TYPE_CHECKING:
+    from memwal_query.search.genblock import GenBlock
     from memwal_query.table import MemWalTable
     from memwal_query.write.memtable import MemTableSnapshot
 
@@ -144,11 +145,37 @@ def _gen_mem_fts(
     gen: _GenInfo, table: MemWalTable, column: str, tok_kwargs: dict[str, Any]
 ) -> _MemFts:
     """In-memory full-text matching for a generation without an INVERTED index."""
-    key = (column, repr(sorted(tok_kwargs.items())))
-    ti = gen._token_index.get(key)
+    ti = _gen_token_index(gen.ref, table, column, tok_kwargs)
     rows = sources.read_generation(gen.ref, table.schema, table.storage_options)
+    return _MemFts(rows, [(0, ti)], gen.live_mask())
+
+
+def _gen_token_index(
+    ref: sources.GenerationRef, table: MemWalTable, column: str, tok_kwargs: dict[str, Any]
+) -> _TokenIndex:
+    """Token index of one generation's ``column`` (cached: generations are immutable)."""
+    key = (ref.uri, column, repr(sorted(tok_kwargs.items())))
+    ti: _TokenIndex | None = _GEN_TOKENS.get(key)
     if ti is None:
+        rows = sources.read_generation(ref, table.schema, table.storage_options, [column])
         ti = _TokenIndex(tok_kwargs)
         ti.extend(_texts(rows.column(column)))
-        gen._token_index[key] = ti
-    return _MemFts(rows, [(0, ti)], gen.live_mask())
+        _GEN_TOKENS.put(key, ti)
+    return ti
+
+
+def _block_mem_fts(
+    block: GenBlock, table: MemWalTable, column: str, tok_kwargs: dict[str, Any]
+) -> _MemFts:
+    """In-memory full-text matching over every generation of a block at once: the
+    generations' token indexes side by side, live rows as the block deduplicated them
+    (``_rowid`` of a match is its block row)."""
+    parts = []
+    offset = 0
+    for (_, ref), size in zip(block.members, block.sizes):
+        parts.append((offset, _gen_token_index(ref, table, column, tok_kwargs)))
+        offset += size
+    live = np.zeros(block.num_rows, bool)
+    live[block.live_rows] = True
+    rows = block.keys.append_column(column, block.values)
+    return _MemFts(rows, parts, live)

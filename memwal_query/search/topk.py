@@ -20,7 +20,7 @@ from memwal_query.exceptions import (
 from memwal_query.format.bloom import hash_keys
 from memwal_query.read import sources
 from memwal_query.search.common import _IDX, _MAX_ROUNDS, _SRC, ROWID
-from memwal_query.search.genblock import BLOCK_MAX_ROWS, GenBlock, gen_block
+from memwal_query.search.genblock import GenBlock, gen_block
 from memwal_query.search.generations import _gen_info, _GenInfo, _own, _reading
 from memwal_query.search.keys import _mask_to_indices
 from memwal_query.search.plan import SearchPlan, _MemRegion
@@ -73,13 +73,12 @@ class _Source:
 
 
 def _build_sources(
-    table: MemWalTable, plan: SearchPlan, cross_generations: bool = True
+    table: MemWalTable, plan: SearchPlan, with_generations: bool = True
 ) -> list[_Source]:
     """Sources, base first; each knows the newer sources its candidates must beat.
 
-    With ``cross_generations`` False the generations of other regions are not listed as
-    newer sources (quadratic in the number of generations): for :func:`_with_block`,
-    which replaces them with one block.
+    With ``with_generations`` False the generations are left out (not even opened): for
+    :func:`_block_sources`, which reads them as one block.
     """
     pk = table.primary_key
     out: list[_Source] = []
@@ -92,7 +91,7 @@ def _build_sources(
     for rank, (rid, region) in enumerate(sorted(plan.regions.items())):
         refs = [(g, True) for g in region.gap] + [(g, False) for g in region.generations]
         refs.sort(key=lambda x: x[0].generation)
-        gens = [(ref, gap, _gen_info(table, ref)) for ref, gap in refs]
+        gens = [(ref, gap, _gen_info(table, ref)) for ref, gap in refs if with_generations]
         mem = _MemRegion(rid, region.memtables, table.schema, pk) if region.memtables else None
         for i, (ref, gap, info) in enumerate(gens):
             per_region.append(
@@ -119,7 +118,7 @@ def _build_sources(
     # then its region rank, is higher (dedup.newest_indices's rule).
     for src in per_region:
         g, rank = src.rank_gen
-        for r2, ref, info in every_gen if cross_generations else ():
+        for r2, ref, info in every_gen:
             if r2 != rank and (ref.generation, r2) > (g, rank):
                 src.newer_gens.append(info)
         src.cross_mems = [(m, r2) for r2, m in every_mem if r2 != rank]
@@ -179,26 +178,26 @@ def _block_sources(
     source, when there are at least ``min_generations`` of them and they are small enough
     in all (:data:`~memwal_query.search.genblock.BLOCK_MAX_ROWS`); else one source per
     generation (:func:`_build_sources`)."""
-    srcs = _build_sources(table, plan, cross_generations=False)
-    gens = [s for s in srcs if s.kind == "generation"]
-    if len(gens) < max(min_generations, 1) or (
-        sum(s.gen_info.num_rows for s in gens) > BLOCK_MAX_ROWS
-    ):
+    members = sorted(
+        (rank, ref.generation, ref)
+        for rank, (_, region) in enumerate(sorted(plan.regions.items()))
+        for ref in [*region.gap, *region.generations]
+    )
+    if len(members) < max(min_generations, 1):
         return _build_sources(table, plan)
-    members = sorted((s.rank_gen[1], s.rank_gen[0], s.gen_info) for s in gens)
     block = gen_block(
-        [(rank, info) for rank, _, info in members],
+        [(rank, ref) for rank, _, ref in members],
         table.schema,
         list(table.primary_key),
         column,
         table.storage_options or None,
     )
+    if block is None:  # too many rows for one block
+        return _build_sources(table, plan)
+    srcs = _build_sources(table, plan, with_generations=False)
     mems = [s for s in srcs if s.kind == "memtable"]
     out: list[_Source] = []
     for s in srcs:
-        if s.kind == "generation":
-            continue
-        s.newer_gens = []
         s.newer_blocks = [block]
         out.append(s)
     every_mem = [(s.mem_region, s.rank_gen[1]) for s in mems]
