@@ -63,7 +63,6 @@ class _GenInfo:
         self.bloom: BloomFilter | None = loaded.filter
         self.bloom_trusted = loaded.trusted
         self.bloom_corrupt = not loaded.trusted
-        self.indexes = {d.name: d for d in self.ds.describe_indices()}
         self._lock = threading.Lock()
         self._keys: _KeyIndex | None = None
         self._blocklist: bytes | None = None
@@ -126,6 +125,12 @@ class _GenInfo:
         live = np.zeros(self.num_rows, bool)
         live[keys.rows[~keys.tombstone]] = True
         return live
+
+    @functools.cached_property
+    def indexes(self) -> dict[str, Any]:
+        """The generation's Lance indexes by name (listed on first use: a lookup never
+        needs them)."""
+        return {d.name: d for d in self.ds.describe_indices()}
 
     def has_index(self, name: str | None) -> bool:
         return name is not None and name in self.indexes
