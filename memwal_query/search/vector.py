@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from memwal_query.write.writer import RegionWriter
 
 
-DEFAULT_REFINE_FACTOR = 10
+DEFAULT_REFINE_FACTOR = 20
 """Default ``refine_factor`` of :meth:`MemWalTable.vector_search` and the SQL function
 (issue 20: recall@10 >= 0.95 against exact search, IVF_PQ index, ``nprobes=20``)."""
 
