@@ -91,3 +91,48 @@ def test_block_is_not_used_below_its_thresholds(tmp_path, monkeypatch):
     assert [s["kind"] for s in dbg["sources"]].count("generation") == 4
     assert blocked["id"].to_pylist() == single["id"].to_pylist()
     assert blocked["_distance"].to_pylist() == single["_distance"].to_pylist()
+
+
+def test_full_text_block_equals_the_per_generation_path(tmp_path):
+    rng = np.random.default_rng(5)
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("text", pa.string())])
+    words = np.array(["apple", "pear", "plum", "fig", "kiwi", "lime"])
+
+    def rows(ids: np.ndarray) -> pa.Table:
+        text = [" ".join(w) for w in words[rng.integers(0, len(words), (len(ids), 3))].tolist()]
+        return pa.table({"id": pa.array(ids, pa.int64()), "text": text}, schema=schema)
+
+    uri = str(tmp_path / "t")
+    lance.write_dataset(rows(np.arange(200)), uri)
+    lance.dataset(uri).create_scalar_index("text", "INVERTED", name="text_idx")
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    for _ in range(3):
+        t.write(rows(rng.choice(260, 40, replace=False)))
+        t.flush()
+        t.delete(pa.table({"id": pa.array(rng.choice(260, 8, replace=False), pa.int64())}))
+        t.flush()
+    t.write(rows(rng.choice(260, 20, replace=False)))  # MemTables
+    try:
+        live = t.to_table(writers=t.writers())
+        for word in ["apple", "kiwi lime", "fig"]:
+            dbg: dict = {}
+            got = t.fts_search("text", word, k=500, debug=dbg)
+            assert "block" in {s["kind"] for s in dbg["sources"]}
+            # every live row containing a query word, once, with its newest text
+            want = {
+                i
+                for i, x in zip(live["id"].to_pylist(), live["text"].to_pylist())
+                if set(x.split()) & set(word.split())
+            }
+            assert sorted(got["id"].to_pylist()) == sorted(want)
+            newest = dict(zip(live["id"].to_pylist(), live["text"].to_pylist()))
+            assert all(
+                newest[i] == x for i, x in zip(got["id"].to_pylist(), got["text"].to_pylist())
+            )
+            dbg = {}
+            one = t.fts_search("text", word, k=500, filter="id >= 0", debug=dbg)
+            assert "block" not in {s["kind"] for s in dbg["sources"]}
+            assert sorted(one["id"].to_pylist()) == sorted(want)
+    finally:
+        t.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -110,6 +111,7 @@ class GenBlock:
         else:
             self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
         self._lock = threading.Lock()
+        self.cache: dict[Any, Any] = {}  # derived structures (e.g. merged token indexes)
         self._matrix: tuple[np.ndarray, np.ndarray] | None = None
 
     @property

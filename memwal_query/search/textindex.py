@@ -4,6 +4,7 @@ of generations without an INVERTED index."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,11 +88,35 @@ class _FtsStats:
     df: dict[str, int]
 
 
+class _FrozenTokens:
+    """Several token indexes side by side as one, postings as arrays (a block's
+    generations: one dictionary lookup per query token instead of one per generation)."""
+
+    def __init__(self, parts: list[tuple[int, _TokenIndex]]) -> None:
+        acc: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        lens = []
+        for off, ti in parts:
+            lens.append(np.asarray(ti.doc_len, np.float64))
+            for tok, (rows, tfs) in ti.postings.items():
+                r, t = acc.setdefault(tok, ([], []))
+                r.append(np.asarray(rows, np.int64) + off)
+                t.append(np.asarray(tfs, np.float64))
+        self.postings = {tok: (np.concatenate(r), np.concatenate(t)) for tok, (r, t) in acc.items()}
+        self.doc_len = np.concatenate(lens) if lens else np.zeros(0, np.float64)
+        self._empty = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.postings.get(token, self._empty)
+
+
 class _MemFts:
     """Full-text matching over in-memory rows: a MemTable region or an unindexed gen."""
 
     def __init__(
-        self, rows: pa.Table, parts: list[tuple[int, _TokenIndex]], live: np.ndarray
+        self,
+        rows: pa.Table,
+        parts: Sequence[tuple[int, _TokenIndex | _FrozenTokens]],
+        live: np.ndarray,
     ) -> None:
         self.rows = rows
         self.parts = parts
@@ -170,12 +195,16 @@ def _block_mem_fts(
     """In-memory full-text matching over every generation of a block at once: the
     generations' token indexes side by side, live rows as the block deduplicated them
     (``_rowid`` of a match is its block row)."""
-    parts = []
-    offset = 0
-    for (_, ref), size in zip(block.members, block.sizes):
-        parts.append((offset, _gen_token_index(ref, table, column, tok_kwargs)))
-        offset += size
+    key = ("fts", column, repr(sorted(tok_kwargs.items())))
+    merged = block.cache.get(key)
+    if merged is None:
+        parts = []
+        offset = 0
+        for (_, ref), size in zip(block.members, block.sizes):
+            parts.append((offset, _gen_token_index(ref, table, column, tok_kwargs)))
+            offset += size
+        merged = block.cache.setdefault(key, _FrozenTokens(parts))
     live = np.zeros(block.num_rows, bool)
     live[block.live_rows] = True
     rows = block.keys.append_column(column, block.values)
-    return _MemFts(rows, parts, live)
+    return _MemFts(rows, [(0, merged)], live)
