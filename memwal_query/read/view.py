@@ -237,7 +237,7 @@ def _manifests(
     out = {}
     pruned = []
     for region_id in table.region_ids():
-        if spec is not None:
+        if spec is not None and predicates:
             known = table.known_region_values(region_id)
             if (
                 known is not None
