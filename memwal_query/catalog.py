@@ -121,6 +121,10 @@ class Catalog:
         self.primary_key: list[str] = require_primary_key(self.schema, self.uri)
         self.lance_schema = self._dataset.lance_schema
         self._manifests: dict[str, RegionManifest] = {}  # last read per region
+        # parsed region spec and region values, valid while the protos they were parsed
+        # from are the ones held (a query reads them for every region: issue 20)
+        self._spec_cache: tuple[Any, RegionSpec] | None = None
+        self._values_cache: dict[str, tuple[RegionManifest, RegionSpec, Any]] = {}
 
     # -- base table and index ----------------------------------------------------------
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
@@ -155,9 +159,14 @@ class Catalog:
         specs = self._index.details.region_specs
         if not specs:
             return None
+        cached = self._spec_cache
+        if cached is not None and cached[0] is specs:
+            return cached[1]
         from memwal_query.regions.spec import RegionSpec
 
-        return RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
+        spec = RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
+        self._spec_cache = (specs, spec)
+        return spec
 
     @property
     def maintained_indexes(self) -> list[str]:
@@ -199,16 +208,23 @@ class Catalog:
             self._manifests[region_id] = manifest
         return manifest
 
-    def region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
+    def region_values(
+        self, region_id: str, manifest: RegionManifest | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
         """``(spec_id, {field_id: value})`` recorded in a region's manifest, or None.
 
         Values are read from the manifest's ``region_field_entries`` (as pylance's
         native writer records them); None for manual regions or another spec.
+        ``manifest``: the region's manifest when the caller has just read it.
         """
-        manifest = self.region_manifest(region_id)
+        if manifest is None:
+            manifest = self.region_manifest(region_id)
         spec = self.routing_spec()
         if manifest is None or manifest.region_spec_id != spec.spec_id:
             return None
+        cached = self._values_cache.get(region_id)
+        if cached is not None and cached[0] is manifest and cached[1] is spec:
+            return cached[2]
         raw = dict(manifest.region_field_entries)
         values = {}
         for f in spec.fields:
@@ -216,7 +232,17 @@ class Catalog:
             values[f.field_id] = (
                 None if entry is None else fieldvalues.decode(entry, self.field_type(f))
             )
+        self._values_cache[region_id] = (manifest, spec, (spec.spec_id, values))
         return spec.spec_id, values
+
+    def known_region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
+        """The values :meth:`region_values` last read for a region under the current
+        spec, without reading anything (a region's values are fixed when it is
+        created), or None when not read yet."""
+        cached = self._values_cache.get(region_id)
+        if cached is None or cached[1] is not self.routing_spec():
+            return None
+        return cached[2]
 
     def field_type(self, f: Any) -> pa.DataType:
         """Arrow type of a region field's values (declared, or its source's type)."""

@@ -69,7 +69,7 @@ def register(
 
     # The functions look both dicts up at call time: tables and writers registered
     # later on this context are found too.
-    register_search_functions(ctx, writers=registered_writers)
+    register_search_functions(ctx, writers=registered_writers, default_writers=MemWalTable.writers)
     from memwal_query.read.changes_sql import register_changes_function
 
     register_changes_function(ctx, _registered(ctx))
@@ -96,11 +96,6 @@ def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> Mem
 def _registered(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
     """Tables (``_memwal_tables``) or writers (``_memwal_writers``) registered through
     :func:`register` on ``ctx``, by name (for the search functions)."""
-    registry = getattr(ctx, attr, None)
-    if registry is None:
-        registry = {}
-        try:
-            setattr(ctx, attr, registry)
-        except AttributeError:  # pragma: no cover - slots
-            pass
-    return registry
+    from memwal_query.search.sqlfunctions import registry
+
+    return registry(ctx, attr)

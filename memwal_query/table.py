@@ -482,11 +482,12 @@ class MemWalTable(Catalog):
         k: int = 10,
         filter: Any = None,
         nprobes: int = 20,
-        refine_factor: int | None = None,
+        refine_factor: int | None = 20,
         writers: Sequence[RegionWriter] | None = None,
         **kw: Any,
     ) -> pa.Table:
-        """Top-k nearest rows across all LSM levels, with ``_distance``."""
+        """Top-k nearest rows across all LSM levels, with ``_distance`` (see
+        :func:`memwal_query.search.vector_search`; ``refine_factor`` 20 by default)."""
         from memwal_query.search import vector_search
 
         return vector_search(

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import search
+from memwal_query.search import pointlookup
 
 from helpers import basic_rows
 
@@ -53,7 +53,7 @@ def test_scan_of_a_cleaned_up_base_version_is_a_typed_error(tmp_path):
 
 def test_lookup_replans_when_its_base_version_is_cleaned_up(tmp_path, monkeypatch):
     t = _split_base(tmp_path)
-    original = search._base_lookup
+    original = pointlookup._base_lookup
     calls = []
 
     def racing(base, *args, **kwargs):
@@ -62,7 +62,7 @@ def test_lookup_replans_when_its_base_version_is_cleaned_up(tmp_path, monkeypatc
         calls.append(base.version)
         return original(base, *args, **kwargs)
 
-    monkeypatch.setattr(search, "_base_lookup", racing)
+    monkeypatch.setattr(pointlookup, "_base_lookup", racing)
     got = t.lookup(pa.array([3, 77, 1000], pa.int64()), columns=["id", "val"])
     assert got.to_pydict() == {"id": [3, 77], "val": [3.0, 77.0]}
     assert len(calls) == 2 and calls[1] > calls[0]  # re-planned on the newer version

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import search
+from memwal_query.search import pointlookup
 from memwal_query.write import flush as flush_mod
 
 from helpers import BASIC_SCHEMA, PK, basic_rows
@@ -94,14 +94,14 @@ def test_lookup_of_many_keys_scans_the_base_keys(tmp_path, monkeypatch, key):
     ds = t.dataset()
 
     # Many keys relative to the base rows: one key scan; few keys: filtered chunks.
-    assert search._use_base_key_scan(ds, search._BASE_KEY_SCAN_MIN_KEYS)
-    assert not search._use_base_key_scan(ds, search._BASE_KEY_SCAN_MIN_KEYS - 1)
-    monkeypatch.setattr(search, "_BASE_KEY_SCAN_MIN_KEYS", 1000)  # small data, same path
-    assert search._use_base_key_scan(ds, n) and not search._use_base_key_scan(ds, 10)
+    assert pointlookup._use_base_key_scan(ds, pointlookup._BASE_KEY_SCAN_MIN_KEYS)
+    assert not pointlookup._use_base_key_scan(ds, pointlookup._BASE_KEY_SCAN_MIN_KEYS - 1)
+    monkeypatch.setattr(pointlookup, "_BASE_KEY_SCAN_MIN_KEYS", 1000)  # small data, same path
+    assert pointlookup._use_base_key_scan(ds, n) and not pointlookup._use_base_key_scan(ds, 10)
     scans = []
-    orig = search._base_rows_by_key_scan
+    orig = pointlookup._base_rows_by_key_scan
     monkeypatch.setattr(
-        search, "_base_rows_by_key_scan", lambda *a: scans.append(a[1].num_rows) or orig(*a)
+        pointlookup, "_base_rows_by_key_scan", lambda *a: scans.append(a[1].num_rows) or orig(*a)
     )
 
     probe = base.take(pa.array(ids[::-1])).select(pk)  # every key, reversed

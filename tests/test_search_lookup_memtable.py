@@ -1,6 +1,6 @@
 """Point lookup in MemTables through their key index, against brute-force models.
 
-The index (``search._MemKeyIndex``) is built per MemTable by batch identity and
+The index (``memkeys._MemKeyIndex``) is built per MemTable by batch identity and
 extended as batches are appended; candidates found by key hash are compared exactly and
 the last write of a key wins (a tombstone means "not found").
 """
@@ -19,8 +19,9 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query import search
 from memwal_query.format.schema import TOMBSTONE
+from memwal_query.search import keys as search_keys
+from memwal_query.search import memkeys, pointlookup
 from memwal_query.write.memtable import MemTable
 
 from helpers import PK
@@ -44,8 +45,8 @@ def _expected(model: dict, keys: list) -> list:
     return out
 
 
-def _mem_index_of(t: mq.MemWalTable, region_id: str) -> search._MemKeyIndex:
-    (idx,) = [v for k, v in search._MEM_KEYS._items.items() if k[0] == t.uri and k[1] == region_id]
+def _mem_index_of(t: mq.MemWalTable, region_id: str) -> memkeys._MemKeyIndex:
+    (idx,) = [v for k, v in memkeys._MEM_KEYS._items.items() if k[0] == t.uri and k[1] == region_id]
     return idx
 
 
@@ -161,7 +162,7 @@ def test_other_key_types_vs_model(tmp_path, name):
     base = pa.table({"k": pa.array(values[:1], key_type), "v": [-1]}, schema=schema)
     t = _init(tmp_path, schema, base)
     # the index spreads these keys over distinct hashes (not one bucket)
-    h = search._index_hashes(pa.table({"k": pa.array(values, key_type)}))
+    h = search_keys._index_hashes(pa.table({"k": pa.array(values, key_type)}))
     assert len(set(h.tolist())) == len(values)
 
     canon = pa.array(values, key_type).to_pylist()  # as lookup results show them
@@ -195,8 +196,9 @@ def test_other_key_types_vs_model(tmp_path, name):
 
 def test_hash_collisions_are_resolved_exactly(tmp_path, monkeypatch):
     """With only 4 distinct hashes every lookup sees many candidates; keys still match."""
-    real = search.hash_keys
-    monkeypatch.setattr(search, "hash_keys", lambda keys: real(keys) % np.uint64(4))
+    real = search_keys.hash_keys
+    for module in (search_keys, pointlookup):
+        monkeypatch.setattr(module, "hash_keys", lambda keys: real(keys) % np.uint64(4))
     schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
     t = _init(tmp_path, schema, pa.table({"id": [0], "v": [0]}, schema=schema))
     model = {0: 0}
@@ -246,7 +248,9 @@ def _via_index(uri: str, snap, keys: list[int]) -> dict:
     """{key: v or "deleted"} of the newest row of each key in a snapshot (the index)."""
     probe = pa.Table.from_arrays([pa.array(keys, pa.int64())], schema=KEY_SCHEMA)
     stub = types.SimpleNamespace(uri=uri)
-    found = search._memtable_lookup(stub, snap, probe, search._index_hashes(probe), ["id", "v"])
+    found = memkeys._memtable_lookup(
+        stub, snap, probe, search_keys._index_hashes(probe), ["id", "v"]
+    )
     if found is None:
         return {}
     rows, p = found
@@ -336,7 +340,7 @@ def test_memtable_rows_beyond_gather_limit():
     snap = mt.snapshot()
     keys = list(range(-5, 105))
     assert _via_index(uri, snap, keys) == _brute(snap, keys)
-    assert len(_brute(snap, keys)) > search._MEM_KEYS_GATHER
+    assert len(_brute(snap, keys)) > memkeys._MEM_KEYS_GATHER
 
 
 # ----------------------------------------------------------------------------------------
@@ -353,9 +357,9 @@ def test_memtable_rows_beyond_gather_limit():
 )
 def test_match_keys_small_path_equals_kernels(monkeypatch, rows_keys, probe):
     left, right = pa.table(rows_keys), pa.table(probe)
-    r, p = search._match_keys(left, right)
-    monkeypatch.setattr(search, "_SMALL_MATCH", 0)
-    r2, p2 = search._match_keys(left, right)
+    r, p = search_keys._match_keys(left, right)
+    monkeypatch.setattr(search_keys, "_SMALL_MATCH", 0)
+    r2, p2 = search_keys._match_keys(left, right)
     assert sorted(zip(r.tolist(), p.tolist())) == sorted(zip(r2.tolist(), p2.tolist()))
     assert r.dtype == r2.dtype == np.int64
 

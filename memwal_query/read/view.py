@@ -237,6 +237,7 @@ def _resolve_once(
 ) -> ReadPlan:
     writer_regions = {w.region_id for w in writers or ()}
     wal_tails: dict[str, list[MemTableSnapshot]] = {}
+    pruned: list[str] = []
     if consistency == "eventual":
         # Step 2 for the writers' regions only, then step 3 and the snapshots of V.
         own = {r: s for r in writer_regions if (s := _manifest_state(table, r)) is not None}
@@ -247,7 +248,7 @@ def _resolve_once(
             return _resolve_once(table, "strong", mem_by_region, predicates, None, writers)
         states.update(own)
     else:
-        manifests = _manifests(table)
+        manifests, pruned = _manifests(table, predicates)
         states = {r: _state_of(table, r, m) for r, m in manifests.items()}
         if consistency == "latest":
             for region_id, m in manifests.items():
@@ -255,7 +256,9 @@ def _resolve_once(
                     wal_tails[region_id] = _wal_tail(table, region_id, m)
         base = table.dataset()
         index = table.index(base)  # progress of exactly the version we read
-    return _build(table, consistency, base, index, states, mem_by_region, wal_tails, predicates)
+    return _build(
+        table, consistency, base, index, states, mem_by_region, wal_tails, predicates, pruned
+    )
 
 
 def _build(
@@ -267,6 +270,7 @@ def _build(
     mem_by_region: dict[str, list[MemTableSnapshot]],
     wal_tails: dict[str, list[MemTableSnapshot]],
     predicates: list[tuple[str, str, Any]] | None,
+    pruned_unread: Sequence[str] = (),
 ) -> ReadPlan:
     merged = index.merged_generations()
     spec = table.region_spec
@@ -274,7 +278,7 @@ def _build(
         if region_id not in states:
             states[region_id] = (table.region_values(region_id), [])
     regions: list[RegionView] = []
-    pruned: list[str] = []
+    pruned: list[str] = [r for r in pruned_unread if r not in states]
     for region_id, (values, flushed) in sorted(states.items()):
         if predicates and spec is not None and values is not None:
             spec_id, region_values = values
@@ -306,21 +310,40 @@ def _build(
                 view.memtables.append(m)
         if view.generations or view.memtables:
             regions.append(view)
-    return ReadPlan(base, index, regions, pruned, consistency)
+    return ReadPlan(base, index, regions, sorted(pruned), consistency)
 
 
-def _manifests(table: Catalog) -> dict[str, RegionManifest]:
+def _manifests(
+    table: Catalog, predicates: list[tuple[str, str, Any]] | None = None
+) -> tuple[dict[str, RegionManifest], list[str]]:
+    """The regions' manifests, and the regions pruned *before* reading theirs.
+
+    A region whose values are known from an earlier read (they are fixed when the region
+    is created) and cannot match ``predicates`` is not read at all (issue 20: a lookup
+    routed to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
+    """
+    spec = table.region_spec if predicates else None
     out = {}
+    pruned = []
     for region_id in table.region_ids():
+        if spec is not None and predicates:
+            known = table.known_region_values(region_id)
+            if (
+                known is not None
+                and known[0] == spec.spec_id
+                and not spec.may_match(known[1], predicates, table.lance_schema)
+            ):
+                pruned.append(region_id)
+                continue
         m = table.region_manifest(region_id)
         if m is not None:
             out[region_id] = m
-    return out
+    return out, pruned
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:
     return (
-        table.region_values(region_id),
+        table.region_values(region_id, manifest),
         [(g.generation, g.path) for g in manifest.flushed_generations],
     )
 

@@ -469,9 +469,16 @@ class MemWalReader(DataSourceReader):
                 + [_filter_column(f) for f in in_arrow]
             )
         )
-        fragments = (
-            None if part.fragment_ids is None else [ds.get_fragment(i) for i in part.fragment_ids]
-        )
+        fragments = None
+        if part.fragment_ids is not None:
+            fragments = []
+            for i in part.fragment_ids:
+                fragment = ds.get_fragment(i)
+                if fragment is None:  # the pinned version lists it: it cannot vanish
+                    raise BaseVersionGoneError(
+                        f"{ds.uri}: fragment {i} of version {ds.version} is gone"
+                    )
+                fragments.append(fragment)
         offset, limit = part.row_range if part.row_range is not None else (None, None)
         scanner = ds.scanner(
             columns=read_cols,

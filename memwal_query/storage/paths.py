@@ -7,6 +7,7 @@ a crafted manifest cannot point a reader or the garbage collector outside its re
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import uuid
@@ -24,6 +25,13 @@ def validate_region_id(region_id: str | uuid.UUID) -> str:
         return str(region_id)
     if not isinstance(region_id, str):
         raise InvalidPathError(f"region id must be a UUID string, got {type(region_id).__name__}")
+    return _validate_region_id_str(region_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _validate_region_id_str(region_id: str) -> str:
+    """:func:`validate_region_id` of a string (cached: a read checks every region's id
+    for each of its generations; errors are not cached)."""
     try:
         parsed = uuid.UUID(region_id)
     except ValueError as e:

@@ -1,0 +1,213 @@
+"""All flushed generations of a search as one in-memory source (issue 20, item 1).
+
+A Lance query costs a few milliseconds however small the table, so asking every
+unmerged generation separately makes a vector search pay per generation (192
+generations: 192 queries). Generations are small (a flushed MemTable each) and
+immutable, so a search instead reads the searched column of every generation of its
+view once (cached per set of generations), deduplicates them with the readers' one rule
+(:func:`memwal_query.read.dedup.newest_indices`: highest ``_gen``, then write order,
+then region rank) and answers each query with one exact, vectorised numpy pass over
+the live rows. The base table and the MemTables stay sources of their own; staleness
+between them and the block is decided per row with the same rule.
+
+Exact search over the generations makes their part of the result exact (recall 1);
+the block is used when the generations hold at most :data:`BLOCK_MAX_ROWS` rows in all
+and the query has no filter (a filter is evaluated by each source, as before).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.format.schema import TOMBSTONE
+from memwal_query.read import sources
+from memwal_query.read.dedup import newest_indices
+from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
+from memwal_query.search.keys import _ints, _KeyIndex
+
+BLOCK_MAX_ROWS = 2_000_000
+"""Generations holding more rows than this in all are searched one by one (their indexes)."""
+BLOCK_MIN_GENERATIONS = 4
+"""Fewer generations than this are searched one by one (a few concurrent Lance queries
+cost about as much as the block, and keep their per-generation counters in ``debug``)."""
+
+_READERS = ThreadPoolExecutor(4, thread_name_prefix="memwal-genblock")
+
+
+class _TooLarge(Exception):
+    """Internal: the generations hold more than BLOCK_MAX_ROWS rows."""
+
+
+class GenBlock:
+    """The searched column of a set of generations, deduplicated, as one matrix.
+
+    Rows are ordered by region rank, then generation, then write order. ``gens`` and
+    ``ranks`` give each row's ``_gen`` and region rank; ``live`` the rows that are the
+    newest version of a live key among these generations.
+    """
+
+    def __init__(
+        self,
+        members: Sequence[tuple[int, sources.GenerationRef]],
+        schema: pa.Schema,
+        pk: list[str],
+        column: str,
+        storage_options: dict[str, str] | None,
+    ) -> None:
+        self.members = list(members)
+        self.schema = schema
+        self.pk = pk
+        self.column = column
+        self.storage_options = storage_options
+        cols = [*pk, column, TOMBSTONE]
+        total = [0]
+        lock = threading.Lock()
+
+        def read(ref: sources.GenerationRef) -> pa.Table:
+            # GenerationGoneError when the generation's files are gone: the search re-plans
+            t = sources.read_generation(ref, schema, storage_options, columns=cols)
+            with lock:
+                total[0] += t.num_rows
+                if total[0] > BLOCK_MAX_ROWS:
+                    raise _TooLarge
+            return t
+
+        # one read per generation, concurrently (Lance releases the GIL while reading)
+        futures = [_READERS.submit(read, ref) for _, ref in self.members]
+        parts: list[pa.Table] = [f.result() for f in futures]
+        self.sizes = [t.num_rows for t in parts]
+        gens, ranks, member, pos = [], [], [], []
+        for i, ((rank, ref), t) in enumerate(zip(self.members, parts)):
+            n = t.num_rows
+            gens.append(np.full(n, ref.generation, np.int64))
+            ranks.append(np.full(n, rank, np.int64))
+            member.append(np.full(n, i, np.int64))
+            pos.append(np.arange(n, dtype=np.int64))
+        rows = pa.concat_tables(parts) if parts else pa.table({})
+        self.gens = np.concatenate(gens) if gens else np.zeros(0, np.int64)
+        self.ranks = np.concatenate(ranks) if ranks else np.zeros(0, np.int64)
+        self.member = np.concatenate(member) if member else np.zeros(0, np.int64)
+        self.pos = np.concatenate(pos) if pos else np.zeros(0, np.int64)
+        self.keys = rows.select(pk).combine_chunks()
+        self.values = rows.column(column)
+        last = newest_indices(self.keys, pk, self.ranks, self.gens)
+        tomb = pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
+        self.live_rows = last[~tomb[last]]
+        # newest version of every key here (tombstones too: they hide older rows): for
+        # one integer key column sorted values (binary search), else a hashed key index
+        ints = _ints(self.keys.column(0)) if len(pk) == 1 and len(last) else None
+        self._newest_ints: tuple[np.ndarray, np.ndarray] | None = None
+        self._newest: _KeyIndex | None = None
+        if ints is not None:
+            order = np.argsort(ints[last], kind="stable")
+            self._newest_ints = (ints[last][order], last[order])
+        else:
+            self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
+        self._lock = threading.Lock()
+        self.cache: dict[Any, Any] = {}  # derived structures (e.g. merged token indexes)
+        self._matrix: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.gens)
+
+    def newest(self, keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """(``_gen``, region rank) of the newest version of each key here (-1: absent)."""
+        n = keys.num_rows
+        g = np.full(n, -1, np.int64)
+        r = np.full(n, -1, np.int64)
+        if n == 0 or len(self.live_rows) + len(self.gens) == 0:
+            return g, r
+        if self._newest_ints is not None:
+            probe = _ints(keys.column(0))
+            if probe is not None:
+                values, at = self._newest_ints
+                pos = np.minimum(np.searchsorted(values, probe), len(values) - 1)
+                hit = values[pos] == probe
+                rows = at[pos[hit]]
+                g[hit] = self.gens[rows]
+                r[hit] = self.ranks[rows]
+                return g, r
+            # keys of another type than the table's (not expected): exact key index
+            last = self._newest_ints[1]
+            self._newest = _KeyIndex(
+                self.keys.take(pa.array(last)), np.zeros(len(last), bool), last
+            )
+            self._newest_ints = None
+        assert self._newest is not None
+        if self._newest.num_keys == 0:
+            return g, r
+        pos = self._newest.probe(keys)
+        hit = pos >= 0
+        rows = self._newest.rows[pos[hit]]
+        g[hit] = self.gens[rows]
+        r[hit] = self.ranks[rows]
+        return g, r
+
+    def matrix(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(float32 matrix of the live rows' non-null vectors, their block rows)."""
+        from memwal_query.search.vector import _vectors
+
+        with self._lock:
+            if self._matrix is None:
+                col = self.values.take(pa.array(self.live_rows))
+                mat, idx = _vectors(col, dim)
+                self._matrix = (np.ascontiguousarray(mat), self.live_rows[idx])
+            return self._matrix
+
+    def knn(self, q: np.ndarray, k: int, metric: str) -> pa.Table:
+        """Exact ``k`` nearest live rows: key, vector, ``_distance``, ``_rowid`` (block row)."""
+        from memwal_query.search.vector import _distances
+
+        mat, rows = self.matrix(q.size)
+        d = _distances(mat, q, metric)
+        if k < len(d):
+            top = np.argpartition(d, k - 1)[:k]
+            top = top[np.lexsort((rows[top], d[top]))]
+        else:
+            top = np.lexsort((rows, d))
+        chosen = rows[top]
+        take = pa.array(chosen)
+        out = self.keys.take(take).append_column(self.column, self.values.take(take))
+        out = out.append_column(DISTANCE, pa.array(d[top].astype(np.float32)))
+        return out.append_column(ROWID, pa.array(chosen.astype(np.uint64)))
+
+    def take(self, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        """Columns ``columns`` of block rows ``rows``, in that order."""
+        members = self.member[rows]
+        out: list[tuple[np.ndarray, pa.Table]] = []
+        for i in np.unique(members).tolist():
+            at = np.flatnonzero(members == i)
+            _, ref = self.members[i]
+            t = sources.read_generation(ref, self.schema, self.storage_options, columns)
+            out.append((at, t.take(pa.array(self.pos[rows[at]]))))
+        order = np.concatenate([at for at, _ in out])
+        got = pa.concat_tables([t for _, t in out])
+        return got.take(pa.array(np.argsort(order, kind="stable")))
+
+
+def gen_block(
+    members: Sequence[tuple[int, sources.GenerationRef]],
+    schema: pa.Schema,
+    pk: list[str],
+    column: str,
+    storage_options: dict[str, str] | None,
+) -> GenBlock | None:
+    """The (cached) block of ``members`` (``(region rank, generation)``, ordered by rank,
+    then generation); None when they hold more than :data:`BLOCK_MAX_ROWS` rows."""
+    key = (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
+    block: GenBlock | None = _BLOCKS.get(key)
+    if block is None:
+        try:
+            block = GenBlock(members, schema, pk, column, storage_options)
+        except _TooLarge:
+            return None
+        _BLOCKS.put(key, block)
+    return block

@@ -1,0 +1,202 @@
+"""Flushed generations as search sources: cached handles (key index, bloom filter,
+blocklist of superseded rows), and turning a vanished generation into a re-plan."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import lance
+import numpy as np
+import pyarrow.compute as pc
+
+from memwal_query.exceptions import (
+    BaseVersionGoneError,
+    GenerationGoneError,
+)
+from memwal_query.format.bloom import BloomFilter, hash_keys
+from memwal_query.format.bloom import load as load_bloom
+from memwal_query.format.schema import (
+    ROWADDR_COLUMN,
+    TOMBSTONE,
+)
+from memwal_query.read import sources
+from memwal_query.search.common import _GENERATIONS
+from memwal_query.search.keys import _KeyIndex
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+
+
+_CHECKOUT_LOCK = threading.Lock()
+
+
+def _own(ds: lance.LanceDataset) -> lance.LanceDataset:
+    """A private handle on the same version (a LanceDataset object must not be used by
+    two threads at once; checking out is cheap and shares Lance's caches)."""
+    with _CHECKOUT_LOCK:
+        return ds.checkout_version(ds.version)
+
+
+class _GenInfo:
+    """What searches need from one flushed generation (cached: generations are immutable)."""
+
+    def __init__(self, table: Catalog, ref: sources.GenerationRef) -> None:
+        self.ref = ref
+        self.uri = ref.uri
+        self.io = table.io
+        self.pk = list(table.primary_key)
+        try:
+            self.ds = lance.dataset(ref.uri, storage_options=table.storage_options or None)
+            self.num_rows = self.ds.count_rows()
+        except (ValueError, OSError, FileNotFoundError) as e:
+            raise GenerationGoneError(
+                f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
+                f"gone or unreadable: {e}"
+            ) from e
+        # A missing or corrupt filter (size, checksum) is not used: a warning, and
+        # every key is checked exactly (bloom_trusted False), so answers stay the same.
+        loaded = load_bloom(table.io, ref.uri, self.num_rows)
+        self.bloom: BloomFilter | None = loaded.filter
+        self.bloom_trusted = loaded.trusted
+        self.bloom_corrupt = not loaded.trusted
+        self._lock = threading.Lock()
+        self._keys: _KeyIndex | None = None
+        self._blocklist: bytes | None = None
+
+    def _load_keys(self) -> None:
+        with self._lock:
+            if self._keys is not None:
+                return
+            cols = [*self.pk, TOMBSTONE]
+            with _reading(self):
+                raw = self.dataset().to_table(columns=cols, with_row_address=True)
+            tomb = pc.fill_null(raw.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
+            index = np.arange(raw.num_rows, dtype=np.int64)
+            keys = raw.select(self.pk)
+            self._keys = _KeyIndex(keys, tomb, index)
+            if (
+                self.bloom is not None
+                and not self.bloom.might_contain_hashes(hash_keys(keys)).all()
+            ):
+                # A bloom filter that denies a key the generation holds (a flipped bit,
+                # a truncated file) would hide that key's newer version: ignore it and
+                # check every key exactly, as the scan's deduplication does.
+                self.bloom = None
+                self.bloom_corrupt = True
+            live = np.zeros(raw.num_rows, bool)
+            live[self._keys.rows[~self._keys.tombstone]] = True
+            dead = raw.column(ROWADDR_COLUMN).to_numpy()[~live]
+            if len(dead):
+                from lance.dataset import serialize_row_addrs
+
+                self._blocklist = serialize_row_addrs(dead.tolist())
+
+    def exists(self) -> bool:
+        """Whether the generation's directory is still there (False when unsure)."""
+        try:
+            return self.io.is_dir(self.uri)
+        except Exception:  # noqa: BLE001 - cannot tell: treat as gone
+            return False
+
+    def dataset(self) -> lance.LanceDataset:
+        """A private handle on the generation's Lance table (see :func:`_own`)."""
+        return _own(self.ds)
+
+    @property
+    def keys(self) -> _KeyIndex:
+        """Key index of the generation (loaded on first use)."""
+        self._load_keys()
+        assert self._keys is not None
+        return self._keys
+
+    @property
+    def blocklist(self) -> bytes | None:
+        """Row addresses of superseded rows and tombstones (Lance prefilter), or None."""
+        self._load_keys()
+        return self._blocklist
+
+    def live_mask(self) -> np.ndarray:
+        """Which dataset rows are the newest version of a live key."""
+        keys = self.keys
+        live = np.zeros(self.num_rows, bool)
+        live[keys.rows[~keys.tombstone]] = True
+        return live
+
+    @functools.cached_property
+    def indexes(self) -> dict[str, Any]:
+        """The generation's Lance indexes by name (listed on first use: a lookup never
+        needs them)."""
+        return {d.name: d for d in self.ds.describe_indices()}
+
+    def has_index(self, name: str | None) -> bool:
+        return name is not None and name in self.indexes
+
+    def might_contain(self, hashes: np.ndarray) -> np.ndarray:
+        """Which keys (bloom hashes) may be in the generation. The filter is first
+        checked against the generation's keys (once; they are loaded for the key index
+        anyway), so a negative is trustworthy: a corrupt filter is ignored."""
+        self._load_keys()
+        if self.bloom is None:
+            return np.ones(len(hashes), bool)
+        return self.bloom.might_contain_hashes(hashes)
+
+
+def _gen_info(table: Catalog, ref: sources.GenerationRef) -> _GenInfo:
+    info = _GENERATIONS.get(ref.uri)
+    if info is None:
+        info = _GenInfo(table, ref)
+        _GENERATIONS.put(ref.uri, info)
+    return info
+
+
+@contextlib.contextmanager
+def _reading(gen: _GenInfo | None) -> Iterator[None]:
+    """Turn an I/O error reading generation ``gen`` into GenerationGoneError.
+
+    A plan (or a cached generation handle) made before the generation was merged and
+    garbage collected reads files that are gone; Lance reports that as a plain OSError.
+    The handle is dropped from the cache, so a retry reopens (or skips) it.
+    """
+    if gen is None:
+        yield
+        return
+    try:
+        yield
+    except GenerationGoneError:
+        _GENERATIONS.discard(gen.uri)
+        raise
+    except Exception as e:
+        # Lance reports a missing file as OSError, or (through an Arrow stream) as
+        # ArrowInvalid "LanceError(IO) ... Not found": any error while the generation's
+        # directory is gone means the generation is gone, others propagate unchanged.
+        if not isinstance(e, OSError) and gen.exists():
+            raise
+        _GENERATIONS.discard(gen.uri)
+        raise GenerationGoneError(
+            f"generation {gen.ref.generation} of region {gen.ref.region_id} at {gen.uri} "
+            f"is gone or unreadable: {e}"
+        ) from e
+
+
+def _retry_when_gone(fn: Callable) -> Callable:
+    """Run a search once more, with a fresh read plan, if a generation it read is gone
+    or the base version it read was cleaned up.
+
+    A generation disappears only after it was merged (and the index caught up), so a
+    fresh plan reads its rows from the base table; a cleaned-up base version has a newer
+    one. A second failure propagates as :class:`GenerationGoneError` /
+    :class:`BaseVersionGoneError`.
+    """
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (GenerationGoneError, BaseVersionGoneError):
+            return fn(*args, **kwargs)
+
+    return run

@@ -1,0 +1,208 @@
+"""In-memory full-text matching: token indexes of MemTables (extended as they grow) and
+of generations without an INVERTED index."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from memwal_query.read import sources
+from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
+from memwal_query.search.generations import _GenInfo
+from memwal_query.search.plan import _filter_indices
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+    from memwal_query.search.genblock import GenBlock
+    from memwal_query.write.memtable import MemTableSnapshot
+
+
+def _texts(col: pa.ChunkedArray | pa.Array) -> list[str | None]:
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [None if v is None else " ".join(x for x in v if x) for v in col.to_pylist()]
+    return col.to_pylist()
+
+
+class _TokenIndex:
+    """In-memory token postings of a growing list of documents (MemTables, fallbacks)."""
+
+    def __init__(self, tok_kwargs: dict[str, Any]) -> None:
+        self.tok_kwargs = tok_kwargs
+        self.postings: dict[str, tuple[list[int], list[int]]] = {}
+        self.doc_len: list[int] = []
+        self.num_docs = 0  # non-null documents
+        self.total_tokens = 0
+        self.source: tuple = ()
+
+    def extend(self, texts: list[str | None]) -> None:
+        start = len(self.doc_len)
+        for i, text in enumerate(texts):
+            if text is None:
+                self.doc_len.append(0)
+                continue
+            toks = [t.text for t in lance.tokenize(text, **self.tok_kwargs)]
+            self.doc_len.append(len(toks))
+            self.num_docs += 1
+            self.total_tokens += len(toks)
+            for tok, c in collections.Counter(toks).items():
+                rows, tfs = self.postings.setdefault(tok, ([], []))
+                rows.append(start + i)
+                tfs.append(c)
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        rows, tfs = self.postings.get(token, ((), ()))
+        return np.asarray(rows, np.int64), np.asarray(tfs, np.float64)
+
+
+def _memtable_token_index(
+    table: Catalog, m: MemTableSnapshot, column: str, tok_kwargs: dict[str, Any]
+) -> _TokenIndex:
+    """Token index of one MemTable, extended incrementally as it grows (batch identity)."""
+    key = (table.uri, m.region_id, m.generation, column, repr(sorted(tok_kwargs.items())))
+    idx: _TokenIndex | None = _MEM_FTS.get(key)
+    batches = m.batches
+    if idx is not None:
+        done = len(idx.source)
+        if done > len(batches) or any(a is not b for a, b in zip(idx.source, batches[:done])):
+            idx = None
+    if idx is None:
+        idx = _TokenIndex(tok_kwargs)
+    for b in batches[len(idx.source) :]:
+        idx.extend(_texts(b.column(column)))
+    idx.source = tuple(batches)
+    _MEM_FTS.put(key, idx)
+    return idx
+
+
+@dataclass
+class _FtsStats:
+    num_docs: int
+    total_tokens: int
+    df: dict[str, int]
+
+
+class _FrozenTokens:
+    """Several token indexes side by side as one, postings as arrays (a block's
+    generations: one dictionary lookup per query token instead of one per generation)."""
+
+    def __init__(self, parts: list[tuple[int, _TokenIndex]]) -> None:
+        acc: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        lens = []
+        for off, ti in parts:
+            lens.append(np.asarray(ti.doc_len, np.float64))
+            for tok, (rows, tfs) in ti.postings.items():
+                r, t = acc.setdefault(tok, ([], []))
+                r.append(np.asarray(rows, np.int64) + off)
+                t.append(np.asarray(tfs, np.float64))
+        self.postings = {tok: (np.concatenate(r), np.concatenate(t)) for tok, (r, t) in acc.items()}
+        self.doc_len = np.concatenate(lens) if lens else np.zeros(0, np.float64)
+        self._empty = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.postings.get(token, self._empty)
+
+
+class _MemFts:
+    """Full-text matching over in-memory rows: a MemTable region or an unindexed gen."""
+
+    def __init__(
+        self,
+        rows: pa.Table,
+        parts: Sequence[tuple[int, _TokenIndex | _FrozenTokens]],
+        live: np.ndarray,
+    ) -> None:
+        self.rows = rows
+        self.parts = parts
+        self.live = live
+        self.doc_len = np.zeros(rows.num_rows, np.float64)
+        for off, ti in parts:
+            dl = np.asarray(ti.doc_len, np.float64)
+            self.doc_len[off : off + len(dl)] = dl[: rows.num_rows - off]
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        rows, tfs = [], []
+        for off, ti in self.parts:
+            r, t = ti.posting(token)
+            rows.append(r + off)
+            tfs.append(t)
+        r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        t = np.concatenate(tfs) if tfs else np.zeros(0)
+        keep = r < len(self.live)
+        r, t = r[keep], t[keep]
+        keep = self.live[r]
+        return r[keep], t[keep]
+
+    def stats(self, tokens: list[str]) -> _FtsStats:
+        valid = self.live & (self.doc_len > 0)
+        return _FtsStats(
+            num_docs=int(valid.sum()),
+            total_tokens=int(self.doc_len[self.live].sum()),
+            df={t: len(self.posting(t)[0]) for t in set(tokens)},
+        )
+
+    def match(self, tokens: list[str], filter: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(matching live row indices, tf matrix [rows x unique tokens]) after filter."""
+        uniq = list(dict.fromkeys(tokens))
+        posts = [self.posting(t) for t in uniq]
+        allrows = np.unique(np.concatenate([p[0] for p in posts])) if posts else np.zeros(0)
+        allrows = allrows.astype(np.int64)
+        if len(allrows) and filter is not None:
+            keep = _filter_indices(self.rows.take(pa.array(allrows)), filter)
+            allrows = allrows[keep]
+        tf = np.zeros((len(allrows), len(uniq)), np.float64)
+        if len(allrows) == 0:
+            return allrows, tf
+        for j, (r, t) in enumerate(posts):
+            pos = np.searchsorted(allrows, r)
+            ok = (pos < len(allrows)) & (allrows[np.minimum(pos, len(allrows) - 1)] == r)
+            tf[pos[ok], j] = t[ok]
+        return allrows, tf
+
+
+def _gen_mem_fts(gen: _GenInfo, table: Catalog, column: str, tok_kwargs: dict[str, Any]) -> _MemFts:
+    """In-memory full-text matching for a generation without an INVERTED index."""
+    ti = _gen_token_index(gen.ref, table, column, tok_kwargs)
+    rows = sources.read_generation(gen.ref, table.schema, table.storage_options)
+    return _MemFts(rows, [(0, ti)], gen.live_mask())
+
+
+def _gen_token_index(
+    ref: sources.GenerationRef, table: Catalog, column: str, tok_kwargs: dict[str, Any]
+) -> _TokenIndex:
+    """Token index of one generation's ``column`` (cached: generations are immutable)."""
+    key = (ref.uri, column, repr(sorted(tok_kwargs.items())))
+    ti: _TokenIndex | None = _GEN_TOKENS.get(key)
+    if ti is None:
+        rows = sources.read_generation(ref, table.schema, table.storage_options, [column])
+        ti = _TokenIndex(tok_kwargs)
+        ti.extend(_texts(rows.column(column)))
+        _GEN_TOKENS.put(key, ti)
+    return ti
+
+
+def _block_mem_fts(
+    block: GenBlock, table: Catalog, column: str, tok_kwargs: dict[str, Any]
+) -> _MemFts:
+    """In-memory full-text matching over every generation of a block at once: the
+    generations' token indexes side by side, live rows as the block deduplicated them
+    (``_rowid`` of a match is its block row)."""
+    key = ("fts", column, repr(sorted(tok_kwargs.items())))
+    merged = block.cache.get(key)
+    if merged is None:
+        parts = []
+        offset = 0
+        for (_, ref), size in zip(block.members, block.sizes):
+            parts.append((offset, _gen_token_index(ref, table, column, tok_kwargs)))
+            offset += size
+        merged = block.cache.setdefault(key, _FrozenTokens(parts))
+    live = np.zeros(block.num_rows, bool)
+    live[block.live_rows] = True
+    rows = block.keys.append_column(column, block.values)
+    return _MemFts(rows, [(0, merged)], live)
