@@ -176,7 +176,7 @@ import test_time_travel as tt
 from helpers import basic_rows
 from pathlib import Path
 from memwal_query import spark as mqs
-from memwal_query.spark.changes import changes_frame
+from memwal_query.spark.source import changes_frame
 
 mqs.register_source(spark)
 tmp = Path(sys.argv[1])

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from memwal_query.cli.commands import _handle_errors, _open, _progress
+from memwal_query.cli.app import _handle_errors, _open, _progress
 from memwal_query.maintain.policy import (
     DEFAULT_MAX_GENERATIONS,
     DEFAULT_MAX_ROWS,

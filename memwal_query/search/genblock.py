@@ -31,6 +31,7 @@ from memwal_query.read import sources
 from memwal_query.read.dedup import newest_indices
 from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
 from memwal_query.search.keys import _ints, _KeyIndex
+from memwal_query.search.vecmath import _distances, _vectors
 
 BLOCK_MAX_ROWS = 2_000_000
 """Generations holding more rows than this in all are searched one by one (their indexes)."""
@@ -153,8 +154,6 @@ class GenBlock:
 
     def matrix(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
         """(float32 matrix of the live rows' non-null vectors, their block rows)."""
-        from memwal_query.search.vector import _vectors
-
         with self._lock:
             if self._matrix is None:
                 col = self.values.take(pa.array(self.live_rows))
@@ -164,8 +163,6 @@ class GenBlock:
 
     def knn(self, q: np.ndarray, k: int, metric: str) -> pa.Table:
         """Exact ``k`` nearest live rows: key, vector, ``_distance``, ``_rowid`` (block row)."""
-        from memwal_query.search.vector import _distances
-
         mat, rows = self.matrix(q.size)
         d = _distances(mat, q, metric)
         if k < len(d):

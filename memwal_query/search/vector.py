@@ -17,7 +17,6 @@ from memwal_query.read import sources
 from memwal_query.search.common import DISTANCE, ROWID
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
-from memwal_query.search.keys import _mask_to_indices
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
     _block_sources,
@@ -30,6 +29,7 @@ from memwal_query.search.topk import (
     _run_topk,
     _Source,
 )
+from memwal_query.search.vecmath import _distances, _vectors
 from memwal_query.write import genindex
 
 if TYPE_CHECKING:
@@ -53,41 +53,6 @@ def _query_vector(query: Any) -> np.ndarray:
     if q.ndim != 1 or q.size == 0:
         raise MemWalError(f"query must be one non-empty vector, got shape {q.shape}")
     return q
-
-
-def _vectors(col: pa.ChunkedArray | pa.Array, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 matrix of the non-null vectors, their row indices)."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    n = len(col)
-    valid = (
-        np.ones(n, bool) if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
-    )
-    idx = _mask_to_indices(valid)
-    if len(idx) == 0:
-        return np.zeros((0, dim), np.float32), idx
-    if col.null_count:
-        col = col.filter(pa.array(valid))
-    flat = col.flatten() if isinstance(col, pa.FixedSizeListArray) else pc.list_flatten(col)
-    mat = flat.to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, dim)
-    return mat, idx
-
-
-def _distances(mat: np.ndarray, q: np.ndarray, metric: str) -> np.ndarray:
-    if metric in ("l2", "euclidean"):
-        diff = mat - q
-        return np.einsum("ij,ij->i", diff, diff)
-    if metric == "cosine":
-        denom = np.linalg.norm(mat, axis=1) * float(np.linalg.norm(q))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            d = 1.0 - (mat @ q) / denom
-        return np.where(np.isfinite(d), d, np.inf)
-    if metric == "dot":
-        return 1.0 - mat @ q
-    if metric == "hamming":  # uint8 vectors: differing bits
-        diff = np.bitwise_xor(mat.astype(np.uint8), q.astype(np.uint8))
-        return np.unpackbits(diff, axis=1).sum(1).astype(np.float32)
-    raise MemWalError(f"exact re-scoring does not support metric {metric!r}")
 
 
 @_retry_when_gone

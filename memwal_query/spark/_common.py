@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
     from memwal_query.regions.spec import RegionSpec
     from memwal_query.table import MemWalTable
 
@@ -174,3 +176,43 @@ def split_by_value(column: pa.Array) -> list[tuple[Any, np.ndarray]]:
         if len(idx):
             out.append((encoded.dictionary[int(codes[idx[0]])].as_py(), idx))
     return out
+
+
+def _storage_options(options: Any) -> dict[str, str]:
+    """``storage.<key>`` data source options, without the prefix."""
+    prefix = "storage."
+    return {k[len(prefix) :]: v for k, v in options.items() if k.lower().startswith(prefix)}
+
+
+def _spark_compatible(t: pa.DataType) -> pa.DataType:
+    """``t``, or the type Spark reads it as when Spark has no counterpart of it.
+
+    Unsigned integers widen to the next signed type (``uint64`` to ``decimal(20, 0)``),
+    ``float16`` to ``float32`` and ``date64`` to ``date32``: every value is kept.
+    """
+    if pa.types.is_unsigned_integer(t):
+        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(
+            t.bit_width, pa.decimal128(20, 0)
+        )
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_dictionary(t):
+        return _spark_compatible(t.value_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        item = t.value_field
+        return pa.list_(item.with_type(_spark_compatible(item.type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_spark_compatible(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_spark_compatible(t.key_type), _spark_compatible(t.item_type))
+    return t
+
+
+def _spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of ``schema`` (types Spark lacks widened: :func:`_spark_compatible`)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    plain = pa.schema([pa.field(f.name, _spark_compatible(f.type), f.nullable) for f in schema])
+    return from_arrow_schema(plain)

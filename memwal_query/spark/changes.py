@@ -3,7 +3,7 @@
 Batch::
 
     df = spark.read.format("memwal").option("changes_since", cursor).load(uri)
-    df, cursor = changes_frame(spark, uri, since=cursor)   # the cursor to continue from
+    df, cursor = changes_frame(spark, uri, since=cursor)   # spark.source; the next cursor
 
 ``changes_since`` is a cursor, a base version, an ISO timestamp, or ``earliest``.
 The end of the read is fixed when Spark plans it (option ``changes_until``, default
@@ -43,12 +43,14 @@ from memwal_query.read.changes import (
     start_cursor,
 )
 from memwal_query.read.consumers import _earliest_positions
-from memwal_query.spark._common import open_table
-from memwal_query.spark.source import _spark_compatible, _spark_schema, _storage_options
+from memwal_query.spark._common import (
+    _spark_compatible,
+    _spark_schema,
+    _storage_options,
+    open_table,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
     from memwal_query.table import MemWalTable
 
 SINCE = "changes_since"
@@ -162,29 +164,3 @@ class MemWalChangesStreamReader(_ChangesReading, DataSourceStreamReader):
         if name:
             table = open_table(self.uri, self.storage_options)
             table.register_consumer(name, Cursor(dict(end["r"]), table.lineage))
-
-
-def changes_frame(
-    spark: SparkSession, uri: str, since: Any = None, **options: str
-) -> tuple[DataFrame, str]:
-    """``(DataFrame of the changes after since, cursor to continue from)``.
-
-    The end is fixed here (``changes_until``), so the DataFrame reads exactly the
-    changes up to the returned cursor however often it is evaluated.
-    """
-    from memwal_query.spark.source import FORMAT, register_source
-
-    register_source(spark)
-    table = open_table(uri, _storage_options(options))
-    consistency = options.get("consistency", "strong")
-    start = _start(table, None if since is None else str(since))
-    end = end_cursor(table, consistency)
-    merged = Cursor({**start.positions, **end.positions}, table.lineage)
-    df = (
-        spark.read.format(FORMAT)
-        .options(**options)
-        .option(SINCE, start.encode())
-        .option(UNTIL, merged.encode())
-        .load(uri)
-    )
-    return df, merged.encode()

@@ -68,12 +68,17 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from memwal_query.read import sources, view
-from memwal_query.spark._common import open_table
+from memwal_query.spark import changes as _changes
+from memwal_query.spark._common import (
+    _spark_schema,
+    _storage_options,
+    open_table,
+)
 
 try:  # PySpark >= 4.1
     from pyspark.sql import datasource as _ds
@@ -281,41 +286,6 @@ class BasePartition(InputPartition):
 
 
 # -- the data source -------------------------------------------------------------------
-def _storage_options(options: Any) -> dict[str, str]:
-    """``storage.<key>`` data source options, without the prefix."""
-    prefix = "storage."
-    return {k[len(prefix) :]: v for k, v in options.items() if k.lower().startswith(prefix)}
-
-
-def _spark_compatible(t: pa.DataType) -> pa.DataType:
-    """``t``, or the type Spark reads it as when Spark has no counterpart of it.
-
-    Unsigned integers widen to the next signed type (``uint64`` to ``decimal(20, 0)``),
-    ``float16`` to ``float32`` and ``date64`` to ``date32``: every value is kept.
-    """
-    if pa.types.is_unsigned_integer(t):
-        return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(
-            t.bit_width, pa.decimal128(20, 0)
-        )
-    if pa.types.is_float16(t):
-        return pa.float32()
-    if pa.types.is_date64(t):
-        return pa.date32()
-    if pa.types.is_dictionary(t):
-        return _spark_compatible(t.value_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        item = t.value_field
-        return pa.list_(item.with_type(_spark_compatible(item.type)))
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_spark_compatible(f.type)) for f in t])
-    if pa.types.is_map(t):
-        return pa.map_(_spark_compatible(t.key_type), _spark_compatible(t.item_type))
-    return t
-
-
-def _spark_schema(schema: pa.Schema) -> StructType:
-    plain = pa.schema([pa.field(f.name, _spark_compatible(f.type), f.nullable) for f in schema])
-    return from_arrow_schema(plain)
 
 
 def _to_spark_array(a: pa.Array, t: pa.DataType) -> pa.Array:
@@ -578,4 +548,25 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     return spark.read.format(FORMAT).options(**options).load(uri)
 
 
-from memwal_query.spark import changes as _changes  # noqa: E402 - uses this module
+def changes_frame(
+    spark: SparkSession, uri: str, since: Any = None, **options: str
+) -> tuple[DataFrame, str]:
+    """``(DataFrame of the changes after since, cursor to continue from)``.
+
+    The end is fixed here (``changes_until``), so the DataFrame reads exactly the
+    changes up to the returned cursor however often it is evaluated.
+    """
+    register_source(spark)
+    table = open_table(uri, _storage_options(options))
+    consistency = options.get("consistency", "strong")
+    start = _changes._start(table, None if since is None else str(since))
+    end = _changes.end_cursor(table, consistency)
+    merged = _changes.Cursor({**start.positions, **end.positions}, table.lineage)
+    df = (
+        spark.read.format(FORMAT)
+        .options(**options)
+        .option(_changes.SINCE, start.encode())
+        .option(_changes.UNTIL, merged.encode())
+        .load(uri)
+    )
+    return df, merged.encode()
