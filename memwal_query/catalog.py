@@ -28,12 +28,14 @@ import re
 import threading
 import uuid as uuid_mod
 import warnings
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import lance
 import pyarrow as pa
 
 from memwal_query.exceptions import (
+    AlreadyInitializedError,
     InvalidPathError,
     LeftoverRegionsError,
     NotInitializedError,
@@ -360,3 +362,52 @@ def store_error(text: str) -> str:
     if "error sending request" in text:
         return f"cannot reach the store (check the endpoint): {first}"
     return first
+
+
+def write_index(
+    norm: str,
+    options: dict[str, str],
+    region_spec: RegionSpec | None,
+    maintained_indexes: Iterable[str] | None,
+    primary_key_index: bool,
+    reset: bool,
+) -> None:
+    """Write a new MemWAL index into the Lance table at ``norm`` (what
+    :meth:`MemWalTable.initialize` does before opening it; see there). Everything is
+    checked before anything is changed."""
+    from memwal_query.regions.checks import check_spec_sources, warn_non_key_sources
+
+    io = file_io_for(norm, options)
+    ds = open_dataset(norm, options)
+    pk = require_primary_key(ds.schema, norm)
+    if mwindex.read_index(io, ds) is not None:
+        raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
+    from memwal_query.regions.spec import unsharded_spec
+
+    if region_spec is None:
+        region_spec = unsharded_spec()
+    if region_spec.spec_id <= 0:
+        raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
+    check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
+    warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
+    specs = [region_spec.to_proto()]
+    names = list(maintained_indexes or [])
+    existing = {i.name for i in ds.describe_indices()}
+    missing = [n for n in names if n not in existing]
+    if missing:
+        raise NotInitializedError(
+            f"{norm}: maintained index(es) {missing} do not exist on the base table "
+            f"(existing: {sorted(existing)})"
+        )
+    check_no_leftover_regions(io, norm, reset)
+    if reset:
+        io.delete_tree(paths.mem_wal_root(norm))
+    key_lance_field = ds.lance_schema.field(pk[0])
+    assert key_lance_field is not None  # require_primary_key found it
+    key_field = key_lance_field.id()
+    if primary_key_index and not any(list(i.fields) == [key_field] for i in ds.describe_indices()):
+        ds.create_scalar_index(pk[0], "BTREE")
+        ds = open_dataset(norm, options)
+    details = mwindex.new_details(specs, names)
+    details.writer_config_defaults[LINEAGE_KEY] = uuid_mod.uuid4().hex
+    mwindex.commit_details(ds, details, None, storage_options=options)

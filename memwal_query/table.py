@@ -18,32 +18,26 @@ maintenance (merge, GC, index catch-up, snapshots) on top, by calling down.
 from __future__ import annotations
 
 import os
-import uuid as uuid_mod
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from memwal_query.catalog import (
-    LINEAGE_KEY,
     Catalog,
-    check_no_leftover_regions,
     one_region,
-    open_dataset,
+    write_index,
 )
 from memwal_query.catalog import (
     region_id_for as region_id_for,  # public, re-exported (memwal_query.region_id_for)
 )
 from memwal_query.exceptions import (
-    AlreadyInitializedError,
-    NotInitializedError,
     RegionSpecError,
 )
 from memwal_query.format import index as mwindex
-from memwal_query.format.schema import coerce_rows, require_primary_key
-from memwal_query.regions.checks import check_spec_sources, field_names, warn_non_key_sources
+from memwal_query.format.schema import coerce_rows
+from memwal_query.regions.checks import field_names
 from memwal_query.storage import paths
-from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import normalize_uri
 from memwal_query.write.routing import RoutedWriters, split_by_region
 from memwal_query.write.writer import RegionWriter
@@ -125,42 +119,7 @@ class MemWalTable(Catalog):
         """
         norm = normalize_uri(uri)
         options = dict(storage_options or {})
-        io = file_io_for(norm, options)
-        ds = open_dataset(norm, options)
-        pk = require_primary_key(ds.schema, norm)
-        if mwindex.read_index(io, ds) is not None:
-            raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
-        from memwal_query.regions.spec import unsharded_spec
-
-        if region_spec is None:
-            region_spec = unsharded_spec()
-        if region_spec.spec_id <= 0:
-            raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
-        check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
-        warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
-        specs = [region_spec.to_proto()]
-        names = list(maintained_indexes or [])
-        existing = {i.name for i in ds.describe_indices()}
-        missing = [n for n in names if n not in existing]
-        if missing:
-            raise NotInitializedError(
-                f"{norm}: maintained index(es) {missing} do not exist on the base table "
-                f"(existing: {sorted(existing)})"
-            )
-        check_no_leftover_regions(io, norm, reset)
-        if reset:
-            io.delete_tree(paths.mem_wal_root(norm))
-        key_lance_field = ds.lance_schema.field(pk[0])
-        assert key_lance_field is not None  # require_primary_key found it
-        key_field = key_lance_field.id()
-        if primary_key_index and not any(
-            list(i.fields) == [key_field] for i in ds.describe_indices()
-        ):
-            ds.create_scalar_index(pk[0], "BTREE")
-            ds = open_dataset(norm, options)
-        details = mwindex.new_details(specs, names)
-        details.writer_config_defaults[LINEAGE_KEY] = uuid_mod.uuid4().hex
-        mwindex.commit_details(ds, details, None, storage_options=options)
+        write_index(norm, options, region_spec, maintained_indexes, primary_key_index, reset)
         return cls(norm, options)
 
     @classmethod
