@@ -31,15 +31,17 @@ if TYPE_CHECKING:
 USAGE = "changes(table [, since [, consistency]])"
 
 
-def _literal(expr: Any) -> Any:
-    """The Python value of a literal argument (MemWalError otherwise)."""
+def literal_argument(expr: Any, usage: str) -> Any:
+    """The Python value of a literal argument of a SQL table function (``usage`` names
+    the function in the MemWalError raised for anything else). Shared with the search
+    functions (:mod:`memwal_query.search.sqlfunctions`)."""
     fn = getattr(expr, "python_value", None)
     if fn is None:
-        raise MemWalError(f"{USAGE} takes literal arguments, got {expr}")
+        raise MemWalError(f"{usage} takes literal arguments, got {expr}")
     try:
         value = fn()
     except Exception as e:  # noqa: BLE001 - not a literal
-        raise MemWalError(f"{USAGE} takes literal arguments, got {expr}") from e
+        raise MemWalError(f"{usage} takes literal arguments, got {expr}") from e
     return value.as_py() if isinstance(value, pa.Scalar) else value
 
 
@@ -53,7 +55,7 @@ def register_changes_function(
     from memwal_query.read.changes import changes
 
     def sql_changes(*args: Any) -> Any:
-        vals = [_literal(a) for a in args]
+        vals = [literal_argument(a, USAGE) for a in args]
         if not 1 <= len(vals) <= 3:
             raise MemWalError(USAGE)
         table = tables.get(str(vals[0]))

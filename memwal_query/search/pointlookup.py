@@ -14,6 +14,7 @@ from memwal_query.exceptions import (
     SchemaError,
 )
 from memwal_query.format.bloom import hash_keys
+from memwal_query.format.lancetypes import lance_filterable
 from memwal_query.format.schema import (
     TOMBSTONE,
     coerce_keys,
@@ -304,23 +305,6 @@ def _use_base_key_scan(base: lance.LanceDataset, num_keys: int) -> bool:
     return rows <= _BASE_KEY_SCAN_MAX_ROWS and num_keys * _BASE_KEY_SCAN_ROWS_PER_KEY >= rows
 
 
-# Arrow types a pyarrow ``is_in`` filter reaches Lance with (pylance 14's Substrait
-# conversion); the others are matched by a key scan.
-def _isin_filterable(t: pa.DataType) -> bool:
-    if pa.types.is_timestamp(t):
-        return t.unit != "ns"
-    return (
-        (pa.types.is_integer(t) and pa.types.is_signed_integer(t))
-        or pa.types.is_floating(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_date32(t)
-    )
-
-
 def _base_key_filter(chunk: pa.Table, pk: list[str]) -> str | pc.Expression | None:
     """A filter selecting (a superset of) the base rows of ``chunk``'s keys, or None."""
     if len(pk) == 1:
@@ -340,7 +324,7 @@ def _base_key_filter(chunk: pa.Table, pk: list[str]) -> str | pc.Expression | No
     expr = None
     for name in pk:
         col = chunk.column(name)
-        if not _isin_filterable(col.type):
+        if not lance_filterable(col.type):
             continue
         values = pc.unique(col.combine_chunks())
         term = pc.field(name).isin(values)

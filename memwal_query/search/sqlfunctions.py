@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from memwal_query.exceptions import MemWalError
+from memwal_query.read.changes_sql import literal_argument
 from memwal_query.search.fulltext import fts_search
 from memwal_query.search.pointlookup import lookup
 from memwal_query.search.vector import DEFAULT_REFINE_FACTOR, vector_search
@@ -34,14 +35,7 @@ def registry(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
 
 def _literal(expr: Any) -> Any:
     """The Python value of a literal DataFusion expression argument."""
-    fn = getattr(expr, "python_value", None)
-    if fn is None:
-        raise MemWalError(f"search table functions take literal arguments, got {expr}")
-    try:
-        value = fn()
-    except Exception as e:  # noqa: BLE001 - not a literal
-        raise MemWalError(f"search table functions take literal arguments, got {expr}") from e
-    return value.as_py() if isinstance(value, pa.Scalar) else value
+    return literal_argument(expr, "search table functions")
 
 
 def register_search_functions(

@@ -72,6 +72,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
+from memwal_query.format.lancetypes import lance_filterable
 from memwal_query.read import sources, view
 from memwal_query.spark import changes as _changes
 from memwal_query.spark._common import (
@@ -218,20 +219,6 @@ def filter_expression(
         expr = _STRING_FNS[kind](col, pattern=f.value)
         return ((~expr) & col.is_valid() if negate else expr), []
     raise ValueError(f"filter {kind} is not supported")
-
-
-def _lance_filterable(t: pa.DataType) -> bool:
-    """Whether Lance's scanner accepts a pushed-down filter on a column of type ``t``
-    (its Substrait conversion rejects unsigned integers, large strings and binaries,
-    ``decimal256`` and ``date64``: such filters are applied in Arrow after the scan)."""
-    return (
-        pa.types.is_signed_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_date32(t)
-        or pa.types.is_decimal128(t)
-    )
 
 
 def _filter_column(f: Any) -> str:
@@ -427,7 +414,7 @@ class MemWalReader(DataSourceReader):
         in_lance = [
             f
             for f in self.filters
-            if _lance_filterable(self.table_schema.field(_filter_column(f)).type)
+            if lance_filterable(self.table_schema.field(_filter_column(f)).type)
         ]
         in_arrow = [f for f in self.filters if not any(f is g for g in in_lance)]
         lance_expr, _ = _combine(in_lance, self.table_schema)
