@@ -19,6 +19,7 @@ for other integers, a hash-set join for everything else.
 
 from __future__ import annotations
 
+import struct
 import threading
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,77 @@ def _int_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
             col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
         return as_int64(col).to_numpy(zero_copy_only=False)
     return None
+
+
+_ROARING_NO_RUN_COOKIE = 12346  # Roaring portable format, no run containers
+_ROARING_ARRAY_MAX = 4096  # larger containers are 65536-bit bitmaps
+
+
+def _run_starts(sorted_values: np.ndarray) -> np.ndarray:
+    """Index of the first element of every run of equal values (input sorted). Not
+    ``np.unique``: numpy 2.4 picks a hash-based unique for it, 50x slower here."""
+    if not len(sorted_values):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.append(True, sorted_values[1:] != sorted_values[:-1]))
+
+
+def _roaring32(values: np.ndarray) -> bytes:
+    """A 32-bit Roaring bitmap of ``values`` (sorted, unique, uint32) in the portable
+    serialization format (the one CRoaring, Java, Go and Rust ``roaring`` read): one
+    container per 65536-value chunk, an array of 16-bit values up to 4096 entries, a
+    bitmap of 8192 bytes above. Built with numpy: per-value work is vectorised, only
+    bitmap containers (over 4096 values each) are visited one by one."""
+    high = (values >> 16).astype(np.uint16)
+    low = (values & 0xFFFF).astype(np.uint16)
+    starts = _run_starts(high)
+    keys = high[starts]
+    counts = np.diff(np.append(starts, len(high)))
+    n = len(keys)
+    header = np.empty(2 * n, dtype="<u2")
+    header[0::2] = keys
+    header[1::2] = counts - 1
+    sizes = np.where(counts > _ROARING_ARRAY_MAX, 8192, 2 * counts)
+    offsets = 8 + 8 * n + np.cumsum(sizes, dtype=np.int64) - sizes  # where each container starts
+    out = [
+        struct.pack("<II", _ROARING_NO_RUN_COOKIE, n),
+        header.tobytes(),
+        offsets.astype("<u4").tobytes(),
+    ]
+    # Array containers are the low halves in order; only bitmap containers (more than
+    # 4096 values each, so few) are built one by one.
+    done = 0
+    for start, count in zip(starts.tolist(), counts.tolist()):
+        if count > _ROARING_ARRAY_MAX:
+            out.append(low[done:start].astype("<u2").tobytes())
+            bits = np.zeros(65536, dtype=bool)
+            bits[low[start : start + count]] = True
+            out.append(np.packbits(bits, bitorder="little").tobytes())
+            done = start + count
+    out.append(low[done:].astype("<u2").tobytes())
+    return b"".join(out)
+
+
+def row_address_treemap(addresses: np.ndarray) -> bytes:
+    """Lance's serialized ``RowAddrTreeMap`` of row ``addresses`` (uint64, fragment id in
+    the high 32 bits, row offset in the low 32 bits): what ``LanceDataset.scanner``
+    takes as ``row_addr_blocklist``/``row_addr_allowlist``. Format: entry count (u32),
+    then per fragment its id (u32), the byte length of its bitmap (u32; never 0, which
+    would mean "the whole fragment") and a 32-bit Roaring bitmap of its row offsets.
+    """
+    addresses = np.sort(np.asarray(addresses, dtype=np.uint64))
+    if len(addresses):
+        addresses = addresses[np.append(True, addresses[1:] != addresses[:-1])]  # unique
+    fragments = (addresses >> np.uint64(32)).astype(np.uint32)
+    offsets = (addresses & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    starts = _run_starts(fragments)
+    ids = fragments[starts]
+    ends = np.append(starts[1:], len(addresses))
+    out = [struct.pack("<I", len(ids))]
+    for frag, start, end in zip(ids.tolist(), starts.tolist(), ends.tolist()):
+        bitmap = _roaring32(offsets[start:end])
+        out.append(struct.pack("<II", frag, len(bitmap)))
+        out.append(bitmap)
+    return b"".join(out)
 
 
 def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
@@ -115,9 +187,12 @@ class KeySet:
             hit = self._addresses.get(key)
             if hit is not None:
                 return hit
-            keys = base.to_table(columns=self.pk, with_row_address=True)
-            addr = keys.column("_rowaddr").to_numpy()
-            found = np.sort(addr[self.contains(keys.select(self.pk))]).astype(np.uint64)
+            parts = [np.zeros(0, dtype=np.uint64)]
+            scan = base.scanner(columns=self.pk, with_row_address=True, batch_size=1 << 20)
+            for batch in scan.to_batches():  # bounded memory: one batch of keys at a time
+                addr = batch.column("_rowaddr").to_numpy().astype(np.uint64, copy=False)
+                parts.append(addr[self.contains(batch.select(self.pk))])
+            found = np.sort(np.concatenate(parts))
             if len(self._addresses) >= 2:
                 self._addresses.pop(next(iter(self._addresses)))
             self._addresses[key] = found
