@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import pruning, sources, view
+from memwal_query.read import parallel, pruning, sources, view
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, row_address_treemap
 
 if TYPE_CHECKING:
@@ -470,16 +470,22 @@ class MemWalDataset(pads.Dataset):
     def scanner(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
     ) -> _Scanner:
-        """A scanner over the deduplicated view (also usable without DataFusion).
+        """A scanner over the deduplicated view (also usable without DataFusion: DuckDB
+        and Polars call it).
 
         Sources are resolved when batches are first requested (DataFusion calls this
-        method only for the projected schema).
+        method only for the projected schema). The partitions are read concurrently, as
+        DataFusion would (:func:`memwal_query.read.parallel.concurrent_streams`: a thread
+        each, a few batches ahead), and returned one after the other.
         """
         out_schema = _output_schema(self._schema, columns)
 
+        def stream(frag: _BaseFragment | _NewerFragment) -> Callable[[], Iterator[pa.RecordBatch]]:
+            return lambda: frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
+
         def batches() -> Iterator[pa.RecordBatch]:
-            for frag in self.get_fragments(filter):
-                yield from frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
+            frags = self.get_fragments(filter)
+            yield from parallel.concurrent_streams([stream(f) for f in frags])
 
         return _Scanner(out_schema, batches())
 
