@@ -22,8 +22,10 @@ Why this keeps the filter semantics: a filter is pushed into the base scan, but 
 rows are removed by key against *all* newer keys (unfiltered), so a row that matched
 in the base but whose newest version does not match is never returned; the newer
 sources are deduplicated before the filter is applied. The dedup work is a hash
-aggregation over the newer rows plus one vectorised membership test per base batch
-(:mod:`memwal_query.read.dedup`).
+aggregation over the newer rows plus, for the base table, either (unfiltered scans) a
+row-address blocklist Lance applies inside its scan (the base rows whose key is newer,
+found once per key set and base version: :meth:`_QueryState.blocklist`), or (filtered
+scans) one vectorised membership test per base batch (:mod:`memwal_query.read.dedup`).
 
 Who evaluates the filter: Lance on the base table whenever it accepts the expression
 (its Substrait conversion refuses unsigned integers, large strings/binaries,
