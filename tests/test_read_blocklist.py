@@ -115,3 +115,37 @@ def test_unfiltered_scans_skip_overwritten_rows_in_lance(tmp_path, monkeypatch):
     assert not built  # a filtered scan tests keys per batch
     assert t.provider(writers=[w]).to_table().num_rows == len(model)
     w.close(flush=False)
+
+
+def test_stable_row_ids_base(tmp_path):
+    """A base with stable row ids, compacted: its row ids are no longer its row
+    addresses, and Lance matches the blocklist against row ids (a blocklist of
+    addresses would drop nothing and return overwritten rows twice)."""
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
+    uri = str(tmp_path / "t")
+    ids = list(range(2000))
+    lance.write_dataset(
+        pa.table({"id": ids, "v": ids}, schema),
+        uri,
+        max_rows_per_file=500,
+        enable_stable_row_ids=True,
+    )
+    ds = lance.dataset(uri)
+    ds.delete("id < 300")
+    ds.optimize.compact_files(target_rows_per_fragment=5000)
+    x = lance.dataset(uri).to_table(columns=["id"], with_row_id=True, with_row_address=True)
+    assert x.column("_rowid") != x.column("_rowaddr")  # the case under test
+    model = {i: i for i in range(300, 2000)}
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(pa.table({"id": list(range(1500, 2500)), "v": [-1] * 1000}, schema))
+    w.flush()
+    w.put(pa.table({"id": [400, 401], "v": [-2, -2]}, schema))
+    model.update({i: -1 for i in range(1500, 2500)})
+    model.update({400: -2, 401: -2})
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider(writers=[w]))
+    got = ctx.sql("SELECT id, v FROM t").to_arrow_table()
+    assert got.num_rows == len(model)
+    assert dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == model
+    w.close(flush=False)

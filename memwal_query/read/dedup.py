@@ -104,7 +104,9 @@ def _roaring32(values: np.ndarray) -> bytes:
 def row_address_treemap(addresses: np.ndarray) -> bytes:
     """Lance's serialized ``RowAddrTreeMap`` of row ``addresses`` (uint64, fragment id in
     the high 32 bits, row offset in the low 32 bits): what ``LanceDataset.scanner``
-    takes as ``row_addr_blocklist``/``row_addr_allowlist``. Format: entry count (u32),
+    takes as ``row_addr_blocklist``/``row_addr_allowlist``. Lance matches those lists
+    against *row ids* (``_rowid``): the same values as the addresses, except in a
+    dataset with stable row ids (pass its ``_rowid`` values then). Format: entry count (u32),
     then per fragment its id (u32), the byte length of its bitmap (u32; never 0, which
     would mean "the whole fragment") and a 32-bit Roaring bitmap of its row offsets.
     """
@@ -148,7 +150,7 @@ class KeySet:
         self._dense: np.ndarray | None = None
         self._sorted: np.ndarray | None = None
         self._table: pa.Table | None = None
-        self._addresses: dict[tuple[str, int], np.ndarray] = {}  # see base_addresses
+        self._addresses: dict[tuple[str, int, bool], np.ndarray] = {}  # base_addresses
         self._addresses_lock = threading.Lock()
         ints = _int_values(keys.column(0)) if len(self.pk) == 1 and self.size else None
         if self.size == 0:
@@ -170,30 +172,39 @@ class KeySet:
         whose build costs O(set size) on every :meth:`contains` call."""
         return self._table is not None
 
-    def has_addresses(self, base: lance.LanceDataset) -> bool:
+    def has_addresses(self, base: lance.LanceDataset, row_ids: bool = False) -> bool:
         """Whether :meth:`base_addresses` of ``base``'s version is cached."""
-        return (base.uri, base.version) in self._addresses
+        return (base.uri, base.version, row_ids) in self._addresses
 
-    def base_addresses(self, base: lance.LanceDataset) -> np.ndarray:
-        """Sorted row addresses of the rows of ``base`` whose key is in the set.
+    def base_addresses(self, base: lance.LanceDataset, row_ids: bool = False) -> np.ndarray:
+        """Sorted row addresses (``_rowaddr``), or with ``row_ids`` row ids (``_rowid``),
+        of the rows of ``base`` whose key is in the set.
 
         Reads the base table's key columns once per base version (cached on this set:
         sets of flushed generations live as long as the generations are unmerged), so
         that a scan can drop overwritten base rows by row address: a binary search per
-        batch instead of building the hash set again for every batch.
+        batch instead of building the hash set again for every batch. Row ids are what
+        Lance's ``row_addr_blocklist`` is matched against: they equal the addresses
+        unless the dataset has stable row ids (then they differ after a compaction).
         """
-        key = (base.uri, base.version)
+        key = (base.uri, base.version, row_ids)
+        column = "_rowid" if row_ids else "_rowaddr"
         with self._addresses_lock:
             hit = self._addresses.get(key)
             if hit is not None:
                 return hit
             parts = [np.zeros(0, dtype=np.uint64)]
-            scan = base.scanner(columns=self.pk, with_row_address=True, batch_size=1 << 20)
+            scan = base.scanner(
+                columns=self.pk,
+                with_row_address=not row_ids,
+                with_row_id=row_ids,
+                batch_size=1 << 20,
+            )
             for batch in scan.to_batches():  # bounded memory: one batch of keys at a time
-                addr = batch.column("_rowaddr").to_numpy().astype(np.uint64, copy=False)
+                addr = batch.column(column).to_numpy().astype(np.uint64, copy=False)
                 parts.append(addr[self.contains(batch.select(self.pk))])
             found = np.sort(np.concatenate(parts))
-            if len(self._addresses) >= 2:
+            if len(self._addresses) >= 4:
                 self._addresses.pop(next(iter(self._addresses)))
             self._addresses[key] = found
             return found

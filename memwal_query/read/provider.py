@@ -203,11 +203,12 @@ class _QueryState:
         in Python), or None to test keys per batch.
 
         Built once per query from every newer key set's :meth:`KeySet.base_addresses`
-        (one scan of the base table's key columns per set and base version, cached on the
-        set). None when there is nothing to drop or the base table is over
-        ``ADDRESS_DEDUP_MAX_ROWS`` rows. Filtered scans do not use it: Lance then plans
-        the filter differently (a point query measured 2-3x slower), and a filter leaves
-        few rows to copy anyway.
+        (their row ids, which Lance matches the list against: equal to the addresses
+        unless the base has stable row ids; one scan of the base table's key columns per
+        set and base version, cached on the set). None when there is nothing to drop or
+        the base table is over ``ADDRESS_DEDUP_MAX_ROWS`` rows. Filtered scans do not use
+        it: Lance then plans the filter differently (a point query measured 2-3x slower),
+        and a filter leaves few rows to copy anyway.
         """
         int_sets, hashed = self.key_sets()
         sets = int_sets + hashed
@@ -220,7 +221,7 @@ class _QueryState:
                     self._base_rows = base.count_rows()
                 if self._base_rows > ADDRESS_DEDUP_MAX_ROWS:
                     return None
-                found = np.concatenate([s.base_addresses(base) for s in sets])
+                found = np.concatenate([s.base_addresses(base, row_ids=True) for s in sets])
                 self._blocklist = row_address_treemap(found)
             return self._blocklist
 
