@@ -141,6 +141,73 @@ def engine_times(t: mq.MemWalTable, w: mq.RegionWriter, repeat: int) -> None:
     )
 
 
+def stale_set_times(repeat: int) -> None:
+    """The set of overwritten base-row addresses: numpy (what the reader uses) against
+    pyroaring (issue 19 asked whether it is the better structure; skipped if absent).
+
+    Two uses: building Lance's ``row_addr_blocklist`` (a serialized RowAddrTreeMap) for
+    unfiltered scans, and testing a 65,536-row batch's addresses against the set
+    (filtered scans with hashed keys). Addresses in 1M-row fragments, 1% and 10% stale.
+    """
+    rng = np.random.default_rng(5)
+    frag_rows, frags = 1_000_000, 4
+    out = []
+    for share in (0.01, 0.10):
+        flat = np.sort(rng.choice(frag_rows * frags, int(frag_rows * frags * share), False))
+        stale = ((flat // frag_rows).astype(np.uint64) << np.uint64(32)) | (
+            flat % frag_rows
+        ).astype(np.uint64)
+        row: list[object] = [f"{share:.0%} of {frag_rows * frags:,} rows"]
+        out.append(row + _stale_set_row(stale, frags, repeat))
+    print_table(
+        "Overwritten base-row addresses: numpy sorted array vs pyroaring",
+        [
+            "stale rows",
+            "numpy blocklist build ms",
+            "numpy probe 64k ms",
+            "pyroaring build ms",
+            "pyroaring probe 64k ms",
+        ],
+        out,
+    )
+
+
+def _stale_set_row(stale: np.ndarray, frags: int, repeat: int) -> list[object]:
+    from memwal_query.read.dedup import in_sorted, row_address_treemap
+
+    batch = stale[0] + np.arange(65_536, dtype=np.uint64)  # one base batch's addresses
+    row: list[object] = [
+        median(timed(lambda: row_address_treemap(stale), repeat)) * 1e3,
+        median(timed(lambda: in_sorted(batch, stale), repeat)) * 1e3,
+    ]
+    try:
+        from pyroaring import BitMap, BitMap64
+    except ImportError:
+        print("pyroaring not installed: numpy side only", file=sys.stderr)
+        return [*row, "", ""]
+    fragment = stale >> np.uint64(32)
+
+    def roaring_build() -> bytes:  # the same RowAddrTreeMap, bitmaps by pyroaring
+        parts = []
+        for f in range(frags):
+            offsets = (stale[fragment == f] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+            parts.append(BitMap(offsets).serialize())
+        return b"".join(parts)
+
+    whole = BitMap64(stale)
+
+    def roaring_probe() -> np.ndarray:  # no vectorised "contains": intersect, then isin
+        hit = whole & BitMap64(batch)
+        return np.isin(batch, np.asarray(hit.to_array(), dtype=np.uint64))
+
+    assert (roaring_probe() == in_sorted(batch, stale)).all()
+    return [
+        *row,
+        median(timed(roaring_build, repeat)) * 1e3,
+        median(timed(roaring_probe, repeat)) * 1e3,
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -276,6 +343,7 @@ def main() -> None:
         lookup_rows.append(["native LsmPointLookupPlanner", pct(lat, 50) * 1e3, pct(lat, 99) * 1e3])
         print_table("Single-key point lookup", ["reader", "p50 ms", "p99 ms"], lookup_rows)
         engine_times(t, w, args.repeat)
+        stale_set_times(args.repeat)
         w.close(flush=False)
 
 

@@ -26,6 +26,7 @@ import memwal_query as mq
 from memwal_query.exceptions import BaseVersionGoneError, GenerationGoneError
 from memwal_query.format.bloom import BloomFilter, hash_keys
 from memwal_query.maintain import snapshots
+from memwal_query.read import parallel
 from memwal_query.search import BLOOM_FILE
 from memwal_query.storage.io import LocalFileIO
 
@@ -191,7 +192,15 @@ def pauser(monkeypatch):
     hook(lance, "dataset")
     for name in ("checkout_version", "to_table", "scanner", "take", "count_rows"):
         hook(lance.LanceDataset, name)
+    # The pauser counts one thread's accesses: read the partitions of MemWalDataset.scanner
+    # one after the other in the reader's thread (concurrent_streams has its own tests).
+    monkeypatch.setattr(parallel, "concurrent_streams", _one_after_the_other)
     return box
+
+
+def _one_after_the_other(streams, depth=2):
+    for make in streams:
+        yield from make()
 
 
 BASE = {i: float(i) for i in range(20)}

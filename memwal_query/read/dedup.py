@@ -19,6 +19,7 @@ for other integers, a hash-set join for everything else.
 
 from __future__ import annotations
 
+import struct
 import threading
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,79 @@ def _int_values(col: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
     return None
 
 
+_ROARING_NO_RUN_COOKIE = 12346  # Roaring portable format, no run containers
+_ROARING_ARRAY_MAX = 4096  # larger containers are 65536-bit bitmaps
+
+
+def _run_starts(sorted_values: np.ndarray) -> np.ndarray:
+    """Index of the first element of every run of equal values (input sorted). Not
+    ``np.unique``: numpy 2.4 picks a hash-based unique for it, 50x slower here."""
+    if not len(sorted_values):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.append(True, sorted_values[1:] != sorted_values[:-1]))
+
+
+def _roaring32(values: np.ndarray) -> bytes:
+    """A 32-bit Roaring bitmap of ``values`` (sorted, unique, uint32) in the portable
+    serialization format (the one CRoaring, Java, Go and Rust ``roaring`` read): one
+    container per 65536-value chunk, an array of 16-bit values up to 4096 entries, a
+    bitmap of 8192 bytes above. Built with numpy: per-value work is vectorised, only
+    bitmap containers (over 4096 values each) are visited one by one."""
+    high = (values >> 16).astype(np.uint16)
+    low = (values & 0xFFFF).astype(np.uint16)
+    starts = _run_starts(high)
+    keys = high[starts]
+    counts = np.diff(np.append(starts, len(high)))
+    n = len(keys)
+    header = np.empty(2 * n, dtype="<u2")
+    header[0::2] = keys
+    header[1::2] = counts - 1
+    sizes = np.where(counts > _ROARING_ARRAY_MAX, 8192, 2 * counts)
+    offsets = 8 + 8 * n + np.cumsum(sizes, dtype=np.int64) - sizes  # where each container starts
+    out = [
+        struct.pack("<II", _ROARING_NO_RUN_COOKIE, n),
+        header.tobytes(),
+        offsets.astype("<u4").tobytes(),
+    ]
+    # Array containers are the low halves in order; only bitmap containers (more than
+    # 4096 values each, so few) are built one by one.
+    done = 0
+    for start, count in zip(starts.tolist(), counts.tolist()):
+        if count > _ROARING_ARRAY_MAX:
+            out.append(low[done:start].astype("<u2").tobytes())
+            bits = np.zeros(65536, dtype=bool)
+            bits[low[start : start + count]] = True
+            out.append(np.packbits(bits, bitorder="little").tobytes())
+            done = start + count
+    out.append(low[done:].astype("<u2").tobytes())
+    return b"".join(out)
+
+
+def row_address_treemap(addresses: np.ndarray) -> bytes:
+    """Lance's serialized ``RowAddrTreeMap`` of row ``addresses`` (uint64, fragment id in
+    the high 32 bits, row offset in the low 32 bits): what ``LanceDataset.scanner``
+    takes as ``row_addr_blocklist``/``row_addr_allowlist``. Lance matches those lists
+    against *row ids* (``_rowid``): the same values as the addresses, except in a
+    dataset with stable row ids (pass its ``_rowid`` values then). Format: entry count (u32),
+    then per fragment its id (u32), the byte length of its bitmap (u32; never 0, which
+    would mean "the whole fragment") and a 32-bit Roaring bitmap of its row offsets.
+    """
+    addresses = np.sort(np.asarray(addresses, dtype=np.uint64))
+    if len(addresses):
+        addresses = addresses[np.append(True, addresses[1:] != addresses[:-1])]  # unique
+    fragments = (addresses >> np.uint64(32)).astype(np.uint32)
+    offsets = (addresses & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    starts = _run_starts(fragments)
+    ids = fragments[starts]
+    ends = np.append(starts[1:], len(addresses))
+    out = [struct.pack("<I", len(ids))]
+    for frag, start, end in zip(ids.tolist(), starts.tolist(), ends.tolist()):
+        bitmap = _roaring32(offsets[start:end])
+        out.append(struct.pack("<II", frag, len(bitmap)))
+        out.append(bitmap)
+    return b"".join(out)
+
+
 def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
     """Boolean mask: which ``values`` are in ``sorted_values`` (ascending; binary search)."""
     if not len(sorted_values):
@@ -76,7 +150,7 @@ class KeySet:
         self._dense: np.ndarray | None = None
         self._sorted: np.ndarray | None = None
         self._table: pa.Table | None = None
-        self._addresses: dict[tuple[str, int], np.ndarray] = {}  # see base_addresses
+        self._addresses: dict[tuple[str, int, bool], np.ndarray] = {}  # base_addresses
         self._addresses_lock = threading.Lock()
         ints = _int_values(keys.column(0)) if len(self.pk) == 1 and self.size else None
         if self.size == 0:
@@ -98,27 +172,39 @@ class KeySet:
         whose build costs O(set size) on every :meth:`contains` call."""
         return self._table is not None
 
-    def has_addresses(self, base: lance.LanceDataset) -> bool:
+    def has_addresses(self, base: lance.LanceDataset, row_ids: bool = False) -> bool:
         """Whether :meth:`base_addresses` of ``base``'s version is cached."""
-        return (base.uri, base.version) in self._addresses
+        return (base.uri, base.version, row_ids) in self._addresses
 
-    def base_addresses(self, base: lance.LanceDataset) -> np.ndarray:
-        """Sorted row addresses of the rows of ``base`` whose key is in the set.
+    def base_addresses(self, base: lance.LanceDataset, row_ids: bool = False) -> np.ndarray:
+        """Sorted row addresses (``_rowaddr``), or with ``row_ids`` row ids (``_rowid``),
+        of the rows of ``base`` whose key is in the set.
 
         Reads the base table's key columns once per base version (cached on this set:
         sets of flushed generations live as long as the generations are unmerged), so
         that a scan can drop overwritten base rows by row address: a binary search per
-        batch instead of building the hash set again for every batch.
+        batch instead of building the hash set again for every batch. Row ids are what
+        Lance's ``row_addr_blocklist`` is matched against: they equal the addresses
+        unless the dataset has stable row ids (then they differ after a compaction).
         """
-        key = (base.uri, base.version)
+        key = (base.uri, base.version, row_ids)
+        column = "_rowid" if row_ids else "_rowaddr"
         with self._addresses_lock:
             hit = self._addresses.get(key)
             if hit is not None:
                 return hit
-            keys = base.to_table(columns=self.pk, with_row_address=True)
-            addr = keys.column("_rowaddr").to_numpy()
-            found = np.sort(addr[self.contains(keys.select(self.pk))]).astype(np.uint64)
-            if len(self._addresses) >= 2:
+            parts = [np.zeros(0, dtype=np.uint64)]
+            scan = base.scanner(
+                columns=self.pk,
+                with_row_address=not row_ids,
+                with_row_id=row_ids,
+                batch_size=1 << 20,
+            )
+            for batch in scan.to_batches():  # bounded memory: one batch of keys at a time
+                addr = batch.column(column).to_numpy().astype(np.uint64, copy=False)
+                parts.append(addr[self.contains(batch.select(self.pk))])
+            found = np.sort(np.concatenate(parts))
+            if len(self._addresses) >= 4:
                 self._addresses.pop(next(iter(self._addresses)))
             self._addresses[key] = found
             return found

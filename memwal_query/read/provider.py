@@ -22,8 +22,10 @@ Why this keeps the filter semantics: a filter is pushed into the base scan, but 
 rows are removed by key against *all* newer keys (unfiltered), so a row that matched
 in the base but whose newest version does not match is never returned; the newer
 sources are deduplicated before the filter is applied. The dedup work is a hash
-aggregation over the newer rows plus one vectorised membership test per base batch
-(:mod:`memwal_query.read.dedup`).
+aggregation over the newer rows plus, for the base table, either (unfiltered scans) a
+row-address blocklist Lance applies inside its scan (the base rows whose key is newer,
+found once per key set and base version: :meth:`_QueryState.blocklist`), or (filtered
+scans) one vectorised membership test per base batch (:mod:`memwal_query.read.dedup`).
 
 Who evaluates the filter: Lance on the base table whenever it accepts the expression
 (its Substrait conversion refuses unsigned integers, large strings/binaries,
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,8 +57,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import pruning, sources, view
-from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
+from memwal_query.read import parallel, pruning, sources, view
+from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, row_address_treemap
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -154,6 +156,7 @@ class _QueryState:
         self._lock = threading.Lock()
         self._view: sources.NewerView | None = None
         self._stale: np.ndarray | None = None
+        self._blocklist: bytes | None = None
         self._base_rows: int | None = None
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
@@ -197,6 +200,35 @@ class _QueryState:
                 # each part is sorted; duplicates do no harm to a binary search
                 self._stale = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
             return self._stale
+
+    def blocklist(self) -> bytes | None:
+        """The base rows overwritten by a newer source as Lance's serialized
+        ``RowAddrTreeMap``, for an unfiltered base scan (``row_addr_blocklist``: Lance
+        skips those rows inside its scan; no key columns read, no copy of the kept rows
+        in Python), or None to test keys per batch.
+
+        Built once per query from every newer key set's :meth:`KeySet.base_addresses`
+        (their row ids, which Lance matches the list against: equal to the addresses
+        unless the base has stable row ids; one scan of the base table's key columns per
+        set and base version, cached on the set). None when there is nothing to drop or
+        the base table is over ``ADDRESS_DEDUP_MAX_ROWS`` rows. Filtered scans do not use
+        it: Lance then plans the filter differently (a point query measured 2-3x slower),
+        and a filter leaves few rows to copy anyway.
+        """
+        int_sets, hashed = self.key_sets()
+        sets = int_sets + hashed
+        if not sets:
+            return None
+        base = self.plan.base
+        with self._lock:
+            if self._blocklist is None:
+                if self._base_rows is None:
+                    self._base_rows = base.count_rows()
+                if self._base_rows > ADDRESS_DEDUP_MAX_ROWS:
+                    return None
+                found = np.concatenate([s.base_addresses(base, row_ids=True) for s in sets])
+                self._blocklist = row_address_treemap(found)
+            return self._blocklist
 
     def by_address(self, hashed: list[KeySet]) -> bool:
         """Whether base rows are dropped by row address (see ``_BaseFragment``)."""
@@ -272,7 +304,9 @@ class _BaseFragment:
         pk = state.dataset.table.primary_key
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-        int_sets, hashed = state.key_sets()
+        f = state.filter_for(filter)
+        blocklist = state.blocklist() if f.expr is None else None
+        int_sets, hashed = ([], []) if blocklist is not None else state.key_sets()
         # Hashed key sets (strings, binary, composite keys) rebuild a hash set on every
         # membership test: after the first batch (a selective scan may have only one),
         # or from the start when the addresses are cached, overwritten base rows are
@@ -282,7 +316,6 @@ class _BaseFragment:
         key_cols = pk if int_sets or (hashed and not cached) else []
         want_addr = ROWADDR_COLUMN in wanted
         size = max(batch_size or 0, BASE_BATCH_ROWS)
-        f = state.filter_for(filter)
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
@@ -293,6 +326,7 @@ class _BaseFragment:
                     fragments=self.lance_fragments,
                     with_row_address=want_addr or by_address,
                     batch_size=size,
+                    row_addr_blocklist=blocklist,
                 )
                 it = iter(scanner.to_batches())
                 first = next(it, None)
@@ -313,6 +347,7 @@ class _BaseFragment:
                 fragments=self.lance_fragments,
                 with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
                 batch_size=size,
+                row_addr_blocklist=blocklist,
             )
             batches = scanner.to_batches()
         for i, batch in enumerate(batches):
@@ -448,16 +483,22 @@ class MemWalDataset(pads.Dataset):
     def scanner(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
     ) -> _Scanner:
-        """A scanner over the deduplicated view (also usable without DataFusion).
+        """A scanner over the deduplicated view (also usable without DataFusion: DuckDB
+        and Polars call it).
 
         Sources are resolved when batches are first requested (DataFusion calls this
-        method only for the projected schema).
+        method only for the projected schema). The partitions are read concurrently, as
+        DataFusion would (:func:`memwal_query.read.parallel.concurrent_streams`: a thread
+        each, a few batches ahead), and returned one after the other.
         """
         out_schema = _output_schema(self._schema, columns)
 
+        def stream(frag: _BaseFragment | _NewerFragment) -> Callable[[], Iterator[pa.RecordBatch]]:
+            return lambda: frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
+
         def batches() -> Iterator[pa.RecordBatch]:
-            for frag in self.get_fragments(filter):
-                yield from frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
+            frags = self.get_fragments(filter)
+            yield from parallel.concurrent_streams([stream(f) for f in frags])
 
         return _Scanner(out_schema, batches())
 
