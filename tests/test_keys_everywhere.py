@@ -117,7 +117,7 @@ def test_generation_lookup_is_indexed_for_keys_without_a_native_hash(tmp_path, m
     """The generation's key index hashes timestamp keys by value: one hash per key, so a
     probe compares one candidate (with the bloom hash, a null flag only, every key
     shared one hash and each probe scanned the whole generation: ~5 s here)."""
-    from memwal_query.search import _KeyIndex
+    from memwal_query.search.keys import _KeyIndex
 
     built: list[_KeyIndex] = []
     init = _KeyIndex.__init__

@@ -168,7 +168,8 @@ def test_catch_up_extends_vector_fts_and_scalar_indexes(tmp_path):
     assert t.index().index_catchup() == progress  # what readers see
     # The indexed read plan is back on the base indexes: no gap generations.
     dbg: dict = {}
-    got = t.vector_search("vec", np.zeros(DIM, np.float32), k=3, debug=dbg)
+    # (no refine step: its KNNVectorDistance re-ranks candidates, it is not a flat scan)
+    got = t.vector_search("vec", np.zeros(DIM, np.float32), k=3, debug=dbg, refine_factor=None)
     assert got.num_rows == 3
     assert all(not r.gap for r in dbg["plan"].regions.values())
     base_plan = dbg["base_lance_plan"]

@@ -411,7 +411,7 @@ def test_attempt_of_an_ended_job_writes_nothing(spark, tmp_path, monkeypatch):
     assert_view(t.uri, model)
     # the race: the job ends between the loser's first check and its claim
     answers = iter([False, True] * BUCKETS)
-    monkeypatch.setattr(ingest, "job_ended", lambda options: next(answers))
+    monkeypatch.setattr(ingest_tasks, "job_ended", lambda options: next(answers))
     with pytest.raises(mqs.JobEndedError, match="already ended"):
         list(ingest.write_partition(iter(batches), options))
     assert_view(t.uri, model)

@@ -84,6 +84,7 @@ def lookup(
     *,
     consistency: str = "strong",
     debug: dict | None = None,
+    as_of: Any = None,
 ) -> pa.Table:
     """The newest live row of each primary key (vectorised over many keys).
 
@@ -102,6 +103,9 @@ def lookup(
         ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.read.view`).
     debug : dict, optional
         Filled with per-source counters (``sources``) and the read plan.
+    as_of : int, datetime or str, optional
+        Time travel: the rows as they were at that base version or moment
+        (:func:`memwal_query.read.view.resolve_as_of`; ``writers`` are not read).
 
     Returns
     -------
@@ -122,7 +126,7 @@ def lookup(
     predicates = None
     if len(pk) == 1 and n <= _PRUNE_MAX_KEYS and table.region_spec is not None:
         predicates = [(pk[0], "in", probe.column(0).to_pylist())]
-    plan = sources.resolve(table, consistency, writers, predicates)
+    plan = sources.resolve(table, consistency, writers, predicates, as_of=as_of)
     resolved = np.zeros(n, bool)
     parts: list[tuple[pa.Table, np.ndarray, int, int]] = []
     counters: list[dict[str, Any]] = []
