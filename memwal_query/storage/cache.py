@@ -78,15 +78,6 @@ class LRUCache(Generic[K, V]):
                 self._bytes -= self._sizes.pop(old, 0)
             return value
 
-    def get_or_put(self, key: K, make: Callable[[], V]) -> V:
-        """The cached value of ``key``, or ``make()`` stored under it (``make`` runs
-        outside the lock: two threads may both compute a missing entry)."""
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        return self.put(key, make())
-
     def pop(self, key: K) -> V | None:
         """Remove ``key``; return its value (None when absent)."""
         with self._lock:

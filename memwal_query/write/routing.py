@@ -63,14 +63,6 @@ class RoutedWriters:
     ) -> dict[str, int]:
         """Write each region's part (concurrently) with fencing retries; ``{region_id:
         rows written}`` (see :meth:`MemWalTable.write` for atomicity)."""
-        return self._write_parts(parts, put)
-
-    def _write_parts(
-        self,
-        parts: list[tuple[dict[str, Any], pa.Table]],
-        put: Callable[[RegionWriter, pa.Table], None],
-    ) -> dict[str, int]:
-        """Write each region's part (concurrently) with fencing retries; see :meth:`write`."""
         jobs = [(self.catalog.region_id_for(values), values, part) for values, part in parts]
 
         def one(job: tuple[str, dict[str, Any], pa.Table]) -> BaseException | None:
