@@ -59,6 +59,11 @@ LINEAGE_KEY = "memwal_query.lineage"
 """Key of the table's lineage in ``MemWalIndexDetails.writer_config_defaults`` (a random
 token written by :meth:`MemWalTable.initialize`; regions record it when created)."""
 
+SPEC_READY_KEY = "memwal_query.spec_ready"
+"""Key in ``MemWalIndexDetails.writer_config_defaults`` of the id of the newest region
+spec whose change is complete: every region of an older spec is sealed and fully merged
+(:mod:`memwal_query.maintain.specs`). Absent on a table that only ever had one spec."""
+
 
 def _canonical(value: Any) -> str:
     """Type-tagged canonical text of a region value (same value -> same text)."""
@@ -126,6 +131,7 @@ class Catalog:
         # parsed region spec and region values, valid while the protos they were parsed
         # from are the ones held (a query reads them for every region: issue 20)
         self._spec_cache: tuple[Any, RegionSpec] | None = None
+        self._specs_cache: tuple[Any, dict[int, RegionSpec]] | None = None
         self._values_cache: dict[str, tuple[RegionManifest, RegionSpec, Any]] = {}
 
     # -- base table and index ----------------------------------------------------------
@@ -169,6 +175,38 @@ class Catalog:
         spec = RegionSpec.from_proto(max(specs, key=lambda s: s.spec_id))
         self._spec_cache = (specs, spec)
         return spec
+
+    @property
+    def region_specs(self) -> dict[int, RegionSpec]:
+        """Every region spec the index records, by spec id (the current one included).
+
+        A region keeps the spec it was created with (``region_spec_id`` in its
+        manifest); regions of older specs are sealed and merged when the spec changes
+        (:meth:`MemWalTable.set_region_spec`).
+        """
+        specs = self._index.details.region_specs
+        cached = self._specs_cache
+        if cached is not None and cached[0] is specs:
+            return cached[1]
+        from memwal_query.regions.spec import RegionSpec
+
+        current = self.region_spec
+        by_id = {s.spec_id: RegionSpec.from_proto(s) for s in specs}
+        if current is not None:
+            by_id[current.spec_id] = current  # one object per spec
+        self._specs_cache = (specs, by_id)
+        return by_id
+
+    @property
+    def spec_change_pending(self) -> bool:
+        """Whether the current spec replaced an older one whose regions are not all
+        sealed and merged yet (see :mod:`memwal_query.maintain.specs`): writers of the
+        current spec wait until they are."""
+        details = self._index.details
+        if len(details.region_specs) <= 1:
+            return False
+        current = max(s.spec_id for s in details.region_specs)
+        return details.writer_config_defaults.get(SPEC_READY_KEY, "") != str(current)
 
     @property
     def maintained_indexes(self) -> list[str]:
@@ -216,13 +254,17 @@ class Catalog:
         """``(spec_id, {field_id: value})`` recorded in a region's manifest, or None.
 
         Values are read from the manifest's ``region_field_entries`` (as pylance's
-        native writer records them); None for manual regions or another spec.
-        ``manifest``: the region's manifest when the caller has just read it.
+        native writer records them) and decoded by the region's own spec (which may be
+        an older one than the current spec: compare ``spec_id``); None for manual
+        regions and regions of a spec the index does not record. ``manifest``: the
+        region's manifest when the caller has just read it.
         """
         if manifest is None:
             manifest = self.region_manifest(region_id)
-        spec = self.routing_spec()
-        if manifest is None or manifest.region_spec_id != spec.spec_id:
+        if manifest is None:
+            return None
+        spec = self.spec_for(manifest.region_spec_id)
+        if spec is None:
             return None
         cached = self._values_cache.get(region_id)
         if cached is not None and cached[0] is manifest and cached[1] is spec:
@@ -238,13 +280,22 @@ class Catalog:
         return spec.spec_id, values
 
     def known_region_values(self, region_id: str) -> tuple[int, dict[str, Any]] | None:
-        """The values :meth:`region_values` last read for a region under the current
-        spec, without reading anything (a region's values are fixed when it is
+        """The values :meth:`region_values` last read for a region (under its own
+        spec), without reading anything (a region's values are fixed when it is
         created), or None when not read yet."""
         cached = self._values_cache.get(region_id)
-        if cached is None or cached[1] is not self.routing_spec():
+        if cached is None:
+            return None
+        if self.spec_for(cached[2][0]) is not cached[1]:
             return None
         return cached[2]
+
+    def spec_for(self, spec_id: int) -> RegionSpec | None:
+        """The region spec with id ``spec_id`` (None when the index records none)."""
+        if not self._index.details.region_specs:
+            spec = self.routing_spec()
+            return spec if spec.spec_id == spec_id else None
+        return self.region_specs.get(spec_id)
 
     def field_type(self, f: Any) -> pa.DataType:
         """Arrow type of a region field's values (declared, or its source's type)."""

@@ -129,6 +129,28 @@ class WrongRegionError(MemWalError, ValueError):
     """A row's region value belongs to another region than the writer's."""
 
 
+class SpecChangedError(WrongRegionError):
+    """The table's region spec changed after rows were routed: the region they were
+    routed to belongs to an older spec and takes no new rows.
+
+    :meth:`MemWalTable.write` and :meth:`MemWalTable.delete` route such rows again by
+    the current spec themselves; a caller of :meth:`MemWalTable.writer` routes them
+    again (``region_values`` of the current spec). ``expected`` is the spec id the rows
+    were routed by, ``current`` the table's current spec id.
+    """
+
+    def __init__(self, uri: str, expected: int, current: int, region_id: str = "") -> None:
+        where = f" (region {region_id})" if region_id else ""
+        super().__init__(
+            f"{uri}: rows were routed by region spec {expected}{where}, but the table's "
+            f"current region spec is {current}; route them again by the current spec"
+        )
+        self.uri = uri
+        self.expected = expected
+        self.current = current
+        self.region_id = region_id
+
+
 class InvalidPathError(MemWalError, ValueError):
     """A region id, generation path or name is malformed or escapes its directory."""
 

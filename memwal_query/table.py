@@ -33,6 +33,7 @@ from memwal_query.catalog import (
 )
 from memwal_query.exceptions import (
     RegionSpecError,
+    SpecChangedError,
 )
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import coerce_rows
@@ -135,6 +136,7 @@ class MemWalTable(Catalog):
         *,
         region_values: dict[str, Any] | None = None,
         durable: bool = True,
+        spec_id: int | None = None,
         **options: Any,
     ) -> RegionWriter:
         """Claim a region and return its writer (fencing any previous writer).
@@ -156,6 +158,13 @@ class MemWalTable(Catalog):
             ``{field_id: value}`` of the region; rows of other regions are rejected.
         durable : bool
             See :class:`RegionWriter`.
+        spec_id : int, optional
+            The region spec ``region_values`` were computed by;
+            :class:`SpecChangedError` when the table's current spec is another one.
+            The index is re-read first (and again after the claim), so a writer never
+            writes with a stale spec; when the current spec replaced an older one whose
+            regions are not sealed and merged yet, that is done first
+            (:func:`memwal_query.maintain.specs.complete_spec_change`).
         **options
             ``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_buffer_bytes``,
             ``wal_flush_interval``, ``max_unflushed_memtables``,
@@ -170,10 +179,15 @@ class MemWalTable(Catalog):
             is not the region of ``region_values``.
         LeftoverRegionsError
             The region belongs to an earlier lineage of the table.
+        SpecChangedError
+            ``spec_id`` is not the current spec (also when it changed while claiming).
         """
         from memwal_query.regions.spec import is_unsharded
 
+        self.index()
         spec = self.routing_spec()
+        if spec_id is not None and spec_id != spec.spec_id:
+            raise SpecChangedError(self.uri, spec_id, spec.spec_id)
         if region_values is None and region_id is None:
             if not is_unsharded(spec):
                 raise RegionSpecError(
@@ -185,7 +199,7 @@ class MemWalTable(Catalog):
             assert region_id is not None
             region_id = paths.validate_region_id(region_id)
             known = self.region_values(region_id)
-            if known is not None:
+            if known is not None and known[0] == spec.spec_id:
                 spec_id, region_values = known
                 entries = self.field_entries(region_values)
             elif self.region_manifest(region_id) is not None:
@@ -207,6 +221,10 @@ class MemWalTable(Catalog):
             region_id = derived
             spec_id = spec.spec_id
             entries = self.field_entries(region_values)
+        if spec_id == spec.spec_id and self.spec_change_pending:
+            from memwal_query.maintain.specs import complete_spec_change
+
+            complete_spec_change(self)
         return RegionWriter(
             self,
             region_id,
@@ -217,6 +235,30 @@ class MemWalTable(Catalog):
             lookup=self.lookup,
             **options,
         )
+
+    def set_region_spec(self, spec: RegionSpec) -> None:
+        """Make ``spec`` the region spec of new writes (``memwal spec set``).
+
+        The index keeps every spec (``region_specs``; the current one has the highest
+        id, so ``spec.spec_id`` must be above every recorded id). Keys then move to
+        their regions of the new spec: the regions of older specs are claimed (fencing
+        their writers), flushed, sealed and merged into the base table before any
+        writer of the new spec writes (see :mod:`memwal_query.maintain.specs`), so a
+        key is never unmerged in two regions. Writes routed meanwhile by the old spec
+        are routed again by :meth:`write`/:meth:`delete` (:class:`SpecChangedError`
+        for callers of :meth:`writer`). This table's own writers are closed first.
+
+        Raises
+        ------
+        RegionSpecError
+            ``spec`` is not a RegionSpec, its id is not above every recorded id, or it
+            cannot evaluate the table's rows; the index is unchanged.
+        """
+        from memwal_query.maintain.specs import check_new_spec, set_region_spec
+
+        check_new_spec(self, spec)
+        self._routed.close(flush=False)  # their rows are in the WAL: drained below
+        set_region_spec(self, spec)
 
     # -- background work ---------------------------------------------------------------
     def merge(
@@ -513,14 +555,16 @@ class MemWalTable(Catalog):
         from memwal_query.format.schema import coerce_partial_rows
         from memwal_query.regions.spec import check_partial_sources
 
-        spec = self.routing_spec()
         if partial:
             rows, missing = coerce_partial_rows(data, self.schema, self.primary_key)
-            check_partial_sources(spec, missing, self.lance_schema)
+            check_partial_sources(self.routing_spec(), missing, self.lance_schema)
         else:
             rows, missing = coerce_rows(data, self.schema, self.primary_key), []
-        parts = split_by_region(spec, rows, self.lance_schema)
-        return self._routed.write_parts(parts, lambda w, part: w._put_routed(part, missing))
+
+        def check(spec: RegionSpec) -> None:
+            check_partial_sources(spec, missing, self.lance_schema)
+
+        return self._route(rows, lambda w, part: w._put_routed(part, missing), check)
 
     def delete(self, keys: Any) -> dict[str, int]:
         """Route delete tombstones to their regions (the spec must read key columns only).
@@ -530,16 +574,51 @@ class MemWalTable(Catalog):
         from memwal_query.format.schema import coerce_keys
 
         key_table = coerce_keys(keys, self.schema, self.primary_key)
-        spec = self.routing_spec()
-        names = field_names(self.lance_schema)
-        sources = {names.get(i) for f in spec.fields for i in f.source_ids}
-        if not sources <= set(self.primary_key):
-            raise RegionSpecError(
-                f"cannot route deletes by key: the region spec reads {sorted(map(str, sources))}, "
-                f"not only the primary key {self.primary_key}; delete through the region's writer"
-            )
-        parts = split_by_region(spec, key_table, self.lance_schema)
-        return self._routed.write_parts(parts, lambda w, part: w.delete(part))
+
+        def check(spec: RegionSpec) -> None:
+            names = field_names(self.lance_schema)
+            sources = {names.get(i) for f in spec.fields for i in f.source_ids}
+            if not sources <= set(self.primary_key):
+                raise RegionSpecError(
+                    "cannot route deletes by key: the region spec reads "
+                    f"{sorted(map(str, sources))}, not only the primary key "
+                    f"{self.primary_key}; delete through the region's writer"
+                )
+
+        check(self.routing_spec())
+        return self._route(key_table, lambda w, part: w.delete(part), check)
+
+    def _route(
+        self,
+        rows: pa.Table,
+        put: Callable[[RegionWriter, pa.Table], None],
+        check: Callable[[RegionSpec], None],
+    ) -> dict[str, int]:
+        """Split ``rows`` by the current spec and ``put`` each region's part; rows whose
+        region turned out to belong to an older spec (the spec changed meanwhile,
+        :class:`SpecChangedError`) are routed again by the new one (``check`` is run on
+        it first)."""
+        written: dict[str, int] = {}
+        for attempt in range(self._routed.write_retries + 1):
+            spec = self.routing_spec()
+            if attempt:
+                check(spec)
+            parts = split_by_region(spec, rows, self.lance_schema)
+            try:
+                done = self._routed.write_parts(parts, put, spec.spec_id)
+            except SpecChangedError as e:
+                unwritten = getattr(e, "unwritten", None)
+                if unwritten is None or attempt == self._routed.write_retries:
+                    raise
+                for region_id, n in getattr(e, "written", {}).items():
+                    written[region_id] = written.get(region_id, 0) + n
+                rows = pa.concat_tables(unwritten)
+                self.index()
+                continue
+            for region_id, n in done.items():
+                written[region_id] = written.get(region_id, 0) + n
+            return written
+        raise AssertionError("unreachable")
 
     @property
     def write_retries(self) -> int:
@@ -552,8 +631,8 @@ class MemWalTable(Catalog):
     def write_retries(self, value: int) -> None:
         self._routed.write_retries = value
 
-    def _open_routed(self, values: dict[str, Any], **options: Any) -> RegionWriter:
-        return self.writer(region_values=values, **options)
+    def _open_routed(self, values: dict[str, Any], spec_id: int, **options: Any) -> RegionWriter:
+        return self.writer(region_values=values, spec_id=spec_id, **options)
 
     def writers(self) -> list[RegionWriter]:
         """Writers opened by :meth:`write`."""

@@ -12,6 +12,7 @@ import sys
 import click
 
 from memwal_query.cli import setup as _setup  # noqa: F401  (registers its commands)
+from memwal_query.cli import specs as _specs  # noqa: F401  (registers its commands)
 from memwal_query.cli import sql as _sql  # noqa: F401  (registers its commands)
 from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main
 from memwal_query.cli.sql import _split_statements, _write_atomically  # noqa: F401

@@ -35,6 +35,7 @@ def _spec_from_options(
     expression: str | None,
     columns: str | None,
     result_type: str,
+    spec_id: int = 1,
 ):
     import lance
 
@@ -67,7 +68,7 @@ def _spec_from_options(
             raise click.UsageError("--expression needs --columns a,b (they become col0, col1)")
         ids = [fid(c.strip()) for c in columns.split(",")]
         field = RegionField("expr", ids, expression=expression, result_type=result_type)
-    return RegionSpec(1, [field])
+    return RegionSpec(spec_id, [field])
 
 
 @main.command()

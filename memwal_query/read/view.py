@@ -252,7 +252,10 @@ def _resolve_once(
         states = {r: _state_of(table, r, m) for r, m in manifests.items()}
         if consistency == "latest":
             for region_id, m in manifests.items():
-                if region_id not in writer_regions:
+                # A sealed region (spec change, drop) takes no more WAL entries: one
+                # after its replay position was never acknowledged (its writer was
+                # fenced by the seal), so it is not read.
+                if region_id not in writer_regions and not m.sealed:
                     wal_tails[region_id] = _wal_tail(table, region_id, m)
         base = table.dataset()
         index = table.index(base)  # progress of exactly the version we read
@@ -273,20 +276,15 @@ def _build(
     pruned_unread: Sequence[str] = (),
 ) -> ReadPlan:
     merged = index.merged_generations()
-    spec = table.region_spec
     for region_id in mem_by_region:
         if region_id not in states:
             states[region_id] = (table.region_values(region_id), [])
     regions: list[RegionView] = []
     pruned: list[str] = [r for r in pruned_unread if r not in states]
     for region_id, (values, flushed) in sorted(states.items()):
-        if predicates and spec is not None and values is not None:
-            spec_id, region_values = values
-            if spec_id == spec.spec_id and not spec.may_match(
-                region_values, predicates, table.lance_schema
-            ):
-                pruned.append(region_id)
-                continue
+        if predicates and values is not None and not _may_match(table, values, predicates):
+            pruned.append(region_id)
+            continue
         merged_gen = merged.get(region_id, 0)
         view = RegionView(
             region_id=region_id,
@@ -322,23 +320,28 @@ def _manifests(
     is created) and cannot match ``predicates`` is not read at all (issue 20: a lookup
     routed to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
     """
-    spec = table.region_spec if predicates else None
     out = {}
     pruned = []
     for region_id in table.region_ids():
-        if spec is not None and predicates:
+        if predicates:
             known = table.known_region_values(region_id)
-            if (
-                known is not None
-                and known[0] == spec.spec_id
-                and not spec.may_match(known[1], predicates, table.lance_schema)
-            ):
+            if known is not None and not _may_match(table, known, predicates):
                 pruned.append(region_id)
                 continue
         m = table.region_manifest(region_id)
         if m is not None:
             out[region_id] = m
     return out, pruned
+
+
+def _may_match(
+    table: Catalog, values: tuple[int, dict[str, Any]], predicates: list[tuple[str, str, Any]]
+) -> bool:
+    """Whether a region with ``(spec_id, region values)`` may hold rows matching
+    ``predicates``, judged by the region's OWN spec (a region of an older spec keeps
+    the values, and so the pruning, of the spec it was created with)."""
+    spec = table.spec_for(values[0])
+    return spec is None or spec.may_match(values[1], predicates, table.lance_schema)
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:

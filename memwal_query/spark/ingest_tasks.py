@@ -222,13 +222,20 @@ class _RegionSink:
     def _open(self, first: pa.Table, is_delete: bool) -> RegionWriter:
         if job_ended(self.options):  # do not even claim (it would fence a later job)
             raise JobEndedError(self.region_id, self.options["job"])
+        spec_id = require_spec(self.table).spec_id
         values = region_values(self.table, first, is_delete)
         region = {name: values.column(name)[0].as_py() for name in values.schema.names}
-        writer = self.table.writer(region_values=region, **self.options["writer_options"])
-        if writer.region_id != self.region_id:  # routing and writer disagree: a bug
+        writer = self.table.writer(
+            region_values=region, spec_id=spec_id, **self.options["writer_options"]
+        )
+        if writer.region_id != self.region_id:
+            # Routing and writer disagree: the spec changed after the rows were routed
+            # (a retried task opens the table again), or a bug.
             writer.close(flush=False)
             raise MemWalError(
-                f"routed region {self.region_id} but the writer derived {writer.region_id}"
+                f"routed region {self.region_id} but the writer derived {writer.region_id} "
+                f"(region spec {spec_id}): if the table's region spec changed during the "
+                "job, run the job again (upserts and deletes are idempotent)"
             )
         # Checked again after claiming: no marker now means we claimed before the job
         # ended, so before any later job's claim, which then fences us.

@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_query.catalog import one_region
+from memwal_query.catalog import one_region, region_id_for
 from memwal_query.exceptions import (
     FencedError,
     JobEndedError,
+    SpecChangedError,
     WriteIncompleteError,
     WriterClosedError,
 )
@@ -39,8 +40,10 @@ class RoutedWriters:
     catalog : Catalog
         The table.
     open_writer : callable
-        ``open_writer(region_values, **options)`` claims a region and returns its writer
-        (the table's :meth:`~memwal_query.table.MemWalTable.writer`).
+        ``open_writer(region_values, spec_id, **options)`` claims a region of spec
+        ``spec_id`` and returns its writer (the table's
+        :meth:`~memwal_query.table.MemWalTable.writer`; :class:`SpecChangedError` when
+        that spec is no longer the current one).
     """
 
     write_retries: int = 5
@@ -60,14 +63,21 @@ class RoutedWriters:
         self,
         parts: list[tuple[dict[str, Any], pa.Table]],
         put: Callable[[RegionWriter, pa.Table], None],
+        spec_id: int,
     ) -> dict[str, int]:
         """Write each region's part (concurrently) with fencing retries; ``{region_id:
-        rows written}`` (see :meth:`MemWalTable.write` for atomicity)."""
-        jobs = [(self.catalog.region_id_for(values), values, part) for values, part in parts]
+        rows written}`` (see :meth:`MemWalTable.write` for atomicity).
+
+        ``parts`` were split by region spec ``spec_id``. When that spec stopped being
+        the current one and every failed region failed for that reason,
+        :class:`SpecChangedError` is raised with ``.unwritten`` (the parts not written,
+        to route again) and ``.written`` (``{region_id: rows}`` written before).
+        """
+        jobs = [(region_id_for(spec_id, values), values, part) for values, part in parts]
 
         def one(job: tuple[str, dict[str, Any], pa.Table]) -> BaseException | None:
             try:
-                self._put_region(*job, put)
+                self._put_region(*job, put, spec_id)
             except BaseException as e:  # noqa: BLE001 - collected per region
                 return e
             return None
@@ -81,6 +91,12 @@ class RoutedWriters:
             else:
                 errors[region_id] = error
         if errors:
+            changed = [e for e in errors.values() if isinstance(e, SpecChangedError)]
+            if len(changed) == len(errors):
+                e = changed[0]
+                e.unwritten = [part for rid, _, part in jobs if rid in errors]  # type: ignore[attr-defined]
+                e.written = written  # type: ignore[attr-defined]
+                raise e
             if not written:
                 raise next(iter(errors.values()))
             raise WriteIncompleteError(self.catalog.uri, written, errors)
@@ -92,12 +108,17 @@ class RoutedWriters:
         values: dict[str, Any],
         part: pa.Table,
         put: Callable[[RegionWriter, pa.Table], None],
+        spec_id: int,
     ) -> None:
         """``put`` ``part`` through the region's writer, claiming it again when fenced."""
-        self._retry_fenced(region_id, values, lambda w: put(w, part))
+        self._retry_fenced(region_id, values, spec_id, lambda w: put(w, part))
 
     def _retry_fenced(
-        self, region_id: str, values: dict[str, Any], call: Callable[[RegionWriter], Any]
+        self,
+        region_id: str,
+        values: dict[str, Any],
+        spec_id: int,
+        call: Callable[[RegionWriter], Any],
     ) -> Any:
         """``call`` the region's routed writer; when another writer fenced it, drop it,
         claim the region again (after a backoff) and call again, ``write_retries``
@@ -106,7 +127,7 @@ class RoutedWriters:
         import time
 
         for attempt in range(self.write_retries + 1):
-            w = self._routed_writer(region_id, values)
+            w = self._routed_writer(region_id, values, spec_id)
             try:
                 return call(w)
             except FencedError as e:
@@ -132,7 +153,7 @@ class RoutedWriters:
         except Exception:  # noqa: BLE001 - fenced: nothing of ours left to save
             pass
 
-    def _routed_writer(self, region_id: str, values: dict[str, Any]) -> RegionWriter:
+    def _routed_writer(self, region_id: str, values: dict[str, Any], spec_id: int) -> RegionWriter:
         """The writer :meth:`write`/:meth:`delete` use for a region, opened on first
         use, once per region even when several threads ask at the same time."""
         w = self._writers.get(region_id)
@@ -141,7 +162,7 @@ class RoutedWriters:
         with self._writers_lock:
             w = self._writers.get(region_id)
             if w is None:
-                w = self._open(values, **self.options)
+                w = self._open(values, spec_id, **self.options)
                 self._writers[region_id] = w
             return w
 
@@ -162,7 +183,15 @@ class RoutedWriters:
 
     def _flush_routed(self, region_id: str, w: RegionWriter) -> int | None:
         values = w.region_values or {}
-        return self._retry_fenced(region_id, values, lambda writer: writer.flush())
+        try:
+            return self._retry_fenced(
+                region_id, values, w.region_spec_id, lambda writer: writer.flush()
+            )
+        except SpecChangedError:
+            # A region of an older spec, fenced by the spec change, which drains it:
+            # its acknowledged rows are in its WAL, and from there in the base table.
+            self._drop_writer(region_id, w)
+            return None
 
     def close(self, flush: bool = True) -> None:
         """Close the writers opened by :meth:`write` (flushing them first by default)."""

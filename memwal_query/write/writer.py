@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 from memwal_query.exceptions import (
     FencedError,
     MemWalError,
+    SpecChangedError,
     WriterClosedError,
     WrongRegionError,
 )
@@ -210,6 +211,9 @@ class RegionWriter(_WalPath):
         self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
         self._next_wal_position = manifest.replay_after_wal_entry_position + 1
         self._replay(manifest, early)
+        self.region_spec_id = manifest.region_spec_id
+        if self.region_values is not None:
+            self._check_spec_after_claim(region_spec_id)
 
         self._ticker = threading.Thread(
             target=_tick_loop,
@@ -218,6 +222,17 @@ class RegionWriter(_WalPath):
             daemon=True,
         )
         self._ticker.start()
+
+    def _check_spec_after_claim(self, routed_spec_id: int) -> None:
+        """SpecChangedError (and this writer closed) when the table's current region
+        spec, re-read now that the region is claimed, is not the one its rows are
+        routed by: see :mod:`memwal_query.maintain.specs` for why after the claim."""
+        self.table.index()
+        current = self.table.routing_spec().spec_id
+        if current != routed_spec_id:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+            raise SpecChangedError(self.table.uri, routed_spec_id, current, self.region_id)
 
     # -- recovery --------------------------------------------------------------------
     def _replay(

@@ -1,0 +1,188 @@
+"""Region spec evolution: adding a region spec, and moving keys to their new regions.
+
+A MemWAL index keeps every region spec it was given (``region_specs``, each with its
+``spec_id``; ids are never reused); the *current* spec is the one with the highest id
+(the index has no other "current" field, so pylance reads it the same way). Each region
+records the spec it was created with (``region_spec_id`` in its manifest) and keeps it.
+
+How a key moves to its new region
+---------------------------------
+A key must live in exactly one region at a time: readers and the merger order two rows
+of one key by ``_gen`` (then by region), which says nothing about a row written under
+the old spec in region A and a later one written under the new spec in region B (B's
+generation numbers start again at 1). So a key moves like this
+(:func:`set_region_spec`, then :func:`complete_spec_change`):
+
+1. The new spec is committed to the index (it is now the current spec: routing,
+   :meth:`MemWalTable.write` and new claims use it).
+2. Every region of an older spec is claimed (fencing its writer: the writer's next
+   write fails its fencing check and is not acknowledged), its WAL is replayed and
+   flushed, and the region is **sealed** (``status = SEALED`` in a new manifest
+   version, epoch + 1): it takes no more claims, so a WAL entry written after the
+   replay by a fenced writer, which was never acknowledged, is never replayed or read.
+3. Every generation of those regions is merged into the base table.
+4. ``writer_config_defaults["memwal_query.spec_ready"]`` is set to the new spec id.
+
+Writers of the new spec's regions are claimed only after step 4
+(:meth:`MemWalTable.writer` runs steps 2-4 itself when it finds them not done, e.g.
+after a crash in the middle), so every row of an older-spec region is in the base
+table (generation 0) before any row of a new-spec region is written: B's rows are
+newer than A's by ``_gen`` alone, and no reader or merger ever sees the key unmerged
+in two regions. A writer re-reads the index *after* claiming its region and refuses
+rows (:class:`SpecChangedError`) when the region's spec is no longer the current one,
+so a process that routed with a stale spec cannot write into a region that step 2
+missed: either its claim came before step 2 listed the regions (then step 2 drains it)
+or its re-read sees the new spec.
+
+Cost: steps 2-3 flush and merge what the older-spec regions hold; writers of the new
+spec wait for them (once per spec change). Readers are never blocked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memwal_query.catalog import SPEC_READY_KEY
+from memwal_query.exceptions import FencedError, MergeFailedError, RegionSpecError
+from memwal_query.format import index as mwindex
+from memwal_query.format.manifest import RegionManifest, RegionManifestStore
+from memwal_query.storage.locking import index_lock
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+    from memwal_query.format._proto import memwal_pb2 as pb
+    from memwal_query.regions.spec import RegionSpec
+
+_DRAIN_ATTEMPTS = 10
+
+
+def check_new_spec(table: Catalog, spec: RegionSpec) -> None:
+    """RegionSpecError unless ``spec`` can become the table's current spec: a
+    RegionSpec whose id is above every recorded spec id (ids are never reused), whose
+    sources exist and which can evaluate the table's rows."""
+    from memwal_query.regions.checks import check_spec_sources
+    from memwal_query.regions.spec import RegionSpec
+
+    if not isinstance(spec, RegionSpec):
+        raise RegionSpecError(f"{table.uri}: expected a RegionSpec, got {type(spec).__name__}")
+    ids = [s.spec_id for s in table.index().details.region_specs]
+    if ids and spec.spec_id <= max(ids):
+        raise RegionSpecError(
+            f"{table.uri}: region spec id {spec.spec_id} is not above the recorded ids "
+            f"{sorted(ids)} (spec ids are never reused); use spec_id={max(ids) + 1}"
+        )
+    check_spec_sources(spec, table.lance_schema, table.uri, table.schema)
+
+
+def set_region_spec(table: Catalog, spec: RegionSpec) -> None:
+    """Add ``spec`` as the table's current region spec and move keys to it (module
+    docs). Everything is checked before the index changes; a crash after the commit
+    leaves the change to be completed by the next writer's claim (or a new call of
+    :func:`complete_spec_change`)."""
+    from memwal_query.regions.checks import warn_non_key_sources
+
+    check_new_spec(table, spec)
+    warn_non_key_sources(spec, table.lance_schema, table.primary_key, table.uri)
+    proto = spec.to_proto()
+
+    def add(details: pb.MemWalIndexDetails) -> None:
+        ids = [s.spec_id for s in details.region_specs]
+        if ids and spec.spec_id <= max(ids):  # another process added one meanwhile
+            raise RegionSpecError(
+                f"{table.uri}: region spec id {spec.spec_id} was taken meanwhile "
+                f"(recorded ids {sorted(ids)})"
+            )
+        if not ids:
+            # A table whose index records no spec (pylance's, or an older
+            # memwal_query's) routed by the one-region default: record it so that its
+            # region's values stay readable, then the new spec.
+            details.region_specs.append(table.routing_spec().to_proto())
+            if spec.spec_id <= details.region_specs[0].spec_id:
+                raise RegionSpecError(
+                    f"{table.uri}: region spec id {spec.spec_id} is taken by the default "
+                    f"spec; use spec_id={details.region_specs[0].spec_id + 1}"
+                )
+        details.region_specs.append(proto)
+
+    mwindex.update_details(table.io, table.uri, add, table.storage_options)
+    table.index()
+    complete_spec_change(table)
+
+
+def complete_spec_change(table: Catalog) -> list[str]:
+    """Seal and merge every region of an older spec, then record the current spec as
+    ready (steps 2-4 of the module docs); the ids of the regions sealed now. A no-op
+    when nothing is pending. Runs under the table's index lock, so concurrent callers
+    (writers of the new spec claiming their regions) wait for one of them."""
+    from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
+
+    with index_lock(table.uri, table.io):
+        table.index()
+        if not table.spec_change_pending:
+            return []
+        spec = table.region_spec
+        assert spec is not None  # pending implies specs
+        current = spec.spec_id
+        sealed = []
+        for region_id in sorted(table.region_ids()):
+            manifest = table.region_manifest(region_id)
+            if manifest is None or manifest.region_spec_id == current:
+                continue
+            if not manifest.sealed:
+                manifest = _drain_and_seal(table, manifest)
+                sealed.append(region_id)
+            merge(table, region_id, None, DEFAULT_MAX_RETRIES, DEFAULT_BATCH_ROWS)
+            last = max((g.generation for g in manifest.flushed_generations), default=0)
+            if table.index().merged_generations().get(region_id, 0) < last:
+                raise MergeFailedError(
+                    table.uri,
+                    {
+                        region_id: RuntimeError(
+                            f"generations up to {last} of spec {manifest.region_spec_id} "
+                            f"left unmerged: the change to spec {current} is not complete"
+                        )
+                    },
+                    [],
+                )
+
+        def ready(details: pb.MemWalIndexDetails) -> None:
+            details.writer_config_defaults[SPEC_READY_KEY] = str(current)
+
+        mwindex.update_details(table.io, table.uri, ready, table.storage_options)
+        table.index()
+        return sealed
+
+
+def _drain_and_seal(table: Catalog, manifest: RegionManifest) -> RegionManifest:
+    """Claim a region (fencing its writer), replay and flush its WAL, then seal it;
+    the sealed manifest. Fenced meanwhile by a claim of a stale process (which refuses
+    rows there, see the module docs): done again."""
+    from memwal_query.write.writer import RegionWriter
+
+    region_id = manifest.region_id
+    store = RegionManifestStore(table.io, table.uri, region_id)
+    for attempt in range(_DRAIN_ATTEMPTS):
+        try:
+            writer = RegionWriter(
+                table,
+                region_id,
+                region_spec_id=manifest.region_spec_id,
+                region_field_entries=manifest.region_field_entries,
+            )
+            try:
+                writer.flush()
+            finally:
+                writer.close(flush=False)
+            latest = store.load_latest()
+            assert latest is not None
+            if latest.writer_epoch != writer.epoch:
+                raise FencedError(region_id, writer.epoch, latest.writer_epoch)
+            sealed = latest.replace(
+                version=latest.version + 1, writer_epoch=latest.writer_epoch + 1, sealed=True
+            )
+            if store.try_commit(sealed):
+                return sealed
+        except FencedError:
+            if attempt == _DRAIN_ATTEMPTS - 1:
+                raise
+    raise FencedError(region_id, 0, None)
