@@ -125,6 +125,15 @@ def test_spec_change_under_continuous_writes_matches_model(tmp_path):
     got = fresh.lookup(probe).to_pydict()
     assert got["id"] == [k for k in probe if k in model]
     assert [model[i][0] for i in got["id"]] == got["val"]
+    # the change feed, applied in its row order to the initial rows, gives the model
+    feed = fresh.changes().table.to_pydict()
+    replayed = {i: (float(i), f"n{i}") for i in range(200)}
+    for i, v, n, kind in zip(feed["id"], feed["val"], feed["name"], feed["_change_type"]):
+        if kind == "delete":
+            replayed.pop(i, None)
+        else:
+            replayed[i] = (v, n)
+    assert replayed == model
     t.merge()
     assert _view(mq.MemWalTable.open(t.uri)) == model
     t.close()
@@ -178,6 +187,7 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     # (of a generation above the flushed ones: its writer had a MemTable flushing)
     wal.append(max(wal.positions()) + 1, row, sealed.writer_epoch - 2, sealed.current_generation)
     assert 777 not in _view(mq.MemWalTable.open(t.uri), "latest")
+    assert 777 not in t.changes(consistency="latest").table.column("id").to_pylist()
     assert _view(mq.MemWalTable.open(t.uri), "latest") == got
     t.close()
     t2.close()
@@ -279,3 +289,38 @@ def test_cli_spec_set_and_show(tmp_path):
     assert t2.region_spec.spec_id == 2 and not t2.spec_change_pending
     assert _view(t2)[301] == (1.0, "n301")
     assert BASIC_SCHEMA.names == t2.schema.names
+
+
+def test_pylance_reads_after_a_spec_change_and_its_writer_refuses(tmp_path):
+    """A table pylance initialized (unsharded): after our spec change pylance reads the
+    index (both specs) and the native scanner gives our rows; pylance 14's native
+    writer refuses tables with several specs (its limitation, documented)."""
+    from lance.mem_wal import LsmScanner, ShardSnapshot
+
+    uri = str(tmp_path / "n")
+    schema = pa.schema([BASIC_SCHEMA.field("id"), pa.field("v", pa.float64())])
+    lance.write_dataset(pa.table({"id": range(5), "v": [0.0] * 5}, schema=schema), uri)
+    lance.dataset(uri).initialize_mem_wal(unsharded=True)
+    t = mq.MemWalTable.open(uri)
+    t.write(pa.table({"id": [1, 20], "v": [1.0, 20.0]}))
+    old = t.region_ids()[0]
+    t.set_region_spec(bucket_spec(t.lance_schema, "id", 2, spec_id=2))
+    t.write(pa.table({"id": [1, 30], "v": [11.0, 30.0]}))
+    t.close()
+    ours = dict(zip(*t.to_table().to_pydict().values()))
+    assert ours == {0: 0.0, 1: 11.0, 2: 0.0, 3: 0.0, 4: 0.0, 20: 20.0, 30: 30.0}
+    details = lance.dataset(uri).mem_wal_index_details()
+    assert [s["spec_id"] for s in details["sharding_specs"]] == [1, 2]
+    merged = t.index().merged_generations()
+    snaps = []
+    for rid in t.region_ids():
+        m = t.region_manifest(rid)
+        snap = ShardSnapshot(rid).with_current_generation(m.current_generation)
+        for g in m.flushed_generations:
+            if g.generation > merged.get(rid, 0):
+                snap = snap.with_sstable(g.generation, g.path)
+        snaps.append(snap)
+    native = LsmScanner.from_snapshots(lance.dataset(uri), snaps).to_table().to_pydict()
+    assert dict(zip(native["id"], native["v"])) == ours
+    with pytest.raises(OSError, match="sharding spec"):
+        lance.dataset(uri).mem_wal_writer(old)

@@ -11,7 +11,12 @@ one write forever). The feed reads them in position order:
   others NULL); ``_gen`` is the generation the change was flushed into (for a change
   not flushed yet: the generation its writer assigned it);
 - a :class:`Cursor` holds, per region, the last position returned. Passing it as
-  ``since`` returns what follows, so repeated calls see every change exactly once.
+  ``since`` returns what follows, so repeated calls see every change exactly once;
+- regions come one after another, those of older region specs first: a key that moved
+  to a region of a newer spec (:mod:`memwal_query.maintain.specs`) has every change of
+  its old region before those of its new one, in time and in the feed's row order. A
+  sealed region's changes end at its flush position (later WAL entries there were
+  never acknowledged).
 
 Which changes are read (the reader's consistency modes)
 -------------------------------------------------------
@@ -402,7 +407,7 @@ def changes(
     parts: list[pa.Table] = []
     rows = 0
     complete = True
-    for region_id in sorted(set(wanted)):
+    for region_id in sorted(set(wanted), key=lambda r: (_spec_rank(table, r), r)):
         budget = None if max_rows is None else max_rows - rows
         if budget is not None and budget <= 0:
             complete = False
@@ -446,7 +451,10 @@ class _RegionFeed:
         manifest = self.table.region_manifest(self.region_id)
         if manifest is None:
             return
-        limit = None if unbounded else manifest.replay_after_wal_entry_position
+        # A sealed region (region spec change) ends at its flush position: a later
+        # entry was written by a writer the seal fenced, never acknowledged.
+        bounded = manifest.sealed or not unbounded
+        limit = manifest.replay_after_wal_entry_position if bounded else None
         if end is not None:
             limit = end
         if after is None:
@@ -512,6 +520,14 @@ class _RegionFeed:
         return out.cast(self.out_schema)
 
 
+def _spec_rank(table: Catalog, region_id: str) -> int:
+    """Regions of older specs first: a key that moved to a region of a newer spec
+    (:mod:`memwal_query.maintain.specs`) was written there only after every change of
+    its old region, so applying the feed in its row order applies them in order."""
+    manifest = table.region_manifest(region_id)
+    return 0 if manifest is None else manifest.region_spec_id
+
+
 def end_cursor(table: Catalog, consistency: str = "strong") -> Cursor:
     """The cursor at the end of the feed now (per region: the flush position, or with
     ``"latest"`` the last contiguous WAL entry), without reading any change."""
@@ -523,7 +539,7 @@ def end_cursor(table: Catalog, consistency: str = "strong") -> Cursor:
         if manifest is None:
             continue
         position = manifest.replay_after_wal_entry_position
-        if consistency == "latest":
+        if consistency == "latest" and not manifest.sealed:
             wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
             position = wal.last_position(position)
         positions[region_id] = position
