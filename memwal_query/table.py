@@ -550,7 +550,9 @@ class MemWalTable(Catalog):
         put was never acknowledged, so the region is claimed again and the put retried
         (``write_retries`` times, default 5, with exponential backoff): writers of one
         region take turns, and the later acknowledged write of a key wins. When the
-        retries run out, :class:`FencedError` is raised.
+        retries run out, :class:`FencedError` is raised. Rows routed to a region of a
+        spec that is no longer the current one (:meth:`set_region_spec`, here or in
+        another process) are routed again by the current spec.
         """
         from memwal_query.format.schema import coerce_partial_rows
         from memwal_query.regions.spec import check_partial_sources

@@ -71,14 +71,30 @@ def _spec_from_options(
     return RegionSpec(spec_id, [field])
 
 
+def spec_options(command: Any) -> Any:
+    """The options that describe a region spec (``init``, ``spec set``):
+    ``--bucket``, ``--identity``, ``--expression`` with ``--columns`` and
+    ``--result-type`` (see :func:`_spec_from_options`)."""
+    options = [
+        click.option("--bucket", help="Region spec bucket(COLUMN, N), as COLUMN:N."),
+        click.option("--identity", help="Region spec identity(COLUMN)."),
+        click.option(
+            "--expression", help="Region spec as a DataFusion SQL expression over col0, col1..."
+        ),
+        click.option("--columns", help="Source columns of --expression (comma-separated)."),
+        click.option(
+            "--result-type", default="int64", show_default=True, help="Type of --expression."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @main.command()
 @click.argument("uri")
 @click.option("--primary-key", "primary_key", required=True, help="Comma-separated key columns.")
-@click.option("--bucket", help="Region spec bucket(COLUMN, N), as COLUMN:N.")
-@click.option("--identity", help="Region spec identity(COLUMN).")
-@click.option("--expression", help="Region spec as a DataFusion SQL expression over col0, col1...")
-@click.option("--columns", help="Source columns of --expression (comma-separated).")
-@click.option("--result-type", default="int64", show_default=True, help="Type of --expression.")
+@spec_options
 @click.option("--maintain", multiple=True, help="Base index to maintain in generations.")
 @click.option(
     "--reset",

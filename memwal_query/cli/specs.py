@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from memwal_query.cli.app import _handle_errors, _open, main
-from memwal_query.cli.setup import _spec_from_options
+from memwal_query.cli.setup import _spec_from_options, spec_options
 
 
 @main.group()
@@ -15,11 +15,7 @@ def spec() -> None:
 
 @spec.command("set")
 @click.argument("uri")
-@click.option("--bucket", help="bucket(COLUMN, N), as COLUMN:N.")
-@click.option("--identity", help="identity(COLUMN).")
-@click.option("--expression", help="A DataFusion SQL expression over col0, col1...")
-@click.option("--columns", help="Source columns of --expression (comma-separated).")
-@click.option("--result-type", default="int64", show_default=True, help="Type of --expression.")
+@spec_options
 @click.option("--spec-id", type=int, help="Id of the new spec (default: the highest id + 1).")
 @_handle_errors
 def spec_set(

@@ -126,6 +126,17 @@ class RegionWriter(_WalPath):
         ``lookup(keys, columns=..., writers=[self])`` returning the keys' current rows
         (the table's :meth:`~memwal_query.table.MemWalTable.lookup`): partial updates
         read the columns they do not set through it. Without it they are refused.
+
+    Raises
+    ------
+    SpecChangedError
+        ``region_values`` are given and the table's current region spec, re-read after
+        the claim, is not ``region_spec_id`` (see :mod:`memwal_query.maintain.specs`).
+
+    Attributes
+    ----------
+    region_spec_id : int
+        The spec id recorded in the region's manifest.
     """
 
     def __init__(
