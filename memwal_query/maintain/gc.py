@@ -213,7 +213,9 @@ def gc(
 def status(table: Catalog) -> dict[str, Any]:
     """Per-region state: epoch, generations flushed/merged, WAL span, sizes.
 
-    Per region: ``writer_epoch``, ``manifest_version``, ``current_generation``,
+    Per region: ``region_spec_id``, ``sealed`` (a region of an older spec, see
+    :mod:`memwal_query.maintain.specs`), ``writer_epoch``, ``manifest_version``,
+    ``current_generation``,
     ``flushed_generations`` (listed in the manifest), ``merged_generation``; the WAL
     span: ``wal_first_position``/``wal_last_position`` (entries in storage; 0 when
     none), ``wal_entries`` (how many), ``replay_after_wal_entry_position`` (entries up
@@ -229,7 +231,10 @@ def status(table: Catalog) -> dict[str, Any]:
         if m is None:
             continue
         wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
-        last = wal.last_position(m.replay_after_wal_entry_position)
+        # a sealed region ends at its flush position (later entries: never acknowledged)
+        last = m.replay_after_wal_entry_position
+        if not m.sealed:
+            last = wal.last_position(last)
         gen_bytes = sum(
             table.io.tree_size(join(paths.region_dir(table.uri, region_id), g.path))
             for g in m.flushed_generations
@@ -238,6 +243,8 @@ def status(table: Catalog) -> dict[str, Any]:
         values = table.region_values(region_id)
         regions[region_id] = {
             "region_values": values[1] if values else None,
+            "region_spec_id": m.region_spec_id,
+            "sealed": m.sealed,
             "manifest_version": m.version,
             "writer_epoch": m.writer_epoch,
             "current_generation": m.current_generation,
