@@ -332,3 +332,60 @@ def test_pylance_reads_after_a_spec_change_and_its_writer_refuses(tmp_path):
     assert dict(zip(native["id"], native["v"])) == ours
     with pytest.raises(OSError, match="sharding spec"):
         lance.dataset(uri).mem_wal_writer(old)
+
+
+def test_spec_change_while_another_thread_keeps_writing(tmp_path):
+    """A writer thread (its own table object) upserts and deletes without pause while
+    the spec changes: every acknowledged write is there, the last one per key wins, and
+    the thread never sees an error (its rows are routed again)."""
+    import threading
+
+    t = _table(tmp_path)
+    writer_table = mq.MemWalTable.open(t.uri)
+    expected: dict[int, tuple[float, str] | None] = {}
+    done = threading.Event()
+    progress = threading.Semaphore(0)
+    errors: list[BaseException] = []
+
+    def loop():
+        version = 0
+        try:
+            while not done.is_set() or version < 12:
+                version += 1
+                ids = [1000 + (version * 7 + j) % 60 for j in range(15)]
+                ids = sorted(set(ids))
+                if version % 5 == 0:
+                    writer_table.delete(pa.table({"id": pa.array(ids[:3], pa.int64())}))
+                    expected.update({i: None for i in ids[:3]})
+                else:
+                    vals = [version + i / 10000 for i in ids]
+                    writer_table.write(basic_rows(ids, val=vals, name=[f"v{version}"] * len(ids)))
+                    expected.update({i: (v, f"v{version}") for i, v in zip(ids, vals)})
+                progress.release()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+            progress.release()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    for _ in range(4):
+        progress.acquire()
+    t.set_region_spec(_spec2(t, 4))
+    done.set()
+    thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    writer_table.close()
+    # then keys written under both specs are updated once more, by the new spec
+    again = sorted(expected)[::2]
+    t.write(basic_rows(again, val=[-1.0] * len(again), name=["last"] * len(again)))
+    t.close()
+    expected.update({i: (-1.0, "last") for i in again})
+    got = _view(mq.MemWalTable.open(t.uri))
+    want = {i: (float(i), f"n{i}") for i in range(200)}
+    want.update({i: v for i, v in expected.items() if v is not None})
+    for i, v in expected.items():
+        if v is None:
+            want.pop(i, None)
+    assert got == want
+    by_spec = _regions_by_spec(t)
+    assert all(m.sealed for m in by_spec[1]) and by_spec[2]
