@@ -389,3 +389,30 @@ def test_spec_change_while_another_thread_keeps_writing(tmp_path):
     assert got == want
     by_spec = _regions_by_spec(t)
     assert all(m.sealed for m in by_spec[1]) and by_spec[2]
+
+
+def test_spec_change_on_a_pylance_table_without_a_recorded_spec(tmp_path):
+    """``initialize_mem_wal()`` records no spec (one region by default here) and
+    pylance's writer creates regions of spec 0: the change records the default spec as
+    1, refuses id 1 for the new one, and drains pylance's region like any other."""
+    import uuid
+
+    uri = str(tmp_path / "p")
+    schema = pa.schema([BASIC_SCHEMA.field("id"), pa.field("v", pa.float64())])
+    lance.write_dataset(pa.table({"id": range(10), "v": [0.0] * 10}, schema=schema), uri)
+    ds = lance.dataset(uri)
+    ds.initialize_mem_wal()
+    shard = str(uuid.uuid4())
+    with ds.mem_wal_writer(shard) as w:
+        w.put(pa.table({"id": [1, 2, 30], "v": [1.0, 2.0, 30.0]}, schema=schema))
+    t = mq.MemWalTable.open(uri)
+    assert t.region_manifest(shard).region_spec_id == 0
+    with pytest.raises(RegionSpecError, match="spec_id=2"):
+        t.set_region_spec(bucket_spec(t.lance_schema, "id", 2, spec_id=1))
+    t.set_region_spec(bucket_spec(t.lance_schema, "id", 2, spec_id=2))
+    t.write(pa.table({"id": [2, 40], "v": [22.0, 40.0]}))
+    t.close()
+    got = t.to_table().to_pydict()
+    want = {i: 0.0 for i in range(10)} | {1: 1.0, 2: 22.0, 30: 30.0, 40: 40.0}
+    assert dict(zip(got["id"], got["v"])) == want
+    assert sorted(t.region_specs) == [1, 2] and t.region_manifest(shard).sealed

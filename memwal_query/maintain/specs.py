@@ -65,10 +65,12 @@ def check_new_spec(table: Catalog, spec: RegionSpec) -> None:
 
     if not isinstance(spec, RegionSpec):
         raise RegionSpecError(f"{table.uri}: expected a RegionSpec, got {type(spec).__name__}")
+    # a table whose index records no spec is routed by the one-region default spec
     ids = [s.spec_id for s in table.index().details.region_specs]
-    if ids and spec.spec_id <= max(ids):
+    ids = ids or [table.routing_spec().spec_id]
+    if spec.spec_id <= max(ids):
         raise RegionSpecError(
-            f"{table.uri}: region spec id {spec.spec_id} is not above the recorded ids "
+            f"{table.uri}: region spec id {spec.spec_id} is not above the table's spec ids "
             f"{sorted(ids)} (spec ids are never reused); use spec_id={max(ids) + 1}"
         )
     check_spec_sources(spec, table.lance_schema, table.uri, table.schema)
@@ -94,14 +96,9 @@ def set_region_spec(table: Catalog, spec: RegionSpec) -> None:
             )
         if not ids:
             # A table whose index records no spec (pylance's, or an older
-            # memwal_query's) routed by the one-region default: record it so that its
-            # region's values stay readable, then the new spec.
+            # memwal_query's) is routed by the one-region default: record it so that
+            # its region's values stay readable (check_new_spec kept the ids apart).
             details.region_specs.append(table.routing_spec().to_proto())
-            if spec.spec_id <= details.region_specs[0].spec_id:
-                raise RegionSpecError(
-                    f"{table.uri}: region spec id {spec.spec_id} is taken by the default "
-                    f"spec; use spec_id={details.region_specs[0].spec_id + 1}"
-                )
         details.region_specs.append(proto)
 
     mwindex.update_details(table.io, table.uri, add, table.storage_options)
