@@ -236,7 +236,9 @@ class MemWalTable(Catalog):
             **options,
         )
 
-    def set_region_spec(self, spec: RegionSpec) -> None:
+    def set_region_spec(
+        self, spec: RegionSpec, progress: Callable[[int, int], None] | None = None
+    ) -> None:
         """Make ``spec`` the region spec of new writes (``memwal spec set``).
 
         The index keeps every spec (``region_specs``; the current one has the highest
@@ -247,6 +249,7 @@ class MemWalTable(Catalog):
         key is never unmerged in two regions. Writes routed meanwhile by the old spec
         are routed again by :meth:`write`/:meth:`delete` (:class:`SpecChangedError`
         for callers of :meth:`writer`). This table's own writers are closed first.
+        ``progress(done, total)`` is called as older-spec regions are sealed and merged.
 
         Raises
         ------
@@ -258,7 +261,7 @@ class MemWalTable(Catalog):
 
         check_new_spec(self, spec)
         self._routed.close(flush=False)  # their rows are in the WAL: drained below
-        set_region_spec(self, spec)
+        set_region_spec(self, spec, progress)
 
     # -- background work ---------------------------------------------------------------
     def merge(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from memwal_query.cli.app import _handle_errors, _open, main
+from memwal_query.cli.app import _handle_errors, _open, _progress, main
 from memwal_query.cli.setup import _spec_from_options, spec_options
 
 
@@ -39,8 +39,14 @@ def spec_set(
     new = _spec_from_options(uri, bucket, identity, expression, columns, result_type, spec_id)
     if new is None:
         raise click.UsageError("give the new spec: --bucket, --identity or --expression")
-    before = {rid for rid in t.region_ids()}
-    t.set_region_spec(new)
+    before = set(t.region_ids())
+    with _progress(length=max(len(before), 1), label="sealing and merging") as bar:
+
+        def step(done: int, total: int) -> None:
+            bar.length = total  # the regions of older specs, known once listed
+            bar.update(1)
+
+        t.set_region_spec(new, step)
     sealed = [
         rid for rid in sorted(before) if (m := t.region_manifest(rid)) is not None and m.sealed
     ]

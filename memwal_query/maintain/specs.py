@@ -40,6 +40,7 @@ spec wait for them (once per spec change). Readers are never blocked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from memwal_query.catalog import SPEC_READY_KEY
@@ -76,11 +77,14 @@ def check_new_spec(table: Catalog, spec: RegionSpec) -> None:
     check_spec_sources(spec, table.lance_schema, table.uri, table.schema)
 
 
-def set_region_spec(table: Catalog, spec: RegionSpec) -> None:
+def set_region_spec(
+    table: Catalog, spec: RegionSpec, progress: Callable[[int, int], None] | None = None
+) -> None:
     """Add ``spec`` as the table's current region spec and move keys to it (module
     docs). Everything is checked before the index changes; a crash after the commit
     leaves the change to be completed by the next writer's claim (or a new call of
-    :func:`complete_spec_change`)."""
+    :func:`complete_spec_change`). ``progress(done, total)`` is called as the regions
+    of older specs are sealed and merged."""
     from memwal_query.regions.checks import warn_non_key_sources
 
     check_new_spec(table, spec)
@@ -103,14 +107,17 @@ def set_region_spec(table: Catalog, spec: RegionSpec) -> None:
 
     mwindex.update_details(table.io, table.uri, add, table.storage_options)
     table.index()
-    complete_spec_change(table)
+    complete_spec_change(table, progress)
 
 
-def complete_spec_change(table: Catalog) -> list[str]:
+def complete_spec_change(
+    table: Catalog, progress: Callable[[int, int], None] | None = None
+) -> list[str]:
     """Seal and merge every region of an older spec, then record the current spec as
     ready (steps 2-4 of the module docs); the ids of the regions sealed now. A no-op
     when nothing is pending. Runs under the table's index lock, so concurrent callers
-    (writers of the new spec claiming their regions) wait for one of them."""
+    (writers of the new spec claiming their regions) wait for one of them.
+    ``progress(done, total)`` is called after each region of an older spec."""
     from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
 
     with index_lock(table.uri, table.io):
@@ -121,10 +128,12 @@ def complete_spec_change(table: Catalog) -> list[str]:
         assert spec is not None  # pending implies specs
         current = spec.spec_id
         sealed = []
+        older = []
         for region_id in sorted(table.region_ids()):
-            manifest = table.region_manifest(region_id)
-            if manifest is None or manifest.region_spec_id == current:
-                continue
+            m = table.region_manifest(region_id)
+            if m is not None and m.region_spec_id != current:
+                older.append((region_id, m))
+        for done, (region_id, manifest) in enumerate(older, 1):
             if not manifest.sealed:
                 manifest = _drain_and_seal(table, manifest)
                 sealed.append(region_id)
@@ -141,6 +150,8 @@ def complete_spec_change(table: Catalog) -> list[str]:
                     },
                     [],
                 )
+            if progress is not None:
+                progress(done, len(older))
 
         def ready(details: pb.MemWalIndexDetails) -> None:
             details.writer_config_defaults[SPEC_READY_KEY] = str(current)
