@@ -249,7 +249,12 @@ def test_spec_change_with_vector_and_fulltext_search(tmp_path):
     t.write(rows(range(10, 20), "apple", 0.25))
     t.flush()
     t.write(rows(range(15, 25), "apple", 0.25))  # unflushed when the spec changes
-    t.set_region_spec(expression_spec(ds, ["id"], "col0 % 3", "int64", 2, field_id="r"))
+    calls: list[tuple[int, int]] = []
+    t.set_region_spec(
+        expression_spec(ds, ["id"], "col0 % 3", "int64", 2, field_id="r"),
+        progress=lambda done, total: calls.append((done, total)),
+    )
+    assert calls == [(1, 2), (2, 2)]  # the two regions of spec 1
     t.write(rows(range(18, 22), "cherry", 0.5))  # old-spec keys, new regions
     t.delete(pa.table({"id": [10, 11]}))
     near = t.vector_search("vec", np.full(dim, 20.5, np.float32), k=3)
