@@ -14,6 +14,10 @@ project needs newer), so it has to run from its own virtualenv: ``--paimon-pytho
 /path/to/venv/bin/python`` runs the Paimon part there (it needs numpy, pyarrow<20 and
 pypaimon, plus pypaimon-rust for the Rust runtime a Paimon user would run).
 
+Full reads are timed interleaved by default: round after round, every engine's read
+once per round (rotated order), so each meets the same machine load; ``--sequential``
+times each engine's reads in one block instead (the figures then move with the load).
+
 ``--quick``: a 100k-row base and 50 upserts.
 """
 
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -121,51 +126,47 @@ def same(got: pa.Table, want: pa.Table) -> bool:
     return got.equals(want)
 
 
-def run_ours(root: str, base: pa.Table, batches: list[pa.Table], repeat: int) -> dict:
+def run_ours(root: str, base: pa.Table, batches: list[pa.Table]) -> dict:
+    """Our upserts (``RegionWriter.put``: durable in the WAL), and the reads a user would
+    call: ``MemWalTable.to_table()`` with the writer's MemTable (read-your-writes), the
+    same through DataFusion SQL, and a second table with the same upserts flushed, read
+    by another table object (what another process sees)."""
     import datafusion
     import lance
 
     import memwal_query as mq
 
-    uri = f"{root}/ours"
     schema = SCHEMA.set(0, pa.field("id", pa.int64(), False, PK))
-    lance.write_dataset(base.cast(schema), uri, max_rows_per_file=len(base))
-    t = mq.MemWalTable.initialize(uri)
-    w = t.writer()
-    lat = []
-    for b in batches:
-        s = time.perf_counter()
-        w.put(b.cast(schema))
-        lat.append(time.perf_counter() - s)
+
+    def build(uri: str) -> tuple[object, object, list[float]]:
+        lance.write_dataset(base.cast(schema), uri, max_rows_per_file=len(base))
+        t = mq.MemWalTable.initialize(uri)
+        w = t.writer()
+        lat = []
+        for b in batches:
+            s = time.perf_counter()
+            w.put(b.cast(schema))
+            lat.append(time.perf_counter() - s)
+        return t, w, lat
+
+    t, w, lat = build(f"{root}/ours")
     ctx = datafusion.SessionContext()
     ctx.register_table("t", t.provider(writers=[w]))
-
-    def read():
-        return ctx.sql("SELECT * FROM t").to_arrow_table()
-
-    answer = read()
-    reads = timed(read, repeat)
-    w.flush()  # what another process sees (flushed generation): same answer
-    other = datafusion.SessionContext()
-    other.register_table("t", mq.MemWalTable.open(uri).provider())
-
-    def read_flushed():
-        return other.sql("SELECT * FROM t").to_arrow_table()
-
-    flushed_answer = read_flushed()
-    flushed_reads = timed(read_flushed, repeat)
-    w.close(flush=False)
+    flushed_t, flushed_w, _ = build(f"{root}/ours_flushed")
+    flushed_w.close(flush=True)
+    other = mq.MemWalTable.open(f"{root}/ours_flushed")
     return {
         "upserts": lat,
-        "read": median(reads),
-        "answer": answer,
-        "extra": {
-            "full read after flush (another process)": (median(flushed_reads), flushed_answer)
+        "reads": {
+            "": lambda: t.to_table(writers=[w]),
+            "SQL SELECT * (DataFusion)": lambda: ctx.sql("SELECT * FROM t").to_arrow_table(),
+            "after flush, another table object": lambda: other.to_table(),
         },
+        "close": lambda: w.close(flush=False),
     }
 
 
-def run_delta(root: str, base: pa.Table, batches: list[pa.Table], repeat: int) -> dict | None:
+def run_delta(root: str, base: pa.Table, batches: list[pa.Table]) -> dict | None:
     try:
         from deltalake import DeltaTable, write_deltalake
     except ImportError:
@@ -184,24 +185,17 @@ def run_delta(root: str, base: pa.Table, batches: list[pa.Table], repeat: int) -
             .execute()
         )
         lat.append(time.perf_counter() - s)
-
-    def read():
-        return DeltaTable(uri).to_pyarrow_table()
-
-    def read_open():  # the writer's own DeltaTable: no log replay
-        return dt.to_pyarrow_table()
-
-    answer = read()
-    kept = (median(timed(read_open, repeat)), read_open())
     return {
         "upserts": lat,
-        "read": median(timed(read, repeat)),
-        "answer": answer,
-        "extra": {"full read with the writer's DeltaTable (no reopen)": kept},
+        "reads": {
+            "": lambda: DeltaTable(uri).to_pyarrow_table(),
+            # the writer's own DeltaTable: no log replay
+            "with the writer's DeltaTable (no reopen)": lambda: dt.to_pyarrow_table(),
+        },
     }
 
 
-def run_lance(root: str, base: pa.Table, batches: list[pa.Table], repeat: int) -> dict:
+def run_lance(root: str, base: pa.Table, batches: list[pa.Table]) -> dict:
     import lance
 
     uri = f"{root}/lance"
@@ -211,16 +205,43 @@ def run_lance(root: str, base: pa.Table, batches: list[pa.Table], repeat: int) -
         s = time.perf_counter()
         ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(b)
         lat.append(time.perf_counter() - s)
+    return {"upserts": lat, "reads": {"": lambda: lance.dataset(uri).to_table()}}
 
-    def read():
-        return lance.dataset(uri).to_table()
 
-    answer = read()
-    return {"upserts": lat, "read": median(timed(read, repeat)), "answer": answer}
+READ_CALLS = (
+    "Full read = what a user of each engine calls for the whole table as a pyarrow "
+    "Table: ours `MemWalTable.to_table(writers=[w])` (base + the writer's MemTable, "
+    "newest row per key), delta-rs `DeltaTable(uri).to_pyarrow_table()` on a newly "
+    "opened table, Lance `lance.dataset(uri).to_table()`, Paimon a read builder's "
+    "`to_arrow` over a newly loaded table."
+)
+
+
+def time_reads(readers: dict[str, Callable[[], object]], repeat: int, interleaved: bool):
+    """Seconds of ``repeat`` calls of every reader (after one untimed call each).
+
+    Interleaved: round after round, each reader once per round, the order rotated each
+    round, so that every engine's reads meet the same machine load (on a shared
+    machine the load moves the figures 2-5x within a minute). Otherwise each reader's
+    calls run in one block, one reader after the other."""
+    names = list(readers)
+    for name in names:
+        readers[name]()
+    out: dict[str, list[float]] = {name: [] for name in names}
+    if not interleaved:
+        for name in names:
+            out[name] = timed(readers[name], repeat, warmup=0)
+        return out
+    for r in range(repeat):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            s = time.perf_counter()
+            readers[name]()
+            out[name].append(time.perf_counter() - s)
+    return out
 
 
 PAIMON_SCRIPT = r"""
-import json, sys, time, statistics
+import json, sys, time
 import pyarrow as pa, pyarrow.ipc as ipc
 from pypaimon import CatalogFactory, Schema
 
@@ -265,7 +286,7 @@ for _ in range(repeat):
 with pa.OSFile(out + ".arrow", "wb") as f:
     with ipc.new_file(f, answer.schema) as w:
         w.write_table(answer)
-json.dump({"upserts": lat, "read": statistics.median(reads)}, open(out, "w"))
+json.dump({"upserts": lat, "read_times": reads}, open(out, "w"))
 """
 
 
@@ -278,7 +299,8 @@ def run_paimon(
     runtime: str,
 ) -> dict | None:
     """Paimon primary-key table (4 buckets) in ``python``'s venv, with pypaimon's Python
-    runtime or its Rust one (``pypaimon-rust``: native write, commit and read)."""
+    runtime or its Rust one (``pypaimon-rust``: native write, commit and read). Its
+    reads are timed there, one after the other (not interleaved with the others)."""
     if not python:
         if runtime == "python":  # one message for both runtimes
             print(
@@ -314,7 +336,12 @@ def run_paimon(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100k-row base, 50 upserts")
-    parser.add_argument("--repeat", type=int, default=5, help="full reads timed per engine")
+    parser.add_argument("--repeat", type=int, default=9, help="full reads timed per engine")
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="time each engine's full reads in one block (default: interleaved rounds)",
+    )
     parser.add_argument("--paimon-python", help="python of a venv with pypaimon (see above)")
     args = parser.parse_args()
     base_rows, count = (100_000, 50) if args.quick else (1_000_000, 200)
@@ -322,12 +349,13 @@ def main() -> None:
     base = base_table(base_rows, rng)
     batches = upsert_batches(base_rows, count, rng)
     want = expected(base, batches)
+    load_before = os.getloadavg()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as root:
         runs = {
-            "memwal_query": lambda: run_ours(root, base, batches, args.repeat),
-            "delta-rs": lambda: run_delta(root, base, batches, args.repeat),
-            "Lance merge_insert": lambda: run_lance(root, base, batches, args.repeat),
+            "memwal_query": lambda: run_ours(root, base, batches),
+            "delta-rs": lambda: run_delta(root, base, batches),
+            "Lance merge_insert": lambda: run_lance(root, base, batches),
             "Paimon (Python)": lambda: run_paimon(
                 root, base, batches, args.repeat, args.paimon_python, "python"
             ),
@@ -335,49 +363,79 @@ def main() -> None:
                 root, base, batches, args.repeat, args.paimon_python, "rust"
             ),
         }
+        readers: dict[tuple[str, str], Callable[[], object]] = {}
         for name, fn in runs.items():
             started = time.perf_counter()
             res = fn()
             if res is None:
                 continue
             print(f"{name}: {time.perf_counter() - started:.1f}s", file=sys.stderr)
-            if not same(res["answer"], want):
-                raise SystemExit(f"{name} gave a different answer")
-            for label, (_, answer) in res.get("extra", {}).items():
-                if not same(answer, want):
-                    raise SystemExit(f"{name} ({label}) gave a different answer")
             results[name] = res
+            if "answer" in res and not same(res["answer"], want):
+                raise SystemExit(f"{name} gave a different answer")
+            for label, read in res.get("reads", {}).items():
+                if not same(read(), want):
+                    raise SystemExit(f"{name} ({label or 'full read'}) gave a different answer")
+                readers[(name, label)] = read
+        load_reads = os.getloadavg()
+        times = time_reads(readers, args.repeat, not args.sequential)
+        for (name, label), secs in times.items():
+            results[name].setdefault("read_times_by", {})[label] = secs
+        for res in results.values():
+            if "close" in res:
+                res["close"]()
+    load_after = os.getloadavg()
     ours = results["memwal_query"]
     ours_p50 = pct(ours["upserts"], 50)
+    ours_read = median(ours["read_times_by"][""])
     rows = []
     for name, r in results.items():
         p50 = pct(r["upserts"], 50)
-        rows.append(
-            [
-                name,
-                p50 * 1e3,
-                pct(r["upserts"], 99) * 1e3,
-                r["read"] * 1e3,
-                p50 / ours_p50,
-                r["read"] / ours["read"],
-            ]
-        )
-        for label, (secs, _) in r.get("extra", {}).items():
-            rows.append([f"{name}, {label}", "", "", secs * 1e3, "", secs / ours["read"]])
+        by = r.get("read_times_by") or {"": r["read_times"]}
+        for label, secs in by.items():
+            upserts = [p50 * 1e3, pct(r["upserts"], 99) * 1e3] if not label else ["", ""]
+            ratio = [p50 / ours_p50] if not label else [""]
+            rows.append(
+                [
+                    f"{name}, {label}" if label else name,
+                    *upserts,
+                    min(secs) * 1e3,
+                    median(secs) * 1e3,
+                    *ratio,
+                    median(secs) / ours_read,
+                ]
+            )
+    mode = (
+        "each engine's reads one after the other (--sequential)"
+        if args.sequential
+        else f"interleaved: {args.repeat} rounds, every read once per round in rotated order"
+    )
+    load = "/".join(f"{x[0]:.1f}" for x in (load_before, load_reads, load_after))
     print_table(
         f"{base_rows:,}-row base, {count} durable upserts of {UPSERT_ROWS} rows (half new "
         f"keys), then a full read of the newest row per key; same answer checked "
-        f"({machine()}, {time.strftime('%Y-%m-%d')})",
+        f"({machine()}, {time.strftime('%Y-%m-%d %H:%M')}, load average {load} at "
+        f"start / reads / end)",
         [
             "engine",
             "upsert p50 ms",
             "upsert p99 ms",
-            "full read ms",
+            "full read best ms",
+            "full read median ms",
             "upsert / ours",
-            "read / ours",
+            "read / ours (median)",
         ],
         rows,
     )
+    print(f"\n{READ_CALLS} Reads timed {mode}", end="")
+    if args.sequential:
+        print(".")
+    else:
+        print(
+            " (the fairer measure on a shared machine: every engine meets the same load; "
+            "timed one engine after the other, the figures move 2-5x with the load); "
+            "Paimon's reads run in its own process, one after the other."
+        )
     print_table(
         "What durable and visible mean",
         ["engine", "durable when", "visible to another process"],

@@ -1,4 +1,5 @@
-"""The one rule for what Lance filters (format/lancetypes.py) matches the installed pylance."""
+"""The rules for what Lance filters and indexes (format/lancetypes.py) match the installed
+pylance."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from memwal_query.format.lancetypes import lance_filterable
+from memwal_query.format.lancetypes import btree_indexable, lance_filterable
 
 UTC = dt.timezone.utc
 CASES = {
@@ -54,3 +55,25 @@ def test_rule_matches_lance(tmp_path, name):
         except Exception:  # noqa: BLE001 - refused by Lance's Substrait conversion
             accepted = False
         assert accepted == lance_filterable(t), (name, str(expr))
+
+
+BTREE_CASES = {
+    **CASES,
+    "time32": (pa.time32("s"), [1, 2]),
+    "duration": (pa.duration("us"), [1, 2]),
+    "list": (pa.list_(pa.int64()), [[1], [2]]),
+    "struct": (pa.struct([("x", pa.int64())]), [{"x": 1}, {"x": 2}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BTREE_CASES))
+def test_btree_rule_matches_lance(tmp_path, name):
+    """``btree_indexable`` is what Lance builds a BTREE over (a generation's key index)."""
+    t, values = BTREE_CASES[name]
+    ds = lance.write_dataset(pa.table({"k": pa.array(values, t)}), str(tmp_path / name))
+    try:
+        ds.create_scalar_index("k", "BTREE", name="k_idx")
+        built = [d.index_type for d in ds.describe_indices()] == ["BTree"]
+    except Exception:  # noqa: BLE001 - refused by Lance
+        built = False
+    assert built == btree_indexable(t), name

@@ -60,10 +60,9 @@ def test_treemap_is_what_lance_reads(three_fragments, case):
     assert kept.num_rows == len(addr) - len(want)
 
 
-def test_unfiltered_scans_skip_overwritten_rows_in_lance(tmp_path, monkeypatch):
-    """SELECT * / count(*) / projections without a filter drop overwritten base rows
-    through the blocklist (keys in a flushed generation and in the MemTable, deletes in
-    both); filtered queries test keys per batch; every answer matches the model."""
+def _overwritten(tmp_path):
+    """A 3,000-row base (fragments of 1,000) with keys overwritten and deleted in a
+    flushed generation and in the writer's MemTable: (table, writer, model id -> v)."""
     schema = pa.schema(
         [
             pa.field("id", pa.int64(), False, PK),
@@ -90,6 +89,14 @@ def test_unfiltered_scans_skip_overwritten_rows_in_lance(tmp_path, monkeypatch):
     for i in [*range(0, 3000, 11), 2600, 7]:
         model.pop(i, None)
     model.update({i: 50_000 + i for i in range(100, 150)})
+    return t, w, model
+
+
+def test_unfiltered_scans_skip_overwritten_rows_in_lance(tmp_path, monkeypatch):
+    """SELECT * / count(*) / projections without a filter drop overwritten base rows
+    through the blocklist (keys in a flushed generation and in the MemTable, deletes in
+    both); filtered queries test keys per batch; every answer matches the model."""
+    t, w, model = _overwritten(tmp_path)
 
     built: list[int] = []
     treemap = provider.row_address_treemap
@@ -114,6 +121,44 @@ def test_unfiltered_scans_skip_overwritten_rows_in_lance(tmp_path, monkeypatch):
     assert sorted(one.column("v").to_pylist()) == [8, 12_501, 50_120]
     assert not built  # a filtered scan tests keys per batch
     assert t.provider(writers=[w]).to_table().num_rows == len(model)
+    w.close(flush=False)
+
+
+@pytest.mark.parametrize("columns", [None, ["s", "id"], ["v"], ["_rowaddr", "_gen", "v"]])
+def test_to_table_reads_the_base_in_one_lance_scan(tmp_path, monkeypatch, columns):
+    """An unfiltered ``to_table()`` reads the base with one Lance ``to_table`` (the
+    blocklist skipping overwritten rows) and appends the newer rows: the same rows and
+    meta columns as the partition scan (the DuckDB / Polars path); filtered,
+    column-less and over-size reads take the partition scan."""
+    t, w, model = _overwritten(tmp_path)
+    wholes: list[object] = []
+    whole = provider._BaseFragment.whole
+
+    def spy(self, out_schema):
+        got = whole(self, out_schema)
+        wholes.append(got)
+        return got
+
+    monkeypatch.setattr(provider._BaseFragment, "whole", spy)
+    ds = t.provider(writers=[w], meta_columns=True)
+    got = ds.to_table(columns=columns)
+    assert len(wholes) == 1 and wholes[0] is not None
+    scanned = ds.scanner(columns=columns).to_table()  # its base partitions interleave
+    order = [(c, "ascending") for c in got.column_names]
+    assert got.sort_by(order).equals(scanned.sort_by(order))
+    assert got.num_rows == len(model)
+    if columns is None:
+        assert dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == model
+        newer = sum(v >= 10_000 for v in model.values())  # base rows first
+        gens = got.column("_gen").to_numpy()
+        assert (gens[:-newer] == 0).all() and (gens[-newer:] > 0).all()
+    wholes.clear()
+    assert ds.to_table(filter=pa.compute.field("v") >= 50_000).num_rows == 50
+    assert ds.count_rows() == len(model)
+    assert not wholes  # a filter, or no column: the partition scan
+    monkeypatch.setattr(provider, "ADDRESS_DEDUP_MAX_ROWS", 10)  # no blocklist
+    again = ds.to_table(columns=columns)
+    assert wholes == [None] and again.sort_by(order).equals(got.sort_by(order))
     w.close(flush=False)
 
 

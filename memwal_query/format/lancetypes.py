@@ -6,8 +6,9 @@ a column of that type. Filters on other types are evaluated in Arrow after the s
 Checked against the installed pylance by ``tests/test_lancetypes.py`` (a pylance upgrade
 that widens or narrows the set fails that test).
 
-``btree_indexable``: whether memwal_query builds a BTREE scalar index over a primary-key
-column of that type in flushed generations.
+``btree_indexable``: whether Lance builds a BTREE scalar index over a column of that type
+(memwal_query then indexes a flushed generation's primary-key column(s) with it); also
+checked against the installed pylance by ``tests/test_lancetypes.py``.
 """
 
 from __future__ import annotations
@@ -36,12 +37,20 @@ def lance_filterable(t: pa.DataType) -> bool:
 
 
 def btree_indexable(t: pa.DataType) -> bool:
-    """Whether a generation's primary-key BTREE index is built over a column of type ``t``
-    (integers, floats, strings, temporal types)."""
+    """Whether Lance builds a BTREE scalar index over a column of type ``t`` (pylance's
+    rule, from its error message: "int, float, bool, str, large_str, binary,
+    large_binary, decimal, fixed-size-binary, or temporal"): memwal_query then builds
+    the primary-key index of a flushed generation on it. Nested types (lists,
+    structs...) and dictionaries are refused."""
     return (
         pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
         or pa.types.is_string(t)
         or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_decimal(t)
         or pa.types.is_temporal(t)
-        or pa.types.is_floating(t)
     )

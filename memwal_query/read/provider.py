@@ -297,6 +297,35 @@ class _BaseFragment:
         with sources.reading_base(self.state.dataset.table, self.state.plan.base):
             yield from self._batches(out_schema, filter, batch_size)
 
+    def whole(self, out_schema: pa.Schema) -> pa.Table | None:
+        """The kept rows of an unfiltered scan as one table, read by Lance's own
+        ``to_table`` with the blocklist (its threads decode the batches; nothing passes
+        through Python per batch), or None when that does not apply (the base is over
+        ``ADDRESS_DEDUP_MAX_ROWS`` rows while newer keys exist, or no column is read)."""
+        state = self.state
+        data_cols = [c for c in out_schema.names if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+        if not data_cols:
+            return None
+        blocklist = state.blocklist()
+        if blocklist is None and any(state.key_sets()):
+            return None
+        with sources.reading_base(state.dataset.table, state.plan.base):
+            got = state.plan.base.scanner(
+                columns=data_cols,
+                fragments=self.lance_fragments,
+                with_row_address=ROWADDR_COLUMN in out_schema.names,
+                batch_size=BASE_BATCH_ROWS,
+                row_addr_blocklist=blocklist,
+            ).to_table()
+        arrays = []
+        for f in out_schema:
+            if f.name == GEN_COLUMN:
+                arrays.append(pa.repeat(pa.scalar(0, pa.uint64()), got.num_rows))
+                continue
+            col = got.column(f.name)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+        return pa.Table.from_arrays(arrays, schema=out_schema)
+
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
     ) -> Iterator[pa.RecordBatch]:
@@ -531,8 +560,31 @@ class MemWalDataset(pads.Dataset):
     def to_table(
         self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None, **_: Any
     ) -> pa.Table:
-        """The deduplicated view as one table."""
+        """The deduplicated view as one table.
+
+        Without a filter, the base rows are read by one Lance ``to_table`` that skips the
+        overwritten rows (:meth:`_BaseFragment.whole`) while the newer rows are taken
+        from their deduplicated view; otherwise the partitions are scanned as DataFusion
+        would (:meth:`scanner`). Base rows come first, then the newer ones (the order of
+        base fragments may differ between the two routes).
+        """
+        out_schema = _output_schema(self._schema, columns)
+        if _as_expression(filter) is None and set(out_schema.names) - {GEN_COLUMN, ROWADDR_COLUMN}:
+            got = self._whole(out_schema)
+            if got is not None:
+                return got
         return self.scanner(columns=columns, filter=filter).to_table()
+
+    def _whole(self, out_schema: pa.Schema) -> pa.Table | None:
+        """The unfiltered view as one table: one Lance scan of the base (with the
+        blocklist) and the newer rows, or None when the base scan cannot be whole."""
+        state = _QueryState(self, None)
+        self.last_plan = state.plan
+        base = _BaseFragment(state, None).whole(out_schema)
+        if base is None:
+            return None
+        newer = _NewerFragment(state).scanner(columns=out_schema.names).to_table()
+        return pa.concat_tables([base, newer]) if newer.num_rows else base
 
     def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:
         """Number of live rows."""

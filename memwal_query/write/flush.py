@@ -5,9 +5,9 @@
 - the rows, in write order (so ``_rowaddr`` order is write order), with the
   ``_tombstone`` column, as one Lance fragment;
 - ``bloom_filter.bin`` over the primary key (see :mod:`memwal_query.format.bloom`);
-- a BTREE scalar index on a single-column primary key (composite keys rely on the
-  bloom filter and a scan), whose files are also copied to ``_pk_index/`` where
-  pylance's native MemWAL reader looks for them;
+- BTREE scalar indexes on the primary key (:func:`pk_index_names`: the key column, or
+  each indexable column of a composite key); a single-column key's index files are
+  also copied to ``_pk_index/`` where pylance's native MemWAL reader looks for them;
 - the maintained indexes (see :mod:`memwal_query.write.genindex`).
 
 The caller then commits the region manifest (fenced by epoch). A flush that dies part
@@ -56,9 +56,10 @@ def write_generation(
     crashpoints.point("flush.mid")
     keys = data.select(table.primary_key)
     bloom.write(table.io, uri, keys)
-    if len(table.primary_key) == 1 and btree_indexable(keys.schema[0].type):
-        ds.create_scalar_index(table.primary_key[0], "BTREE", name=PK_INDEX_NAME)
-        _publish_pk_index(table, ds, uri)
+    if pk_index_names(keys.schema):
+        build_pk_indexes(ds, keys.schema)
+        if len(table.primary_key) == 1:
+            _publish_pk_index(table, ds, uri)
     if table.maintained_indexes:
         from memwal_query.write.genindex import build_maintained_indexes
 
@@ -70,6 +71,31 @@ def write_generation(
         physical_rows=data.num_rows,
         primary_key_bytes=keys.nbytes,
     )
+
+
+def pk_index_names(key_schema: pa.Schema) -> dict[str, str]:
+    """``{key column: index name}`` of the primary-key BTREE indexes of a generation.
+
+    Lance builds a BTREE over one column of a type :func:`btree_indexable` accepts
+    (integers, floats, booleans, strings, binaries, decimals, temporal types) and over
+    one column only (``create_scalar_index`` of several columns raises "Scalar indices
+    currently only support a single column", pylance 14). So a single-column key gets
+    ``__memwal_pk``; a composite key gets one index per indexable key column,
+    ``__memwal_pk_0``, ``__memwal_pk_1``... by key position (Lance answers ``a = x AND
+    b = y`` by intersecting them). A column of another type gets none: the bloom filter
+    and the key index readers build from the key columns replace it.
+    """
+    if len(key_schema) == 1:
+        return {key_schema[0].name: PK_INDEX_NAME} if btree_indexable(key_schema[0].type) else {}
+    return {
+        f.name: f"{PK_INDEX_NAME}_{i}" for i, f in enumerate(key_schema) if btree_indexable(f.type)
+    }
+
+
+def build_pk_indexes(ds: lance.LanceDataset, key_schema: pa.Schema) -> None:
+    """Build the primary-key BTREE indexes of :func:`pk_index_names` on generation ``ds``."""
+    for column, name in pk_index_names(key_schema).items():
+        ds.create_scalar_index(column, "BTREE", name=name)
 
 
 def coalesced_batches(data: pa.Table, min_rows: int = COALESCE_ROWS) -> pa.RecordBatchReader:
