@@ -641,20 +641,38 @@ def test_reader_equals_datafusion(spark, read_table):
     assert want.num_rows > 5000
     assert same(got, want)
     df = spark.read.format("memwal").load(uri)
-    plan = mq.MemWalTable.open(uri).provider().explain()
-    regions = sum(1 for line in plan.splitlines() if line.strip().startswith("region "))
-    base_rows = lance.dataset(uri).count_rows()
-    splits = -(-base_rows // source.DEFAULT_ROWS_PER_SPLIT)
-    assert regions and df.rdd.getNumPartitions() == 1 + splits  # the regions' rows, base splits
-    # smaller base splits: more partitions, same rows
+    assert df.rdd.getNumPartitions() == 1  # < rowsPerSplit rows: one task, regions and base
+    # smaller splits: more partitions of about equal rows, the same answer
     got = spark_sql(spark, uri, sql, rowsPerSplit="1000")
     assert same(got, want)
     # fragments larger than a split are read in row ranges by several partitions
     assert same(spark_sql(spark, uri, sql, rowsPerSplit="150"), want)
-    assert (
-        spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri).rdd.getNumPartitions()
-        > 1 + splits
-    )
+    parts = spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri)
+    assert parts.rdd.getNumPartitions() > 5
+
+
+def test_split_rows_balances_tasks():
+    """Tasks of about equal rows, the first one with the regions' rows too."""
+    split = source.split_rows
+    # the benchmark's shape: 1M-row fragment, 150k newer rows -> 2 tasks of 575k rows
+    assert split([(0, 1_000_000)], 150_000, 1_000_000, True) == [
+        [(0, 0, 425_000)],
+        [(0, 425_000, 575_000)],
+    ]
+    frags = [(0, 300), (1, 300), (2, 300)]
+    assert split(frags, 100, 10_000, True) == [[(0, None, None), (1, None, None), (2, None, None)]]
+    tasks = split(frags, 100, 250, True)  # 1000 rows: 4 tasks of 250
+    sizes = [sum(n if o is not None else dict(frags)[f] for f, o, n in t) for t in tasks]
+    assert [sizes[0] + 100, *sizes[1:]] == [250] * 4
+    assert sorted((f, o or 0) for t in tasks for f, o, _ in t)[0] == (0, 0)
+    # a pushed filter: whole fragments only (Lance's offset/limit count filtered rows)
+    assert split(frags, 100, 500, False) == [
+        [(0, None, None)],
+        [(1, None, None)],
+        [(2, None, None)],
+    ]
+    assert split([(0, 1_000_000)], 150_000, 1_000_000, False) == [[], [(0, None, None)]]
+    assert split([], 0, 1000, True) == [[]]
 
 
 @pytest.mark.parametrize(
@@ -736,7 +754,7 @@ def test_reader_pushdown_prunes_regions(read_table):
     left = list(reader.pushFilters(filters))
     assert left == [filters[3]] and left[0] is filters[3]
     parts = reader.partitions()
-    (newer,) = [p for p in parts if isinstance(p, source.NewerPartition)]
+    (newer,) = [p.newer for p in parts if p.with_newer]
     assert len(newer.regions) <= 1  # bucket pruning: id = 4003 lives in one region
     rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
     assert rows == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
