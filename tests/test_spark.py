@@ -66,7 +66,7 @@ def spark(fault_dir):
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    mqs.register_source(session)
+    mqs.register_source(session, filter_pushdown=True)  # the pushFilters tests need it
     yield session
     session.stop()
     for k, v in old.items():
@@ -758,6 +758,62 @@ def test_reader_pushdown_prunes_regions(read_table):
     assert len(newer.regions) <= 1  # bucket pruning: id = 4003 lives in one region
     rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
     assert rows == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
+
+
+def _non_key_filter_table(tmp_path) -> mq.MemWalTable:
+    """Key 1: base x = 10, newer x = 0; key 2: base x = 0, newer x = 10; key 3: base only,
+    x = 7; key 4 deleted (base x = 10). ``x`` is ``val`` (float, stays with Spark) and
+    ``name`` ("hi"/"lo", a pushable string)."""
+    t = new_table(tmp_path, base_ids=[])
+    t.write(basic_rows([1, 2, 3, 4], [10.0, 0.0, 7.0, 10.0], ["hi", "lo", "hi", "hi"]))
+    t.flush()
+    t.merge()
+    t.write(basic_rows([1, 2], [0.0, 10.0], ["lo", "hi"]))
+    t.delete(pa.table({"id": pa.array([4], pa.int64())}))
+    t.flush()
+    for w in t.writers():
+        w.close()
+    return t
+
+
+def test_pushed_non_key_filter_sees_the_newest_version_only(tmp_path):
+    """A pushed filter on a non-key column never returns a key's older version: the
+    base rows of keys with a newer row are dropped whatever the filter says."""
+    from pyspark.sql.datasource import EqualTo
+
+    t = _non_key_filter_table(tmp_path)
+    ds = source.MemWalDataSource({"path": t.uri, "pushFilters": "true"})
+    for value, want in (("hi", [2, 3]), ("lo", [1])):
+        reader = ds.reader(ds.schema())
+        assert list(reader.pushFilters([EqualTo(("name",), value)])) == []
+        rows = [r["id"] for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
+        assert sorted(rows) == want
+
+
+@pytest.mark.slow
+def test_register_source_leaves_pushdown_off_and_queries_answer_for_themselves(spark, tmp_path):
+    """``register_source(spark)`` does not turn Spark's Python filter pushdown on (a
+    planning worker per filtered query); several queries in a row with different
+    filters on one DataFrame each get their own answer, newest versions only, with the
+    setting off or on; Spark refuses a ``pushFilters`` reader with the setting off."""
+    t = _non_key_filter_table(tmp_path)
+    try:
+        spark.conf.set(source.PUSHDOWN_CONF, "false")
+        mqs.register_source(spark)
+        assert spark.conf.get(source.PUSHDOWN_CONF) == "false"
+        df = spark.read.format("memwal").option("pushFilters", "true").load(t.uri)
+        with pytest.raises(Exception, match="filterPushdown.enabled"):
+            df.count()  # Spark refuses a pushFilters reader with the setting off
+        for conf in ("false", "true"):
+            spark.conf.set(source.PUSHDOWN_CONF, conf)
+            df = spark.read.format("memwal").load(t.uri)
+            assert df.where("val > 5").count() == 2  # keys 2 (newer 10) and 3, not 1 or 4
+            assert df.count() == 3
+            assert sorted(r.id for r in df.where("name = 'lo'").collect()) == [1]
+        mqs.register_source(spark, filter_pushdown=True)
+        assert spark.conf.get(source.PUSHDOWN_CONF) == "true"
+    finally:
+        mqs.register_source(spark, filter_pushdown=True)
 
 
 def test_filter_expression_null_semantics():

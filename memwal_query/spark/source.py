@@ -43,7 +43,9 @@ The Python Data Source API (PySpark 4.x) passes no required-column list to a rea
 Spark cannot prune columns by itself: ask for the columns with ``option("columns",
 ...)`` or a user schema, and only those (plus the key) are read.
 Filters are pushed only on request (``option("pushFilters", "true")``, PySpark >= 4.1 with
-``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on).
+``spark.sql.python.filterPushdown.enabled``, which ``register_source(spark,
+filter_pushdown=True)`` turns on; without it Spark refuses the reader:
+``DATA_SOURCE_PUSHDOWN_DISABLED`` naming the setting).
 **Off by default**: Spark (4.1 to 4.3 at least) keeps the read function and partitions
 planned by a filter pushdown on the *relation*, shared by every later query of the same
 DataFrame (or temporary view); a query without a pushable filter then reuses the
@@ -571,16 +573,26 @@ class MemWalDataSource(DataSource):
         return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
 
 
-def register_source(spark: SparkSession) -> None:
-    """Register the ``memwal`` format in ``spark`` and enable Python filter pushdown."""
+def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
+    """Register the ``memwal`` format in ``spark``.
+
+    With ``filter_pushdown``, also turn on Spark's Python filter pushdown
+    (``spark.sql.python.filterPushdown.enabled``, PySpark >= 4.1), which readers with
+    ``option("pushFilters", "true")`` need. It is left as it is otherwise: with it on,
+    Spark runs a Python planning worker for *every* query with a filter, whatever the
+    reader (a fresh plan each time, ~0.3 s per query on a loaded 2-core machine), where
+    a DataFrame's queries otherwise reuse its first plan.
+    """
     spark.dataSource.register(MemWalDataSource)
-    if _FILTERS:
+    if filter_pushdown and _FILTERS:
         spark.conf.set(PUSHDOWN_CONF, "true")
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
-    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first)."""
-    register_source(spark)
+    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
+    ``pushFilters="true"`` turns on Spark's filter pushdown, see :func:`register_source`)."""
+    push = str(options.get("pushFilters", options.get("pushfilters", ""))).lower() == "true"
+    register_source(spark, filter_pushdown=push)
     return spark.read.format(FORMAT).options(**options).load(uri)
 
 
