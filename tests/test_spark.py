@@ -66,7 +66,7 @@ def spark(fault_dir):
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    mqs.register_source(session)
+    mqs.register_source(session, filter_pushdown=True)  # the pushFilters tests need it
     yield session
     session.stop()
     for k, v in old.items():
@@ -641,20 +641,38 @@ def test_reader_equals_datafusion(spark, read_table):
     assert want.num_rows > 5000
     assert same(got, want)
     df = spark.read.format("memwal").load(uri)
-    plan = mq.MemWalTable.open(uri).provider().explain()
-    regions = sum(1 for line in plan.splitlines() if line.strip().startswith("region "))
-    base_rows = lance.dataset(uri).count_rows()
-    splits = -(-base_rows // source.DEFAULT_ROWS_PER_SPLIT)
-    assert regions and df.rdd.getNumPartitions() == 1 + splits  # the regions' rows, base splits
-    # smaller base splits: more partitions, same rows
+    assert df.rdd.getNumPartitions() == 1  # < rowsPerSplit rows: one task, regions and base
+    # smaller splits: more partitions of about equal rows, the same answer
     got = spark_sql(spark, uri, sql, rowsPerSplit="1000")
     assert same(got, want)
     # fragments larger than a split are read in row ranges by several partitions
     assert same(spark_sql(spark, uri, sql, rowsPerSplit="150"), want)
-    assert (
-        spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri).rdd.getNumPartitions()
-        > 1 + splits
-    )
+    parts = spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri)
+    assert parts.rdd.getNumPartitions() > 5
+
+
+def test_split_rows_balances_tasks():
+    """Tasks of about equal rows, the first one with the regions' rows too."""
+    split = source.split_rows
+    # the benchmark's shape: 1M-row fragment, 150k newer rows -> 2 tasks of 575k rows
+    assert split([(0, 1_000_000)], 150_000, 1_000_000, True) == [
+        [(0, 0, 425_000)],
+        [(0, 425_000, 575_000)],
+    ]
+    frags = [(0, 300), (1, 300), (2, 300)]
+    assert split(frags, 100, 10_000, True) == [[(0, None, None), (1, None, None), (2, None, None)]]
+    tasks = split(frags, 100, 250, True)  # 1000 rows: 4 tasks of 250
+    sizes = [sum(n if o is not None else dict(frags)[f] for f, o, n in t) for t in tasks]
+    assert [sizes[0] + 100, *sizes[1:]] == [250] * 4
+    assert sorted((f, o or 0) for t in tasks for f, o, _ in t)[0] == (0, 0)
+    # a pushed filter: whole fragments only (Lance's offset/limit count filtered rows)
+    assert split(frags, 100, 500, False) == [
+        [(0, None, None)],
+        [(1, None, None)],
+        [(2, None, None)],
+    ]
+    assert split([(0, 1_000_000)], 150_000, 1_000_000, False) == [[], [(0, None, None)]]
+    assert split([], 0, 1000, True) == [[]]
 
 
 @pytest.mark.parametrize(
@@ -736,10 +754,66 @@ def test_reader_pushdown_prunes_regions(read_table):
     left = list(reader.pushFilters(filters))
     assert left == [filters[3]] and left[0] is filters[3]
     parts = reader.partitions()
-    (newer,) = [p for p in parts if isinstance(p, source.NewerPartition)]
+    (newer,) = [p.newer for p in parts if p.with_newer]
     assert len(newer.regions) <= 1  # bucket pruning: id = 4003 lives in one region
     rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
     assert rows == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
+
+
+def _non_key_filter_table(tmp_path) -> mq.MemWalTable:
+    """Key 1: base x = 10, newer x = 0; key 2: base x = 0, newer x = 10; key 3: base only,
+    x = 7; key 4 deleted (base x = 10). ``x`` is ``val`` (float, stays with Spark) and
+    ``name`` ("hi"/"lo", a pushable string)."""
+    t = new_table(tmp_path, base_ids=[])
+    t.write(basic_rows([1, 2, 3, 4], [10.0, 0.0, 7.0, 10.0], ["hi", "lo", "hi", "hi"]))
+    t.flush()
+    t.merge()
+    t.write(basic_rows([1, 2], [0.0, 10.0], ["lo", "hi"]))
+    t.delete(pa.table({"id": pa.array([4], pa.int64())}))
+    t.flush()
+    for w in t.writers():
+        w.close()
+    return t
+
+
+def test_pushed_non_key_filter_sees_the_newest_version_only(tmp_path):
+    """A pushed filter on a non-key column never returns a key's older version: the
+    base rows of keys with a newer row are dropped whatever the filter says."""
+    from pyspark.sql.datasource import EqualTo
+
+    t = _non_key_filter_table(tmp_path)
+    ds = source.MemWalDataSource({"path": t.uri, "pushFilters": "true"})
+    for value, want in (("hi", [2, 3]), ("lo", [1])):
+        reader = ds.reader(ds.schema())
+        assert list(reader.pushFilters([EqualTo(("name",), value)])) == []
+        rows = [r["id"] for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
+        assert sorted(rows) == want
+
+
+@pytest.mark.slow
+def test_register_source_leaves_pushdown_off_and_queries_answer_for_themselves(spark, tmp_path):
+    """``register_source(spark)`` does not turn Spark's Python filter pushdown on (a
+    planning worker per filtered query); several queries in a row with different
+    filters on one DataFrame each get their own answer, newest versions only, with the
+    setting off or on; Spark refuses a ``pushFilters`` reader with the setting off."""
+    t = _non_key_filter_table(tmp_path)
+    try:
+        spark.conf.set(source.PUSHDOWN_CONF, "false")
+        mqs.register_source(spark)
+        assert spark.conf.get(source.PUSHDOWN_CONF) == "false"
+        df = spark.read.format("memwal").option("pushFilters", "true").load(t.uri)
+        with pytest.raises(Exception, match="filterPushdown.enabled"):
+            df.count()  # Spark refuses a pushFilters reader with the setting off
+        for conf in ("false", "true"):
+            spark.conf.set(source.PUSHDOWN_CONF, conf)
+            df = spark.read.format("memwal").load(t.uri)
+            assert df.where("val > 5").count() == 2  # keys 2 (newer 10) and 3, not 1 or 4
+            assert df.count() == 3
+            assert sorted(r.id for r in df.where("name = 'lo'").collect()) == [1]
+        mqs.register_source(spark, filter_pushdown=True)
+        assert spark.conf.get(source.PUSHDOWN_CONF) == "true"
+    finally:
+        mqs.register_source(spark, filter_pushdown=True)
 
 
 def test_filter_expression_null_semantics():

@@ -16,17 +16,21 @@ Partitions (planned by Spark's planning worker)
 The pinned view is resolved at planning time (:func:`memwal_query.read.view.resolve`): the
 base table version, its merge progress, and the unmerged flushed generations of each
 region (plus, with ``consistency="latest"``, the durable WAL entries not yet flushed).
-Each partition then reads a fixed, immutable piece:
+Each partition then reads fixed, immutable pieces:
 
-- **one partition of the regions' rows**: the newest row of every key among the
+- **the regions' rows** (in the first partition): the newest row of every key among the
   generations, by :func:`memwal_query.read.sources.newer_view` (the code and the rule of
   the DataFusion provider, :func:`memwal_query.read.dedup.newest_indices`), tombstones
   removed, then filtered;
-- **base-table splits**: groups of the pinned base version's fragments (about
-  ``rowsPerSplit`` rows each; a larger fragment is cut into row ranges when no filter
-  is pushed), read by Lance's scanner, minus the rows whose key
-  appears in any planned generation (whatever its filter outcome). The key set is the
-  same view's (cached per worker process: generations are immutable).
+- **base-table pieces**: fragments of the pinned base version, or row ranges of them,
+  read by Lance's scanner, minus the rows whose key appears in any planned generation
+  (whatever its filter outcome). The key set is the same view's (cached per worker
+  process: generations are immutable).
+
+The partitions carry about the same number of rows (``ceil(rows / rowsPerSplit)`` of
+them, :func:`split_rows`): the first one holds the regions' rows and a smaller base
+range, so that the tasks of a query finish together (with a pushed filter fragments
+are not cut: Lance's offset/limit count filtered rows).
 
 Spark keeps the partitions a query planned for later queries of the same DataFrame
 (see below): those read the same pinned view. A view whose pieces were garbage
@@ -39,15 +43,19 @@ The Python Data Source API (PySpark 4.x) passes no required-column list to a rea
 Spark cannot prune columns by itself: ask for the columns with ``option("columns",
 ...)`` or a user schema, and only those (plus the key) are read.
 Filters are pushed only on request (``option("pushFilters", "true")``, PySpark >= 4.1 with
-``spark.sql.python.filterPushdown.enabled``, which :func:`register_source` turns on).
+``spark.sql.python.filterPushdown.enabled``, which ``register_source(spark,
+filter_pushdown=True)`` turns on; without it Spark refuses the reader:
+``DATA_SOURCE_PUSHDOWN_DISABLED`` naming the setting).
 **Off by default**: Spark (4.1 to 4.3 at least) keeps the read function and partitions
 planned by a filter pushdown on the *relation*, shared by every later query of the same
 DataFrame (or temporary view); a query without a pushable filter then reuses the
 previous query's reader and its filters (``df.where("cat = 7").count()`` followed by
-``df.count()`` returned the filtered count). Without pushdown every reader is
-identical (Spark evaluates all filters), so a reused reader is only a reused *view*
-(see "Pinning" in ``docs/spark.md``). Enable it only for a DataFrame that runs one
-query. When enabled:
+``df.count()`` returned the filtered count). The same holds *within* one query that
+reads the DataFrame twice: every branch reads the last branch's pushed filters
+(``df.where("cat = 7").union(df.where("cat = 8")).count()`` counted ``cat = 8`` twice).
+Without pushdown every reader is identical (Spark evaluates all filters), so a reused
+reader is only a reused *view* (see "Pinning" in ``docs/spark.md``). Enable it only for
+a DataFrame that runs one query reading it once. When enabled:
 ``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS [NOT] NULL``, ``NOT``,
 ``LIKE 'a%'/'%a'/'%a%'`` on integer, string, boolean, date, decimal and binary columns
 are evaluated exactly here (Lance pushdown on the base table, after deduplication on
@@ -80,6 +88,7 @@ from memwal_query.spark._common import (
     _storage_options,
     open_table,
 )
+from memwal_query.storage.cache import LRUCache
 
 try:  # PySpark >= 4.1
     from pyspark.sql import datasource as _ds
@@ -255,21 +264,81 @@ class NewerPartition(InputPartition):
 
 
 class BasePartition(InputPartition):
-    """Fragments of the pinned base version, minus keys of the ``newer`` partition;
-    with ``row_range`` (offset, limit), that range of the rows of one fragment."""
+    """Pieces of the pinned base version, minus keys of the ``newer`` partition; with
+    ``with_newer``, the ``newer`` partition's rows too (one task reads both, so that the
+    tasks of a query carry about the same number of rows).
+
+    A piece is ``(fragment_id, offset, limit)``: that row range of the fragment, or the
+    whole fragment when ``offset`` is None."""
 
     def __init__(
         self,
         version: int,
-        fragment_ids: list[int] | None,
+        pieces: list[tuple[int, int | None, int | None]],
         newer: NewerPartition | None,
-        row_range: tuple[int, int] | None = None,
+        with_newer: bool = False,
     ) -> None:
-        super().__init__((fragment_ids, row_range))
+        super().__init__((tuple(pieces), with_newer))
         self.version = version
-        self.fragment_ids = fragment_ids
+        self.pieces = pieces
         self.newer = newer
-        self.row_range = row_range
+        self.with_newer = with_newer
+
+
+def split_rows(
+    fragments: Sequence[tuple[int, int]], newer_rows: int, rows_per_split: int, cut: bool
+) -> list[list[tuple[int, int | None, int | None]]]:
+    """Base pieces of each task: ``ceil(rows / rows_per_split)`` tasks of about equal
+    rows, the first one also reading the ``newer_rows`` rows of the regions.
+
+    ``fragments`` are ``(fragment_id, rows)`` in order. With ``cut``, a fragment is cut
+    into row ranges ``(fragment_id, offset, limit)`` to balance the tasks; without (a
+    pushed filter: Lance's offset/limit count filtered rows), whole fragments
+    ``(fragment_id, None, None)`` are packed, a fragment larger than what is left of a
+    task starting the next task.
+    """
+    total = newer_rows + sum(n for _, n in fragments)
+    tasks = max(1, -(-total // max(1, rows_per_split)))
+    target = max(1, -(-total // tasks))
+    out: list[list[tuple[int, int | None, int | None]]] = [[]]
+    filled = newer_rows
+    for fid, n in fragments:
+        if not cut:
+            if filled and filled + n > target:
+                out.append([])
+                filled = 0
+            out[-1].append((fid, None, None))
+            filled += n
+            continue
+        start = 0
+        while start < n:
+            if filled >= target:
+                out.append([])
+                filled = 0
+            take = min(n - start, target - filled)
+            out[-1].append((fid, None, None) if take == n else (fid, start, take))
+            filled += take
+            start += take
+    return out
+
+
+def _newer_rows(plan: view.ReadPlan, storage_options: dict[str, str]) -> int:
+    """Rows of the plan's generations and MemTables (duplicates included): the size
+    of the regions' partition, for balancing (generation row counts are cached)."""
+    rows = 0
+    for r in plan.regions:
+        rows += sum(m.num_rows for m in r.memtables)
+        for g in r.generations:
+            n = _GENERATION_ROWS.get(g.uri)
+            if n is None:
+                ds = lance.dataset(g.uri, storage_options=storage_options or None)
+                n = _GENERATION_ROWS.put(g.uri, ds.count_rows())
+            rows += n
+    return rows
+
+
+# generation directory -> rows (generations are immutable)
+_GENERATION_ROWS: LRUCache[str, int] = LRUCache(4096)
 
 
 # -- the data source -------------------------------------------------------------------
@@ -328,53 +397,30 @@ class MemWalReader(DataSourceReader):
         return _combine(self.filters, self.table_schema)
 
     def partitions(self) -> list[InputPartition]:
-        """Resolve the view now: one partition of the regions' rows, plus base splits."""
+        """Resolve the view now: tasks of about ``rowsPerSplit`` rows each, of equal size,
+        the first one reading the regions' rows too (:func:`split_rows`)."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
         plan = sources.resolve(table, self.consistency, None, preds or None, as_of=self.as_of)
-        parts: list[InputPartition] = []
         newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
-        if newer is not None:
-            parts.append(newer)
-        base = plan.base
-        frags = base.get_fragments()
-        if not frags:
-            parts.append(BasePartition(base.version, None, newer))
-            return parts
-        group: list[int] = []
-        rows = 0
-        for frag in frags:
-            n = frag.count_rows()
-            if n > self.rows_per_split and not self.filters:
-                # A large fragment is read in row ranges by several tasks (without a
-                # pushed filter, offset/limit of one fragment's scan are row ranges).
-                if group:
-                    parts.append(BasePartition(base.version, group, newer))
-                    group, rows = [], 0
-                for start in range(0, n, self.rows_per_split):
-                    size = min(self.rows_per_split, n - start)
-                    parts.append(
-                        BasePartition(base.version, [frag.fragment_id], newer, (start, size))
-                    )
-                continue
-            group.append(frag.fragment_id)
-            rows += n
-            if rows >= self.rows_per_split:
-                parts.append(BasePartition(base.version, group, newer))
-                group, rows = [], 0
-        if group:
-            parts.append(BasePartition(base.version, group, newer))
-        return parts
+        newer_rows = _newer_rows(plan, self.storage_options) if newer is not None else 0
+        fragments = [(f.fragment_id, f.count_rows()) for f in plan.base.get_fragments()]
+        tasks = split_rows(fragments, newer_rows, self.rows_per_split, cut=not self.filters)
+        version = plan.base.version
+        return [
+            BasePartition(version, pieces, newer, with_newer=i == 0 and newer is not None)
+            for i, pieces in enumerate(tasks)
+        ]
 
     # reading -------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Rows of one partition as Arrow batches of the output schema."""
-        if isinstance(partition, NewerPartition):
-            yield from self._read_newer(partition)
-        elif isinstance(partition, BasePartition):
-            yield from self._read_base(partition)
-        else:  # pragma: no cover
+        if not isinstance(partition, BasePartition):  # pragma: no cover
             raise MemWalError(f"unknown partition {partition!r}")
+        if partition.with_newer and partition.newer is not None:
+            yield from self._read_newer(partition.newer)
+        if partition.pieces:
+            yield from self._read_base(partition)
 
     def _view(self, part: NewerPartition) -> sources.NewerView:
         return sources.newer_view(
@@ -426,33 +472,37 @@ class MemWalReader(DataSourceReader):
                 + [_filter_column(f) for f in in_arrow]
             )
         )
-        fragments = None
-        if part.fragment_ids is not None:
-            fragments = []
-            for i in part.fragment_ids:
-                fragment = ds.get_fragment(i)
-                if fragment is None:  # the pinned version lists it: it cannot vanish
-                    raise BaseVersionGoneError(
-                        f"{ds.uri}: fragment {i} of version {ds.version} is gone"
-                    )
-                fragments.append(fragment)
-        offset, limit = part.row_range if part.row_range is not None else (None, None)
-        scanner = ds.scanner(
-            columns=read_cols,
-            filter=lance_expr,
-            fragments=fragments,
-            batch_size=65536,
-            offset=offset,
-            limit=limit,
-        )
-        for batch in scanner.to_batches():
-            if keys is not None and len(keys):
-                mask = keys.contains(batch.select(self.primary_key))
-                if mask.any():
-                    batch = batch.filter(pa.array(~mask))
-            if arrow_expr is not None and batch.num_rows:
-                batch = batch.filter(arrow_expr)
-            yield from self._out(batch.select(self.columns))
+        whole: list[Any] = []  # whole fragments: one scan; row ranges: one scan each
+        scans: list[tuple[list[Any], int | None, int | None]] = []
+        for fid, offset, limit in part.pieces:
+            fragment = ds.get_fragment(fid)
+            if fragment is None:  # the pinned version lists it: it cannot vanish
+                raise BaseVersionGoneError(
+                    f"{ds.uri}: fragment {fid} of version {ds.version} is gone"
+                )
+            if offset is None:
+                whole.append(fragment)
+            else:
+                scans.append(([fragment], offset, limit))
+        if whole:
+            scans.insert(0, (whole, None, None))
+        for fragments, offset, limit in scans:
+            scanner = ds.scanner(
+                columns=read_cols,
+                filter=lance_expr,
+                fragments=fragments,
+                batch_size=65536,
+                offset=offset,
+                limit=limit,
+            )
+            for batch in scanner.to_batches():
+                if keys is not None and len(keys):
+                    mask = keys.contains(batch.select(self.primary_key))
+                    if mask.any():
+                        batch = batch.filter(pa.array(~mask))
+                if arrow_expr is not None and batch.num_rows:
+                    batch = batch.filter(arrow_expr)
+                yield from self._out(batch.select(self.columns))
 
 
 class MemWalPushdownReader(MemWalReader):
@@ -473,9 +523,10 @@ class MemWalDataSource(DataSource):
     """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
 
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
-    ``consistency`` (``strong``/``eventual``/``latest``), ``rowsPerSplit`` (base rows per
-    partition), ``pushFilters`` (``true`` to enable filter pushdown: only for a
-    DataFrame that runs a single query, see the module docs), ``as_of`` (time travel:
+    ``consistency`` (``strong``/``eventual``/``latest``), ``rowsPerSplit`` (rows per
+    partition; partitions are balanced), ``pushFilters`` (``true`` to enable filter
+    pushdown: only for a DataFrame that runs a single query reading it once, see the
+    module docs), ``as_of`` (time travel:
     a base version or ISO timestamp), ``changes_since`` (the change feed, see
     :mod:`memwal_query.spark.changes`; also a Structured Streaming source),
     ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
@@ -522,16 +573,26 @@ class MemWalDataSource(DataSource):
         return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
 
 
-def register_source(spark: SparkSession) -> None:
-    """Register the ``memwal`` format in ``spark`` and enable Python filter pushdown."""
+def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
+    """Register the ``memwal`` format in ``spark``.
+
+    With ``filter_pushdown``, also turn on Spark's Python filter pushdown
+    (``spark.sql.python.filterPushdown.enabled``, PySpark >= 4.1), which readers with
+    ``option("pushFilters", "true")`` need. It is left as it is otherwise: with it on,
+    Spark runs a Python planning worker for *every* query with a filter, whatever the
+    reader (a fresh plan each time, ~0.3 s per query on a loaded 2-core machine), where
+    a DataFrame's queries otherwise reuse its first plan.
+    """
     spark.dataSource.register(MemWalDataSource)
-    if _FILTERS:
+    if filter_pushdown and _FILTERS:
         spark.conf.set(PUSHDOWN_CONF, "true")
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
-    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first)."""
-    register_source(spark)
+    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
+    ``pushFilters="true"`` turns on Spark's filter pushdown, see :func:`register_source`)."""
+    push = str(options.get("pushFilters", options.get("pushfilters", ""))).lower() == "true"
+    register_source(spark, filter_pushdown=push)
     return spark.read.format(FORMAT).options(**options).load(uri)
 
 
