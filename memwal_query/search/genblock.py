@@ -45,7 +45,8 @@ cost about as much as the block, and keep their per-generation counters in ``deb
 FILTER_MASKS = 16
 """Filter results kept per block (the same filter asked again costs nothing)."""
 
-_READERS = ThreadPoolExecutor(4, thread_name_prefix="memwal-genblock")
+_CHUNKS = 4
+_READERS = ThreadPoolExecutor(_CHUNKS, thread_name_prefix="memwal-genblock")
 
 
 class _TooLarge(Exception):
@@ -86,22 +87,26 @@ class GenBlock:
                     raise _TooLarge
             return t
 
-        # one read per generation, concurrently (Lance releases the GIL while reading)
-        futures = [_READERS.submit(read, ref) for _, ref in self.members]
-        parts: list[pa.Table] = [f.result() for f in futures]
+        def read_chunk(refs: list[sources.GenerationRef]) -> list[pa.Table]:
+            return [read(ref) for ref in refs]
+
+        # the generations in a few chunks read concurrently (one task per generation
+        # cost more in scheduling than a rows sidecar costs to read; Lance and object
+        # stores release the GIL while reading)
+        refs = [ref for _, ref in self.members]
+        step = max(1, -(-len(refs) // _CHUNKS))
+        futures = [
+            _READERS.submit(read_chunk, refs[i : i + step]) for i in range(0, len(refs), step)
+        ]
+        parts: list[pa.Table] = [t for f in futures for t in f.result()]
         self.sizes = [t.num_rows for t in parts]
-        gens, ranks, member, pos = [], [], [], []
-        for i, ((rank, ref), t) in enumerate(zip(self.members, parts)):
-            n = t.num_rows
-            gens.append(np.full(n, ref.generation, np.int64))
-            ranks.append(np.full(n, rank, np.int64))
-            member.append(np.full(n, i, np.int64))
-            pos.append(np.arange(n, dtype=np.int64))
+        sizes = np.array(self.sizes, np.int64)
+        starts = np.cumsum(sizes) - sizes
+        self.member = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)
+        self.gens = np.array([ref.generation for ref in refs], np.int64)[self.member]
+        self.ranks = np.array([rank for rank, _ in self.members], np.int64)[self.member]
+        self.pos = np.arange(int(sizes.sum()), dtype=np.int64) - starts[self.member]
         rows = pa.concat_tables(parts) if parts else pa.table({})
-        self.gens = np.concatenate(gens) if gens else np.zeros(0, np.int64)
-        self.ranks = np.concatenate(ranks) if ranks else np.zeros(0, np.int64)
-        self.member = np.concatenate(member) if member else np.zeros(0, np.int64)
-        self.pos = np.concatenate(pos) if pos else np.zeros(0, np.int64)
         self.keys = rows.select(pk).combine_chunks()
         self.values = rows.column(column)
         last = newest_indices(self.keys, pk, self.ranks, self.gens)
