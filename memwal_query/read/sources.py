@@ -201,7 +201,8 @@ def _sidecar(
     if t is None:
         _NO_SIDECAR.put(uri, True)
         return None
-    out = {c: t.column(c) for c in t.column_names if c in target.names}
+    wanted = set(target.names)
+    out = {c: t.column(c) for c in t.column_names if c in wanted}
     for f in target:
         if f.name not in out and f.name != GEN_COLUMN:  # written before the column existed
             value = pa.scalar(False) if f.name == TOMBSTONE else pa.scalar(None, f.type)
@@ -233,9 +234,14 @@ def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 _READ_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
+_READ_SCHEMAS_BY_ID: dict[int, tuple[pa.Schema, pa.Schema]] = {}
 
 
 def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
+    # by identity first: hashing a schema costs more than reading a small generation
+    known = _READ_SCHEMAS_BY_ID.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
     out = _READ_SCHEMAS.get(schema)
     if out is None:
         fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
@@ -245,6 +251,9 @@ def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
             pa.field(ROWADDR_COLUMN, pa.uint64()),
         ]
         out = _READ_SCHEMAS[schema] = pa.schema(fields)
+    if len(_READ_SCHEMAS_BY_ID) > 64:
+        _READ_SCHEMAS_BY_ID.clear()
+    _READ_SCHEMAS_BY_ID[id(schema)] = (schema, out)
     return out
 
 
