@@ -157,6 +157,7 @@ t.close()
 """
 
 
+@pytest.mark.slow
 def test_warm_caches_see_another_processes_flush_merge_and_gc(tmp_path):
     """A reader whose manifests, blocks and generation columns are cached sees, at its
     next strong query, a flush by another process, then a merge and a GC by another

@@ -102,17 +102,7 @@ def test_full_text_block_equals_the_per_generation_path(tmp_path):
         text = [" ".join(w) for w in words[rng.integers(0, len(words), (len(ids), 3))].tolist()]
         return pa.table({"id": pa.array(ids, pa.int64()), "text": text}, schema=schema)
 
-    uri = str(tmp_path / "t")
-    lance.write_dataset(rows(np.arange(200)), uri)
-    lance.dataset(uri).create_scalar_index("text", "INVERTED", name="text_idx")
-    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
-    t = mq.MemWalTable.initialize(uri, region_spec=spec)
-    for _ in range(3):
-        t.write(rows(rng.choice(260, 40, replace=False)))
-        t.flush()
-        t.delete(pa.table({"id": pa.array(rng.choice(260, 8, replace=False), pa.int64())}))
-        t.flush()
-    t.write(rows(rng.choice(260, 20, replace=False)))  # MemTables
+    t = _two_regions_with_text(tmp_path, rows, rng, keys=260, upserts=40)
     try:
         live = t.to_table(writers=t.writers())
         for word in ["apple", "kiwi lime", "fig"]:
@@ -164,17 +154,24 @@ def _cat_table(tmp_path, rng: np.random.Generator):
             schema=schema,
         )
 
+    return _two_regions_with_text(tmp_path, rows, rng, keys=240, upserts=80)
+
+
+def _two_regions_with_text(tmp_path, rows, rng: np.random.Generator, keys: int, upserts: int):
+    """Base of 200 keys with an INVERTED index on ``text``, two regions, 3 rounds of
+    ``upserts`` upserts and 8 deletes among ``keys`` keys (each flushed: 6 generations
+    per region at most), then 20 rows left in the MemTables (newest)."""
     uri = str(tmp_path / "t")
     lance.write_dataset(rows(np.arange(200)), uri)
     lance.dataset(uri).create_scalar_index("text", "INVERTED", name="text_idx")
     spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
     t = mq.MemWalTable.initialize(uri, region_spec=spec)
     for _ in range(3):
-        t.write(rows(rng.choice(240, 80, replace=False)))  # cat changes for most keys
+        t.write(rows(rng.choice(keys, upserts, replace=False)))
         t.flush()
-        t.delete(pa.table({"id": pa.array(rng.choice(240, 8, replace=False), pa.int64())}))
-    t.flush()
-    t.write(rows(rng.choice(240, 20, replace=False)))  # MemTables
+        t.delete(pa.table({"id": pa.array(rng.choice(keys, 8, replace=False), pa.int64())}))
+        t.flush()
+    t.write(rows(rng.choice(keys, 20, replace=False)))  # MemTables
     return t
 
 

@@ -350,7 +350,7 @@ def _manifests(
     return out, pruned
 
 
-MANIFEST_READERS = 8
+MANIFEST_READERS = 16
 """Region manifests read at once by a strong read (issue 20: on an object store a
 manifest check is a round trip; 64 regions one after the other cost 64 of them)."""
 
