@@ -118,7 +118,7 @@ class GenBlock:
         self._newest_ints: tuple[np.ndarray, np.ndarray] | None = None
         self._newest: _KeyIndex | None = None
         if ints is not None:
-            order = np.argsort(ints[last], kind="stable")
+            order = np.argsort(ints[last])  # unique keys: no need for a stable sort
             self._newest_ints = (ints[last][order], last[order])
         else:
             self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
