@@ -61,11 +61,11 @@ def test_block_equals_exact_search_over_the_deduplicated_table(tmp_path):
             assert "block" in kinds and "generation" not in kinds
             d = got["_distance"].to_numpy()
             assert (np.diff(d) >= 0).all()
-        # the per-generation path (a filter) answers the same
+        # a filter is evaluated on the block too (issue 20): same answer
         q = rng.standard_normal(DIM).astype(np.float32)
         dbg = {}
         flt = t.vector_search("vec", q, k=25, filter="id >= 0", debug=dbg)
-        assert "block" not in {s["kind"] for s in dbg["sources"]}
+        assert "block" in {s["kind"] for s in dbg["sources"]}
         assert flt["id"].to_pylist() == t.vector_search("vec", q, k=25)["id"].to_pylist()
     finally:
         t.close()
@@ -102,17 +102,7 @@ def test_full_text_block_equals_the_per_generation_path(tmp_path):
         text = [" ".join(w) for w in words[rng.integers(0, len(words), (len(ids), 3))].tolist()]
         return pa.table({"id": pa.array(ids, pa.int64()), "text": text}, schema=schema)
 
-    uri = str(tmp_path / "t")
-    lance.write_dataset(rows(np.arange(200)), uri)
-    lance.dataset(uri).create_scalar_index("text", "INVERTED", name="text_idx")
-    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
-    t = mq.MemWalTable.initialize(uri, region_spec=spec)
-    for _ in range(3):
-        t.write(rows(rng.choice(260, 40, replace=False)))
-        t.flush()
-        t.delete(pa.table({"id": pa.array(rng.choice(260, 8, replace=False), pa.int64())}))
-        t.flush()
-    t.write(rows(rng.choice(260, 20, replace=False)))  # MemTables
+    t = _two_regions_with_text(tmp_path, rows, rng, keys=260, upserts=40)
     try:
         live = t.to_table(writers=t.writers())
         for word in ["apple", "kiwi lime", "fig"]:
@@ -132,7 +122,114 @@ def test_full_text_block_equals_the_per_generation_path(tmp_path):
             )
             dbg = {}
             one = t.fts_search("text", word, k=500, filter="id >= 0", debug=dbg)
-            assert "block" not in {s["kind"] for s in dbg["sources"]}
+            assert "block" in {s["kind"] for s in dbg["sources"]}
             assert sorted(one["id"].to_pylist()) == sorted(want)
+    finally:
+        t.close()
+
+
+def _cat_table(tmp_path, rng: np.random.Generator):
+    """A table whose ``cat`` changes between versions of a key: base, 2 regions x 3
+    generations (updates, deletes) and MemTables (newest)."""
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), False, PK),
+            pa.field("cat", pa.int64()),
+            pa.field("vec", pa.list_(pa.float32(), DIM)),
+            pa.field("text", pa.string()),
+        ]
+    )
+    words = np.array(["apple", "pear", "plum", "fig"])
+
+    def rows(ids: np.ndarray) -> pa.Table:
+        vecs = rng.standard_normal((len(ids), DIM)).astype(np.float32)
+        text = [" ".join(w) for w in words[rng.integers(0, len(words), (len(ids), 2))].tolist()]
+        return pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "cat": pa.array(rng.integers(0, 4, len(ids)), pa.int64()),
+                "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), DIM),
+                "text": text,
+            },
+            schema=schema,
+        )
+
+    return _two_regions_with_text(tmp_path, rows, rng, keys=240, upserts=80)
+
+
+def _two_regions_with_text(tmp_path, rows, rng: np.random.Generator, keys: int, upserts: int):
+    """Base of 200 keys with an INVERTED index on ``text``, two regions, 3 rounds of
+    ``upserts`` upserts and 8 deletes among ``keys`` keys (each flushed: 6 generations
+    per region at most), then 20 rows left in the MemTables (newest)."""
+    uri = str(tmp_path / "t")
+    lance.write_dataset(rows(np.arange(200)), uri)
+    lance.dataset(uri).create_scalar_index("text", "INVERTED", name="text_idx")
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    for _ in range(3):
+        t.write(rows(rng.choice(keys, upserts, replace=False)))
+        t.flush()
+        t.delete(pa.table({"id": pa.array(rng.choice(keys, 8, replace=False), pa.int64())}))
+        t.flush()
+    t.write(rows(rng.choice(keys, 20, replace=False)))  # MemTables
+    return t
+
+
+def test_filtered_search_over_the_block_applies_to_the_newest_rows(tmp_path, monkeypatch):
+    """Issue 20: vector and full-text search with a filter (SQL text and Expression)
+    use the block; the filter applies to the newest version of each key only: a key
+    whose older version matches and newest does not is not returned, and the answer
+    equals the per-generation path's and exact search over the deduplicated rows."""
+    import pyarrow.compute as pc
+
+    from memwal_query.search import fulltext, vector
+
+    rng = np.random.default_rng(11)
+    t = _cat_table(tmp_path, rng)
+    try:
+        live = t.to_table(writers=t.writers())
+        newest_cat = dict(zip(live["id"].to_pylist(), live["cat"].to_pylist()))
+        mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False))
+        ids = live.column("id").to_numpy()
+        cats = live.column("cat").to_numpy()
+        for flt in ["cat = 3", pc.field("cat") == 3, "cat = 1 AND id > 50"]:
+            want_rows = (
+                cats == 3
+                if not isinstance(flt, str) or flt == "cat = 3"
+                else ((cats == 1) & (ids > 50))
+            )
+            for q in rng.standard_normal((3, DIM)).astype(np.float32):
+                dbg: dict = {}
+                got = t.vector_search("vec", q, k=15, filter=flt, columns=["id", "cat"], debug=dbg)
+                assert "block" in {s["kind"] for s in dbg["sources"]}
+                d = ((mat[want_rows] - q) ** 2).sum(1)
+                exact = ids[want_rows][np.lexsort((ids[want_rows], d))][:15].tolist()
+                assert got["id"].to_pylist() == exact
+                assert all(
+                    newest_cat[i] == c
+                    for i, c in zip(got["id"].to_pylist(), got["cat"].to_pylist())
+                )
+            dbg = {}
+            fts = t.fts_search("text", "apple fig", k=500, filter=flt, columns=["id"], debug=dbg)
+            assert "block" in {s["kind"] for s in dbg["sources"]}
+            texts = dict(zip(live["id"].to_pylist(), live["text"].to_pylist()))
+            want = {
+                int(i)
+                for i in ids[want_rows].tolist()
+                if {"apple", "fig"} & set(texts[int(i)].split())
+            }
+            assert sorted(fts["id"].to_pylist()) == sorted(want)
+        # the per-generation path gives the same answers
+        q = rng.standard_normal(DIM).astype(np.float32)
+        blocked = t.vector_search("vec", q, k=15, filter="cat = 3")
+        bfts = t.fts_search("text", "pear", k=50, filter="cat = 3")
+        monkeypatch.setattr(vector, "BLOCK_MIN_GENERATIONS", 1000)
+        monkeypatch.setattr(fulltext, "BLOCK_MIN_GENERATIONS", 1000)
+        dbg = {}
+        single = t.vector_search("vec", q, k=15, filter="cat = 3", debug=dbg)
+        assert "block" not in {s["kind"] for s in dbg["sources"]}
+        assert blocked["id"].to_pylist() == single["id"].to_pylist()
+        sfts = t.fts_search("text", "pear", k=50, filter="cat = 3")
+        assert sorted(bfts["id"].to_pylist()) == sorted(sfts["id"].to_pylist())
     finally:
         t.close()

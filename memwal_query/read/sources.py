@@ -139,6 +139,11 @@ def read_generation(
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+    if (missing or ROWADDR_COLUMN not in cached) and not cached:
+        side = _sidecar(ref.uri, storage_options, target)
+        if side is not None:
+            cached = GENERATION_CACHE.add(ref.uri, side)
+            missing = [c for c in missing if c not in cached]
     if missing or ROWADDR_COLUMN not in cached:
         try:
             ds = lance.dataset(ref.uri, storage_options=storage_options or None)
@@ -172,6 +177,39 @@ def read_generation(
     return pa.Table.from_arrays(arrays, schema=pa.schema([target.field(c) for c in names]))
 
 
+_NO_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)
+_IOS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+
+
+def _sidecar(
+    uri: str, storage_options: dict[str, str] | None, target: pa.Schema
+) -> dict[str, pa.ChunkedArray] | None:
+    """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
+    rowfile`; columns added to the table after the generation was written as NULL), or
+    None when it has none or a damaged one (then the Lance table is read)."""
+    if _NO_SIDECAR.get(uri):
+        return None
+    from memwal_query.format import rowfile
+    from memwal_query.storage.factory import file_io_for
+
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    key = (scheme, tuple(sorted((storage_options or {}).items())))
+    io = _IOS.get(key)
+    if io is None:
+        io = _IOS.setdefault(key, file_io_for(uri, storage_options))
+    t = rowfile.read(io, uri)
+    if t is None:
+        _NO_SIDECAR.put(uri, True)
+        return None
+    wanted = set(target.names)
+    out = {c: t.column(c) for c in t.column_names if c in wanted}
+    for f in target:
+        if f.name not in out and f.name != GEN_COLUMN:  # written before the column existed
+            value = pa.scalar(False) if f.name == TOMBSTONE else pa.scalar(None, f.type)
+            out[f.name] = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
+    return out
+
+
 def memtable_rows(m: MemTableSnapshot) -> pa.Table:
     """Rows of a MemTable snapshot with ``_gen`` and ``_rowaddr`` (= row index)."""
     t = m.to_table()
@@ -196,9 +234,14 @@ def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 _READ_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
+_READ_SCHEMAS_BY_ID: dict[int, tuple[pa.Schema, pa.Schema]] = {}
 
 
 def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
+    # by identity first: hashing a schema costs more than reading a small generation
+    known = _READ_SCHEMAS_BY_ID.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
     out = _READ_SCHEMAS.get(schema)
     if out is None:
         fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
@@ -208,6 +251,9 @@ def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
             pa.field(ROWADDR_COLUMN, pa.uint64()),
         ]
         out = _READ_SCHEMAS[schema] = pa.schema(fields)
+    if len(_READ_SCHEMAS_BY_ID) > 64:
+        _READ_SCHEMAS_BY_ID.clear()
+    _READ_SCHEMAS_BY_ID[id(schema)] = (schema, out)
     return out
 
 

@@ -50,8 +50,10 @@ once); a missing piece is never read as empty.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -295,7 +297,7 @@ def _build(
             if gen <= merged_gen:
                 continue
             view.generations.append(
-                GenerationRef(region_id, gen, paths.generation_path(table.uri, region_id, gen_dir))
+                GenerationRef(region_id, gen, _gen_uri(table.uri, region_id, gen_dir))
             )
         view.generations.sort(key=lambda g: g.generation)
         max_flushed = view.generations[-1].generation if view.generations else merged_gen
@@ -311,6 +313,13 @@ def _build(
     return ReadPlan(base, index, regions, sorted(pruned), consistency)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _gen_uri(table_uri: str, region_id: str, gen_dir: str) -> str:
+    """:func:`paths.generation_path`, validated once per generation (a query at 192
+    generations built every path anew)."""
+    return paths.generation_path(table_uri, region_id, gen_dir)
+
+
 def _manifests(
     table: Catalog, predicates: list[tuple[str, str, Any]] | None = None
 ) -> tuple[dict[str, RegionManifest], list[str]]:
@@ -320,17 +329,17 @@ def _manifests(
     is created) and cannot match ``predicates`` is not read at all (issue 20: a lookup
     routed to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
     """
-    out = {}
     pruned = []
+    wanted = []
     for region_id in table.region_ids():
         if predicates:
             known = table.known_region_values(region_id)
             if known is not None and not _may_match(table, known, predicates):
                 pruned.append(region_id)
                 continue
-        m = table.region_manifest(region_id)
-        if m is not None:
-            out[region_id] = m
+        wanted.append(region_id)
+    read = _read_manifests(table, wanted)
+    out = {r: m for r, m in zip(wanted, read) if m is not None}
     return out, pruned
 
 
@@ -342,6 +351,27 @@ def _may_match(
     the values, and so the pruning, of the spec it was created with)."""
     spec = table.spec_for(values[0])
     return spec is None or spec.may_match(values[1], predicates, table.lance_schema)
+
+
+MANIFEST_READERS = 16
+"""Region manifests read at once by a strong read (issue 20: on an object store a
+manifest check is a round trip; 64 regions one after the other cost 64 of them)."""
+
+_MANIFEST_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
+
+
+def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifest | None]:
+    """:meth:`Catalog.region_manifest` of each region (the newest version: one HEAD of
+    the next version when the cached one is still the newest), up to
+    :data:`MANIFEST_READERS` regions at a time."""
+    if len(region_ids) <= 2:
+        return [table.region_manifest(r) for r in region_ids]
+    step = -(-len(region_ids) // MANIFEST_READERS)
+    chunks = [region_ids[i : i + step] for i in range(0, len(region_ids), step)]
+    futures = [
+        _MANIFEST_POOL.submit(lambda rs: [table.region_manifest(r) for r in rs], c) for c in chunks
+    ]
+    return [m for f in futures for m in f.result()]
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:

@@ -45,7 +45,6 @@ from memwal_query.search.textindex import (
 from memwal_query.search.topk import (
     _SEARCH_POOL,
     _block_sources,
-    _build_sources,
     _conform_output,
     _fill_debug,
     _lance_columns,
@@ -260,10 +259,7 @@ def fts_search(
     tokens, words = _query_tokens(query, tok_kwargs)
     if not tokens:
         return empty
-    if filter is None:
-        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
-    else:
-        srcs = _build_sources(table, plan)
+    srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
     storage = table.storage_options or None
 
     # -- per-source matchers and global statistics ------------------------------------

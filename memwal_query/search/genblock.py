@@ -11,8 +11,10 @@ the live rows. The base table and the MemTables stay sources of their own; stale
 between them and the block is decided per row with the same rule.
 
 Exact search over the generations makes their part of the result exact (recall 1);
-the block is used when the generations hold at most :data:`BLOCK_MAX_ROWS` rows in all
-and the query has no filter (a filter is evaluated by each source, as before).
+the block is used when the generations hold at most :data:`BLOCK_MAX_ROWS` rows in all.
+A filter is evaluated on the block's live rows only (the newest version of each key
+among the generations, :meth:`GenBlock.filter_mask`), with the same DataFusion SQL as
+the MemTables': a stale version never matches in place of the newest one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from memwal_query.read import sources
 from memwal_query.read.dedup import newest_indices
 from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
 from memwal_query.search.keys import _ints, _KeyIndex
+from memwal_query.search.plan import _filter_indices
 from memwal_query.search.vecmath import _distances, _vectors
 
 BLOCK_MAX_ROWS = 2_000_000
@@ -39,7 +42,11 @@ BLOCK_MIN_GENERATIONS = 4
 """Fewer generations than this are searched one by one (a few concurrent Lance queries
 cost about as much as the block, and keep their per-generation counters in ``debug``)."""
 
-_READERS = ThreadPoolExecutor(4, thread_name_prefix="memwal-genblock")
+FILTER_MASKS = 16
+"""Filter results kept per block (the same filter asked again costs nothing)."""
+
+_CHUNKS = 4
+_READERS = ThreadPoolExecutor(_CHUNKS, thread_name_prefix="memwal-genblock")
 
 
 class _TooLarge(Exception):
@@ -80,22 +87,26 @@ class GenBlock:
                     raise _TooLarge
             return t
 
-        # one read per generation, concurrently (Lance releases the GIL while reading)
-        futures = [_READERS.submit(read, ref) for _, ref in self.members]
-        parts: list[pa.Table] = [f.result() for f in futures]
+        def read_chunk(refs: list[sources.GenerationRef]) -> list[pa.Table]:
+            return [read(ref) for ref in refs]
+
+        # the generations in a few chunks read concurrently (one task per generation
+        # cost more in scheduling than a rows sidecar costs to read; Lance and object
+        # stores release the GIL while reading)
+        refs = [ref for _, ref in self.members]
+        step = max(1, -(-len(refs) // _CHUNKS))
+        futures = [
+            _READERS.submit(read_chunk, refs[i : i + step]) for i in range(0, len(refs), step)
+        ]
+        parts: list[pa.Table] = [t for f in futures for t in f.result()]
         self.sizes = [t.num_rows for t in parts]
-        gens, ranks, member, pos = [], [], [], []
-        for i, ((rank, ref), t) in enumerate(zip(self.members, parts)):
-            n = t.num_rows
-            gens.append(np.full(n, ref.generation, np.int64))
-            ranks.append(np.full(n, rank, np.int64))
-            member.append(np.full(n, i, np.int64))
-            pos.append(np.arange(n, dtype=np.int64))
+        sizes = np.array(self.sizes, np.int64)
+        starts = np.cumsum(sizes) - sizes
+        self.member = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)
+        self.gens = np.array([ref.generation for ref in refs], np.int64)[self.member]
+        self.ranks = np.array([rank for rank, _ in self.members], np.int64)[self.member]
+        self.pos = np.arange(int(sizes.sum()), dtype=np.int64) - starts[self.member]
         rows = pa.concat_tables(parts) if parts else pa.table({})
-        self.gens = np.concatenate(gens) if gens else np.zeros(0, np.int64)
-        self.ranks = np.concatenate(ranks) if ranks else np.zeros(0, np.int64)
-        self.member = np.concatenate(member) if member else np.zeros(0, np.int64)
-        self.pos = np.concatenate(pos) if pos else np.zeros(0, np.int64)
         self.keys = rows.select(pk).combine_chunks()
         self.values = rows.column(column)
         last = newest_indices(self.keys, pk, self.ranks, self.gens)
@@ -107,13 +118,14 @@ class GenBlock:
         self._newest_ints: tuple[np.ndarray, np.ndarray] | None = None
         self._newest: _KeyIndex | None = None
         if ints is not None:
-            order = np.argsort(ints[last], kind="stable")
+            order = np.argsort(ints[last])  # unique keys: no need for a stable sort
             self._newest_ints = (ints[last][order], last[order])
         else:
             self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
         self._lock = threading.Lock()
         self.cache: dict[Any, Any] = {}  # derived structures (e.g. merged token indexes)
         self._matrix: tuple[np.ndarray, np.ndarray] | None = None
+        self._masks: dict[str, np.ndarray] = {}
 
     @property
     def num_rows(self) -> int:
@@ -161,9 +173,52 @@ class GenBlock:
                 self._matrix = (np.ascontiguousarray(mat), self.live_rows[idx])
             return self._matrix
 
-    def knn(self, q: np.ndarray, k: int, metric: str) -> pa.Table:
-        """Exact ``k`` nearest live rows: key, vector, ``_distance``, ``_rowid`` (block row)."""
+    def filter_mask(self, filter: Any) -> np.ndarray:
+        """Which block rows are live and match ``filter`` (SQL text or a pyarrow
+        Expression), one bool per block row.
+
+        The filter is evaluated on the live rows only (the newest version of each key
+        here), reading the columns it names from the generations (cached per
+        generation); a stale version of a key never stands in for its newest one.
+        """
+        key = filter if isinstance(filter, str) else f"expr:{filter}"
+        with self._lock:
+            mask = self._masks.get(key)
+        if mask is not None:
+            return mask
+        names = _named_columns(filter, self.schema.names, [*self.pk, self.column])
+        try:
+            idx = self._filter_live(filter, names)
+        except Exception:  # noqa: BLE001 - a column the text scan missed: all columns
+            idx = self._filter_live(filter, list(self.schema.names))
+        mask = np.zeros(self.num_rows, bool)
+        mask[self.live_rows[idx]] = True
+        with self._lock:
+            if len(self._masks) >= FILTER_MASKS:
+                self._masks.pop(next(iter(self._masks)))
+            self._masks[key] = mask
+        return mask
+
+    def _filter_live(self, filter: Any, names: list[str]) -> np.ndarray:
+        """Positions in ``live_rows`` of the rows matching ``filter``."""
+        key = ("live columns", tuple(names))
+        rows = self.cache.get(key)
+        if rows is None:
+            parts = [
+                sources.read_generation(ref, self.schema, self.storage_options, names)
+                for _, ref in self.members
+            ]
+            rows = pa.concat_tables(parts).take(pa.array(self.live_rows))
+            rows = self.cache.setdefault(key, rows)
+        return _filter_indices(rows, filter)
+
+    def knn(self, q: np.ndarray, k: int, metric: str, filter: Any = None) -> pa.Table:
+        """Exact ``k`` nearest live rows (matching ``filter`` when given): key, vector,
+        ``_distance``, ``_rowid`` (block row)."""
         mat, rows = self.matrix(q.size)
+        if filter is not None:
+            keep = self.filter_mask(filter)[rows]
+            mat, rows = mat[keep], rows[keep]
         d = _distances(mat, q, metric)
         if k < len(d):
             top = np.argpartition(d, k - 1)[:k]
@@ -188,6 +243,14 @@ class GenBlock:
         order = np.concatenate([at for at, _ in out])
         got = pa.concat_tables([t for _, t in out])
         return got.take(pa.array(np.argsort(order, kind="stable")))
+
+
+def _named_columns(filter: Any, names: Sequence[str], have: Sequence[str]) -> list[str]:
+    """Columns of ``names`` a filter may refer to (every name that occurs in its text,
+    case-insensitively: reading one column too many is harmless), with ``have`` first."""
+    text = str(filter).lower()
+    named = [n for n in names if n.lower() in text]
+    return list(dict.fromkeys([*have, *named]))
 
 
 def gen_block(

@@ -4,7 +4,7 @@ of generations without an INVERTED index."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +121,8 @@ class _MemFts:
         self.rows = rows
         self.parts = parts
         self.live = live
+        # the rows matching a filter, when ``rows`` lacks the filter's columns (a block)
+        self.filter_mask: Callable[[Any], np.ndarray] | None = None
         self.doc_len = np.zeros(rows.num_rows, np.float64)
         for off, ti in parts:
             dl = np.asarray(ti.doc_len, np.float64)
@@ -153,7 +155,9 @@ class _MemFts:
         posts = [self.posting(t) for t in uniq]
         allrows = np.unique(np.concatenate([p[0] for p in posts])) if posts else np.zeros(0)
         allrows = allrows.astype(np.int64)
-        if len(allrows) and filter is not None:
+        if len(allrows) and filter is not None and self.filter_mask is not None:
+            allrows = allrows[self.filter_mask(filter)[allrows]]
+        elif len(allrows) and filter is not None:
             keep = _filter_indices(self.rows.take(pa.array(allrows)), filter)
             allrows = allrows[keep]
         tf = np.zeros((len(allrows), len(uniq)), np.float64)
@@ -205,4 +209,6 @@ def _block_mem_fts(
     live = np.zeros(block.num_rows, bool)
     live[block.live_rows] = True
     rows = block.keys.append_column(column, block.values)
-    return _MemFts(rows, [(0, merged)], live)
+    mf = _MemFts(rows, [(0, merged)], live)
+    mf.filter_mask = block.filter_mask
+    return mf

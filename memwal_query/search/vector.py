@@ -122,7 +122,7 @@ def vector_search(
     info = plan.index
     metric = genindex.vector_metric(plan.base, info) if info is not None else "l2"
     exact = metric in ("l2", "euclidean", "cosine", "dot", "hamming")
-    if filter is None and exact:
+    if exact:
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
     else:
         srcs = _build_sources(table, plan)
@@ -139,7 +139,7 @@ def vector_search(
 
     def fetch(s: _Source, kk: int) -> pa.Table:
         if s.block is not None:
-            return s.block.knn(q, kk, metric)
+            return s.block.knn(q, kk, metric, filter)
         if s.kind == "memtable":
             return _memtable_knn(s.mem_region, column, q, kk, metric, filter, narrow)
         ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()

@@ -5,6 +5,9 @@
 - the rows, in write order (so ``_rowaddr`` order is write order), with the
   ``_tombstone`` column, as one Lance fragment;
 - ``bloom_filter.bin`` over the primary key (see :mod:`memwal_query.format.bloom`);
+- ``memwal_rows.bin``, the rows again as one Arrow IPC file with their row addresses
+  (see :mod:`memwal_query.format.rowfile`: a first query reads it in one request
+  instead of opening the Lance table);
 - BTREE scalar indexes on the primary key (:func:`pk_index_names`: the key column, or
   each indexable column of a composite key); a single-column key's index files are
   also copied to ``_pk_index/`` where pylance's native MemWAL reader looks for them;
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from memwal_query.format import bloom
+from memwal_query.format import bloom, rowfile
 from memwal_query.format.lancetypes import btree_indexable
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.storage import crashpoints, paths
@@ -56,6 +59,9 @@ def write_generation(
     crashpoints.point("flush.mid")
     keys = data.select(table.primary_key)
     bloom.write(table.io, uri, keys)
+    fragments = [(f.fragment_id, f.metadata.physical_rows) for f in ds.get_fragments()]
+    if sum(n for _, n in fragments) == data.num_rows:  # else: readers use Lance only
+        rowfile.write(table.io, uri, data, rowfile.row_addresses(fragments))
     if pk_index_names(keys.schema):
         build_pk_indexes(ds, keys.schema)
         if len(table.primary_key) == 1:

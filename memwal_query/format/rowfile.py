@@ -1,0 +1,104 @@
+"""The rows sidecar of a flushed generation: ``memwal_rows.bin`` (issue 20, cold start).
+
+Opening a generation's Lance table and scanning it costs about 2 ms of fixed overhead
+however small the generation, so a search over 192 unmerged generations spent most of
+its first query opening them. At flush, next to ``bloom_filter.bin``, the writer also
+stores the generation's rows as one Arrow IPC file: every stored column (with
+``_tombstone``) plus ``_rowaddr``, the row address of each row in the generation's
+Lance table (what Lance's ``with_row_address`` returns: ``fragment id << 32 | offset``).
+Readers read it in one request and decode it without copying.
+
+Layout: the Arrow IPC *file* bytes, then an 8-byte trailer: the CRC-32 of those bytes
+(little-endian ``uint32``) and the magic ``MWR1``. A reader checks the trailer and the
+CRC before decoding, so a truncated or corrupted sidecar is detected.
+
+The sidecar is an optimisation only, never the source of truth: the Lance table is.
+A generation without one (written by pylance's native MemWAL or an older memwal_query,
+or a flush that died between the two) or with a damaged one is read from its Lance
+table, so answers never depend on it. The file is extra: pylance's native reader
+ignores it, and GC removes it with the generation's directory.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+import zlib
+
+import numpy as np
+import pyarrow as pa
+
+from memwal_query.exceptions import ObjectNotFoundError, StorageError
+from memwal_query.format.schema import ROWADDR_COLUMN
+from memwal_query.storage.io import FileIO, join
+
+ROWS_FILE = "memwal_rows.bin"
+_MAGIC = b"MWR1"
+_TRAILER = struct.Struct("<I4s")
+
+
+def row_addresses(fragments: list[tuple[int, int]]) -> np.ndarray:
+    """Row addresses of a Lance table's rows in scan order, from its fragments' ``(id,
+    physical rows)`` (a table without deletions, as a flushed generation is)."""
+    parts = [
+        (np.uint64(fid) << np.uint64(32)) + np.arange(n, dtype=np.uint64) for fid, n in fragments
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+
+def encode(rows: pa.Table, addresses: np.ndarray) -> bytes:
+    """The sidecar bytes of ``rows`` (stored columns) with their row ``addresses``."""
+    if len(addresses) != rows.num_rows:
+        raise ValueError(f"{len(addresses)} row addresses for {rows.num_rows} rows")
+    t = rows.append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64()))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    body = sink.getvalue().to_pybytes()
+    return body + _TRAILER.pack(zlib.crc32(body), _MAGIC)
+
+
+def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
+    """The rows (with ``_rowaddr``) of sidecar bytes; ValueError naming ``path`` when
+    the trailer, the CRC or the Arrow data is wrong."""
+    buf = pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data
+    if buf.size < _TRAILER.size:
+        raise ValueError(f"{path}: {buf.size} bytes, too short for a rows sidecar")
+    crc, magic = _TRAILER.unpack(buf.slice(buf.size - _TRAILER.size).to_pybytes())
+    body = buf.slice(0, buf.size - _TRAILER.size)
+    if magic != _MAGIC:
+        raise ValueError(f"{path}: not a rows sidecar (magic {magic!r})")
+    if zlib.crc32(memoryview(body)) != crc:
+        raise ValueError(f"{path}: CRC mismatch (corrupt or truncated)")
+    try:
+        t = pa.ipc.open_file(body).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"{path}: unreadable Arrow data: {e}") from e
+    if ROWADDR_COLUMN not in t.column_names:
+        raise ValueError(f"{path}: no {ROWADDR_COLUMN} column")
+    return t
+
+
+def write(io: FileIO, gen_uri: str, rows: pa.Table, addresses: np.ndarray) -> None:
+    """Write the sidecar of the generation at ``gen_uri`` (before its manifest commit)."""
+    io.write(join(gen_uri, ROWS_FILE), encode(rows, addresses))
+
+
+def read(io: FileIO, gen_uri: str) -> pa.Table | None:
+    """The generation's rows from its sidecar, or None when there is none or it is
+    damaged (a warning then; the caller reads the Lance table instead)."""
+    path = join(gen_uri, ROWS_FILE)
+    try:
+        data = io.read(path)
+    except ObjectNotFoundError:
+        return None
+    except StorageError as e:
+        warnings.warn(
+            f"{path}: not used ({e}); reading the Lance table", RuntimeWarning, stacklevel=2
+        )
+        return None
+    try:
+        return decode(data, path)
+    except ValueError as e:
+        warnings.warn(f"{e}; reading the Lance table", RuntimeWarning, stacklevel=2)
+        return None
