@@ -3,7 +3,7 @@ of generations without an INVERTED index."""
 
 from __future__ import annotations
 
-import collections
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_query.read import sources
 from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
@@ -30,6 +31,83 @@ def _texts(col: pa.ChunkedArray | pa.Array) -> list[str | None]:
     return col.to_pylist()
 
 
+_SEPARATORS: dict[str, tuple[str, str] | None] = {}
+_CHUNK_PIECES = 1 << 15  # text pieces per lance.tokenize call of the batched path
+
+
+def _separator(tok_kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """``(word, token)``: a word that the tokenizer ``tok_kwargs`` keeps as one token of
+    its own between two texts (so texts joined with it tokenize as each text alone), and
+    that token; None when there is none (n-gram or raw tokenizers, a short
+    ``max_token_length``...): texts are then tokenized one at a time. Random letters,
+    chosen once per process and tokenizer."""
+    key = repr(sorted(tok_kwargs.items()))
+    if key not in _SEPARATORS:
+
+        def toks(text: str) -> list[str]:
+            return [t.text for t in lance.tokenize(text, **tok_kwargs)]
+
+        word = "".join(chr(97 + b % 26) for b in os.urandom(24))
+        alone = toks(word)
+        ok = len(alone) == 1 and toks(f"alpha runs {word} beta") == (
+            toks("alpha runs") + alone + toks("beta")
+        )
+        _SEPARATORS[key] = (word, alone[0]) if ok else None
+    return _SEPARATORS[key]
+
+
+def tokenize_many(
+    col: pa.ChunkedArray | pa.Array, tok_kwargs: dict[str, Any]
+) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Tokenize every document of a string (or list-of-strings) column at once.
+
+    Returns ``(tokens, doc, valid)``: every token's text, the index of the document it
+    came from, and which documents are not null (a list document is its non-null items
+    joined by spaces). Documents are joined with a separator word in a few
+    ``lance.tokenize`` calls rather than one call per document (see :func:`_separator`).
+    """
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks else pa.array([], col.type)
+    n = len(col)
+    valid = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)
+    sep = _separator(tok_kwargs)
+    if sep is None and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+        # one call per document anyway: join its items as the document's text
+        joined = [" ".join(x for x in v if x) for v in col.filter(pc.is_valid(col)).to_pylist()]
+        pieces, piece_doc = pa.array(joined, pa.string()), np.flatnonzero(valid)
+    elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        pieces = pc.list_flatten(col)
+        piece_doc = np.asarray(pc.list_parent_indices(col).to_numpy(zero_copy_only=False))
+        keep = pc.and_(pc.is_valid(pieces), pc.not_equal(pc.binary_length(pieces), 0))
+        keep = pc.fill_null(keep, False)
+        pieces, piece_doc = pieces.filter(keep), piece_doc[keep.to_numpy(zero_copy_only=False)]
+    else:
+        pieces = col.filter(pc.is_valid(col))
+        piece_doc = np.flatnonzero(valid)
+    pieces = pieces.cast(pa.large_string())
+    texts: list[pa.Array] = []
+    owner: list[np.ndarray] = []
+    if sep is None:
+        for i, text in enumerate(pieces.to_pylist()):
+            toks = pa.array([t.text for t in lance.tokenize(text, **tok_kwargs)], pa.string())
+            texts.append(toks)
+            owner.append(np.full(len(toks), i, np.int64))
+    else:
+        word, sep_token = sep
+        for lo in range(0, len(pieces), _CHUNK_PIECES):
+            chunk = pieces.slice(lo, _CHUNK_PIECES)
+            one = pa.LargeListArray.from_arrays(pa.array([0, len(chunk)], pa.int64()), chunk)
+            glue = pa.scalar(f" {word} ", pa.large_string())
+            text = pc.binary_join(one, glue)[0].as_py() or ""
+            toks = pa.array([t.text for t in lance.tokenize(text, **tok_kwargs)], pa.string())
+            is_sep = np.asarray(pc.equal(toks, sep_token).to_numpy(zero_copy_only=False), bool)
+            texts.append(toks.filter(pa.array(~is_sep)))
+            owner.append((lo + np.cumsum(is_sep))[~is_sep])
+    tokens = pa.concat_arrays(texts) if texts else pa.array([], pa.string())
+    piece_of = np.concatenate(owner) if owner else np.zeros(0, np.int64)
+    return tokens, piece_doc[piece_of].astype(np.int64), valid[:n]
+
+
 class _TokenIndex:
     """In-memory token postings of a growing list of documents (MemTables, fallbacks)."""
 
@@ -41,22 +119,31 @@ class _TokenIndex:
         self.total_tokens = 0
         self.source: tuple = ()
 
-    def extend(self, texts: list[str | None]) -> None:
+    def extend(self, col: pa.ChunkedArray | pa.Array) -> None:
+        """Add the documents of ``col`` (strings or lists of strings; vectorised)."""
         start = len(self.doc_len)
-        for i, text in enumerate(texts):
-            if text is None:
-                self.doc_len.append(0)
-                continue
-            toks = [t.text for t in lance.tokenize(text, **self.tok_kwargs)]
-            self.doc_len.append(len(toks))
-            self.num_docs += 1
-            self.total_tokens += len(toks)
-            for tok, c in collections.Counter(toks).items():
-                rows, tfs = self.postings.setdefault(tok, ([], []))
-                rows.append(start + i)
-                tfs.append(c)
+        tokens, doc, valid = tokenize_many(col, self.tok_kwargs)
+        n = len(valid)
+        self.doc_len += np.bincount(doc, minlength=n).tolist()
+        self.num_docs += int(valid.sum())
+        self.total_tokens += len(tokens)
+        if not len(tokens):
+            return
+        enc = pc.dictionary_encode(tokens)
+        ids = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
+        pair, tf = np.unique(ids * max(n, 1) + doc, return_counts=True)
+        tok_ids, rows = pair // max(n, 1), pair % max(n, 1) + start
+        bounds = np.flatnonzero(np.diff(tok_ids)) + 1
+        words = enc.dictionary.to_pylist()
+        for tid, r, c in zip(
+            tok_ids[np.r_[0, bounds]].tolist(), np.split(rows, bounds), np.split(tf, bounds)
+        ):
+            got = self.postings.setdefault(words[tid], ([], []))
+            got[0].extend(r.tolist())
+            got[1].extend(c.tolist())
 
     def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (document indexes) holding ``token`` and its count in each."""
         rows, tfs = self.postings.get(token, ((), ()))
         return np.asarray(rows, np.int64), np.asarray(tfs, np.float64)
 
@@ -75,7 +162,7 @@ def _memtable_token_index(
     if idx is None:
         idx = _TokenIndex(tok_kwargs)
     for b in batches[len(idx.source) :]:
-        idx.extend(_texts(b.column(column)))
+        idx.extend(b.column(column))
     idx.source = tuple(batches)
     _MEM_FTS.put(key, idx)
     return idx
@@ -89,24 +176,36 @@ class _FtsStats:
 
 
 class _FrozenTokens:
-    """Several token indexes side by side as one, postings as arrays (a block's
-    generations: one dictionary lookup per query token instead of one per generation)."""
+    """Several token indexes side by side as one (a block's generations). A token's
+    postings over all parts are gathered the first time a query asks for it, then kept
+    as arrays (up to :data:`_FROZEN_TOKENS` tokens): building them all up front cost a
+    Python step per distinct token and generation."""
 
     def __init__(self, parts: list[tuple[int, _TokenIndex]]) -> None:
-        acc: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        lens = []
-        for off, ti in parts:
-            lens.append(np.asarray(ti.doc_len, np.float64))
-            for tok, (rows, tfs) in ti.postings.items():
-                r, t = acc.setdefault(tok, ([], []))
-                r.append(np.asarray(rows, np.int64) + off)
-                t.append(np.asarray(tfs, np.float64))
-        self.postings = {tok: (np.concatenate(r), np.concatenate(t)) for tok, (r, t) in acc.items()}
+        self.parts = parts
+        self.postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        lens = [np.asarray(ti.doc_len, np.float64) for _, ti in parts]
         self.doc_len = np.concatenate(lens) if lens else np.zeros(0, np.float64)
         self._empty = (np.zeros(0, np.int64), np.zeros(0, np.float64))
 
     def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
-        return self.postings.get(token, self._empty)
+        """Rows (block rows) holding ``token`` and its count in each."""
+        got = self.postings.get(token)
+        if got is None:
+            rows, tfs = [], []
+            for off, ti in self.parts:
+                hit = ti.postings.get(token)
+                if hit is not None:
+                    rows.append(np.asarray(hit[0], np.int64) + off)
+                    tfs.append(np.asarray(hit[1], np.float64))
+            got = (np.concatenate(rows), np.concatenate(tfs)) if rows else self._empty
+            if len(self.postings) >= _FROZEN_TOKENS:
+                self.postings.clear()
+            self.postings[token] = got
+        return got
+
+
+_FROZEN_TOKENS = 4096
 
 
 class _MemFts:
@@ -186,7 +285,7 @@ def _gen_token_index(
     if ti is None:
         rows = sources.read_generation(ref, table.schema, table.storage_options, [column])
         ti = _TokenIndex(tok_kwargs)
-        ti.extend(_texts(rows.column(column)))
+        ti.extend(rows.column(column))
         _GEN_TOKENS.put(key, ti)
     return ti
 
