@@ -178,13 +178,22 @@ def main() -> None:
     parser.add_argument("--gen-rows", type=int, default=500, help="rows per generation")
     parser.add_argument("--reps", type=int, default=20, help="queries per figure")
     parser.add_argument("--shapes", default=",".join(f"{r}x{g}" for r, g in SHAPES))
+    parser.add_argument(
+        "--native",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run pylance's native MemWAL planners at each shape",
+    )
+    add_stream_args(parser)
     args = parser.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     rng = np.random.default_rng(7)
     centers = rng.standard_normal((64, DIM)) * 3
     queries = vectors(args.reps + 1, rng, centers)
     results = []
     with tempfile.TemporaryDirectory() as root:
+        if not shapes:
+            return stream(args, centers)
         s = time.perf_counter()
         base_uri = build_base(root, args.base, rng, centers)
         print(f"base of {args.base:,} rows built in {time.perf_counter() - s:.1f} s", flush=True)
@@ -193,8 +202,18 @@ def main() -> None:
             t = build_shape(root, base_uri, args.base, regions, gens, args.gen_rows, rng, centers)
             built = time.perf_counter() - s
             m = measure(t, args.base, queries, args.reps)
+            if args.native:
+                m.update(native(t, args.base, queries, args.reps))
             print(f"  {regions}x{gens}: built in {built:.1f} s, {m}", flush=True)
             results.append(((regions, gens), m))
+    print_shapes(args, results)
+    if args.native:
+        print_native(args, results)
+    if args.stream_minutes > 0:
+        stream(args, centers)
+
+
+def print_shapes(args: argparse.Namespace, results: list) -> None:
     first = results[0][1]
     table = []
     for (regions, gens), m in results:
@@ -231,6 +250,75 @@ def main() -> None:
         "targets: lookup 64 regions <= 1.2x; vector and fts 192 generations <= 2x; "
         "recall@10 >= 0.95; cold first query at 192 generations <= 150 ms"
     )
+
+
+# -- pylance's native planners at the same shapes (benchmarks/scale_native.py) -------
+
+
+def native(t: mq.MemWalTable, n: int, queries: np.ndarray, reps: int) -> dict[str, object]:
+    from scale_native import native_measure
+
+    live = t.to_table(columns=["id", "vec"])
+    mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False))
+    live_ids = live.column("id").to_numpy()
+
+    def truth(q: np.ndarray) -> list[int]:
+        return live_ids[np.argsort(((mat - q) ** 2).sum(1))[:K]].tolist()
+
+    return native_measure(t, n, queries, reps, truth)
+
+
+def print_native(args: argparse.Namespace, results: list) -> None:
+    from scale_native import NATIVE_HEADER, native_rows
+
+    print_table(
+        "pylance native MemWAL planners at the same shapes (lance.mem_wal, pylance "
+        f"{lance.__version__}; scan = columns id, text; p50 ms)",
+        NATIVE_HEADER,
+        native_rows(results),
+    )
+    print(
+        "a native cell that is not a figure says why it is not one (the planner failed, "
+        "or answered with other rows than the deduplicated table)"
+    )
+
+
+# -- the streaming section (benchmarks/scale_stream.py) --------------------------------
+
+
+def add_stream_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("streaming section")
+    g.add_argument("--stream-minutes", type=float, default=10, help="0: skip the section")
+    g.add_argument("--stream-rate", type=int, default=1000, help="rows/s written")
+    g.add_argument("--stream-base", type=int, default=50_000, help="base table rows")
+    g.add_argument("--stream-regions", type=int, default=4)
+    g.add_argument("--stream-flush-seconds", type=float, default=5)
+    g.add_argument("--stream-watch-seconds", type=float, default=5, help="maintain --watch")
+    g.add_argument("--stream-retention-hours", type=float, default=1 / 60)
+    g.add_argument("--stream-log", help="keep the maintainer's JSON reports in this file")
+
+
+def stream(args: argparse.Namespace, centers: np.ndarray) -> None:
+    from scale_stream import run_stream
+
+    with tempfile.TemporaryDirectory() as root:
+        ok = run_stream(
+            root,
+            minutes=args.stream_minutes,
+            rate=args.stream_rate,
+            base_rows=args.stream_base,
+            regions=args.stream_regions,
+            flush_seconds=args.stream_flush_seconds,
+            watch_seconds=args.stream_watch_seconds,
+            retention_hours=args.stream_retention_hours,
+            log_copy=args.stream_log,
+            dim=DIM,
+            centers=centers,
+            words=WORDS,
+        )
+    print(f"stream answer checks: {'all ok' if ok else 'FAILED'}; load average {os.getloadavg()}")
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
