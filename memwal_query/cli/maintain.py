@@ -18,6 +18,7 @@ import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress
 from memwal_query.maintain.policy import (
+    DEFAULT_COMPACT_FRAGMENTS,
     DEFAULT_MAX_GENERATIONS,
     DEFAULT_MAX_ROWS,
     DEFAULT_RETENTION,
@@ -62,6 +63,7 @@ def _policy(
     catch_up: bool,
     snapshots: bool,
     gc: bool,
+    compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS,
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -72,6 +74,7 @@ def _policy(
         max_generations=max_generations,
         max_rows=max_rows,
         merge_batch_rows=batch_rows,
+        compact_fragments=compact_fragments,
         catch_up=catch_up,
         refresh_snapshots=snapshots,
         gc=gc,
@@ -126,6 +129,14 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     help=f"GC retention window [default: {DEFAULT_RETENTION.total_seconds() / 3600:g}].",
 )
 @click.option("--keep-versions", is_flag=True, help="GC removes no base versions.")
+@click.option(
+    "--compact-fragments",
+    type=click.IntRange(min=0),
+    default=DEFAULT_COMPACT_FRAGMENTS,
+    show_default=True,
+    help="Compact the base table's files when more of its fragments than this are small.",
+)
+@click.option("--no-compact", is_flag=True, help="Never compact the base table's files.")
 @click.option("--catch-up/--no-catch-up", default=True, show_default=True, help="Catch up indexes.")
 @click.option(
     "--snapshots/--no-snapshots", default=True, show_default=True, help="Refresh snapshots."
@@ -145,6 +156,8 @@ def maintain(
     batch_rows: int | None,
     retention_hours: float | None,
     keep_versions: bool,
+    compact_fragments: int,
+    no_compact: bool,
     catch_up: bool,
     snapshots: bool,
     gc: bool,
@@ -166,6 +179,7 @@ def maintain(
         catch_up,
         snapshots,
         gc,
+        None if no_compact else compact_fragments,
     )
     t = _open(uri)
     if watch is None:
