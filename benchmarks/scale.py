@@ -46,7 +46,7 @@ SCHEMA = pa.schema(
     ]
 )
 WORDS = np.array([f"w{i}" for i in range(2000)])
-SHAPES = [(1, 1), (1, 50), (64, 1), (64, 3)]
+SHAPES = [(1, 1), (1, 10), (1, 50), (1, 200), (16, 1), (64, 1), (64, 3)]
 
 
 def vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:

@@ -451,6 +451,32 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
         w.close()
 
 
+def _segments(uri: str, name: str) -> int:
+    return next(len(d.segments) for d in lance.dataset(uri).describe_indices() if d.name == name)
+
+
+def test_catch_up_merges_index_segments_over_the_limit(tmp_path: Any) -> None:
+    t = _table(tmp_path)
+    merge_only = MaintenancePolicy(
+        max_generations=0, catch_up=False, gc=False, retention=None, compact_fragments=None
+    )
+    for step in range(3):  # a delta segment per catch-up, as Lance adds to vector indexes
+        _flushed(t, step % 2, [100 + step]).close()
+        t.maintain(merge_only)
+        ds = lance.dataset(t.uri)
+        ds.optimize.optimize_indices(index_names=["name_idx"], num_indices_to_merge=0)
+    many = _segments(t.uri, "name_idx")
+    assert many >= 3
+    _flushed(t, 0, [200]).close()
+    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=many))
+    assert _segments(t.uri, "name_idx") >= many  # not over the limit: left as they are
+    _flushed(t, 1, [201]).close()
+    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
+    assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t) == []
+    got = lance.dataset(t.uri).to_table(filter="name = 'n201'", columns=["id"])
+    assert got.column("id").to_pylist() == [201]  # through the merged index
+
+
 # -- command line ----------------------------------------------------------------------------
 def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     t = _table(tmp_path)
@@ -483,11 +509,11 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
 
     calls: list[int] = []
 
-    def flaky(table: Any, names: Any = None) -> Any:
+    def flaky(table: Any, names: Any = None, max_segments: Any = None) -> Any:
         calls.append(1)
         if len(calls) == 1:
             raise OSError("disk on fire")
-        return real(table, names)
+        return real(table, names, max_segments)
 
     real = catchup.catch_up_indexes
     monkeypatch.setattr(catchup, "catch_up_indexes", flaky)

@@ -76,6 +76,7 @@ DEFAULT_MAX_GENERATIONS = 4
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_RETENTION = dt.timedelta(hours=1)
 DEFAULT_COMPACT_FRAGMENTS = 16
+DEFAULT_MAX_INDEX_SEGMENTS = 4
 
 _T = TypeVar("_T")
 
@@ -123,6 +124,10 @@ class MaintenancePolicy:
         when **more than** this many of its fragments are smaller than Lance's target
         of 1,048,576 rows (default 16; every merge adds small fragments, and searches
         and scans pay per fragment). None: never compact.
+    max_index_segments : int, optional
+        When catch-up finds a maintained index with more than this many segments (Lance
+        adds a delta segment to a vector index per catch-up, and a search probes every
+        segment), it merges them into one (default 4). None: never merge.
     catch_up : bool
         Extend the maintained base indexes over merged data when they are behind, and
         the other base indexes (the primary-key BTREE) when they leave rows unindexed
@@ -145,13 +150,14 @@ class MaintenancePolicy:
     merge_batch_rows: int | None = None
     max_retries: int | None = None
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS
+    max_index_segments: int | None = DEFAULT_MAX_INDEX_SEGMENTS
     catch_up: bool = True
     refresh_snapshots: bool = True
     gc: bool = True
     retention: dt.timedelta | None = DEFAULT_RETENTION
 
     def __post_init__(self) -> None:
-        optional = ("merge_batch_rows", "max_retries", "compact_fragments")
+        optional = ("merge_batch_rows", "max_retries", "compact_fragments", "max_index_segments")
         for name in ("max_generations", "max_rows", *optional):
             value = getattr(self, name)
             if value is None and name in optional:
@@ -539,7 +545,9 @@ def maintain(
 
                 names = report.catch_up
                 report.index_catchup = _retrying(
-                    table, lambda: catch_up_indexes(table, names), attempts
+                    table,
+                    lambda: catch_up_indexes(table, names, policy.max_index_segments),
+                    attempts,
                 )
             report.extended = _retrying(table, lambda: indexes_to_extend(table), attempts)
             if report.extended and not dry_run:
