@@ -290,6 +290,7 @@ def add_stream_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("streaming section")
     g.add_argument("--stream-minutes", type=float, default=10, help="0: skip the section")
     g.add_argument("--stream-rate", type=int, default=1000, help="rows/s written")
+    g.add_argument("--stream-new-share", type=float, default=0.1, help="share of new keys")
     g.add_argument("--stream-base", type=int, default=50_000, help="base table rows")
     g.add_argument("--stream-regions", type=int, default=4)
     g.add_argument("--stream-flush-seconds", type=float, default=5)
@@ -311,6 +312,7 @@ def stream(args: argparse.Namespace, centers: np.ndarray) -> None:
             flush_seconds=args.stream_flush_seconds,
             watch_seconds=args.stream_watch_seconds,
             retention_hours=args.stream_retention_hours,
+            new_share=args.stream_new_share,
             log_copy=args.stream_log,
             dim=DIM,
             centers=centers,

@@ -3,17 +3,19 @@ upserts for ``--stream-minutes`` with ``memwal maintain URI --watch`` running al
 as a real subprocess.
 
 The stream: every tick (0.5 s) the rows due at ``--stream-rate`` rows/s are written
-through :meth:`MemWalTable.write` (about 80% updates of existing keys, 20% new keys,
-each row with a vector, a text and ``seq``, the global write number), plus about 2% of
-the tick's keys deleted; every ``--stream-flush-seconds`` the writers flush (a new
-generation per region). Each tick then runs one single-key lookup, one vector search
-(k=10) and one full-text search through the same table (MemTables included). Every
-minute it prints the unmerged generations (after the minute), p50 of the lookups,
-vector and full-text searches of the minute, the rows/s achieved, the generation
-directories on disk, the base table's versions and the maintainer's RSS; at the end
-the first-minute vs last-minute ratios, and it verifies the answer: every key's
-newest ``seq`` equals a model kept alongside (nothing lost, nothing doubled, no deleted
-key back) - through the reader with live MemTables, after a final flush, and in the
+through :meth:`MemWalTable.write` (a share ``--stream-new-share`` of new keys, 10% by
+default, the rest updates of existing keys; each row with a vector, a text and
+``seq``, the global write number), plus about 2% of the tick's keys deleted; every
+``--stream-flush-seconds`` the writers flush (a new generation per region). Each tick
+then runs one single-key lookup, one vector search (k=10) and one full-text search
+through the same table (MemTables included). Every minute it prints the unmerged
+generations (mean and max of samples taken at each flush), p50 of the minute's
+lookups, vector and full-text searches, the rows/s achieved, the generation
+directories on disk, the base table's rows, versions, fragments and index segments,
+the maintainer's passes, and both processes' RSS; at the end the first-minute vs
+last-minute ratios, and it verifies the answer: every key's newest ``seq`` equals a
+model kept alongside (nothing lost, nothing doubled, no deleted key back) - through
+the reader with live MemTables, after a final flush, and in the
 base table itself after a final full merge.
 """
 
@@ -40,7 +42,7 @@ from memwal_query.format.index import INDEX_NAME  # noqa: E402
 from memwal_query.maintain.policy import MaintenancePolicy, plan_regions  # noqa: E402
 
 TICK = 0.5
-UPDATE_SHARE, DELETE_SHARE = 0.8, 0.02
+DELETE_SHARE = 0.02
 
 
 def stream_schema(dim: int) -> pa.Schema:
@@ -157,6 +159,7 @@ def run_stream(
     flush_seconds: float,
     watch_seconds: float,
     retention_hours: float,
+    new_share: float,
     log_copy: str | None,
     dim: int,
     centers: np.ndarray,
@@ -175,7 +178,7 @@ def run_stream(
     t = mq.MemWalTable.initialize(uri, region_spec=spec, maintained_indexes=["vec_idx", "text_idx"])
     # MemTables flush on the benchmark's clock only
     t.configure_writers(max_memtable_rows=10_000_000, max_memtable_bytes=1 << 40)
-    capacity = base_rows + int(rate * minutes * 60 * (1 - UPDATE_SHARE)) + 10 * rate
+    capacity = base_rows + int(rate * (minutes * 60 + 60) * new_share) + 10 * rate
     model = np.full(capacity, -1, np.int64)
     model[:base_rows] = 0
     next_key, next_seq = base_rows, 1
@@ -197,6 +200,7 @@ def run_stream(
     written = minute_rows = 0
     minute = 1
     seen: list[int] = [0]
+    samples: list[int] = []
     qrng = np.random.default_rng(3)
     try:
         while True:
@@ -208,8 +212,8 @@ def run_stream(
                 keys = np.unique(
                     np.concatenate(
                         [
-                            rng.integers(0, next_key, int(due * UPDATE_SHARE)),
-                            np.arange(next_key, next_key + due - int(due * UPDATE_SHARE)),
+                            rng.integers(0, next_key, due - int(due * new_share)),
+                            np.arange(next_key, next_key + int(due * new_share)),
                         ]
                     )
                 )
@@ -228,12 +232,14 @@ def run_stream(
             if now - last_flush >= flush_seconds:
                 t.flush()
                 last_flush = now
+                samples.append(unmerged(t))
             queries(t, qrng, next_key, centers, words, lat)
             end = time.perf_counter()
             if end - minute_start >= 60:
                 row = [
                     minute,
-                    unmerged(t),
+                    float(np.mean(samples)) if samples else 0.0,
+                    max(samples, default=0),
                     pct(lat["lookup"], 50) * 1e3,
                     pct(lat["vector"], 50) * 1e3,
                     pct(lat["fts"], 50) * 1e3,
@@ -250,8 +256,10 @@ def run_stream(
                 if maint.poll() is not None:
                     raise RuntimeError(f"the maintainer exited with {maint.returncode}")
                 lat = {k: [] for k in lat}
+                samples = []
                 minute_rows, minute_start, minute = 0, end, minute + 1
             time.sleep(max(0.0, TICK - (time.perf_counter() - now)))
+        elapsed = time.perf_counter() - start
         t.flush()
     finally:
         maint.send_signal(signal.SIGINT)
@@ -263,12 +271,14 @@ def run_stream(
         log.close()
     header = [
         "minute",
-        "unmerged gens",
+        "unmerged gens (mean)",
+        "(max)",
         "lookup p50 ms",
         "vector p50 ms",
         "fts p50 ms",
         "rows/s",
         "gen dirs",
+        "base rows",
         "base versions",
         "base fragments",
         "index segments",
@@ -288,7 +298,7 @@ def run_stream(
         ratios = {
             h: float(last[i]) / float(first[i]) if float(first[i]) else float("nan")
             for i, h in enumerate(header)
-            if i in (1, 2, 3, 4, 5)
+            if i in (1, 3, 4, 5, 6)
         }
         print(
             "last minute / first minute: " + ", ".join(f"{h} {r:.2f}x" for h, r in ratios.items())
@@ -296,7 +306,8 @@ def run_stream(
     if log_copy:
         shutil.copy(f"{root}/maintain.log", log_copy)
         print(f"maintainer log: {log_copy}")
-    print(f"written {written:,} rows ({written / (minutes * 60):,.0f} rows/s); final checks:")
+    rate_now = written / elapsed
+    print(f"written {written:,} rows in {elapsed:.0f} s ({rate_now:,.0f} rows/s); final checks:")
     ok &= verify(t.to_table(columns=["id", "seq"]), model[:next_key], "reader") == "ok"
     t.close()
     reopened = mq.MemWalTable.open(uri)
@@ -308,10 +319,10 @@ def run_stream(
 
 
 def base_shape(uri: str) -> list[int]:
-    """[versions, fragments, index segments (all indexes)] of the base table."""
+    """[rows, versions, fragments, index segments (all indexes)] of the base table."""
     ds = lance.dataset(uri)
     segments = sum(len(ix.segments) for ix in ds.describe_indices() if ix.name != INDEX_NAME)
-    return [len(ds.versions()), len(ds.get_fragments()), segments]
+    return [ds.count_rows(), len(ds.versions()), len(ds.get_fragments()), segments]
 
 
 def passes(log: str, seen: list[int]) -> list[object]:
