@@ -16,6 +16,7 @@ import lance
 import pyarrow as pa
 
 import memwal_query as mq
+from memwal_query.maintain.policy import MaintenancePolicy
 from memwal_query.read.sources import GENERATION_CACHE
 from memwal_query.search.common import _GEN_TOKENS, _GENERATIONS
 from memwal_query.search.forget import forget_merged
@@ -58,4 +59,7 @@ def test_merged_generations_leave_the_caches(tmp_path: Any) -> None:
     # the same merge progress again: nothing to do; another table's uri: untouched
     assert forget_merged(t.uri, t.index().merged_generations()) == 0
     assert forget_merged(str(tmp_path / "other"), {"x": 99}) == 0
+    # a maintenance pass that merges forgets what its merger read
+    t.maintain(MaintenancePolicy(max_generations=0, gc=False, compact_fragments=None))
+    assert _cached(t.uri) == set()
     w.close()

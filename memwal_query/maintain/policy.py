@@ -51,6 +51,7 @@ when the table moved meanwhile; a failure that remains does not stop the other s
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -520,6 +521,14 @@ def maintain(
             except Exception as e:  # noqa: BLE001 - reported; the other steps go on
                 report.errors["merge"] = f"{type(e).__name__}: {e}"
                 first = e
+
+    if report.merged:
+        # the merger read the merged generations through the shared column cache: a
+        # long-running maintainer (``--watch``) would keep them until its byte bound
+        from memwal_query.search.forget import forget_merged
+
+        with contextlib.suppress(Exception):  # only a cache: never fails a pass
+            forget_merged(table.uri, table.index().merged_generations())
 
     if policy.compact_fragments is not None:
         limit = policy.compact_fragments
