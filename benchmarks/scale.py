@@ -2,8 +2,8 @@
 
 Shapes (base table with an IVF_PQ vector index and an INVERTED full-text index, both
 maintained in every generation; each flushed generation upserts ``--gen-rows`` rows
-of existing keys): 1 region x 1 generation, 1 x 50, 64 regions x 1, 64 x 3 (192
-generations). Per shape: single-key lookup p50, vector search k=10 p50 (nprobes 20,
+of existing keys): 1 region x 1, 10, 50 and 200 generations, 16 and 64 regions x 1,
+64 x 3 (192 generations). Per shape: single-key lookup p50, vector search k=10 p50 (nprobes 20,
 the default refine) with recall@10 against exact search over the deduplicated rows,
 full-text search k=10 p50 (two-word queries), and the cold first query (in a new
 process: open the table, first vector search; imports excluded).
@@ -12,6 +12,14 @@ Targets (issue 20): vector and FTS at 192 generations <= 2x the 1-generation lat
 recall@10 >= 0.95; lookup at 64 regions <= 1.2x 1 region; cold first query at 192
 generations <= 150 ms. The issue measured on a 500k-row base; the default here is
 100k rows (``--base``) so that a run takes a few minutes on a 2-core machine.
+
+At the same shapes, pylance's native planners (``lance.mem_wal``: LsmScanner, point
+lookup, vector search) read the same table, each answer checked against ours
+(``benchmarks/scale_native.py``; ``--no-native`` skips them). Then the streaming section
+(``benchmarks/scale_stream.py``; ``--stream-minutes``, default 10, 0 skips it): a steady
+stream of upserts with ``memwal maintain URI --watch`` running alongside as a real
+process, per-minute figures, first vs last minute, and a final check of every key
+against a model. ``--shapes ""`` runs the streaming section alone.
 """
 
 from __future__ import annotations
