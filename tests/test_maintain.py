@@ -432,6 +432,7 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     assert report.compacted["fragments_removed"] == frags
     assert _fragments(t.uri) == report.compacted["fragments_added"] < frags
     assert report.extended == [key_index] and report.to_dict()["extended"] == [key_index]
+    assert report.to_dict()["compact_due"] and report.to_dict()["compacted"] == report.compacted
     now = lance.dataset(t.uri)
     assert now.stats.index_stats(key_index)["num_unindexed_rows"] == 0
     assert t.index().merged_generations() == merged  # the MemWAL index carried over

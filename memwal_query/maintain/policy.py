@@ -319,6 +319,7 @@ class MaintenanceReport:
             ],
             "merged": [{"region_id": m.region_id, "generation": m.generation} for m in self.merged],
             "small_fragments": self.small_fragments,
+            "compact_due": self.compact_due,
             "compacted": self.compacted,
             "catch_up": self.catch_up,
             "extended": self.extended,
