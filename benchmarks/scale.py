@@ -2,8 +2,8 @@
 
 Shapes (base table with an IVF_PQ vector index and an INVERTED full-text index, both
 maintained in every generation; each flushed generation upserts ``--gen-rows`` rows
-of existing keys): 1 region x 1 generation, 1 x 50, 64 regions x 1, 64 x 3 (192
-generations). Per shape: single-key lookup p50, vector search k=10 p50 (nprobes 20,
+of existing keys): 1 region x 1, 10, 50 and 200 generations, 16 and 64 regions x 1,
+64 x 3 (192 generations). Per shape: single-key lookup p50, vector search k=10 p50 (nprobes 20,
 the default refine) with recall@10 against exact search over the deduplicated rows,
 full-text search k=10 p50 (two-word queries), the same two searches with a filter on
 the newest rows (``id >= base/2``; recall@10 of the filtered vector search against
@@ -15,6 +15,14 @@ Targets (issue 20): vector and FTS at 192 generations <= 2x the 1-generation lat
 recall@10 >= 0.95; lookup at 64 regions <= 1.2x 1 region; cold first query at 192
 generations <= 150 ms. The issue measured on a 500k-row base; the default here is
 100k rows (``--base``) so that a run takes a few minutes on a 2-core machine.
+
+At the same shapes, pylance's native planners (``lance.mem_wal``: LsmScanner, point
+lookup, vector search) read the same table, each answer checked against ours
+(``benchmarks/scale_native.py``; ``--no-native`` skips them). Then the streaming section
+(``benchmarks/scale_stream.py``; ``--stream-minutes``, default 10, 0 skips it): a steady
+stream of upserts with ``memwal maintain URI --watch`` running alongside as a real
+process, per-minute figures, first vs last minute, and a final check of every key
+against a model. ``--shapes ""`` runs the streaming section alone.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ SCHEMA = pa.schema(
     ]
 )
 WORDS = np.array([f"w{i}" for i in range(2000)])
-SHAPES = [(1, 1), (1, 50), (64, 1), (64, 3)]
+SHAPES = [(1, 1), (1, 10), (1, 50), (1, 200), (16, 1), (64, 1), (64, 3)]
 
 
 def vectors(n: int, rng: np.random.Generator, centers: np.ndarray) -> np.ndarray:
@@ -221,13 +229,22 @@ def main() -> None:
     parser.add_argument("--gen-rows", type=int, default=500, help="rows per generation")
     parser.add_argument("--reps", type=int, default=20, help="queries per figure")
     parser.add_argument("--shapes", default=",".join(f"{r}x{g}" for r, g in SHAPES))
+    parser.add_argument(
+        "--native",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run pylance's native MemWAL planners at each shape",
+    )
+    add_stream_args(parser)
     args = parser.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     rng = np.random.default_rng(7)
     centers = rng.standard_normal((64, DIM)) * 3
     queries = vectors(args.reps + 1, rng, centers)
     results = []
     with tempfile.TemporaryDirectory() as root:
+        if not shapes:
+            return stream(args, centers)
         s = time.perf_counter()
         base_uri = build_base(root, args.base, rng, centers)
         print(f"base of {args.base:,} rows built in {time.perf_counter() - s:.1f} s", flush=True)
@@ -236,8 +253,18 @@ def main() -> None:
             t = build_shape(root, base_uri, args.base, regions, gens, args.gen_rows, rng, centers)
             built = time.perf_counter() - s
             m = measure(t, args.base, queries, args.reps)
+            if args.native:
+                m.update(native(t, args.base, queries, args.reps))
             print(f"  {regions}x{gens}: built in {built:.1f} s, {m}", flush=True)
             results.append(((regions, gens), m))
+    print_shapes(args, results)
+    if args.native:
+        print_native(args, results)
+    if args.stream_minutes > 0:
+        stream(args, centers)
+
+
+def print_shapes(args: argparse.Namespace, results: list) -> None:
     first = results[0][1]
     table = []
     for (regions, gens), m in results:
@@ -287,6 +314,77 @@ def main() -> None:
         "generations <= 2x; "
         "recall@10 >= 0.95; cold first query at 192 generations <= 150 ms"
     )
+
+
+# -- pylance's native planners at the same shapes (benchmarks/scale_native.py) -------
+
+
+def native(t: mq.MemWalTable, n: int, queries: np.ndarray, reps: int) -> dict[str, object]:
+    from scale_native import native_measure
+
+    live = t.to_table(columns=["id", "vec"])
+    mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False))
+    live_ids = live.column("id").to_numpy()
+
+    def truth(q: np.ndarray) -> list[int]:
+        return live_ids[np.argsort(((mat - q) ** 2).sum(1))[:K]].tolist()
+
+    return native_measure(t, n, queries, reps, truth)
+
+
+def print_native(args: argparse.Namespace, results: list) -> None:
+    from scale_native import NATIVE_HEADER, native_rows
+
+    print_table(
+        "pylance native MemWAL planners at the same shapes (lance.mem_wal, pylance "
+        f"{lance.__version__}; scan = columns id, text; p50 ms)",
+        NATIVE_HEADER,
+        native_rows(results),
+    )
+    print(
+        "a native cell that is not a figure says why it is not one (the planner failed, "
+        "or answered with other rows than the deduplicated table)"
+    )
+
+
+# -- the streaming section (benchmarks/scale_stream.py) --------------------------------
+
+
+def add_stream_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("streaming section")
+    g.add_argument("--stream-minutes", type=float, default=10, help="0: skip the section")
+    g.add_argument("--stream-rate", type=int, default=1000, help="rows/s written")
+    g.add_argument("--stream-new-share", type=float, default=0.1, help="share of new keys")
+    g.add_argument("--stream-base", type=int, default=50_000, help="base table rows")
+    g.add_argument("--stream-regions", type=int, default=4)
+    g.add_argument("--stream-flush-seconds", type=float, default=5)
+    g.add_argument("--stream-watch-seconds", type=float, default=5, help="maintain --watch")
+    g.add_argument("--stream-retention-hours", type=float, default=1 / 60)
+    g.add_argument("--stream-log", help="keep the maintainer's JSON reports in this file")
+
+
+def stream(args: argparse.Namespace, centers: np.ndarray) -> None:
+    from scale_stream import run_stream
+
+    with tempfile.TemporaryDirectory() as root:
+        ok = run_stream(
+            root,
+            minutes=args.stream_minutes,
+            rate=args.stream_rate,
+            base_rows=args.stream_base,
+            regions=args.stream_regions,
+            flush_seconds=args.stream_flush_seconds,
+            watch_seconds=args.stream_watch_seconds,
+            retention_hours=args.stream_retention_hours,
+            new_share=args.stream_new_share,
+            log_copy=args.stream_log,
+            dim=DIM,
+            centers=centers,
+            words=WORDS,
+        )
+    print(f"stream answer checks: {'all ok' if ok else 'FAILED'}; load average {os.getloadavg()}")
+    if not ok:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

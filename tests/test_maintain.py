@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -100,7 +101,16 @@ def test_policy_defaults_and_validation() -> None:
     assert p.wants_merge(4, 100_000) is None
     assert p.wants_merge(5, 0) == "5 unmerged generations > 4"
     assert p.wants_merge(1, 100_001) == "100001 unmerged rows > 100000"
-    for bad in ({"max_generations": -1}, {"max_rows": 1.5}, {"max_retries": True}):
+    assert (
+        p.compact_fragments == 16
+        and MaintenancePolicy(compact_fragments=None).compact_fragments is None
+    )
+    for bad in (
+        {"max_generations": -1},
+        {"max_rows": 1.5},
+        {"max_retries": True},
+        {"compact_fragments": -1},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             MaintenancePolicy(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="retention"):
@@ -268,6 +278,7 @@ def stepper(monkeypatch: Any) -> dict[str, _Stepper]:
     lance_dataset = sys.modules["lance.dataset"]
     hook(lance_dataset.MergeInsertBuilder, "execute")
     hook(lance_dataset.DatasetOptimizer, "optimize_indices")
+    hook(lance_dataset.DatasetOptimizer, "compact_files")
     return box
 
 
@@ -278,6 +289,7 @@ _MUTATING = {
     "delete_tree",
     "execute",
     "optimize_indices",
+    "compact_files",
     "cleanup_old_versions",
     "commit",
 }
@@ -312,7 +324,8 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     def run() -> None:
         s.tid = threading.get_ident()
         try:
-            out["report"] = maintain(paused_table, NOW)
+            # compact_fragments=0: it compacts the base table on every pass
+            out["report"] = maintain(paused_table, dataclasses.replace(NOW, compact_fragments=0))
         except BaseException as e:  # noqa: BLE001 - checked below
             out["error"] = e
         finally:
@@ -339,7 +352,10 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
         # It leaves catch-up and snapshots to the paused one, except right before the
         # paused one extends the indexes: there it catches up first.
         policy = MaintenancePolicy(
-            max_generations=0, catch_up=everything, refresh_snapshots=everything
+            max_generations=0,
+            catch_up=everything,
+            refresh_snapshots=everything,
+            compact_fragments=0 if everything else None,
         )
         maintain(other, policy)
         assert _state(t) == model, f"after another maintainer at access {i}"
@@ -369,6 +385,7 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     assert n > 30, seen  # it did touch storage that often
     assert {"MergeInsertBuilder.execute", "LocalFileIO.delete_tree"} <= set(seen), seen
     assert {"DatasetOptimizer.optimize_indices", "LanceDataset.commit"} <= set(seen), seen
+    assert "DatasetOptimizer.compact_files" in seen, seen
     # Everything flushed gets merged; the base table then is the model, each key once.
     maintain(other, NOW)
     assert _state(t) == model
@@ -376,6 +393,89 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     assert indexes_behind(t) == [] and not snapshots_stale(t)
     for w in writers:
         w.close()
+
+
+def _fragments(uri: str) -> int:
+    return len(lance.dataset(uri).get_fragments())
+
+
+@pytest.mark.slow
+def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
+    """Merges leave small fragments and an unindexed primary-key index behind; a pass
+    compacts the base (over the policy's limit) and extends the key index; the answer,
+    the merge progress and an older base version stay as they were."""
+    t = _table(tmp_path)
+    model = {i: float(i) for i in range(20)}
+    keep = MaintenancePolicy(
+        max_generations=0, gc=False, retention=None, compact_fragments=None, catch_up=False
+    )
+    writers = [_writer(t, p) for p in (0, 1)]
+    for step in range(4):
+        _put(model, writers[step % 2], step)
+        assert t.maintain(keep).small_fragments == 0  # it did not look
+    before = lance.dataset(t.uri)
+    pinned = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"])
+    merged = t.index().merged_generations()
+    frags = _fragments(t.uri)
+    assert frags > 3
+    key_index = next(d.name for d in before.describe_indices() if d.field_names == ["id"])
+    assert before.stats.index_stats(key_index)["num_unindexed_rows"] > 0
+
+    compact = MaintenancePolicy(max_generations=0, gc=False, retention=None, compact_fragments=2)
+    dry = t.maintain(compact, dry_run=True)
+    assert dry.compact_due and dry.small_fragments == frags and not dry.compacted
+    assert dry.extended == [key_index] and dry.catch_up == ["name_idx"]
+    assert any("would compact" in line for line in dry.lines())
+    assert lance.dataset(t.uri).version == before.version  # nothing changed
+
+    report = t.maintain(compact)
+    assert report.compacted["fragments_removed"] == frags
+    assert _fragments(t.uri) == report.compacted["fragments_added"] < frags
+    assert report.extended == [key_index] and report.to_dict()["extended"] == [key_index]
+    assert report.to_dict()["compact_due"] and report.to_dict()["compacted"] == report.compacted
+    now = lance.dataset(t.uri)
+    assert now.stats.index_stats(key_index)["num_unindexed_rows"] == 0
+    assert t.index().merged_generations() == merged  # the MemWAL index carried over
+    assert indexes_behind(t) == [] and _state(t) == model and _base_state(t.uri) == model
+    # the version before compaction still reads as it did (until GC removes it)
+    old = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"], as_of=before.version)
+    assert old.sort_by("id").equals(pinned.sort_by("id"))
+    # a quiet pass: few fragments, nothing unindexed, nothing committed
+    quiet = t.maintain(dataclasses.replace(compact, compact_fragments=frags))
+    assert not quiet.compact_due and not quiet.extended
+    assert lance.dataset(t.uri).version == now.version
+    # new writes after compaction merge on top of it
+    _put(model, writers[0], 7)
+    t.maintain(compact)
+    assert _state(t) == model and _base_state(t.uri) == model
+    for w in writers:
+        w.close()
+
+
+def _segments(uri: str, name: str) -> int:
+    return next(len(d.segments) for d in lance.dataset(uri).describe_indices() if d.name == name)
+
+
+def test_catch_up_merges_index_segments_over_the_limit(tmp_path: Any) -> None:
+    t = _table(tmp_path)
+    merge_only = MaintenancePolicy(
+        max_generations=0, catch_up=False, gc=False, retention=None, compact_fragments=None
+    )
+    for step in range(3):  # a delta segment per catch-up, as Lance adds to vector indexes
+        _flushed(t, step % 2, [100 + step]).close()
+        t.maintain(merge_only)
+        ds = lance.dataset(t.uri)
+        ds.optimize.optimize_indices(index_names=["name_idx"], num_indices_to_merge=0)
+    many = _segments(t.uri, "name_idx")
+    assert many >= 3
+    _flushed(t, 0, [200]).close()
+    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=many))
+    assert _segments(t.uri, "name_idx") >= many  # not over the limit: left as they are
+    _flushed(t, 1, [201]).close()
+    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
+    assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t) == []
+    got = lance.dataset(t.uri).to_table(filter="name = 'n201'", columns=["id"])
+    assert got.column("id").to_pylist() == [201]  # through the merged index
 
 
 # -- command line ----------------------------------------------------------------------------
@@ -410,11 +510,11 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
 
     calls: list[int] = []
 
-    def flaky(table: Any, names: Any = None) -> Any:
+    def flaky(table: Any, names: Any = None, max_segments: Any = None) -> Any:
         calls.append(1)
         if len(calls) == 1:
             raise OSError("disk on fire")
-        return real(table, names)
+        return real(table, names, max_segments)
 
     real = catchup.catch_up_indexes
     monkeypatch.setattr(catchup, "catch_up_indexes", flaky)

@@ -18,7 +18,9 @@ import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress
 from memwal_query.maintain.policy import (
+    DEFAULT_COMPACT_FRAGMENTS,
     DEFAULT_MAX_GENERATIONS,
+    DEFAULT_MAX_INDEX_SEGMENTS,
     DEFAULT_MAX_ROWS,
     DEFAULT_RETENTION,
     MaintenanceFailedError,
@@ -62,6 +64,8 @@ def _policy(
     catch_up: bool,
     snapshots: bool,
     gc: bool,
+    compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS,
+    max_index_segments: int = DEFAULT_MAX_INDEX_SEGMENTS,
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -72,6 +76,8 @@ def _policy(
         max_generations=max_generations,
         max_rows=max_rows,
         merge_batch_rows=batch_rows,
+        compact_fragments=compact_fragments,
+        max_index_segments=max_index_segments,
         catch_up=catch_up,
         refresh_snapshots=snapshots,
         gc=gc,
@@ -126,6 +132,21 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     help=f"GC retention window [default: {DEFAULT_RETENTION.total_seconds() / 3600:g}].",
 )
 @click.option("--keep-versions", is_flag=True, help="GC removes no base versions.")
+@click.option(
+    "--compact-fragments",
+    type=click.IntRange(min=0),
+    default=DEFAULT_COMPACT_FRAGMENTS,
+    show_default=True,
+    help="Compact the base table's files when more of its fragments than this are small.",
+)
+@click.option("--no-compact", is_flag=True, help="Never compact the base table's files.")
+@click.option(
+    "--max-index-segments",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_INDEX_SEGMENTS,
+    show_default=True,
+    help="Catch-up merges a maintained index's segments when it has more than this.",
+)
 @click.option("--catch-up/--no-catch-up", default=True, show_default=True, help="Catch up indexes.")
 @click.option(
     "--snapshots/--no-snapshots", default=True, show_default=True, help="Refresh snapshots."
@@ -145,6 +166,9 @@ def maintain(
     batch_rows: int | None,
     retention_hours: float | None,
     keep_versions: bool,
+    compact_fragments: int,
+    no_compact: bool,
+    max_index_segments: int,
     catch_up: bool,
     snapshots: bool,
     gc: bool,
@@ -166,6 +190,8 @@ def maintain(
         catch_up,
         snapshots,
         gc,
+        None if no_compact else compact_fragments,
+        max_index_segments,
     )
     t = _open(uri)
     if watch is None:

@@ -31,8 +31,16 @@ if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
 
 
-def catch_up_indexes(table: Catalog, names: list[str] | None = None) -> dict[str, dict]:
-    """Rebuild/extend base indexes and record ``index_catchup``; return the progress."""
+def catch_up_indexes(
+    table: Catalog, names: list[str] | None = None, max_segments: int | None = None
+) -> dict[str, dict]:
+    """Rebuild/extend base indexes and record ``index_catchup``; return the progress.
+
+    Lance extends a vector index by a new delta segment each time, and a search probes
+    every segment: with ``max_segments``, when one of the indexes has more segments
+    than that, its segments are merged into one by the same optimisation (Lance's
+    ``num_indices_to_merge``).
+    """
     names = list(names if names is not None else table.maintained_indexes)
     if not names:
         return {}
@@ -45,7 +53,12 @@ def catch_up_indexes(table: Catalog, names: list[str] | None = None) -> dict[str
     # over the fragments of ``ds``'s version, so a merge committed after it (not
     # covered) must not be recorded as caught up (GC would delete its generation early).
     merged = table.index(ds).merged_generations()
-    ds.optimize.optimize_indices(index_names=names)
+    options = {}
+    if max_segments is not None:
+        most = max(len(d.segments) for d in ds.describe_indices() if d.name in names)
+        if most > max_segments:
+            options["num_indices_to_merge"] = most
+    ds.optimize.optimize_indices(index_names=names, **options)
     crashpoints.point("catchup.mid")
 
     update = pb.MemWalIndexDetails()

@@ -7,12 +7,17 @@ reusing the steps of :mod:`memwal_query.maintain` (no step is reimplemented here
    than ``max_generations`` unmerged generations, or more than ``max_rows`` unmerged
    rows, is merged, at most as many generations as the pass found unmerged (so a pass
    is bounded even under a fast writer: what it leaves waits for the next pass);
-2. **catch up indexes** (:func:`memwal_query.maintain.catchup.catch_up_indexes`): the
+2. **compact** (:func:`memwal_query.maintain.basefiles.compact_base`): Lance
+   ``compact_files`` when more than ``compact_fragments`` of the base table's fragments
+   are small (each merge adds some);
+3. **catch up indexes** (:func:`memwal_query.maintain.catchup.catch_up_indexes`): the
    maintained base indexes whose recorded catch-up is behind ``merged_generations``;
-3. **refresh snapshots** (:func:`memwal_query.maintain.snapshots.refresh`): when the
+   then the other base indexes that leave rows unindexed (the primary-key BTREE among
+   them) are extended (:func:`memwal_query.maintain.basefiles.extend_indexes`);
+4. **refresh snapshots** (:func:`memwal_query.maintain.snapshots.refresh`): when the
    region snapshots in the MemWAL index no longer list what the region manifests list
    (a region or a flushed generation is missing);
-4. **garbage collect** (:func:`memwal_query.maintain.gc.gc`) with a retention window:
+5. **garbage collect** (:func:`memwal_query.maintain.gc.gc`) with a retention window:
    base versions older than ``retention`` are removed with Lance, except those that were
    the latest within ``retention`` (readers may still use them), then every generation
    and WAL entry that the remaining versions and indexes no longer need.
@@ -46,6 +51,7 @@ when the table moved meanwhile; a failure that remains does not stop the other s
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -65,11 +71,13 @@ Progress = Callable[[str, int, int], None]
 """``progress(step, done, total)``: called as a step advances (``step`` is one of
 :data:`STEPS`); a progress bar or a log line per call."""
 
-STEPS = ("planning", "merging", "catching up", "refreshing snapshots", "collecting")
+STEPS = ("planning", "merging", "compacting", "catching up", "refreshing snapshots", "collecting")
 
 DEFAULT_MAX_GENERATIONS = 4
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_RETENTION = dt.timedelta(hours=1)
+DEFAULT_COMPACT_FRAGMENTS = 16
+DEFAULT_MAX_INDEX_SEGMENTS = 4
 
 _T = TypeVar("_T")
 
@@ -112,8 +120,18 @@ class MaintenancePolicy:
         Commit races a region's merge tolerates, and how often a step is retried while
         the base table moves under it. None (default): the merger's
         :data:`~memwal_query.maintain.merger.DEFAULT_MAX_RETRIES` (20).
+    compact_fragments : int, optional
+        Compact the base table's data files (Lance ``compact_files``, indexes remapped)
+        when **more than** this many of its fragments are smaller than Lance's target
+        of 1,048,576 rows (default 16; every merge adds small fragments, and searches
+        and scans pay per fragment). None: never compact.
+    max_index_segments : int, optional
+        When catch-up finds a maintained index with more than this many segments (Lance
+        adds a delta segment to a vector index per catch-up, and a search probes every
+        segment), it merges them into one (default 4). None: never merge.
     catch_up : bool
-        Extend the maintained base indexes over merged data when they are behind
+        Extend the maintained base indexes over merged data when they are behind, and
+        the other base indexes (the primary-key BTREE) when they leave rows unindexed
         (default True).
     refresh_snapshots : bool
         Refresh the region snapshots of the MemWAL index when they are stale (default
@@ -132,15 +150,18 @@ class MaintenancePolicy:
     max_rows: int = DEFAULT_MAX_ROWS
     merge_batch_rows: int | None = None
     max_retries: int | None = None
+    compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS
+    max_index_segments: int | None = DEFAULT_MAX_INDEX_SEGMENTS
     catch_up: bool = True
     refresh_snapshots: bool = True
     gc: bool = True
     retention: dt.timedelta | None = DEFAULT_RETENTION
 
     def __post_init__(self) -> None:
-        for name in ("max_generations", "max_rows", "merge_batch_rows", "max_retries"):
+        optional = ("merge_batch_rows", "max_retries", "compact_fragments", "max_index_segments")
+        for name in ("max_generations", "max_rows", *optional):
             value = getattr(self, name)
-            if value is None and name in ("merge_batch_rows", "max_retries"):
+            if value is None and name in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"MaintenancePolicy.{name} must be an int >= 0, got {value!r}")
@@ -200,8 +221,16 @@ class MaintenanceReport:
         Every region with unmerged generations when the pass started.
     merged : list of MergeResult
         Generations merged by this pass (empty in a dry run).
+    small_fragments : int
+        Small base fragments counted by the compaction step (0 when it did not look).
+    compact_due : bool
+        More than the policy's ``compact_fragments`` were small (compacted, or would be).
+    compacted : dict
+        Lance's compaction metrics (``fragments_removed``...; empty when none ran).
     catch_up : list of str
         Maintained indexes that were behind (caught up, or would be).
+    extended : list of str
+        Other base indexes that left rows unindexed (extended, or would be).
     index_catchup : dict
         ``{index: {region_id: generation}}`` recorded after catch-up (empty if none ran).
     snapshots_refreshed : bool
@@ -219,7 +248,11 @@ class MaintenanceReport:
     dry_run: bool
     regions: list[RegionPlan] = field(default_factory=list)
     merged: list[MergeResult] = field(default_factory=list)
+    small_fragments: int = 0
+    compact_due: bool = False
+    compacted: dict[str, int] = field(default_factory=dict)
     catch_up: list[str] = field(default_factory=list)
+    extended: list[str] = field(default_factory=list)
     index_catchup: dict[str, dict[str, int]] = field(default_factory=dict)
     snapshots_refreshed: bool = False
     gc_paths: list[str] = field(default_factory=list)
@@ -254,8 +287,13 @@ class MaintenanceReport:
                 out.append(f"{r.region_id}: would merge {r.generations} ({r.reason})")
             else:
                 out.append(f"{r.region_id}: merged {merged.get(r.region_id, [])} ({r.reason})")
+        if self.compact_due:
+            done = self.compacted.get("fragments_removed", self.small_fragments)
+            out.append(f"{would}compact {done} base fragment(s)")
         if self.catch_up:
             out.append(f"{would}catch up indexes {self.catch_up}")
+        if self.extended:
+            out.append(f"{would}extend indexes {self.extended}")
         if self.snapshots_refreshed:
             out.append(f"{would}refresh region snapshots")
         if self.collected:
@@ -280,7 +318,11 @@ class MaintenanceReport:
                 for r in self.regions
             ],
             "merged": [{"region_id": m.region_id, "generation": m.generation} for m in self.merged],
+            "small_fragments": self.small_fragments,
+            "compact_due": self.compact_due,
+            "compacted": self.compacted,
             "catch_up": self.catch_up,
+            "extended": self.extended,
             "index_catchup": self.index_catchup,
             "snapshots_refreshed": self.snapshots_refreshed,
             "gc_paths": self.gc_paths,
@@ -481,16 +523,45 @@ def maintain(
                 report.errors["merge"] = f"{type(e).__name__}: {e}"
                 first = e
 
+    if report.merged:
+        # the merger read the merged generations through the shared column cache: a
+        # long-running maintainer (``--watch``) would keep them until its byte bound
+        from memwal_query.search.forget import forget_merged
+
+        with contextlib.suppress(Exception):  # only a cache: never fails a pass
+            forget_merged(table.uri, table.index().merged_generations())
+
+    if policy.compact_fragments is not None:
+        limit = policy.compact_fragments
+        try:
+            from memwal_query.maintain.basefiles import compact_base, small_fragments
+
+            report.small_fragments = small_fragments(table)
+            report.compact_due = report.small_fragments > limit
+            if report.compact_due and not dry_run:
+                report.compacted = _retrying(table, lambda: compact_base(table), attempts)
+            _note(progress, "compacting", 1, 1)
+        except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+            report.errors["compact"] = f"{type(e).__name__}: {e}"
+            first = first or e
+
     if policy.catch_up:
         try:
+            from memwal_query.maintain.basefiles import extend_indexes, indexes_to_extend
+
             report.catch_up = indexes_behind(table)
             if report.catch_up and not dry_run:
                 from memwal_query.maintain.catchup import catch_up_indexes
 
                 names = report.catch_up
                 report.index_catchup = _retrying(
-                    table, lambda: catch_up_indexes(table, names), attempts
+                    table,
+                    lambda: catch_up_indexes(table, names, policy.max_index_segments),
+                    attempts,
                 )
+            report.extended = _retrying(table, lambda: indexes_to_extend(table), attempts)
+            if report.extended and not dry_run:
+                _retrying(table, lambda: extend_indexes(table, report.extended), attempts)
             _note(progress, "catching up", 1, 1)
         except Exception as e:  # noqa: BLE001 - reported; the other steps go on
             report.errors["catch up"] = f"{type(e).__name__}: {e}"

@@ -57,6 +57,14 @@ class _LRU:
         with self._lock:
             self._items.clear()
 
+    def discard_where(self, gone: Any) -> int:
+        """Drop every entry whose key ``gone(key)`` holds; how many were dropped."""
+        with self._lock:
+            keys = [k for k in self._items if gone(k)]
+            for k in keys:
+                del self._items[k]
+            return len(keys)
+
 
 _GENERATIONS = _LRU(_GEN_CACHE_SIZE)
 _MEM_FTS = _LRU(_MEM_FTS_CACHE_SIZE)

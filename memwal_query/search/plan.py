@@ -26,6 +26,7 @@ from memwal_query.format.schema import (
 from memwal_query.read import sources
 from memwal_query.read.dedup import KeySet
 from memwal_query.search.common import _IDX
+from memwal_query.search.forget import forget_merged
 from memwal_query.search.generations import _gen_info
 from memwal_query.search.keys import _last_occurrence
 from memwal_query.write import genindex
@@ -196,6 +197,7 @@ def resolve_search(
     with sources.reading_base(table, base):  # V cleaned up meanwhile: a typed error
         index = genindex.find_index(base, column, kind) if column is not None else None
     merged = plan.index.merged_generations()
+    forget_merged(table.uri, merged)  # the caches of generations no view reads again
     regions: dict[str, _Region] = {}
     for view in plan.regions:
         regions[view.region_id] = _Region(

@@ -29,6 +29,7 @@ from memwal_query.search.common import (
     _SMALL_MATCH,
     ROWID,
 )
+from memwal_query.search.forget import forget_merged
 from memwal_query.search.generations import _gen_info, _reading, _retry_when_gone
 from memwal_query.search.keys import (
     _first_occurrence,
@@ -127,6 +128,8 @@ def lookup(
     if len(pk) == 1 and n <= _PRUNE_MAX_KEYS and table.region_spec is not None:
         predicates = [(pk[0], "in", probe.column(0).to_pylist())]
     plan = sources.resolve(table, consistency, writers, predicates, as_of=as_of)
+    if as_of is None:  # the caches of generations no view reads again
+        forget_merged(table.uri, plan.index.merged_generations())
     resolved = np.zeros(n, bool)
     parts: list[tuple[pa.Table, np.ndarray, int, int]] = []
     counters: list[dict[str, Any]] = []

@@ -84,6 +84,15 @@ class LRUCache(Generic[K, V]):
             self._bytes -= self._sizes.pop(key, 0)
             return self._items.pop(key, None)
 
+    def discard_where(self, gone: Callable[[K], bool]) -> int:
+        """Remove every entry whose key ``gone(key)`` holds; how many were removed."""
+        with self._lock:
+            keys = [k for k in self._items if gone(k)]
+            for k in keys:
+                self._bytes -= self._sizes.pop(k, 0)
+                del self._items[k]
+            return len(keys)
+
     def clear(self) -> None:
         """Remove every entry."""
         with self._lock:

@@ -1,0 +1,379 @@
+"""The streaming section of ``benchmarks/scale.py`` (issue 20): a steady stream of
+upserts for ``--stream-minutes`` with ``memwal maintain URI --watch`` running alongside
+as a real subprocess.
+
+The stream: every tick (0.5 s) the rows due at ``--stream-rate`` rows/s are written
+through :meth:`MemWalTable.write` (a share ``--stream-new-share`` of new keys, 10% by
+default, the rest updates of existing keys; each row with a vector, a text and
+``seq``, the global write number), plus about 2% of the tick's keys deleted; every
+``--stream-flush-seconds`` the writers flush (a new generation per region). Each tick
+then runs one single-key lookup, one vector search (k=10) and one full-text search
+through the same table (MemTables included). Every minute it prints the unmerged
+generations (mean and max of samples taken at each flush), p50 of the minute's
+lookups, vector and full-text searches, the rows/s achieved, the generation
+directories on disk, the base table's rows, versions, fragments and index segments,
+the maintainer's passes, and both processes' RSS; at the end the first-minute vs
+last-minute ratios, and it verifies the answer: every key's newest ``seq`` equals a
+model kept alongside (nothing lost, nothing doubled, no deleted key back) - through
+the reader with live MemTables, after a final flush, and in the
+base table itself after a final full merge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import pct, print_table  # noqa: E402
+
+import memwal_query as mq  # noqa: E402
+from memwal_query.format.index import INDEX_NAME  # noqa: E402
+from memwal_query.maintain.policy import MaintenancePolicy, plan_regions  # noqa: E402
+
+TICK = 0.5
+DELETE_SHARE = 0.02
+
+
+def stream_schema(dim: int) -> pa.Schema:
+    pk = {"lance-schema:unenforced-primary-key": "true"}
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), False, pk),
+            pa.field("seq", pa.int64()),
+            pa.field("vec", pa.list_(pa.float32(), dim)),
+            pa.field("text", pa.string()),
+        ]
+    )
+
+
+def stream_rows(
+    ids: np.ndarray,
+    seq: np.ndarray,
+    rng: np.random.Generator,
+    centers: np.ndarray,
+    words: np.ndarray,
+) -> pa.Table:
+    dim = centers.shape[1]
+    vecs = centers[rng.integers(0, len(centers), len(ids))]
+    vecs = (vecs + rng.standard_normal((len(ids), dim)) * 0.3).astype(np.float32)
+    picked = words[np.minimum(rng.zipf(1.3, (len(ids), 8)) - 1, len(words) - 1)]
+    text = pa.array([" ".join(w) for w in picked.tolist()])
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "seq": pa.array(seq, pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel(), pa.float32()), dim),
+            "text": text,
+        },
+        schema=stream_schema(dim),
+    )
+
+
+def queries(
+    t: mq.MemWalTable,
+    rng: np.random.Generator,
+    keys: int,
+    centers: np.ndarray,
+    words: np.ndarray,
+    lat: dict[str, list[float]],
+) -> None:
+    """One lookup, one vector search and one full-text search; their seconds into ``lat``."""
+    key = pa.array([int(rng.integers(0, keys))], pa.int64())
+    dim = centers.shape[1]
+    q = (centers[rng.integers(0, len(centers))] + rng.standard_normal(dim) * 0.3).astype(np.float32)
+    text = f"{words[rng.integers(3, 60)]} {words[rng.integers(3, 300)]}"
+    for name, fn in (
+        ("lookup", lambda: t.lookup(key, columns=["id", "seq"])),
+        ("vector", lambda: t.vector_search("vec", q, k=10, columns=["id"])),
+        ("fts", lambda: t.fts_search("text", text, k=10, columns=["id"])),
+    ):
+        s = time.perf_counter()
+        fn()
+        lat[name].append(time.perf_counter() - s)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of process ``pid`` in MB (0 when unknown)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def gen_dirs(uri: str) -> int:
+    """Generation directories on disk (all regions)."""
+    root = Path(uri) / "_mem_wal"
+    return sum(1 for p in root.glob("*/*_gen_*") if p.is_dir())
+
+
+def unmerged(t: mq.MemWalTable) -> int:
+    """Unmerged flushed generations over all regions."""
+    return sum(len(p.generations) for p in plan_regions(t, MaintenancePolicy()))
+
+
+def verify(seq: pa.Table, model: np.ndarray, what: str) -> str:
+    """'ok' when ``seq`` (id, seq) holds each live key of ``model`` once with its seq."""
+    ids = seq.column("id").to_numpy()
+    got = seq.column("seq").to_numpy()
+    uniq = np.unique(ids)
+    live = np.flatnonzero(model >= 0)
+    problems = []
+    if len(uniq) != len(ids):
+        problems.append(f"{len(ids) - len(uniq)} doubled rows")
+    missing = np.setdiff1d(live, ids)
+    if len(missing):
+        problems.append(f"{len(missing)} lost keys (e.g. {missing[:5].tolist()})")
+    extra = np.setdiff1d(ids, live)
+    if len(extra):
+        problems.append(f"{len(extra)} deleted or unknown keys back (e.g. {extra[:5].tolist()})")
+    both = np.isin(ids, live)
+    wrong = np.flatnonzero(model[ids[both]] != got[both])
+    if len(wrong):
+        problems.append(f"{len(wrong)} stale values (e.g. id {ids[both][wrong[0]]})")
+    status = "ok" if not problems else "WRONG: " + "; ".join(problems)
+    print(f"  verify {what}: {len(ids):,} rows, {len(live):,} live keys in the model: {status}")
+    return status
+
+
+def run_stream(
+    root: str,
+    *,
+    minutes: float,
+    rate: int,
+    base_rows: int,
+    regions: int,
+    flush_seconds: float,
+    watch_seconds: float,
+    retention_hours: float,
+    new_share: float,
+    log_copy: str | None,
+    dim: int,
+    centers: np.ndarray,
+    words: np.ndarray,
+) -> bool:
+    """Run the stream; print the per-minute table; True when every check holds."""
+    rng = np.random.default_rng(11)
+    uri = f"{root}/stream"
+    base = stream_rows(np.arange(base_rows), np.zeros(base_rows, np.int64), rng, centers, words)
+    lance.write_dataset(base, uri)
+    ds = lance.dataset(uri)
+    ds.create_index("vec", "IVF_PQ", name="vec_idx", num_partitions=32, num_sub_vectors=8)
+    ds.create_scalar_index("text", "INVERTED", name="text_idx")
+    ds.create_scalar_index("id", "BTREE", name="id_idx")
+    spec = mq.bucket_spec(ds.lance_schema, "id", regions) if regions > 1 else None
+    t = mq.MemWalTable.initialize(uri, region_spec=spec, maintained_indexes=["vec_idx", "text_idx"])
+    # MemTables flush on the benchmark's clock only
+    t.configure_writers(max_memtable_rows=10_000_000, max_memtable_bytes=1 << 40)
+    capacity = base_rows + int(rate * (minutes * 60 + 60) * new_share) + 10 * rate
+    model = np.full(capacity, -1, np.int64)
+    model[:base_rows] = 0
+    next_key, next_seq = base_rows, 1
+
+    cmd = [sys.executable, "-m", "memwal_query", "maintain", uri, "--watch", str(watch_seconds)]
+    cmd += ["--retention-hours", str(retention_hours), "--json"]
+    log = open(f"{root}/maintain.log", "w")  # noqa: SIM115 - closed below
+    maint = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    print(
+        f"\nstream: {base_rows:,}-row base, {regions} region(s), {rate:,} rows/s for "
+        f"{minutes:g} min, flush every {flush_seconds:g} s, `memwal maintain --watch "
+        f"{watch_seconds:g} --retention-hours {retention_hours:g}` (pid {maint.pid})",
+        flush=True,
+    )
+    minutes_out: list[list[object]] = []
+    lat: dict[str, list[float]] = {"lookup": [], "vector": [], "fts": []}
+    start = time.perf_counter()
+    last_flush = minute_start = start
+    written = minute_rows = 0
+    minute = 1
+    seen: list[int] = [0]
+    samples: list[int] = []
+    qrng = np.random.default_rng(3)
+    try:
+        while True:
+            now = time.perf_counter()
+            if minute > minutes or now - start >= minutes * 60 + 30:
+                break
+            due = int(rate * (now - start)) - written
+            if due > 0:
+                keys = np.unique(
+                    np.concatenate(
+                        [
+                            rng.integers(0, next_key, due - int(due * new_share)),
+                            np.arange(next_key, next_key + int(due * new_share)),
+                        ]
+                    )
+                )
+                next_key = max(next_key, int(keys[-1]) + 1)
+                dels = rng.random(len(keys)) < DELETE_SHARE
+                ups = keys[~dels]
+                seq = np.arange(next_seq, next_seq + len(ups))
+                next_seq += len(ups)
+                t.write(stream_rows(ups, seq, rng, centers, words))
+                model[ups] = seq
+                if dels.any():
+                    t.delete(pa.table({"id": pa.array(keys[dels], pa.int64())}))
+                    model[keys[dels]] = -1
+                written += due
+                minute_rows += len(keys)
+            if now - last_flush >= flush_seconds:
+                t.flush()
+                last_flush = now
+                samples.append(unmerged(t))
+            queries(t, qrng, next_key, centers, words, lat)
+            end = time.perf_counter()
+            if end - minute_start >= 60:
+                row = [
+                    minute,
+                    float(np.mean(samples)) if samples else 0.0,
+                    max(samples, default=0),
+                    pct(lat["lookup"], 50) * 1e3,
+                    pct(lat["vector"], 50) * 1e3,
+                    pct(lat["fts"], 50) * 1e3,
+                    minute_rows / (end - minute_start),
+                    gen_dirs(uri),
+                    *base_shape(uri),
+                    *passes(f"{root}/maintain.log", seen),
+                    rss_mb(maint.pid),
+                    rss_mb(os.getpid()),
+                    os.getloadavg()[0],
+                ]
+                minutes_out.append(row)
+                print("  minute " + " | ".join(_short(c) for c in row), flush=True)
+                if maint.poll() is not None:
+                    raise RuntimeError(f"the maintainer exited with {maint.returncode}")
+                lat = {k: [] for k in lat}
+                samples = []
+                minute_rows, minute_start, minute = 0, end, minute + 1
+            time.sleep(max(0.0, TICK - (time.perf_counter() - now)))
+        elapsed = time.perf_counter() - start
+        t.flush()
+    finally:
+        maint.send_signal(signal.SIGINT)
+        try:
+            maint.wait(30)
+        except subprocess.TimeoutExpired:
+            maint.kill()
+            maint.wait()
+        log.close()
+    header = [
+        "minute",
+        "unmerged gens (mean)",
+        "(max)",
+        "lookup p50 ms",
+        "vector p50 ms",
+        "fts p50 ms",
+        "rows/s",
+        "gen dirs",
+        "base rows",
+        "base versions",
+        "base fragments",
+        "index segments",
+        "passes",
+        "merged gens",
+        "pass s (mean)",
+        "pass errors",
+        "maintainer MB",
+        "reader MB",
+        "load 1 min",
+    ]
+    title = "Streaming with `memwal maintain --watch` alongside, per minute"
+    print_table(title, header, minutes_out)
+    ok = True
+    if len(minutes_out) >= 2:
+        first, last = minutes_out[0], minutes_out[-1]
+        ratios = {
+            h: float(last[i]) / float(first[i]) if float(first[i]) else float("nan")
+            for i, h in enumerate(header)
+            if i in (1, 3, 4, 5, 6)
+        }
+        print(
+            "last minute / first minute: " + ", ".join(f"{h} {r:.2f}x" for h, r in ratios.items())
+        )
+    if log_copy:
+        shutil.copy(f"{root}/maintain.log", log_copy)
+        print(f"maintainer log: {log_copy}")
+    rate_now = written / elapsed
+    print(f"written {written:,} rows in {elapsed:.0f} s ({rate_now:,.0f} rows/s); final checks:")
+    ok &= verify(t.to_table(columns=["id", "seq"]), model[:next_key], "reader") == "ok"
+    t.close()
+    reopened = mq.MemWalTable.open(uri)
+    ok &= verify(reopened.to_table(columns=["id", "seq"]), model[:next_key], "reopened") == "ok"
+    reopened.maintain(MaintenancePolicy(max_generations=0, max_rows=0))
+    base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
+    ok &= verify(base_now, model[:next_key], "base table after a full merge") == "ok"
+    clean_table(reopened, minutes_out[-1] if minutes_out else None, next_key, centers, words)
+    return bool(ok)
+
+
+def clean_table(
+    t: mq.MemWalTable, last: list[object] | None, keys: int, centers: np.ndarray, words: np.ndarray
+) -> None:
+    """The same queries on the table after the stream, everything merged, the base
+    compacted into as few fragments as Lance makes and each index in one segment: what
+    a table of that size costs without any accumulated work. The last minute's
+    figures divided by these say what the stream's pending work still costs."""
+    t.maintain(MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1))
+    lat: dict[str, list[float]] = {"lookup": [], "vector": [], "fts": []}
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        queries(t, rng, keys, centers, words, lat)
+    clean = [pct(lat[k], 50) * 1e3 for k in ("lookup", "vector", "fts")]
+    print(
+        "the same table after the stream, fully merged, compacted, indexes in one segment "
+        f"({lance.dataset(t.uri).count_rows():,} rows): lookup {clean[0]:.1f} ms, vector "
+        f"{clean[1]:.1f} ms, fts {clean[2]:.1f} ms (p50 of 60)"
+    )
+    if last is not None:
+        streamed = [float(last[i]) for i in (3, 4, 5)]  # type: ignore[arg-type]
+        print(
+            "last streaming minute / that table: "
+            + ", ".join(
+                f"{k} {a / b:.2f}x"
+                for k, a, b in zip(("lookup", "vector", "fts"), streamed, clean, strict=True)
+            )
+        )
+
+
+def base_shape(uri: str) -> list[int]:
+    """[rows, versions, fragments, index segments (all indexes)] of the base table."""
+    ds = lance.dataset(uri)
+    segments = sum(len(ix.segments) for ix in ds.describe_indices() if ix.name != INDEX_NAME)
+    return [ds.count_rows(), len(ds.versions()), len(ds.get_fragments()), segments]
+
+
+def passes(log: str, seen: list[int]) -> list[object]:
+    """[passes, generations merged, mean pass seconds, passes with errors] of the
+    maintainer's JSON reports since the last call (``seen[0]``: lines read so far)."""
+    lines = [x for x in Path(log).read_text().splitlines() if x.startswith("{")]
+    reports = []
+    for x in lines[seen[0] :]:
+        try:
+            reports.append(json.loads(x))
+        except ValueError:  # a line being written
+            break
+    seen[0] += len(reports)
+    secs = [r["seconds"] for r in reports]
+    return [
+        len(reports),
+        sum(len(r["merged"]) for r in reports),
+        float(np.mean(secs)) if secs else 0.0,
+        sum(1 for r in reports if r["errors"]),
+    ]
+
+
+def _short(c: object) -> str:
+    return f"{c:.1f}" if isinstance(c, float) else str(c)

@@ -1,0 +1,54 @@
+"""Forgetting the cached state of generations merged into the base table.
+
+Searches and lookups cache per generation directory: the opened generation
+(:class:`memwal_query.search.generations._GenInfo`: a Lance dataset, its bloom filter and
+key index), its token indexes and its decoded columns
+(:data:`memwal_query.read.sources.GENERATION_CACHE`). Under a stream, generations are
+flushed, merged and collected all the time; their entries would stay until the caches'
+count bounds evicted them, and those bounds (256 generations, 1,024 token indexes) are
+far larger in bytes than a reader needs: a 10-minute stream of 1,000 rows/s grew a
+reader by ~100 MB a minute (``benchmarks/scale.py``'s streaming section).
+
+:func:`forget_merged` drops the entries of every generation that the base version just
+resolved has merged (``generation <= merged_generations[region]``): a view resolved from
+now on never reads them. A query still running on an older view that needs one reads
+it again from storage (it stays until GC removes it), so this changes no answer.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from memwal_query.read.sources import GENERATION_CACHE
+from memwal_query.search.common import _GEN_TOKENS, _GENERATIONS
+
+_GEN_DIR = re.compile(r"/([^/]+)/[0-9a-f]{8}_gen_([1-9][0-9]*)/?$")
+_applied: dict[str, tuple[tuple[str, int], ...]] = {}
+_lock = threading.Lock()
+
+
+def forget_merged(table_uri: str, merged: dict[str, int]) -> int:
+    """Drop cached entries of the generations of ``table_uri`` that ``merged``
+    (``{region_id: merged generation}``) covers; how many entries were dropped.
+
+    Does nothing when ``merged`` is what the last call for this table applied.
+    """
+    state = tuple(sorted(merged.items()))
+    with _lock:
+        if _applied.get(table_uri) == state:
+            return 0
+        _applied[table_uri] = state
+    prefix = table_uri.rstrip("/") + "/_mem_wal/"
+
+    def gone(uri: str) -> bool:
+        if not uri.startswith(prefix):
+            return False
+        m = _GEN_DIR.search(uri)
+        return m is not None and int(m.group(2)) <= merged.get(m.group(1), 0)
+
+    return (
+        _GENERATIONS.discard_where(gone)
+        + _GEN_TOKENS.discard_where(lambda key: gone(key[0]))
+        + GENERATION_CACHE.discard_where(gone)
+    )
