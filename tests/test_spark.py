@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import datafusion
 import lance
@@ -66,7 +67,8 @@ def spark(fault_dir):
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    mqs.register_source(session, filter_pushdown=True)  # the pushFilters tests need it
+    with pytest.warns(source.PushdownWarning, match="wrong"):  # driver-side warning
+        mqs.register_source(session, filter_pushdown=True)  # the pushFilters tests need it
     yield session
     session.stop()
     for k, v in old.items():
@@ -810,10 +812,16 @@ def test_register_source_leaves_pushdown_off_and_queries_answer_for_themselves(s
             assert df.where("val > 5").count() == 2  # keys 2 (newer 10) and 3, not 1 or 4
             assert df.count() == 3
             assert sorted(r.id for r in df.where("name = 'lo'").collect()) == [1]
-        mqs.register_source(spark, filter_pushdown=True)
+        with pytest.warns(source.PushdownWarning, match="self-union"):
+            mqs.register_source(spark, filter_pushdown=True)
         assert spark.conf.get(source.PUSHDOWN_CONF) == "true"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the default registration does not warn
+            mqs.register_source(spark)
     finally:
-        mqs.register_source(spark, filter_pushdown=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", source.PushdownWarning)
+            mqs.register_source(spark, filter_pushdown=True)
 
 
 def test_filter_expression_null_semantics():

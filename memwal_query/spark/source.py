@@ -55,7 +55,8 @@ reads the DataFrame twice: every branch reads the last branch's pushed filters
 (``df.where("cat = 7").union(df.where("cat = 8")).count()`` counted ``cat = 8`` twice).
 Without pushdown every reader is identical (Spark evaluates all filters), so a reused
 reader is only a reused *view* (see "Pinning" in ``docs/spark.md``). Enable it only for
-a DataFrame that runs one query reading it once. When enabled:
+a DataFrame that runs one query reading it once (turning it on warns, with
+:class:`PushdownWarning`, on the driver). When enabled:
 ``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS [NOT] NULL``, ``NOT``,
 ``LIKE 'a%'/'%a'/'%a%'`` on integer, string, boolean, date, decimal and binary columns
 are evaluated exactly here (Lance pushdown on the base table, after deduplication on
@@ -69,6 +70,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -585,7 +587,23 @@ def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
     """
     spark.dataSource.register(MemWalDataSource)
     if filter_pushdown and _FILTERS:
+        warnings.warn(PUSHDOWN_WARNING, PushdownWarning, stacklevel=2)
         spark.conf.set(PUSHDOWN_CONF, "true")
+
+
+class PushdownWarning(UserWarning):
+    """Filter pushdown was turned on: Spark shares one pushed-down reader per relation
+    (see the module docs), so only a DataFrame read once by one query is answered
+    right."""
+
+
+PUSHDOWN_WARNING = (
+    "memwal: Spark filter pushdown is on. Spark (4.1-4.3) keeps ONE pushed-down reader "
+    "per DataFrame: a later query on the same DataFrame, or a query reading it twice "
+    "(self-union, self-join), can be answered with another query's filters, i.e. wrong "
+    "rows. Use option('pushFilters', 'true') only on a DataFrame that one query reads "
+    "once; without it every answer is right (Spark evaluates the filters)."
+)
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
