@@ -1,6 +1,6 @@
 """Soak: 8 writer threads over 4 regions, 2 readers (SQL + lookups), a merger + GC loop.
 
-Bounded in time (``MEMWAL_SOAK_SECONDS``, CI default 30; set it for longer soaks) and
+Bounded in time (``MEMWAL_SOAK_SECONDS``, CI default 20; set it for longer soaks) and
 in count; everything is in-process on a local table. Readers check that no key appears
 twice and that each
 key's value is one its writer had written, at least as new as what was acknowledged
@@ -28,7 +28,7 @@ import memwal_query as mq
 
 from helpers import PK
 
-SECONDS = float(os.environ.get("MEMWAL_SOAK_SECONDS", "30"))
+SECONDS = float(os.environ.get("MEMWAL_SOAK_SECONDS", "20"))
 THREADS, REGIONS, KEYS_PER_THREAD = 8, 4, 50
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("seq", pa.int64())])
 
