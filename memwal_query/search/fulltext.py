@@ -41,6 +41,7 @@ from memwal_query.search.textindex import (
     _MemFts,
     _memtable_token_index,
     _texts,
+    tokenize_many,
 )
 from memwal_query.search.topk import (
     _SEARCH_POOL,
@@ -106,8 +107,8 @@ def _fts_index_stats(
     total = _index_total_tokens(ds, segs, storage or None)
     if total is None:  # estimate the average document length from a sample
         sample = ds.to_table(columns=[column], limit=2000).column(column)
-        lens = [len(lance.tokenize(t, **tok_kwargs)) for t in _texts(sample) if t is not None]
-        total = int(round((sum(lens) / max(len(lens), 1)) * n))
+        tokens, doc, valid = tokenize_many(sample, tok_kwargs)
+        total = int(round((len(tokens) / max(int(valid.sum()), 1)) * n))
     out = _IndexFtsStats(n, total)
     _INDEX_STATS.put(key, out)
     return out
@@ -340,19 +341,13 @@ def fts_search(
         return (w * (idf * mult)[None, :]).sum(1).astype(np.float32)
 
     def rescore_lance(got: pa.Table) -> pa.Table:
-        texts = _texts(got.column(column))
-        tf = np.zeros((len(texts), len(uniq)))
-        dl = np.zeros(len(texts))
-        pos = {t: j for j, t in enumerate(uniq)}
-        for r, text in enumerate(texts):
-            if text is None:
-                continue
-            toks = [t.text for t in lance.tokenize(text, **tok_kwargs)]
-            dl[r] = len(toks)
-            for tok, c in collections.Counter(toks).items():
-                j = pos.get(tok)
-                if j is not None:
-                    tf[r, j] = c
+        tokens, doc, _ = tokenize_many(got.column(column), tok_kwargs)
+        dl = np.bincount(doc, minlength=got.num_rows).astype(np.float64)
+        pos = pc.index_in(tokens, value_set=pa.array(uniq, pa.string()))
+        j = np.asarray(pc.fill_null(pos, -1).to_numpy(zero_copy_only=False), np.int64)
+        hit = j >= 0
+        tf = np.zeros((got.num_rows, len(uniq)))
+        np.add.at(tf, (doc[hit], j[hit]), 1.0)
         got = got.set_column(got.schema.get_field_index(SCORE), SCORE, pa.array(score(tf, dl)))
         return got.sort_by([(SCORE, "descending")])
 

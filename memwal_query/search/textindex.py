@@ -68,7 +68,6 @@ def tokenize_many(
     """
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks() if col.num_chunks else pa.array([], col.type)
-    n = len(col)
     valid = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)
     sep = _separator(tok_kwargs)
     if sep is None and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
@@ -105,7 +104,7 @@ def tokenize_many(
             owner.append((lo + np.cumsum(is_sep))[~is_sep])
     tokens = pa.concat_arrays(texts) if texts else pa.array([], pa.string())
     piece_of = np.concatenate(owner) if owner else np.zeros(0, np.int64)
-    return tokens, piece_doc[piece_of].astype(np.int64), valid[:n]
+    return tokens, piece_doc[piece_of].astype(np.int64), valid
 
 
 class _TokenIndex:
@@ -131,8 +130,8 @@ class _TokenIndex:
             return
         enc = pc.dictionary_encode(tokens)
         ids = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
-        pair, tf = np.unique(ids * max(n, 1) + doc, return_counts=True)
-        tok_ids, rows = pair // max(n, 1), pair % max(n, 1) + start
+        pair, tf = np.unique(ids * n + doc, return_counts=True)  # n > 0: there are tokens
+        tok_ids, rows = pair // n, pair % n + start
         bounds = np.flatnonzero(np.diff(tok_ids)) + 1
         words = enc.dictionary.to_pylist()
         for tid, r, c in zip(
