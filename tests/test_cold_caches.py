@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import warnings
 
 import lance
@@ -193,14 +194,77 @@ def test_warm_caches_see_another_processes_flush_merge_and_gc(tmp_path):
 
 
 def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypatch):
-    """The view reads many regions' manifests on a few threads; the result is the same
-    as reading them one by one."""
+    """On an object store the view reads many regions' manifests on a few threads (on
+    a local file system one after the other); the result is the same as reading them
+    one by one."""
     from memwal_query.read import view
 
     t = _table(tmp_path, gens=1)
     ids = t.region_ids()
+    threads: set[str] = set()
+    real = type(t).region_manifest
+
+    def spy(self, region_id):
+        threads.add(threading.current_thread().name)
+        return real(self, region_id)
+
+    monkeypatch.setattr(type(t), "region_manifest", spy)
+    assert not t.io.parallel_requests
+    local = view._read_manifests(t, ids + ids + ids)
+    assert threads == {threading.current_thread().name}
+    monkeypatch.setattr(t.io, "parallel_requests", True)  # as an object store
     read = view._read_manifests(t, ids + ids + ids)  # more than two: the pool
+    assert any(n.startswith("memwal-manifest") for n in threads)
+    assert read == local
     assert [m.region_id for m in read] == ids + ids + ids
     assert read[: len(ids)] == [t.region_manifest(r) for r in ids]
     gen_dir = read[0].flushed_generations[0].path
     assert view._gen_uri(t.uri, ids[0], gen_dir) == paths.generation_path(t.uri, ids[0], gen_dir)
+
+
+def test_the_base_query_runs_while_the_block_is_read(tmp_path, monkeypatch):
+    """Cold start: the base's first Lance query starts before the generations' block is
+    read (the block's reads wait here until it has), and it is the one used: one query
+    of the base per search, and the same answer as exact search over the live rows."""
+    from memwal_query.search import genblock
+
+    t = _table(tmp_path)
+    _forget()
+    base_asked = threading.Event()
+    base_queries = []
+    real_scanner = lance.LanceDataset.scanner
+
+    def scanner(self, *args, **kwargs):
+        if "nearest" in kwargs and os.path.samefile(self.uri, t.uri):
+            base_queries.append(kwargs["nearest"]["k"])
+            base_asked.set()
+        return real_scanner(self, *args, **kwargs)
+
+    real_read = sources.read_generation_without_lance
+
+    def read(*args, **kwargs):
+        assert base_asked.wait(10), "the block was read before the base query started"
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    monkeypatch.setattr(genblock.sources, "read_generation_without_lance", read)
+    q = np.full(DIM, 0.3, np.float32)
+    got = t.vector_search("vec", q, k=5, columns=["id"])
+    assert base_queries == [2 * 5 + 8]
+    live = t.to_table(columns=["id", "vec"])
+    mat = np.stack(live["vec"].to_numpy(zero_copy_only=False))
+    want = live["id"].to_numpy()[np.argsort(((mat - q) ** 2).sum(1), kind="stable")[:5]]
+    assert got["id"].to_pylist() == want.tolist()
+
+
+def test_local_reads_of_a_missing_or_bad_object_are_typed(tmp_path):
+    from memwal_query.exceptions import ObjectNotFoundError, StorageError
+    from memwal_query.storage.io import LocalFileIO
+
+    io = LocalFileIO()
+    (tmp_path / "f").write_bytes(b"abc")
+    assert io.read_buffer(str(tmp_path / "f")).to_pybytes() == b"abc"
+    with pytest.raises(ObjectNotFoundError, match="no such object"):
+        io.read_buffer(str(tmp_path / "missing"))
+    with pytest.raises(StorageError, match=str(tmp_path)):
+        io.read_buffer(str(tmp_path))

@@ -89,7 +89,7 @@ def read(io: FileIO, gen_uri: str) -> pa.Table | None:
     damaged (a warning then; the caller reads the Lance table instead)."""
     path = join(gen_uri, ROWS_FILE)
     try:
-        data = io.read(path)
+        data = io.read_buffer(path)
     except ObjectNotFoundError:
         return None
     except StorageError as e:

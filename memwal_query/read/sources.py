@@ -93,7 +93,9 @@ def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
 
 # -- reading flushed generations ---------------------------------------------------------
 def _columns_nbytes(columns: dict[str, pa.ChunkedArray]) -> int:
-    return sum(c.nbytes for c in columns.values())
+    # the buffers' whole sizes (10x cheaper than ``nbytes``, which walks offsets; never
+    # less than what is held)
+    return sum(c.get_total_buffer_size() for c in columns.values())
 
 
 class _GenerationCache(LRUCache[str, dict[str, pa.ChunkedArray]]):
@@ -135,6 +137,36 @@ def read_generation(
     ``columns``, only those (names of that conformed schema) are returned, and only
     those are read from Lance. Raises GenerationGoneError when missing.
     """
+    out = _read_generation(ref, schema, storage_options, columns, lance_ok=True)
+    assert out is not None
+    return out
+
+
+def read_generation_without_lance(
+    ref: GenerationRef,
+    schema: pa.Schema,
+    storage_options=None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table | None:
+    """:func:`read_generation` when the columns are cached or in the generation's rows
+    sidecar; None when they would have to be read from its Lance table."""
+    return _read_generation(ref, schema, storage_options, columns, lance_ok=False)
+
+
+def parallel_reads(uri: str, storage_options: dict[str, str] | None) -> bool:
+    """Whether reading many generations at ``uri`` finishes sooner on several threads
+    (:attr:`memwal_query.storage.io.FileIO.parallel_requests`: object stores yes, local
+    file systems no; Lance reads, which release the GIL, always do)."""
+    return bool(_io_for(uri, storage_options).parallel_requests)
+
+
+def _read_generation(
+    ref: GenerationRef,
+    schema: pa.Schema,
+    storage_options,
+    columns: Sequence[str] | None,
+    lance_ok: bool,
+) -> pa.Table | None:
     target = _storage_read_schema(schema)
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
@@ -145,6 +177,8 @@ def read_generation(
             cached = GENERATION_CACHE.add(ref.uri, side)
             missing = [c for c in missing if c not in cached]
     if missing or ROWADDR_COLUMN not in cached:
+        if not lance_ok:
+            return None
         try:
             ds = lance.dataset(ref.uri, storage_options=storage_options or None)
             present = set(ds.schema.names)
@@ -181,6 +215,18 @@ _NO_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)
 _IOS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
 
+def _io_for(uri: str, storage_options: dict[str, str] | None) -> Any:
+    """The FileIO of ``uri``'s store (one per scheme and options)."""
+    from memwal_query.storage.factory import file_io_for
+
+    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
+    key = (scheme, tuple(sorted((storage_options or {}).items())))
+    io = _IOS.get(key)
+    if io is None:
+        io = _IOS.setdefault(key, file_io_for(uri, storage_options))
+    return io
+
+
 def _sidecar(
     uri: str, storage_options: dict[str, str] | None, target: pa.Schema
 ) -> dict[str, pa.ChunkedArray] | None:
@@ -190,14 +236,8 @@ def _sidecar(
     if _NO_SIDECAR.get(uri):
         return None
     from memwal_query.format import rowfile
-    from memwal_query.storage.factory import file_io_for
 
-    scheme = uri.split("://", 1)[0] if "://" in uri else "file"
-    key = (scheme, tuple(sorted((storage_options or {}).items())))
-    io = _IOS.get(key)
-    if io is None:
-        io = _IOS.setdefault(key, file_io_for(uri, storage_options))
-    t = rowfile.read(io, uri)
+    t = rowfile.read(_io_for(uri, storage_options), uri)
     if t is None:
         _NO_SIDECAR.put(uri, True)
         return None

@@ -363,8 +363,9 @@ _MANIFEST_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal
 def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifest | None]:
     """:meth:`Catalog.region_manifest` of each region (the newest version: one HEAD of
     the next version when the cached one is still the newest), up to
-    :data:`MANIFEST_READERS` regions at a time."""
-    if len(region_ids) <= 2:
+    :data:`MANIFEST_READERS` regions at a time on an object store (one after the other
+    on a local file system: :attr:`FileIO.parallel_requests`)."""
+    if len(region_ids) <= 2 or not table.io.parallel_requests:
         return [table.region_manifest(r) for r in region_ids]
     step = -(-len(region_ids) // MANIFEST_READERS)
     chunks = [region_ids[i : i + step] for i in range(0, len(region_ids), step)]

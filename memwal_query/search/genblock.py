@@ -78,27 +78,40 @@ class GenBlock:
         total = [0]
         lock = threading.Lock()
 
-        def read(ref: sources.GenerationRef) -> pa.Table:
-            # GenerationGoneError when the generation's files are gone: the search re-plans
-            t = sources.read_generation(ref, schema, storage_options, columns=cols)
+        def count(t: pa.Table) -> pa.Table:
             with lock:
                 total[0] += t.num_rows
                 if total[0] > BLOCK_MAX_ROWS:
                     raise _TooLarge
             return t
 
+        def read(ref: sources.GenerationRef) -> pa.Table:
+            # GenerationGoneError when the generation's files are gone: the search re-plans
+            return count(sources.read_generation(ref, schema, storage_options, columns=cols))
+
         def read_chunk(refs: list[sources.GenerationRef]) -> list[pa.Table]:
             return [read(ref) for ref in refs]
 
-        # the generations in a few chunks read concurrently (one task per generation
-        # cost more in scheduling than a rows sidecar costs to read; Lance and object
-        # stores release the GIL while reading)
         refs = [ref for _, ref in self.members]
-        step = max(1, -(-len(refs) // _CHUNKS))
-        futures = [
-            _READERS.submit(read_chunk, refs[i : i + step]) for i in range(0, len(refs), step)
-        ]
-        parts: list[pa.Table] = [t for f in futures for t in f.result()]
+        got: list[pa.Table | None] = [None] * len(refs)
+        if refs and not sources.parallel_reads(refs[0].uri, storage_options):
+            # a local file system: cached columns and rows sidecars are read in this
+            # thread (threads would only contend for the GIL; on a cold start they also
+            # cost their own start-up), Lance tables below
+            for i, ref in enumerate(refs):
+                side = sources.read_generation_without_lance(ref, schema, storage_options, cols)
+                got[i] = None if side is None else count(side)
+        # the rest in a few chunks read concurrently (one task per generation cost more
+        # in scheduling than a rows sidecar costs to read; Lance and object stores
+        # release the GIL while reading)
+        todo = [i for i, t in enumerate(got) if t is None]
+        step = max(1, -(-len(todo) // _CHUNKS))
+        chunks = [todo[i : i + step] for i in range(0, len(todo), step)]
+        futures = [_READERS.submit(read_chunk, [refs[i] for i in c]) for c in chunks]
+        for c, f in zip(chunks, futures):
+            for i, t in zip(c, f.result()):
+                got[i] = t
+        parts: list[pa.Table] = [t for t in got if t is not None]
         self.sizes = [t.num_rows for t in parts]
         sizes = np.array(self.sizes, np.int64)
         starts = np.cumsum(sizes) - sizes

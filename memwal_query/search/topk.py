@@ -167,6 +167,17 @@ def _drop_stale(src: _Source, cands: pa.Table, pk: list[str]) -> pa.Table:
     return cands.filter(pa.array(~stale))
 
 
+def _first_fetch(k: int, has_newer: bool) -> int:
+    """Rows a source is asked for in the first round of :func:`_run_topk`: ``k``, or
+    ``2k + 8`` when newer sources may make some of them stale."""
+    return 2 * k + 8 if has_newer else k
+
+
+def _generation_count(plan: SearchPlan) -> int:
+    """Flushed generations of ``plan`` (each region's gap and listed generations)."""
+    return sum(len(r.gap) + len(r.generations) for r in plan.regions.values())
+
+
 def _has_newer(s: _Source) -> bool:
     return bool(s.newer_gens or s.newer_mems or s.cross_mems or s.newer_blocks)
 
@@ -230,7 +241,7 @@ def _run_topk(
     milliseconds of fixed overhead however small the generation).
     """
     for s in sources_:
-        s.k_fetch = 2 * k + 8 if _has_newer(s) else k
+        s.k_fetch = _first_fetch(k, _has_newer(s))
 
     def run(s: _Source) -> None:
         cands = fetch(s, s.k_fetch)

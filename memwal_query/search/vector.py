@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,10 +20,13 @@ from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
+    _SEARCH_POOL,
     _block_sources,
     _build_sources,
     _conform_output,
     _fill_debug,
+    _first_fetch,
+    _generation_count,
     _lance_columns,
     _materialize,
     _read_columns,
@@ -40,6 +44,18 @@ if TYPE_CHECKING:
 DEFAULT_REFINE_FACTOR = 20
 """Default ``refine_factor`` of :meth:`MemWalTable.vector_search` and the SQL function
 (issue 20: recall@10 >= 0.95 against exact search, IVF_PQ index, ``nprobes=20``)."""
+
+
+_EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
+"""Metrics whose distances are recomputed exactly (and so searched in a block)."""
+
+
+def _L2() -> str:
+    return "l2"
+
+
+def _constant(value: str) -> Callable[[], str]:
+    return lambda: value
 
 
 def _query_vector(query: Any) -> np.ndarray:
@@ -120,29 +136,33 @@ def vector_search(
     out_schema, _ = _read_columns(table, columns, [*pk, column])
     plan = resolve_search(table, column, "vector", consistency, writers, _predicates(table, filter))
     info = plan.index
-    metric = genindex.vector_metric(plan.base, info) if info is not None else "l2"
-    exact = metric in ("l2", "euclidean", "cosine", "dot", "hamming")
-    if exact:
-        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
+    narrow = list(dict.fromkeys([*pk, column]))
+    # On a cold start three things take time: the index's metric (Lance index statistics),
+    # the base's first query (Lance, off the GIL: it opens the index) and reading the
+    # generations into their block (issue 20). The first two run on other threads while
+    # this one reads the block. With a block the base always has newer rows, so its first
+    # round asks for 2k + 8 rows (``_run_topk``); a later round asks again as usual.
+    prefetch = plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS
+    metric_of: Callable[[], str]
+    if info is None:
+        metric_of = _L2
+    elif prefetch:
+        metric_of = _SEARCH_POOL.submit(genindex.vector_metric, plan.base, info).result
     else:
-        srcs = _build_sources(table, plan)
+        metric_of = _constant(genindex.vector_metric(plan.base, info))
 
     def nearest(kk: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
         if info is not None:
-            spec["metric"] = metric
+            spec["metric"] = metric_of()
         if refine_factor is not None:
             spec["refine_factor"] = refine_factor
         return spec
 
-    narrow = list(dict.fromkeys([*pk, column]))
-
-    def fetch(s: _Source, kk: int) -> pa.Table:
-        if s.block is not None:
-            return s.block.knn(q, kk, metric, filter)
-        if s.kind == "memtable":
-            return _memtable_knn(s.mem_region, column, q, kk, metric, filter, narrow)
-        ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
+    def lance_knn(kind: str, gen: Any, stats: dict[str, Any], kk: int) -> pa.Table:
+        """The ``kk`` nearest rows of the base (``kind == "base"``) or of generation
+        ``gen``, by a Lance query (distances recomputed exactly for exact metrics)."""
+        ds = _own(plan.base) if kind == "base" else gen.dataset()
         kwargs: dict[str, Any] = dict(
             nearest=nearest(kk),
             columns=[*_lance_columns(ds, narrow), DISTANCE],
@@ -150,25 +170,50 @@ def vector_search(
         )
         if filter is not None:
             kwargs.update(filter=filter, prefilter=True)
-        if s.kind == "base":
+        if kind == "base":
             if plan.indexed_only:
                 kwargs["fast_search"] = True
         else:
-            indexed = info is not None and s.gen_info.has_index(info.name)
-            s.stats["index"] = info.name if indexed and info is not None else "flat"
-            if s.gen_info.blocklist is not None:
-                kwargs["row_addr_blocklist"] = s.gen_info.blocklist
-        with sources.reading_base(table, plan.base), _reading(s.gen):
+            indexed = info is not None and gen.has_index(info.name)
+            stats["index"] = info.name if indexed and info is not None else "flat"
+            if gen.blocklist is not None:
+                kwargs["row_addr_blocklist"] = gen.blocklist
+        with sources.reading_base(table, plan.base), _reading(gen):
             scanner = ds.scanner(**kwargs)
-            if debug is not None and s.kind == "base" and "base_lance_plan" not in debug:
+            if debug is not None and kind == "base" and "base_lance_plan" not in debug:
                 debug["base_lance_plan"] = scanner.explain_plan(True)
             got = scanner.to_table()
-        if exact and got.num_rows:
+        m = metric_of()
+        if m in _EXACT and got.num_rows:
             mat, idx = _vectors(got.column(column), q.size)
             d = np.full(got.num_rows, np.inf, np.float32)
-            d[idx] = _distances(mat, q, metric)
+            d[idx] = _distances(mat, q, m)
             got = got.set_column(got.schema.get_field_index(DISTANCE), DISTANCE, pa.array(d))
         return got
+
+    early: dict[int, Future[pa.Table]] = {}
+    if prefetch:
+        first = _first_fetch(k, has_newer=True)
+        early[first] = _SEARCH_POOL.submit(lance_knn, "base", None, {}, first)
+    try:
+        # the block assumes an exact metric (every metric Lance has is one)
+        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
+        metric = metric_of()
+        if metric not in _EXACT:
+            srcs = _build_sources(table, plan)
+    except BaseException:
+        for f in early.values():
+            f.cancel()
+        raise
+
+    def fetch(s: _Source, kk: int) -> pa.Table:
+        if s.block is not None:
+            return s.block.knn(q, kk, metric, filter)
+        if s.kind == "memtable":
+            return _memtable_knn(s.mem_region, column, q, kk, metric, filter, narrow)
+        if s.kind == "base" and kk in early:
+            return early.pop(kk).result()
+        return lance_knn(s.kind, s.gen, s.stats, kk)
 
     merged = _run_topk(srcs, fetch, k, DISTANCE, False, pk)
     _fill_debug(debug, plan, srcs)

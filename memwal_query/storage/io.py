@@ -21,6 +21,8 @@ import stat
 import uuid
 from abc import ABC, abstractmethod
 
+import pyarrow as pa
+
 from memwal_query.exceptions import AlreadyExistsError, ObjectNotFoundError, StorageError
 
 
@@ -41,9 +43,19 @@ class FileIO(ABC):
     #: Object stores have neither: layout checks (:mod:`memwal_query.storage.paths`) skip them.
     has_links = False
 
+    #: Whether many requests at once finish sooner than one after the other: True for
+    #: object stores (a request is mostly a round trip); False for local file systems,
+    #: where a request costs CPU time only and threads would contend for the GIL (a cold
+    #: query at 64 regions read its manifests 1.5-2x slower with 16 threads locally).
+    parallel_requests = True
+
     @abstractmethod
     def read(self, path: str) -> bytes:
         """Return the whole object; raise :class:`ObjectNotFoundError` when missing."""
+
+    def read_buffer(self, path: str) -> pa.Buffer:
+        """:meth:`read` as an Arrow buffer (what Arrow readers decode without a copy)."""
+        return pa.py_buffer(self.read(path))
 
     @abstractmethod
     def write(self, path: str, data: bytes) -> None:
@@ -120,6 +132,7 @@ class LocalFileIO(FileIO):
     """
 
     has_links = True
+    parallel_requests = False
 
     def __init__(self, fsync: bool = True) -> None:
         self.fsync = fsync
@@ -167,6 +180,21 @@ class LocalFileIO(FileIO):
             raise StorageError(f"{path}: is a directory") from e
         except OSError as e:
             raise StorageError(f"{path}: {e.strerror}") from e
+
+    def read_buffer(self, path: str) -> pa.Buffer:
+        # one read into an Arrow-allocated buffer: 2.5x faster than building the bytes
+        # object of ``read`` for the ~100 KB rows sidecars a cold search reads by the
+        # hundred (not memory-mapped: a file truncated in place would crash the process)
+        local = self._local(path)
+        try:
+            with pa.OSFile(local) as f:
+                return f.read_buffer()
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(f"{path}: no such object") from e
+        except IsADirectoryError as e:
+            raise StorageError(f"{path}: is a directory") from e
+        except OSError as e:
+            raise StorageError(f"{path}: {e.strerror or e}") from e
 
     def write(self, path: str, data: bytes) -> None:
         local = self._local(path)
