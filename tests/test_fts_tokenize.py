@@ -10,7 +10,7 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_query.search.textindex import _separator, _TokenIndex
+from memwal_query.search.textindex import _FrozenIndex, _separator, _TokenIndex
 
 WORDS = (
     "Alpha beta gamma running jumps quick brown fox lazy dogs the a of and vector "
@@ -86,6 +86,12 @@ def test_batched_postings_equal_one_document_at_a_time(kw: dict) -> None:
         assert ti.doc_len == lens
         assert (ti.num_docs, ti.total_tokens) == (docs_n, total)
         assert {k: (list(r), list(t)) for k, (r, t) in ti.postings.items()} == post
+        frozen = _FrozenIndex(col, kw)  # a generation's: all documents at once, as arrays
+        assert frozen.doc_len.tolist() == lens
+        assert (frozen.num_docs, frozen.total_tokens) == (docs_n, total)
+        got = {k: tuple(a.tolist() for a in frozen.posting(k)) for k in post}
+        assert got == {k: (r, [float(x) for x in t]) for k, (r, t) in post.items()}
+        assert [len(a) for a in frozen.posting("nosuchtokenanywhere")] == [0, 0]
 
 
 def test_separator_only_where_texts_tokenize_apart() -> None:
