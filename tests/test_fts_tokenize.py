@@ -10,7 +10,8 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_query.search.textindex import _FrozenIndex, _separator, _TokenIndex
+from memwal_query.format.postings import Postings, separator
+from memwal_query.search.textindex import _TokenIndex
 
 WORDS = (
     "Alpha beta gamma running jumps quick brown fox lazy dogs the a of and vector "
@@ -86,7 +87,7 @@ def test_batched_postings_equal_one_document_at_a_time(kw: dict) -> None:
         assert ti.doc_len == lens
         assert (ti.num_docs, ti.total_tokens) == (docs_n, total)
         assert {k: (list(r), list(t)) for k, (r, t) in ti.postings.items()} == post
-        frozen = _FrozenIndex(col, kw)  # a generation's: all documents at once, as arrays
+        frozen = Postings.of(col, kw)  # a generation's: all documents at once, as arrays
         assert frozen.doc_len.tolist() == lens
         assert (frozen.num_docs, frozen.total_tokens) == (docs_n, total)
         got = {k: tuple(a.tolist() for a in frozen.posting(k)) for k in post}
@@ -95,10 +96,10 @@ def test_batched_postings_equal_one_document_at_a_time(kw: dict) -> None:
 
 
 def test_separator_only_where_texts_tokenize_apart() -> None:
-    assert _separator({}) is not None
-    assert _separator({"stem": True}) is not None
+    assert separator({}) is not None
+    assert separator({"stem": True}) is not None
     # a raw tokenizer keeps a whole text as one token, n-grams cut the separator:
     # both are tokenized one document at a time
-    assert _separator({"base_tokenizer": "raw"}) is None
-    assert _separator({"base_tokenizer": "ngram", "min_ngram_length": 2}) is None
-    assert _separator({"max_token_length": 5}) is None
+    assert separator({"base_tokenizer": "raw"}) is None
+    assert separator({"base_tokenizer": "ngram", "min_ngram_length": 2}) is None
+    assert separator({"max_token_length": 5}) is None

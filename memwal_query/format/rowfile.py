@@ -50,33 +50,62 @@ def encode(rows: pa.Table, addresses: np.ndarray) -> bytes:
     """The sidecar bytes of ``rows`` (stored columns) with their row ``addresses``."""
     if len(addresses) != rows.num_rows:
         raise ValueError(f"{len(addresses)} row addresses for {rows.num_rows} rows")
-    t = rows.append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64()))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, t.schema) as w:
-        w.write_table(t)
-    body = sink.getvalue().to_pybytes()
-    return body + _TRAILER.pack(zlib.crc32(body), _MAGIC)
+    return seal(rows.append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64())), _MAGIC)
 
 
 def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
     """The rows (with ``_rowaddr``) of sidecar bytes; ValueError naming ``path`` when
     the trailer, the CRC or the Arrow data is wrong."""
-    buf = pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data
-    if buf.size < _TRAILER.size:
-        raise ValueError(f"{path}: {buf.size} bytes, too short for a rows sidecar")
-    crc, magic = _TRAILER.unpack(buf.slice(buf.size - _TRAILER.size).to_pybytes())
-    body = buf.slice(0, buf.size - _TRAILER.size)
-    if magic != _MAGIC:
-        raise ValueError(f"{path}: not a rows sidecar (magic {magic!r})")
-    if zlib.crc32(memoryview(body)) != crc:
-        raise ValueError(f"{path}: CRC mismatch (corrupt or truncated)")
-    try:
-        t = pa.ipc.open_file(body).read_all()
-    except (pa.ArrowInvalid, OSError) as e:
-        raise ValueError(f"{path}: unreadable Arrow data: {e}") from e
+    t = unseal(data, path, _MAGIC, "a rows sidecar")
     if ROWADDR_COLUMN not in t.column_names:
         raise ValueError(f"{path}: no {ROWADDR_COLUMN} column")
     return t
+
+
+def seal(t: pa.Table, magic: bytes) -> bytes:
+    """``t`` as Arrow IPC file bytes followed by the trailer: their CRC-32 and ``magic``
+    (4 bytes). The framing of every memwal_query sidecar."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    body = sink.getvalue().to_pybytes()
+    return body + _TRAILER.pack(zlib.crc32(body), magic)
+
+
+def unseal(data: bytes | pa.Buffer, path: str, magic: bytes, what: str) -> pa.Table:
+    """The table of :func:`seal`'s bytes (decoded without a copy); ValueError naming
+    ``path`` when the trailer, the magic, the CRC or the Arrow data is wrong."""
+    buf = pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data
+    if buf.size < _TRAILER.size:
+        raise ValueError(f"{path}: {buf.size} bytes, too short for {what}")
+    crc, found = _TRAILER.unpack(buf.slice(buf.size - _TRAILER.size).to_pybytes())
+    body = buf.slice(0, buf.size - _TRAILER.size)
+    if found != magic:
+        raise ValueError(f"{path}: not {what} (magic {found!r})")
+    if zlib.crc32(memoryview(body)) != crc:
+        raise ValueError(f"{path}: CRC mismatch (corrupt or truncated)")
+    try:
+        return pa.ipc.open_file(body).read_all()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"{path}: unreadable Arrow data: {e}") from e
+
+
+def read_sealed(io: FileIO, path: str, magic: bytes, what: str, instead: str) -> pa.Table | None:
+    """The table of the sealed file ``path``, or None when there is none or it is
+    damaged (then with a warning naming the file and what is done ``instead``: the
+    caller uses the source of truth)."""
+    try:
+        data = io.read_buffer(path)
+    except ObjectNotFoundError:
+        return None
+    except StorageError as e:
+        warnings.warn(f"{path}: not used ({e}); {instead}", RuntimeWarning, stacklevel=3)
+        return None
+    try:
+        return unseal(data, path, magic, what)
+    except ValueError as e:
+        warnings.warn(f"{e}; {instead}", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def write(io: FileIO, gen_uri: str, rows: pa.Table, addresses: np.ndarray) -> None:
@@ -88,17 +117,4 @@ def read(io: FileIO, gen_uri: str) -> pa.Table | None:
     """The generation's rows from its sidecar, or None when there is none or it is
     damaged (a warning then; the caller reads the Lance table instead)."""
     path = join(gen_uri, ROWS_FILE)
-    try:
-        data = io.read_buffer(path)
-    except ObjectNotFoundError:
-        return None
-    except StorageError as e:
-        warnings.warn(
-            f"{path}: not used ({e}); reading the Lance table", RuntimeWarning, stacklevel=2
-        )
-        return None
-    try:
-        return decode(data, path)
-    except ValueError as e:
-        warnings.warn(f"{e}; reading the Lance table", RuntimeWarning, stacklevel=2)
-        return None
+    return read_sealed(io, path, _MAGIC, "a rows sidecar", "reading the Lance table")

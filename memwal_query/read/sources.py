@@ -157,7 +157,7 @@ def parallel_reads(uri: str, storage_options: dict[str, str] | None) -> bool:
     """Whether reading many generations at ``uri`` finishes sooner on several threads
     (:attr:`memwal_query.storage.io.FileIO.parallel_requests`: object stores yes, local
     file systems no; Lance reads, which release the GIL, always do)."""
-    return bool(_io_for(uri, storage_options).parallel_requests)
+    return bool(file_io(uri, storage_options).parallel_requests)
 
 
 def _read_generation(
@@ -215,8 +215,8 @@ _NO_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)
 _IOS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
 
-def _io_for(uri: str, storage_options: dict[str, str] | None) -> Any:
-    """The FileIO of ``uri``'s store (one per scheme and options)."""
+def file_io(uri: str, storage_options: dict[str, str] | None) -> Any:
+    """The FileIO of ``uri``'s store (one per scheme and storage options, kept)."""
     from memwal_query.storage.factory import file_io_for
 
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
@@ -237,7 +237,7 @@ def _sidecar(
         return None
     from memwal_query.format import rowfile
 
-    t = rowfile.read(_io_for(uri, storage_options), uri)
+    t = rowfile.read(file_io(uri, storage_options), uri)
     if t is None:
         _NO_SIDECAR.put(uri, True)
         return None

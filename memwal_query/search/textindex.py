@@ -3,16 +3,16 @@ of generations without an INVERTED index."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_query.format import postings
+from memwal_query.format.postings import Postings, tokenize_many
 from memwal_query.read import sources
 from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
 from memwal_query.search.generations import _GenInfo
@@ -29,82 +29,6 @@ def _texts(col: pa.ChunkedArray | pa.Array) -> list[str | None]:
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return [None if v is None else " ".join(x for x in v if x) for v in col.to_pylist()]
     return col.to_pylist()
-
-
-_SEPARATORS: dict[str, tuple[str, str] | None] = {}
-_CHUNK_PIECES = 1 << 15  # text pieces per lance.tokenize call of the batched path
-
-
-def _separator(tok_kwargs: dict[str, Any]) -> tuple[str, str] | None:
-    """``(word, token)``: a word that the tokenizer ``tok_kwargs`` keeps as one token of
-    its own between two texts (so texts joined with it tokenize as each text alone), and
-    that token; None when there is none (n-gram or raw tokenizers, a short
-    ``max_token_length``...): texts are then tokenized one at a time. Random letters,
-    chosen once per process and tokenizer."""
-    key = repr(sorted(tok_kwargs.items()))
-    if key not in _SEPARATORS:
-
-        def toks(text: str) -> list[str]:
-            return [t.text for t in lance.tokenize(text, **tok_kwargs)]
-
-        word = "".join(chr(97 + b % 26) for b in os.urandom(24))
-        alone = toks(word)
-        ok = len(alone) == 1 and toks(f"alpha runs {word} beta") == (
-            toks("alpha runs") + alone + toks("beta")
-        )
-        _SEPARATORS[key] = (word, alone[0]) if ok else None
-    return _SEPARATORS[key]
-
-
-def tokenize_many(
-    col: pa.ChunkedArray | pa.Array, tok_kwargs: dict[str, Any]
-) -> tuple[pa.Array, np.ndarray, np.ndarray]:
-    """Tokenize every document of a string (or list-of-strings) column at once.
-
-    Returns ``(tokens, doc, valid)``: every token's text, the index of the document it
-    came from, and which documents are not null (a list document is its non-null items
-    joined by spaces). Documents are joined with a separator word in a few
-    ``lance.tokenize`` calls rather than one call per document (see :func:`_separator`).
-    """
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks else pa.array([], col.type)
-    valid = np.asarray(pc.is_valid(col).to_numpy(zero_copy_only=False), bool)
-    sep = _separator(tok_kwargs)
-    if sep is None and (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
-        # one call per document anyway: join its items as the document's text
-        joined = [" ".join(x for x in v if x) for v in col.filter(pc.is_valid(col)).to_pylist()]
-        pieces, piece_doc = pa.array(joined, pa.string()), np.flatnonzero(valid)
-    elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-        pieces = pc.list_flatten(col)
-        piece_doc = np.asarray(pc.list_parent_indices(col).to_numpy(zero_copy_only=False))
-        keep = pc.and_(pc.is_valid(pieces), pc.not_equal(pc.binary_length(pieces), 0))
-        keep = pc.fill_null(keep, False)
-        pieces, piece_doc = pieces.filter(keep), piece_doc[keep.to_numpy(zero_copy_only=False)]
-    else:
-        pieces = col.filter(pc.is_valid(col))
-        piece_doc = np.flatnonzero(valid)
-    pieces = pieces.cast(pa.large_string())
-    texts: list[pa.Array] = []
-    owner: list[np.ndarray] = []
-    if sep is None:
-        for i, text in enumerate(pieces.to_pylist()):
-            toks = pa.array([t.text for t in lance.tokenize(text, **tok_kwargs)], pa.string())
-            texts.append(toks)
-            owner.append(np.full(len(toks), i, np.int64))
-    else:
-        word, sep_token = sep
-        for lo in range(0, len(pieces), _CHUNK_PIECES):
-            chunk = pieces.slice(lo, _CHUNK_PIECES)
-            one = pa.LargeListArray.from_arrays(pa.array([0, len(chunk)], pa.int64()), chunk)
-            glue = pa.scalar(f" {word} ", pa.large_string())
-            text = pc.binary_join(one, glue)[0].as_py() or ""
-            toks = pa.array([t.text for t in lance.tokenize(text, **tok_kwargs)], pa.string())
-            is_sep = np.asarray(pc.equal(toks, sep_token).to_numpy(zero_copy_only=False), bool)
-            texts.append(toks.filter(pa.array(~is_sep)))
-            owner.append((lo + np.cumsum(is_sep))[~is_sep])
-    tokens = pa.concat_arrays(texts) if texts else pa.array([], pa.string())
-    piece_of = np.concatenate(owner) if owner else np.zeros(0, np.int64)
-    return tokens, piece_doc[piece_of].astype(np.int64), valid
 
 
 class _TokenIndex:
@@ -147,41 +71,6 @@ class _TokenIndex:
         return np.asarray(rows, np.int64), np.asarray(tfs, np.float64)
 
 
-class _FrozenIndex:
-    """Token postings of a fixed set of documents (a flushed generation) as sorted
-    arrays: a token's postings are one slice, built with no Python step per token or
-    posting (a :class:`_TokenIndex` per generation cost about as much again as
-    tokenizing: a first full-text query over 192 generations took 1.5 s)."""
-
-    def __init__(self, col: pa.ChunkedArray | pa.Array, tok_kwargs: dict[str, Any]) -> None:
-        tokens, doc, valid = tokenize_many(col, tok_kwargs)
-        n = len(valid)
-        self.doc_len = np.bincount(doc, minlength=n).astype(np.float64)
-        self.num_docs = int(valid.sum())
-        self.total_tokens = len(tokens)
-        self._word: dict[str, int] = {}
-        self._starts = np.zeros(1, np.int64)
-        self._rows = np.zeros(0, np.int64)
-        self._tfs = np.zeros(0, np.float64)
-        if len(tokens):
-            enc = pc.dictionary_encode(tokens)
-            ids = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
-            pair, tf = np.unique(ids * n + doc, return_counts=True)  # by token, then row
-            words = enc.dictionary.to_pylist()
-            self._word = dict(zip(words, range(len(words))))
-            self._starts = np.searchsorted(pair // n, np.arange(len(words) + 1))
-            self._rows = pair % n
-            self._tfs = tf.astype(np.float64)
-
-    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
-        """Rows (document indexes) holding ``token`` and its count in each."""
-        i = self._word.get(token)
-        if i is None:
-            return self._rows[:0], self._tfs[:0]
-        lo, hi = self._starts[i], self._starts[i + 1]
-        return self._rows[lo:hi], self._tfs[lo:hi]
-
-
 def _memtable_token_index(
     table: Catalog, m: MemTableSnapshot, column: str, tok_kwargs: dict[str, Any]
 ) -> _TokenIndex:
@@ -215,7 +104,7 @@ class _FrozenTokens:
     as arrays (up to :data:`_FROZEN_TOKENS` tokens): building them all up front cost a
     Python step per distinct token and generation."""
 
-    def __init__(self, parts: list[tuple[int, _FrozenIndex]]) -> None:
+    def __init__(self, parts: list[tuple[int, Postings]]) -> None:
         self.parts = parts
         self.postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         lens = [ti.doc_len for _, ti in parts]
@@ -248,7 +137,7 @@ class _MemFts:
     def __init__(
         self,
         rows: pa.Table,
-        parts: Sequence[tuple[int, _TokenIndex | _FrozenIndex | _FrozenTokens]],
+        parts: Sequence[tuple[int, _TokenIndex | Postings | _FrozenTokens]],
         live: np.ndarray,
     ) -> None:
         self.rows = rows
@@ -312,13 +201,19 @@ def _gen_mem_fts(gen: _GenInfo, table: Catalog, column: str, tok_kwargs: dict[st
 
 def _gen_token_index(
     ref: sources.GenerationRef, table: Catalog, column: str, tok_kwargs: dict[str, Any]
-) -> _FrozenIndex:
-    """Token index of one generation's ``column`` (cached: generations are immutable)."""
+) -> Postings:
+    """Token index of one generation's ``column`` (cached: generations are immutable):
+    from its postings sidecar (:mod:`memwal_query.format.postings`), else by tokenizing
+    its text."""
     key = (ref.uri, column, repr(sorted(tok_kwargs.items())))
-    ti: _FrozenIndex | None = _GEN_TOKENS.get(key)
+    ti: Postings | None = _GEN_TOKENS.get(key)
     if ti is None:
+        ti = postings.read(
+            sources.file_io(ref.uri, table.storage_options), ref.uri, column, tok_kwargs
+        )
         rows = sources.read_generation(ref, table.schema, table.storage_options, [column])
-        ti = _FrozenIndex(rows.column(column), tok_kwargs)
+        if ti is None or len(ti.doc_len) != rows.num_rows:
+            ti = Postings.of(rows.column(column), tok_kwargs)
         _GEN_TOKENS.put(key, ti)
     return ti
 

@@ -8,6 +8,9 @@
 - ``memwal_rows.bin``, the rows again as one Arrow IPC file with their row addresses
   (see :mod:`memwal_query.format.rowfile`: a first query reads it in one request
   instead of opening the Lance table);
+- ``memwal_postings.bin``, the full-text postings of each column with an INVERTED
+  index on the base table (see :mod:`memwal_query.format.postings`: a first full-text
+  search reads them instead of tokenizing);
 - BTREE scalar indexes on the primary key (:func:`pk_index_names`: the key column, or
   each indexable column of a composite key); a single-column key's index files are
   also copied to ``_pk_index/`` where pylance's native MemWAL reader looks for them;
@@ -19,13 +22,14 @@ way leaves a directory no manifest references; the retry uses a new random prefi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
 
-from memwal_query.format import bloom, rowfile
+from memwal_query.format import bloom, postings, rowfile
 from memwal_query.format.lancetypes import btree_indexable
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.storage import crashpoints, paths
@@ -34,6 +38,8 @@ from memwal_query.write.memtable import MemTable
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
+
+LOG = logging.getLogger(__name__)
 
 BLOOM_FILE = "bloom_filter.bin"
 PK_INDEX_NAME = "__memwal_pk"
@@ -62,6 +68,7 @@ def write_generation(
     fragments = [(f.fragment_id, f.metadata.physical_rows) for f in ds.get_fragments()]
     if sum(n for _, n in fragments) == data.num_rows:  # else: readers use Lance only
         rowfile.write(table.io, uri, data, rowfile.row_addresses(fragments))
+        _write_postings(table, uri, data)
     if pk_index_names(keys.schema):
         build_pk_indexes(ds, keys.schema)
         if len(table.primary_key) == 1:
@@ -77,6 +84,33 @@ def write_generation(
         physical_rows=data.num_rows,
         primary_key_bytes=keys.nbytes,
     )
+
+
+POSTINGS_MAX_ROWS = 100_000
+"""Largest generation whose full-text postings a flush stores (:mod:`memwal_query.format.
+postings`; tokenizing costs about a microsecond per token); a larger one is tokenized by
+the first search that needs it."""
+
+
+def _write_postings(table: Catalog, uri: str, data: pa.Table) -> None:
+    """Store the postings of every column with an INVERTED index on the base table, as
+    its tokenizer splits them (best effort: a generation without them is tokenized at
+    query time)."""
+    if data.num_rows > POSTINGS_MAX_ROWS:
+        return
+    from memwal_query.write.genindex import fts_tokenizers
+
+    try:
+        entries = [
+            (column, kw, postings.Postings.of(data.column(column), kw))
+            for column, kw in fts_tokenizers(table.dataset())
+            if column in data.column_names
+        ]
+    except Exception as e:  # noqa: BLE001 - an optimisation never fails a flush
+        LOG.warning("generation %s: no full-text postings stored: %s", uri, e)
+        return
+    if entries:
+        postings.write(table.io, uri, entries)
 
 
 def pk_index_names(key_schema: pa.Schema) -> dict[str, str]:

@@ -331,6 +331,19 @@ def tokenize_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def fts_tokenizers(base: lance.LanceDataset) -> list[tuple[str, dict[str, Any]]]:
+    """``(column, lance.tokenize keywords)`` of every INVERTED index of the base table
+    (each pair once): what a full-text search tokenizes a generation's column with."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name, info in base_indexes(base).items():
+        if info.kind != "fts":
+            continue
+        pair = (info.column, tokenize_kwargs(fts_params(base, name)))
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
 def _inverted_create_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = _TOKENIZE_KEYS + _CREATE_EXTRA_KEYS
     return {k: params[k] for k in keys if k in params and params[k] is not None}
