@@ -9,7 +9,7 @@ full-text search k=10 p50 (two-word queries), the same two searches with a filte
 the newest rows (``id >= base/2``; recall@10 of the filtered vector search against
 exact search over the matching deduplicated rows), and the cold first query (in a new
 process: open the table, first vector search; imports excluded; wall clock and CPU
-time of the process, medians of 3 processes).
+time of the process, medians of 3 processes; the same for the first full-text search).
 
 Targets (issue 20): vector and FTS at 192 generations <= 2x the 1-generation latency,
 recall@10 >= 0.95; lookup at 64 regions <= 1.2x 1 region; cold first query at 192
@@ -140,22 +140,31 @@ q = np.array([float(x) for x in sys.argv[2].split(",")], np.float32)
 s = time.perf_counter()
 c = time.process_time()
 t = mq.MemWalTable.open(sys.argv[1])
-t.vector_search("vec", q, k=10)
+if sys.argv[3] == "vector":
+    t.vector_search("vec", q, k=10)
+else:
+    t.fts_search("text", sys.argv[3], k=10)
 print((time.perf_counter() - s) * 1e3, (time.process_time() - c) * 1e3)
 """
 
 
-def cold_first_query(uri: str, q: np.ndarray, runs: int = 3) -> tuple[float, float]:
-    """ms from opening the table to the first vector search's answer, in a new process
-    (imports excluded), wall clock and CPU (all threads of the process: what the query
-    costs whatever the machine's load); medians of ``runs`` processes."""
+def cold_first_query(
+    uri: str, q: np.ndarray, runs: int = 3, fts: str | None = None
+) -> tuple[float, float]:
+    """ms from opening the table to the first vector search's answer (with ``fts``: the
+    first full-text search for those words), in a new process (imports excluded), wall
+    clock and CPU (all threads of the process: what the query costs whatever the
+    machine's load); medians of ``runs`` processes."""
     import subprocess
 
     arg = ",".join(map(str, q.tolist()))
     wall, cpu = [], []
     for _ in range(runs):
         out = subprocess.run(
-            [sys.executable, "-c", COLD, uri, arg], capture_output=True, text=True, check=True
+            [sys.executable, "-c", COLD, uri, arg, fts or "vector"],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         w, c = out.stdout.strip().splitlines()[-1].split()
         wall.append(float(w))
@@ -165,6 +174,7 @@ def cold_first_query(uri: str, q: np.ndarray, runs: int = 3) -> tuple[float, flo
 
 def measure(t: mq.MemWalTable, n: int, queries: np.ndarray, reps: int) -> dict[str, float]:
     cold, cold_cpu = cold_first_query(t.uri, queries[0])
+    cold_fts, cold_fts_cpu = cold_first_query(t.uri, queries[0], fts="w3 w10")
     live = t.to_table(columns=["id", "vec"])
     mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False))
     live_ids = live.column("id").to_numpy()
@@ -189,6 +199,8 @@ def measure(t: mq.MemWalTable, n: int, queries: np.ndarray, reps: int) -> dict[s
         "fts": fts,
         "cold": cold,
         "cold_cpu": cold_cpu,
+        "cold_fts": cold_fts,
+        "cold_fts_cpu": cold_fts_cpu,
         **measure_filtered(t, n, queries, terms, reps, mat, live_ids),
     }
 
@@ -285,6 +297,8 @@ def print_shapes(args: argparse.Namespace, results: list) -> None:
                 m["ffts"] / first["ffts"],
                 m["cold"],
                 m["cold_cpu"],
+                m["cold_fts"],
+                m["cold_fts_cpu"],
             ]
         )
     print_table(
@@ -306,6 +320,8 @@ def print_shapes(args: argparse.Namespace, results: list) -> None:
             "x1st",
             "cold 1st ms",
             "cold cpu ms",
+            "cold 1st fts ms",
+            "cold fts cpu ms",
         ],
         table,
     )
