@@ -14,12 +14,14 @@ Paths are plain strings joined with ``/``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import stat
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 
 import pyarrow as pa
 
@@ -121,6 +123,19 @@ class FileIO(ABC):
         return None
 
 
+@contextlib.contextmanager
+def _read_errors(path: str) -> Iterator[None]:
+    """A local read's OSError as ObjectNotFoundError (missing) or StorageError."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise ObjectNotFoundError(f"{path}: no such object") from e
+    except IsADirectoryError as e:
+        raise StorageError(f"{path}: is a directory") from e
+    except OSError as e:
+        raise StorageError(f"{path}: {e.strerror or e}") from e
+
+
 class LocalFileIO(FileIO):
     """FileIO over a local (POSIX) file system.
 
@@ -170,31 +185,17 @@ class LocalFileIO(FileIO):
         return tmp
 
     def read(self, path: str) -> bytes:
-        local = self._local(path)
-        try:
-            with open(local, "rb") as f:
+        with _read_errors(path):
+            with open(self._local(path), "rb") as f:
                 return f.read()
-        except FileNotFoundError as e:
-            raise ObjectNotFoundError(f"{path}: no such object") from e
-        except IsADirectoryError as e:
-            raise StorageError(f"{path}: is a directory") from e
-        except OSError as e:
-            raise StorageError(f"{path}: {e.strerror}") from e
 
     def read_buffer(self, path: str) -> pa.Buffer:
         # one read into an Arrow-allocated buffer: 2.5x faster than building the bytes
         # object of ``read`` for the ~100 KB rows sidecars a cold search reads by the
         # hundred (not memory-mapped: a file truncated in place would crash the process)
-        local = self._local(path)
-        try:
-            with pa.OSFile(local) as f:
+        with _read_errors(path):
+            with pa.OSFile(self._local(path)) as f:
                 return f.read_buffer()
-        except FileNotFoundError as e:
-            raise ObjectNotFoundError(f"{path}: no such object") from e
-        except IsADirectoryError as e:
-            raise StorageError(f"{path}: is a directory") from e
-        except OSError as e:
-            raise StorageError(f"{path}: {e.strerror or e}") from e
 
     def write(self, path: str, data: bytes) -> None:
         local = self._local(path)
