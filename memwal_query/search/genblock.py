@@ -112,6 +112,8 @@ class GenBlock:
             for i, t in zip(c, f.result()):
                 got[i] = t
         parts: list[pa.Table] = [t for t in got if t is not None]
+        if len(parts) != len(refs):  # never: each read returns a table or raises
+            raise AssertionError(f"{len(refs) - len(parts)} generation(s) not read")
         self.sizes = [t.num_rows for t in parts]
         sizes = np.array(self.sizes, np.int64)
         starts = np.cumsum(sizes) - sizes

@@ -50,14 +50,6 @@ _EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
 """Metrics whose distances are recomputed exactly (and so searched in a block)."""
 
 
-def _L2() -> str:
-    return "l2"
-
-
-def _constant(value: str) -> Callable[[], str]:
-    return lambda: value
-
-
 def _query_vector(query: Any) -> np.ndarray:
     if isinstance(query, pa.ChunkedArray):
         query = query.combine_chunks()
@@ -143,13 +135,12 @@ def vector_search(
     # this one reads the block. With a block the base always has newer rows, so its first
     # round asks for 2k + 8 rows (``_run_topk``); a later round asks again as usual.
     prefetch = plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS
-    metric_of: Callable[[], str]
+    metric_known: Future[str] = Future()
+    metric_of: Callable[[], str] = metric_known.result
     if info is None:
-        metric_of = _L2
-    elif prefetch:
-        metric_of = _SEARCH_POOL.submit(genindex.vector_metric, plan.base, info).result
-    else:
-        metric_of = _constant(genindex.vector_metric(plan.base, info))
+        metric_known.set_result("l2")
+    elif not prefetch:
+        metric_known.set_result(genindex.vector_metric(plan.base, info))
 
     def nearest(kk: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
@@ -191,10 +182,20 @@ def vector_search(
             got = got.set_column(got.schema.get_field_index(DISTANCE), DISTANCE, pa.array(d))
         return got
 
+    def metric_then_base(kk: int) -> pa.Table:
+        # one task (a pool task waiting for another could deadlock a saturated pool)
+        if not metric_known.done():
+            try:
+                metric_known.set_result(genindex.vector_metric(plan.base, info))
+            except BaseException as e:
+                metric_known.set_exception(e)
+                raise
+        return lance_knn("base", None, {}, kk)
+
     early: dict[int, Future[pa.Table]] = {}
     if prefetch:
         first = _first_fetch(k, has_newer=True)
-        early[first] = _SEARCH_POOL.submit(lance_knn, "base", None, {}, first)
+        early[first] = _SEARCH_POOL.submit(metric_then_base, first)
     try:
         # the block assumes an exact metric (every metric Lance has is one)
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
