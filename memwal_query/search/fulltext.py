@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from memwal_query.search.topk import (
     _block_sources,
     _conform_output,
     _fill_debug,
+    _generation_count,
     _lance_columns,
     _materialize,
     _read_columns,
@@ -260,8 +262,26 @@ def fts_search(
     tokens, words = _query_tokens(query, tok_kwargs)
     if not tokens:
         return empty
-    srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
     storage = table.storage_options or None
+
+    def index_stats(ds: Any, gen: Any) -> _FtsStats:
+        """N, token total and document frequencies of the Lance index of ``ds``."""
+        with sources.reading_base(table, plan.base), _reading(gen):
+            ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
+            df = {t: _index_df(ds, ist, column, t, words[t], tok_kwargs) for t in set(tokens)}
+        return _FtsStats(ist.num_docs, ist.total_tokens, df)
+
+    # The base's statistics (Lance; on a cold start they open its index) are gathered
+    # while this thread reads the generations into their block (issue 20, cold start).
+    base_early: Future[_FtsStats] | None = None
+    if plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS:
+        base_early = _SEARCH_POOL.submit(index_stats, _own(plan.base), None)
+    try:
+        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
+    except BaseException:
+        if base_early is not None:
+            base_early.cancel()
+        raise
 
     # -- per-source matchers and global statistics ------------------------------------
     mem_fts: dict[int, _MemFts] = {}
@@ -283,16 +303,21 @@ def fts_search(
             mem_fts[i] = _gen_mem_fts(s.gen_info, table, column, tok_kwargs)
             s.stats["index"] = "memory"
             return mem_fts[i].stats(tokens)
+        s.stats["index"] = info.name
         ds = _own(plan.base) if s.kind == "base" else s.gen_info.dataset()
-        with sources.reading_base(table, plan.base), _reading(s.gen):
-            ist = _fts_index_stats(ds, info.name, column, tok_kwargs, storage)
-            s.stats["index"] = info.name
-            df = {t: _index_df(ds, ist, column, t, words[t], tok_kwargs) for t in set(tokens)}
-        return _FtsStats(ist.num_docs, ist.total_tokens, df)
+        return index_stats(ds, s.gen)
 
     # Sources' statistics are independent (and cached per immutable index version):
-    # gather them concurrently, then sum.
-    futures = [_SEARCH_POOL.submit(source_stats, i, s) for i, s in enumerate(srcs)]
+    # gather them concurrently (the base's already asked for), then sum.
+    futures = [
+        base_early
+        if s.kind == "base" and base_early is not None
+        else _SEARCH_POOL.submit(source_stats, i, s)
+        for i, s in enumerate(srcs)
+    ]
+    for s in srcs:
+        if s.kind == "base" and base_early is not None:
+            s.stats["index"] = info.name
     per_source = [f.result() for f in futures]
     n_total = sum(st.num_docs for st in per_source)
     t_total = sum(st.total_tokens for st in per_source)
