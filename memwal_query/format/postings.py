@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import lance
@@ -64,6 +65,14 @@ def separator(tok_kwargs: dict[str, Any]) -> tuple[str, str] | None:
     return _SEPARATORS[key]
 
 
+def text_bytes(col: pa.ChunkedArray | pa.Array) -> int:
+    """Bytes of text in a string or list-of-strings column (nulls count nothing)."""
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        col = pc.list_flatten(col)
+    total = pc.sum(pc.binary_length(col)).as_py()
+    return int(total or 0)
+
+
 def tokenize_many(
     col: pa.ChunkedArray | pa.Array, tok_kwargs: dict[str, Any]
 ) -> tuple[pa.Array, np.ndarray, np.ndarray]:
@@ -83,8 +92,11 @@ def tokenize_many(
         joined = [" ".join(x for x in v if x) for v in col.filter(pc.is_valid(col)).to_pylist()]
         pieces, piece_doc = pa.array(joined, pa.string()), np.flatnonzero(valid)
     elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        # a null list may still span values (legal Arrow): list_flatten skips them while
+        # list_parent_indices does not, so each value's document comes from the lengths
         pieces = pc.list_flatten(col)
-        piece_doc = np.asarray(pc.list_parent_indices(col).to_numpy(zero_copy_only=False))
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+        piece_doc = np.repeat(np.arange(len(col), dtype=np.int64), lengths)
         keep = pc.and_(pc.is_valid(pieces), pc.not_equal(pc.binary_length(pieces), 0))
         keep = pc.fill_null(keep, False)
         pieces, piece_doc = pieces.filter(keep), piece_doc[keep.to_numpy(zero_copy_only=False)]
@@ -142,6 +154,7 @@ class Postings:
         self.doc_len = np.asarray(doc_len, np.float64)
         self.num_docs = num_docs
         self.total_tokens = int(self.doc_len.sum())
+        self._word: dict[str, int] | None = None
 
     @classmethod
     def of(cls, col: pa.ChunkedArray | pa.Array, tok_kwargs: dict[str, Any]) -> Postings:
@@ -169,10 +182,11 @@ class Postings:
 
     def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows (document indexes) holding ``token`` and its count in each."""
-        # a scan of the words in Arrow: a cold search asks a few tokens of each of many
-        # generations, and turning every word into a Python string cost more
-        i = pc.index(self.words, pa.scalar(token, self.words.type)).as_py()
-        if i < 0:
+        if self._word is None:  # on first use (a block asks its parts through ``find``)
+            words = self.words.to_pylist()
+            self._word = dict(zip(words, range(len(words))))
+        i = self._word.get(token)
+        if i is None:
             return self.rows[:0], self.tfs[:0]
         lo, hi = self.starts[i], self.starts[i + 1]
         return self.rows[lo:hi], self.tfs[lo:hi]
@@ -222,42 +236,74 @@ def write(io: FileIO, gen_uri: str, entries: list[tuple[str, dict[str, Any], Pos
 
 def read(io: FileIO, gen_uri: str, column: str, tok_kwargs: dict[str, Any]) -> Postings | None:
     """The postings of ``column`` as the tokenizer ``tok_kwargs`` splits it, from the
-    generation's sidecar; None when it has none, none for that column and tokenizer, or
-    a damaged one (a warning then: the caller tokenizes the text instead)."""
+    generation's sidecar; None when it has none or none for that column and tokenizer,
+    and None with a warning naming the file when it is damaged or its arrays do not fit
+    together (the caller tokenizes the text instead)."""
     path = join(gen_uri, POSTINGS_FILE)
     t = read_sealed(io, path, _MAGIC, "a postings sidecar", "tokenizing the text")
     if t is None:
         return None
-    key = tokenizer_key(tok_kwargs)
     try:
-        cols = t.column("column").to_pylist()
-        toks = t.column("tokenizer").to_pylist()
-        for i, (c, k) in enumerate(zip(cols, toks)):
-            if c == column and k == key:
-                return _entry(t, i)
-    except (KeyError, pa.ArrowInvalid, ValueError) as e:
-        import warnings
-
+        return _entry(t, column, tokenizer_key(tok_kwargs))
+    except Exception as e:  # noqa: BLE001 - whatever is wrong in it: not used
         warnings.warn(f"{path}: malformed ({e}); tokenizing the text", RuntimeWarning, stacklevel=2)
-    return None
+        return None
 
 
-def _entry(t: pa.Table, i: int) -> Postings:
+_SCHEMA = {
+    "column": pa.string(),
+    "tokenizer": pa.string(),
+    "words": pa.list_(pa.string()),
+    "starts": pa.list_(pa.int64()),
+    "rows": pa.list_(pa.int32()),
+    "tfs": pa.list_(pa.int32()),
+    "doc_len": pa.list_(pa.int32()),
+    "num_docs": pa.int64(),
+}
+
+
+def _entry(t: pa.Table, column: str, key: str) -> Postings | None:
+    """The entry of ``(column, key)`` of a decoded sidecar (None: none), checked whole:
+    ValueError when the schema, nulls or the arrays' sizes, order and sums are wrong."""
+    for name, typ in _SCHEMA.items():
+        if name not in t.column_names or t.schema.field(name).type != typ:
+            raise ValueError(f"column {name!r} missing or not {typ}")
+        if t.column(name).null_count:
+            raise ValueError(f"nulls in column {name!r}")
+    t = t.combine_chunks()
+    hits = [
+        i
+        for i, (c, k) in enumerate(
+            zip(t.column("column").to_pylist(), t.column("tokenizer").to_pylist())
+        )
+        if c == column and k == key
+    ]
+    if not hits:
+        return None
+
     def values(name: str) -> pa.Array:
-        return t.column(name).chunk(0)[i].values
+        v = t.column(name).chunk(0)[hits[0]].values
+        if v.null_count:
+            raise ValueError(f"nulls in {name!r}")
+        return v
 
+    words = values("words")
     starts = values("starts").to_numpy()
     rows = values("rows").to_numpy()
+    tfs = values("tfs").to_numpy()
     doc_len = values("doc_len").to_numpy()
-    words = values("words")
+    num_docs = int(t.column("num_docs")[hits[0]].as_py())
+    n = len(doc_len)
     if (
         len(starts) != len(words) + 1
         or starts[0] != 0
         or starts[-1] != len(rows)
         or np.any(np.diff(starts) < 0)
-        or len(values("tfs")) != len(rows)
-        or (len(rows) and (rows.min() < 0 or rows.max() >= len(doc_len)))
+        or len(tfs) != len(rows)
+        or (len(rows) and (rows.min() < 0 or rows.max() >= n or tfs.min() < 1))
+        or (n and doc_len.min() < 0)
+        or not 0 <= num_docs <= n
+        or not np.array_equal(np.bincount(rows, weights=tfs, minlength=n), doc_len)
     ):
         raise ValueError("inconsistent postings arrays")
-    num_docs = int(t.column("num_docs")[i].as_py())
-    return Postings(words, starts, rows, values("tfs").to_numpy(), doc_len, num_docs)
+    return Postings(words, starts, rows, tfs, doc_len, num_docs)

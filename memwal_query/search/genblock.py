@@ -20,9 +20,9 @@ the MemTables': a stale version never matches in place of the newest one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +47,23 @@ FILTER_MASKS = 16
 
 _CHUNKS = 4
 _READERS = ThreadPoolExecutor(_CHUNKS, thread_name_prefix="memwal-genblock")
+T = TypeVar("T")
+
+
+def map_generations(
+    fn: Callable[[sources.GenerationRef], T],
+    refs: Sequence[sources.GenerationRef],
+    storage_options: dict[str, str] | None,
+) -> list[T]:
+    """``fn(ref)`` of each generation, in order: in this thread on a local file system,
+    in a few chunks on the reader pool on an object store (where each read is mostly a
+    round trip; see :func:`memwal_query.read.sources.parallel_reads`)."""
+    if len(refs) < 2 or not sources.parallel_reads(refs[0].uri, storage_options):
+        return [fn(ref) for ref in refs]
+    step = -(-len(refs) // _CHUNKS)
+    chunks = [list(refs[i : i + step]) for i in range(0, len(refs), step)]
+    futures = [_READERS.submit(lambda c: [fn(r) for r in c], c) for c in chunks]
+    return [x for f in futures for x in f.result()]
 
 
 class _TooLarge(Exception):

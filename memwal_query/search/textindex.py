@@ -3,6 +3,7 @@ of generations without an INVERTED index."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ from memwal_query.read import sources
 from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
 from memwal_query.search.generations import _GenInfo
 from memwal_query.search.plan import _filter_indices
+from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -99,10 +101,10 @@ class _FtsStats:
 
 
 class _FrozenTokens:
-    """Several token indexes side by side as one (a block's generations). A token's
-    postings over all parts are gathered the first time a query asks for it, then kept
-    as arrays (up to :data:`_FROZEN_TOKENS` tokens): building them all up front cost a
-    Python step per distinct token and generation."""
+    """Several generations' postings side by side as one (a block): every part's words,
+    ranges and rows concatenated, so finding a token is one vectorised comparison over
+    all words rather than one lookup per generation. A token's gathered postings are
+    kept (up to :data:`_FROZEN_TOKENS` tokens)."""
 
     def __init__(self, parts: list[tuple[int, Postings]]) -> None:
         self.parts = parts
@@ -110,18 +112,30 @@ class _FrozenTokens:
         lens = [ti.doc_len for _, ti in parts]
         self.doc_len = np.concatenate(lens) if lens else np.zeros(0, np.float64)
         self._empty = (np.zeros(0, np.int64), np.zeros(0, np.float64))
+        words = [ti.words.cast(pa.large_string()) for _, ti in parts]
+        self._words = pa.concat_arrays(words) if words else pa.array([], pa.large_string())
+        # postings of every part one after another: word j's are rows[lo[j]:hi[j]]
+        none = [np.zeros(0, np.int64)]
+        base = np.cumsum([0] + [len(ti.rows) for _, ti in parts])
+        self._lo = np.concatenate([ti.starts[:-1] + b for (_, ti), b in zip(parts, base)] + none)
+        self._hi = np.concatenate([ti.starts[1:] + b for (_, ti), b in zip(parts, base)] + none)
+        self._rows = np.concatenate([ti.rows + off for off, ti in parts] + none)
+        self._tfs = np.concatenate([ti.tfs for _, ti in parts] + none).astype(np.float64)
 
     def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows (block rows) holding ``token`` and its count in each."""
         got = self.postings.get(token)
         if got is None:
-            rows, tfs = [], []
-            for off, ti in self.parts:
-                r, tf = ti.posting(token)
-                if len(r):
-                    rows.append(r + off)
-                    tfs.append(tf)
-            got = (np.concatenate(rows), np.concatenate(tfs)) if rows else self._empty
+            hits = np.flatnonzero(
+                np.asarray(pc.equal(self._words, token).to_numpy(zero_copy_only=False), bool)
+            )
+            if len(hits):
+                lo, hi = self._lo[hits], self._hi[hits]
+                n = hi - lo
+                take = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+                got = (self._rows[take], self._tfs[take])
+            else:
+                got = self._empty
             if len(self.postings) >= _FROZEN_TOKENS:
                 self.postings.clear()
             self.postings[token] = got
@@ -212,7 +226,15 @@ def _gen_token_index(
             sources.file_io(ref.uri, table.storage_options), ref.uri, column, tok_kwargs
         )
         rows = sources.read_generation(ref, table.schema, table.storage_options, [column])
-        if ti is None or len(ti.doc_len) != rows.num_rows:
+        if ti is not None and len(ti.doc_len) != rows.num_rows:
+            warnings.warn(
+                f"{join(ref.uri, postings.POSTINGS_FILE)}: postings of {len(ti.doc_len)} "
+                f"documents for a generation of {rows.num_rows} rows; tokenizing the text",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            ti = None
+        if ti is None:
             ti = Postings.of(rows.column(column), tok_kwargs)
         _GEN_TOKENS.put(key, ti)
     return ti
@@ -227,12 +249,15 @@ def _block_mem_fts(
     key = ("fts", column, repr(sorted(tok_kwargs.items())))
     merged = block.cache.get(key)
     if merged is None:
-        parts = []
-        offset = 0
-        for (_, ref), size in zip(block.members, block.sizes):
-            parts.append((offset, _gen_token_index(ref, table, column, tok_kwargs)))
-            offset += size
-        merged = block.cache.setdefault(key, _FrozenTokens(parts))
+        from memwal_query.search.genblock import map_generations
+
+        indexes = map_generations(
+            lambda ref: _gen_token_index(ref, table, column, tok_kwargs),
+            [ref for _, ref in block.members],
+            table.storage_options or None,
+        )
+        offsets = np.cumsum([0, *block.sizes])[:-1].tolist()
+        merged = block.cache.setdefault(key, _FrozenTokens(list(zip(offsets, indexes))))
     live = np.zeros(block.num_rows, bool)
     live[block.live_rows] = True
     rows = block.keys.append_column(column, block.values)

@@ -86,18 +86,18 @@ def write_generation(
     )
 
 
-POSTINGS_MAX_ROWS = 100_000
-"""Largest generation whose full-text postings a flush stores (:mod:`memwal_query.format.
-postings`; tokenizing costs about a microsecond per token); a larger one is tokenized by
-the first search that needs it."""
+POSTINGS_MAX_TEXT_BYTES = 512 * 1024
+"""Most text (bytes, per indexed column) whose full-text postings a flush stores
+(:mod:`memwal_query.format.postings`): tokenizing costs about a microsecond per token in
+Lance's tokenizer, so this bounds the flush's extra work to ~0.1 s. A generation with
+more text, or whose tokenizer cannot tokenize documents in bulk (n-grams, raw), is
+tokenized by the first search that needs it instead."""
 
 
 def _write_postings(table: Catalog, uri: str, data: pa.Table) -> None:
     """Store the postings of every column with an INVERTED index on the base table, as
     its tokenizer splits them (best effort: a generation without them is tokenized at
-    query time)."""
-    if data.num_rows > POSTINGS_MAX_ROWS:
-        return
+    query time, so any failure here is logged, never raised)."""
     from memwal_query.write.genindex import fts_tokenizers
 
     try:
@@ -105,12 +105,13 @@ def _write_postings(table: Catalog, uri: str, data: pa.Table) -> None:
             (column, kw, postings.Postings.of(data.column(column), kw))
             for column, kw in fts_tokenizers(table.dataset())
             if column in data.column_names
+            and postings.text_bytes(data.column(column)) <= POSTINGS_MAX_TEXT_BYTES
+            and postings.separator(kw) is not None
         ]
+        if entries:
+            postings.write(table.io, uri, entries)
     except Exception as e:  # noqa: BLE001 - an optimisation never fails a flush
         LOG.warning("generation %s: no full-text postings stored: %s", uri, e)
-        return
-    if entries:
-        postings.write(table.io, uri, entries)
 
 
 def pk_index_names(key_schema: pa.Schema) -> dict[str, str]:
