@@ -39,17 +39,13 @@ import datafusion, lance, numpy as np, pyarrow as pa
 import memwal_query as mq
 import memwal_query.table, memwal_query.read.provider, memwal_query.search  # noqa: imports excluded
 uri, mode, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])
+from _common import median, timed
 cols = ["id", "text"]
 
 
 def p50(fn):
-    fn()
-    lat = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        fn()
-        lat.append(time.perf_counter() - s)
-    return float(np.median(lat)) * 1e3
+    return median(timed(fn, reps)) * 1e3
 
 
 s = time.perf_counter()
@@ -80,7 +76,7 @@ else:
 def run(code: str, uri: str, mode: str, reps: int) -> dict:
     env = {**os.environ, "PYTHONPATH": code, "LANCE_LOG": "error"}
     out = subprocess.run(
-        [sys.executable, "-c", _WORKER, uri, mode, str(reps)],
+        [sys.executable, "-c", _WORKER, uri, mode, str(reps), str(HERE)],
         env=env,
         capture_output=True,
         text=True,
