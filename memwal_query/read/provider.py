@@ -282,7 +282,9 @@ class _Stale:
 
 
 def _stale_size(stale: _Stale) -> int:
-    return stale.ids.nbytes + len(stale.blocklist) + stale.ids.size  # + the mask, about
+    # the mask (built later, when used) holds a byte per base row up to the last
+    # overwritten one of each fragment: at most ADDRESS_DEDUP_MAX_ROWS bytes
+    return stale.ids.nbytes + len(stale.blocklist) + stale.ids.size
 
 
 _STALE: LRUCache[tuple, _Stale] = LRUCache(8, max_bytes=256 << 20, sizeof=_stale_size)
@@ -404,6 +406,7 @@ class _BaseFragment:
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
         f = state.filter_for(filter)
         blocklist = state.blocklist() if f.expr is None else None
+        overwritten = state.stale_mask() if blocklist is not None else None
         int_sets, hashed = ([], []) if blocklist is not None else state.key_sets()
         # Hashed key sets (strings, binary, composite keys) rebuild a hash set on every
         # membership test: after the first batch (a selective scan may have only one),
@@ -423,8 +426,9 @@ class _BaseFragment:
                     filter=f.base,
                     fragments=self.lance_fragments,
                     with_row_address=want_addr or by_address,
+                    with_row_id=overwritten is not None,
                     batch_size=size,
-                    row_addr_blocklist=blocklist,
+                    row_addr_blocklist=None if overwritten is not None else blocklist,
                 )
                 it = iter(scanner.to_batches())
                 first = next(it, None)
@@ -449,6 +453,9 @@ class _BaseFragment:
             )
             batches = scanner.to_batches()
         for i, batch in enumerate(batches):
+            if overwritten is not None:
+                ids = batch.column(ROWID_COLUMN).to_numpy()
+                batch = batch.filter(pa.array(~overwritten.contains(ids)))
             if int_sets or hashed:
                 mask = np.zeros(batch.num_rows, dtype=bool)
                 for s in int_sets:
