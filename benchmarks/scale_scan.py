@@ -6,12 +6,16 @@ Builds the shapes of ``benchmarks/scale.py`` (a ``--base``-row base, generations
 then, for every checkout given with ``--code`` (a directory put first on ``PYTHONPATH``;
 default: this one), in new processes:
 
-- warm scans, p50 of ``--reps`` after one untimed call: ``MemWalTable.to_table`` of
-  ``id, text`` (what ``scale.py``'s scan column measures), the same through DataFusion
-  SQL, ``count_rows``, and a filtered SQL scan (``text LIKE 'w1 %'``), with plain Lance's
-  ``to_table`` of the base for the ratio;
+- warm scans (median of ``--rounds`` processes), p50 of ``--reps`` after one untimed
+  call: ``MemWalTable.to_table`` of ``id, text`` (what ``scale.py``'s scan column
+  measures), the same through DataFusion SQL, ``count_rows``, and a filtered SQL scan
+  (``text LIKE 'w1 %'``), with plain Lance's ``to_table`` of the base for the ratio
+  (scan / plain Lance in the same process);
 - cold: a new process opens the table and runs one scan, or one single-key lookup
   (imports excluded; median of ``--cold`` processes; wall clock).
+
+The checkouts alternate, round by round and process by process, so that a change of
+load on the machine hits them alike.
 
 Usage: ``python benchmarks/scale_scan.py --code /path/to/before --code /path/to/after``.
 """
@@ -93,6 +97,7 @@ def main() -> None:
     parser.add_argument("--base", type=int, default=100_000)
     parser.add_argument("--gen-rows", type=int, default=500)
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=3, help="warm processes per figure")
     parser.add_argument("--cold", type=int, default=5, help="processes per cold figure")
     parser.add_argument("--root", help="build the tables here (default: a temporary dir)")
     args = parser.parse_args()
@@ -111,14 +116,23 @@ def main() -> None:
         print(f"load average before: {os.getloadavg()}", flush=True)
         rows = []
         for (r, g), uri in uris.items():
+            warm: dict[str, list[dict]] = {code: [] for code in codes}
+            cold: dict[str, dict[str, list[float]]] = {
+                code: {"cold_scan": [], "cold_lookup": []} for code in codes
+            }
+            for _ in range(args.rounds):
+                for code in codes:
+                    w = run(code, uri, "warm", args.reps)
+                    warm[code].append({**w, "ratio": w["scan"] / w["plain"]})
+            for _ in range(args.cold):
+                for code in codes:
+                    for m in ("cold_scan", "cold_lookup"):
+                        cold[code][m].append(run(code, uri, m, 0)["ms"])
             for code in codes:
-                warm = run(code, uri, "warm", args.reps)
-                cold = {
-                    m: float(np.median([run(code, uri, m, 0)["ms"] for _ in range(args.cold)]))
-                    for m in ("cold_scan", "cold_lookup")
-                }
-                rows.append((f"{r}x{g}", code, warm, cold))
-                print(f"  {r}x{g} {code}: {warm} {cold}", flush=True)
+                w = {k: float(np.median([x[k] for x in warm[code]])) for k in warm[code][0]}
+                c = {m: float(np.median(v)) for m, v in cold[code].items()}
+                rows.append((f"{r}x{g}", code, w, c))
+                print(f"  {r}x{g} {code}: {w} {c}", flush=True)
         print(f"load average after: {os.getloadavg()}")
     print(
         f"\n{'shape':6} {'code':24} {'scan':>6} {'xLance':>6} {'sql':>6} {'count':>6} "
@@ -126,7 +140,7 @@ def main() -> None:
     )
     for shape, code, w, c in rows:
         print(
-            f"{shape:6} {code[-24:]:24} {w['scan']:6.1f} {w['scan'] / w['plain']:6.2f} "
+            f"{shape:6} {code[-24:]:24} {w['scan']:6.1f} {w['ratio']:6.2f} "
             f"{w['sql']:6.1f} {w['count']:6.1f} {w['filtered']:6.1f} {w['plain']:6.1f} "
             f"{c['cold_scan']:9.1f} {c['cold_lookup']:11.1f}"
         )
