@@ -54,6 +54,8 @@ def p50(fn):
 
 s = time.perf_counter()
 t = mq.MemWalTable(uri)
+if os.path.dirname(os.path.dirname(os.path.realpath(mq.__file__))) != sys.argv[5]:
+    raise SystemExit(f"memwal_query imported from {mq.__file__}, not {sys.argv[5]}")
 if mode == "cold_scan":
     t.to_table(columns=cols)
     print(json.dumps({"ms": (time.perf_counter() - s) * 1e3}))
@@ -81,9 +83,12 @@ else:
 
 def run(code: str, uri: str, mode: str, reps: int) -> dict:
     env = {**os.environ, "PYTHONPATH": code, "LANCE_LOG": "error"}
+    real = os.path.realpath(code)
     out = subprocess.run(
-        [sys.executable, "-c", _WORKER, uri, mode, str(reps), str(HERE)],
+        # -P: not the current directory first on sys.path (it may hold another checkout)
+        [sys.executable, "-P", "-c", _WORKER, uri, mode, str(reps), str(HERE), real],
         env=env,
+        cwd=os.path.dirname(uri),
         capture_output=True,
         text=True,
         check=True,
