@@ -89,7 +89,9 @@ def test_lookup_with_stale_plan_retries(collected, monkeypatch, cold):
     got = t.lookup([11, 700, 5])
     assert got.column("id").to_pylist() == [11, 700, 5]
     assert got.column("text").to_pylist() == ["zebra one", "zebra two", "filler"]
-    assert len(calls) == 2
+    # cold: the gone generation's files are read, GenerationGoneError, a re-plan; warm:
+    # its rows are answered from the cache (the rows it held: the same answer)
+    assert len(calls) == (2 if cold else 1)
 
 
 def test_vector_search_with_stale_plan_retries(collected, monkeypatch):
@@ -111,6 +113,7 @@ def test_fts_search_with_stale_plan_retries(collected, monkeypatch):
 def test_plan_that_keeps_naming_a_gone_generation_raises_typed_error(collected, monkeypatch):
     t, stale = collected
     monkeypatch.setattr(sources, "resolve", lambda *a, **k: stale)
+    search.clear_caches()  # (warm, a lookup answers from the rows cached: the same rows)
     with pytest.raises(GenerationGoneError, match="generation 1"):
         t.lookup([11, 700])
     with pytest.raises(GenerationGoneError):

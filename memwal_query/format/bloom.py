@@ -22,6 +22,7 @@ checksum of every sound pylance filter so later reads check it).
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import warnings
@@ -480,6 +481,42 @@ def validate(io: FileIO, gen_uri: str, num_rows: int) -> BloomFilter:
                 path, f"checksum mismatch (stored {meta.get('crc32')!r}, computed {crc!r})"
             )
     return BloomFilter.from_bytes(data)
+
+
+MAX_CHECKED_ROWS = 1 << 32
+"""Largest generation :func:`load_checksummed` accepts a filter for (its size limit)."""
+
+
+@functools.cache
+def _checked_limit() -> int:
+    return 32 * max_blocks(MAX_CHECKED_ROWS)
+
+
+def load_checksummed(io: FileIO, gen_uri: str) -> BloomFilter | None:
+    """A generation's filter when its ``bloom_filter.json`` (size, CRC-32) matches the
+    file, read without knowing the generation's row count (no Lance table opened): a
+    filter whose negatives readers may trust without checking the generation's keys,
+    since the CRC catches a flipped bit or a truncated file.
+
+    None when there is no ``bloom_filter.json`` (pylance's filters) or anything does not
+    match: the caller then takes :func:`load`'s path, which checks the size against the
+    row count and reports the problem. Never raises.
+    """
+    try:
+        meta = json.loads(io.read(f"{gen_uri}/{BLOOM_META_FILE}"))
+        size, crc = meta["size"], meta["crc32"]
+        blocks = size // 32 if isinstance(size, int) else 0
+        if size % 32 or blocks < MIN_BLOCKS or blocks & (blocks - 1) or size > _checked_limit():
+            return None
+        path = f"{gen_uri}/{BLOOM_FILE}"
+        if io.size(path) != size:  # never read a file larger than its checksummed size
+            return None
+        data = io.read(path)
+        if len(data) != size or f"{zlib.crc32(data):08x}" != crc:
+            return None
+        return BloomFilter.from_bytes(data)
+    except Exception:  # noqa: BLE001 - missing, unreadable, malformed: load() decides
+        return None
 
 
 def load(io: FileIO, gen_uri: str, num_rows: int) -> LoadedBloom:

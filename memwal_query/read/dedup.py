@@ -126,6 +126,56 @@ def row_address_treemap(addresses: np.ndarray) -> bytes:
     return b"".join(out)
 
 
+class RowIdMask:
+    """Membership of row ids (or addresses: uint64, fragment in the high 32 bits, offset
+    in the low 32) as one boolean array per high word: a gather per run of equal high
+    words instead of a binary search per row.
+
+    Parameters
+    ----------
+    values : np.ndarray
+        Sorted uint64 row ids.
+    """
+
+    def __init__(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.uint64)
+        high = values >> np.uint64(32)
+        low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        starts = _run_starts(high)
+        ends = np.append(starts[1:], len(values))
+        self._maps: dict[int, np.ndarray] = {}
+        for h, start, end in zip(high[starts].tolist(), starts.tolist(), ends.tolist()):
+            offsets = low[start:end]
+            m = np.zeros(int(offsets.max()) + 1, dtype=bool)
+            m[offsets] = True
+            self._maps[h] = m
+        self.size = len(values)
+        self.nbytes = sum(m.nbytes for m in self._maps.values())
+
+    def contains(self, values: np.ndarray) -> np.ndarray:
+        """Boolean mask: which ``values`` (uint64, any order) are in the set."""
+        values = np.asarray(values, dtype=np.uint64)
+        out = np.zeros(len(values), dtype=bool)
+        if not len(values) or not self._maps:
+            return out
+        high = values >> np.uint64(32)
+        low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        # runs of equal high words (a scan reads a fragment's rows together)
+        starts = np.flatnonzero(np.append(True, high[1:] != high[:-1]))
+        ends = np.append(starts[1:], len(values))
+        for h, start, end in zip(high[starts].tolist(), starts.tolist(), ends.tolist()):
+            m = self._maps.get(h)
+            if m is None:
+                continue
+            part = low[start:end]
+            inside = part < len(m)
+            if inside.all():
+                out[start:end] = m[part]
+            else:
+                out[start:end][inside] = m[part[inside]]
+        return out
+
+
 def in_sorted(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
     """Boolean mask: which ``values`` are in ``sorted_values`` (ascending; binary search)."""
     if not len(sorted_values):

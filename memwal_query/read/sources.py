@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import lance
@@ -211,6 +212,42 @@ def _read_generation(
     return pa.Table.from_arrays(arrays, schema=pa.schema([target.field(c) for c in names]))
 
 
+READ_TASKS = 4
+"""How many tasks read the generations of a query that are not cached yet."""
+_READERS = ThreadPoolExecutor(READ_TASKS, thread_name_prefix="memwal-generations")
+
+
+def read_generations(
+    refs: Sequence[GenerationRef],
+    schema: pa.Schema,
+    storage_options=None,
+    columns: Sequence[str] | None = None,
+) -> list[pa.Table]:
+    """:func:`read_generation` of every generation of ``refs``, in that order.
+
+    Generations not cached yet (a cold start: one rows sidecar each, or a Lance table
+    when they have none) are read concurrently in at most :data:`READ_TASKS` tasks of
+    consecutive generations (one task per generation costs more in scheduling than a
+    sidecar costs to read; file and object-store reads release the GIL). An error of any
+    generation (:class:`GenerationGoneError`) is raised.
+    """
+    cold = [i for i, g in enumerate(refs) if g.uri not in GENERATION_CACHE]
+    if len(cold) < 2:
+        return [read_generation(g, schema, storage_options, columns) for g in refs]
+
+    def read_chunk(chunk: Sequence[GenerationRef]) -> list[pa.Table]:
+        return [read_generation(g, schema, storage_options, columns) for g in chunk]
+
+    todo = [refs[i] for i in cold]
+    step = -(-len(todo) // READ_TASKS)
+    tasks = [_READERS.submit(read_chunk, todo[i : i + step]) for i in range(0, len(todo), step)]
+    read = dict(zip(cold, [t for task in tasks for t in task.result()]))
+    return [
+        read[i] if i in read else read_generation(g, schema, storage_options, columns)
+        for i, g in enumerate(refs)
+    ]
+
+
 _NO_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)
 _IOS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
@@ -328,11 +365,13 @@ class NewerView:
         names: Sequence[str],
         winners: np.ndarray,
         keys: KeySet | KeySetUnion,
+        newest: Callable[[Sequence[str]], pa.Table] | None = None,
     ) -> None:
         self._rows = rows
         self._names = list(names)
         self.winners = winners
         self.keys = keys
+        self._newest = newest
 
     def columns(self, names: Sequence[str] | None = None) -> pa.Table:
         """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
@@ -356,15 +395,24 @@ class NewerView:
         """
         cols = list(self._names if columns is None else columns)
         check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
-        probe = self.columns(check).take(pa.array(self.winners))
+        probe = self.newest(check)
         probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
         probe = probe.filter(pc.invert(pc.fill_null(probe.column(TOMBSTONE), False)))
         if filter is not None and probe.num_rows:
             probe = probe.filter(filter)
-        selected = self.winners[probe.column(_POS).to_numpy()]
+        selected = probe.column(_POS).to_numpy()
         if not cols:  # e.g. count(*): no columns, but the right number of rows
             return pa.table({_POS: pa.nulls(len(selected))}).select([])
-        return self.columns(cols).take(pa.array(selected))
+        out = self.newest(cols)
+        # positions are ascending: as many as rows means every row
+        return out if len(selected) == out.num_rows else out.take(pa.array(selected))
+
+    def newest(self, names: Sequence[str]) -> pa.Table:
+        """The newest rows (:attr:`winners`, in that order, tombstones included), only
+        ``names`` (for flushed generations alone, cached per column)."""
+        if self._newest is not None:
+            return self._newest(list(names))
+        return self.columns(names).take(pa.array(self.winners))
 
 
 _FLUSHED_VIEWS: LRUCache[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = LRUCache(
@@ -384,10 +432,47 @@ def _flushed_rows(
     plan: ReadPlan, schema: pa.Schema, columns: Sequence[str], storage_options
 ) -> pa.Table:
     """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
-    parts = [read_generation(g, schema, storage_options, columns) for g in plan.generations]
+    parts = read_generations(plan.generations, schema, storage_options, columns)
     if parts:
         return pa.concat_tables(parts)
     return _empty(schema).select(list(columns))
+
+
+def _column_nbytes(entry: tuple[np.ndarray, pa.ChunkedArray]) -> int:
+    return entry[1].nbytes
+
+
+NEWEST_COLUMNS: LRUCache[tuple, tuple[np.ndarray, pa.ChunkedArray]] = LRUCache(
+    256, max_bytes=256 << 20, sizeof=_column_nbytes
+)
+"""Columns of the newest rows of a set of flushed generations (what an unfiltered scan
+returns of them), one contiguous array each, per (generations, schema, column); bounded
+by bytes (default 256 MiB). An entry is used only while every one of its generations is
+in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here too)."""
+
+
+def _flushed_newest(
+    plan: ReadPlan, schema: pa.Schema, names: Sequence[str], winners: np.ndarray, storage_options
+) -> pa.Table:
+    """Columns ``names`` of the plan's generations at rows ``winners`` (the newest row
+    per key; cached, see :data:`NEWEST_COLUMNS`)."""
+    uris = tuple(g.uri for g in plan.generations)
+    cached = all(u in GENERATION_CACHE for u in uris)
+    got: dict[str, pa.ChunkedArray] = {}
+    for name in names:
+        hit = NEWEST_COLUMNS.get((uris, schema, name)) if cached else None
+        if hit is not None and hit[0] is winners:
+            got[name] = hit[1]
+    missing = [n for n in names if n not in got]
+    if missing:
+        taken = _flushed_rows(plan, schema, missing, storage_options).take(pa.array(winners))
+        for name in missing:
+            col = taken.column(name).combine_chunks()
+            got[name] = pa.chunked_array([col], col.type)
+            NEWEST_COLUMNS.put((uris, schema, name), (winners, got[name]))
+    target = _storage_read_schema(schema)
+    fields = [target.field(n) for n in names]
+    return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
 
 
 def _flushed_view(
@@ -400,9 +485,7 @@ def _flushed_view(
     if hit is not None:
         return hit
     ranks = _ranks(plan)
-    parts = [
-        read_generation(g, schema, storage_options, [*pk, GEN_COLUMN]) for g in plan.generations
-    ]
+    parts = read_generations(plan.generations, schema, storage_options, [*pk, GEN_COLUMN])
     keys = pa.concat_tables(parts) if parts else _empty(schema).select([*pk, GEN_COLUMN])
     regions = np.repeat(
         np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
@@ -442,7 +525,11 @@ def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:
         return NewerView(
-            lambda cols: _flushed_rows(plan, schema, cols, storage_options), names, win_f, keys_f
+            lambda cols: _flushed_rows(plan, schema, cols, storage_options),
+            names,
+            win_f,
+            keys_f,
+            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options),
         )
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
     winners = win_m + n_f

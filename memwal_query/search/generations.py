@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import lance
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
     BaseVersionGoneError,
     GenerationGoneError,
 )
-from memwal_query.format.bloom import BloomFilter, hash_keys
+from memwal_query.format.bloom import BloomFilter, hash_keys, load_checksummed
 from memwal_query.format.bloom import load as load_bloom
 from memwal_query.format.schema import (
     ROWADDR_COLUMN,
@@ -42,49 +43,104 @@ def _own(ds: lance.LanceDataset) -> lance.LanceDataset:
 
 
 class _GenInfo:
-    """What searches need from one flushed generation (cached: generations are immutable)."""
+    """What searches need from one flushed generation (cached: generations are immutable).
+
+    Opened lazily: a generation whose bloom filter comes with its checksum
+    (``bloom_filter.json``, :func:`memwal_query.format.bloom.load_checksummed`) costs
+    a lookup two small reads until the filter says the key may be there; its keys and
+    rows then come from its rows sidecar (:func:`memwal_query.read.sources.
+    read_generation`, Lance when it has none), and its Lance table is opened only by
+    searches that use its indexes (:meth:`dataset`). Without a checksummed filter, the
+    Lance table is opened at once (a generation that is gone raises
+    :class:`GenerationGoneError`) and the filter is checked against the keys first.
+    """
 
     def __init__(self, table: Catalog, ref: sources.GenerationRef) -> None:
         self.ref = ref
         self.uri = ref.uri
         self.io = table.io
         self.pk = list(table.primary_key)
-        try:
-            self.ds = lance.dataset(ref.uri, storage_options=table.storage_options or None)
-            self.num_rows = self.ds.count_rows()
-        except (ValueError, OSError, FileNotFoundError) as e:
-            raise GenerationGoneError(
-                f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
-                f"gone or unreadable: {e}"
-            ) from e
-        # A missing or corrupt filter (size, checksum) is not used: a warning, and
-        # every key is checked exactly (bloom_trusted False), so answers stay the same.
-        loaded = load_bloom(table.io, ref.uri, self.num_rows)
-        self.bloom: BloomFilter | None = loaded.filter
-        self.bloom_trusted = loaded.trusted
-        self.bloom_corrupt = not loaded.trusted
+        self.schema = table.schema
+        self.storage_options = table.storage_options
+        self._ds: lance.LanceDataset | None = None
+        self._num_rows: int | None = None
         self._lock = threading.Lock()
         self._keys: _KeyIndex | None = None
         self._blocklist: bytes | None = None
+        checked = load_checksummed(table.io, ref.uri)
+        # a checksummed filter's negatives are trusted without reading the keys
+        self.bloom_checked = checked is not None
+        if checked is not None:
+            self.bloom: BloomFilter | None = checked
+            self.bloom_trusted = True
+            self.bloom_corrupt = False
+            return
+        self._open()
+        # A missing or corrupt filter (size, checksum) is not used: a warning, and
+        # every key is checked exactly (bloom_trusted False), so answers stay the same.
+        loaded = load_bloom(table.io, ref.uri, self.num_rows)
+        self.bloom = loaded.filter
+        self.bloom_trusted = loaded.trusted
+        self.bloom_corrupt = not loaded.trusted
+
+    def _open(self) -> lance.LanceDataset:
+        if self._ds is None:
+            ref = self.ref
+            try:
+                ds = lance.dataset(ref.uri, storage_options=self.storage_options or None)
+                self._num_rows = ds.count_rows()
+            except (ValueError, OSError, FileNotFoundError) as e:
+                raise GenerationGoneError(
+                    f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is "
+                    f"gone or unreadable: {e}"
+                ) from e
+            self._ds = ds
+        return self._ds
+
+    @property
+    def ds(self) -> lance.LanceDataset:
+        """The generation's Lance table (opened on first use)."""
+        return self._open()
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the generation."""
+        if self._num_rows is None:
+            if self._keys is not None:
+                self._num_rows = len(self._keys.tombstone)
+            else:
+                self._open()
+        assert self._num_rows is not None
+        return self._num_rows
+
+    def rows(self, positions: np.ndarray, columns: list[str]) -> pa.Table:
+        """Rows at ``positions`` (in the generation's write order) with ``columns`` of
+        the table schema (columns added after the generation was written as NULL),
+        from the rows sidecar (cached), or the Lance table when it has none."""
+        with _reading(self):
+            rows = sources.read_generation(self.ref, self.schema, self.storage_options, columns)
+        return rows.take(pa.array(positions))
 
     def _load_keys(self) -> None:
         with self._lock:
             if self._keys is not None:
                 return
-            cols = [*self.pk, TOMBSTONE]
+            cols = [*self.pk, TOMBSTONE, ROWADDR_COLUMN]
             with _reading(self):
-                raw = self.dataset().to_table(columns=cols, with_row_address=True)
+                raw = sources.read_generation(self.ref, self.schema, self.storage_options, cols)
             tomb = pc.fill_null(raw.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
             index = np.arange(raw.num_rows, dtype=np.int64)
             keys = raw.select(self.pk)
             self._keys = _KeyIndex(keys, tomb, index)
             if (
                 self.bloom is not None
+                and not self.bloom_checked
                 and not self.bloom.might_contain_hashes(hash_keys(keys)).all()
             ):
                 # A bloom filter that denies a key the generation holds (a flipped bit,
                 # a truncated file) would hide that key's newer version: ignore it and
-                # check every key exactly, as the scan's deduplication does.
+                # check every key exactly, as the scan's deduplication does (a
+                # checksummed filter needs no such check: its CRC catches those).
                 self.bloom = None
                 self.bloom_corrupt = True
             live = np.zeros(raw.num_rows, bool)
@@ -136,10 +192,12 @@ class _GenInfo:
         return name is not None and name in self.indexes
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
-        """Which keys (bloom hashes) may be in the generation. The filter is first
-        checked against the generation's keys (once; they are loaded for the key index
-        anyway), so a negative is trustworthy: a corrupt filter is ignored."""
-        self._load_keys()
+        """Which keys (bloom hashes) may be in the generation. A filter without a
+        checksum is first checked against the generation's keys (once; they are loaded
+        for the key index anyway), so a negative is trustworthy: a corrupt filter is
+        ignored."""
+        if not self.bloom_checked:
+            self._load_keys()
         if self.bloom is None:
             return np.ones(len(hashes), bool)
         return self.bloom.might_contain_hashes(hashes)

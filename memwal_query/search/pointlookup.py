@@ -30,7 +30,7 @@ from memwal_query.search.common import (
     ROWID,
 )
 from memwal_query.search.forget import forget_merged
-from memwal_query.search.generations import _gen_info, _reading, _retry_when_gone
+from memwal_query.search.generations import _gen_info, _retry_when_gone
 from memwal_query.search.keys import (
     _first_occurrence,
     _index_hashes,
@@ -200,11 +200,7 @@ def lookup(
             hits.append((cand, np.full(len(cand), ref.generation, np.int64), rank))
             live = ~gen.keys.tombstone[pos]
             if live.any():
-                gds = gen.dataset()
-                cols = _lance_columns(gds, read_cols)
-                with _reading(gen):
-                    rows = gds.take(gen.keys.rows[pos[live]].tolist(), columns=cols)
-                add(rows, cand[live], ref.generation, rank)
+                add(gen.rows(gen.keys.rows[pos[live]], read_cols), cand[live], ref.generation, rank)
         resolved |= found_r
     if len(hits) > 1:
         parts = _newest_across_regions(parts, hits, n)
