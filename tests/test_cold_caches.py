@@ -226,8 +226,6 @@ def test_the_base_query_runs_while_the_block_is_read(tmp_path, monkeypatch):
     """Cold start: the base's first Lance query starts before the generations' block is
     read (the block's reads wait here until it has), and it is the one used: one query
     of the base per search, and the same answer as exact search over the live rows."""
-    from memwal_query.search import genblock
-
     t = _table(tmp_path)
     _forget()
     base_asked = threading.Event()
@@ -240,14 +238,14 @@ def test_the_base_query_runs_while_the_block_is_read(tmp_path, monkeypatch):
             base_asked.set()
         return real_scanner(self, *args, **kwargs)
 
-    real_read = sources.read_generation_without_lance
+    real_read = sources._read_generation
 
     def read(*args, **kwargs):
         assert base_asked.wait(10), "the block was read before the base query started"
         return real_read(*args, **kwargs)
 
     monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
-    monkeypatch.setattr(genblock.sources, "read_generation_without_lance", read)
+    monkeypatch.setattr(sources, "_read_generation", read)
     q = np.full(DIM, 0.3, np.float32)
     got = t.vector_search("vec", q, k=5, columns=["id"])
     assert base_queries == [2 * 5 + 8]

@@ -263,7 +263,6 @@ def test_object_stores_read_the_generations_postings_concurrently(monkeypatch):
     import threading
 
     from memwal_query.read.view import GenerationRef
-    from memwal_query.search import genblock
 
     refs = [GenerationRef("r", g, f"/nowhere/g{g}") for g in range(9)]
     seen: list[str] = []
@@ -272,12 +271,12 @@ def test_object_stores_read_the_generations_postings_concurrently(monkeypatch):
         seen.append(threading.current_thread().name)
         return ref.generation
 
-    assert genblock.map_generations(fn, refs, None) == list(range(9))
+    assert sources.map_generations(fn, refs, None) == list(range(9))
     assert set(seen) == {threading.current_thread().name}
     seen.clear()
     monkeypatch.setattr(sources, "parallel_reads", lambda uri, so: True)
-    assert genblock.map_generations(fn, refs, None) == list(range(9))
-    assert all(n.startswith("memwal-genblock") for n in seen)
+    assert sources.map_generations(fn, refs, None) == list(range(9))
+    assert all(n.startswith("memwal-generations") for n in seen)
 
 
 def test_a_null_list_spanning_values_tokenizes_as_null():

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lance
 import numpy as np
@@ -143,17 +143,6 @@ def read_generation(
     return out
 
 
-def read_generation_without_lance(
-    ref: GenerationRef,
-    schema: pa.Schema,
-    storage_options=None,
-    columns: Sequence[str] | None = None,
-) -> pa.Table | None:
-    """:func:`read_generation` when the columns are cached or in the generation's rows
-    sidecar; None when they would have to be read from its Lance table."""
-    return _read_generation(ref, schema, storage_options, columns, lance_ok=False)
-
-
 def parallel_reads(uri: str, storage_options: dict[str, str] | None) -> bool:
     """Whether reading many generations at ``uri`` finishes sooner on several threads
     (:attr:`memwal_query.storage.io.FileIO.parallel_requests`: object stores yes, local
@@ -215,6 +204,32 @@ def _read_generation(
 READ_TASKS = 4
 """How many tasks read the generations of a query that are not cached yet."""
 _READERS = ThreadPoolExecutor(READ_TASKS, thread_name_prefix="memwal-generations")
+T = TypeVar("T")
+
+
+def _in_tasks(fn: Callable[[GenerationRef], T], refs: Sequence[GenerationRef]) -> list[T]:
+    """``fn(ref)`` of each generation, in order, in at most :data:`READ_TASKS` tasks of
+    consecutive generations (one task per generation costs more in scheduling than a
+    sidecar costs to read). Reader tasks never wait for other tasks."""
+    if len(refs) < 2:
+        return [fn(ref) for ref in refs]
+    step = -(-len(refs) // READ_TASKS)
+    chunks = [list(refs[i : i + step]) for i in range(0, len(refs), step)]
+    tasks = [_READERS.submit(lambda c: [fn(ref) for ref in c], c) for c in chunks]
+    return [x for task in tasks for x in task.result()]
+
+
+def map_generations(
+    fn: Callable[[GenerationRef], T],
+    refs: Sequence[GenerationRef],
+    storage_options: dict[str, str] | None = None,
+) -> list[T]:
+    """``fn(ref)`` of each generation, in order: in this thread on a local file system,
+    in a few concurrent tasks on an object store, where each read is mostly a round
+    trip (:func:`parallel_reads`)."""
+    if len(refs) < 2 or not parallel_reads(refs[0].uri, storage_options):
+        return [fn(ref) for ref in refs]
+    return _in_tasks(fn, refs)
 
 
 def read_generations(
@@ -222,30 +237,34 @@ def read_generations(
     schema: pa.Schema,
     storage_options=None,
     columns: Sequence[str] | None = None,
+    check: Callable[[pa.Table], object] | None = None,
 ) -> list[pa.Table]:
     """:func:`read_generation` of every generation of ``refs``, in that order.
 
     Generations not cached yet (a cold start: one rows sidecar each, or a Lance table
-    when they have none) are read concurrently in at most :data:`READ_TASKS` tasks of
-    consecutive generations (one task per generation costs more in scheduling than a
-    sidecar costs to read; file and object-store reads release the GIL). An error of any
-    generation (:class:`GenerationGoneError`) is raised.
+    when they have none) are read concurrently in a few tasks on an object store; on a
+    local file system the cached columns and sidecars are read in this thread (threads
+    would only contend for the GIL, and cost their own start on a cold start) and only
+    the Lance tables, which release the GIL, in tasks. ``check`` sees each table as it
+    is read (it may raise to stop the reading). An error of any generation
+    (:class:`GenerationGoneError`) is raised.
     """
-    cold = [i for i, g in enumerate(refs) if g.uri not in GENERATION_CACHE]
-    if len(cold) < 2:
-        return [read_generation(g, schema, storage_options, columns) for g in refs]
 
-    def read_chunk(chunk: Sequence[GenerationRef]) -> list[pa.Table]:
-        return [read_generation(g, schema, storage_options, columns) for g in chunk]
+    def read(g: GenerationRef, lance_ok: bool = True) -> pa.Table | None:
+        t = _read_generation(g, schema, storage_options, columns, lance_ok)
+        if t is not None and check is not None:
+            check(t)
+        return t
 
-    todo = [refs[i] for i in cold]
-    step = -(-len(todo) // READ_TASKS)
-    tasks = [_READERS.submit(read_chunk, todo[i : i + step]) for i in range(0, len(todo), step)]
-    read = dict(zip(cold, [t for task in tasks for t in task.result()]))
-    return [
-        read[i] if i in read else read_generation(g, schema, storage_options, columns)
-        for i, g in enumerate(refs)
-    ]
+    local = bool(refs) and not parallel_reads(refs[0].uri, storage_options)
+    got = [read(g, lance_ok=False) if local or g.uri in GENERATION_CACHE else None for g in refs]
+    todo = [i for i, t in enumerate(got) if t is None]
+    for i, t in zip(todo, _in_tasks(read, [refs[i] for i in todo])):
+        got[i] = t
+    out = [t for t in got if t is not None]
+    if len(out) != len(refs):  # never: each read returns a table or raises
+        raise AssertionError(f"{len(refs) - len(out)} generation(s) not read")
+    return out
 
 
 _NO_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)

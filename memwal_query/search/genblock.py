@@ -20,9 +20,8 @@ the MemTables': a stale version never matches in place of the newest one.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,26 +43,6 @@ cost about as much as the block, and keep their per-generation counters in ``deb
 
 FILTER_MASKS = 16
 """Filter results kept per block (the same filter asked again costs nothing)."""
-
-_CHUNKS = 4
-_READERS = ThreadPoolExecutor(_CHUNKS, thread_name_prefix="memwal-genblock")
-T = TypeVar("T")
-
-
-def map_generations(
-    fn: Callable[[sources.GenerationRef], T],
-    refs: Sequence[sources.GenerationRef],
-    storage_options: dict[str, str] | None,
-) -> list[T]:
-    """``fn(ref)`` of each generation, in order: in this thread on a local file system,
-    in a few chunks on the reader pool on an object store (where each read is mostly a
-    round trip; see :func:`memwal_query.read.sources.parallel_reads`)."""
-    if len(refs) < 2 or not sources.parallel_reads(refs[0].uri, storage_options):
-        return [fn(ref) for ref in refs]
-    step = -(-len(refs) // _CHUNKS)
-    chunks = [list(refs[i : i + step]) for i in range(0, len(refs), step)]
-    futures = [_READERS.submit(lambda c: [fn(r) for r in c], c) for c in chunks]
-    return [x for f in futures for x in f.result()]
 
 
 class _TooLarge(Exception):
@@ -95,42 +74,15 @@ class GenBlock:
         total = [0]
         lock = threading.Lock()
 
-        def count(t: pa.Table) -> pa.Table:
+        def count(t: pa.Table) -> None:
             with lock:
                 total[0] += t.num_rows
                 if total[0] > BLOCK_MAX_ROWS:
                     raise _TooLarge
-            return t
 
-        def read(ref: sources.GenerationRef) -> pa.Table:
-            # GenerationGoneError when the generation's files are gone: the search re-plans
-            return count(sources.read_generation(ref, schema, storage_options, columns=cols))
-
-        def read_chunk(refs: list[sources.GenerationRef]) -> list[pa.Table]:
-            return [read(ref) for ref in refs]
-
+        # GenerationGoneError when a generation's files are gone: the search re-plans
         refs = [ref for _, ref in self.members]
-        got: list[pa.Table | None] = [None] * len(refs)
-        if refs and not sources.parallel_reads(refs[0].uri, storage_options):
-            # a local file system: cached columns and rows sidecars are read in this
-            # thread (threads would only contend for the GIL; on a cold start they also
-            # cost their own start-up), Lance tables below
-            for i, ref in enumerate(refs):
-                side = sources.read_generation_without_lance(ref, schema, storage_options, cols)
-                got[i] = None if side is None else count(side)
-        # the rest in a few chunks read concurrently (one task per generation cost more
-        # in scheduling than a rows sidecar costs to read; Lance and object stores
-        # release the GIL while reading)
-        todo = [i for i, t in enumerate(got) if t is None]
-        step = max(1, -(-len(todo) // _CHUNKS))
-        chunks = [todo[i : i + step] for i in range(0, len(todo), step)]
-        futures = [_READERS.submit(read_chunk, [refs[i] for i in c]) for c in chunks]
-        for c, f in zip(chunks, futures):
-            for i, t in zip(c, f.result()):
-                got[i] = t
-        parts: list[pa.Table] = [t for t in got if t is not None]
-        if len(parts) != len(refs):  # never: each read returns a table or raises
-            raise AssertionError(f"{len(refs) - len(parts)} generation(s) not read")
+        parts = sources.read_generations(refs, schema, storage_options, cols, check=count)
         self.sizes = [t.num_rows for t in parts]
         sizes = np.array(self.sizes, np.int64)
         starts = np.cumsum(sizes) - sizes

@@ -249,9 +249,7 @@ def _block_mem_fts(
     key = ("fts", column, repr(sorted(tok_kwargs.items())))
     merged = block.cache.get(key)
     if merged is None:
-        from memwal_query.search.genblock import map_generations
-
-        indexes = map_generations(
+        indexes = sources.map_generations(
             lambda ref: _gen_token_index(ref, table, column, tok_kwargs),
             [ref for _, ref in block.members],
             table.storage_options or None,
