@@ -233,3 +233,33 @@ def test_filtered_search_over_the_block_applies_to_the_newest_rows(tmp_path, mon
         assert sorted(bfts["id"].to_pylist()) == sorted(sfts["id"].to_pylist())
     finally:
         t.close()
+
+
+def test_null_vectors_in_the_block_hide_older_versions_and_never_match(tmp_path):
+    """A key whose newest version has a NULL vector is not returned, nor any older
+    version of it; null and non-null vectors mix within and across generations."""
+    rng = np.random.default_rng(8)
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(np.arange(100), rng), uri)
+    t = mq.MemWalTable.initialize(uri)
+    nulled: set[int] = set()
+    for _ in range(5):
+        rows = _rows(rng.choice(120, 30, replace=False), rng)
+        mask = rng.random(rows.num_rows) < 0.3
+        vec = pa.array(rows["vec"].to_pylist(), rows.schema.field("vec").type, mask=mask)
+        t.write(rows.set_column(1, rows.schema.field("vec"), vec))
+        t.flush()
+        ids = rows["id"].to_pylist()
+        nulled = (nulled - set(ids)) | {i for i, m in zip(ids, mask) if m}
+    search.clear_caches()
+    live = t.to_table(columns=["id", "vec"])
+    keep = live["vec"].is_valid().to_numpy(zero_copy_only=False)
+    mat = np.stack(live["vec"].filter(pa.array(keep)).to_numpy(zero_copy_only=False))
+    ids = live["id"].to_numpy()[keep]
+    assert nulled and not nulled & set(ids.tolist())
+    for q in rng.standard_normal((4, DIM)).astype(np.float32):
+        dbg: dict = {}
+        got = t.vector_search("vec", q, k=40, debug=dbg)["id"].to_pylist()
+        d = ((mat - q) ** 2).sum(1)
+        assert got == ids[np.lexsort((ids, d))][:40].tolist()
+        assert "block" in {s["kind"] for s in dbg["sources"]}

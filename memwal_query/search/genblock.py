@@ -152,9 +152,14 @@ class GenBlock:
         """(float32 matrix of the live rows' non-null vectors, their block rows)."""
         with self._lock:
             if self._matrix is None:
-                col = self.values.take(pa.array(self.live_rows))
-                mat, idx = _vectors(col, dim)
-                self._matrix = (np.ascontiguousarray(mat), self.live_rows[idx])
+                # every row's vector at once (a take across the generations' chunks cost
+                # a cold search ~20 ms at 192 generations), then the live rows'
+                every, valid = _vectors(self.values, dim)
+                at = np.full(self.num_rows, -1, np.int64)
+                at[valid] = np.arange(len(valid))
+                pick = at[self.live_rows]
+                keep = pick >= 0
+                self._matrix = (np.ascontiguousarray(every[pick[keep]]), self.live_rows[keep])
             return self._matrix
 
     def filter_mask(self, filter: Any) -> np.ndarray:
