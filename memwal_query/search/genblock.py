@@ -108,7 +108,7 @@ class GenBlock:
             self._newest = _KeyIndex(self.keys.take(pa.array(last)), tomb[last], last)
         self._lock = threading.Lock()
         self.cache: dict[Any, Any] = {}  # derived structures (e.g. merged token indexes)
-        self._matrix: tuple[np.ndarray, np.ndarray] | None = None
+        self._matrix: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._masks: dict[str, np.ndarray] = {}
 
     @property
@@ -148,18 +148,18 @@ class GenBlock:
         r[hit] = self.ranks[rows]
         return g, r
 
-    def matrix(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """(float32 matrix of the live rows' non-null vectors, their block rows)."""
+    def matrix(self, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(float32 matrix of every row's non-null vector, their block rows, which of
+        them are live). Not narrowed to the live rows: distances to all of them cost
+        about what gathering the live rows' vectors would."""
         with self._lock:
             if self._matrix is None:
                 # every row's vector at once (a take across the generations' chunks cost
-                # a cold search ~20 ms at 192 generations), then the live rows'
+                # a cold search ~20 ms at 192 generations)
                 every, valid = _vectors(self.values, dim)
-                at = np.full(self.num_rows, -1, np.int64)
-                at[valid] = np.arange(len(valid))
-                pick = at[self.live_rows]
-                keep = pick >= 0
-                self._matrix = (np.ascontiguousarray(every[pick[keep]]), self.live_rows[keep])
+                live = np.zeros(self.num_rows, bool)
+                live[self.live_rows] = True
+                self._matrix = (np.ascontiguousarray(every), valid, live[valid])
             return self._matrix
 
     def filter_mask(self, filter: Any) -> np.ndarray:
@@ -204,16 +204,13 @@ class GenBlock:
     def knn(self, q: np.ndarray, k: int, metric: str, filter: Any = None) -> pa.Table:
         """Exact ``k`` nearest live rows (matching ``filter`` when given): key, vector,
         ``_distance``, ``_rowid`` (block row)."""
-        mat, rows = self.matrix(q.size)
-        if filter is not None:
-            keep = self.filter_mask(filter)[rows]
-            mat, rows = mat[keep], rows[keep]
+        mat, rows, live = self.matrix(q.size)
+        ok = live if filter is None else live & self.filter_mask(filter)[rows]
         d = _distances(mat, q, metric)
-        if k < len(d):
-            top = np.argpartition(d, k - 1)[:k]
-            top = top[np.lexsort((rows[top], d[top]))]
-        else:
-            top = np.lexsort((rows, d))
+        cand = np.flatnonzero(ok)
+        if k < len(cand):
+            cand = cand[np.argpartition(d[cand], k - 1)[:k]]
+        top = cand[np.lexsort((rows[cand], d[cand]))]
         chosen = rows[top]
         take = pa.array(chosen)
         out = self.keys.take(take).append_column(self.column, self.values.take(take))
