@@ -8,11 +8,18 @@ default, the rest updates of existing keys; each row with a vector, a text and
 ``seq``, the global write number), plus about 2% of the tick's keys deleted; every
 ``--stream-flush-seconds`` the writers flush (a new generation per region). Each tick
 then runs one single-key lookup, one vector search (k=10) and one full-text search
-through the same table (MemTables included). Every minute it prints the unmerged
+through the same table (MemTables included), and the same lookup and vector search
+(same key and query vector, ``nprobes`` 20 and ``refine_factor`` 20 as
+:meth:`MemWalTable.vector_search`'s defaults) on the base table's latest version alone
+with plain Lance: the base table doubles during a default run (the new keys), so the
+ratio ours / base-only is what says whether the LSM's own overhead (unmerged
+generations, MemTables, dedup) stays flat. Every minute it prints the unmerged
 generations (mean and max of samples taken at each flush), p50 of the minute's
-lookups, vector and full-text searches, the rows/s achieved, the generation
-directories on disk, the base table's rows, versions, fragments and index segments,
-the maintainer's passes, and both processes' RSS; at the end the first-minute vs
+lookups, vector and full-text searches, the base-only p50s and the two ratios, the
+rows/s achieved, the generation directories on disk, the base table's rows, versions,
+fragments and index segments, the maintainer's passes, both processes' RSS and what the
+reader's own holders hold (:func:`memwal_query.memory_usage`: the Arrow pool, the
+table's Lance caches, decoded generation columns); at the end the first-minute vs
 last-minute ratios, and it verifies the answer: every key's newest ``seq`` equals a
 model kept alongside (nothing lost, nothing doubled, no deleted key back) - through
 the reader with live MemTables, after a final flush, and in the
@@ -40,7 +47,6 @@ from _common import pct, print_table  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 from memwal_query.format.index import INDEX_NAME  # noqa: E402
-from memwal_query.format.lancecache import new_session  # noqa: E402
 from memwal_query.maintain.policy import MaintenancePolicy, plan_regions  # noqa: E402
 from memwal_query.search.vector import DEFAULT_REFINE_FACTOR  # noqa: E402
 
@@ -227,8 +233,9 @@ def run_stream(
     )
     minutes_out: list[list[object]] = []
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
-    # plain Lance on the base table alone, with the same cache bounds as the table's
-    plain = lance.dataset(uri, session=new_session())
+    # plain Lance on the base table alone, sharing the table's Lance caches (same
+    # entries: no second copy in this process's memory, and as warm as the table's)
+    plain = lance.dataset(uri, session=t.dataset().session())
     start = time.perf_counter()
     last_flush = minute_start = start
     written = minute_rows = 0
@@ -397,10 +404,21 @@ def clean_table(
 
 
 def base_shape(uri: str) -> list[int]:
-    """[rows, versions, fragments, index segments (all indexes)] of the base table."""
-    ds = lance.dataset(uri)
-    segments = sum(len(ix.segments) for ix in ds.describe_indices() if ix.name != INDEX_NAME)
-    return [ds.count_rows(), len(ds.versions()), len(ds.get_fragments()), segments]
+    """[rows, versions, fragments, index segments (all indexes)] of the base table.
+
+    Read again when the maintainer's GC removed a version while Lance listed them."""
+    for attempt in range(5):
+        try:
+            ds = lance.dataset(uri)
+            segments = sum(
+                len(ix.segments) for ix in ds.describe_indices() if ix.name != INDEX_NAME
+            )
+            return [ds.count_rows(), len(ds.versions()), len(ds.get_fragments()), segments]
+        except (ValueError, OSError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
 
 
 def passes(log: str, seen: list[int]) -> list[object]:
