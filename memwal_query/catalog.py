@@ -138,11 +138,10 @@ class Catalog:
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
         """The base Lance dataset (latest version unless ``version`` is given)."""
         if version is not None:
+            with self._dataset_lock:
+                session = self._dataset.session()  # the table's bounded Lance caches
             return lance.dataset(
-                self.uri,
-                version=version,
-                storage_options=self.storage_options,
-                session=self._dataset.session(),
+                self.uri, version=version, storage_options=self.storage_options, session=session
             )
         # A LanceDataset object must not be used from two threads at once (PyO3 borrow
         # panics), so every caller gets its own object, checked out under a lock.
