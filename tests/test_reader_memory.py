@@ -70,3 +70,12 @@ def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
     expect = [float(i // 10) for i in range(100)] + [float(c) for c in range(10)]
     assert final.column("val").to_pylist() == expect
     t.close()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+def test_a_bad_lance_cache_bound_is_a_typed_error(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("MEMWAL_LANCE_INDEX_CACHE_MB", value)
+    with pytest.raises(mq.MemWalError, match="MEMWAL_LANCE_INDEX_CACHE_MB"):
+        lancecache.new_session()

@@ -26,6 +26,8 @@ import os
 
 import lance
 
+from memwal_query.exceptions import MemWalError
+
 INDEX_CACHE_BYTES = 256 << 20
 """Default bound of a table's index cache (IVF partitions, inverted lists, B-tree pages)."""
 METADATA_CACHE_BYTES = 64 << 20
@@ -39,9 +41,9 @@ def _env_bytes(name: str, default: int) -> int:
     try:
         mb = float(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r}: expected a number of MB") from None
-    if mb <= 0:
-        raise ValueError(f"{name}={value!r}: expected a positive number of MB")
+        mb = -1.0
+    if not mb > 0:
+        raise MemWalError(f"{name}={value!r}: expected a positive number of MB")
     return int(mb * (1 << 20))
 
 
