@@ -18,6 +18,8 @@ import pytest
 import memwal_query as mq
 from memwal_query.format import lancecache
 from memwal_query.maintain.policy import MaintenancePolicy
+from memwal_query.read.sources import GENERATION_CACHE
+from memwal_query.search.common import clear_caches
 
 from helpers import basic_rows
 
@@ -31,6 +33,9 @@ def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
     monkeypatch.setenv("MEMWAL_LANCE_INDEX_CACHE_MB", str(LANCE_BOUND_MB))
     monkeypatch.setenv("MEMWAL_LANCE_METADATA_CACHE_MB", str(LANCE_BOUND_MB))
     assert sum(lancecache.cache_bounds()) == BOUND
+    # the caches are process-wide: start without other tests' entries
+    clear_caches()
+    GENERATION_CACHE.clear()
     uri = str(tmp_path / "t")
     lance.write_dataset(basic_rows(range(100)), uri)
     ds = lance.dataset(uri)
