@@ -8,11 +8,18 @@ default, the rest updates of existing keys; each row with a vector, a text and
 ``seq``, the global write number), plus about 2% of the tick's keys deleted; every
 ``--stream-flush-seconds`` the writers flush (a new generation per region). Each tick
 then runs one single-key lookup, one vector search (k=10) and one full-text search
-through the same table (MemTables included). Every minute it prints the unmerged
+through the same table (MemTables included), and the same lookup and vector search
+(same key and query vector, ``nprobes`` 20 and ``refine_factor`` 20 as
+:meth:`MemWalTable.vector_search`'s defaults) on the base table's latest version alone
+with plain Lance: the base table doubles during a default run (the new keys), so the
+ratio ours / base-only is what says whether the LSM's own overhead (unmerged
+generations, MemTables, dedup) stays flat. Every minute it prints the unmerged
 generations (mean and max of samples taken at each flush), p50 of the minute's
-lookups, vector and full-text searches, the rows/s achieved, the generation
-directories on disk, the base table's rows, versions, fragments and index segments,
-the maintainer's passes, and both processes' RSS; at the end the first-minute vs
+lookups, vector and full-text searches, the base-only p50s and the two ratios, the
+rows/s achieved, the generation directories on disk, the base table's rows, versions,
+fragments and index segments, the maintainer's passes, both processes' RSS and what the
+reader's own holders hold (:func:`memwal_query.memory_usage`: the Arrow pool, the
+table's Lance caches, decoded generation columns); at the end the first-minute vs
 last-minute ratios, and it verifies the answer: every key's newest ``seq`` equals a
 model kept alongside (nothing lost, nothing doubled, no deleted key back) - through
 the reader with live MemTables, after a final flush, and in the
@@ -28,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lance
@@ -40,8 +48,10 @@ from _common import pct, print_table  # noqa: E402
 import memwal_query as mq  # noqa: E402
 from memwal_query.format.index import INDEX_NAME  # noqa: E402
 from memwal_query.maintain.policy import MaintenancePolicy, plan_regions  # noqa: E402
+from memwal_query.search.vector import DEFAULT_REFINE_FACTOR  # noqa: E402
 
 TICK = 0.5
+LATENCIES = ("lookup", "vector", "fts", "base lookup", "base vector")
 DELETE_SHARE = 0.02
 
 
@@ -87,20 +97,48 @@ def queries(
     centers: np.ndarray,
     words: np.ndarray,
     lat: dict[str, list[float]],
+    base: lance.LanceDataset | None = None,
 ) -> None:
-    """One lookup, one vector search and one full-text search; their seconds into ``lat``."""
-    key = pa.array([int(rng.integers(0, keys))], pa.int64())
+    """One lookup, one vector search and one full-text search; their seconds into ``lat``.
+
+    With ``base`` (the base table's latest version, plain Lance), the same lookup and
+    vector search on it alone too (``base lookup``, ``base vector``): what the same
+    queries cost a table of the base's size without the LSM's generations and MemTables.
+    """
+    k = int(rng.integers(0, keys))
+    key = pa.array([k], pa.int64())
     dim = centers.shape[1]
     q = (centers[rng.integers(0, len(centers))] + rng.standard_normal(dim) * 0.3).astype(np.float32)
     text = f"{words[rng.integers(3, 60)]} {words[rng.integers(3, 300)]}"
-    for name, fn in (
+    nearest = {"column": "vec", "q": q, "k": 10, "nprobes": 20}
+    nearest["refine_factor"] = DEFAULT_REFINE_FACTOR  # MemWalTable.vector_search's defaults
+    calls: list[tuple[str, Callable[[], object]]] = [
         ("lookup", lambda: t.lookup(key, columns=["id", "seq"])),
         ("vector", lambda: t.vector_search("vec", q, k=10, columns=["id"])),
         ("fts", lambda: t.fts_search("text", text, k=10, columns=["id"])),
-    ):
+    ]
+    if base is not None:
+        calls += [
+            ("base lookup", lambda: base.to_table(columns=["id", "seq"], filter=f"id = {k}")),
+            (
+                "base vector",
+                lambda: base.to_table(
+                    nearest=nearest, columns=["id"], disable_scoring_autoprojection=True
+                ),
+            ),
+        ]
+    for name, fn in calls:
         s = time.perf_counter()
         fn()
         lat[name].append(time.perf_counter() - s)
+
+
+def held_mb(t: mq.MemWalTable) -> list[float]:
+    """[Arrow pool, the table's Lance caches, decoded generation columns] in MB: what
+    this process holds by holder (:func:`memwal_query.memory_usage`)."""
+    use = mq.memory_usage(t)
+    keys = ("arrow_pool_bytes", "lance_cache_bytes", "generation_columns_bytes")
+    return [use[k] / 2**20 for k in keys]
 
 
 def rss_mb(pid: int) -> float:
@@ -194,7 +232,10 @@ def run_stream(
         flush=True,
     )
     minutes_out: list[list[object]] = []
-    lat: dict[str, list[float]] = {"lookup": [], "vector": [], "fts": []}
+    lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
+    # plain Lance on the base table alone, sharing the table's Lance caches (same
+    # entries: no second copy in this process's memory, and as warm as the table's)
+    plain = lance.dataset(uri, session=t.dataset().session())
     start = time.perf_counter()
     last_flush = minute_start = start
     written = minute_rows = 0
@@ -233,22 +274,29 @@ def run_stream(
                 t.flush()
                 last_flush = now
                 samples.append(unmerged(t))
-            queries(t, qrng, next_key, centers, words, lat)
+            base_now = plain.checkout_version(plain.latest_version)
+            queries(t, qrng, next_key, centers, words, lat, base_now)
             end = time.perf_counter()
             if end - minute_start >= 60:
+                p50 = {k: pct(v, 50) * 1e3 for k, v in lat.items()}
                 row = [
                     minute,
                     float(np.mean(samples)) if samples else 0.0,
                     max(samples, default=0),
-                    pct(lat["lookup"], 50) * 1e3,
-                    pct(lat["vector"], 50) * 1e3,
-                    pct(lat["fts"], 50) * 1e3,
+                    p50["lookup"],
+                    p50["vector"],
+                    p50["fts"],
+                    p50["base lookup"],
+                    p50["base vector"],
+                    p50["lookup"] / p50["base lookup"],
+                    p50["vector"] / p50["base vector"],
                     minute_rows / (end - minute_start),
                     gen_dirs(uri),
                     *base_shape(uri),
                     *passes(f"{root}/maintain.log", seen),
                     rss_mb(maint.pid),
                     rss_mb(os.getpid()),
+                    *held_mb(t),
                     os.getloadavg()[0],
                 ]
                 minutes_out.append(row)
@@ -276,6 +324,10 @@ def run_stream(
         "lookup p50 ms",
         "vector p50 ms",
         "fts p50 ms",
+        "base-only lookup p50 ms",
+        "base-only vector p50 ms",
+        "lookup / base-only",
+        "vector / base-only",
         "rows/s",
         "gen dirs",
         "base rows",
@@ -288,6 +340,9 @@ def run_stream(
         "pass errors",
         "maintainer MB",
         "reader MB",
+        "reader Arrow MB",
+        "reader Lance cache MB",
+        "reader gen cache MB",
         "load 1 min",
     ]
     title = "Streaming with `memwal maintain --watch` alongside, per minute"
@@ -298,7 +353,7 @@ def run_stream(
         ratios = {
             h: float(last[i]) / float(first[i]) if float(first[i]) else float("nan")
             for i, h in enumerate(header)
-            if i in (1, 3, 4, 5, 6)
+            if i in (1, 3, 4, 5, 6, 7, 8, 9, 10)
         }
         print(
             "last minute / first minute: " + ", ".join(f"{h} {r:.2f}x" for h, r in ratios.items())
@@ -327,7 +382,7 @@ def clean_table(
     a table of that size costs without any accumulated work. The last minute's
     figures divided by these say what the stream's pending work still costs."""
     t.maintain(MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1))
-    lat: dict[str, list[float]] = {"lookup": [], "vector": [], "fts": []}
+    lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     rng = np.random.default_rng(5)
     for _ in range(60):
         queries(t, rng, keys, centers, words, lat)
@@ -349,10 +404,21 @@ def clean_table(
 
 
 def base_shape(uri: str) -> list[int]:
-    """[rows, versions, fragments, index segments (all indexes)] of the base table."""
-    ds = lance.dataset(uri)
-    segments = sum(len(ix.segments) for ix in ds.describe_indices() if ix.name != INDEX_NAME)
-    return [ds.count_rows(), len(ds.versions()), len(ds.get_fragments()), segments]
+    """[rows, versions, fragments, index segments (all indexes)] of the base table.
+
+    Read again when the maintainer's GC removed a version while Lance listed them."""
+    for attempt in range(5):
+        try:
+            ds = lance.dataset(uri)
+            segments = sum(
+                len(ix.segments) for ix in ds.describe_indices() if ix.name != INDEX_NAME
+            )
+            return [ds.count_rows(), len(ds.versions()), len(ds.get_fragments()), segments]
+        except (ValueError, OSError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
 
 
 def passes(log: str, seen: list[int]) -> list[object]:

@@ -58,6 +58,7 @@ _LAZY = {
     "unsharded_spec": "memwal_query.regions.spec",
     "register": "memwal_query.session",
     "register_search_functions": "memwal_query.search",
+    "memory_usage": "memwal_query.search.memory",
 }
 
 
@@ -124,4 +125,5 @@ __all__ = [
     "identity_spec",
     "expression_spec",
     "unsharded_spec",
+    "memory_usage",
 ]

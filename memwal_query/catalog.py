@@ -43,7 +43,7 @@ from memwal_query.exceptions import (
     StorageError,
     TableNotFoundError,
 )
-from memwal_query.format import fieldvalues
+from memwal_query.format import fieldvalues, lancecache
 from memwal_query.format import index as mwindex
 from memwal_query.format.manifest import RegionManifest, RegionManifestStore, foreign_lineage
 from memwal_query.format.progress import read_progress
@@ -138,7 +138,11 @@ class Catalog:
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
         """The base Lance dataset (latest version unless ``version`` is given)."""
         if version is not None:
-            return lance.dataset(self.uri, version=version, storage_options=self.storage_options)
+            with self._dataset_lock:
+                session = self._dataset.session()  # the table's bounded Lance caches
+            return lance.dataset(
+                self.uri, version=version, storage_options=self.storage_options, session=session
+            )
         # A LanceDataset object must not be used from two threads at once (PyO3 borrow
         # panics), so every caller gets its own object, checked out under a lock.
         with self._dataset_lock:
@@ -390,7 +394,9 @@ def open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDatase
         table may well exist.
     """
     try:
-        return lance.dataset(uri, storage_options=storage_options or None)
+        return lance.dataset(
+            uri, storage_options=storage_options or None, session=lancecache.new_session()
+        )
     except (ValueError, OSError, RuntimeError) as e:
         text = str(e)
         if "was not found" in text or "LanceError(IO)" not in text:

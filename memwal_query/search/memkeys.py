@@ -182,7 +182,7 @@ def _memtable_find(
     idx = _MemKeyIndex(pk, batch_keys, probe.schema)
     with idx.lock:
         idx.extend(batches)
-        _MEM_KEYS.put(key, idx)
+        _MEM_KEYS.put_newest(key, idx)
         p, r = idx.find(probe, hashes, int(idx.offsets[-1]))
     return p, r, idx.offsets
 

@@ -89,7 +89,7 @@ def _memtable_token_index(
     for b in batches[len(idx.source) :]:
         idx.extend(b.column(column))
     idx.source = tuple(batches)
-    _MEM_FTS.put(key, idx)
+    _MEM_FTS.put_newest(key, idx)
     return idx
 
 

@@ -1,0 +1,52 @@
+"""What a process that reads memwal_query tables holds in memory, by holder.
+
+:func:`memory_usage` reports the process-wide caches of memwal_query (each bounded; see
+:mod:`memwal_query.storage.cache`), the Arrow memory pool, and, for a table, the bytes
+of its base dataset's Lance caches (bounded per table, see
+:mod:`memwal_query.format.lancecache`). ``benchmarks/scale.py``'s streaming section prints
+these per minute next to the process's resident set size, so a long run shows which
+holder (if any) keeps growing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from memwal_query.read import sources
+from memwal_query.search import common
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+
+
+def memory_usage(table: Catalog | None = None) -> dict[str, int]:
+    """Bytes and entry counts held by memwal_query's caches in this process.
+
+    Keys: ``arrow_pool_bytes`` (Arrow's default memory pool: decoded columns, MemTable
+    batches, query results still referenced), ``generation_columns_bytes`` and
+    ``generation_columns_entries`` (decoded columns of flushed generations),
+    ``open_generations`` (opened generation handles: a Lance dataset, its bloom filter
+    and key index each), ``generation_token_indexes``, ``memtable_token_indexes``,
+    ``memtable_key_indexes``, ``index_stats_entries`` and ``generation_blocks``; with
+    ``table``, ``lance_cache_bytes`` (its base dataset's Lance index and metadata
+    caches) and ``lance_cache_limit_bytes`` (their bound).
+    """
+    out = {
+        "arrow_pool_bytes": int(pa.total_allocated_bytes()),
+        "generation_columns_bytes": sources.GENERATION_CACHE.nbytes,
+        "generation_columns_entries": len(sources.GENERATION_CACHE),
+        "open_generations": len(common._GENERATIONS),
+        "generation_token_indexes": len(common._GEN_TOKENS),
+        "memtable_token_indexes": len(common._MEM_FTS),
+        "memtable_key_indexes": len(common._MEM_KEYS),
+        "index_stats_entries": len(common._INDEX_STATS),
+        "generation_blocks": len(common._BLOCKS),
+    }
+    if table is not None:
+        from memwal_query.format.lancecache import cache_bounds
+
+        out["lance_cache_bytes"] = int(table.dataset().session().size_bytes())
+        out["lance_cache_limit_bytes"] = sum(cache_bounds())
+    return out
