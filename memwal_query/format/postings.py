@@ -250,39 +250,39 @@ def read(io: FileIO, gen_uri: str, column: str, tok_kwargs: dict[str, Any]) -> P
         return None
 
 
-_SCHEMA = {
-    "column": pa.string(),
-    "tokenizer": pa.string(),
-    "words": pa.list_(pa.string()),
-    "starts": pa.list_(pa.int64()),
-    "rows": pa.list_(pa.int32()),
-    "tfs": pa.list_(pa.int32()),
-    "doc_len": pa.list_(pa.int32()),
-    "num_docs": pa.int64(),
-}
+_SCHEMA = pa.schema(
+    [
+        ("column", pa.string()),
+        ("tokenizer", pa.string()),
+        ("words", pa.list_(pa.string())),
+        ("starts", pa.list_(pa.int64())),
+        ("rows", pa.list_(pa.int32())),
+        ("tfs", pa.list_(pa.int32())),
+        ("doc_len", pa.list_(pa.int32())),
+        ("num_docs", pa.int64()),
+    ]
+)
+"""The sidecar's schema (what :func:`encode` writes; anything else is not used)."""
 
 
 def _entry(t: pa.Table, column: str, key: str) -> Postings | None:
     """The entry of ``(column, key)`` of a decoded sidecar (None: none), checked whole:
     ValueError when the schema, nulls or the arrays' sizes, order and sums are wrong."""
-    for name, typ in _SCHEMA.items():
-        if name not in t.column_names or t.schema.field(name).type != typ:
-            raise ValueError(f"column {name!r} missing or not {typ}")
-        if t.column(name).null_count:
-            raise ValueError(f"nulls in column {name!r}")
-    t = t.combine_chunks()
-    hits = [
-        i
-        for i, (c, k) in enumerate(
-            zip(t.column("column").to_pylist(), t.column("tokenizer").to_pylist())
-        )
-        if c == column and k == key
-    ]
+    if not t.schema.equals(_SCHEMA):
+        raise ValueError(f"schema {t.schema} is not {_SCHEMA}")
+    if any(c.null_count for c in t.columns):
+        raise ValueError("nulls")
+    if any(c.num_chunks != 1 for c in t.columns):
+        t = t.combine_chunks()
+    names, keys = t.column("column").to_pylist(), t.column("tokenizer").to_pylist()
+    hits = [i for i, (c, k) in enumerate(zip(names, keys)) if c == column and k == key]
     if not hits:
         return None
+    i = hits[0]
 
     def values(name: str) -> pa.Array:
-        v = t.column(name).chunk(0)[hits[0]].values
+        lists = t.column(name).chunk(0)
+        v = lists.flatten() if len(lists) == 1 else lists[i].values
         if v.null_count:
             raise ValueError(f"nulls in {name!r}")
         return v
@@ -292,7 +292,7 @@ def _entry(t: pa.Table, column: str, key: str) -> Postings | None:
     rows = values("rows").to_numpy()
     tfs = values("tfs").to_numpy()
     doc_len = values("doc_len").to_numpy()
-    num_docs = int(t.column("num_docs")[hits[0]].as_py())
+    num_docs = int(t.column("num_docs")[i].as_py())
     n = len(doc_len)
     if (
         len(starts) != len(words) + 1
