@@ -831,3 +831,44 @@ def test_volatile_guard_ignores_string_literals_and_empty_inputs():
     empty = pa.Table.from_batches([], schema=pa.schema([("a", pa.int64()), ("s", pa.string())]))
     out = spec.evaluate(empty)
     assert out.num_rows == 0 and out.schema.types == [pa.int32(), pa.int32()]
+
+
+def test_the_views_pruner_equals_may_match(ds):
+    """read.view's per-query pruner (projections kept, a set lookup for = / IN on
+    int or str region values) answers as spec.may_match for every region value,
+    including values of other types than the predicate's (compare() decides there)."""
+    from types import SimpleNamespace
+
+    from memwal_query.read.view import _Pruner
+
+    dataset, _ = ds
+    ls = dataset.lance_schema
+    specs = {
+        0: bucket_spec(ls, "user_id", 16),
+        1: identity_spec(ls, "name"),
+        2: expression_spec(ls, ["user_id"], "col0 % 4", "int32"),
+    }
+    table = SimpleNamespace(spec_for=specs.get, lance_schema=ls)
+    region_values = {
+        0: [{"bucket": b} for b in range(16)] + [{"bucket": None}, {"bucket": "3"}, {}],
+        1: [{"name": v} for v in ["ab", "abcd", "zz", None, 7, b"ab"]],
+        2: [{"expr": v} for v in [0, 1, 2, 3, 3.0, None, True]],
+    }
+    cases = [
+        [("user_id", "=", 123)],
+        [("user_id", "in", [1, 2, 3])],
+        [("user_id", "in", [])],
+        [("user_id", ">", 7)],
+        [("name", "=", "ab")],
+        [("name", "in", ["ab", "zz"])],
+        [("name", "=", 5)],
+        [("user_id", "=", 7), ("name", "=", "abcd")],
+    ]
+    for preds in cases:
+        prune = _Pruner(table, preds)  # type: ignore[arg-type]
+        for spec_id, values in region_values.items():
+            for v in values:
+                want = specs[spec_id].may_match(v, preds, ls)
+                assert prune((spec_id, v)) == want, (preds, spec_id, v)
+                assert prune((spec_id, v)) == want  # the kept projection too
+    assert _Pruner(table, cases[0])((9, {"x": 1}))  # a spec the index does not know
