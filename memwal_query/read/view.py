@@ -62,6 +62,7 @@ from memwal_query.exceptions import (
     MemWalError,
     ObjectNotFoundError,
 )
+from memwal_query.regions.predicates import satisfies_all
 from memwal_query.storage import paths
 from memwal_query.write.memtable import MemTableSnapshot
 
@@ -345,6 +346,10 @@ def _manifests(
     return out, pruned
 
 
+def _satisfies(region_values: Any, projected: list) -> bool:
+    return satisfies_all(region_values, projected)
+
+
 class _Pruner:
     """Whether a region with ``(spec_id, region values)`` may hold rows matching
     ``predicates``, judged by the region's OWN spec (a region of an older spec keeps
@@ -384,7 +389,7 @@ class _Pruner:
                     fast = None
                     continue
                 fast[field_id] = (kind, frozenset(values))
-            hit = (spec, spec.pruner(self.predicates, schema), fast)
+            hit = (spec, functools.partial(_satisfies, projected=projected), fast)
             if len(_Pruner._CACHE) >= 256:
                 _Pruner._CACHE.clear()
             _Pruner._CACHE[key] = hit
