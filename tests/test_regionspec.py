@@ -834,12 +834,14 @@ def test_volatile_guard_ignores_string_literals_and_empty_inputs():
 
 
 def test_the_views_pruner_equals_may_match(ds):
-    """read.view's per-query pruner (projections kept, a set lookup for = / IN on
-    int or str region values) answers as spec.may_match for every region value,
-    including values of other types than the predicate's (compare() decides there)."""
+    """read.view's per-query pruner and spec.may_match (projections kept, a set lookup
+    for = / IN on int or str region values) answer as satisfies_all of the projected
+    predicates for every region value, including values of other types than the
+    predicate's (compare() decides there)."""
     from types import SimpleNamespace
 
     from memwal_query.read.view import _Pruner
+    from memwal_query.regions.predicates import satisfies_all
 
     dataset, _ = ds
     ls = dataset.lance_schema
@@ -868,7 +870,9 @@ def test_the_views_pruner_equals_may_match(ds):
         prune = _Pruner(table, preds)  # type: ignore[arg-type]
         for spec_id, values in region_values.items():
             for v in values:
-                want = specs[spec_id].may_match(v, preds, ls)
+                # the rule itself: satisfies_all of the projection (compare() per value)
+                want = satisfies_all(v, specs[spec_id].project(preds, ls))
+                assert specs[spec_id].may_match(v, preds, ls) == want, (preds, spec_id, v)
                 assert prune((spec_id, v)) == want, (preds, spec_id, v)
                 assert prune((spec_id, v)) == want  # the kept projection too
     assert _Pruner(table, cases[0])((9, {"x": 1}))  # a spec the index does not know

@@ -62,7 +62,6 @@ from memwal_query.exceptions import (
     MemWalError,
     ObjectNotFoundError,
 )
-from memwal_query.regions.predicates import satisfies_all
 from memwal_query.storage import paths
 from memwal_query.write.memtable import MemTableSnapshot
 
@@ -346,74 +345,26 @@ def _manifests(
     return out, pruned
 
 
-def _satisfies(region_values: Any, projected: list) -> bool:
-    return satisfies_all(region_values, projected)
-
-
 class _Pruner:
     """Whether a region with ``(spec_id, region values)`` may hold rows matching
     ``predicates``, judged by the region's OWN spec (a region of an older spec keeps
-    the values, and so the pruning, of the spec it was created with).
-
-    The predicates are projected once per spec (a lookup at 64 regions spent ~2 ms
-    projecting them once per region), and the projections of recent predicates are
-    kept; equality and IN on integer or string region values are set lookups.
-    """
-
-    _CACHE: dict[tuple[int, int, str], tuple[Any, Callable[[Any], bool], Any]] = {}
-    """Projections of recent predicates, by (spec id, spec object, predicates)."""
+    the values, and so the pruning, of the spec it was created with): one
+    :meth:`RegionSpec.pruner` per spec for all the regions of a query."""
 
     def __init__(self, table: Catalog, predicates: list[tuple[str, str, Any]]) -> None:
         self.table = table
         self.predicates = predicates
-        self._text = repr(predicates)
-        self._by_spec: dict[int, tuple[Callable[[Any], bool], Any] | None] = {}
-
-    def _for(self, spec_id: int) -> tuple[Callable[[Any], bool], Any] | None:
-        spec = self.table.spec_for(spec_id)
-        if spec is None:
-            return None
-        key = (spec_id, id(spec), self._text)
-        hit = _Pruner._CACHE.get(key)
-        if hit is None or hit[0] is not spec:
-            schema = self.table.lance_schema
-            projected = spec.project(self.predicates, schema)
-            fast: dict[str, tuple[type, frozenset]] | None = {}
-            for field_id, op, target in projected:
-                values = [target] if op == "=" else list(target) if op == "in" else None
-                if fast is None or not values or field_id in fast:
-                    fast = None
-                    continue
-                kind = type(values[0])
-                if kind not in (int, str) or any(type(v) is not kind for v in values):
-                    fast = None
-                    continue
-                fast[field_id] = (kind, frozenset(values))
-            hit = (spec, functools.partial(_satisfies, projected=projected), fast)
-            if len(_Pruner._CACHE) >= 256:
-                _Pruner._CACHE.clear()
-            _Pruner._CACHE[key] = hit
-        return hit[1], hit[2]
+        self._by_spec: dict[int, Callable[[Any], bool] | None] = {}
 
     def __call__(self, values: tuple[int, dict[str, Any]]) -> bool:
         spec_id, region_values = values
         if spec_id not in self._by_spec:
-            self._by_spec[spec_id] = self._for(spec_id)
-        got = self._by_spec[spec_id]
-        if got is None:
-            return True
-        pruner, fast = got
-        if fast is not None:
-            for field_id, (kind, allowed) in fast.items():
-                v = region_values.get(field_id)
-                if v is None:
-                    continue
-                if type(v) is not kind:  # another type: compare() decides
-                    return pruner(region_values)
-                if v not in allowed:
-                    return False
-            return True
-        return pruner(region_values)
+            spec = self.table.spec_for(spec_id)
+            self._by_spec[spec_id] = (
+                None if spec is None else spec.pruner(self.predicates, self.table.lance_schema)
+            )
+        pruner = self._by_spec[spec_id]
+        return pruner is None or pruner(region_values)
 
 
 MANIFEST_READERS = 16

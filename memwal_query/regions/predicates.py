@@ -138,3 +138,41 @@ def satisfies_all(region_values: Mapping[str, Any], projected: list[Predicate]) 
         if not satisfies(value, op, target):
             return False
     return True
+
+
+Lookups = dict[str, tuple[type, frozenset]]
+
+
+def set_lookups(projected: list[Predicate]) -> Lookups | None:
+    """``{field_id: (type, allowed values)}`` when every predicate of ``projected`` is
+    ``=`` or a non-empty ``IN`` on integers or on strings (one predicate per field, all
+    values of one type), else None. A region value of that exact type then satisfies
+    them exactly when it is in the set (:func:`satisfies_projected`)."""
+    out: Lookups = {}
+    for field_id, op, target in projected:
+        values = [target] if op == "=" else list(target) if op == "in" else None
+        if not values or field_id in out:
+            return None
+        kind = type(values[0])
+        if kind not in (int, str) or any(type(v) is not kind for v in values):
+            return None
+        out[field_id] = (kind, frozenset(values))
+    return out
+
+
+def satisfies_projected(
+    region_values: Mapping[str, Any], projected: list[Predicate], lookups: Lookups | None
+) -> bool:
+    """:func:`satisfies_all`, answered by the set lookups of :func:`set_lookups` when
+    there are some (a region value of another type: :func:`satisfies_all` decides)."""
+    if lookups is None:
+        return satisfies_all(region_values, projected)
+    for field_id, (kind, allowed) in lookups.items():
+        v = region_values.get(field_id)
+        if v is None:
+            continue
+        if type(v) is not kind:  # another type: compare() decides
+            return satisfies_all(region_values, projected)
+        if v not in allowed:
+            return False
+    return True

@@ -73,6 +73,7 @@ where the spec is silent or contradicts itself, is in ``docs/compatibility.md``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,12 @@ from memwal_query.regions.murmur3 import (
     murmur3_int64,
     murmur3_multi_hash,
 )
-from memwal_query.regions.predicates import Predicate, satisfies_all
+from memwal_query.regions.predicates import (
+    Lookups,
+    Predicate,
+    satisfies_projected,
+    set_lookups,
+)
 from memwal_query.regions.sources import Resolver, field_id_of
 from memwal_query.regions.transforms import TEMPORAL_TRANSFORMS, TRANSFORMS
 
@@ -329,12 +335,30 @@ class RegionSpec:
         callable
             ``pruner(region_values) -> bool``.
         """
-        projected = self.project(predicates, schema)
+        projected, lookups = self._projected(predicates, schema)
+        return functools.partial(satisfies_projected, projected=projected, lookups=lookups)
 
-        def may_match(region_values: Mapping[str, Any]) -> bool:
-            return satisfies_all(region_values, projected)
-
-        return may_match
+    def _projected(
+        self, predicates: Sequence[Predicate], schema: Any
+    ) -> tuple[list[Predicate], Lookups | None]:
+        """:meth:`project` of ``predicates`` and its :func:`set_lookups`, kept for the
+        16 most recent predicates (pruning many regions projects them once)."""
+        if schema is None or not predicates:
+            return [], None
+        cache: dict[tuple[str, str, int], tuple[Any, list[Predicate], Lookups | None]]
+        cache = self.__dict__.setdefault("_projections", {})
+        key = (repr(self.fields), repr(list(predicates)), id(schema))
+        hit = cache.get(key)
+        if hit is None or hit[0] is not schema:
+            projected = self.project(predicates, schema)
+            hit = (schema, projected, set_lookups(projected))
+            cache[key] = hit  # holding the schema keeps its id() unique while cached
+            try:
+                while len(cache) > 16:
+                    cache.pop(next(iter(cache)))
+            except (KeyError, RuntimeError, StopIteration):  # a concurrent trim
+                pass
+        return hit[1], hit[2]
 
     def may_match(
         self,
@@ -368,19 +392,8 @@ class RegionSpec:
         """
         if schema is None or not predicates:
             return True
-        cache: dict[tuple[str, str, int], tuple[Any, list[Predicate]]]
-        cache = self.__dict__.setdefault("_projections", {})
-        key = (repr(self.fields), repr(list(predicates)), id(schema))
-        hit = cache.get(key)
-        if hit is None or hit[0] is not schema:
-            hit = (schema, self.project(predicates, schema))
-            cache[key] = hit  # holding the schema keeps its id() unique while cached
-            try:
-                while len(cache) > 16:
-                    cache.pop(next(iter(cache)))
-            except (KeyError, RuntimeError, StopIteration):  # a concurrent trim
-                pass
-        return satisfies_all(region_values, hit[1])
+        projected, lookups = self._projected(predicates, schema)
+        return satisfies_projected(region_values, projected, lookups)
 
 
 # -- specs from column names -----------------------------------------------------------------
