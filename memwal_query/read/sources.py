@@ -42,6 +42,7 @@ from memwal_query.read import view
 from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
 from memwal_query.read.view import GenerationRef, ReadPlan
 from memwal_query.storage.cache import LRUCache
+from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -207,18 +208,6 @@ _READERS = ThreadPoolExecutor(READ_TASKS, thread_name_prefix="memwal-generations
 T = TypeVar("T")
 
 
-def _in_tasks(fn: Callable[[GenerationRef], T], refs: Sequence[GenerationRef]) -> list[T]:
-    """``fn(ref)`` of each generation, in order, in at most :data:`READ_TASKS` tasks of
-    consecutive generations (one task per generation costs more in scheduling than a
-    sidecar costs to read). Reader tasks never wait for other tasks."""
-    if len(refs) < 2:
-        return [fn(ref) for ref in refs]
-    step = -(-len(refs) // READ_TASKS)
-    chunks = [list(refs[i : i + step]) for i in range(0, len(refs), step)]
-    tasks = [_READERS.submit(lambda c: [fn(ref) for ref in c], c) for c in chunks]
-    return [x for task in tasks for x in task.result()]
-
-
 def map_generations(
     fn: Callable[[GenerationRef], T],
     refs: Sequence[GenerationRef],
@@ -229,7 +218,7 @@ def map_generations(
     trip (:func:`parallel_reads`)."""
     if len(refs) < 2 or not parallel_reads(refs[0].uri, storage_options):
         return [fn(ref) for ref in refs]
-    return _in_tasks(fn, refs)
+    return in_chunks(_READERS, fn, refs, READ_TASKS)
 
 
 def read_generations(
@@ -259,7 +248,7 @@ def read_generations(
     local = bool(refs) and not parallel_reads(refs[0].uri, storage_options)
     got = [read(g, lance_ok=False) if local or g.uri in GENERATION_CACHE else None for g in refs]
     todo = [i for i, t in enumerate(got) if t is None]
-    for i, t in zip(todo, _in_tasks(read, [refs[i] for i in todo])):
+    for i, t in zip(todo, in_chunks(_READERS, read, [refs[i] for i in todo], READ_TASKS)):
         got[i] = t
     out = [t for t in got if t is not None]
     if len(out) != len(refs):  # never: each read returns a table or raises

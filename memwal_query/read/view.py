@@ -63,6 +63,7 @@ from memwal_query.exceptions import (
     ObjectNotFoundError,
 )
 from memwal_query.storage import paths
+from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -381,12 +382,7 @@ def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifes
     on a local file system: :attr:`FileIO.parallel_requests`)."""
     if len(region_ids) <= 2 or not table.io.parallel_requests:
         return [table.region_manifest(r) for r in region_ids]
-    step = -(-len(region_ids) // MANIFEST_READERS)
-    chunks = [region_ids[i : i + step] for i in range(0, len(region_ids), step)]
-    futures = [
-        _MANIFEST_POOL.submit(lambda rs: [table.region_manifest(r) for r in rs], c) for c in chunks
-    ]
-    return [m for f in futures for m in f.result()]
+    return in_chunks(_MANIFEST_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:

@@ -21,7 +21,9 @@ import shutil
 import stat
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -121,6 +123,22 @@ class FileIO(ABC):
         neither files in the way of prefixes nor links: always None there.
         """
         return None
+
+
+X = TypeVar("X")
+Y = TypeVar("Y")
+
+
+def in_chunks(pool: Executor, fn: Callable[[X], Y], items: Sequence[X], tasks: int) -> list[Y]:
+    """``fn(item)`` of each item, in order, in at most ``tasks`` tasks of consecutive
+    items on ``pool`` (one task per item costs more in scheduling than a small read
+    costs); fewer than two items run in this thread. The tasks never wait for others."""
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    step = -(-len(items) // tasks)
+    chunks = [list(items[i : i + step]) for i in range(0, len(items), step)]
+    futures = [pool.submit(lambda c: [fn(x) for x in c], c) for c in chunks]
+    return [y for f in futures for y in f.result()]
 
 
 @contextlib.contextmanager
