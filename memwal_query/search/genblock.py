@@ -53,8 +53,9 @@ class GenBlock:
     """The searched column of a set of generations, deduplicated, as one matrix.
 
     Rows are ordered by region rank, then generation, then write order. ``gens`` and
-    ``ranks`` give each row's ``_gen`` and region rank; ``live`` the rows that are the
-    newest version of a live key among these generations.
+    ``ranks`` give each row's ``_gen`` and region rank; ``live_rows`` (and, one bool per
+    row, ``live_mask``) the rows that are the newest version of a live key among these
+    generations.
     """
 
     def __init__(
@@ -96,6 +97,8 @@ class GenBlock:
         last = newest_indices(self.keys, pk, self.ranks, self.gens)
         tomb = pc.fill_null(rows.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
         self.live_rows = last[~tomb[last]]
+        self.live_mask = np.zeros(len(self.gens), bool)  # the same, one bool per row
+        self.live_mask[self.live_rows] = True
         # newest version of every key here (tombstones too: they hide older rows): for
         # one integer key column sorted values (binary search), else a hashed key index
         ints = _ints(self.keys.column(0)) if len(pk) == 1 and len(last) else None
@@ -157,9 +160,7 @@ class GenBlock:
                 # every row's vector at once (a take across the generations' chunks cost
                 # a cold search ~20 ms at 192 generations)
                 every, valid = _vectors(self.values, dim)
-                live = np.zeros(self.num_rows, bool)
-                live[self.live_rows] = True
-                self._matrix = (np.ascontiguousarray(every), valid, live[valid])
+                self._matrix = (np.ascontiguousarray(every), valid, self.live_mask[valid])
             return self._matrix
 
     def filter_mask(self, filter: Any) -> np.ndarray:
@@ -193,10 +194,8 @@ class GenBlock:
         key = ("live columns", tuple(names))
         rows = self.cache.get(key)
         if rows is None:
-            parts = [
-                sources.read_generation(ref, self.schema, self.storage_options, names)
-                for _, ref in self.members
-            ]
+            refs = [ref for _, ref in self.members]
+            parts = sources.read_generations(refs, self.schema, self.storage_options, names)
             rows = pa.concat_tables(parts).take(pa.array(self.live_rows))
             rows = self.cache.setdefault(key, rows)
         return _filter_indices(rows, filter)

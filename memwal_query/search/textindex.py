@@ -256,9 +256,7 @@ def _block_mem_fts(
         )
         offsets = np.cumsum([0, *block.sizes])[:-1].tolist()
         merged = block.cache.setdefault(key, _FrozenTokens(list(zip(offsets, indexes))))
-    live = np.zeros(block.num_rows, bool)
-    live[block.live_rows] = True
     rows = block.keys.append_column(column, block.values)
-    mf = _MemFts(rows, [(0, merged)], live)
+    mf = _MemFts(rows, [(0, merged)], block.live_mask)
     mf.filter_mask = block.filter_mask
     return mf
