@@ -19,6 +19,7 @@ from memwal_query.exceptions import (
     MemWalError,
     SchemaError,
 )
+from memwal_query.format.postings import tokenize_many
 from memwal_query.format.schema import (
     ROWADDR_COLUMN,
 )
@@ -42,7 +43,6 @@ from memwal_query.search.textindex import (
     _MemFts,
     _memtable_token_index,
     _texts,
-    tokenize_many,
 )
 from memwal_query.search.topk import (
     _SEARCH_POOL,

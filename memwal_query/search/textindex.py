@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.format import postings
-from memwal_query.format.postings import Postings, tokenize_many
+from memwal_query.format.postings import Postings
 from memwal_query.read import sources
 from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
 from memwal_query.search.generations import _GenInfo
@@ -45,27 +45,19 @@ class _TokenIndex:
         self.source: tuple = ()
 
     def extend(self, col: pa.ChunkedArray | pa.Array) -> None:
-        """Add the documents of ``col`` (strings or lists of strings; vectorised)."""
+        """Add the documents of ``col`` (strings or lists of strings; vectorised by
+        :meth:`Postings.of`, appended to the growing lists word by word)."""
         start = len(self.doc_len)
-        tokens, doc, valid = tokenize_many(col, self.tok_kwargs)
-        n = len(valid)
-        self.doc_len += np.bincount(doc, minlength=n).tolist()
-        self.num_docs += int(valid.sum())
-        self.total_tokens += len(tokens)
-        if not len(tokens):
-            return
-        enc = pc.dictionary_encode(tokens)
-        ids = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
-        pair, tf = np.unique(ids * n + doc, return_counts=True)  # n > 0: there are tokens
-        tok_ids, rows = pair // n, pair % n + start
-        bounds = np.flatnonzero(np.diff(tok_ids)) + 1
-        words = enc.dictionary.to_pylist()
-        for tid, r, c in zip(
-            tok_ids[np.r_[0, bounds]].tolist(), np.split(rows, bounds), np.split(tf, bounds)
-        ):
-            got = self.postings.setdefault(words[tid], ([], []))
-            got[0].extend(r.tolist())
-            got[1].extend(c.tolist())
+        p = Postings.of(col, self.tok_kwargs)
+        self.doc_len += p.doc_len.astype(np.int64).tolist()
+        self.num_docs += p.num_docs
+        self.total_tokens += p.total_tokens
+        bounds = p.starts.tolist()
+        rows, tfs = (p.rows + start).tolist(), p.tfs.astype(np.int64).tolist()
+        for word, lo, hi in zip(p.words.to_pylist(), bounds, bounds[1:]):
+            got = self.postings.setdefault(word, ([], []))
+            got[0].extend(rows[lo:hi])
+            got[1].extend(tfs[lo:hi])
 
     def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
         """Rows (document indexes) holding ``token`` and its count in each."""
