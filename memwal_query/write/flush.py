@@ -65,10 +65,15 @@ def write_generation(
     crashpoints.point("flush.mid")
     keys = data.select(table.primary_key)
     bloom.write(table.io, uri, keys)
+    try:  # the base's indexes: postings and maintained indexes (one checkout for both)
+        base: lance.LanceDataset | None = table.dataset()
+    except Exception as e:  # noqa: BLE001 - no postings; the maintained indexes try again
+        LOG.warning("generation %s: no full-text postings stored: %s", uri, e)
+        base = None
     fragments = [(f.fragment_id, f.metadata.physical_rows) for f in ds.get_fragments()]
     if sum(n for _, n in fragments) == data.num_rows:  # else: readers use Lance only
         rowfile.write(table.io, uri, data, rowfile.row_addresses(fragments))
-        _write_postings(table, uri, data)
+        _write_postings(table, uri, data, base)
     if pk_index_names(keys.schema):
         build_pk_indexes(ds, keys.schema)
         if len(table.primary_key) == 1:
@@ -76,7 +81,7 @@ def write_generation(
     if table.maintained_indexes:
         from memwal_query.write.genindex import build_maintained_indexes
 
-        build_maintained_indexes(table, ds)
+        build_maintained_indexes(table, ds, base)
     return FlushedGeneration(
         generation=memtable.generation,
         path=gen_dir,
@@ -94,16 +99,20 @@ more text, or whose tokenizer cannot tokenize documents in bulk (n-grams, raw), 
 tokenized by the first search that needs it instead."""
 
 
-def _write_postings(table: Catalog, uri: str, data: pa.Table) -> None:
+def _write_postings(
+    table: Catalog, uri: str, data: pa.Table, base: lance.LanceDataset | None
+) -> None:
     """Store the postings of every column with an INVERTED index on the base table, as
     its tokenizer splits them (best effort: a generation without them is tokenized at
     query time, so any failure here is logged, never raised)."""
     from memwal_query.write.genindex import fts_tokenizers
 
+    if base is None:
+        return
     try:
         entries = [
             (column, kw, postings.Postings.of(data.column(column), kw))
-            for column, kw in fts_tokenizers(table.dataset())
+            for column, kw in fts_tokenizers(base)
             if column in data.column_names
             and postings.text_bytes(data.column(column)) <= POSTINGS_MAX_TEXT_BYTES
             and postings.separator(kw) is not None

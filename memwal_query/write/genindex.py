@@ -387,7 +387,9 @@ def _build_vector(
     return {"status": "skipped", "reason": "; ".join(errors)}
 
 
-def build_maintained_indexes(table: Catalog, gen_ds: lance.LanceDataset) -> dict[str, Any]:
+def build_maintained_indexes(
+    table: Catalog, gen_ds: lance.LanceDataset, base: lance.LanceDataset | None = None
+) -> dict[str, Any]:
     """Build every maintained index of ``table`` on a freshly written generation.
 
     Parameters
@@ -396,13 +398,16 @@ def build_maintained_indexes(table: Catalog, gen_ds: lance.LanceDataset) -> dict
         The table (its base dataset supplies the index definitions).
     gen_ds : lance.LanceDataset
         The generation's Lance table (already written, with its bloom filter).
+    base : lance.LanceDataset, optional
+        The base table's latest version when the caller has it (default: checked out).
 
     Returns
     -------
     dict
         ``{index_name: report}`` as written to ``memwal_indexes.json``.
     """
-    base = table.dataset()
+    if base is None:
+        base = table.dataset()
     known = base_indexes(base)
     existing = {d.name for d in gen_ds.describe_indices()}
     report: dict[str, Any] = {}
