@@ -58,8 +58,9 @@ _ROARING_ARRAY_MAX = 4096  # larger containers are 65536-bit bitmaps
 
 
 def _run_starts(sorted_values: np.ndarray) -> np.ndarray:
-    """Index of the first element of every run of equal values (input sorted). Not
-    ``np.unique``: numpy 2.4 picks a hash-based unique for it, 50x slower here."""
+    """Index of the first element of every run of equal adjacent values (of every
+    distinct value when the input is sorted). Not ``np.unique``: numpy 2.4 picks a
+    hash-based unique for it, 50x slower here."""
     if not len(sorted_values):
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(np.append(True, sorted_values[1:] != sorted_values[:-1]))
@@ -161,7 +162,7 @@ class RowIdMask:
         high = values >> np.uint64(32)
         low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
         # runs of equal high words (a scan reads a fragment's rows together)
-        starts = np.flatnonzero(np.append(True, high[1:] != high[:-1]))
+        starts = _run_starts(high)
         ends = np.append(starts[1:], len(values))
         for h, start, end in zip(high[starts].tolist(), starts.tolist(), ends.tolist()):
             m = self._maps.get(h)
