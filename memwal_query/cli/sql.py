@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from memwal_query.cli.app import _handle_errors, main
+from memwal_query.cli.app import _handle_errors, error_text, main
 from memwal_query.cli.setup import _read_file
 from memwal_query.exceptions import (
     NotInitializedError,
@@ -298,7 +298,7 @@ def _prompt(ctx: Any, uri: str, name: str, fmt: str) -> None:
             try:
                 _emit(ctx.sql(text).to_arrow_table(), fmt, None)
             except Exception as e:  # noqa: BLE001
-                click.echo(f"error: {str(e).splitlines()[0] if str(e) else e!r}", err=True)
+                click.echo(f"error: {error_text(e)}", err=True)
     if readline is not None and interactive:
         try:
             readline.write_history_file(history)
