@@ -307,4 +307,4 @@ class RegionSpecWarning(UserWarning):
 
 class BloomFilterWarning(UserWarning):
     """A generation's bloom filter is missing or corrupt: its keys are checked exactly
-    (same answers, slower). ``memwal repair URI --rebuild-blooms`` writes it again."""
+    (same answers, slower). ``memwal repair URI`` writes it again."""

@@ -68,7 +68,7 @@ def test_csv_with_vectors_is_json_text(uri, tmp_path):
     lines = target.read_text().splitlines()
     assert lines[0] == '"id","vec"'
     assert lines[1] == '1,"[1.0, 2.0]"'
-    assert lines[2] == '2,"[3.0, NaN]"'
+    assert lines[2] == '2,"[3.0, null]"'  # JSON text: NaN is null
     assert lines[3] == "3,"  # NULL vector: empty field
     assert json.loads(lines[4].split(",", 1)[1].strip('"')) == [0.5, -1]
 

@@ -152,7 +152,10 @@ def _append(table: Any, fmt: str, output: str) -> None:
         pcsv.write_csv(clifmt.csv_ready(table), buf)
         text = buf.getvalue().decode()
     else:
-        text = "".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist())
+        from memwal_query.cli import fmt as clifmt
+
+        rows = clifmt.json_safe(table).to_pylist()  # NaN and infinities: null
+        text = "".join(json.dumps(r, default=str, allow_nan=False) + "\n" for r in rows)
     with open(output, "a") as f:
         f.write(text)
 

@@ -71,7 +71,8 @@ def _emit(table, fmt: str, output: str | None) -> None:
         else:
             _write_atomically(output, lambda path: pcsv.write_csv(table, path))
         return
-    lines = "\n".join(json.dumps(r, default=str) for r in table.to_pylist())
+    rows = clifmt.json_safe(table).to_pylist()  # NaN and infinities: null
+    lines = "\n".join(json.dumps(r, default=str, allow_nan=False) for r in rows)
     _write_text(output, lines)
 
 
