@@ -12,9 +12,7 @@ import click
 
 from memwal_query.cli.app import _handle_errors, error_text, main
 from memwal_query.cli.setup import _read_file
-from memwal_query.exceptions import (
-    NotInitializedError,
-)
+from memwal_query.exceptions import NotInitializedError, PrimaryKeyError
 
 
 def _write_atomically(output: str, write: Callable[[str], None]) -> None:
@@ -120,7 +118,8 @@ def _split_statements(text: str) -> list[str]:
 
 def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
     """Register one ``--table NAME=URI``: a MemWAL table (deduplicated view), a plain
-    Lance dataset, or a Parquet/CSV/JSON-lines/Arrow file. Returns the name."""
+    Lance dataset (read into memory), or a Parquet/CSV/JSON-lines/Arrow file. Returns
+    the name."""
     from memwal_query.session import register
 
     name, sep, uri = spec.partition("=")
@@ -132,10 +131,12 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
         return name
     try:
         register(ctx, name, uri, consistency=consistency)
-    except NotInitializedError:  # a Lance table without a MemWAL: as it is
+    except (NotInitializedError, PrimaryKeyError):  # a Lance table without a MemWAL: as it is
         import lance
 
-        ctx.register_dataset(name, lance.dataset(uri))
+        # DataFusion's pyarrow-dataset scan does not drive Lance's fragments: its rows
+        # are read once, into memory (such side tables are small: users, dimensions)
+        ctx.from_arrow(lance.dataset(uri).to_table(), name=name)
     return name
 
 
