@@ -177,10 +177,9 @@ def test_every_hint_names_a_command_and_options_that_exist():
 
 
 def test_bloom_filter_warning_names_a_repair_that_exists(tmp_path):
+    from memwal_query.exceptions import BloomFilterWarning
     from memwal_query.format import bloom
     from memwal_query.storage.factory import file_io_for
-
-    from memwal_query.exceptions import BloomFilterWarning
 
     with pytest.warns(BloomFilterWarning, match=r"`memwal repair URI`"):
         bloom.load(file_io_for(str(tmp_path)), str(tmp_path / "gen"), 1)
