@@ -23,7 +23,8 @@ rng = np.random.default_rng(1)
 
 def rows(ids):
     vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(len(ids) * 8, np.float32)), 8)
-    return pa.table({"id": ids, "text": [f"hello w{i % 7}" for i in ids], "vec": vec}, schema=schema)
+    text = [f"hello w{i % 7}" for i in ids]
+    return pa.table({"id": ids, "text": text, "vec": vec}, schema=schema)
 
 lance.write_dataset(rows(np.arange(2000)), uri)
 ds = lance.dataset(uri)
