@@ -69,14 +69,14 @@ def test_spark_errors_are_typed_and_readable(tmp_path):
     got = json.loads(p.stdout.strip().splitlines()[-1])
     # at .load(), naming the typed cause (Spark wraps it; the traceback is one frame)
     kind, text = got["load_bad_option"]
-    assert "MemWalError: memwal option consistency='bogus'" in text
+    assert "MemWalError: memwal data source: option consistency='bogus'" in text
     assert len(text.splitlines()) <= 6, text
     kind, text = got["load_missing"]
     assert "TableNotFoundError" in text and len(text.splitlines()) <= 6, text
     # through mqs.read: the typed error itself, one line
     assert got["read_bad_option"] == [
         "MemWalError",
-        "memwal option rowsPerSplit='0': give a positive number of rows",
+        "memwal data source: option rowsPerSplit='0': give a positive number of rows",
     ]
     kind, text = got["read_bad_column"]
     assert kind == "SchemaError" and "['nope']" in text and "\n" not in text

@@ -597,14 +597,17 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
     consistency = opts.get("consistency", "strong")
     if consistency not in CONSISTENCY_MODES:
         raise MemWalError(
-            f"memwal option consistency={consistency!r}: use one of {', '.join(CONSISTENCY_MODES)}"
+            f"memwal data source: option consistency={consistency!r}: use one of "
+            + ", ".join(CONSISTENCY_MODES)
         )
     split = str(opts.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
     if not split.isdigit() or int(split) <= 0:
-        raise MemWalError(f"memwal option rowsPerSplit={split!r}: give a positive number of rows")
+        raise MemWalError(
+            f"memwal data source: option rowsPerSplit={split!r}: give a positive number of rows"
+        )
     push = str(opts.get("pushfilters", "false")).lower()
     if push not in ("true", "false"):
-        raise MemWalError(f"memwal option pushFilters={push!r}: use true or false")
+        raise MemWalError(f"memwal data source: option pushFilters={push!r}: use true or false")
     if opts.get("as_of") is not None:
         as_of_moment(table, opts["as_of"])  # a bad or unknown moment: its typed error
     schema = table.schema
