@@ -80,3 +80,9 @@ def test_every_block_is_run_or_says_why_not():
     marks = {b.mark for p in PAGES for b in blocks(p)}
     assert marks <= {None, "spark", "s3", "skip"}, marks
     assert sum(len(blocks(p)) for p in PAGES) >= 10
+
+
+def test_quick_start_runs_twice_in_a_row(tmp_path):
+    (quick,) = [b for b in blocks(ROOT / "README.md") if "initialize" in b.code]
+    for attempt in (1, 2):  # the same working directory: nothing left behind gets in the way
+        run(quick.code, tmp_path, f"README.md:{quick.line}, run {attempt}")
