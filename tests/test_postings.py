@@ -16,10 +16,9 @@ import pytest
 
 import memwal_query as mq
 from memwal_query import search
-from memwal_query.format import postings, rowfile
+from memwal_query.format import baseindex, postings, rowfile
 from memwal_query.read import sources
 from memwal_query.search import textindex
-from memwal_query.write import genindex
 
 from helpers import PK, parity_spec
 
@@ -91,7 +90,7 @@ def _answers(t: mq.MemWalTable) -> list:
 
 def test_each_generation_stores_the_postings_of_each_indexed_column(built, tmp_path):
     t = _copy(built, tmp_path)
-    tokenizers = genindex.fts_tokenizers(t.dataset())
+    tokenizers = baseindex.fts_tokenizers(t.dataset())
     assert sorted(c for c, _ in tokenizers) == ["tags", "text"]
     gens = [g.uri for g in sources.resolve(t).generations]
     assert len(gens) == 6
@@ -141,10 +140,10 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
     bad = postings.Postings(
         pa.array(["alpha"]), np.array([0, 5]), np.arange(3), np.ones(3), np.ones(2), 2
     )
-    postings.write(t.io, gens[2], [("text", genindex.fts_tokenizers(t.dataset())[0][1], bad)])
+    postings.write(t.io, gens[2], [("text", baseindex.fts_tokenizers(t.dataset())[0][1], bad)])
     # postings of another row count than the generation: ignored too
     other = postings.Postings.of(pa.array(["alpha beta"] * 3), {})
-    for column, kw in genindex.fts_tokenizers(t.dataset()):
+    for column, kw in baseindex.fts_tokenizers(t.dataset()):
         postings.write(t.io, gens[3], [(column, kw, other)])
     _forget()
     with warnings.catch_warnings(record=True) as seen:
@@ -177,7 +176,7 @@ def test_crafted_postings_that_pass_the_crc_are_checked_whole(built, tmp_path):
     t = _copy(built, tmp_path)
     want = _answers(t)
     gen = sources.resolve(t).generations[0].uri
-    kw = dict(genindex.fts_tokenizers(t.dataset()))["text"]
+    kw = dict(baseindex.fts_tokenizers(t.dataset()))["text"]
     key = postings.tokenizer_key(kw)
     good = postings.read(t.io, gen, "text", kw)
     assert good is not None
@@ -244,7 +243,7 @@ def test_postings_only_for_bounded_text_and_bulk_tokenizers(built, tmp_path, mon
     t.write(_rows(range(400, 460), rng))  # more than 200 bytes of text: not stored
     t.flush()
     large = sources.resolve(t).generations[-1].uri
-    kw = dict(genindex.fts_tokenizers(t.dataset()))["text"]
+    kw = dict(baseindex.fts_tokenizers(t.dataset()))["text"]
     assert postings.read(t.io, small, "text", kw) is not None
     assert postings.read(t.io, large, "text", kw) is None
     _forget()

@@ -19,6 +19,7 @@ from memwal_query.exceptions import (
     MemWalError,
     SchemaError,
 )
+from memwal_query.format import baseindex
 from memwal_query.format.postings import tokenize_many
 from memwal_query.format.schema import (
     ROWADDR_COLUMN,
@@ -57,7 +58,6 @@ from memwal_query.search.topk import (
     _Source,
 )
 from memwal_query.storage.io import join
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -258,7 +258,7 @@ def fts_search(
     info = plan.index
     if info is None:
         raise MemWalError(f"{table.uri}: column {column!r} has no INVERTED index on the base")
-    tok_kwargs = genindex.tokenize_kwargs(genindex.fts_params(plan.base, info.name))
+    tok_kwargs = baseindex.tokenize_kwargs(baseindex.fts_params(plan.base, info.name))
     tokens, words = _query_tokens(query, tok_kwargs)
     if not tokens:
         return empty

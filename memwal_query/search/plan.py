@@ -18,6 +18,7 @@ from memwal_query.exceptions import (
     GenerationGoneError,
     MemWalError,
 )
+from memwal_query.format import baseindex
 from memwal_query.format.schema import (
     GEN_COLUMN,
     TOMBSTONE,
@@ -29,7 +30,6 @@ from memwal_query.search.common import _IDX
 from memwal_query.search.forget import forget_merged
 from memwal_query.search.generations import _gen_info
 from memwal_query.search.keys import _last_occurrence
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -108,7 +108,7 @@ class SearchPlan:
     regions : dict
         Per region: merged/caught-up generations, gap generations, generations,
         MemTables.
-    index : genindex.BaseIndexInfo or None
+    index : baseindex.BaseIndexInfo or None
         Base index the search relies on.
     indexed_only : bool
         True when the base is searched over its indexed fragments only, the gap
@@ -122,7 +122,7 @@ class SearchPlan:
     base: lance.LanceDataset
     read_plan: sources.ReadPlan
     regions: dict[str, _Region]
-    index: genindex.BaseIndexInfo | None
+    index: baseindex.BaseIndexInfo | None
     indexed_only: bool
     base_fragments: list[int]
     notes: list[str] = field(default_factory=list)
@@ -195,7 +195,7 @@ def resolve_search(
     plan = sources.resolve(table, consistency, writers, predicates)
     base = plan.base
     with sources.reading_base(table, base):  # V cleaned up meanwhile: a typed error
-        index = genindex.find_index(base, column, kind) if column is not None else None
+        index = baseindex.find_index(base, column, kind) if column is not None else None
     merged = plan.index.merged_generations()
     forget_merged(table.uri, merged)  # the caches of generations no view reads again
     regions: dict[str, _Region] = {}
@@ -263,7 +263,7 @@ def resolve_search(
 def _gap_covers_unindexed(
     table: Catalog,
     base: lance.LanceDataset,
-    index: genindex.BaseIndexInfo,
+    index: baseindex.BaseIndexInfo,
     regions: dict[str, _Region],
     notes: list[str],
 ) -> bool:

@@ -14,6 +14,7 @@ from memwal_query.exceptions import (
     MemWalError,
     SchemaError,
 )
+from memwal_query.format import baseindex
 from memwal_query.read import sources
 from memwal_query.search.common import DISTANCE, ROWID
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
@@ -34,7 +35,6 @@ from memwal_query.search.topk import (
     _Source,
 )
 from memwal_query.search.vecmath import _distances, _vectors
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -140,7 +140,7 @@ def vector_search(
     if info is None:
         metric_known.set_result("l2")
     elif not prefetch:
-        metric_known.set_result(genindex.vector_metric(plan.base, info))
+        metric_known.set_result(baseindex.vector_metric(plan.base, info))
 
     def nearest(kk: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
@@ -186,7 +186,7 @@ def vector_search(
         # one task (a pool task waiting for another could deadlock a saturated pool)
         if not metric_known.done():
             try:
-                metric_known.set_result(genindex.vector_metric(plan.base, info))
+                metric_known.set_result(baseindex.vector_metric(plan.base, info))
             except BaseException as e:
                 metric_known.set_exception(e)
                 raise
