@@ -173,7 +173,8 @@ def stale_set_times(repeat: int) -> None:
 
 
 def _stale_set_row(stale: np.ndarray, frags: int, repeat: int) -> list[object]:
-    from memwal_query.read.dedup import in_sorted, row_address_treemap
+    from memwal_query.format.rowaddrs import row_address_treemap
+    from memwal_query.read.dedup import in_sorted
 
     batch = stale[0] + np.arange(65_536, dtype=np.uint64)  # one base batch's addresses
     row: list[object] = [

@@ -21,8 +21,8 @@ from test_cold_caches import _forget, _generations, _table
 import memwal_query as mq
 from memwal_query.exceptions import GenerationGoneError
 from memwal_query.format import bloom, rowfile
+from memwal_query.format.rowaddrs import RowIdMask
 from memwal_query.read import provider, sources
-from memwal_query.read.dedup import RowIdMask
 
 from helpers import PK
 

@@ -56,15 +56,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
 from memwal_query.read import parallel, pruning, sources, view
-from memwal_query.read.dedup import (
-    KeySet,
-    KeySetUnion,
-    RowIdMask,
-    in_sorted,
-    row_address_treemap,
-)
+from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 from memwal_query.storage.cache import LRUCache
 
 if TYPE_CHECKING:
