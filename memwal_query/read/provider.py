@@ -32,7 +32,7 @@ Who evaluates the filter: Lance on the base table whenever it accepts the expres
 dictionaries, timestamp[ns] literals, and any filter on a table with a time64 column;
 the base scan then reads the filter's columns too and pyarrow filters after the key
 check), pyarrow on the newer rows. pyarrow gets the filter rewritten to DataFusion's
-semantics (:func:`memwal_query.read.pruning.datafusion_semantics`: NaN = NaN and NaN above
+semantics (:func:`memwal_query.read.filtersemantics.datafusion_semantics`: NaN = NaN and NaN above
 every other float, SQL NULLs in ``IN``), so a row's answer does not depend on the source
 it lives in. ``_gen`` is the literal 0 in the base table; a filter on ``_rowaddr`` is
 evaluated by pyarrow.
@@ -58,8 +58,9 @@ import pyarrow.dataset as pads
 
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import parallel, pruning, sources, view
+from memwal_query.read import exprtree, parallel, pruning, sources, view
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
+from memwal_query.read.filtersemantics import datafusion_semantics
 from memwal_query.storage.cache import LRUCache
 
 if TYPE_CHECKING:
@@ -116,21 +117,21 @@ class _Filter:
         self.lance = expr is not None
         if expr is None:
             return
-        node = pruning.decode(expr)
+        node = exprtree.decode(expr)
         if node is None:  # not from DataFusion (whose filters always decode): be careful
             self.columns = pruning.referenced_columns(expr, schema.names)
             floats = [c for c in self.columns if pa.types.is_floating(schema.field(c).type)]
             if floats or GEN_COLUMN in self.columns or ROWADDR_COLUMN in self.columns:
                 self.lance = False
             return
-        used = pruning.fields_of(node)
+        used = exprtree.fields_of(node)
         self.columns = [n for n in schema.names if n in used]
-        local = pruning.datafusion_semantics(node, schema)
-        if not pruning.same(local, node):
-            self.local = pruning.encode(local)
+        local = datafusion_semantics(node, schema)
+        if not exprtree.same(local, node):
+            self.local = exprtree.encode(local)
         if GEN_COLUMN in self.columns:
-            self.base = pruning.encode(
-                pruning.substitute(node, {GEN_COLUMN: pa.scalar(0, pa.uint64())})
+            self.base = exprtree.encode(
+                exprtree.substitute(node, {GEN_COLUMN: pa.scalar(0, pa.uint64())})
             )
         if ROWADDR_COLUMN in self.columns:
             self.lance = False
