@@ -58,7 +58,7 @@ import pyarrow.dataset as pads
 
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import exprtree, parallel, pruning, sources, view
+from memwal_query.read import exprtree, newer, parallel, pruning, sources, view
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 from memwal_query.read.filtersemantics import datafusion_semantics
 from memwal_query.storage.cache import LRUCache
@@ -141,6 +141,11 @@ class _Filter:
         return [c for c in self.columns if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
 
 
+def _staleness(max_staleness: float | None) -> float:
+    """The snapshot age bound of an ``eventual`` read (None: the default)."""
+    return view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
+
+
 class _QueryState:
     """Sources and the deduplicated newer rows of one query (computed once, lazily)."""
 
@@ -149,16 +154,16 @@ class _QueryState:
         self.filter = _Filter(filter, dataset.schema)
         table = dataset.table
         predicates = pruning.predicates_from_expression(filter)
-        self.plan = sources.resolve(
+        self.plan = view.resolve(
             table,
             dataset.consistency,
             dataset.writers,
             predicates,
-            dataset.max_staleness,
+            _staleness(dataset.max_staleness),
             dataset.as_of,
         )
         self._lock = threading.Lock()
-        self._view: sources.NewerView | None = None
+        self._view: newer.NewerView | None = None
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
@@ -174,12 +179,12 @@ class _QueryState:
         return _Filter(expr, self.dataset.schema)
 
     @property
-    def view(self) -> sources.NewerView:
+    def view(self) -> newer.NewerView:
         """Newest row per key of the newer sources (computed once per query)."""
         with self._lock:
             if self._view is None:
                 table = self.dataset.table
-                self._view = sources.newer_view(
+                self._view = newer.newer_view(
                     self.plan, table.schema, table.primary_key, table.storage_options
                 )
             return self._view
@@ -574,7 +579,7 @@ class MemWalDataset(pads.Dataset):
             [pa.field(f.name, f.type, f.nullable) for f in table.schema]
             + (META_FIELDS if meta_columns else [])
         )
-        self.last_plan: sources.ReadPlan | None = None
+        self.last_plan: view.ReadPlan | None = None
 
     @property
     def schema(self) -> pa.Schema:
@@ -603,14 +608,14 @@ class MemWalDataset(pads.Dataset):
 
         return _Scanner(out_schema, batches())
 
-    def check(self) -> sources.ReadPlan:
+    def check(self) -> view.ReadPlan:
         """Resolve the sources now and return the plan: raises the typed error (e.g.
         ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
-        plan = sources.resolve(
+        plan = view.resolve(
             self.table,
             self.consistency,
             self.writers,
-            max_staleness=self.max_staleness,
+            max_staleness=_staleness(self.max_staleness),
             as_of=self.as_of,
         )
         self.last_plan = plan

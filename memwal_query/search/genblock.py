@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.format.schema import TOMBSTONE
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
 from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
 from memwal_query.search.keys import _ints, _KeyIndex
@@ -60,7 +60,7 @@ class GenBlock:
 
     def __init__(
         self,
-        members: Sequence[tuple[int, sources.GenerationRef]],
+        members: Sequence[tuple[int, view.GenerationRef]],
         schema: pa.Schema,
         pk: list[str],
         column: str,
@@ -239,7 +239,7 @@ def _named_columns(filter: Any, names: Sequence[str], have: Sequence[str]) -> li
 
 
 def gen_block(
-    members: Sequence[tuple[int, sources.GenerationRef]],
+    members: Sequence[tuple[int, view.GenerationRef]],
     schema: pa.Schema,
     pk: list[str],
     column: str,

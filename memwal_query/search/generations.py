@@ -24,7 +24,7 @@ from memwal_query.format.schema import (
     ROWADDR_COLUMN,
     TOMBSTONE,
 )
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.search.common import _GENERATIONS
 from memwal_query.search.keys import _KeyIndex
 
@@ -55,7 +55,7 @@ class _GenInfo:
     :class:`GenerationGoneError`) and the filter is checked against the keys first.
     """
 
-    def __init__(self, table: Catalog, ref: sources.GenerationRef) -> None:
+    def __init__(self, table: Catalog, ref: view.GenerationRef) -> None:
         self.ref = ref
         self.uri = ref.uri
         self.io = table.io
@@ -203,7 +203,7 @@ class _GenInfo:
         return self.bloom.might_contain_hashes(hashes)
 
 
-def _gen_info(table: Catalog, ref: sources.GenerationRef) -> _GenInfo:
+def _gen_info(table: Catalog, ref: view.GenerationRef) -> _GenInfo:
     info = _GENERATIONS.get(ref.uri)
     if info is None:
         info = _GenInfo(table, ref)

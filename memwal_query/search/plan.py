@@ -24,7 +24,7 @@ from memwal_query.format.schema import (
     TOMBSTONE,
     normalize_keys,
 )
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.read.dedup import KeySet
 from memwal_query.search.common import _IDX
 from memwal_query.search.forget import forget_merged
@@ -90,8 +90,8 @@ class _Region:
     region_id: str
     merged_generation: int = 0
     caught_up: int | None = None
-    gap: list[sources.GenerationRef] = field(default_factory=list)
-    generations: list[sources.GenerationRef] = field(default_factory=list)
+    gap: list[view.GenerationRef] = field(default_factory=list)
+    generations: list[view.GenerationRef] = field(default_factory=list)
     memtables: list[MemTableSnapshot] = field(default_factory=list)
 
 
@@ -103,7 +103,7 @@ class SearchPlan:
     ----------
     base : lance.LanceDataset
         Base table version read.
-    read_plan : sources.ReadPlan
+    read_plan : view.ReadPlan
         The regular LSM read plan (generations above the merged one, MemTables).
     regions : dict
         Per region: merged/caught-up generations, gap generations, generations,
@@ -120,7 +120,7 @@ class SearchPlan:
     """
 
     base: lance.LanceDataset
-    read_plan: sources.ReadPlan
+    read_plan: view.ReadPlan
     regions: dict[str, _Region]
     index: baseindex.BaseIndexInfo | None
     indexed_only: bool
@@ -181,30 +181,30 @@ def resolve_search(
         ``"scalar"``) is looked up on the base version the plan reads.
     kind : str
     consistency, writers, predicates
-        As for :func:`memwal_query.read.sources.resolve`.
+        As for :func:`memwal_query.read.view.resolve`.
 
     Notes
     -----
-    Like :func:`memwal_query.read.sources.resolve`, plus, for each region whose
+    Like :func:`memwal_query.read.view.resolve`, plus, for each region whose
     ``index_catchup[index]`` is behind ``merged_generations``, the generations in
     ``(caught_up, merged]`` as *gap* generations; the base is then searched over its
     indexed fragments only. If a gap generation cannot be listed or opened, or the
     unindexed fragments hold rows the gap does not explain, the base is searched in
     full instead (correct, just not index-only).
     """
-    plan = sources.resolve(table, consistency, writers, predicates)
+    plan = view.resolve(table, consistency, writers, predicates)
     base = plan.base
     with sources.reading_base(table, base):  # V cleaned up meanwhile: a typed error
         index = baseindex.find_index(base, column, kind) if column is not None else None
     merged = plan.index.merged_generations()
     forget_merged(table.uri, merged)  # the caches of generations no view reads again
     regions: dict[str, _Region] = {}
-    for view in plan.regions:
-        regions[view.region_id] = _Region(
-            view.region_id,
-            merged_generation=view.merged_generation,
-            generations=list(view.generations),
-            memtables=list(view.memtables),
+    for rv in plan.regions:
+        regions[rv.region_id] = _Region(
+            rv.region_id,
+            merged_generation=rv.merged_generation,
+            generations=list(rv.generations),
+            memtables=list(rv.memtables),
         )
     notes: list[str] = []
     indexed_only = False
@@ -233,9 +233,7 @@ def resolve_search(
             from memwal_query.storage import paths
 
             for g in wanted:
-                ref = sources.GenerationRef(
-                    rid, g, paths.generation_path(table.uri, rid, flushed[g])
-                )
+                ref = view.GenerationRef(rid, g, paths.generation_path(table.uri, rid, flushed[g]))
                 try:
                     _gen_info(table, ref)
                 except GenerationGoneError as e:

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from memwal_query.format import postings
 from memwal_query.format.postings import Postings
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
 from memwal_query.search.generations import _GenInfo
 from memwal_query.search.plan import _filter_indices
@@ -206,7 +206,7 @@ def _gen_mem_fts(gen: _GenInfo, table: Catalog, column: str, tok_kwargs: dict[st
 
 
 def _gen_token_index(
-    ref: sources.GenerationRef, table: Catalog, column: str, tok_kwargs: dict[str, Any]
+    ref: view.GenerationRef, table: Catalog, column: str, tok_kwargs: dict[str, Any]
 ) -> Postings:
     """Token index of one generation's ``column`` (cached: generations are immutable):
     from its postings sidecar (:mod:`memwal_query.format.postings`), else by tokenizing

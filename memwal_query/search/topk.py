@@ -18,7 +18,7 @@ from memwal_query.exceptions import (
     SchemaError,
 )
 from memwal_query.format.bloom import hash_keys
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.search.common import _IDX, _MAX_ROUNDS, _SRC, ROWID
 from memwal_query.search.genblock import GenBlock, gen_block
 from memwal_query.search.generations import _gen_info, _GenInfo, _own, _reading
@@ -86,7 +86,7 @@ def _build_sources(
     all_mems: list[_MemRegion] = []
     per_region: list[_Source] = []
     # (rank, generation ref, info) of every generation; (rank, MemTables) of every region
-    every_gen: list[tuple[int, sources.GenerationRef, _GenInfo]] = []
+    every_gen: list[tuple[int, view.GenerationRef, _GenInfo]] = []
     every_mem: list[tuple[int, _MemRegion]] = []
     for rank, (rid, region) in enumerate(sorted(plan.regions.items())):
         refs = [(g, True) for g in region.gap] + [(g, False) for g in region.generations]
