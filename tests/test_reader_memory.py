@@ -19,7 +19,7 @@ import memwal_query as mq
 from memwal_query.format import lancecache
 from memwal_query.maintain.policy import MaintenancePolicy
 from memwal_query.read.sources import GENERATION_CACHE
-from memwal_query.search.common import clear_caches
+from memwal_query.search.caches import clear_caches
 
 from helpers import basic_rows
 

@@ -138,7 +138,8 @@ in-memory token indexes), :mod:`~memwal_query.search.memkeys` (the MemTable key 
 
 from __future__ import annotations
 
-from memwal_query.search.common import BLOOM_FILE, DISTANCE, ROWID, SCORE, clear_caches
+from memwal_query.search.caches import clear_caches
+from memwal_query.search.common import BLOOM_FILE, DISTANCE, ROWID, SCORE
 from memwal_query.search.fulltext import fts_search
 from memwal_query.search.plan import SearchPlan, resolve_search
 from memwal_query.search.pointlookup import lookup

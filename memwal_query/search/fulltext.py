@@ -25,15 +25,8 @@ from memwal_query.format.schema import (
     ROWADDR_COLUMN,
 )
 from memwal_query.read import sources
-from memwal_query.search.common import (
-    _BOUND_MAX_FETCH,
-    _BOUND_SLACK,
-    _INDEX_STATS,
-    K1,
-    ROWID,
-    SCORE,
-    B,
-)
+from memwal_query.search.caches import BASE_FTS_STATS
+from memwal_query.search.common import _BOUND_MAX_FETCH, _BOUND_SLACK, K1, ROWID, SCORE, B
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _predicates, resolve_search
@@ -100,7 +93,7 @@ def _fts_index_stats(
     storage: dict[str, str] | None,
 ) -> _IndexFtsStats:
     key = (ds.uri, ds.version, index_name)
-    cached = _INDEX_STATS.get(key)
+    cached = BASE_FTS_STATS.get(key)
     if cached is not None:
         return cached
     stats = ds.stats.index_stats(index_name)
@@ -112,7 +105,7 @@ def _fts_index_stats(
         tokens, doc, valid = tokenize_many(sample, tok_kwargs)
         total = int(round((len(tokens) / max(int(valid.sum()), 1)) * n))
     out = _IndexFtsStats(n, total)
-    _INDEX_STATS.put(key, out)
+    BASE_FTS_STATS.put(key, out)
     return out
 
 

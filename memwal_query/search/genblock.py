@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 from memwal_query.format.schema import TOMBSTONE
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
-from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
+from memwal_query.search.caches import GENERATION_BLOCKS
+from memwal_query.search.common import DISTANCE, ROWID
 from memwal_query.search.keys import _ints, _KeyIndex
 from memwal_query.search.plan import _filter_indices
 from memwal_query.search.vecmath import _distances, _vectors
@@ -248,11 +249,11 @@ def gen_block(
     """The (cached) block of ``members`` (``(region rank, generation)``, ordered by rank,
     then generation); None when they hold more than :data:`BLOCK_MAX_ROWS` rows."""
     key = (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
-    block: GenBlock | None = _BLOCKS.get(key)
+    block: GenBlock | None = GENERATION_BLOCKS.get(key)
     if block is None:
         try:
             block = GenBlock(members, schema, pk, column, storage_options)
         except _TooLarge:
             return None
-        _BLOCKS.put(key, block)
+        GENERATION_BLOCKS.put(key, block)
     return block

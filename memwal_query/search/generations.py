@@ -25,7 +25,7 @@ from memwal_query.format.schema import (
     TOMBSTONE,
 )
 from memwal_query.read import sources, view
-from memwal_query.search.common import _GENERATIONS
+from memwal_query.search.caches import OPEN_GENERATIONS
 from memwal_query.search.keys import _KeyIndex
 
 if TYPE_CHECKING:
@@ -204,10 +204,10 @@ class _GenInfo:
 
 
 def _gen_info(table: Catalog, ref: view.GenerationRef) -> _GenInfo:
-    info = _GENERATIONS.get(ref.uri)
+    info = OPEN_GENERATIONS.get(ref.uri)
     if info is None:
         info = _GenInfo(table, ref)
-        _GENERATIONS.put(ref.uri, info)
+        OPEN_GENERATIONS.put(ref.uri, info)
     return info
 
 
@@ -225,7 +225,7 @@ def _reading(gen: _GenInfo | None) -> Iterator[None]:
     try:
         yield
     except GenerationGoneError:
-        _GENERATIONS.discard(gen.uri)
+        OPEN_GENERATIONS.pop(gen.uri)
         raise
     except Exception as e:
         # Lance reports a missing file as OSError, or (through an Arrow stream) as
@@ -233,7 +233,7 @@ def _reading(gen: _GenInfo | None) -> Iterator[None]:
         # directory is gone means the generation is gone, others propagate unchanged.
         if not isinstance(e, OSError) and gen.exists():
             raise
-        _GENERATIONS.discard(gen.uri)
+        OPEN_GENERATIONS.pop(gen.uri)
         raise GenerationGoneError(
             f"generation {gen.ref.generation} of region {gen.ref.region_id} at {gen.uri} "
             f"is gone or unreadable: {e}"

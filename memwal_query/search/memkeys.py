@@ -14,7 +14,7 @@ import pyarrow as pa
 from memwal_query.format.schema import (
     TOMBSTONE,
 )
-from memwal_query.search.common import _MEM_KEYS
+from memwal_query.search.caches import MEMTABLE_KEY_INDEXES
 from memwal_query.search.keys import _conform_keys, _index_hashes, _match_keys
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def _memtable_find(
     key = (table.uri, m.region_id, m.generation, tuple(pk))
     batches = m.batches
     ids = tuple(map(id, batches))
-    idx: _MemKeyIndex | None = _MEM_KEYS.get(key)
+    idx: _MemKeyIndex | None = MEMTABLE_KEY_INDEXES.get(key)
     if idx is not None:
         with idx.lock:
             done = len(idx.ids)
@@ -182,7 +182,7 @@ def _memtable_find(
     idx = _MemKeyIndex(pk, batch_keys, probe.schema)
     with idx.lock:
         idx.extend(batches)
-        _MEM_KEYS.put_newest(key, idx)
+        MEMTABLE_KEY_INDEXES.put_newest(key, idx)
         p, r = idx.find(probe, hashes, int(idx.offsets[-1]))
     return p, r, idx.offsets
 
