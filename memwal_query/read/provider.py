@@ -288,7 +288,10 @@ def _stale_size(stale: _Stale) -> int:
     return stale.ids.nbytes + len(stale.blocklist) + stale.ids.size
 
 
-_STALE: LRUCache[tuple, _Stale] = LRUCache(8, max_bytes=256 << 20, sizeof=_stale_size)
+_OVERWRITTEN_BASE_ROWS: LRUCache[tuple, _Stale] = LRUCache(
+    8, max_bytes=256 << 20, sizeof=_stale_size
+)
+"""The base rows overwritten by newer sources, per (base URI, version, key sets)."""
 
 
 def _stale(base: Any, sets: list[KeySet]) -> _Stale:
@@ -297,13 +300,13 @@ def _stale(base: Any, sets: list[KeySet]) -> _Stale:
     flushed generations are cached across queries: an unchanged table does not build
     it again)."""
     key = (base.uri, base.version, tuple(id(s) for s in sets))
-    hit = _STALE.get(key)
+    hit = _OVERWRITTEN_BASE_ROWS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit.sets, sets)):
         return hit
     found = np.concatenate([s.base_addresses(base, row_ids=True) for s in sets])
     if len(sets) > 1:
         found = np.unique(found)
-    return _STALE.put(key, _Stale(list(sets), found))
+    return _OVERWRITTEN_BASE_ROWS.put(key, _Stale(list(sets), found))
 
 
 # What Lance raises when its Substrait conversion refuses a filter expression (at

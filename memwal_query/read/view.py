@@ -372,7 +372,7 @@ MANIFEST_READERS = 16
 """Region manifests read at once by a strong read (issue 20: on an object store a
 manifest check is a round trip; 64 regions one after the other cost 64 of them)."""
 
-_MANIFEST_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
+_MANIFEST_READER_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
 
 
 def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifest | None]:
@@ -382,7 +382,7 @@ def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifes
     on a local file system: :attr:`FileIO.parallel_requests`)."""
     if len(region_ids) <= 2 or not table.io.parallel_requests:
         return [table.region_manifest(r) for r in region_ids]
-    return in_chunks(_MANIFEST_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
+    return in_chunks(_MANIFEST_READER_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:

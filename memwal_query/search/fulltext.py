@@ -39,7 +39,7 @@ from memwal_query.search.textindex import (
     _texts,
 )
 from memwal_query.search.topk import (
-    _SEARCH_POOL,
+    SOURCE_SEARCH_POOL,
     _block_sources,
     _conform_output,
     _fill_debug,
@@ -268,7 +268,7 @@ def fts_search(
     # while this thread reads the generations into their block (issue 20, cold start).
     base_early: Future[_FtsStats] | None = None
     if plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS:
-        base_early = _SEARCH_POOL.submit(index_stats, _own(plan.base), None)
+        base_early = SOURCE_SEARCH_POOL.submit(index_stats, _own(plan.base), None)
     try:
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
     except BaseException:
@@ -305,7 +305,7 @@ def fts_search(
     futures = [
         base_early
         if s.kind == "base" and base_early is not None
-        else _SEARCH_POOL.submit(source_stats, i, s)
+        else SOURCE_SEARCH_POOL.submit(source_stats, i, s)
         for i, s in enumerate(srcs)
     ]
     for s in srcs:

@@ -312,7 +312,7 @@ def _filter_indices(rows: pa.Table, filter: Any) -> np.ndarray:
         raise MemWalError(f"filter must be SQL text or a pyarrow Expression, got {filter!r}")
     # DataFusion evaluates the SQL text; in a worker thread, because the search may run
     # inside DataFusion's own runtime (the SQL table functions), which cannot nest.
-    return _SQL_POOL.submit(_sql_filter, keyed, filter).result()
+    return _SQL_FILTER_POOL.submit(_sql_filter, keyed, filter).result()
 
 
 def _sql_filter(keyed: pa.Table, filter: str) -> np.ndarray:
@@ -324,7 +324,8 @@ def _sql_filter(keyed: pa.Table, filter: str) -> np.ndarray:
     return np.sort(got.column(0).to_numpy())
 
 
-_SQL_POOL = ThreadPoolExecutor(2, thread_name_prefix="memwal-sql-filter")
+_SQL_FILTER_POOL = ThreadPoolExecutor(2, thread_name_prefix="memwal-sql-filter")
+"""The threads that evaluate a search's SQL filter in their own DataFusion context."""
 
 
 def _predicates(table: Catalog, filter: Any) -> list[tuple[str, str, Any]] | None:

@@ -260,7 +260,7 @@ def _run_topk(
         if len(pending) == 1:
             run(pending[0])
         else:
-            for f in [_SEARCH_POOL.submit(run, s) for s in pending]:
+            for f in [SOURCE_SEARCH_POOL.submit(run, s) for s in pending]:
                 f.result()
         parts = []
         for i, s in enumerate(sources_):
@@ -299,7 +299,8 @@ def _run_topk(
     return merged
 
 
-_SEARCH_POOL = ThreadPoolExecutor(8, thread_name_prefix="memwal-search")
+SOURCE_SEARCH_POOL = ThreadPoolExecutor(8, thread_name_prefix="memwal-search")
+"""The threads that search a query's sources (base, generations, blocks) concurrently."""
 
 
 def _conform_output(t: pa.Table, schema: pa.Schema, extra: list[pa.Field]) -> pa.Table:
@@ -369,7 +370,7 @@ def _materialize(
     if len(groups) == 1:
         results = [take(groups[0])]
     else:
-        results = [f.result() for f in [_SEARCH_POOL.submit(take, i) for i in groups]]
+        results = [f.result() for f in [SOURCE_SEARCH_POOL.submit(take, i) for i in groups]]
     fields = [out_schema.field(c) for c in need]
     order = np.concatenate([pos for pos, _ in results])
     parts = [_conform_output(part, pa.schema(fields), []) for _, part in results]

@@ -21,7 +21,7 @@ from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
-    _SEARCH_POOL,
+    SOURCE_SEARCH_POOL,
     _block_sources,
     _build_sources,
     _conform_output,
@@ -195,7 +195,7 @@ def vector_search(
     early: dict[int, Future[pa.Table]] = {}
     if prefetch:
         first = _first_fetch(k, has_newer=True)
-        early[first] = _SEARCH_POOL.submit(metric_then_base, first)
+        early[first] = SOURCE_SEARCH_POOL.submit(metric_then_base, first)
     try:
         # the block assumes an exact metric (every metric Lance has is one)
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
