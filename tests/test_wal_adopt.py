@@ -12,6 +12,7 @@ import pytest
 import memwal_query as mq
 from memwal_query.format.wal import Wal, decode_entry
 from memwal_query.storage import paths
+from memwal_query.storage.factory import file_io_for
 
 from helpers import basic_rows
 
@@ -25,7 +26,8 @@ def test_an_entry_of_a_newer_writer_is_not_adopted(tmp_path):
     wa.put(basic_rows([100], val=[1.0]))
     wb = b.writer()  # fences wa and replays its entry; wb writes wa's next position
     wb.put(basic_rows([200], val=[2.0]))
-    wal = Wal(a.io, paths.wal_dir(uri, wa.region_id), wa.region_id)
+    io = file_io_for(uri, None)
+    wal = Wal(io, paths.wal_dir(uri, wa.region_id), wa.region_id)
     before = wal.positions()
 
     with pytest.raises(mq.FencedError):
@@ -33,7 +35,7 @@ def test_an_entry_of_a_newer_writer_is_not_adopted(tmp_path):
 
     assert wa.stats.adopted_entries == 0
     assert wal.positions() == before, "the fenced writer wrote a WAL entry"
-    epochs = [decode_entry(wal.path(p), p, a.io.read(wal.path(p))).writer_epoch for p in before]
+    epochs = [decode_entry(wal.path(p), p, io.read(wal.path(p))).writer_epoch for p in before]
     assert epochs == sorted(epochs)
     wb.put(basic_rows([201], val=[2.5]))
     wb.close()
