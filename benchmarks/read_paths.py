@@ -143,7 +143,7 @@ def engine_times(t: mq.MemWalTable, w: mq.RegionWriter, repeat: int) -> None:
 
 def stale_set_times(repeat: int) -> None:
     """The set of overwritten base-row addresses: numpy (what the reader uses) against
-    pyroaring (issue 19 asked whether it is the better structure; skipped if absent).
+    pyroaring (is it the better structure? skipped if absent).
 
     Two uses: building Lance's ``row_addr_blocklist`` (a serialized RowAddrTreeMap) for
     unfiltered scans, and testing a 65,536-row batch's addresses against the set

@@ -1,4 +1,4 @@
-"""Cold start and cached state of searches (issue 20, items 1-2; real Lance tables).
+"""Cold start and cached state of searches (real Lance tables).
 
 A first query reads each generation's rows sidecar (``memwal_rows.bin``) instead of
 opening its Lance table, and repeated queries reuse parsed region manifests (one check

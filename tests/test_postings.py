@@ -1,5 +1,5 @@
-"""The full-text postings sidecar of flushed generations (``memwal_postings.bin``,
-issue 20 cold start): written at flush as the base index's tokenizer splits the text,
+"""The full-text postings sidecar of flushed generations (``memwal_postings.bin``):
+written at flush as the base index's tokenizer splits the text,
 read by a cold full-text search instead of tokenizing, and never the source of truth
 (missing, damaged or for another tokenizer: the text is tokenized, same answers)."""
 

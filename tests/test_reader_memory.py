@@ -1,4 +1,4 @@
-"""A reader that follows a stream holds bounded memory (issue 20), real Lance tables.
+"""A reader that follows a stream holds bounded memory, real Lance tables.
 
 Many write / query / flush / merge cycles through one table object: the caches of
 MemTables already flushed are dropped (not kept until 64 of them pile up), merged

@@ -1,4 +1,4 @@
-"""Region spec evolution (issue 23): ``MemWalTable.set_region_spec`` on real tables.
+"""Region spec evolution: ``MemWalTable.set_region_spec`` on real tables.
 
 The rule under test (``memwal_query.maintain.specs``): regions of an older spec are
 fenced, flushed, sealed and merged before any writer of the new spec writes, so a key

@@ -328,8 +328,8 @@ def _manifests(
     """The regions' manifests, and the regions pruned *before* reading theirs.
 
     A region whose values are known from an earlier read (they are fixed when the region
-    is created) and cannot match ``predicates`` is not read at all (issue 20: a lookup
-    routed to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
+    is created) and cannot match ``predicates`` is not read at all (a lookup routed
+    to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
     """
     pruned = []
     wanted = []
@@ -369,8 +369,8 @@ class _Pruner:
 
 
 MANIFEST_READERS = 16
-"""Region manifests read at once by a strong read (issue 20: on an object store a
-manifest check is a round trip; 64 regions one after the other cost 64 of them)."""
+"""Region manifests read at once by a strong read (on an object store a manifest check
+is a round trip; 64 regions one after the other would cost 64 of them)."""
 
 _MANIFEST_READER_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
 

@@ -265,7 +265,7 @@ def fts_search(
         return _FtsStats(ist.num_docs, ist.total_tokens, df)
 
     # The base's statistics (Lance; on a cold start they open its index) are gathered
-    # while this thread reads the generations into their block (issue 20, cold start).
+    # while this thread reads the generations into their block.
     base_early: Future[_FtsStats] | None = None
     if plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS:
         base_early = SOURCE_SEARCH_POOL.submit(index_stats, _own(plan.base), None)

@@ -1,4 +1,4 @@
-"""All flushed generations of a search as one in-memory source (issue 20, item 1).
+"""All flushed generations of a search as one in-memory source.
 
 A Lance query costs a few milliseconds however small the table, so asking every
 unmerged generation separately makes a vector search pay per generation (192

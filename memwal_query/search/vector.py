@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 DEFAULT_REFINE_FACTOR = 20
 """Default ``refine_factor`` of :meth:`MemWalTable.vector_search` and the SQL function
-(issue 20: recall@10 >= 0.95 against exact search, IVF_PQ index, ``nprobes=20``)."""
+(chosen for recall@10 >= 0.95 against exact search: IVF_PQ index, ``nprobes=20``)."""
 
 
 _EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
@@ -131,7 +131,7 @@ def vector_search(
     narrow = list(dict.fromkeys([*pk, column]))
     # On a cold start three things take time: the index's metric (Lance index statistics),
     # the base's first query (Lance, off the GIL: it opens the index) and reading the
-    # generations into their block (issue 20). The first two run on other threads while
+    # generations into their block. The first two run on other threads while
     # this one reads the block. With a block the base always has newer rows, so its first
     # round asks for 2k + 8 rows (``_run_topk``); a later round asks again as usual.
     prefetch = plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS
