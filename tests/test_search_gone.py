@@ -1,8 +1,8 @@
 """Searches with a read plan made before merge + GC (real Lance tables).
 
-Reading a garbage-collected generation used to surface as a builtin OSError from
-Lance. Now the search retries once with a fresh plan (the rows are in the base by
-then), and a plan that still names the gone generation raises GenerationGoneError.
+Reading a garbage-collected generation never surfaces as a builtin OSError from Lance:
+the search retries once with a fresh plan (the rows are in the base by then), and a
+plan that still names the gone generation raises GenerationGoneError.
 """
 
 import datetime as dt
