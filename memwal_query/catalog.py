@@ -160,7 +160,7 @@ class Catalog:
             raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
         progress = read_progress(self.io, self.uri)
         if progress.index_catchup:
-            mwindex._max_progress(idx.details, progress)
+            mwindex.max_progress(idx.details, progress)
         if dataset is None:
             self._index = idx
         return idx
