@@ -25,7 +25,7 @@ class _Unknown(Exception):
 # ("options", column) when the call has options, ("end", name); ("field_ref", name);
 # ("literal", column). ``Schema.metadata`` is a dict, which drops repeated keys, so the
 # pairs are read in order through the Arrow C data interface.
-Node = tuple  # ("field", name) | ("lit", pa.Scalar) | ("call", name, args, options)
+Node = tuple[Any, ...]  # ("field", name) | ("lit", pa.Scalar) | ("call", name, args, options)
 
 
 class _CArrowSchema(ctypes.Structure):

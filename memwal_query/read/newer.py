@@ -9,6 +9,7 @@ MemTable rows are combined per query.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -109,10 +110,12 @@ class NewerView:
         return self.columns(names).take(pa.array(self.winners))
 
 
-FLUSHED_VIEWS: LRUCache[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = LRUCache(8)
+FLUSHED_VIEWS: LRUCache[tuple[Any, ...], tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = (
+    LRUCache(8)
+)
 """Row count, newest indices, key set, region ranks and ``_gen`` of the newest rows of a
 set of flushed generations, per (generation directories, schema)."""
-_MEMTABLE_VIEWS: LRUCache[tuple, tuple] = LRUCache(8)
+_MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(8)
 """The same of a set of MemTable snapshots, per (region, generation, batch count), with
 the snapshots' last batches to tell a snapshot from another of the same size."""
 
@@ -125,7 +128,10 @@ def _ranks(plan: ReadPlan) -> dict[str, int]:
 
 
 def _flushed_rows(
-    plan: ReadPlan, schema: pa.Schema, columns: Sequence[str], storage_options
+    plan: ReadPlan,
+    schema: pa.Schema,
+    columns: Sequence[str],
+    storage_options: dict[str, str] | None,
 ) -> pa.Table:
     """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
     parts = read_generations(plan.generations, schema, storage_options, columns)
@@ -138,7 +144,7 @@ def _column_nbytes(entry: tuple[np.ndarray, pa.ChunkedArray]) -> int:
     return entry[1].nbytes
 
 
-NEWEST_COLUMNS: LRUCache[tuple, tuple[np.ndarray, pa.ChunkedArray]] = LRUCache(
+NEWEST_COLUMNS: LRUCache[tuple[Any, ...], tuple[np.ndarray, pa.ChunkedArray]] = LRUCache(
     256, max_bytes=256 << 20, sizeof=_column_nbytes
 )
 """Columns of the newest rows of a set of flushed generations (what an unfiltered scan
@@ -148,7 +154,11 @@ in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here to
 
 
 def _flushed_newest(
-    plan: ReadPlan, schema: pa.Schema, names: Sequence[str], winners: np.ndarray, storage_options
+    plan: ReadPlan,
+    schema: pa.Schema,
+    names: Sequence[str],
+    winners: np.ndarray,
+    storage_options: dict[str, str] | None,
 ) -> pa.Table:
     """Columns ``names`` of the plan's generations at rows ``winners`` (the newest row
     per key; cached, see :data:`NEWEST_COLUMNS`)."""
@@ -172,7 +182,7 @@ def _flushed_newest(
 
 
 def _flushed_view(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
+    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None
 ) -> tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]:
     """(row count, newest indices, key set, region rank and ``_gen`` of the newest rows)
     of the plan's generations (cached)."""
@@ -214,7 +224,9 @@ def _memtable_view(
     return out
 
 
-def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
+def newer_view(
+    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None = None
+) -> NewerView:
     """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
     n_f, win_f, keys_f, reg_f, gen_f = _flushed_view(plan, schema, pk, storage_options)
     names = read_schema(schema).names

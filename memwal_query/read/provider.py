@@ -288,7 +288,7 @@ def _stale_size(stale: _Stale) -> int:
     return stale.ids.nbytes + len(stale.blocklist) + stale.ids.size
 
 
-_OVERWRITTEN_BASE_ROWS: LRUCache[tuple, _Stale] = LRUCache(
+_OVERWRITTEN_BASE_ROWS: LRUCache[tuple[Any, ...], _Stale] = LRUCache(
     8, max_bytes=256 << 20, sizeof=_stale_size
 )
 """The base rows overwritten by newer sources, per (base URI, version, key sets)."""
@@ -343,7 +343,7 @@ class _Scanner:
 class _BaseFragment:
     """Base-table rows (a share of its Lance fragments) whose key is not newer."""
 
-    def __init__(self, state: _QueryState, lance_fragments: list | None) -> None:
+    def __init__(self, state: _QueryState, lance_fragments: list[Any] | None) -> None:
         self.state = state
         self.lance_fragments = lance_fragments
 
@@ -624,14 +624,14 @@ class MemWalDataset(pads.Dataset):
         self.last_plan = plan
         return plan
 
-    def get_fragments(self, filter: pc.Expression | None = None) -> list:
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
         """Resolve the sources now and split the work into partitions."""
         state = _QueryState(self, filter)
         self.last_plan = state.plan
         lance_frags = state.plan.base.get_fragments()
         n = min(self.base_partitions, max(1, len(lance_frags)))
-        shares: list[list] = [lance_frags[i::n] for i in range(n)]
-        parts: list = [_BaseFragment(state, share) for share in shares if share]
+        shares: list[list[Any]] = [lance_frags[i::n] for i in range(n)]
+        parts: list[Any] = [_BaseFragment(state, share) for share in shares if share]
         if not parts:
             parts.append(_BaseFragment(state, None))
         parts.append(_NewerFragment(state))

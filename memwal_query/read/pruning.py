@@ -115,7 +115,7 @@ def _tree_conjuncts(node: Node) -> list[Predicate]:
     return []
 
 
-def _tree_equalities(node: Node) -> tuple[str | None, list]:
+def _tree_equalities(node: Node) -> tuple[str | None, list[Any]]:
     """``a = 1 or a = 2 or a in (3)`` -> ``("a", [1, 2, 3])``; otherwise ``(None, [])``."""
     if node[0] == "call" and node[1] in ("or", "or_kleene") and len(node[2]) == 2:
         c1, v1 = _tree_equalities(node[2][0])

@@ -101,7 +101,7 @@ GENERATION_CACHE = _GenerationCache()
 def read_generation(
     ref: GenerationRef,
     schema: pa.Schema,
-    storage_options=None,
+    storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """Rows of a flushed generation with ``_gen`` and ``_rowaddr``, in write order.
@@ -126,7 +126,7 @@ def parallel_reads(uri: str, storage_options: dict[str, str] | None) -> bool:
 def _read_generation(
     ref: GenerationRef,
     schema: pa.Schema,
-    storage_options,
+    storage_options: dict[str, str] | None,
     columns: Sequence[str] | None,
     lance_ok: bool,
 ) -> pa.Table | None:
@@ -197,7 +197,7 @@ def map_generations(
 def read_generations(
     refs: Sequence[GenerationRef],
     schema: pa.Schema,
-    storage_options=None,
+    storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
     check: Callable[[pa.Table], object] | None = None,
 ) -> list[pa.Table]:

@@ -238,8 +238,8 @@ def _resolve_once(
 def _build(
     table: Catalog,
     consistency: str,
-    base,
-    index,
+    base: lance.LanceDataset,
+    index: MemWalIndex,
     states: dict[str, _State],
     mem_by_region: dict[str, list[MemTableSnapshot]],
     wal_tails: dict[str, list[MemTableSnapshot]],
@@ -365,7 +365,9 @@ def _manifest_state(table: Catalog, region_id: str) -> _State | None:
     return None if m is None else _state_of(table, region_id, m)
 
 
-def _snapshot_states(table: Catalog, index, max_staleness: float | None):
+def _snapshot_states(
+    table: Catalog, index: MemWalIndex, max_staleness: float | None
+) -> dict[str, _State] | None:
     """Region states from the snapshots of ``index``; None when there is none to use
     (never written, external file gone, or older than ``max_staleness`` seconds)."""
     from memwal_query.format.snapshots import read_snapshots
@@ -396,7 +398,7 @@ def _wal_tail(table: Catalog, region_id: str, manifest: RegionManifest) -> list[
     wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
     schema = storage_schema(table.schema)
     position = manifest.replay_after_wal_entry_position + 1
-    by_gen: dict[int, list] = {}
+    by_gen: dict[int, list[Any]] = {}
     while True:
         try:
             entry = wal.read(position)

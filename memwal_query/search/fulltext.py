@@ -66,7 +66,9 @@ class _IndexFtsStats:
     df: dict[str, int] = field(default_factory=dict)
 
 
-def _index_total_tokens(ds: lance.LanceDataset, info_segments: list[str], storage) -> int | None:
+def _index_total_tokens(
+    ds: lance.LanceDataset, info_segments: list[str], storage: dict[str, str] | None
+) -> int | None:
     import json
 
     from lance.file import LanceFileReader
@@ -209,7 +211,7 @@ def fts_search(
     *,
     columns: Sequence[str] | None = None,
     consistency: str = "strong",
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """Top-``k`` live rows of a BM25 full-text match on ``column`` across every source.
 
@@ -314,7 +316,7 @@ def fts_search(
     per_source = [f.result() for f in futures]
     n_total = sum(st.num_docs for st in per_source)
     t_total = sum(st.total_tokens for st in per_source)
-    df_total: collections.Counter = collections.Counter()
+    df_total: collections.Counter[str] = collections.Counter()
     for st in per_source:
         df_total.update(st.df)
     avgdl = t_total / n_total if n_total else 1.0

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lance
 import numpy as np
@@ -240,7 +240,10 @@ def _reading(gen: _GenInfo | None) -> Iterator[None]:
         ) from e
 
 
-def _retry_when_gone(fn: Callable) -> Callable:
+_R = TypeVar("_R")
+
+
+def _retry_when_gone(fn: Callable[..., _R]) -> Callable[..., _R]:
     """Run a search once more, with a fresh read plan, if a generation it read is gone
     or the base version it read was cleaned up.
 

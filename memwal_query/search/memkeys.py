@@ -74,7 +74,7 @@ class _MemKeyIndex:
         self.batch_keys = batch_keys  # key fields as stored in the batches
         self.key_schema = key_schema  # key fields of the table (= lookup keys)
         self.ids: tuple[int, ...] = ()
-        self._refs: list[weakref.ref] = []
+        self._refs: list[weakref.ref[pa.RecordBatch]] = []
         self._dead = [False]
         self.offsets = np.zeros(1, np.int64)  # first row of each batch, then the total
         self.runs: list[_MemKeyRun] = []
@@ -90,7 +90,7 @@ class _MemKeyIndex:
             return
         dead = self._dead
 
-        def died(_ref: weakref.ref, dead: list[bool] = dead) -> None:
+        def died(_ref: weakref.ref[pa.RecordBatch], dead: list[bool] = dead) -> None:
             dead[0] = True
 
         self._refs.extend(weakref.ref(b, died) for b in new)

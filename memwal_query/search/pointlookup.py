@@ -84,7 +84,7 @@ def lookup(
     writers: Sequence[RegionWriter] | None = None,
     *,
     consistency: str = "strong",
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
     as_of: Any = None,
 ) -> pa.Table:
     """The newest live row of each primary key (vectorised over many keys).

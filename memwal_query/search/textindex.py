@@ -42,7 +42,7 @@ class _TokenIndex:
         self.doc_len: list[int] = []
         self.num_docs = 0  # non-null documents
         self.total_tokens = 0
-        self.source: tuple = ()
+        self.source: tuple[pa.RecordBatch, ...] = ()
 
     def extend(self, col: pa.ChunkedArray | pa.Array) -> None:
         """Add the documents of ``col`` (strings or lists of strings; vectorised by

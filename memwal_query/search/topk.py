@@ -267,7 +267,7 @@ def _run_topk(
             if s.live is not None and s.live.num_rows:
                 src = pa.repeat(pa.scalar(i, pa.int32()), s.live.num_rows)
                 parts.append(s.live.append_column(_SRC, src))
-        counts: collections.Counter = collections.Counter()
+        counts: collections.Counter[int] = collections.Counter()
         kth: float | None = None
         if parts:
             merged = pa.concat_tables(parts, promote_options="permissive")
@@ -315,7 +315,9 @@ def _conform_output(t: pa.Table, schema: pa.Schema, extra: list[pa.Field]) -> pa
     return pa.Table.from_arrays(cols, schema=pa.schema(list(schema) + extra) if extra else schema)
 
 
-def _read_columns(table: Catalog, columns: Sequence[str] | None, need: list[str]) -> tuple:
+def _read_columns(
+    table: Catalog, columns: Sequence[str] | None, need: list[str]
+) -> tuple[pa.Schema, list[str]]:
     names = list(table.schema.names) if columns is None else list(columns)
     unknown = [c for c in names if c not in table.schema.names]
     if unknown:
@@ -380,7 +382,7 @@ def _materialize(
     return merged
 
 
-def _fill_debug(debug: dict | None, plan: SearchPlan, srcs: list[_Source]) -> None:
+def _fill_debug(debug: dict[str, Any] | None, plan: SearchPlan, srcs: list[_Source]) -> None:
     if debug is None:
         return
     debug["plan"] = plan

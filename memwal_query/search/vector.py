@@ -76,7 +76,7 @@ def vector_search(
     *,
     columns: Sequence[str] | None = None,
     consistency: str = "strong",
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """K nearest live rows of ``column`` to ``query`` across every source.
 
