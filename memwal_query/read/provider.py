@@ -1,47 +1,14 @@
 """DataFusion integration: SQL over base table + flushed generations + MemTables.
 
-Route chosen
-------------
-datafusion-python (55) cannot yet call a table provider written in Python
-(apache/datafusion-python#1668), and a Rust provider through the FFI capsule would
-have to be compiled and shipped. Its third route is ``pyarrow.dataset.Dataset``:
-DataFusion calls ``get_fragments(filter)`` when it plans a scan and, per partition,
-``fragment.scanner(schema, columns=..., filter=..., batch_size=...).to_batches()`` when
-it executes, with the projection and the pushed-down filter (which it then treats as
-Exact: it does not re-apply it). :class:`MemWalDataset` implements that protocol:
-
-- sources are resolved at *planning time of every query* (``get_fragments``), so each
-  query sees the table as of that moment (strong: region manifests; eventual: region
-  snapshots), and the writers' MemTables as of that moment;
-- partition 0..n-1 scan the base table through Lance's own scanner (projection, filter
-  pushdown, scalar indexes), each over a share of its fragments, and drop the rows
-  whose key exists in any newer source; the last partition returns the newest row per
-  key of the newer sources, tombstones removed, *then* filtered.
-
-Why this keeps the filter semantics: a filter is pushed into the base scan, but base
-rows are removed by key against *all* newer keys (unfiltered), so a row that matched
-in the base but whose newest version does not match is never returned; the newer
-sources are deduplicated before the filter is applied. The dedup work is a hash
-aggregation over the newer rows plus, for the base table, either (unfiltered scans) a
-row-address blocklist Lance applies inside its scan (the base rows whose key is newer,
-found once per key set and base version: :meth:`_QueryState.blocklist`), or (filtered
-scans) one vectorised membership test per base batch (:mod:`memwal_query.read.dedup`).
-
-Who evaluates the filter: Lance on the base table whenever it accepts the expression
-(its Substrait conversion refuses unsigned integers, large strings/binaries,
-dictionaries, timestamp[ns] literals, and any filter on a table with a time64 column;
-the base scan then reads the filter's columns too and pyarrow filters after the key
-check), pyarrow on the newer rows. pyarrow gets the filter rewritten to DataFusion's
-semantics (:func:`memwal_query.read.filtersemantics.datafusion_semantics`: NaN = NaN and NaN above
-every other float, SQL NULLs in ``IN``), so a row's answer does not depend on the source
-it lives in. ``_gen`` is the literal 0 in the base table; a filter on ``_rowaddr`` is
-evaluated by pyarrow.
-
-``count(*)``, projections and LIMIT flow through DataFusion as usual; Lance reads only
-the projected columns plus the primary key.
-
-:meth:`MemWalDataset.explain` and ``last_plan`` describe the query resolved last by this
-provider object; with concurrent queries, use one provider per query to inspect them.
+:class:`MemWalDataset` is a ``pyarrow.dataset.Dataset`` that DataFusion (and DuckDB,
+Polars, pyarrow) scan: every query resolves the pinned view when it is planned
+(:func:`memwal_query.read.view.resolve`), the base table is scanned by Lance with the
+projection and the filter pushed down, minus the rows whose key a newer source holds,
+and the newer sources contribute their newest row per key, tombstones removed, then
+filtered. The pushed-down filter is exact (DataFusion does not re-apply it) and answers
+as DataFusion would on every source. :meth:`MemWalDataset.explain` and ``last_plan``
+describe the query resolved last by this provider object. Why this route and how the
+filter keeps its semantics: ``docs/architecture.md``, "The DataFusion provider".
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """Maintained indexes of flushed generations (``MemWalIndexDetails.maintained_indexes``).
 
 At flush time :func:`build_maintained_indexes` builds, on the generation's Lance table,
-the same kind of index as each maintained base-table index, under the same name:
-
-- **vector** (``IVF_*``): trained with the base index's *own* IVF centroids and, for
-  PQ, its PQ codebook (spec: "MemTables inherit quantization parameters from the base
-  table index to ensure distance comparability"). Nothing is trained, so it is fast
-  and works for any generation size, even one smaller than the number of partitions.
-  The centroids come from ``LanceDataset.get_ivf_model``; pylance has no getter for
-  the PQ codebook, so :func:`read_pq_codebook` reads it from the index file (global
-  buffer ``codebook_position`` of ``auxiliary.idx``, a ``Tensor`` protobuf). When the
-  codebook cannot be read the generation gets ``IVF_FLAT`` with the base centroids
-  (exact distances, still comparable); when nothing can be built, no index (the
-  searcher then runs an exact flat search over the small generation).
-- **full-text** (``Inverted``): an ``INVERTED`` index with the base index's tokenizer
-  parameters, so documents are tokenized identically (BM25 statistics are made
-  comparable at query time, see :mod:`memwal_query.search`).
-- **scalar** (``BTree``, ``Bitmap``, ...): the same scalar index type.
-
-What was built is recorded in ``memwal_indexes.json`` next to ``bloom_filter.bin``
-(:func:`read_report`), e.g. ``{"vec_idx": {"kind": "vector", "status": "built",
-"built_type": "IVF_PQ", ...}}``; ``status`` is ``built``, ``fallback`` (a simpler
-index) or ``skipped`` (no index; ``reason`` says why). A maintained index never makes
-a flush fail: the generation stays readable and searchable without it.
-
-Base-index models are cached per (base URI, index segment UUIDs), so only the first
-flush after a base index (re)build reads them.
+the same kind of index as each maintained base-table index, under the same name (vector
+indexes with the base index's centroids and PQ codebook, full-text with its tokenizer,
+scalar of the same type), and records what was built in ``memwal_indexes.json``
+(:func:`read_report`): ``status`` ``built``, ``fallback`` (a simpler index) or
+``skipped`` (``reason`` says why). A maintained index never makes a flush fail. What the
+base indexes are is read by :mod:`memwal_query.format.baseindex`; the reasoning:
+``docs/search.md``, "Generation indexes".
 """
 
 from __future__ import annotations
