@@ -139,47 +139,40 @@ def find_index(ds: lance.LanceDataset, column: str, kind: str) -> BaseIndexInfo 
 
 
 # -- vector models -----------------------------------------------------------------------
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The protobuf varint at ``pos`` and the position after it."""
+    shift = value = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, pos
+
+
 def _parse_tensor(buf: bytes) -> tuple[int, list[int], bytes]:
     """Decode Lance's ``Tensor`` protobuf: (data_type, shape, data)."""
     pos = 0
     dtype, shape, data = 0, [], b""
-
-    def varint() -> int:
-        nonlocal pos
-        shift = value = 0
-        while True:
-            b = buf[pos]
-            pos += 1
-            value |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return value
-
     while pos < len(buf):
-        key = varint()
+        key, pos = _varint(buf, pos)
         fnum, wire = key >> 3, key & 7
         if wire == 0:
-            v = varint()
+            v, pos = _varint(buf, pos)
             if fnum == 1:
                 dtype = v
             elif fnum == 2:
                 shape.append(v)
         elif wire == 2:
-            n = varint()
+            n, pos = _varint(buf, pos)
             chunk = buf[pos : pos + n]
             pos += n
             if fnum == 2:  # packed shape
-                sub, spos = chunk, 0
-                while spos < len(sub):
-                    shift = value = 0
-                    while True:
-                        b = sub[spos]
-                        spos += 1
-                        value |= (b & 0x7F) << shift
-                        shift += 7
-                        if b < 0x80:
-                            break
-                    shape.append(value)
+                spos = 0
+                while spos < len(chunk):
+                    v, spos = _varint(chunk, spos)
+                    shape.append(v)
             elif fnum == 3:
                 data = bytes(chunk)
         elif wire == 5:
