@@ -35,7 +35,7 @@ def status(uri: str, as_json: bool) -> None:
         return
     click.echo(
         f"{s['uri']}  base version {s['base_version']}  {s['base_rows']:,} rows  "
-        f"primary key {s['primary_key']}"
+        f"primary key {', '.join(s['primary_key'])}"
     )
     header = (
         f"{'region':36}  {'values':>14}  epoch  cur  flushed        merged  wal_span   "

@@ -176,7 +176,8 @@ def init(
     )
     spec = t.region_spec
     shown = "one region" if spec is None else spec.describe(t.lance_schema)
-    click.echo(f"initialized {t.uri}: primary key {t.primary_key}, region spec {shown}")
+    key = ", ".join(t.primary_key)
+    click.echo(f"initialized {t.uri}: primary key {key}, region spec {shown}")
 
 
 def _read_file(path: str, schema=None):
