@@ -113,8 +113,20 @@ def spark_rows(spark, start: int, end: int, tag: str = "s", step: int = 1):
 
 
 def view(uri: str) -> pa.Table:
-    """The deduplicated view through a fresh table (strong: region manifests)."""
-    return mq.MemWalTable.open(uri).to_table().sort_by("id")
+    """The deduplicated view through a fresh table (every acknowledged write: WAL
+    entries not yet flushed included)."""
+    return mq.MemWalTable.open(uri).to_table(consistency="latest").sort_by("id")
+
+
+def wal_tail_rows(t: mq.MemWalTable, region_id: str) -> int:
+    """Rows of the region's durable WAL entries after its flushed position."""
+    from memwal_query.format.wal import Wal
+    from memwal_query.storage import paths
+
+    manifest = t.region_manifest(region_id)
+    wal = Wal(t.io, paths.wal_dir(t.uri, region_id), region_id)
+    after = manifest.replay_after_wal_entry_position
+    return sum(e.table.num_rows for e in wal.replay(after, manifest.writer_epoch))
 
 
 def model_table(model: dict[int, tuple[float, str]]) -> pa.Table:
@@ -309,6 +321,36 @@ def test_upsert_delete_column_and_order_by(spark, tmp_path):
     assert_view(t.uri, model)
 
 
+def test_write_flush_due_flushes_by_the_writer_thresholds(spark, tmp_path):
+    """``flush="due"``: repeated small writes leave their rows in the WAL (read by
+    default readers) until a region's unflushed rows pass ``max_memtable_rows``; each
+    write replays at most that many rows."""
+    t = new_table(tmp_path, buckets=2)
+    spec = t.routing_spec()
+    model = base_model(range(1000))
+    limit = 150
+    options = {"max_memtable_rows": limit, "max_memtable_age": 3600}
+    pending: dict[str, int] = {}  # the model of each region's unflushed rows
+    for n in range(5):  # ~50 rows per region each time
+        ids = range(2000 + 100 * n, 2100 + 100 * n)
+        res = mqs.write(
+            spark_rows(spark, ids.start, ids.stop), t.uri, flush="due", writer_options=options
+        )
+        upsert_model(model, ids)
+        assert_view(t.uri, model)
+        for values, part in split_by_region(spec, basic_rows(ids), t.lance_schema):
+            rid = t.region_id_for(values)
+            pending[rid] = pending.get(rid, 0) + part.num_rows
+            (done,) = [r for r in res.regions if r.region_id == rid]
+            assert (done.generation is not None) == (pending[rid] >= limit), (n, pending)
+            if pending[rid] >= limit:
+                pending[rid] = 0
+            assert wal_tail_rows(t, rid) == pending[rid]
+    assert all(len(t.region_manifest(r).flushed_generations) == 1 for r in pending)
+    with pytest.raises(mq.MemWalError, match="flush must be one of"):
+        mqs.write(spark_rows(spark, 0, 10), t.uri, flush="sometimes")
+
+
 # -- task retries and fencing ----------------------------------------------------------
 def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
     t = new_table(tmp_path)
@@ -465,7 +507,16 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     src = str(tmp_path / "in")
     ckpt = str(tmp_path / "ckpt")
     os.makedirs(src)
-    sink = mqs.sink(t.uri, delete_column="is_delete", order_by="seq", num_partitions=2)
+    # generations by size: a region flushes once 120 unflushed rows are in its WAL
+    # (~45 rows per region and micro-batch), not at every micro-batch
+    writer_options = {"max_memtable_rows": 120, "max_memtable_age": 3600}
+    sink = mqs.sink(
+        t.uri,
+        delete_column="is_delete",
+        order_by="seq",
+        num_partitions=2,
+        writer_options=writer_options,
+    )
     schema = "id long, val double, name string, is_delete boolean, seq long"
 
     def run() -> None:
@@ -486,7 +537,10 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
 
     for n in range(3):
         _stream_file(src, n, _micro_batch(n, model))
+    # a write task fails after a durable put: Spark retries it, which replays that put
+    arm(fault_dir, "ingest.after_put")
     query_id = run()
+    assert not os.path.exists(os.path.join(fault_dir, "ingest.after_put"))  # it fired
     assert_view(t.uri, model)
     assert sink.committed_batches(query_id) == [0, 1, 2]
 
@@ -511,6 +565,15 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     assert sink.skipped == [5]
     assert sink.last_result.by_region() == written
     assert_view(t.uri, model)
+
+    # six micro-batches into 16 regions: flushed by size, each region's WAL tail below
+    # the threshold (what the next micro-batch replays)
+    regions = t.region_ids()
+    generations = sum(len(t.region_manifest(r).flushed_generations) for r in regions)
+    assert 0 < generations < len(regions) * 6 // 2, generations
+    tails = [wal_tail_rows(t, r) for r in regions]
+    assert all(n < writer_options["max_memtable_rows"] for n in tails), tails
+    assert sum(tails) > 0
 
 
 # -- merge ---------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+import types
 import uuid
 import warnings
 
@@ -517,8 +519,6 @@ def test_unflushed_memtables_stay_bounded(uri, held_flushes):
 
 
 def wait_for(predicate, timeout: float = 300.0) -> bool:
-    import time
-
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
@@ -544,6 +544,47 @@ def test_flush_by_age(uri):
     assert wait_for(lambda: w.stats.flushed_generations == [1])
     assert w.unflushed_rows == 0
     w.close()
+
+
+def test_flush_due_counts_the_replayed_wal_tail(uri):
+    """A writer that replays a WAL tail counts its entries and rows toward the flush
+    thresholds: writers living one batch each still flush by size."""
+    t = mq.MemWalTable.initialize(uri)
+    first = t.writer(max_wal_entries=3)
+    first.put(basic_rows([100]))
+    first.put(basic_rows([101]))
+    first.close(flush=False)
+    second = t.writer(max_wal_entries=3)
+    assert second.flush_due() is None  # two entries replayed: not due, left in the WAL
+    assert second.manifest().flushed_generations == ()
+    ids = t.to_table(consistency="latest").column("id").to_pylist()
+    assert {100, 101} <= set(ids)
+    second.put(basic_rows([102]))  # the third write: due
+    assert second.flush_due() == 1
+    assert second.manifest().replay_after_wal_entry_position == 3
+    assert second.flush_due() is None  # nothing left
+    second.close(flush=False)
+
+
+def test_flush_due_ages_replayed_rows_from_their_entry(uri, monkeypatch):
+    """Rows replayed from the WAL are as old as their entry, not as the replay."""
+    from memwal_query.format import wal as wal_mod
+
+    t = mq.MemWalTable.initialize(uri)
+    fresh = t.writer()
+    fresh.put(basic_rows([100]))
+    fresh.close(flush=False)
+    reopened = t.writer(max_memtable_age=60)
+    assert reopened.flush_due() is None  # a second-old entry: not due
+    past = time.time() - 120
+    monkeypatch.setattr(wal_mod, "time", types.SimpleNamespace(time=lambda: past))
+    reopened.put(basic_rows([101]))  # an entry written "two minutes ago"
+    reopened.close(flush=False)
+    monkeypatch.undo()
+    last = t.writer(max_memtable_age=60)
+    assert last.unflushed_rows == 2
+    assert last.flush_due() == 1  # the oldest replayed entry is 120 s old
+    last.close(flush=False)
 
 
 def test_writer_option_validation(uri):

@@ -14,7 +14,9 @@ One Spark job, two stages, no per-row Python:
    regions (a task may own several). The task opens one :class:`RegionWriter` per region
    it sees (claiming it: ``writer_epoch + 1``), buffers each region's rows up to
    ``buffer_rows`` and puts them as one durable WAL entry, and at the end flushes the
-   MemTable as a generation (``flush=True``) or leaves it in the WAL (``flush=False``).
+   MemTable as a generation (``flush=True``), flushes it only when the writer's flush
+   thresholds are passed (``flush="due"``, the streaming sink's default: rows replayed
+   from the region's WAL count), or leaves it in the WAL (``flush=False``).
    Only then does it yield its small result batch (region, rows, generation, epoch).
 
 Shuffling blobs rather than rows spares Spark the conversion of every row from Arrow to
@@ -83,6 +85,7 @@ from memwal_query.spark._common import (
 from memwal_query.spark.ingest_schema import (
     DEFAULT_BUFFER_ROWS,
     DEFAULT_FENCE_RETRIES,
+    FLUSH_MODES,
     MODES,
     PACKED_DDL,
     RESULT_DDL,
@@ -112,7 +115,7 @@ class RegionWriteResult:
     upserted, deleted : int
         Rows put and keys deleted.
     generation : int or None
-        Newest generation flushed by the task (None with ``flush=False``).
+        Newest generation flushed by the task (None when it flushed none).
     epoch : int
         Writer epoch the task claimed the region with.
     partition, attempt : int
@@ -172,7 +175,7 @@ def write(
     delete_column: str | None = None,
     order_by: str | list[str] | None = None,
     num_partitions: int | None = None,
-    flush: bool = True,
+    flush: bool | str = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
     storage_options: dict[str, str] | None = None,
@@ -202,11 +205,16 @@ def write(
     num_partitions : int, optional
         Write tasks (each owns whole regions). Default: the session's default
         parallelism.
-    flush : bool
+    flush : {True, False, "due"}
         ``True`` (default): each task flushes its MemTables as generations before it
-        reports success, so the rows are visible to every reader. ``False``: the rows
-        are only durable in the WAL; the next writer of the region replays them, and
-        readers see them once that writer flushes.
+        reports success. ``"due"``: a task flushes a region only when its unflushed
+        rows (those replayed from the region's WAL included) pass the writer's
+        ``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_entries`` or
+        ``max_memtable_age`` (their defaults, or ``writer_options``); the rest stays in
+        the WAL, so repeated small writes (a stream's micro-batches) make generations
+        by size and age and each task replays at most that much. ``False``: the rows
+        stay in the WAL. Rows in the WAL are durable and every default reader sees them;
+        the next writer of the region replays them.
     buffer_rows : int
         Rows of one region buffered in a task before a durable put (one WAL entry).
     writer_options : dict, optional
@@ -321,13 +329,15 @@ def _options(
     delete_column: str | None,
     order: list[str],
     storage_options: dict[str, str] | None,
-    flush: bool = True,
+    flush: bool | str = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validate the request in the driver; the options the executor functions get."""
     if mode not in MODES:
         raise MemWalError(f"mode must be one of {MODES}, got {mode!r}")
+    if not any(flush is m or (isinstance(m, str) and flush == m) for m in FLUSH_MODES):
+        raise MemWalError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
     table = open_table(uri, storage_options)
     require_spec(table)
     return {

@@ -7,6 +7,9 @@ import pyarrow as pa
 from memwal_query.spark._common import REGION_COLUMN
 
 MODES = ("upsert", "delete")
+FLUSH_DUE = "due"
+"""``flush=`` value: flush a region's rows when the writer's flush thresholds say so."""
+FLUSH_MODES = (True, False, FLUSH_DUE)
 DEFAULT_BUFFER_ROWS = 200_000
 DEFAULT_FENCE_RETRIES = 5
 JOB_MARKER_TTL = 7 * 24 * 3600

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 from memwal_query.spark.ingest_schema import (
     DEFAULT_FENCE_RETRIES,
+    FLUSH_DUE,
     JOB_MARKER_TTL,
     PACKED_SCHEMA,
     PAYLOAD_COLUMN,
@@ -345,15 +346,20 @@ class _RegionSink:
         raise AssertionError("unreachable")
 
     def finish(self) -> None:
-        """Write what is buffered, then flush (or sync the WAL) and close the writer."""
+        """Write what is buffered, then flush (always, when due, or never: see
+        :func:`memwal_query.spark.write`'s ``flush``) and close the writer."""
         self.drain()
         if self.writer is None:
             return
-        if self.options["flush"]:
+        flush = self.options["flush"]
+        if flush is True or flush == FLUSH_DUE:
             # Fenced here, the rows are still durable (acknowledged): flush them through
             # a new claim, which replays them.
             assert self._first is not None
-            self.generation = self._retrying(*self._first, lambda w: w.flush())
+            if flush is True:
+                self.generation = self._retrying(*self._first, lambda w: w.flush())
+            else:  # by the writer's thresholds; the rest stays in the WAL
+                self.generation = self._retrying(*self._first, lambda w: w.flush_due())
         assert self.writer is not None
         self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
 

@@ -262,6 +262,8 @@ class RegionWriter(_WalPath):
 
     def _replay_one(self, entry: WalEntry, rows: pa.Table) -> None:
         self._active.append(rows, entry.position)
+        if entry.written_at is not None:
+            self._active.backdate(entry.written_at)  # max_memtable_age counts from the entry
         self._next_wal_position = entry.position + 1
         self.stats.replayed_entries += 1
         self.stats.replayed_rows += entry.table.num_rows
@@ -340,6 +342,39 @@ class RegionWriter(_WalPath):
             # attempt's to raise.
             self._flush_error = None
         self._seal(force=True)
+        return self._wait_flushed(done_before)
+
+    def flush_due(self) -> int | None:
+        """Flush the MemTable only if it is due, and wait for every pending flush.
+
+        Due means what makes a writer flush on its own: ``max_memtable_rows``,
+        ``max_memtable_bytes``, ``max_wal_entries`` or ``max_memtable_age`` passed
+        (rows replayed from the WAL count, with the age of their entries). Otherwise
+        the rows stay in the WAL, where every default reader sees them, and the next
+        writer of the region replays them. Used by writers that live for one batch of a
+        longer stream (a Spark task of a streaming micro-batch), so a stream makes
+        generations by size and age, not by batch.
+
+        Returns
+        -------
+        int or None
+            The newest generation flushed during this call, or None.
+
+        Raises
+        ------
+        FencedError
+            Another writer claimed the region.
+        """
+        self._check_open()
+        with self._cond:
+            done_before = len(self.stats.flushed_generations)
+            self._flush_error = None  # superseded by this attempt's outcome
+        self._seal(force=False)
+        return self._wait_flushed(done_before)
+
+    def _wait_flushed(self, done_before: int) -> int | None:
+        """Wait until no sealed MemTable is left (retrying failed flushes once); the
+        newest generation flushed since ``stats.flushed_generations[done_before]``."""
         with self._cond:
             while True:
                 while self._flush_active:
