@@ -33,6 +33,14 @@ FAULT_POINTS = (
 
 WORKER_PYTHON_ENV = "PYSPARK_PYTHON"
 
+CHANGES_SINCE = "changes_since"
+"""Data source option asking for the change feed (:mod:`memwal_query.spark.changes`)."""
+
+
+def is_changes_read(options: Any) -> bool:
+    """Whether the data source options ask for the change feed."""
+    return any(k.lower() == CHANGES_SINCE for k in options)
+
 
 def default_worker_python() -> str | None:
     """Run Spark's Python workers with this interpreter unless told otherwise.

@@ -44,6 +44,7 @@ from memwal_query.read.changes import (
 )
 from memwal_query.read.consumers import _earliest_positions
 from memwal_query.spark._common import (
+    CHANGES_SINCE,
     _spark_compatible,
     _spark_schema,
     _storage_options,
@@ -53,13 +54,8 @@ from memwal_query.spark._common import (
 if TYPE_CHECKING:
     from memwal_query.table import MemWalTable
 
-SINCE = "changes_since"
+SINCE = CHANGES_SINCE
 UNTIL = "changes_until"
-
-
-def is_changes_read(options: Any) -> bool:
-    """Whether the data source options ask for the change feed."""
-    return any(k.lower() == SINCE for k in options)
 
 
 def spark_changes_schema(table: MemWalTable) -> StructType:

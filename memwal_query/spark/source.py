@@ -84,10 +84,10 @@ from pyspark.sql.types import StructType
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from memwal_query.format.lancetypes import lance_filterable
 from memwal_query.read import newer, view
-from memwal_query.spark import changes as _changes
 from memwal_query.spark._common import (
     _spark_schema,
     _storage_options,
+    is_changes_read,
     open_table,
 )
 from memwal_query.storage.cache import LRUCache
@@ -421,10 +421,12 @@ class MemWalReader(DataSourceReader):
         """Rows of one partition as Arrow batches of the output schema."""
         if not isinstance(partition, BasePartition):  # pragma: no cover
             raise MemWalError(f"unknown partition {partition!r}")
-        if partition.with_newer and partition.newer is not None:
-            yield from self._read_newer(partition.newer)
+        # One view of the newer rows per task: its rows and the keys masking the base.
+        newer_view = self._view(partition.newer) if partition.newer is not None else None
+        if partition.with_newer and newer_view is not None:
+            yield from self._read_newer(newer_view)
         if partition.pieces:
-            yield from self._read_base(partition)
+            yield from self._read_base(partition, newer_view)
 
     def _view(self, part: NewerPartition) -> newer.NewerView:
         return newer.newer_view(
@@ -444,12 +446,14 @@ class MemWalReader(DataSourceReader):
                 arrays.append(_to_spark_array(b.column(f.name), f.type))
             yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    def _read_newer(self, part: NewerPartition) -> Iterator[pa.RecordBatch]:
+    def _read_newer(self, newer_view: newer.NewerView) -> Iterator[pa.RecordBatch]:
         expr, _ = self._expression()
         used = [_filter_column(f) for f in self.filters]
-        yield from self._out(self._view(part).live(self.columns, expr, used))
+        yield from self._out(newer_view.live(self.columns, expr, used))
 
-    def _read_base(self, part: BasePartition) -> Iterator[pa.RecordBatch]:
+    def _read_base(
+        self, part: BasePartition, newer_view: newer.NewerView | None
+    ) -> Iterator[pa.RecordBatch]:
         try:
             ds = lance.dataset(
                 self.uri, version=part.version, storage_options=self.storage_options or None
@@ -459,7 +463,7 @@ class MemWalReader(DataSourceReader):
                 f"{self.uri}: base version {part.version} this DataFrame planned on is gone "
                 f"(load the DataFrame again): {e}"
             ) from e
-        keys = self._view(part.newer).keys if part.newer is not None else None
+        keys = newer_view.keys if newer_view is not None else None
         # Filters on columns Lance cannot filter are evaluated here, after the scan.
         in_lance = [
             f
@@ -558,14 +562,18 @@ class MemWalDataSource(DataSource):
             table, schema = check_read(self._uri(), self.options)
         except MemWalError as e:
             raise e.with_traceback(None) from None  # Spark prints the traceback: keep it short
-        if _changes.is_changes_read(self.options):
+        if is_changes_read(self.options):
+            from memwal_query.spark import changes as _changes
+
             return _changes.spark_changes_schema(table)
         return _spark_schema(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader returning ``schema``'s columns."""
         options = {k.lower(): v for k, v in self.options.items()}
-        if _changes.is_changes_read(options):
+        if is_changes_read(options):
+            from memwal_query.spark import changes as _changes
+
             return _changes.MemWalChangesReader(self._uri(), options, schema)
         # Opt-in: Spark shares a pushed-down reader with later queries (module docs).
         pushdown = options.get("pushfilters", "false").lower() == "true"
@@ -574,6 +582,8 @@ class MemWalDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
         """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
+        from memwal_query.spark import changes as _changes
+
         return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
 
 
@@ -673,6 +683,8 @@ def changes_frame(
     The end is fixed here (``changes_until``), so the DataFrame reads exactly the
     changes up to the returned cursor however often it is evaluated.
     """
+    from memwal_query.spark import changes as _changes
+
     register_source(spark)
     table = open_table(uri, _storage_options(options))
     consistency = options.get("consistency", "strong")
