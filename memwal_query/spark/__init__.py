@@ -34,15 +34,13 @@ from memwal_query.spark._common import (
     region_id_array,
 )
 
+# Submodules named like a function (merge, maintain) are imported now, so that the
+# functions, bound after them, are what the names hold; both are light.
+from memwal_query.spark.maintain import MaintainSummary, maintain
+from memwal_query.spark.merge import MergedGeneration, MergeSummary, merge, pending_generations
+
 if TYPE_CHECKING:
     from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
-    from memwal_query.spark.maintain import MaintainSummary, maintain
-    from memwal_query.spark.merge import (
-        MergedGeneration,
-        MergeSummary,
-        merge,
-        pending_generations,
-    )
     from memwal_query.spark.source import (
         MemWalDataSource,
         changes_frame,
@@ -53,18 +51,12 @@ if TYPE_CHECKING:
     from memwal_query.spark.streaming import MemWalSink, sink
 
 # Loaded on first use: a Spark Python worker that only reads (it unpickles the data
-# source from memwal_query.spark.source) imports neither ingest, merge nor maintenance.
+# source from memwal_query.spark.source) imports neither ingest nor the sink.
 _LAZY = {
     "RegionWriteResult": "ingest",
     "WriteResult": "ingest",
     "route": "ingest",
     "write": "ingest",
-    "MaintainSummary": "maintain",
-    "maintain": "maintain",
-    "MergedGeneration": "merge",
-    "MergeSummary": "merge",
-    "merge": "merge",
-    "pending_generations": "merge",
     "MemWalDataSource": "source",
     "changes_frame": "source",
     "filter_expression": "source",
@@ -76,8 +68,7 @@ _LAZY = {
 
 
 _SUBMODULES = frozenset(
-    ["changes", "ingest", "ingest_schema", "ingest_tasks", "maintain", "merge", "source"]
-    + ["streaming"]
+    ["changes", "ingest", "ingest_schema", "ingest_tasks", "source", "streaming"]
 )
 
 
