@@ -440,33 +440,42 @@ def _merge_step(
     report: MaintenanceReport,
     progress: Progress | None,
 ) -> BaseException | None:
-    """Merge the chosen regions, at most the number of generations planned for each;
-    a failed region is recorded in ``report.errors`` and the others go on."""
-    from memwal_query.maintain.merger import merge_region
+    """Merge the chosen regions, at most the number of generations planned for each,
+    in as few commits as the merger's budgets allow (several regions share a commit);
+    a failed region is tried once more on its own (again while the table moves under
+    it), then recorded in ``report.errors``; the others go on."""
+    from memwal_query.exceptions import MergeFailedError
+    from memwal_query.maintain.merger import merge_region, merge_regions
 
     chosen = [p for p in plans if p.merge]
+    # At most the generations planned (a fast writer cannot keep the pass busy); fewer
+    # when another maintainer merged some of them meanwhile.
+    rooms: dict[str, int | None] = {p.region_id: len(p.generations) for p in chosen}
+    failed: dict[str, BaseException] = {}
+    try:
+        report.merged.extend(merge_regions(table, rooms, policy.retries(), policy.batch_rows()))
+    except MergeFailedError as e:
+        report.merged.extend(e.results)
+        failed = dict(e.errors)
+    _note(progress, "merging", len(chosen) - len(failed), len(chosen))
     first: BaseException | None = None
-    for i, plan in enumerate(chosen, 1):
+    for region_id in failed:
+        room = rooms[region_id] or 0
+        room -= sum(m.region_id == region_id for m in report.merged)
         try:
-            # At most the generations planned (a fast writer cannot keep the pass busy);
-            # fewer when another maintainer merged some of them meanwhile.
             report.merged.extend(
                 _retrying(
                     table,
-                    lambda plan=plan: merge_region(  # type: ignore[misc]
-                        table,
-                        plan.region_id,
-                        len(plan.generations),
-                        policy.retries(),
-                        policy.batch_rows(),
+                    lambda rid=region_id, room=room: merge_region(  # type: ignore[misc]
+                        table, rid, room, policy.retries(), policy.batch_rows()
                     ),
                     max(1, policy.retries()),
                 )
             )
         except Exception as e:  # noqa: BLE001 - reported; the other regions go on
-            report.errors[f"merge {plan.region_id}"] = f"{type(e).__name__}: {e}"
+            report.errors[f"merge {region_id}"] = f"{type(e).__name__}: {e}"
             first = first or e
-        _note(progress, "merging", i, len(chosen))
+    _note(progress, "merging", len(chosen), len(chosen))
     return first
 
 
