@@ -131,3 +131,25 @@ def test_merger_killed_between_the_commits(base_uri):
     assert base_view(t.uri) == model  # each delete once: key 4 is back, once
     assert view(t) == model
     assert t.merge() == []
+
+
+def test_split_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri, split):
+    """The deletes commit on the latest version when the table moved without merging the
+    batch's regions; when their progress moved, the attempt is a lost race."""
+    t = expr_table(base_uri)
+    model = {k: float(k) for k in range(100)}
+    region = _write(t, model, 0, [0, 400], [2], 1.0)
+    gens = t.region_manifest(region).flushed_generations
+    ds = lance.dataset(t.uri)
+    prep = merger.prepare_generation(t, region, gens, ds.schema)
+    marker = [merger.CompactedSsTable(region, gens[-1].generation)]
+    lance.dataset(t.uri).create_scalar_index("val", "BTREE")  # a commit of no merge
+    moved = merger._commit_split(t, ds, ["id"], prep, marker)
+    assert moved.version == ds.version + 2 and 2 not in base_view(t.uri)
+    # another merger merges the region meanwhile: the planned batch is stale
+    t.merge()
+    assert base_view(t.uri) == model
+    with pytest.raises(merger._BatchMoved) as lost:
+        merger._commit_split(t, ds, ["id"], prep, marker)
+    assert merger._is_conflict(lost.value)
+    assert base_view(t.uri) == model and view(t) == model

@@ -328,7 +328,7 @@ def _commit_split(
     if latest.version != ds.version:
         planned = table.index(ds).merged_generations()
         now = table.index(latest).merged_generations()
-        if any(now.get(m.region_id, 0) != planned.get(m.region_id, 0) for m in marker):
+        if any(now.get(m.shard_id, 0) != planned.get(m.shard_id, 0) for m in marker):
             raise _BatchMoved(f"{table.uri}: conflict: merged meanwhile up to {now}")
         if not latest.schema.equals(ds.schema):
             raise _BatchMoved(f"{table.uri}: conflict: the schema changed meanwhile")
