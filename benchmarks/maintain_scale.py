@@ -179,9 +179,18 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
 
     print(f"  {regions} regions: {gens} generations written; maintain ({uptime()})", flush=True)
     t = mq.MemWalTable.open(ours)
+    marks: list[tuple[str, float]] = []
     started = time.perf_counter()
-    report = t.maintain()
+    report = t.maintain(
+        progress=lambda step, done, total: marks.append((step, time.perf_counter()))
+    )
     maintain_s = time.perf_counter() - started
+    steps: dict[str, float] = {}
+    last = started
+    for step, at in marks:  # time since the previous report, charged to the step reporting
+        steps[step] = steps.get(step, 0.0) + at - last
+        last = at
+    print("    steps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
     print("   ", "\n    ".join(report.lines()[-6:]), flush=True)
 
     ds = lance.dataset(plain)
