@@ -56,6 +56,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,7 @@ from memwal_query.read import sources
 from memwal_query.read.dedup import newest_per_key
 from memwal_query.read.keypredicate import key_predicate
 from memwal_query.storage import crashpoints
+from memwal_query.storage.io import in_chunks
 from memwal_query.storage.locking import index_lock
 
 if TYPE_CHECKING:
@@ -105,6 +107,10 @@ SEPARATE_DELETE_MIN_BASE_ROWS = 1_000_000
 # generations on large tables (see ``_use_key_index``).
 INDEX_JOIN_MAX_SOURCE_ROWS = 10_000
 INDEX_JOIN_BASE_ROWS_PER_SOURCE_ROW = 2_000
+# Regions sharing a commit are read and reduced in a few concurrent tasks (Arrow's
+# group-by, take and cast release the GIL).
+PREPARE_TASKS = 2
+_PREPARERS = ThreadPoolExecutor(PREPARE_TASKS, thread_name_prefix="memwal-merge-prepare")
 BACKOFF_BASE_SECONDS = 0.01
 BACKOFF_MAX_SECONDS = 0.5
 
@@ -196,7 +202,7 @@ def prepare_generation(
     newest = newest_per_key(rows, pk)
     tomb = pc.fill_null(newest.column(TOMBSTONE), False)
     upserts = newest.filter(pc.invert(tomb)).drop_columns([TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN])
-    upserts = upserts.cast(schema).combine_chunks()
+    upserts = upserts.cast(schema)  # chunks as read: Lance streams them (no copy here)
     key_schema = pa.schema([schema.field(k) for k in pk])
     deletes = newest.filter(tomb).select(pk).cast(key_schema).combine_chunks()
     deleted = deletes.num_rows
@@ -642,10 +648,16 @@ def _merge_across_regions(
             return
         started = time.perf_counter()
         schema = ds.schema
-        parts = [(rid, b, prepare_generation(table, rid, b, schema)) for rid, b in groups]
+        preps = in_chunks(
+            _PREPARERS,
+            lambda group, schema=schema: prepare_generation(table, group[0], group[1], schema),
+            groups,
+            PREPARE_TASKS,
+        )
+        parts = [(rid, b, p) for (rid, b), p in zip(groups, preps, strict=True)]
         combined = _Prepared(
             0,
-            pa.concat_tables([p.upserts for _, _, p in parts]).combine_chunks(),
+            pa.concat_tables([p.upserts for _, _, p in parts]),
             pa.concat_tables([p.deletes for _, _, p in parts]).combine_chunks(),
             pa.concat_tables([p.unmatched_deletes for _, _, p in parts]).combine_chunks(),
             sum(p.deleted for _, _, p in parts),
