@@ -20,7 +20,7 @@ from memwal_query.maintain import merger
 from memwal_query.maintain.basefiles import ReadCost, compaction_reason, read_cost
 from memwal_query.maintain.policy import MaintenancePolicy
 
-from helpers import basic_rows, parity_spec
+from helpers import basic_rows, parity_spec, write_generation
 
 MERGE_ONLY = MaintenancePolicy(
     max_generations=0,
@@ -39,15 +39,7 @@ def _table(tmp_path: Any, rows: int) -> mq.MemWalTable:
 
 
 def _generation(t: mq.MemWalTable, parity: int, puts: list[int], deletes: list[int], model):
-    w = t.writer(region_values={"p": parity})
-    w.put(basic_rows(puts, val=[-1.0] * len(puts)))
-    model.update({k: -1.0 for k in puts})
-    if deletes:
-        w.delete(pa.table({"id": pa.array(deletes, pa.int64())}))
-        for k in deletes:
-            model.pop(k, None)
-    w.flush()
-    w.close()
+    write_generation(t, model, {"p": parity}, puts, deletes, -1.0)
 
 
 def _state(t: mq.MemWalTable) -> dict[int, float]:

@@ -20,7 +20,7 @@ import pytest
 import memwal_query as mq
 from memwal_query.maintain import merger
 
-from helpers import basic_rows, expr_table
+from helpers import expr_table, write_generation
 
 # region r holds the keys k with k % 2 == r
 CRASHING_MERGER = textwrap.dedent(
@@ -53,17 +53,7 @@ def base_view(uri, version=None):
 
 def _write(t, model, region, puts, deletes, val):
     """One flushed generation in ``region``: ``puts`` then ``deletes``."""
-    w = t.writer(region_values={"r": region})
-    if puts:
-        w.put(basic_rows(puts, val=[val] * len(puts)))
-        model.update({k: val for k in puts})
-    if deletes:
-        w.delete(pa.table({"id": pa.array(deletes, pa.int64())}))
-        for k in deletes:
-            model.pop(k, None)
-    w.flush()
-    w.close()
-    return w.region_id
+    return write_generation(t, model, {"r": region}, puts, deletes, val)
 
 
 @pytest.fixture
