@@ -77,7 +77,9 @@ def catch_up_indexes(
     return _catch_up(table, list(names), max_segments)
 
 
-def _catch_up(table: Catalog, names: list[str], max_segments: int | None) -> dict[str, dict]:
+def _catch_up(
+    table: Catalog, names: list[str], max_segments: int | None
+) -> dict[str, dict[str, int]]:
     """:func:`catch_up_indexes` of the named maintained indexes."""
     if not names:
         return {}

@@ -648,12 +648,11 @@ def _merge_across_regions(
             return
         started = time.perf_counter()
         schema = ds.schema
-        preps = in_chunks(
-            _PREPARERS,
-            lambda group, schema=schema: prepare_generation(table, group[0], group[1], schema),
-            groups,
-            PREPARE_TASKS,
-        )
+
+        def prepare(group: tuple[str, list[FlushedGeneration]], schema: Any = schema) -> _Prepared:
+            return prepare_generation(table, group[0], group[1], schema)
+
+        preps = in_chunks(_PREPARERS, prepare, groups, PREPARE_TASKS)
         parts = [(rid, b, p) for (rid, b), p in zip(groups, preps, strict=True)]
         combined = _Prepared(
             0,
