@@ -68,12 +68,15 @@ def catch_up_indexes(
         from memwal_query.maintain.basefiles import extend_indexes, indexes_to_extend
         from memwal_query.maintain.policy import DEFAULT_MAX_INDEX_SEGMENTS
 
-        progress = _catch_up(table, list(table.maintained_indexes), max_segments)
+        maintained = list(table.maintained_indexes)
+        progress = _catch_up(table, maintained, max_segments)
         others = indexes_to_extend(table)
         if others:
             most = DEFAULT_MAX_INDEX_SEGMENTS if max_segments is None else max_segments
             extend_indexes(table, others, most)
-        return progress
+        # Lance's own index optimisation records progress for the index it extended
+        # too: the answer is the maintained indexes' progress, as for named ones.
+        return {name: gens for name, gens in progress.items() if name in maintained}
     return _catch_up(table, list(names), max_segments)
 
 

@@ -70,7 +70,7 @@ from memwal_query.exceptions import CommitConflictError, MergeFailedError
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
 from memwal_query.read import sources, view
-from memwal_query.read.dedup import newest_per_key
+from memwal_query.read.dedup import newest_indices
 from memwal_query.read.keypredicate import key_predicate
 from memwal_query.storage import crashpoints
 from memwal_query.storage.io import in_chunks
@@ -186,25 +186,24 @@ def prepare_generation(
     """
     schema = table.schema if schema is None else schema
     gens = [gen] if isinstance(gen, FlushedGeneration) else list(gen)
-    parts = [
-        sources.read_generation(
-            view.GenerationRef(
-                region_id, g.generation, table_generation_uri(table, region_id, g.path)
-            ),
-            schema,
-            table.storage_options,
-        )
+    refs = [
+        view.GenerationRef(region_id, g.generation, table_generation_uri(table, region_id, g.path))
         for g in gens
     ]
+    parts = sources.read_generations(refs, schema, table.storage_options)
     rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     gen = gens[-1]
     pk = list(table.primary_key)
-    newest = newest_per_key(rows, pk)
-    tomb = pc.fill_null(newest.column(TOMBSTONE), False)
-    upserts = newest.filter(pc.invert(tomb)).drop_columns([TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN])
+    # One take per output (the newest live rows; the deleted keys), no copy in between.
+    newest = newest_indices(rows, pk)
+    tomb = pc.fill_null(rows.column(TOMBSTONE), False).to_numpy()[newest]
+    data = rows.drop_columns([TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN])
+    live = newest[~tomb]
+    upserts = data if len(live) == data.num_rows else data.take(pa.array(live))
     upserts = upserts.cast(schema)  # chunks as read: Lance streams them (no copy here)
     key_schema = pa.schema([schema.field(k) for k in pk])
-    deletes = newest.filter(tomb).select(pk).cast(key_schema).combine_chunks()
+    gone = pa.array(newest[tomb])
+    deletes = data.select(pk).take(gone).cast(key_schema).combine_chunks()
     deleted = deletes.num_rows
     deletes = pa.concat_tables([deletes, _zero_twins(deletes)]).combine_chunks()
     unmatched = pa.concat_tables([deletes, _zero_twins(upserts.select(pk))]).combine_chunks()
