@@ -118,9 +118,11 @@ class MaintenancePolicy:
         from the manifest's ``physical_rows`` statistic, a generation without it counts
         0 rows and is merged by ``max_generations``).
     merge_batch_rows : int, optional
-        Consecutive generations of a region up to this many rows are merged by one
-        commit (``0``: one commit per generation). None (default): the merger's
-        :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_ROWS` (1,000,000).
+        Generations (consecutive ones of a region, and of several regions) up to this
+        many rows, and :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_BYTES` (256
+        MiB), are merged by one commit (``0``: one commit per generation). None
+        (default): the merger's :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`
+        (4,000,000).
     max_retries : int, optional
         Commit races a region's merge tolerates, and how often a step is retried while
         the base table moves under it. None (default): the merger's
