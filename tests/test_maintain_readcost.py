@@ -155,3 +155,23 @@ def test_budget_splits_regions_into_commits(tmp_path: Any, monkeypatch: Any) -> 
     merger.merge(t, batch_bytes=min(sizes))  # one region's generation per commit
     assert lance.dataset(t.uri).version == before + 2
     assert _state(t) == model and _base(t.uri) == model
+
+
+def test_cli_compact_deleted_share(tmp_path: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from memwal_query.cli.commands import main
+
+    t = _table(tmp_path, 100)
+    model = {k: float(k) for k in range(100)}
+    _generation(t, 0, [0], [2], model)  # 2% of the base fragment deleted
+    t.maintain(MERGE_ONLY)
+    args = ["maintain", t.uri, "--dry-run", "--json", "--max-generations", "0"]
+    quiet = json.loads(CliRunner().invoke(main, args).output)
+    assert not quiet["compact_due"]
+    every = CliRunner().invoke(main, [*args, "--compact-deleted-share", "0"])
+    report = json.loads(every.output)
+    assert report["compact_due"] and "deleted rows > 0%" in report["compact_reason"]
+    assert CliRunner().invoke(main, [*args, "--compact-deleted-share", "2"]).exit_code == 2
