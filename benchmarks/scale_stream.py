@@ -70,7 +70,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, pct, print_table  # noqa: E402
+from _common import local_spark, machine, pct, print_table, stop_process  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 from memwal_query.format.index import INDEX_NAME  # noqa: E402
@@ -337,12 +337,7 @@ def run_stream(
         elapsed = time.perf_counter() - start
         t.flush()
     finally:
-        maint.send_signal(signal.SIGINT)
-        try:
-            maint.wait(30)
-        except subprocess.TimeoutExpired:
-            maint.kill()
-            maint.wait()
+        stop_process(maint)
         log.close()
     header = [
         "minute",
@@ -594,22 +589,11 @@ def python_writer(args: argparse.Namespace) -> None:
 def spark_writer(args: argparse.Namespace) -> None:
     """Child process: a Structured Streaming query writing the stream through the sink."""
     stop = _Stop()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    spark = local_spark("memwal_query-scale-stream")
     from pyspark.sql import functions as F
 
     from memwal_query import spark as mqs
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("memwal_query-scale-stream")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
     rate = args.rate or 20_000
     stream = (
         spark.readStream.format("rate")
@@ -802,19 +786,9 @@ def scale_main(args: argparse.Namespace) -> bool:
             time.sleep(max(0.0, args.query_every - (time.perf_counter() - tick)))
         elapsed = time.perf_counter() - t0
     finally:
-        writer.send_signal(signal.SIGTERM)
-        try:
-            writer.wait(300)
-        except subprocess.TimeoutExpired:
-            writer.kill()
-            writer.wait()
+        stop_process(writer, signal.SIGTERM, 300)
         wlog.close()
-        maint.send_signal(signal.SIGINT)
-        try:
-            maint.wait(120)
-        except subprocess.TimeoutExpired:
-            maint.kill()
-            maint.wait()
+        stop_process(maint, timeout=120)
         log.close()
     state = read_progress(progress)
     if writer.returncode != 0 or not state.get("done"):

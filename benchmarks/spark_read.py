@@ -33,7 +33,8 @@ for the filtered aggregate). ``--rows`` scales the base table.
 First query of a session: ``--first-rounds`` times each (alternating), a new process
 starts a SparkSession, runs the same warm-up job (``spark.range(1000).count()``: the
 JVM, not Python workers), then loads the table and runs ``count(*)`` - ours, or
-Parquet's on the same rows. Printed: the medians, split into ``.load()`` (Spark asks
+Parquet's on the same rows, or a Python data source returning the same rows from memory
+(the floor: what any Python source pays). Printed: the medians, split into ``.load()`` (Spark asks
 the source for its schema in a Python planner process) and the query (a planner process
 plans the partitions, executor Python workers read them), and the ratio (target:
 <= 3x). Each Python process Spark starts imports lance and ``memwal_query.spark.source``
@@ -54,7 +55,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, print_table  # noqa: E402
+from _common import local_spark, machine, print_table  # noqa: E402
 from _common import make_rows as rows  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
@@ -126,20 +127,8 @@ def first_query(which: str, path: str) -> None:
     prints ``{"session", "warmup", "load", "query", "rows"}`` (seconds) as JSON."""
     import json
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     t0 = time.perf_counter()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("memwal_query-first-query")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("memwal_query-first-query")
     t1 = time.perf_counter()
     spark.range(1000).count()  # the warm-up job: the same for both sources
     t2 = time.perf_counter()
@@ -148,6 +137,10 @@ def first_query(which: str, path: str) -> None:
 
         mqs.register_source(spark)
         df = spark.read.format("memwal").load(path)
+    elif which == "floor":  # any Python data source: the same rows from memory
+        spark.dataSource.register(floor_source())
+        rows = int(pq.read_metadata(f"{path}/part-0.parquet").num_rows)
+        df = spark.read.format("memwal_floor").options(rows=str(rows), partitions="2").load()
     else:
         df = spark.read.parquet(path)
     t3 = time.perf_counter()
@@ -163,11 +156,11 @@ def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
     import json
     import subprocess
 
-    got: dict[str, list[dict[str, float]]] = {"memwal": [], "parquet": []}
+    got: dict[str, list[dict[str, float]]] = {"memwal": [], "parquet": [], "floor": []}
     loads = []
     for rnd in range(rounds):
-        order = ["memwal", "parquet"] if rnd % 2 == 0 else ["parquet", "memwal"]
-        for which in order:
+        order = ["memwal", "parquet", "floor"]
+        for which in order if rnd % 2 == 0 else order[::-1]:
             cmd = [sys.executable, os.path.abspath(__file__), "--first-query", which]
             cmd.append(uri if which == "memwal" else parquet)
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -175,12 +168,13 @@ def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
             got[which].append(json.loads(line))
             loads.append(os.getloadavg()[0])
     rows = []
-    for which in ("memwal", "parquet"):
+    for which in ("memwal", "parquet", "floor"):
         med = {k: float(np.median([r[k] for r in got[which]])) for k in got[which][0]}
         rows.append([which, med["session"], med["warmup"], med["load"], med["query"]])
         rows[-1].append(med["load"] + med["query"])
-    ratio = rows[0][-1] / rows[1][-1]
-    rows.append(["ours / parquet", "", "", "", "", ratio])
+    rows[2][0] = "floor: a Python data source, same rows from memory"
+    rows.append(["ours / parquet", "", "", "", "", rows[0][-1] / rows[1][-1]])
+    rows.append(["floor / parquet", "", "", "", "", rows[2][-1] / rows[1][-1]])
     print(f"first query: load average {min(loads):.1f}-{max(loads):.1f}", file=sys.stderr)
     return rows
 
@@ -201,7 +195,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from memwal_query import spark as mqs
@@ -227,16 +220,7 @@ def main() -> None:
             )
         if args.first_only:
             return
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("memwal_query-spark-read")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.memory", "2g")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark("memwal_query-spark-read")
         mqs.register_source(spark)
         loads = [os.getloadavg()[0]]
 

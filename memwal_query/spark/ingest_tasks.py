@@ -303,8 +303,11 @@ class _RegionSink:
             rows = rows.sort_by([(c, "ascending") for c in self.options["order"]])
         deletes = _delete_mask(rows, self.options)
         data = _data(rows, self.options)
-        bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
         schema, pk = self.table.schema, self.table.primary_key
+        if deletes.any() and not deletes.all() and not self.options.get("partial"):
+            self._put_and_delete(data, deletes)
+            return
+        bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
         for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]):
             run = data.slice(start, end - start)
             is_delete = bool(deletes[start])
@@ -323,6 +326,28 @@ class _RegionSink:
             if armed("ingest.fence_after_put"):  # tests: another writer claims the region
                 assert self.writer is not None
                 self.table.writer(region_values=self.writer.region_values).close(flush=False)
+
+    def _put_and_delete(self, data: pa.Table, deletes: np.ndarray) -> None:
+        """Interleaved upserts and deletes as one durable write, in their order."""
+        schema, pk = self.table.schema, self.table.primary_key
+        up_idx, del_idx = np.flatnonzero(~deletes), np.flatnonzero(deletes)
+        keys = coerce_keys(data.take(pa.array(del_idx)), schema, pk)
+        full, missing = coerce_partial_rows(data.take(pa.array(up_idx)), schema, pk)
+        if missing:
+            raise SchemaError(f"column(s) {missing} are missing from the input")
+        order = pa.array(np.argsort(np.concatenate([up_idx, del_idx]), kind="stable"))
+        first = int(up_idx[0])  # claims the region by an upsert row, as a put would
+        self._retrying(
+            data.slice(first, 1),
+            False,
+            lambda w: w._put_and_delete_routed(full, keys, order),
+        )
+        self.upserted += full.num_rows
+        self.deleted += keys.num_rows
+        fault("ingest.after_put")
+        if armed("ingest.fence_after_put"):  # tests: another writer claims the region
+            assert self.writer is not None
+            self.table.writer(region_values=self.writer.region_values).close(flush=False)
 
     def _retrying(self, run: pa.Table, is_delete: bool, put: Any) -> Any:
         """``put(writer)``, claiming the region again when another writer fenced ours
@@ -359,7 +384,10 @@ class _RegionSink:
             if flush is True:
                 self.generation = self._retrying(*self._first, lambda w: w.flush())
             else:  # by the writer's thresholds; the rest stays in the WAL
-                self.generation = self._retrying(*self._first, lambda w: w.flush_due())
+                self._retrying(*self._first, lambda w: w.flush_due())
+                assert self.writer is not None
+                flushed = self.writer.stats.flushed_generations  # while writing, too
+                self.generation = flushed[-1] if flushed else None
         assert self.writer is not None
         self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
 

@@ -307,6 +307,22 @@ class RegionWriter(_WalPath):
             self._write(with_tombstone(rows, False).cast(self._storage_schema))
         self.stats.put_rows += rows.num_rows
 
+    def _put_and_delete_routed(self, rows: pa.Table, keys: pa.Table, order: pa.Array) -> None:
+        """Upserts and deletes already coerced (full rows; key columns) and routed to
+        this region, written as ONE write (one WAL entry in durable mode): row ``i`` of
+        the write is row ``order[i]`` of the upserts followed by the deletes' tombstones,
+        so a batch of interleaved upserts and deletes keeps its order without one WAL
+        entry per run."""
+        stored = pa.concat_tables(
+            [
+                with_tombstone(rows, False).cast(self._storage_schema),
+                tombstone_rows(keys, self._schema).cast(self._storage_schema),
+            ]
+        )
+        self._write(stored.take(order))
+        self.stats.put_rows += rows.num_rows
+        self.stats.delete_rows += keys.num_rows
+
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key (a table holding the primary-key column(s))."""
         key_table = coerce_keys(keys, self._schema, self._pk)
