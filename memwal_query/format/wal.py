@@ -98,7 +98,9 @@ def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
     # The record batches do not depend on the schema's metadata: swap in a schema
     # message carrying the checksum of everything else.
     body = data[_schema_message_end(data) :]
-    metadata[CHECKSUM_KEY] = _checksum(table.schema, body).encode()
+    # The checksum goes first: a damaged key-value count that drops trailing keys
+    # leaves it in place, so the loss is detected rather than read as "no checksum".
+    metadata = {CHECKSUM_KEY: _checksum(table.schema, body).encode(), **metadata}
     head = table.schema.with_metadata(metadata).serialize().to_pybytes()
     return head + body
 
