@@ -21,3 +21,17 @@ _BASE_KEY_SCAN_MAX_ROWS = 32_000_000
 _MAX_ROUNDS = 12
 _BOUND_SLACK = 1e-5  # relative: float32 scores, and df recovered from a rounded score
 _BOUND_MAX_FETCH = 256  # rows (or 16 k) a full-text source is re-asked for at most
+
+DEFAULT_NPROBES = 20
+"""Default ``nprobes`` of vector search (Python, SQL functions, CLI, Spark)."""
+DEFAULT_REFINE_FACTOR = 20
+"""Default ``refine_factor`` of vector search (Python, SQL functions, CLI, Spark): an
+indexed source re-ranks at least ``refine_factor * k`` candidates by their exact
+distance, and more while its quantization error says a better row may lie beyond them
+(``docs/search.md``, "Vector search")."""
+POOL_SCAN_FACTOR = 4
+"""An indexed source's first quantized scan asks for this many times its refine pool
+(row ids and quantized distances only: cheap), so a pool widened by the quantization
+error rarely needs a second scan."""
+POOL_MAX_GROWTH = 64
+"""The widened pool stops at this many times ``refine_factor * k`` rows."""

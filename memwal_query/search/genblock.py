@@ -239,6 +239,20 @@ def _named_columns(filter: Any, names: Sequence[str], have: Sequence[str]) -> li
     return list(dict.fromkeys([*have, *named]))
 
 
+def _block_key(
+    members: Sequence[tuple[int, view.GenerationRef]], schema: pa.Schema, pk: list[str], column: str
+) -> tuple[Any, ...]:
+    return (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
+
+
+def cached_block(
+    members: Sequence[tuple[int, view.GenerationRef]], schema: pa.Schema, pk: list[str], column: str
+) -> GenBlock | None:
+    """The block of ``members`` when it is cached (see :func:`gen_block`), else None."""
+    block: GenBlock | None = GENERATION_BLOCKS.get(_block_key(members, schema, pk, column))
+    return block
+
+
 def gen_block(
     members: Sequence[tuple[int, view.GenerationRef]],
     schema: pa.Schema,
@@ -248,7 +262,7 @@ def gen_block(
 ) -> GenBlock | None:
     """The (cached) block of ``members`` (``(region rank, generation)``, ordered by rank,
     then generation); None when they hold more than :data:`BLOCK_MAX_ROWS` rows."""
-    key = (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
+    key = _block_key(members, schema, pk, column)
     block: GenBlock | None = GENERATION_BLOCKS.get(key)
     if block is None:
         try:
