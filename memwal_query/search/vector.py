@@ -23,6 +23,7 @@ from memwal_query.search.common import (
     DEFAULT_NPROBES,
     DEFAULT_REFINE_FACTOR,
     DISTANCE,
+    POOL_ERROR_MARGIN,
     POOL_MAX_GROWTH,
     POOL_SCAN_FACTOR,
     ROWID,
@@ -331,59 +332,63 @@ def _pooled_knn(
 ) -> pa.Table:
     """Nearest rows of a quantized index, re-ranked by exact distance.
 
-    The index's ``pool`` nearest rows by quantized distance are read (``cols``) and
-    re-scored exactly. The largest amount by which a quantized distance exceeded the
-    exact one among the rows read, ``err``, bounds how much nearer than its quantized
-    distance an unread row may be: while rows beyond the pool have a quantized distance
-    below the ``rank``-th exact distance plus ``err``, the index is scanned further
+    A scan of the index gives row ids and quantized distances (ascending) of
+    :data:`POOL_SCAN_FACTOR` ``* pool`` rows; the first ``pool`` of them are read
+    (``cols``, by row id) and re-scored exactly. The largest amount by which a quantized
+    distance exceeded the exact one among the rows read, ``err``, estimates how much
+    nearer than its quantized distance an unread row may be: the rows whose quantized
+    distance is below the ``rank``-th exact distance plus :data:`POOL_ERROR_MARGIN`
+    ``* err`` are read too, and again with the error of every row read, until no more
+    qualify (a query whose quantization error is large reads more; the largest error of
+    a few hundred rows understates that of the thousands beyond them); when they run
+    past the scan's end, the index is scanned further
     (row ids and quantized distances only, :data:`POOL_SCAN_FACTOR` times as many rows)
     and those rows are read by row id, up to :data:`POOL_MAX_GROWTH` ``* pool`` rows.
     Returns every row read, ascending by exact ``_distance``, with ``_rowid``.
     """
     cap = POOL_MAX_GROWTH * pool
     present = _lance_columns(ds, cols)
-    scanner = ds.scanner(nearest={**spec, "k": pool}, columns=present, with_row_id=True, **kwargs)
-    if explain is not None:
-        explain(scanner)
-    first = scanner.to_table()
-    ids_read = first.column(ROWID).to_numpy()
-    approx = approx_read = first.column(DISTANCE).to_numpy()
-    exact = _exact(first, column, q, metric)
-    parts = [first.select(present)]
-    rowids = ids_read
-    scan_k, scans = pool, 1
+    ids_read = np.zeros(0, np.uint64)
+    exact = quantized = np.zeros(0, np.float32)
+    parts: list[pa.Table] = []
+    scan_k, scans = min(POOL_SCAN_FACTOR * pool, cap), 0
     while True:
-        n = len(rowids)
-        cut = n
-        while True:  # read every scanned row that may beat the rank-th exact distance
-            finite = np.isfinite(exact)
-            r = min(rank, int(finite.sum()))
-            if r == 0:
-                break
-            err = max(0.0, float(np.max(approx_read[finite] - exact[finite])))
-            kth = float(np.partition(exact[finite], r - 1)[r - 1])
-            cut = int(np.searchsorted(approx, kth + err, side="right"))
-            want = min(cut, n, cap)
-            new = ~np.isin(rowids[:want], ids_read)
-            if not new.any():
-                break
-            take = rowids[:want][new]
-            rows = ds._take_rows(take.tolist(), columns=present)
-            parts.append(rows)
-            ids_read = np.concatenate([ids_read, take])
-            exact = np.concatenate([exact, _exact(rows, column, q, metric)])
-            approx_read = np.concatenate([approx_read, approx[:want][new]])
-        if n < scan_k or cut < n or scan_k >= cap or len(ids_read) >= cap:
-            break
-        scan_k = min(scan_k * POOL_SCAN_FACTOR, cap)
         scanner = ds.scanner(nearest={**spec, "k": scan_k}, columns=[], with_row_id=True, **kwargs)
+        if explain is not None:
+            explain(scanner)
         got = scanner.to_table()
         scans += 1
         approx = got.column(DISTANCE).to_numpy()
         rowids = got.column(ROWID).to_numpy()
+        n = len(rowids)
+        want = min(max(pool, len(ids_read)), n)
+        cut = n
+        while True:  # read every scanned row that may beat the rank-th exact distance
+            new = ~np.isin(rowids[:want], ids_read)
+            if new.any():
+                order = np.argsort(rowids[:want][new])  # Lance reads rows in id order faster
+                take = rowids[:want][new][order]
+                rows = ds._take_rows(take.tolist(), columns=present)
+                parts.append(rows)
+                ids_read = np.concatenate([ids_read, take])
+                exact = np.concatenate([exact, _exact(rows, column, q, metric)])
+                quantized = np.concatenate([quantized, approx[:want][new][order]])
+            finite = np.isfinite(exact)
+            r = min(rank, int(finite.sum()))
+            if r == 0:
+                break
+            err = max(0.0, float(np.max(quantized[finite] - exact[finite])))
+            kth = float(np.partition(exact[finite], r - 1)[r - 1])
+            cut = int(np.searchsorted(approx, kth + POOL_ERROR_MARGIN * err, side="right"))
+            if cut <= want or want >= min(n, cap):
+                break
+            want = min(cut, n, cap)
+        if n < scan_k or cut < n or scan_k >= cap or len(ids_read) >= cap:
+            break
+        scan_k = min(scan_k * POOL_SCAN_FACTOR, cap)
     stats["pool"] = stats.get("pool", 0) + len(ids_read)
     stats["scans"] = stats.get("scans", 0) + scans
-    out = pa.concat_tables(parts)
+    out = pa.concat_tables(parts) if parts else ds.schema.empty_table().select(present)
     out = out.append_column(DISTANCE, pa.array(exact, pa.float32()))
     out = out.append_column(ROWID, pa.array(ids_read, pa.uint64()))
     return out.take(pa.array(np.argsort(exact, kind="stable")))
