@@ -227,7 +227,9 @@ class FaultProxy:
         server.proxy = self  # type: ignore[attr-defined]
         self._server = server
         self.port = server.server_address[1]
-        self._thread = threading.Thread(target=server.serve_forever, name="fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="fault-proxy", daemon=True
+        )
         self._thread.start()
         return self
 

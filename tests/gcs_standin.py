@@ -91,9 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # -- plumbing -----------------------------------------------------------------------
-    def _reply(
-        self, status: int, body: bytes = b"", headers: dict[str, str] | None = None
-    ) -> None:
+    def _reply(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         state: _State = self.server.state
         if state.requests is not None:
             state.requests.append((self.command, self.path, status))
@@ -301,14 +299,18 @@ class _Handler(BaseHTTPRequestHandler):
                 f"<LastModified>{_iso(obj.modified)}</LastModified>"
                 f"<ETag>{escape(obj.etag)}</ETag><Size>{len(obj.data)}</Size></Contents>"
             )
-        token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>" if truncated else ""
+        token = ""
+        if truncated:
+            token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>"
         doc = (
             "<?xml version='1.0' encoding='UTF-8'?><ListBucketResult>"
             f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>"
             f"<KeyCount>{len(contents) + len(prefixes)}</KeyCount><MaxKeys>{max_keys}</MaxKeys>"
             f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>"
             + "".join(contents)
-            + "".join(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes)
+            + "".join(
+                f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes
+            )
             + token
             + "</ListBucketResult>"
         )
@@ -365,7 +367,9 @@ class GcsStandIn:
         server.state = self.state  # type: ignore[attr-defined]
         self._server = server
         self.port = server.server_address[1]
-        self._thread = threading.Thread(target=server.serve_forever, name="gcs-standin", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="gcs-standin", daemon=True
+        )
         self._thread.start()
         return self
 

@@ -55,7 +55,6 @@ from memwal_query.storage.options import (  # noqa: E402
     OPT_VERIFY_CONDITIONAL_PUT,
     ConditionalPutUnsupportedError,
     LockTimeoutError,
-    ObjectStoreError,
     register_commit_lock,
     store_settings,
 )
@@ -622,7 +621,8 @@ def test_lance_concurrent_commits(store):
 
 
 def test_storage_options_translation():
-    s = store_settings("s3", 
+    s = store_settings(
+        "s3",
         {
             "aws_access_key_id": "AK",
             "AWS_SECRET_ACCESS_KEY": "SK",
@@ -635,7 +635,7 @@ def test_storage_options_translation():
             "client_max_retries": "3",
             "block_size": "4096",  # a Lance-only option
             "memwal_lock_ttl": "5",
-        }
+        },
     )
     assert s.config == {
         "access_key_id": "AK",
@@ -945,12 +945,13 @@ def test_registered_commit_lock(s3_server):
 def test_default_retries_are_bounded_and_overridable():
     """Without retry options the HTTP client retries 3 times within 30 s (obstore alone:
     10 within 180 s per request); the storage options still override it."""
-    
+
     assert store_settings("s3", {}).retry_config == {
         "max_retries": 3,
         "retry_timeout": dt.timedelta(seconds=30),
     }
-    own = store_settings("s3", {"client_max_retries": "0", "client_retry_timeout": "2"}).retry_config
+    own = store_settings("s3", {"client_max_retries": "0", "client_retry_timeout": "2"})
+    own = own.retry_config
     assert own == {"max_retries": 0, "retry_timeout": dt.timedelta(seconds=2)}
 
 
