@@ -100,8 +100,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         proxy: FaultProxy = self.server.proxy
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-        if body or self.command in ("PUT", "POST"):
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower() not in (*_HOP, "content-length")
+        }
+        if body or self.command in ("PUT", "POST") or "content-length" in self.headers:
             headers["Content-Length"] = str(len(body))
         for attempt in range(2):  # a kept-alive upstream connection may have gone stale
             conn = getattr(self, "_upstream", None)
@@ -158,10 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
         if proxy.latency:
             time.sleep(proxy.latency)
         fault = proxy.plan(self.command, self.path) if proxy.plan is not None else None
-        proxy.requests += 1
+        proxy.seen(self.command, self.path, fault)
         if fault is not None:
             kind, when = fault
-            proxy.count(kind, when)
             if when == "after":
                 try:
                     self._forward(body)
@@ -207,15 +208,25 @@ class FaultProxy:
         self.latency = latency
         self.phase = "setup"
         self.requests = 0
+        self.retries = 0  # requests sent again after a fault on the same method and path
+        self._faulted: set[tuple[str, str]] = set()
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
 
-    def count(self, kind: str, when: str) -> None:
+    def seen(self, method: str, path: str, fault: Fault | None) -> None:
+        """Count a request (and its fault)."""
         with self._lock:
-            self.counts[(self.phase, kind, when)] += 1
+            self.requests += 1
+            key = (method, path)
+            if key in self._faulted:
+                self.retries += 1
+                self._faulted.discard(key)
+            if fault is not None:
+                self.counts[(self.phase, *fault)] += 1
+                self._faulted.add(key)
 
     @property
     def faults(self) -> int:

@@ -474,6 +474,7 @@ class ObjectStoreFileIO(FileIO):
                 # Ours if an earlier attempt landed but its response was lost.
                 owner, version = self._token(path, store, key)
                 if owner == token:
+                    log.debug("create of %s: landed, answer lost (token matched)", path)
                     return version
                 if owner is not None:
                     raise AlreadyExistsError(f"{path}: already exists") from e
@@ -484,6 +485,7 @@ class ObjectStoreFileIO(FileIO):
             except Exception as e:  # noqa: BLE001 - outcome unknown: look
                 owner, version = self._token(path, store, key)
                 if owner == token:
+                    log.debug("create of %s: landed, answer lost (token matched)", path)
                     return version
                 if owner is not None:
                     raise AlreadyExistsError(f"{path}: already exists") from e
@@ -531,6 +533,7 @@ class ObjectStoreFileIO(FileIO):
         except (obx.PreconditionError, obx.AlreadyExistsError, FileNotFoundError) as e:
             landed = self._landed(path, data)
             if landed is not None:
+                log.debug("conditional put of %s: landed, answer lost (data matched)", path)
                 return landed
             raise ConcurrentModificationError(f"{path}: changed since it was read") from e
         except _DEFINITE as e:
