@@ -77,6 +77,18 @@ class RandomFaults:
             return self.rng.choice(self.kinds), self.rng.choice(self.when)
 
 
+class _Server(ThreadingHTTPServer):
+    """Quiet about clients that went away mid-answer (timeouts, dropped connections)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: Any
@@ -233,7 +245,7 @@ class FaultProxy:
         return sum(self.counts.values())
 
     def start(self) -> FaultProxy:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        server = _Server(("127.0.0.1", 0), _Handler)
         server.daemon_threads = True
         server.proxy = self  # type: ignore[attr-defined]
         self._server = server

@@ -83,6 +83,18 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
 
 
+class _Server(ThreadingHTTPServer):
+    """Quiet about clients that went away mid-answer (timeouts, dropped connections)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: Any
@@ -362,7 +374,7 @@ class GcsStandIn:
         self.state = _State()
 
     def start(self) -> GcsStandIn:
-        server = ThreadingHTTPServer((self.host, self.port), _Handler)
+        server = _Server((self.host, self.port), _Handler)
         server.daemon_threads = True
         server.state = self.state  # type: ignore[attr-defined]
         self._server = server
