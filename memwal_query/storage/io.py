@@ -318,7 +318,7 @@ def _unlink_quiet(path: str) -> None:
         pass
 
 
-def normalize_uri(uri: str | os.PathLike) -> str:
+def normalize_uri(uri: str | os.PathLike[str]) -> str:
     """Absolute, ``/``-joined form of a table URI without a trailing slash."""
     text = os.fspath(uri)
     if "://" in text and not text.startswith("file://"):

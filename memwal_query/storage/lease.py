@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from memwal_query.exceptions import AlreadyExistsError, ObjectNotFoundError, StorageError
 from memwal_query.storage.io import FileIO, join
@@ -107,7 +108,7 @@ class LeaseLock:
         ).encode()
 
     @staticmethod
-    def _parse(data: bytes) -> dict | None:
+    def _parse(data: bytes) -> dict[str, Any] | None:
         try:
             lease = json.loads(data)
             float(lease["expires_at"])
