@@ -97,6 +97,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out at once, no 40 ms stalls
     server: Any
 
     def log_message(self, *args: Any) -> None:
