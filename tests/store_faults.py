@@ -4,15 +4,17 @@ through :class:`faultproxy.FaultProxy`, checked against a model of acknowledged 
 ``run(kind, server, seed, faults)`` drives one table on one store until ``faults`` faults
 were injected (503/500/429, timeouts past the client timeout, dropped connections, each
 before or after the store applied the request). Every operation either succeeds or
-raises a :class:`~memwal_query.exceptions.MemWalError` (anything else is recorded as
-``untyped``); every successful read must equal the model: each key's row is its last
-acknowledged value, or the value of a later put whose outcome was unknown (it raised),
-never an older one, never twice, and nothing else. At the end, with faults off, the
-writer is recovered (a new writer replays the WAL), the table must equal the model
-exactly once more, and ``fsck`` (``MemWalTable.check``) must find no error.
+raises a :class:`~memwal_query.exceptions.MemWalError` (anything else, and a
+``StorageError`` whose message names no object, is recorded as ``untyped``). Every
+successful read must equal the model: each key's row is its last acknowledged value,
+or the value of a later put whose outcome was unknown (it raised), never an older one,
+never twice, and nothing else. At the end, with faults off, the writer is recovered (a
+new writer replays the WAL), the table must equal the model exactly once more, and
+``fsck`` (``MemWalTable.check``) must find no error.
 
-``tests/test_store_faults.py`` runs a short form in CI; ``benchmarks/fault_campaign.py``
-(or ``pytest -m campaign``) the full one (at least 1,000 faults over the stores).
+``tests/test_store_faults.py`` runs a short form in CI (``MEMWAL_STORE_FAULTS`` faults
+per store); ``benchmarks/fault_campaign.py`` the full one (at least 1,000 faults over
+the stores).
 """
 
 from __future__ import annotations
@@ -108,7 +110,12 @@ def run(
         an error after recovery.
     """
     import memwal_query as mq
-    from memwal_query.exceptions import FencedError, MemWalError, WriterClosedError
+    from memwal_query.exceptions import (
+        FencedError,
+        MemWalError,
+        StorageError,
+        WriterClosedError,
+    )
 
     rng = random.Random(seed)
     plan = RandomFaults(seed, 0.0, kinds=FAULT_KINDS)
@@ -150,6 +157,8 @@ def run(
                 return True, fn()
             except MemWalError as e:
                 figures["typed_errors"][(op, type(e).__name__)] += 1
+                if isinstance(e, StorageError) and "://" not in str(e):
+                    figures["untyped"].append(f"{op}: names no object: {e}")
                 return False, e
             except Exception as e:  # noqa: BLE001 - recorded, the campaign fails
                 figures["untyped"].append(f"{op}: {type(e).__name__}: {e}")
