@@ -26,8 +26,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+
+from loopback import Handler, LoopbackServer
 
 KINDS = ("503", "500", "429", "timeout", "drop")
 WHEN = ("before", "after")
@@ -77,42 +77,9 @@ class RandomFaults:
             return self.rng.choice(self.kinds), self.rng.choice(self.when)
 
 
-class _Server(ThreadingHTTPServer):
-    """Quiet about clients that went away mid-answer (timeouts, dropped connections)."""
-
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out at once, no 40 ms stalls
-    server: Any
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            out = bytearray()
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return bytes(out)
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
-
+class _Handler(Handler):
     def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
-        proxy: FaultProxy = self.server.proxy
+        proxy: FaultProxy = self.server.owner
         headers = {
             k: v for k, v in self.headers.items() if k.lower() not in (*_HOP, "content-length")
         }
@@ -154,7 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _fail(self, kind: str) -> None:
-        proxy: FaultProxy = self.server.proxy
+        proxy: FaultProxy = self.server.owner
         if kind in _BODIES:
             status, code, message = _BODIES[kind]
             body = (
@@ -168,8 +135,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True  # "drop", or a timeout's end: no answer at all
 
     def _handle(self) -> None:
-        proxy: FaultProxy = self.server.proxy
-        body = self._body()
+        proxy: FaultProxy = self.server.owner
+        body = self.body()
         if proxy.latency:
             time.sleep(proxy.latency)
         fault = proxy.plan(self.command, self.path) if proxy.plan is not None else None
@@ -193,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle  # noqa: N815
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """The proxy on a free loopback port in front of ``upstream`` (``http://host:port``);
     a context manager.
 
@@ -210,6 +177,9 @@ class FaultProxy:
         Seconds added to every request.
     """
 
+    handler = _Handler
+    name = "fault-proxy"
+
     def __init__(
         self, upstream: str, plan: Plan | None = None, delay: float = 2.0, latency: float = 0.0
     ) -> None:
@@ -225,9 +195,7 @@ class FaultProxy:
         self._faulted: set[tuple[str, str]] = set()
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
+        super().__init__()
 
     def seen(self, method: str, path: str, fault: Fault | None) -> None:
         """Count a request (and its fault)."""
@@ -244,34 +212,3 @@ class FaultProxy:
     @property
     def faults(self) -> int:
         return sum(self.counts.values())
-
-    def start(self) -> FaultProxy:
-        server = _Server(("127.0.0.1", 0), _Handler)
-        server.daemon_threads = True
-        server.proxy = self  # type: ignore[attr-defined]
-        self._server = server
-        self.port = server.server_address[1]
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="fault-proxy", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

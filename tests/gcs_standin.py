@@ -40,9 +40,9 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from xml.sax.saxutils import escape
+
+from loopback import Handler, LoopbackServer
 
 
 @dataclass
@@ -56,6 +56,10 @@ class _Object:
     @property
     def etag(self) -> str:
         return '"' + hashlib.md5(self.data).hexdigest() + '"'
+
+
+Objects = dict[str, "_Object"]
+Query = dict[str, str]
 
 
 class _State:
@@ -83,29 +87,10 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
 
 
-class _Server(ThreadingHTTPServer):
-    """Quiet about clients that went away mid-answer (timeouts, dropped connections)."""
-
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out at once, no 40 ms stalls
-    server: Any
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
+class _Handler(Handler):
     # -- plumbing -----------------------------------------------------------------------
     def _reply(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-        state: _State = self.server.state
+        state: _State = self.server.owner.state
         if state.requests is not None:
             state.requests.append((self.command, self.path, status))
         self.send_response(status)
@@ -117,19 +102,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD" and body:
             self.wfile.write(body)
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            out = bytearray()
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return bytes(out)
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
 
     def _target(self) -> tuple[str, str, dict[str, str]]:
         parsed = urllib.parse.urlsplit(self.path)
@@ -149,6 +121,14 @@ class _Handler(BaseHTTPRequestHandler):
         headers.update({f"x-goog-meta-{k}": v for k, v in obj.metadata.items()})
         return headers
 
+    def _metadata(self) -> tuple[dict[str, str], str]:
+        """``x-goog-meta-*`` user metadata and the content type of an upload."""
+        prefix = "x-goog-meta-"
+        metadata = {
+            k[len(prefix) :]: v for k, v in self.headers.items() if k.lower().startswith(prefix)
+        }
+        return metadata, self.headers.get("Content-Type", "application/octet-stream")
+
     def _precondition(self, current: _Object | None) -> bool:
         wanted = self.headers.get("x-goog-if-generation-match")
         if wanted is None:
@@ -158,101 +138,90 @@ class _Handler(BaseHTTPRequestHandler):
         return current is not None and current.generation == int(wanted)
 
     # -- verbs ------------------------------------------------------------------------
-    def do_PUT(self) -> None:  # noqa: N802
+    def _dispatch(self) -> None:
+        """One request: its bucket must exist; answered under the state's lock."""
         bucket, key, query = self._target()
-        data = self._body()
-        state: _State = self.server.state
+        data = self.body()
+        state: _State = self.server.owner.state
         with state.lock:
             objects = state.buckets.get(bucket)
             if objects is None:
                 return self._reply(404, _xml_error("NoSuchBucket", bucket))
-            if "uploadId" in query:
-                parts = state.uploads.get(query["uploadId"])
-                if parts is None:
-                    return self._reply(404, _xml_error("NoSuchUpload", query["uploadId"]))
-                parts[int(query["partNumber"])] = data
-                etag = '"' + hashlib.md5(data).hexdigest() + '"'
-                return self._reply(200, headers={"ETag": etag})
-            source = self.headers.get("x-goog-copy-source")
-            if source is not None:
-                src_bucket, _, src_key = urllib.parse.unquote(source).lstrip("/").partition("/")
-                src = state.buckets.get(src_bucket, {}).get(src_key)
-                if src is None:
-                    return self._reply(404, _xml_error("NoSuchKey", source))
-                data = src.data
-                metadata, content_type = dict(src.metadata), src.content_type
-            else:
-                metadata = {
-                    k[len("x-goog-meta-") :]: v
-                    for k, v in self.headers.items()
-                    if k.lower().startswith("x-goog-meta-")
-                }
-                content_type = self.headers.get("Content-Type", "application/octet-stream")
+            verb = {"HEAD": "GET"}.get(self.command, self.command)
+            getattr(self, f"_{verb.lower()}")(state, objects, bucket, key, query, data)
+        return None
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _dispatch  # noqa: N815
+
+    def _put(
+        self, state: _State, objects: Objects, bucket: str, key: str, query: Query, data: bytes
+    ) -> None:
+        if "uploadId" in query:
+            parts = state.uploads.get(query["uploadId"])
+            if parts is None:
+                return self._reply(404, _xml_error("NoSuchUpload", query["uploadId"]))
+            parts[int(query["partNumber"])] = data
+            etag = '"' + hashlib.md5(data).hexdigest() + '"'
+            return self._reply(200, headers={"ETag": etag})
+        source = self.headers.get("x-goog-copy-source")
+        if source is not None:
+            src_bucket, _, src_key = urllib.parse.unquote(source).lstrip("/").partition("/")
+            src = state.buckets.get(src_bucket, {}).get(src_key)
+            if src is None:
+                return self._reply(404, _xml_error("NoSuchKey", source))
+            data = src.data
+            metadata, content_type = dict(src.metadata), src.content_type
+        else:
+            metadata, content_type = self._metadata()
+        if not self._precondition(objects.get(key)):
+            return self._reply(412, _xml_error("PreconditionFailed", key))
+        obj = _Object(data, state.next_generation(), time.time(), metadata, content_type)
+        objects[key] = obj
+        self._reply(200, headers={"ETag": obj.etag, "x-goog-generation": str(obj.generation)})
+
+    def _post(
+        self, state: _State, objects: Objects, bucket: str, key: str, query: Query, body: bytes
+    ) -> None:
+        if "uploads" in query:
+            upload = uuid.uuid4().hex
+            state.uploads[upload] = {}
+            metadata, ctype = self._metadata()
+            state.upload_meta[upload] = (key, ctype, metadata)
+            doc = (
+                "<?xml version='1.0' encoding='UTF-8'?><InitiateMultipartUploadResult>"
+                f"<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key>"
+                f"<UploadId>{upload}</UploadId></InitiateMultipartUploadResult>"
+            )
+            return self._reply(200, doc.encode())
+        if "uploadId" in query:
+            upload = query["uploadId"]
+            parts = state.uploads.pop(upload, None)
+            if parts is None:
+                return self._reply(404, _xml_error("NoSuchUpload", upload))
+            _, ctype, metadata = state.upload_meta.pop(upload)
+            numbers = [int(n) for n in _tag_values(body, "PartNumber")]
+            data = b"".join(parts[n] for n in numbers)
             if not self._precondition(objects.get(key)):
                 return self._reply(412, _xml_error("PreconditionFailed", key))
-            obj = _Object(data, state.next_generation(), time.time(), metadata, content_type)
+            obj = _Object(data, state.next_generation(), time.time(), metadata, ctype)
             objects[key] = obj
-            self._reply(200, headers={"ETag": obj.etag, "x-goog-generation": str(obj.generation)})
+            doc = (
+                "<?xml version='1.0' encoding='UTF-8'?><CompleteMultipartUploadResult>"
+                f"<Location>/{escape(bucket)}/{escape(key)}</Location>"
+                f"<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key>"
+                f"<ETag>{escape(obj.etag)}</ETag></CompleteMultipartUploadResult>"
+            )
+            return self._reply(200, doc.encode(), {"x-goog-generation": str(obj.generation)})
+        self._reply(400, _xml_error("InvalidArgument", "unsupported POST"))
 
-    def do_POST(self) -> None:  # noqa: N802
-        bucket, key, query = self._target()
-        body = self._body()
-        state: _State = self.server.state
-        with state.lock:
-            objects = state.buckets.get(bucket)
-            if objects is None:
-                return self._reply(404, _xml_error("NoSuchBucket", bucket))
-            if "uploads" in query:
-                upload = uuid.uuid4().hex
-                state.uploads[upload] = {}
-                metadata = {
-                    k[len("x-goog-meta-") :]: v
-                    for k, v in self.headers.items()
-                    if k.lower().startswith("x-goog-meta-")
-                }
-                ctype = self.headers.get("Content-Type", "application/octet-stream")
-                state.upload_meta[upload] = (key, ctype, metadata)
-                doc = (
-                    "<?xml version='1.0' encoding='UTF-8'?><InitiateMultipartUploadResult>"
-                    f"<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key>"
-                    f"<UploadId>{upload}</UploadId></InitiateMultipartUploadResult>"
-                )
-                return self._reply(200, doc.encode())
-            if "uploadId" in query:
-                upload = query["uploadId"]
-                parts = state.uploads.pop(upload, None)
-                if parts is None:
-                    return self._reply(404, _xml_error("NoSuchUpload", upload))
-                _, ctype, metadata = state.upload_meta.pop(upload)
-                numbers = [int(n) for n in _tag_values(body, "PartNumber")]
-                data = b"".join(parts[n] for n in numbers)
-                if not self._precondition(objects.get(key)):
-                    return self._reply(412, _xml_error("PreconditionFailed", key))
-                obj = _Object(data, state.next_generation(), time.time(), metadata, ctype)
-                objects[key] = obj
-                doc = (
-                    "<?xml version='1.0' encoding='UTF-8'?><CompleteMultipartUploadResult>"
-                    f"<Location>/{escape(bucket)}/{escape(key)}</Location>"
-                    f"<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key>"
-                    f"<ETag>{escape(obj.etag)}</ETag></CompleteMultipartUploadResult>"
-                )
-                return self._reply(200, doc.encode(), {"x-goog-generation": str(obj.generation)})
-            self._reply(400, _xml_error("InvalidArgument", "unsupported POST"))
-
-    def _get(self) -> None:
-        bucket, key, query = self._target()
-        state: _State = self.server.state
-        with state.lock:
-            objects = state.buckets.get(bucket)
-            if objects is None:
-                return self._reply(404, _xml_error("NoSuchBucket", bucket))
-            if not key:
-                return self._list(bucket, objects, query)
-            obj = objects.get(key)
-            if obj is None or (
-                "generation" in query and str(obj.generation) != query["generation"]
-            ):
-                return self._reply(404, _xml_error("NoSuchKey", key))
+    def _get(
+        self, state: _State, objects: Objects, bucket: str, key: str, query: Query, body: bytes
+    ) -> None:
+        if not key:
+            return self._list(bucket, objects, query)
+        obj = objects.get(key)
+        if obj is None or ("generation" in query and str(obj.generation) != query["generation"]):
+            return self._reply(404, _xml_error("NoSuchKey", key))
         headers = self._object_headers(obj)
         if_match = self.headers.get("If-Match")
         if if_match is not None and if_match not in ("*", obj.etag):
@@ -274,13 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(416, _xml_error("InvalidRange", rng))
             data, status = data[start : end + 1], 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-        self._reply(status, data, headers)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._get()
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._get()
+        return self._reply(status, data, headers)
 
     def _list(self, bucket: str, objects: dict[str, _Object], query: dict[str, str]) -> None:
         prefix = query.get("prefix", "")
@@ -329,19 +292,15 @@ class _Handler(BaseHTTPRequestHandler):
         )
         self._reply(200, doc.encode())
 
-    def do_DELETE(self) -> None:  # noqa: N802
-        bucket, key, query = self._target()
-        state: _State = self.server.state
-        with state.lock:
-            objects = state.buckets.get(bucket)
-            if objects is None:
-                return self._reply(404, _xml_error("NoSuchBucket", bucket))
-            if "uploadId" in query:
-                state.uploads.pop(query["uploadId"], None)
-                state.upload_meta.pop(query["uploadId"], None)
-                return self._reply(204)
-            if objects.pop(key, None) is None:
-                return self._reply(404, _xml_error("NoSuchKey", key))
+    def _delete(
+        self, state: _State, objects: Objects, bucket: str, key: str, query: Query, body: bytes
+    ) -> None:
+        if "uploadId" in query:
+            state.uploads.pop(query["uploadId"], None)
+            state.upload_meta.pop(query["uploadId"], None)
+            return self._reply(204)
+        if objects.pop(key, None) is None:
+            return self._reply(404, _xml_error("NoSuchKey", key))
         self._reply(204)
 
 
@@ -358,7 +317,7 @@ def _tag_values(doc: bytes, tag: str) -> list[str]:
         start = j
 
 
-class GcsStandIn:
+class GcsStandIn(LoopbackServer):
     """The stand-in on a free loopback port (see the module docs); a context manager.
 
     Attributes
@@ -367,28 +326,12 @@ class GcsStandIn:
         ``http://127.0.0.1:PORT`` once started.
     """
 
+    handler = _Handler
+    name = "gcs-standin"
+
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.host = host
-        self.port = port
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(host, port)
         self.state = _State()
-
-    def start(self) -> GcsStandIn:
-        server = _Server((self.host, self.port), _Handler)
-        server.daemon_threads = True
-        server.state = self.state  # type: ignore[attr-defined]
-        self._server = server
-        self.port = server.server_address[1]
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="gcs-standin", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def create_bucket(self, name: str) -> None:
         with self.state.lock:
@@ -418,18 +361,3 @@ class GcsStandIn:
             yield log
         finally:
             self.state.requests = None
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> GcsStandIn:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
