@@ -45,7 +45,7 @@ def test_crash_harness(tmp_path, capsys):
     assert figures["hits"].get("timer", 0) > 0 or ITERATIONS < 100, figures
 
 
-STORE_ITERATIONS = int(os.environ.get("MEMWAL_CRASH_STORE_ITERATIONS", "12"))
+STORE_ITERATIONS = int(os.environ.get("MEMWAL_CRASH_STORE_ITERATIONS", "6"))
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 answers, timeouts and dropped connections (before or after the store applied the
 request) during puts, flushes, merges, GC and reads (see ``store_faults.py``).
 
-CI runs a short form (``MEMWAL_STORE_FAULTS`` faults per store, default 40, seed
+CI runs a short form (``MEMWAL_STORE_FAULTS`` faults per store, default 30, seed
 ``MEMWAL_STORE_FAULTS_SEED``); ``python benchmarks/fault_campaign.py`` runs the full one.
 """
 
@@ -19,7 +19,7 @@ pytest.importorskip("moto")
 import store_faults  # noqa: E402
 from stores import STORES  # noqa: E402
 
-FAULTS = int(os.environ.get("MEMWAL_STORE_FAULTS", "40"))
+FAULTS = int(os.environ.get("MEMWAL_STORE_FAULTS", "30"))
 SEED = int(os.environ.get("MEMWAL_STORE_FAULTS_SEED", "20261127"))
 
 
