@@ -346,6 +346,23 @@ def test_change_feed_and_time_travel(backend):
     assert now[100] == 2.0 and 1 not in now
 
 
+@pytest.mark.slow
+def test_abfss_uri_names_the_same_objects_as_az(store_pool):
+    """An ``abfss://container@account.dfs.core.windows.net/path`` table (the account from
+    the host name) is the ``az://container/path`` table, for Lance and for us."""
+    server = store_pool.get("azure")
+    opts = server.storage_options()
+    prefix = uuid.uuid4().hex
+    uri = f"abfss://{BUCKET}@devstoreaccount1.dfs.core.windows.net/{prefix}/t"
+    lance.write_dataset(basic_rows(range(10)), uri, storage_options=opts)
+    t = mq.MemWalTable.initialize(uri, storage_options=opts)
+    with t.writer() as w:
+        w.put(basic_rows([100], val=[-1.0]))
+    assert t.merge() == [(w.region_id, 1)]
+    same = mq.MemWalTable.open(f"az://{BUCKET}/{prefix}/t", storage_options=opts)
+    assert live(same) == live(t) and live(same)[100] == -1.0
+
+
 # -- WAL naming -------------------------------------------------------------------------------
 def test_wal_entry_names_spread(backend):
     """Consecutive WAL entries differ in their first bits (bit-reversed positions)."""
