@@ -901,7 +901,7 @@ def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     (region,) = status["regions"].values()
     assert region["flushed_generations"] == [1] and region["merged_generation"] == 0
     assert "merged [1]" in memwal("merge", uri)
-    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0")
+    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0", "--verbose")
     assert json.loads(memwal("sql", uri, query, "--format", "json")) == expected
     status = json.loads(memwal("status", uri, "--json"))
     (region,) = status["regions"].values()
