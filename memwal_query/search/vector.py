@@ -353,7 +353,9 @@ def _pooled_knn(
     parts: list[pa.Table] = []
     scan_k, scans = min(POOL_SCAN_FACTOR * pool, cap), 0
     while True:
-        scanner = ds.scanner(nearest={**spec, "k": scan_k}, columns=[], with_row_id=True, **kwargs)
+        scanner = ds.scanner(
+            nearest={**spec, "k": scan_k}, columns=[DISTANCE], with_row_id=True, **kwargs
+        )
         if explain is not None:
             explain(scanner)
         got = scanner.to_table()
