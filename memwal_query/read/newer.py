@@ -102,6 +102,13 @@ class NewerView:
         # positions are ascending: as many as rows means every row
         return out if len(selected) == out.num_rows else out.take(pa.array(selected))
 
+    def live_count(self) -> int:
+        """How many newest rows are live (not tombstones): reads ``_tombstone`` only."""
+        if len(self.winners) == 0:
+            return 0
+        tomb = pc.fill_null(self.newest([TOMBSTONE]).column(TOMBSTONE), False)
+        return len(self.winners) - int(pc.sum(tomb.cast(pa.int64())).as_py() or 0)
+
     def newest(self, names: Sequence[str]) -> pa.Table:
         """The newest rows (:attr:`winners`, in that order, tombstones included), only
         ``names`` (for flushed generations alone, cached per column)."""

@@ -134,7 +134,13 @@ def _read_generation(
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-    if (missing or ROWADDR_COLUMN not in cached) and not cached:
+    if (missing or ROWADDR_COLUMN not in cached) and not cached and columns is not None:
+        # a few columns (keys, tombstones): the keys sidecar holds them when it has them
+        keys = _keys_sidecar(ref.uri, storage_options, target)
+        if keys is not None and all(c in keys for c in missing):
+            cached = GENERATION_CACHE.add(ref.uri, keys)
+            missing = []
+    if missing or ROWADDR_COLUMN not in cached:
         side = _sidecar(ref.uri, storage_options, target)
         if side is not None:
             cached = GENERATION_CACHE.add(ref.uri, side)
@@ -267,6 +273,30 @@ def _sidecar(
         if f.name not in out and f.name != GEN_COLUMN:  # written before the column existed
             value = pa.scalar(False) if f.name == TOMBSTONE else pa.scalar(None, f.type)
             out[f.name] = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
+    return out
+
+
+GENERATIONS_WITHOUT_KEYS: LRUCache[str, bool] = LRUCache(1 << 16)
+"""Generation directories known to have no (readable) keys sidecar."""
+
+
+def _keys_sidecar(
+    uri: str, storage_options: dict[str, str] | None, target: pa.Schema
+) -> dict[str, pa.ChunkedArray] | None:
+    """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
+    sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
+    one (then the rows sidecar or the Lance table is read)."""
+    if GENERATIONS_WITHOUT_KEYS.get(uri):
+        return None
+    from memwal_query.format import keyfile
+
+    t = keyfile.read(file_io(uri, storage_options), uri)
+    if t is None:
+        GENERATIONS_WITHOUT_KEYS.put(uri, True)
+        return None
+    out = {c: t.column(c) for c in t.column_names if c in target.names}
+    if TOMBSTONE not in out:  # written without tombstones: none
+        out[TOMBSTONE] = pa.chunked_array([pa.repeat(pa.scalar(False), t.num_rows)], pa.bool_())
     return out
 
 
