@@ -152,10 +152,12 @@ class KeySet:
             v = _int_values(keys.column(0))
             assert v is not None  # an integer key set is only probed with integer keys
             if self._dense is not None:
-                inside = (v >= self._lo) & (v <= self._hi)
-                out = np.zeros(n, dtype=bool)
-                out[inside] = self._dense[v[inside] - self._lo]
-                return out
+                # offsets from the low end as uint64: below it wraps to huge, so one
+                # comparison bounds both ends (no boolean indexing: a gather, clipped)
+                off = v.view(np.uint64) - np.uint64(self._lo & 0xFFFFFFFFFFFFFFFF)
+                got = self._dense.take(off, mode="clip")
+                got &= off <= np.uint64(self._hi - self._lo)
+                return got
             assert self._sorted is not None
             return in_sorted(v, self._sorted)
         if isinstance(keys, pa.RecordBatch):
