@@ -42,7 +42,6 @@ os.environ.setdefault("LANCE_LOG", "error")
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -133,7 +132,8 @@ out["s"] = time.perf_counter() - s
 # VmHWM: the peak of this process image (ru_maxrss would include the parent's, which
 # Linux carries across fork + exec)
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")]
-out["rss_mb"] = int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+peak_kb = int(hwm[0].split()[1]) if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out["rss_mb"] = peak_kb / 1024
 print(json.dumps(out))
 """
 
@@ -258,7 +258,9 @@ def main() -> None:
         lookups = child("lookups", ours, ",".join(map(str, lookup_keys.tolist())))
         loads.append(uptime())
         for kind in ("count", "full"):
-            answers = {json.dumps(f["answer"]) for m in ("ours", "plain") for f in figures[f"{m}_{kind}"]}
+            answers = {
+                json.dumps(f["answer"]) for m in ("ours", "plain") for f in figures[f"{m}_{kind}"]
+            }
             assert len(answers) == 1, f"{kind}: answers differ: {answers}"
 
         def med(mode: str, key: str) -> float:
@@ -271,7 +273,15 @@ def main() -> None:
 
         table = []
         for kind, what in (("count", "cold count(*)"), ("full", "cold full to_table()")):
-            table.append([what, "query s", med(f"ours_{kind}", "s"), med(f"plain_{kind}", "s"), ratios(kind, "s")])
+            table.append(
+                [
+                    what,
+                    "query s",
+                    med(f"ours_{kind}", "s"),
+                    med(f"plain_{kind}", "s"),
+                    ratios(kind, "s"),
+                ]
+            )
             table.append(
                 [
                     "",
@@ -290,7 +300,9 @@ def main() -> None:
                     ratios(kind, "rss_mb"),
                 ]
             )
-        table.append(["warm full read", "s p50", warm["ours"], warm["plain"], warm["ours"] / warm["plain"]])
+        table.append(
+            ["warm full read", "s p50", warm["ours"], warm["plain"], warm["ours"] / warm["plain"]]
+        )
         table.append(
             [
                 f"lookup, {len(lookup_keys) - 1} generations",

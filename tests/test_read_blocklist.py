@@ -60,10 +60,11 @@ def test_treemap_is_what_lance_reads(three_fragments, case):
     assert kept.num_rows == len(addr) - len(want)
 
 
-def _overwritten(tmp_path, key_type=pa.int64()):
+def _overwritten(tmp_path, key_type=None):
     """A 3,000-row base (fragments of 1,000) with keys overwritten and deleted in a
     flushed generation and in the writer's MemTable: (table, writer, model id -> v);
     with a string ``key_type`` the key ``id`` holds the decimal digits of the numbers."""
+    key_type = pa.int64() if key_type is None else key_type
     schema = pa.schema(
         [
             pa.field("id", key_type, False, PK),
@@ -76,7 +77,9 @@ def _overwritten(tmp_path, key_type=pa.int64()):
     def rows(ids, v):
         ids = list(ids)
         keys = [str(i) for i in ids] if text else ids
-        return pa.table({"id": keys, "v": [v + i for i in ids], "s": [f"s{i}" for i in ids]}, schema)
+        return pa.table(
+            {"id": keys, "v": [v + i for i in ids], "s": [f"s{i}" for i in ids]}, schema
+        )
 
     uri = str(tmp_path / "t")
     lance.write_dataset(rows(range(3000), 0), uri, max_rows_per_file=1000)

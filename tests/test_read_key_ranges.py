@@ -12,6 +12,9 @@ key ever used and of unknown ones equal the dict model.
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import datafusion
 import lance
 import numpy as np
@@ -19,8 +22,10 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
+from memwal_query.format import keyfile, rowfile
 from memwal_query.read import dedup, newer, sources
 from memwal_query.search import caches
+from memwal_query.storage import paths
 
 from helpers import PK
 
@@ -164,3 +169,68 @@ def test_int_runs_are_the_last_and_first_row_of_each_key(low, high):
         assert ints[last].tolist() == order
         assert last.tolist() == [want_last[v] for v in order]
         assert first.tolist() == [want_first[v] for v in order]
+
+
+def _flushed_table(tmp_path) -> tuple[mq.MemWalTable, list[str], dict]:
+    """A table with four flushed generations (keys overwritten and deleted across them)
+    in two regions: (table, generation directories, model)."""
+    schema = _schema("int64-wide")
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows("int64-wide", schema, list(range(0, 400, 2)), [0] * 200), uri)
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    model = dict.fromkeys(range(0, 400, 2), 0)
+    for step in range(2):
+        keys = list(range(step * 50, 300 + step * 50, 3))
+        t.write(_rows("int64-wide", schema, keys, [step + 1] * len(keys)))
+        model.update(dict.fromkeys(keys, step + 1))
+        gone = list(range(step, 400, 17))
+        t.delete(_key_table("int64-wide", schema, gone))
+        for k in gone:
+            model.pop(k, None)
+        t.flush()
+    gens = [
+        paths.generation_path(t.uri, r, g.path)
+        for r in t.region_ids()
+        for g in t.region_manifest(r).flushed_generations
+    ]
+    return t, gens, model
+
+
+def test_the_keys_sidecar_equals_the_lance_tables_keys(tmp_path):
+    t, gens, _ = _flushed_table(tmp_path)
+    assert len(gens) == 4
+    for uri in gens:
+        keys = keyfile.read(t.io, uri)
+        assert keys is not None
+        want = lance.dataset(uri).to_table(columns=["id", "_tombstone"], with_row_address=True)
+        assert keys.equals(want.cast(keys.schema))
+    t.close()
+
+
+def test_a_missing_or_damaged_keys_sidecar_reads_the_rows(tmp_path):
+    """Every reader answers the same without the keys sidecars (one missing, one with
+    a flipped bit: a warning naming it, one truncated), and without the rows sidecar
+    either (the Lance table)."""
+    t, gens, model = _flushed_table(tmp_path)
+    t.close()
+    os.remove(os.path.join(gens[0], keyfile.KEYS_FILE))
+    path = os.path.join(gens[1], keyfile.KEYS_FILE)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    path = os.path.join(gens[2], keyfile.KEYS_FILE)
+    open(path, "wb").write(open(path, "rb").read()[:100])
+    os.remove(os.path.join(gens[3], keyfile.KEYS_FILE))
+    os.remove(os.path.join(gens[3], rowfile.ROWS_FILE))
+    _clear_caches()
+    schema = _schema("int64-wide")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        other = mq.MemWalTable.open(t.uri)
+        assert other.count_rows() == len(model)
+        assert _as_model("int64-wide", other.to_table()) == model
+        found = other.lookup(_key_table("int64-wide", schema, list(range(-5, 420))))
+        assert _as_model("int64-wide", found) == model
+    damaged = [str(w.message) for w in seen if keyfile.KEYS_FILE in str(w.message)]
+    assert any("CRC" in m for m in damaged) and len(damaged) >= 2

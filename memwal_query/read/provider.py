@@ -191,7 +191,7 @@ class _QueryState:
         integer key sets are tested per batch on the key column the scan reads (a
         gather in a dense table or a binary search, cheaper than that extra scan of
         the base's keys and row ids and than Lance's blocklist, measured on a 10M-row
-        base: ``docs/reading.md``). None when there is nothing to drop, the newer keys
+        base: ``docs/architecture.md``). None when there is nothing to drop, the newer keys
         are integers, or the base table is over ``ADDRESS_DEDUP_MAX_ROWS`` rows.
         Filtered scans do not use it: Lance then plans the filter differently (a point
         query measured 2-3x slower), and a filter leaves few rows to copy anyway.
