@@ -207,7 +207,11 @@ def _flushed_newest(
 
 
 def _flushed_view(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    whole_rows: bool = False,
 ) -> _FlushedView:
     """(row count, newest indices, key set, region rank, ``_gen`` and tombstone flag of
     the newest rows) of the plan's generations (cached). Reads the generations' key
@@ -218,8 +222,10 @@ def _flushed_view(
         return hit
     ranks = _ranks(plan)
     cols = [*pk, GEN_COLUMN, TOMBSTONE]
-    parts = read_generations(plan.generations, schema, storage_options, cols)
-    keys = pa.concat_tables(parts) if parts else _empty(schema).select(cols)
+    parts = read_generations(
+        plan.generations, schema, storage_options, None if whole_rows else cols
+    )
+    keys = pa.concat_tables(parts).select(cols) if parts else _empty(schema).select(cols)
     regions = np.repeat(
         np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
         [p.num_rows for p in parts],
@@ -261,10 +267,20 @@ def _memtable_view(
 
 
 def newer_view(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None = None
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None = None,
+    whole_rows: bool = False,
 ) -> NewerView:
-    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
-    n_f, win_f, keys_f, reg_f, gen_f, tomb_f = _flushed_view(plan, schema, pk, storage_options)
+    """Build the :class:`NewerView` of a plan (vectorised; see class docs).
+
+    ``whole_rows``: the caller reads other columns than the keys next (a full read),
+    so generations not cached yet are read whole at once (their rows sidecars) rather
+    than their keys first and their rows afterwards."""
+    n_f, win_f, keys_f, reg_f, gen_f, tomb_f = _flushed_view(
+        plan, schema, pk, storage_options, whole_rows
+    )
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:

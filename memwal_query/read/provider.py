@@ -134,6 +134,7 @@ class _QueryState:
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
+        self.whole_rows = False  # set by a full read: generations read whole at once
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
@@ -152,7 +153,11 @@ class _QueryState:
             if self._view is None:
                 table = self.dataset.table
                 self._view = newer.newer_view(
-                    self.plan, table.schema, table.primary_key, table.storage_options
+                    self.plan,
+                    table.schema,
+                    table.primary_key,
+                    table.storage_options,
+                    self.whole_rows,
                 )
             return self._view
 
@@ -314,7 +319,10 @@ def _overwritten_count(base: Any, sets: list[KeySet]) -> int:
         return hit[1]
     pk = sets[0].pk
     found = 0
-    for batch in base.scanner(columns=pk, batch_size=1 << 20).to_batches():
+    # hashed sets build their hash set per test: few large batches; integer sets
+    # gather: small batches (less memory in flight)
+    size = 1 << 20 if any(s.hashed for s in sets) else BASE_BATCH_ROWS
+    for batch in base.scanner(columns=pk, batch_size=size).to_batches():
         mask = np.zeros(batch.num_rows, dtype=bool)  # a row counts once, whatever its sets
         for s in sets:
             mask |= s.contains(batch)
@@ -657,6 +665,8 @@ class MemWalDataset(pads.Dataset):
         blocklist) and the newer rows, or None when the base scan cannot be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
+        pk = self.table.primary_key
+        state.whole_rows = any(c not in pk for c in out_schema.names)
         base = _BaseFragment(state, None).whole(out_schema)
         if base is None:
             return None
