@@ -302,7 +302,7 @@ def _stale(base: Any, sets: list[KeySet]) -> _Stale:
     return _OVERWRITTEN_BASE_ROWS.put(key, _Stale(list(sets), found))
 
 
-_OVERWRITTEN_BASE_COUNTS: LRUCache[tuple[Any, ...], tuple[list[KeySet], int]] = LRUCache(64)
+_OVERWRITTEN_BASE_COUNTS: LRUCache[tuple[Any, ...], tuple[list[KeySet], int]] = LRUCache(8)
 """How many base rows newer sources overwrite, per (base URI, version, key sets)."""
 
 
@@ -464,7 +464,7 @@ class _BaseFragment:
         for i, batch in enumerate(batches):
             if overwritten is not None:
                 ids = batch.column(ROWID_COLUMN).to_numpy()
-                batch = batch.filter(pa.array(~overwritten.contains(ids)))
+                batch = _drop(batch, overwritten.contains(ids))
             if int_sets or hashed:
                 mask = np.zeros(batch.num_rows, dtype=bool)
                 for s in int_sets:
@@ -476,13 +476,26 @@ class _BaseFragment:
                     for s in hashed:
                         mask |= s.contains(batch.select(pk))
                 if mask.any():
-                    batch = batch.filter(pa.array(~mask))
+                    batch = _drop(batch, mask)
             if local is not None:
                 if GEN_COLUMN in f.columns:
                     gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
                     batch = batch.append_column(GEN_COLUMN, gen)
                 batch = batch.filter(local)
             yield _project(batch, out_schema, generation=0)
+
+
+_KEPT_ROWS_POOL = pa.system_memory_pool()
+"""Where the kept base rows are copied: the system allocator, the one Lance's batches
+come from, so each copy reuses the memory of the batches already dropped (Arrow's
+default pool would take fresh pages for every one: measured on a 10M-row base in a new
+process, 2.5-2.8 s against 3.6-5.7 s and 60 MB less at the peak)."""
+
+
+def _drop(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
+    """``batch`` without the rows where ``mask`` is true."""
+    kept: pa.RecordBatch = pc.filter(batch, pa.array(~mask), memory_pool=_KEPT_ROWS_POOL)
+    return kept
 
 
 class _NewerFragment:
