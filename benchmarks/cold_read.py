@@ -129,6 +129,7 @@ elif mode == "lookups":
         s1 = time.perf_counter(); t.lookup([k]); later.append(time.perf_counter() - s1)
     out["first"], out["later"] = float(np.median(first)), float(np.median(later))
 out["s"] = time.perf_counter() - s
+out["code"] = os.path.dirname(os.path.dirname(mq.__file__))
 # VmHWM: the peak of this process image (ru_maxrss would include the parent's, which
 # Linux carries across fork + exec)
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")]
@@ -145,6 +146,7 @@ def child(mode: str, uri: str, arg: str = "") -> dict:
         capture_output=True,
         text=True,
         env={**os.environ},
+        cwd=os.path.dirname(HERE.parent),  # not a checkout: PYTHONPATH picks the code
     )
     if got.returncode:
         raise RuntimeError(f"{mode} failed:\n{got.stderr[-4000:]}")
@@ -257,6 +259,7 @@ def main() -> None:
         warm = child("warm", ours, f"{plain},{args.reps}")
         lookups = child("lookups", ours, ",".join(map(str, lookup_keys.tolist())))
         loads.append(uptime())
+        codes = {f["code"] for fs in figures.values() for f in fs} | {warm["code"], lookups["code"]}
         for kind in ("count", "full"):
             answers = {
                 json.dumps(f["answer"]) for m in ("ours", "plain") for f in figures[f"{m}_{kind}"]
@@ -315,7 +318,8 @@ def main() -> None:
         print_table(
             f"first query of a process, {args.rows:,}-row base, {args.regions} regions, "
             f"{args.upserts:,} upserts + {args.deletes:,} deletes in {args.generations} rounds "
-            f"({machine()}, {time.strftime('%Y-%m-%d')}; {' / '.join(loads)})",
+            f"({machine()}, {time.strftime('%Y-%m-%d')}; memwal_query from {', '.join(codes)}; "
+            f"{' / '.join(loads)})",
             ["query", "figure", "ours", "plain Lance", "ratio"],
             table,
         )
