@@ -276,33 +276,13 @@ def main() -> None:
 
         table = []
         for kind, what in (("count", "cold count(*)"), ("full", "cold full to_table()")):
-            table.append(
-                [
-                    what,
-                    "query s",
-                    med(f"ours_{kind}", "s"),
-                    med(f"plain_{kind}", "s"),
-                    ratios(kind, "s"),
-                ]
-            )
-            table.append(
-                [
-                    "",
-                    "process s",
-                    med(f"ours_{kind}", "process_s"),
-                    med(f"plain_{kind}", "process_s"),
-                    ratios(kind, "process_s"),
-                ]
-            )
-            table.append(
-                [
-                    "",
-                    "peak RSS MB",
-                    med(f"ours_{kind}", "rss_mb"),
-                    med(f"plain_{kind}", "rss_mb"),
-                    ratios(kind, "rss_mb"),
-                ]
-            )
+            for label, key in (
+                ("query s", "s"),
+                ("process s", "process_s"),
+                ("peak RSS MB", "rss_mb"),
+            ):
+                ours, plain = med(f"ours_{kind}", key), med(f"plain_{kind}", key)
+                table.append([what if key == "s" else "", label, ours, plain, ratios(kind, key)])
         table.append(
             ["warm full read", "s p50", warm["ours"], warm["plain"], warm["ours"] / warm["plain"]]
         )

@@ -253,31 +253,20 @@ def file_io(uri: str, storage_options: dict[str, str] | None) -> Any:
     return io
 
 
+GENERATIONS_WITHOUT_KEYS: LRUCache[str, bool] = LRUCache(1 << 16)
+"""Generation directories known to have no (readable) keys sidecar."""
+
+
 def _sidecar(
     uri: str, storage_options: dict[str, str] | None, target: pa.Schema
 ) -> dict[str, pa.ChunkedArray] | None:
     """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
     rowfile`; columns added to the table after the generation was written as NULL), or
     None when it has none or a damaged one (then the Lance table is read)."""
-    if GENERATIONS_WITHOUT_SIDECAR.get(uri):
-        return None
     from memwal_query.format import rowfile
 
-    t = rowfile.read(file_io(uri, storage_options), uri)
-    if t is None:
-        GENERATIONS_WITHOUT_SIDECAR.put(uri, True)
-        return None
-    wanted = set(target.names)
-    out = {c: t.column(c) for c in t.column_names if c in wanted}
-    for f in target:
-        if f.name not in out and f.name != GEN_COLUMN:  # written before the column existed
-            value = pa.scalar(False) if f.name == TOMBSTONE else pa.scalar(None, f.type)
-            out[f.name] = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
-    return out
-
-
-GENERATIONS_WITHOUT_KEYS: LRUCache[str, bool] = LRUCache(1 << 16)
-"""Generation directories known to have no (readable) keys sidecar."""
+    t = _read_sidecar(uri, storage_options, rowfile.read, GENERATIONS_WITHOUT_SIDECAR)
+    return None if t is None else _conformed_columns(t, target, target.names)
 
 
 def _keys_sidecar(
@@ -286,17 +275,43 @@ def _keys_sidecar(
     """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
     sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
     one (then the rows sidecar or the Lance table is read)."""
-    if GENERATIONS_WITHOUT_KEYS.get(uri):
-        return None
     from memwal_query.format import keyfile
 
-    t = keyfile.read(file_io(uri, storage_options), uri)
+    t = _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
     if t is None:
-        GENERATIONS_WITHOUT_KEYS.put(uri, True)
         return None
-    out = {c: t.column(c) for c in t.column_names if c in target.names}
-    if TOMBSTONE not in out:  # written without tombstones: none
-        out[TOMBSTONE] = pa.chunked_array([pa.repeat(pa.scalar(False), t.num_rows)], pa.bool_())
+    names = [c for c in t.column_names if c in target.names]
+    return _conformed_columns(t, target, list(dict.fromkeys([*names, TOMBSTONE])))
+
+
+def _read_sidecar(
+    uri: str,
+    storage_options: dict[str, str] | None,
+    read: Callable[[Any, str], pa.Table | None],
+    absent: LRUCache[str, bool],
+) -> pa.Table | None:
+    """``read(io, uri)`` of a sidecar, remembering in ``absent`` the generations that
+    have none (or a damaged one: read once, warned about once)."""
+    if absent.get(uri):
+        return None
+    t = read(file_io(uri, storage_options), uri)
+    if t is None:
+        absent.put(uri, True)
+    return t
+
+
+def _conformed_columns(
+    t: pa.Table, target: pa.Schema, names: Sequence[str]
+) -> dict[str, pa.ChunkedArray]:
+    """Columns ``names`` (of ``target``) of a sidecar's table ``t``; those it lacks
+    (added to the table after the generation was written) as NULL, ``_tombstone`` as
+    false."""
+    out = {c: t.column(c) for c in t.column_names if c in set(names)}
+    for name in names:
+        if name not in out and name != GEN_COLUMN:
+            f = target.field(name)
+            value = pa.scalar(False) if name == TOMBSTONE else pa.scalar(None, f.type)
+            out[name] = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
     return out
 
 
