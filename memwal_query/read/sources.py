@@ -26,7 +26,12 @@ from memwal_query.exceptions import (
     ObjectNotFoundError,
 )
 from memwal_query.format.index import manifest_path
-from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+from memwal_query.format.schema import (
+    GEN_COLUMN,
+    ROWADDR_COLUMN,
+    TOMBSTONE,
+    primary_key_columns,
+)
 from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
 from memwal_query.storage.io import in_chunks
@@ -134,8 +139,8 @@ def _read_generation(
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-    if (missing or ROWADDR_COLUMN not in cached) and not cached and columns is not None:
-        # a few columns (keys, tombstones): the keys sidecar holds them when it has them
+    if (missing or ROWADDR_COLUMN not in cached) and not cached and _keys_only(schema, names):
+        # keys and tombstones only: the keys sidecar holds them (when there is one)
         keys = _keys_sidecar(ref.uri, storage_options, target)
         if keys is not None and all(c in keys for c in missing):
             cached = GENERATION_CACHE.add(ref.uri, keys)
@@ -282,6 +287,13 @@ def _keys_sidecar(
         return None
     names = [c for c in t.column_names if c in target.names]
     return _conformed_columns(t, target, list(dict.fromkeys([*names, TOMBSTONE])))
+
+
+def _keys_only(schema: pa.Schema, names: Sequence[str]) -> bool:
+    """Whether ``names`` are primary-key columns of ``schema`` and meta columns only
+    (what a keys sidecar holds)."""
+    keyish = {TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN, *primary_key_columns(schema)}
+    return all(name in keyish for name in names)
 
 
 def _read_sidecar(
