@@ -33,6 +33,7 @@ POINTS = (
     "manifest.after_commit",
     "flush.mid",
     "merge.before_commit",
+    "merge.between_commits",
     "merge.after_commit",
     "catchup.mid",
     "gc.mid",
@@ -72,6 +73,11 @@ def worker(
     import memwal_query as mq
 
     rng = random.Random(seed)
+    if rng.random() < 0.5:
+        # a merged batch's deletes in a commit of their own (the large-base path)
+        from memwal_query.maintain import merger
+
+        merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     t = mq.MemWalTable.open(uri)
     writers = [
