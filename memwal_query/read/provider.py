@@ -660,11 +660,11 @@ class MemWalDataset(pads.Dataset):
     ) -> pa.Table:
         """The deduplicated view as one table.
 
-        Without a filter, the base rows are read by one Lance ``to_table`` that skips the
-        overwritten rows (:meth:`_BaseFragment.whole`) while the newer rows are taken
-        from their deduplicated view; otherwise the partitions are scanned as DataFusion
-        would (:meth:`scanner`). Base rows come first, then the newer ones (the order of
-        base fragments may differ between the two routes).
+        Without a filter, the base rows are read by one Lance scan whose batches lose
+        their overwritten rows as they come (:meth:`_BaseFragment.whole`) while the
+        newer rows are taken from their deduplicated view; otherwise the partitions are
+        scanned as DataFusion would (:meth:`scanner`). Base rows come first, then the
+        newer ones (the order of base fragments may differ between the two routes).
         """
         out_schema = _output_schema(self._schema, columns)
         if _as_expression(filter) is None and set(out_schema.names) - {GEN_COLUMN, ROWADDR_COLUMN}:
@@ -674,8 +674,9 @@ class MemWalDataset(pads.Dataset):
         return self.scanner(columns=columns, filter=filter).to_table()
 
     def _whole(self, out_schema: pa.Schema) -> pa.Table | None:
-        """The unfiltered view as one table: one Lance scan of the base (with the
-        blocklist) and the newer rows, or None when the base scan cannot be whole."""
+        """The unfiltered view as one table: one Lance scan of the base (overwritten
+        rows dropped per batch) and the newer rows, or None when the base scan cannot
+        be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
         pk = self.table.primary_key
