@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 def resolve(
     table: Catalog,
-    consistency: str = "strong",
+    consistency: str = view.DEFAULT_CONSISTENCY,
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
     max_staleness: float | None = None,

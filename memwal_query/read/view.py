@@ -4,8 +4,9 @@ A **View** (:class:`ReadPlan`) is immutable: the base table at one
 version ``V``, the MemWAL index read *from that same version* (its
 ``merged_generations`` say which flushed generations are already in ``V``), per region
 the flushed generations above the merged one, the MemTables of the writers handed in,
-and with ``consistency="latest"`` the durable WAL entries above each region's last
-flushed generation. Every reader answers from one View with one deduplication
+and with ``consistency="latest"`` (the default of every reader) the durable WAL entries
+above each region's last flushed generation: every acknowledged write, of any process
+(:mod:`memwal_query.read.waltail`). Every reader answers from one View with one deduplication
 (:func:`memwal_query.read.dedup.newest_indices`): the DataFusion provider (SQL, ``explain``,
 the CLI, the SQL table functions), :func:`~memwal_query.search.lookup`, vector and
 full-text search, and the Spark reader.
@@ -17,7 +18,9 @@ The pieces are read in an order that makes every combination a state the table h
 1. the writers' MemTables (read-your-writes);
 2. the region manifests (``strong``/``latest``; for ``eventual``, those of the regions
    whose writer is handed in) and, for ``latest``, the WAL entries after each
-   manifest's ``replay_after_wal_entry_position``;
+   manifest's ``replay_after_wal_entry_position`` (on an object store their first
+   position is read at the same time as the manifests, guessed from the manifest
+   read last; a guess the manifest disproves is read again);
 3. the base table's latest version ``V`` and the MemWAL index of ``V``.
 
 A generation that was flushed before step 2 is listed in the manifest unless a flush
@@ -62,6 +65,7 @@ from memwal_query.exceptions import (
     MemWalError,
     ObjectNotFoundError,
 )
+from memwal_query.read import waltail
 from memwal_query.storage import paths
 from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
@@ -73,9 +77,6 @@ if TYPE_CHECKING:
     from memwal_query.format.index import MemWalIndex
     from memwal_query.format.manifest import RegionManifest
     from memwal_query.write.writer import RegionWriter
-
-
-CONSISTENCY_MODES = ("strong", "eventual", "latest")
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class ReadPlan:
     pruned : list[str]
         Region ids skipped by region pruning.
     consistency : str
-        ``"strong"`` or ``"eventual"``.
+        ``"latest"``, ``"strong"`` or ``"eventual"``.
     """
 
     base: lance.LanceDataset
@@ -153,7 +154,11 @@ class ReadPlan:
         return "\n".join(lines)
 
 
-CONSISTENCY_MODES = ("strong", "eventual", "latest")
+DEFAULT_CONSISTENCY = "latest"
+"""The consistency every reader uses unless told otherwise: every acknowledged write
+(region manifests + the durable WAL entries not flushed yet, see
+:mod:`memwal_query.read.waltail`)."""
+CONSISTENCY_MODES = ("latest", "strong", "eventual")
 RESOLVE_ATTEMPTS = 5
 DEFAULT_MAX_STALENESS = 60.0
 """Seconds: an ``eventual`` snapshot older than this is not used (manifests instead)."""
@@ -164,13 +169,9 @@ View = ReadPlan
 _State = tuple[Any, list[tuple[int, str]]]
 
 
-class _Replan(Exception):
-    """Internal: the pieces read do not fit together; resolve again."""
-
-
 def resolve(
     table: Catalog,
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
     max_staleness: float | None = DEFAULT_MAX_STALENESS,
@@ -184,9 +185,10 @@ def resolve(
     ----------
     table : Catalog
     consistency : str
-        ``"strong"`` (region manifests), ``"eventual"`` (index snapshots, at most
-        ``max_staleness`` old) or ``"latest"`` (manifests + durable WAL entries not yet
-        flushed, i.e. acknowledged writes of every process).
+        ``"latest"`` (default: manifests + durable WAL entries not yet flushed, i.e.
+        every acknowledged write of every process), ``"strong"`` (region manifests:
+        flushed rows only) or ``"eventual"`` (index snapshots, at most
+        ``max_staleness`` old).
     writers : list of RegionWriter, optional
         In-process writers whose MemTables are read too (read-your-writes).
     predicates : list, optional
@@ -219,8 +221,6 @@ def resolve(
             return _resolve_once(
                 table, consistency, mem_by_region, predicates, max_staleness, writers
             )
-        except _Replan as e:
-            last = e
         except (ObjectNotFoundError, OSError) as e:
             # The base version (or its index) vanished between opening and reading it.
             last = e
@@ -251,15 +251,23 @@ def _resolve_once(
             return _resolve_once(table, "strong", mem_by_region, predicates, None, writers)
         states.update(own)
     else:
-        manifests, pruned = _manifests(table, predicates)
+        wanted, pruned = _wanted(table, predicates)
+        latest = consistency == "latest"
+        probes = (
+            waltail.Probes(table, [r for r in wanted if r not in writer_regions])
+            if latest
+            else None
+        )
+        manifests = _read_manifests(table, wanted)
         states = {r: _state_of(table, r, m) for r, m in manifests.items()}
-        if consistency == "latest":
-            for region_id, m in manifests.items():
-                # A sealed region (spec change, drop) takes no more WAL entries: one
-                # after its replay position was never acknowledged (its writer was
-                # fenced by the seal), so it is not read.
-                if region_id not in writer_regions and not m.sealed:
-                    wal_tails[region_id] = _wal_tail(table, region_id, m)
+        if probes is not None:
+            # A sealed region (spec change, drop) takes no more WAL entries: one after
+            # its replay position was never acknowledged (its writer was fenced by the
+            # seal), so it is not read. The writers' regions are read from memory.
+            unflushed = {
+                r: m for r, m in manifests.items() if r not in writer_regions and not m.sealed
+            }
+            wal_tails = waltail.tails(table, unflushed, probes)
         base = table.dataset()
         index = table.index(base)  # progress of exactly the version we read
     return _build(
@@ -322,14 +330,14 @@ def _gen_uri(table_uri: str, region_id: str, gen_dir: str) -> str:
     return paths.generation_path(table_uri, region_id, gen_dir)
 
 
-def _manifests(
+def _wanted(
     table: Catalog, predicates: list[tuple[str, str, Any]] | None = None
-) -> tuple[dict[str, RegionManifest], list[str]]:
-    """The regions' manifests, and the regions pruned *before* reading theirs.
+) -> tuple[list[str], list[str]]:
+    """The regions whose manifests to read, and the regions pruned *before* reading theirs.
 
     A region whose values are known from an earlier read (they are fixed when the region
-    is created) and cannot match ``predicates`` is not read at all (issue 20: a lookup
-    routed to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
+    is created) and cannot match ``predicates`` is not read at all (a lookup routed to
+    one region of 64 reads one manifest); the same rule as :func:`_build`'s.
     """
     pruned = []
     wanted = []
@@ -341,9 +349,7 @@ def _manifests(
                 pruned.append(region_id)
                 continue
         wanted.append(region_id)
-    read = _read_manifests(table, wanted)
-    out = {r: m for r, m in zip(wanted, read) if m is not None}
-    return out, pruned
+    return wanted, pruned
 
 
 class _Pruner:
@@ -375,14 +381,16 @@ manifest check is a round trip; 64 regions one after the other cost 64 of them).
 _MANIFEST_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
 
 
-def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifest | None]:
-    """:meth:`Catalog.region_manifest` of each region (the newest version: one HEAD of
-    the next version when the cached one is still the newest), up to
+def _read_manifests(table: Catalog, region_ids: list[str]) -> dict[str, RegionManifest]:
+    """:meth:`Catalog.region_manifest` of each region that has one (the newest version:
+    one HEAD of the next version when the cached one is still the newest), up to
     :data:`MANIFEST_READERS` regions at a time on an object store (one after the other
     on a local file system: :attr:`FileIO.parallel_requests`)."""
     if len(region_ids) <= 2 or not table.io.parallel_requests:
-        return [table.region_manifest(r) for r in region_ids]
-    return in_chunks(_MANIFEST_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
+        read = [table.region_manifest(r) for r in region_ids]
+    else:
+        read = in_chunks(_MANIFEST_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
+    return {r: m for r, m in zip(region_ids, read) if m is not None}
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:
@@ -412,42 +420,6 @@ def _snapshot_states(table: Catalog, index, max_staleness: float | None):
     return read_snapshots(
         table.io, table.uri, index, spec.spec_id, [f.field_id for f in spec.fields]
     )
-
-
-def _wal_tail(table: Catalog, region_id: str, manifest: RegionManifest) -> list[MemTableSnapshot]:
-    """Durable WAL entries after the manifest's replay position, as MemTable snapshots
-    (one per generation recorded in the entries), oldest first.
-
-    Entries are read until the first missing position. If that position was flushed
-    meanwhile (a newer manifest replays past it) the entries may have been garbage
-    collected after a merge: the view is resolved again rather than reading a gap.
-    """
-    from memwal_query.format.schema import storage_schema
-    from memwal_query.format.wal import Wal, conform_entry
-
-    wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
-    schema = storage_schema(table.schema)
-    position = manifest.replay_after_wal_entry_position + 1
-    by_gen: dict[int, list] = {}
-    while True:
-        try:
-            entry = wal.read(position)
-        except ObjectNotFoundError:
-            break
-        gen = entry.generation if entry.generation is not None else manifest.current_generation
-        rows = conform_entry(wal.path(position), entry.table, schema, table.primary_key)
-        by_gen.setdefault(gen, []).append(rows)
-        position += 1
-    if not by_gen:
-        fresh = table.region_manifest(region_id)
-        if fresh is not None and fresh.replay_after_wal_entry_position >= position:
-            raise _Replan(f"region {region_id}: WAL entry {position} was flushed meanwhile")
-        return []
-    out = []
-    for gen, tables in sorted(by_gen.items()):
-        batches = tuple(b for t in tables for b in t.to_batches())
-        out.append(MemTableSnapshot(region_id, gen, batches, schema))
-    return out
 
 
 # -- time travel -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from memwal_query.format.schema import (
     coerce_keys,
 )
 from memwal_query.read import sources
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.search.common import (
     _BASE_KEY_SCAN_MAX_ROWS,
     _BASE_KEY_SCAN_MIN_KEYS,
@@ -83,7 +84,7 @@ def lookup(
     columns: Sequence[str] | None = None,
     writers: Sequence[RegionWriter] | None = None,
     *,
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     debug: dict | None = None,
     as_of: Any = None,
 ) -> pa.Table:
@@ -101,7 +102,8 @@ def lookup(
         Writers whose MemTables are read too (default: none;
         :meth:`MemWalTable.lookup` and the other methods pass the table's own writers).
     consistency : str
-        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.read.view`).
+        ``"latest"`` (default: every acknowledged write), ``"strong"`` or ``"eventual"``
+        (see :mod:`memwal_query.read.view`).
     debug : dict, optional
         Filled with per-source counters (``sources``) and the read plan.
     as_of : int, datetime or str, optional

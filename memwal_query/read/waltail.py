@@ -1,0 +1,181 @@
+"""The durable WAL tail of a region: acknowledged writes not flushed yet.
+
+The default consistency (``"latest"``, :data:`memwal_query.read.view.DEFAULT_CONSISTENCY`)
+reads, per region, the WAL entries after the region manifest's
+``replay_after_wal_entry_position`` up to the first missing position, as MemTable
+snapshots (:func:`tails`). What that costs:
+
+- **Nothing unflushed**: one read of the position after the manifest's, which is
+  missing (a failed ``open`` on a local disk, a GET answered 404 on an object store).
+  On an object store the probes of all regions run at once, and *ahead of* the
+  manifest checks: the position is guessed from the manifest read last time (the
+  catalog keeps it), so a region whose manifest did not change costs the same one
+  round trip of latency as a ``strong`` read, with one more request.
+- **Unflushed entries**: an entry is immutable (written once with put-if-not-exists,
+  never rewritten), so decoded and conformed entries are kept in a process-wide cache
+  keyed by the table's lineage, the entry's path and the schema
+  (:data:`ENTRIES`, bounded by :data:`CACHE_BYTES`); a query reads only the entries
+  written since the previous one, plus the probe of the next position.
+
+Why a missing position ends the tail (and why no re-check is needed): entries are
+written at consecutive positions, and GC deletes an entry only with the generation it
+was flushed into, once every retained base version merged that generation
+(:mod:`memwal_query.maintain.gc`). A position missing because GC removed it therefore
+holds rows merged into the base version the reader reads *after* the tails (step 3 of
+:mod:`memwal_query.read.view`), and entries read before it that were flushed and merged
+meanwhile carry a generation at or below the merged one, which the view drops. A
+position missing because nothing was written there yet is a write not acknowledged
+when the query started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from memwal_query.exceptions import ObjectNotFoundError
+from memwal_query.format.schema import storage_schema
+from memwal_query.format.wal import Wal, conform_entry
+from memwal_query.storage import paths
+from memwal_query.storage.cache import LRUCache
+from memwal_query.storage.io import in_chunks
+from memwal_query.write.memtable import MemTableSnapshot
+
+if TYPE_CHECKING:
+    from memwal_query.catalog import Catalog
+    from memwal_query.format.manifest import RegionManifest
+
+CACHE_BYTES = 256 << 20
+"""Most bytes of decoded WAL entries kept between queries (per process)."""
+
+_Entry = tuple[int | None, pa.Table]
+ENTRIES: LRUCache[tuple[str, str, pa.Schema], _Entry] = LRUCache(
+    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[1].nbytes
+)
+"""Decoded, conformed WAL entries: ``(lineage, path, storage schema) -> (generation
+recorded in the entry or None, rows)``."""
+
+WAL_READERS = 16
+"""WAL positions read at once on an object store."""
+
+_PROBES = ThreadPoolExecutor(WAL_READERS, thread_name_prefix="memwal-walprobe")
+_TAILS = ThreadPoolExecutor(WAL_READERS, thread_name_prefix="memwal-waltail")
+# (two pools: a tail waits for its region's probe, which must not queue behind it)
+
+
+class _Region:
+    """The WAL of one region as a reader sees it."""
+
+    def __init__(self, table: Catalog, region_id: str, schema: pa.Schema) -> None:
+        self.table = table
+        self.region_id = region_id
+        self.schema = schema
+        self.wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+
+    def entry(self, position: int) -> _Entry | None:
+        """The entry at ``position`` (from the cache when read before), None when
+        missing; WalCorruptError when damaged."""
+        path = self.wal.path(position)
+        key = (self.table.lineage, path, self.schema)
+        hit = ENTRIES.get(key)
+        if hit is not None:
+            return hit
+        try:
+            entry = self.wal.read(position)
+        except ObjectNotFoundError:
+            return None
+        rows = conform_entry(path, entry.table, self.schema, self.table.primary_key)
+        return ENTRIES.put(key, (entry.generation, rows))
+
+
+class Probes:
+    """Reads of each region's first unflushed position, started before the region
+    manifests are checked (object stores only; see the module docs).
+
+    Parameters
+    ----------
+    table : Catalog
+    region_ids : list of str
+        Regions whose manifest is about to be read.
+    """
+
+    def __init__(self, table: Catalog, region_ids: Sequence[str]) -> None:
+        self.schema = storage_schema(table.schema)
+        self._started: dict[str, tuple[int, Future[_Entry | None]]] = {}
+        if not table.io.parallel_requests:
+            return
+        for region_id in region_ids:
+            known = table.known_region_manifest(region_id)
+            if known is None or known.sealed:
+                continue
+            position = known.replay_after_wal_entry_position + 1
+            region = _Region(table, region_id, self.schema)
+            self._started[region_id] = (position, _PROBES.submit(region.entry, position))
+
+    def take(self, region_id: str, position: int) -> Future[_Entry | None] | None:
+        """The probe of ``position`` of a region, if one was started at that position."""
+        started = self._started.pop(region_id, None)
+        if started is None or started[0] != position:
+            return None
+        return started[1]
+
+
+def tail(
+    table: Catalog,
+    region_id: str,
+    manifest: RegionManifest,
+    schema: pa.Schema,
+    probe: Future[_Entry | None] | None = None,
+) -> list[MemTableSnapshot]:
+    """Durable WAL entries after the manifest's replay position, as MemTable snapshots
+    (one per generation recorded in the entries), oldest first.
+
+    Parameters
+    ----------
+    probe : Future, optional
+        The read of the first position, already started (:class:`Probes`).
+
+    Raises
+    ------
+    WalCorruptError
+        An entry cannot be decoded or does not fit the table's schema.
+    StorageError
+        The store failed (not a missing entry, which ends the tail).
+    """
+    region = _Region(table, region_id, schema)
+    position = manifest.replay_after_wal_entry_position + 1
+    by_gen: dict[int, list[pa.Table]] = {}
+    found = probe.result() if probe is not None else region.entry(position)
+    while found is not None:
+        gen = found[0] if found[0] is not None else manifest.current_generation
+        by_gen.setdefault(gen, []).append(found[1])
+        position += 1
+        found = region.entry(position)
+    out = []
+    for gen, tables in sorted(by_gen.items()):
+        batches = tuple(b for t in tables for b in t.to_batches())
+        out.append(MemTableSnapshot(region_id, gen, batches, schema))
+    return out
+
+
+def tails(
+    table: Catalog, manifests: dict[str, RegionManifest], probes: Probes
+) -> dict[str, list[MemTableSnapshot]]:
+    """:func:`tail` of each region in ``manifests`` (sealed regions excluded by the
+    caller), using the probes started for them; regions are read at once on an object
+    store."""
+    items = list(manifests.items())
+
+    def one(item: tuple[str, RegionManifest]) -> list[MemTableSnapshot]:
+        region_id, m = item
+        probe = probes.take(region_id, m.replay_after_wal_entry_position + 1)
+        return tail(table, region_id, m, probes.schema, probe)
+
+    if len(items) <= 2 or not table.io.parallel_requests:
+        results = [one(i) for i in items]
+    else:
+        results = in_chunks(_TAILS, one, items, WAL_READERS)
+    return {r: t for (r, _), t in zip(items, results)}
