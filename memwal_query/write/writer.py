@@ -64,6 +64,8 @@ from memwal_query.format.schema import (
 )
 from memwal_query.format.wal import Wal, WalEntry
 from memwal_query.storage import paths
+from memwal_query.write import liveness
+from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
 from memwal_query.write.memtable import MemTable, MemTableSnapshot
 from memwal_query.write.walpath import _WalPath
 from memwal_query.write.writer_state import (
@@ -113,6 +115,9 @@ class RegionWriter(_WalPath):
     max_memtable_age : float
         Seal and flush the MemTable once its oldest row is this old (seconds, default
         60), so an idle writer does not keep rows only in the WAL.
+    heartbeat_interval : float
+        Seconds between refreshes of the region's heartbeat (default 10), which tells
+        maintainers this writer is alive (:mod:`memwal_query.write.liveness`).
     region_values : dict, optional
         Region field values of this region (``{field_id: value}``); rows whose region
         value differs are rejected with :class:`WrongRegionError`. None: a region the
@@ -157,6 +162,7 @@ class RegionWriter(_WalPath):
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
         lookup: Callable[..., pa.Table] | None = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
         self.table = table
         self._lookup = lookup
@@ -172,6 +178,9 @@ class RegionWriter(_WalPath):
             raise ValueError(f"max_wal_entries must be >= 1, got {max_wal_entries}")
         if not max_memtable_age > 0:
             raise ValueError(f"max_memtable_age must be > 0, got {max_memtable_age}")
+        if not heartbeat_interval > 0:
+            raise ValueError(f"heartbeat_interval must be > 0, got {heartbeat_interval}")
+        self.heartbeat_interval = heartbeat_interval
         self.max_unflushed_memtables = max_unflushed_memtables
         self.backpressure_timeout = backpressure_timeout
         self.max_wal_entries = max_wal_entries
@@ -208,6 +217,12 @@ class RegionWriter(_WalPath):
             # (the epoch bound is checked against the claimed epoch in _replay)
             entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
             early = [(e, self._conform(e)) for e in entries]
+        # Alive before claiming: a maintainer never takes over a region whose heartbeat
+        # is fresh, and the new claim is covered from its first moment.
+        self._heartbeat_owner = liveness.new_heartbeat(0, heartbeat_interval).owner
+        self.epoch = latest.writer_epoch + 1 if latest is not None else 1
+        self._last_beat = 0.0
+        self._beat(raise_errors=True)
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
@@ -233,6 +248,7 @@ class RegionWriter(_WalPath):
             daemon=True,
         )
         self._ticker.start()
+        liveness.HEARTBEATS.add(self)
 
     def _check_spec_after_claim(self, routed_spec_id: int) -> None:
         """SpecChangedError (and this writer closed) when the table's current region
@@ -244,6 +260,24 @@ class RegionWriter(_WalPath):
             self._closed = True
             self._executor.shutdown(wait=False)
             raise SpecChangedError(self.table.uri, routed_spec_id, current, self.region_id)
+
+    def _beat(self, raise_errors: bool = False) -> None:
+        """Refresh this writer's heartbeat (:mod:`memwal_query.write.liveness`); a
+        closed or fenced writer stops beating. A failed refresh is retried at the next
+        beat (``raise_errors``: raised, for the first beat before the claim)."""
+        if self._closed or self._failed is not None:
+            liveness.HEARTBEATS.discard(self)
+            return
+        now = time.time()
+        beat = liveness.Heartbeat(self._heartbeat_owner, self.epoch, now, self.heartbeat_interval)
+        try:
+            liveness.beat(self.table.io, self.table.uri, self.region_id, beat)
+        except Exception:
+            if raise_errors:
+                raise
+            self.stats.heartbeat_errors += 1
+            return
+        self._last_beat = now
 
     # -- recovery --------------------------------------------------------------------
     def _replay(
@@ -374,6 +408,7 @@ class RegionWriter(_WalPath):
                     self.sync()
         finally:
             self._closed = True
+            liveness.HEARTBEATS.discard(self)
             self._executor.shutdown(wait=True)
             with self._cond:
                 self._cond.notify_all()
