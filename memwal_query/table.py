@@ -46,6 +46,7 @@ from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
     from memwal_query.maintain.policy import MaintenancePolicy, MaintenanceReport
+    from memwal_query.maintain.status import TableStatus
     from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
@@ -394,9 +395,11 @@ class MemWalTable(Catalog):
 
         return maintain(self, policy, dry_run=dry_run, progress=progress)
 
-    def status(self) -> dict[str, Any]:
-        """Per region: epoch, generations flushed/merged, WAL span, sizes."""
-        from memwal_query.maintain.gc import status
+    def status(self) -> TableStatus:
+        """Live rows, and per region: epoch, generations flushed/merged, WAL span,
+        unflushed entries and rows, their age, whether the writer is alive, sizes (see
+        :class:`memwal_query.maintain.status.TableStatus`)."""
+        from memwal_query.maintain.status import status
 
         return status(self)
 

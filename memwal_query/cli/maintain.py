@@ -18,6 +18,7 @@ import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress
 from memwal_query.maintain.policy import (
+    DEFAULT_ABANDONED_AFTER,
     DEFAULT_COMPACT_FRAGMENTS,
     DEFAULT_MAX_GENERATIONS,
     DEFAULT_MAX_INDEX_SEGMENTS,
@@ -66,6 +67,7 @@ def _policy(
     gc: bool,
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS,
     max_index_segments: int = DEFAULT_MAX_INDEX_SEGMENTS,
+    abandoned_after: float | None = DEFAULT_ABANDONED_AFTER.total_seconds(),
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -82,6 +84,7 @@ def _policy(
         refresh_snapshots=snapshots,
         gc=gc,
         retention=retention,
+        abandoned_after=None if abandoned_after is None else dt.timedelta(seconds=abandoned_after),
     )
 
 
@@ -152,6 +155,14 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     "--snapshots/--no-snapshots", default=True, show_default=True, help="Refresh snapshots."
 )
 @click.option("--gc/--no-gc", default=True, show_default=True, help="Garbage collect.")
+@click.option(
+    "--abandoned-after",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_ABANDONED_AFTER.total_seconds(),
+    show_default=True,
+    help="Recover (flush, then merge) a region with unflushed WAL entries whose writer "
+    "has shown no sign of life for this many seconds.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
 @click.option(
     "--max-passes", type=click.IntRange(min=1), help="With --watch: stop after this many passes."
@@ -172,6 +183,7 @@ def maintain(
     catch_up: bool,
     snapshots: bool,
     gc: bool,
+    abandoned_after: float,
     as_json: bool,
     max_passes: int | None,
 ) -> None:
@@ -192,6 +204,7 @@ def maintain(
         gc,
         None if no_compact else compact_fragments,
         max_index_segments,
+        abandoned_after,
     )
     t = _open(uri)
     if watch is None:

@@ -302,8 +302,8 @@ class MaintenanceReport:
             silent = (
                 "no sign of life" if rec.silent_for is None else f"silent {rec.silent_for:.0f} s"
             )
-            done = "" if rec.generation is None else f" into generation {rec.generation}"
-            out.append(f"{rec.region_id}: {would}recover its gone writer's WAL{done} ({silent})")
+            into = "" if rec.generation is None else f" into generation {rec.generation}"
+            out.append(f"{rec.region_id}: {would}recover its gone writer's WAL{into} ({silent})")
         merged: dict[str, list[int]] = {}
         for m in self.merged:
             merged.setdefault(m.region_id, []).append(m.generation)

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from memwal_query.format.manifest import RegionManifest
     from memwal_query.write.writer import RegionWriter
 
-DEFAULT_ABANDONED_AFTER_SECONDS = 300.0
-
 
 @dataclass(frozen=True)
 class RegionLife:
