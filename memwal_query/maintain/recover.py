@@ -8,8 +8,9 @@ only a merge in the base table. :func:`recover_abandoned` (the first step of
 
 1. is not sealed and has a durable WAL entry after its manifest's replay position, and
 2. shows no sign of life for longer than ``abandoned_after``: its heartbeat
-   (:mod:`memwal_query.write.liveness`) is older than that, or, for a region whose
-   writer writes no heartbeat (pylance's native writer), its newest WAL entry is;
+   (:mod:`memwal_query.write.liveness`) is older than that or says its writer was
+   closed, or, for a region whose writer writes no heartbeat (pylance's native writer),
+   its newest WAL entry is older than that;
 
 by taking over the heartbeat it judged stale (a compare-and-swap that fails when the
 writer refreshed it meanwhile: a writer whose heartbeat is fresh is never fenced), then
@@ -58,7 +59,10 @@ class RegionLife:
     silent_for: float | None
 
     def alive(self, abandoned_after: float) -> bool:
-        """A writer showed a sign of life within ``abandoned_after`` seconds."""
+        """A writer showed a sign of life within ``abandoned_after`` seconds and was not
+        closed since."""
+        if self.heartbeat is not None and self.heartbeat.closed:
+            return False
         return self.silent_for is not None and self.silent_for <= abandoned_after
 
 

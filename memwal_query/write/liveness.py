@@ -1,12 +1,15 @@
 """Writer liveness: one heartbeat object per region, refreshed while its writer lives.
 
 ``{table}/_mem_wal/{region_id}/heartbeat.json`` holds JSON ``{"owner", "epoch",
-"beat_at", "interval", "recovering"}``: who wrote it (host, pid, a random token), the
-epoch of its writer's claim (the epoch it is about to claim for the first beat), when
-(epoch seconds, the writer's clock) and how often it is refreshed. A region writer
-writes it before it claims the region, then every :data:`DEFAULT_HEARTBEAT_INTERVAL`
-seconds from one background thread per process (:class:`Heartbeats`), and stops when it
-is closed or fenced. The object sits beside the region's ``manifest/`` and ``wal/``
+"beat_at", "interval", "recovering", "closed"}``: who wrote it (host, pid, a random
+token), the epoch of its writer's claim (the epoch it is about to claim for the first
+beat), when (epoch seconds, the writer's clock), how often it is refreshed, whether a
+maintainer wrote it to recover the region, and whether its writer was closed. A region
+writer writes it before it claims the region, then every
+:data:`DEFAULT_HEARTBEAT_INTERVAL` seconds from one background thread per process
+(:class:`Heartbeats`), each refresh a compare-and-swap of its own previous beat (a writer
+whose heartbeat was taken over stops refreshing it: it is about to be fenced), and marks
+it ``closed`` when it is closed. The object sits beside the region's ``manifest/`` and ``wal/``
 directories; readers and pylance's native MemWAL do not read it.
 
 A maintainer recovers a region (claims it, replays and flushes its WAL, closes it) only
@@ -64,6 +67,7 @@ class Heartbeat:
     beat_at: float
     interval: float
     recovering: bool = False
+    closed: bool = False
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the beat (never negative)."""
@@ -83,6 +87,7 @@ class Heartbeat:
                 float(raw["beat_at"]),
                 float(raw["interval"]),
                 bool(raw.get("recovering", False)),
+                bool(raw.get("closed", False)),
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -131,51 +136,70 @@ def _region_lock(io: FileIO, path: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def beat(io: FileIO, table_uri: str, region_id: str, heartbeat: Heartbeat) -> None:
-    """Write ``heartbeat`` (unconditionally: a writer's own refresh)."""
+def beat(io: FileIO, table_uri: str, region_id: str, heartbeat: Heartbeat) -> Observed:
+    """Write ``heartbeat`` unconditionally (a writer's first beat, before its claim);
+    returns it as observed, for the next :func:`swap`."""
     path = heartbeat_path(table_uri, region_id)
+    data = heartbeat.encode()
     with _region_lock(io, path):
-        io.write(path, heartbeat.encode())
+        io.write(path, data)
+    if isinstance(io, LocalFileIO):
+        return Observed(heartbeat, data)
+    return read(io, table_uri, region_id)
 
 
 def can_take_over(io: FileIO) -> bool:
-    """Whether :func:`take_over` is atomic on ``io`` (otherwise nothing is recovered)."""
+    """Whether :func:`swap` is atomic on ``io`` (otherwise nothing is recovered)."""
     if isinstance(io, LocalFileIO):
         return True
     return bool(getattr(io, "conditional_put", False)) and hasattr(io, "put_if_match")
 
 
-def take_over(
+def swap(
     io: FileIO, table_uri: str, region_id: str, seen: Observed, heartbeat: Heartbeat
-) -> bool:
+) -> Observed | None:
     """Replace the heartbeat ``seen`` by ``heartbeat``, only if it is still the one
-    seen (or, when there was none, if there still is none). False: it changed."""
+    seen (or, when there was none, if there still is none); the new heartbeat as
+    observed, or None when it had changed (nothing written)."""
     path = heartbeat_path(table_uri, region_id)
+    data = heartbeat.encode()
     if seen.token is None:
         try:
-            io.put_if_not_exists(path, heartbeat.encode())
-            return True
+            io.put_if_not_exists(path, data)
         except AlreadyExistsError:
-            return False
+            return None
+        return (
+            Observed(heartbeat, data)
+            if isinstance(io, LocalFileIO)
+            else read(io, table_uri, region_id)
+        )
     if isinstance(io, LocalFileIO):
         with _region_lock(io, path):
             try:
                 current = io.read(path)
             except ObjectNotFoundError:
-                return False
+                return None
             if current != seen.token:
-                return False
-            io.write(path, heartbeat.encode())
-            return True
+                return None
+            io.write(path, data)
+        return Observed(heartbeat, data)
     from memwal_query.storage.s3config import ConcurrentModificationError
 
     if isinstance(seen.token, bytes):  # a store that returned no ETag
-        return False
+        return None
     try:
-        io.put_if_match(path, heartbeat.encode(), seen.token)  # type: ignore[attr-defined]
+        etag = io.put_if_match(path, data, seen.token)  # type: ignore[attr-defined]
     except ConcurrentModificationError:
-        return False
-    return True
+        return None
+    return Observed(heartbeat, etag) if etag is not None else read(io, table_uri, region_id)
+
+
+def take_over(
+    io: FileIO, table_uri: str, region_id: str, seen: Observed, heartbeat: Heartbeat
+) -> bool:
+    """:func:`swap` for a maintainer: True when the heartbeat ``seen`` (judged stale)
+    was replaced by ``heartbeat``; False when its writer refreshed it meanwhile."""
+    return swap(io, table_uri, region_id, seen, heartbeat) is not None
 
 
 class Heartbeats:

@@ -221,8 +221,10 @@ class RegionWriter(_WalPath):
         # is fresh, and the new claim is covered from its first moment.
         self._heartbeat_owner = liveness.new_heartbeat(0, heartbeat_interval).owner
         self.epoch = latest.writer_epoch + 1 if latest is not None else 1
-        self._last_beat = 0.0
-        self._beat(raise_errors=True)
+        self._last_beat = time.time()
+        self._heartbeat: liveness.Observed | None = liveness.beat(
+            table.io, table.uri, self.region_id, self._new_beat(self._last_beat)
+        )
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
@@ -261,21 +263,33 @@ class RegionWriter(_WalPath):
             self._executor.shutdown(wait=False)
             raise SpecChangedError(self.table.uri, routed_spec_id, current, self.region_id)
 
-    def _beat(self, raise_errors: bool = False) -> None:
-        """Refresh this writer's heartbeat (:mod:`memwal_query.write.liveness`); a
-        closed or fenced writer stops beating. A failed refresh is retried at the next
-        beat (``raise_errors``: raised, for the first beat before the claim)."""
-        if self._closed or self._failed is not None:
-            liveness.HEARTBEATS.discard(self)
-            return
+    def _new_beat(self, now: float, closed: bool = False) -> liveness.Heartbeat:
+        return liveness.Heartbeat(
+            self._heartbeat_owner, self.epoch, now, self.heartbeat_interval, closed=closed
+        )
+
+    def _beat(self, closed: bool = False) -> None:
+        """Refresh this writer's heartbeat, or mark it ``closed``
+        (:mod:`memwal_query.write.liveness`): a compare-and-swap of its previous beat.
+        A fenced writer, or one whose heartbeat was taken over, stops beating. A
+        failed refresh is retried at the next beat."""
+        with self._cond:
+            seen = self._heartbeat
+            if seen is None or self._failed is not None or (self._closed and not closed):
+                liveness.HEARTBEATS.discard(self)
+                return
         now = time.time()
-        beat = liveness.Heartbeat(self._heartbeat_owner, self.epoch, now, self.heartbeat_interval)
         try:
-            liveness.beat(self.table.io, self.table.uri, self.region_id, beat)
-        except Exception:
-            if raise_errors:
-                raise
+            new = liveness.swap(
+                self.table.io, self.table.uri, self.region_id, seen, self._new_beat(now, closed)
+            )
+        except Exception:  # noqa: BLE001 - transient: the next beat tries again
             self.stats.heartbeat_errors += 1
+            return
+        with self._cond:
+            self._heartbeat = new
+        if new is None:  # taken over by a maintainer: this writer is about to be fenced
+            liveness.HEARTBEATS.discard(self)
             return
         self._last_beat = now
 
@@ -409,6 +423,7 @@ class RegionWriter(_WalPath):
         finally:
             self._closed = True
             liveness.HEARTBEATS.discard(self)
+            self._beat(closed=True)
             self._executor.shutdown(wait=True)
             with self._cond:
                 self._cond.notify_all()
