@@ -6,7 +6,8 @@
   (FileIO calls and Lance dataset opens/reads, counted in the reader's thread), while
   another table object merges, garbage collects (the old base version too) and flushes;
   the answer is the state before or after, or a typed error: never a mix. The same for
-  another process's ``consistency="latest"`` reader (durable WAL tail) and for exact
+  another process's default reader (``consistency="latest"``: the durable WAL tail, also while
+  it is flushed, merged and its entries collected) and for exact
   vector search and FTS.
 """
 
@@ -286,8 +287,11 @@ _OPS = {
 }
 
 
-def _race(tmp_path, pauser, template, region_id, mode, op, target):
-    """One run paused at access ``target``; returns (answer or error, paused?)."""
+def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=None):
+    """One run paused at access ``target``; returns (answer or error, paused?).
+
+    ``meanwhile(uri, w)`` runs while the reader is paused (default: merge generation 1,
+    collect garbage, flush generation 2)."""
     uri = str(tmp_path / f"run{target}")
     shutil.copytree(template, uri)
     writer_table = mq.MemWalTable.open(uri)
@@ -295,6 +299,8 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     reader = mq.MemWalTable.open(uri)
     consistency = {"ryw": "strong", "eventual_external": "eventual"}.get(mode, mode)
     kw = {"consistency": consistency, "writers": [w] if mode == "ryw" else []}
+    if mode == "default":
+        kw.pop("consistency")
     p = _Pauser(target)
     out: dict = {}
 
@@ -315,10 +321,7 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     assert p.paused.wait(60)
     paused = "answer" not in out and "error" not in out and "unexpected" not in out
     if paused:
-        other = mq.MemWalTable.open(uri)
-        assert other.merge()
-        other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
-        assert w.flush() is not None
+        (meanwhile or _merge_gc_flush)(uri, w)
     p.resume.set()
     th.join(60)
     pauser.pop("p")
@@ -329,6 +332,24 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
             "unexpected"
         ]
     return out, paused, p.where
+
+
+def _merge_gc_flush(uri: str, w) -> None:
+    other = mq.MemWalTable.open(uri)
+    assert other.merge()
+    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert w.flush() is not None
+
+
+def _flush_merge_gc(uri: str, w) -> None:
+    """Flush generation 2 (the reader's WAL tail), merge everything, then collect
+    garbage: the WAL entries the paused reader is reading are deleted."""
+    assert w.flush() is not None
+    other = mq.MemWalTable.open(uri)
+    assert other.merge()
+    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    region = other.status().regions[w.region_id]
+    assert region.wal_entries == 0 and region.merged_generation == 2
 
 
 @pytest.mark.slow
@@ -358,12 +379,38 @@ def test_paused_search_sees_before_or_after(tmp_path, pauser):
     _pause_everywhere(tmp_path, pauser, template, region_id, "strong", ("vector", "fts"), allowed)
 
 
-def _pause_everywhere(tmp_path, pauser, template, region_id, mode, ops, allowed) -> None:
+@pytest.mark.slow
+def test_paused_default_reader_reads_the_wal_tail_while_it_is_flushed_merged_and_collected(
+    tmp_path, pauser
+):
+    # The default reader (no consistency given: every acknowledged write) paused at
+    # every storage access, the WAL tail's included, while another writer flushes the
+    # tail into generation 2, a maintainer merges it and GC deletes its WAL entries.
+    # Generation 2 was acknowledged before the query started: AFTER is the only answer
+    # (or a typed error).
+    template, region_id = _template(tmp_path, external=False)
+    _pause_everywhere(
+        tmp_path,
+        pauser,
+        template,
+        region_id,
+        "default",
+        ("sql", "lookup"),
+        [AFTER],
+        meanwhile=_flush_merge_gc,
+    )
+
+
+def _pause_everywhere(
+    tmp_path, pauser, template, region_id, mode, ops, allowed, meanwhile=None
+) -> None:
     """Run each of ``ops`` paused at access 0, 1, 2, ... until a run does not pause."""
     for op in ops:
         target = 0
         while True:
-            out, paused, where = _race(tmp_path, pauser, template, region_id, mode, op, target)
+            out, paused, where = _race(
+                tmp_path, pauser, template, region_id, mode, op, target, meanwhile
+            )
             if "answer" in out:
                 got = out["answer"]
                 assert got in allowed, (
