@@ -30,6 +30,7 @@ when the query started.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -37,11 +38,12 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from memwal_query.exceptions import ObjectNotFoundError
+from memwal_query.format.naming import wal_entry_name
 from memwal_query.format.schema import storage_schema
-from memwal_query.format.wal import Wal, conform_entry
+from memwal_query.format.wal import conform_entry, decode_entry
 from memwal_query.storage import paths
 from memwal_query.storage.cache import LRUCache
-from memwal_query.storage.io import in_chunks
+from memwal_query.storage.io import in_chunks, join
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -52,11 +54,34 @@ CACHE_BYTES = 256 << 20
 """Most bytes of decoded WAL entries kept between queries (per process)."""
 
 _Entry = tuple[int | None, pa.Table]
-ENTRIES: LRUCache[tuple[str, str, pa.Schema], _Entry] = LRUCache(
-    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[1].nbytes
+ENTRIES: LRUCache[tuple[str, str], tuple[pa.Schema, _Entry]] = LRUCache(
+    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[1][1].nbytes
 )
-"""Decoded, conformed WAL entries: ``(lineage, path, storage schema) -> (generation
-recorded in the entry or None, rows)``."""
+"""Decoded WAL entries: ``(lineage, path) -> (storage schema they were conformed to,
+(generation recorded in the entry or None, rows))``; an entry conformed to another
+schema (the table's changed) is read again."""
+
+_SCHEMAS: LRUCache[int, tuple[pa.Schema, pa.Schema]] = LRUCache(64)
+
+
+def _storage_schema(schema: pa.Schema) -> pa.Schema:
+    """:func:`storage_schema`, one object per table schema object (identity checks
+    replace comparisons in the entry cache)."""
+    hit = _SCHEMAS.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    return _SCHEMAS.put(id(schema), (schema, storage_schema(schema)))[1]
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _wal_dir(table_uri: str, region_id: str) -> str:
+    return paths.wal_dir(table_uri, region_id)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _entry_path(wal_dir: str, position: int) -> str:
+    return join(wal_dir, wal_entry_name(position))
+
 
 WAL_READERS = 16
 """WAL positions read at once on an object store."""
@@ -70,25 +95,27 @@ class _Region:
     """The WAL of one region as a reader sees it."""
 
     def __init__(self, table: Catalog, region_id: str, schema: pa.Schema) -> None:
-        self.table = table
-        self.region_id = region_id
+        self.io = table.io
+        self.lineage = table.lineage
+        self.primary_key = table.primary_key
         self.schema = schema
-        self.wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+        self.wal_dir = _wal_dir(table.uri, region_id)
 
     def entry(self, position: int) -> _Entry | None:
         """The entry at ``position`` (from the cache when read before), None when
         missing; WalCorruptError when damaged."""
-        path = self.wal.path(position)
-        key = (self.table.lineage, path, self.schema)
+        path = _entry_path(self.wal_dir, position)
+        key = (self.lineage, path)
         hit = ENTRIES.get(key)
-        if hit is not None:
-            return hit
+        if hit is not None and (hit[0] is self.schema or hit[0].equals(self.schema)):
+            return hit[1]
         try:
-            entry = self.wal.read(position)
+            data = self.io.read(path)
         except ObjectNotFoundError:
             return None
-        rows = conform_entry(path, entry.table, self.schema, self.table.primary_key)
-        return ENTRIES.put(key, (entry.generation, rows))
+        entry = decode_entry(path, position, data)
+        rows = conform_entry(path, entry.table, self.schema, self.primary_key)
+        return ENTRIES.put(key, (self.schema, (entry.generation, rows)))[1]
 
 
 class Probes:
@@ -103,7 +130,7 @@ class Probes:
     """
 
     def __init__(self, table: Catalog, region_ids: Sequence[str]) -> None:
-        self.schema = storage_schema(table.schema)
+        self.schema = _storage_schema(table.schema)
         self._started: dict[str, tuple[int, Future[_Entry | None]]] = {}
         if not table.io.parallel_requests:
             return
