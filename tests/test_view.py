@@ -287,11 +287,12 @@ _OPS = {
 }
 
 
-def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=None):
+def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=None, warm=False):
     """One run paused at access ``target``; returns (answer or error, paused?).
 
     ``meanwhile(uri, w)`` runs while the reader is paused (default: merge generation 1,
-    collect garbage, flush generation 2)."""
+    collect garbage, flush generation 2). ``warm``: the reader answered once before (it
+    knows the region manifests)."""
     uri = str(tmp_path / f"run{target}")
     shutil.copytree(template, uri)
     writer_table = mq.MemWalTable.open(uri)
@@ -301,6 +302,8 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=Non
     kw = {"consistency": consistency, "writers": [w] if mode == "ryw" else []}
     if mode == "default":
         kw.pop("consistency")
+    if warm:
+        _OPS[op](reader, **kw)
     p = _Pauser(target)
     out: dict = {}
 
@@ -380,14 +383,16 @@ def test_paused_search_sees_before_or_after(tmp_path, pauser):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_paused_default_reader_reads_the_wal_tail_while_it_is_flushed_merged_and_collected(
-    tmp_path, pauser
+    tmp_path, pauser, warm
 ):
     # The default reader (no consistency given: every acknowledged write) paused at
     # every storage access, the WAL tail's included, while another writer flushes the
     # tail into generation 2, a maintainer merges it and GC deletes its WAL entries.
     # Generation 2 was acknowledged before the query started: AFTER is the only answer
-    # (or a typed error).
+    # (or a typed error). A warm reader knows the manifest that lists generation 1 only
+    # and probes the WAL position after it first.
     template, region_id = _template(tmp_path, external=False)
     _pause_everywhere(
         tmp_path,
@@ -398,18 +403,19 @@ def test_paused_default_reader_reads_the_wal_tail_while_it_is_flushed_merged_and
         ("sql", "lookup"),
         [AFTER],
         meanwhile=_flush_merge_gc,
+        warm=warm,
     )
 
 
 def _pause_everywhere(
-    tmp_path, pauser, template, region_id, mode, ops, allowed, meanwhile=None
+    tmp_path, pauser, template, region_id, mode, ops, allowed, meanwhile=None, warm=False
 ) -> None:
     """Run each of ``ops`` paused at access 0, 1, 2, ... until a run does not pause."""
     for op in ops:
         target = 0
         while True:
             out, paused, where = _race(
-                tmp_path, pauser, template, region_id, mode, op, target, meanwhile
+                tmp_path, pauser, template, region_id, mode, op, target, meanwhile, warm
             )
             if "answer" in out:
                 got = out["answer"]

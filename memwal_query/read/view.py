@@ -18,9 +18,9 @@ The pieces are read in an order that makes every combination a state the table h
 1. the writers' MemTables (read-your-writes);
 2. the region manifests (``strong``/``latest``; for ``eventual``, those of the regions
    whose writer is handed in) and, for ``latest``, the WAL entries after each
-   manifest's ``replay_after_wal_entry_position`` (on an object store their first
-   position is read at the same time as the manifests, guessed from the manifest
-   read last; a guess the manifest disproves is read again);
+   manifest's ``replay_after_wal_entry_position`` (the first position is read first,
+   after the manifest read last time; when it is missing that manifest is as good as
+   the newest and is not read again, see :mod:`memwal_query.read.waltail`);
 3. the base table's latest version ``V`` and the MemWAL index of ``V``.
 
 A generation that was flushed before step 2 is listed in the manifest unless a flush
@@ -252,22 +252,24 @@ def _resolve_once(
         states.update(own)
     else:
         wanted, pruned = _wanted(table, predicates)
-        latest = consistency == "latest"
-        probes = (
-            waltail.Probes(table, [r for r in wanted if r not in writer_regions])
-            if latest
-            else None
-        )
-        manifests = _read_manifests(table, wanted)
-        states = {r: _state_of(table, r, m) for r, m in manifests.items()}
-        if probes is not None:
-            # A sealed region (spec change, drop) takes no more WAL entries: one after
-            # its replay position was never acknowledged (its writer was fenced by the
-            # seal), so it is not read. The writers' regions are read from memory.
+        if consistency == "latest":
+            # Regions whose first unflushed position is missing keep the manifest read
+            # last time (waltail: as good as the newest); the others are read as for
+            # strong, then their WAL tails. A sealed region (spec change, drop) takes no
+            # more WAL entries: one after its replay position was never acknowledged
+            # (its writer was fenced by the seal), so it is not read. The writers'
+            # regions are read from memory.
+            probes = waltail.Probes(table, [r for r in wanted if r not in writer_regions])
+            unchanged = probes.unchanged()
+            manifests = _read_manifests(table, [r for r in wanted if r not in unchanged])
             unflushed = {
                 r: m for r, m in manifests.items() if r not in writer_regions and not m.sealed
             }
             wal_tails = waltail.tails(table, unflushed, probes)
+            manifests.update(unchanged)
+        else:
+            manifests = _read_manifests(table, wanted)
+        states = {r: _state_of(table, r, m) for r, m in manifests.items()}
         base = table.dataset()
         index = table.index(base)  # progress of exactly the version we read
     return _build(

@@ -5,12 +5,14 @@ reads, per region, the WAL entries after the region manifest's
 ``replay_after_wal_entry_position`` up to the first missing position, as MemTable
 snapshots (:func:`tails`). What that costs:
 
-- **Nothing unflushed**: one read of the position after the manifest's, which is
-  missing (a failed ``open`` on a local disk, a GET answered 404 on an object store).
-  On an object store the probes of all regions run at once, and *ahead of* the
-  manifest checks: the position is guessed from the manifest read last time (the
-  catalog keeps it), so a region whose manifest did not change costs the same one
-  round trip of latency as a ``strong`` read, with one more request.
+- **Nothing unflushed**: one read per region, of the position after the replay position
+  of the manifest read last time (the catalog keeps it), which is missing (a failed
+  ``open`` on a local disk, a GET answered 404 on an object store; on an object store
+  the probes of all regions run at once). The region's manifest is then *not* read
+  again: that read replaces the manifest check a ``strong`` read makes (see below why
+  the known manifest is then as good as the newest). A region whose probe finds an
+  entry, or whose manifest was never read, has its manifest read as ``strong`` does,
+  then its tail.
 - **Unflushed entries**: an entry is immutable (written once with put-if-not-exists,
   never rewritten), so decoded and conformed entries are kept in a process-wide cache
   keyed by the table's lineage, the entry's path and the schema
@@ -26,12 +28,24 @@ holds rows merged into the base version the reader reads *after* the tails (step
 meanwhile carry a generation at or below the merged one, which the view drops. A
 position missing because nothing was written there yet is a write not acknowledged
 when the query started.
+
+Why a known manifest ``M`` is as good as the newest when position
+``p = M.replay_after_wal_entry_position + 1`` is missing: a later manifest differs in
+its flushed generations only by a flush, and a flush covers WAL entries (every row of a
+generation is in an entry at or below its replay position, non-durable writers sync
+before sealing), so it needs entry ``p``. Either ``p`` was never written: no flush
+happened after ``M`` (a claim changes no data), and ``M``'s generations with nothing
+after them are the region's state when ``p`` was found missing. Or ``p`` was written,
+flushed, merged and collected: its generation is merged into the base version read
+afterwards, as is every generation a newer manifest would list or drop. ``M``'s
+listed generations above the merged one still exist (GC removes merged ones only).
+A sealed region's manifest is always read again.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -118,36 +132,58 @@ class _Region:
         return ENTRIES.put(key, (self.schema, (entry.generation, rows)))[1]
 
 
+def _done(fn: Callable[[int], _Entry | None], position: int) -> Future[_Entry | None]:
+    """``fn(position)`` run now, as a completed future."""
+    out: Future[_Entry | None] = Future()
+    try:
+        out.set_result(fn(position))
+    except BaseException as e:  # noqa: BLE001 - raised by .result()
+        out.set_exception(e)
+    return out
+
+
 class Probes:
-    """Reads of each region's first unflushed position, started before the region
-    manifests are checked (object stores only; see the module docs).
+    """Reads of each region's first unflushed position after the manifest read last
+    time (see the module docs), all at once on an object store.
 
     Parameters
     ----------
     table : Catalog
     region_ids : list of str
-        Regions whose manifest is about to be read.
+        Regions whose state is about to be read.
     """
 
     def __init__(self, table: Catalog, region_ids: Sequence[str]) -> None:
         self.schema = _storage_schema(table.schema)
-        self._started: dict[str, tuple[int, Future[_Entry | None]]] = {}
-        if not table.io.parallel_requests:
-            return
+        self._started: dict[str, tuple[RegionManifest, int, Future[_Entry | None]]] = {}
+        at_once = table.io.parallel_requests and len(region_ids) > 1
         for region_id in region_ids:
             known = table.known_region_manifest(region_id)
             if known is None or known.sealed:
                 continue
             position = known.replay_after_wal_entry_position + 1
             region = _Region(table, region_id, self.schema)
-            self._started[region_id] = (position, _PROBES.submit(region.entry, position))
+            probe = (
+                _PROBES.submit(region.entry, position) if at_once else _done(region.entry, position)
+            )
+            self._started[region_id] = (known, position, probe)
+
+    def unchanged(self) -> dict[str, RegionManifest]:
+        """The regions whose probe found nothing unflushed, with the manifest known
+        for them (as good as the newest: see the module docs). Waits for the probes."""
+        out = {}
+        for region_id, (known, _, probe) in list(self._started.items()):
+            if probe.result() is None:
+                out[region_id] = known
+                del self._started[region_id]
+        return out
 
     def take(self, region_id: str, position: int) -> Future[_Entry | None] | None:
         """The probe of ``position`` of a region, if one was started at that position."""
         started = self._started.pop(region_id, None)
-        if started is None or started[0] != position:
+        if started is None or started[1] != position:
             return None
-        return started[1]
+        return started[2]
 
 
 def tail(
