@@ -10,7 +10,9 @@ With real processes:
   so plain Lance reads them;
 - ``maintain`` never fences a writer whose heartbeat is fresh: the heartbeat is paused
   and resumed around the maintainer's decision (deterministically, no sleeps to win a
-  race), and a control run shows that a writer whose heartbeat stays paused is fenced.
+  race), and a control run shows that a writer whose heartbeat stays paused is fenced
+  (``MemWalTable.write`` then claims the region again);
+- the table as a context manager flushes the writers ``write`` opened.
 """
 
 from __future__ import annotations
@@ -249,3 +251,25 @@ def test_a_writer_whose_heartbeat_stays_paused_is_recovered(idle_writer):
         with pytest.raises(mq.FencedError):
             w.put(_basic_row(table, 101))
     assert 100 in other.to_table(consistency="strong")["id"].to_pylist()
+
+
+def test_a_table_fenced_by_recovery_claims_again_on_its_next_write(table):
+    table.configure_writers(heartbeat_interval=0.02)
+    table.write(_basic_row(table, 100))
+    (w,) = table.writers()
+    other = mq.MemWalTable.open(table.uri)
+    with _PausedHeartbeat(w) as paused:
+        _stale(paused)
+        assert [r.region_id for r in recover_abandoned(other, ABANDONED_AFTER)] == [w.region_id]
+    table.write(_basic_row(table, 101))  # fenced: claims the region again, as after any fence
+    assert table.writers()[0] is not w
+    ids = other.to_table()["id"].to_pylist()
+    assert 100 in ids and 101 in ids
+    table.close()
+
+
+def test_the_table_as_a_context_manager_flushes_its_writers(table):
+    with mq.MemWalTable.open(table.uri) as t:
+        t.write(_basic_row(t, 100))
+    strong = mq.MemWalTable.open(table.uri).to_table(consistency="strong")
+    assert 100 in strong["id"].to_pylist()
