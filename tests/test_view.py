@@ -27,7 +27,7 @@ import memwal_query as mq
 from memwal_query.exceptions import BaseVersionGoneError, GenerationGoneError
 from memwal_query.format.bloom import BloomFilter, hash_keys
 from memwal_query.maintain import snapshots
-from memwal_query.read import parallel
+from memwal_query.read import parallel, waltail
 from memwal_query.search import BLOOM_FILE
 from memwal_query.storage.io import LocalFileIO
 
@@ -443,3 +443,30 @@ def test_eventual_snapshot_older_than_max_staleness_reads_manifests(tmp_path):
     stale = fresh.provider("eventual", max_staleness=0.0)  # every snapshot is too old
     assert _as_dict(stale.to_table())[2] == 200.0
     w.close()
+
+
+def test_a_warm_default_reader_reads_entries_after_a_collected_gap(tmp_path):
+    # The reader knows the manifest of generation 1. Then generation 2 is flushed,
+    # merged and its WAL entries collected, and entry 3 is acknowledged: the position
+    # after the known manifest is missing (collected), not the end of the WAL.
+    t = _init(tmp_path)
+    w = t.writer()
+    w.put(_rows([1], [10]))
+    w.flush()
+    w.put(_rows([2], [20]))
+    reader = mq.MemWalTable.open(t.uri)
+    assert _sql(reader)[2] == 20.0 and _lookup(reader, [2]) == {2: 20.0}
+    w.flush()
+    other = mq.MemWalTable.open(t.uri)
+    assert other.merge()
+    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert other.status().regions[w.region_id].wal_entries == 0
+    w.put(_rows([3], [30]))
+    waltail.ENTRIES.clear()  # entry 2 as another process sees it: gone, not cached
+    assert _sql(reader)[3] == 30.0
+    assert _lookup(mq.MemWalTable.open(t.uri), [3]) == {3: 30.0}
+    reader2 = mq.MemWalTable.open(t.uri)
+    _sql(reader2)
+    w.put(_rows([4], [40]))
+    assert _lookup(reader, [3, 4]) == {3: 30.0, 4: 40.0}
+    w.close(flush=False)

@@ -216,18 +216,26 @@ def resolve(
             raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
         mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
     last: Exception | None = None
-    for _attempt in range(RESOLVE_ATTEMPTS):
+    for attempt in range(RESOLVE_ATTEMPTS):
         try:
             return _resolve_once(
-                table, consistency, mem_by_region, predicates, max_staleness, writers
+                table, consistency, mem_by_region, predicates, max_staleness, writers, attempt > 0
             )
+        except _Replan as e:
+            last = e
         except (ObjectNotFoundError, OSError) as e:
             # The base version (or its index) vanished between opening and reading it.
             last = e
     raise BaseVersionGoneError(
         f"{table.uri}: could not resolve a consistent view in {RESOLVE_ATTEMPTS} attempts "
-        f"(base versions cleaned up meanwhile): {last}"
+        f"(base versions cleaned up, or WAL tails flushed, merged and collected, "
+        f"meanwhile): {last}"
     )
+
+
+class _Replan(Exception):
+    """Internal: the pieces read do not fit together; resolve again (reading every
+    region manifest anew)."""
 
 
 def _resolve_once(
@@ -237,6 +245,7 @@ def _resolve_once(
     predicates: list[tuple[str, str, Any]] | None,
     max_staleness: float | None,
     writers: Sequence[RegionWriter] | None,
+    fresh: bool = False,
 ) -> ReadPlan:
     writer_regions = {w.region_id for w in writers or ()}
     wal_tails: dict[str, list[MemTableSnapshot]] = {}
@@ -248,7 +257,7 @@ def _resolve_once(
         index = table.index(base)
         states = _snapshot_states(table, index, max_staleness)
         if states is None:  # no usable snapshot: strong, resolved in the safe order
-            return _resolve_once(table, "strong", mem_by_region, predicates, None, writers)
+            return _resolve_once(table, "strong", mem_by_region, predicates, None, writers, fresh)
         states.update(own)
     else:
         wanted, pruned = _wanted(table, predicates)
@@ -259,7 +268,9 @@ def _resolve_once(
             # more WAL entries: one after its replay position was never acknowledged
             # (its writer was fenced by the seal), so it is not read. The writers'
             # regions are read from memory.
-            probes = waltail.Probes(table, [r for r in wanted if r not in writer_regions])
+            probes = waltail.Probes(
+                table, [] if fresh else [r for r in wanted if r not in writer_regions]
+            )
             unchanged = probes.unchanged()
             manifests = _read_manifests(table, [r for r in wanted if r not in unchanged])
             unflushed = {
@@ -272,9 +283,27 @@ def _resolve_once(
         states = {r: _state_of(table, r, m) for r, m in manifests.items()}
         base = table.dataset()
         index = table.index(base)  # progress of exactly the version we read
+        if consistency == "latest":
+            _check_tails(index, manifests, writer_regions)
     return _build(
         table, consistency, base, index, states, mem_by_region, wal_tails, predicates, pruned
     )
+
+
+def _check_tails(index, manifests: dict[str, RegionManifest], writer_regions: set[str]) -> None:
+    """_Replan when the base version read merged a generation flushed after a region
+    manifest whose WAL tail was read: GC may then have removed WAL entries of that tail
+    (the first missing position the tail stopped at), with acknowledged entries after
+    them (see :mod:`memwal_query.read.waltail`)."""
+    merged = index.merged_generations()
+    for region_id, m in manifests.items():
+        if region_id in writer_regions or m.sealed:
+            continue
+        if merged.get(region_id, 0) >= m.current_generation:
+            raise _Replan(
+                f"region {region_id}: generation {merged[region_id]} was flushed and merged "
+                f"after manifest version {m.version} was read"
+            )
 
 
 def _build(

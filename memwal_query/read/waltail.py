@@ -19,27 +19,26 @@ snapshots (:func:`tails`). What that costs:
   (:data:`ENTRIES`, bounded by :data:`CACHE_BYTES`); a query reads only the entries
   written since the previous one, plus the probe of the next position.
 
-Why a missing position ends the tail (and why no re-check is needed): entries are
-written at consecutive positions, and GC deletes an entry only with the generation it
-was flushed into, once every retained base version merged that generation
-(:mod:`memwal_query.maintain.gc`). A position missing because GC removed it therefore
-holds rows merged into the base version the reader reads *after* the tails (step 3 of
-:mod:`memwal_query.read.view`), and entries read before it that were flushed and merged
-meanwhile carry a generation at or below the merged one, which the view drops. A
-position missing because nothing was written there yet is a write not acknowledged
-when the query started.
+Why a missing position ends the tail: entries are written at consecutive positions, one
+at a time, so an entry acknowledged before the query started has every position before
+it written too. A position can go missing afterwards only by GC, which deletes an entry
+only with the generation it was flushed into, once every retained base version merged
+that generation (:mod:`memwal_query.maintain.gc`). That generation was flushed after
+the manifest ``M`` the tail started from (the entry was above ``M``'s replay position),
+so its number is at least ``M.current_generation``. The view reads the base version
+``V`` after the tails; when ``V`` merged a generation numbered ``M.current_generation``
+or more, the view is resolved again with every manifest read anew
+(:func:`memwal_query.read.view._check_tails`); otherwise no entry above ``M``'s replay
+position was collected, and a missing position is the end of the WAL when it was read.
 
-Why a known manifest ``M`` is as good as the newest when position
-``p = M.replay_after_wal_entry_position + 1`` is missing: a later manifest differs in
-its flushed generations only by a flush, and a flush covers WAL entries (every row of a
-generation is in an entry at or below its replay position, non-durable writers sync
-before sealing), so it needs entry ``p``. Either ``p`` was never written: no flush
-happened after ``M`` (a claim changes no data), and ``M``'s generations with nothing
-after them are the region's state when ``p`` was found missing. Or ``p`` was written,
-flushed, merged and collected: its generation is merged into the base version read
-afterwards, as is every generation a newer manifest would list or drop. ``M``'s
-listed generations above the merged one still exist (GC removes merged ones only).
-A sealed region's manifest is always read again.
+The same argument lets a region whose first position ``p`` after the *known* manifest
+``M`` (read by an earlier query) is missing keep ``M`` without reading it again: a later
+manifest differs in its generations only by a flush, and a flush covers WAL entries
+(every row of a generation is in an entry at or below its replay position; a
+non-durable writer syncs before it seals), so it needs entry ``p``. Either ``p`` was
+never written, and ``M`` with nothing after it is the region's state when ``p`` was
+found missing; or it was flushed, merged and collected, and ``V`` shows it. A sealed
+region's manifest is always read again.
 """
 
 from __future__ import annotations
