@@ -11,7 +11,8 @@ it executes, with the projection and the pushed-down filter (which it then treat
 Exact: it does not re-apply it). :class:`MemWalDataset` implements that protocol:
 
 - sources are resolved at *planning time of every query* (``get_fragments``), so each
-  query sees the table as of that moment (strong: region manifests; eventual: region
+  query sees the table as of that moment (latest, the default: region manifests and
+  the durable WAL entries not flushed yet; strong: region manifests; eventual: region
   snapshots), and the writers' MemTables as of that moment;
 - partition 0..n-1 scan the base table through Lance's own scanner (projection, filter
   pushdown, scalar indexes), each over a share of its fragments, and drop the rows

@@ -13,7 +13,8 @@ snapshots (:func:`tails`). What that costs:
   the known manifest is then as good as the newest). A region whose probe finds an
   entry, or whose manifest was never read, has its manifest read as ``strong`` does,
   then its tail.
-- **Unflushed entries**: an entry is immutable (written once with put-if-not-exists,
+- **Unflushed entries**: on an object store :data:`READ_AHEAD` positions are read at
+  once. An entry is immutable (written once with put-if-not-exists,
   never rewritten), so decoded and conformed entries are kept in a process-wide cache
   keyed by the table's lineage, the entry's path and the schema
   (:data:`ENTRIES`, bounded by :data:`CACHE_BYTES`); a query reads only the entries
@@ -44,7 +45,7 @@ region's manifest is always read again.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -185,6 +186,33 @@ class Probes:
         return started[2]
 
 
+READ_AHEAD = 8
+"""On an object store, the WAL positions read at once after an entry was found."""
+
+
+def _entries(
+    region: _Region, position: int, first: _Entry | None, at_once: bool
+) -> Iterator[_Entry]:
+    """``first`` (the entry at ``position``) and the entries after it, up to the first
+    missing position; on an object store :data:`READ_AHEAD` positions are read at once
+    (positions after the first missing one are ignored: written later, or not at all)."""
+    found = first
+    while found is not None:
+        yield found
+        position += 1
+        if not at_once:
+            found = region.entry(position)
+            continue
+        batch = [_PROBES.submit(region.entry, q) for q in range(position, position + READ_AHEAD)]
+        for read in batch[:-1]:
+            found = read.result()
+            if found is None:
+                return
+            yield found
+            position += 1
+        found = batch[-1].result()
+
+
 def tail(
     table: Catalog,
     region_id: str,
@@ -209,13 +237,11 @@ def tail(
     """
     region = _Region(table, region_id, schema)
     position = manifest.replay_after_wal_entry_position + 1
+    first = probe.result() if probe is not None else region.entry(position)
     by_gen: dict[int, list[pa.Table]] = {}
-    found = probe.result() if probe is not None else region.entry(position)
-    while found is not None:
-        gen = found[0] if found[0] is not None else manifest.current_generation
-        by_gen.setdefault(gen, []).append(found[1])
-        position += 1
-        found = region.entry(position)
+    for gen, rows in _entries(region, position, first, table.io.parallel_requests):
+        gen = gen if gen is not None else manifest.current_generation
+        by_gen.setdefault(gen, []).append(rows)
     out = []
     for gen, tables in sorted(by_gen.items()):
         batches = tuple(b for t in tables for b in t.to_batches())
