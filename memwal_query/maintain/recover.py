@@ -85,11 +85,14 @@ def region_life(
     manifest: RegionManifest,
     seen: liveness.Observed | None = None,
     now: float | None = None,
+    unflushed: bool | None = None,
 ) -> RegionLife:
-    """The :class:`RegionLife` of a region (``seen``: its heartbeat, when already read)."""
+    """The :class:`RegionLife` of a region (``seen``: its heartbeat, ``unflushed``:
+    whether it has unflushed WAL entries, when already known)."""
     now = time.time() if now is None else now
     wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
-    unflushed = not manifest.sealed and wal.exists(manifest.replay_after_wal_entry_position + 1)
+    if unflushed is None:
+        unflushed = not manifest.sealed and wal.exists(manifest.replay_after_wal_entry_position + 1)
     if seen is None:
         seen = liveness.read(table.io, table.uri, region_id)
     hb = seen.heartbeat
@@ -162,9 +165,12 @@ def recover_abandoned(
         manifest = table.region_manifest(region_id)
         if manifest is None or manifest.sealed:
             continue
+        wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
+        if not wal.exists(manifest.replay_after_wal_entry_position + 1):
+            continue  # nothing unflushed: nothing to recover
         seen = liveness.read(table.io, table.uri, region_id)
-        life = region_life(table, region_id, manifest, seen)
-        if not life.unflushed or life.alive(abandoned_after):
+        life = region_life(table, region_id, manifest, seen, unflushed=True)
+        if life.alive(abandoned_after):
             continue
         if dry_run:
             out.append(Recovered(region_id, life.silent_for))
