@@ -42,6 +42,7 @@ from memwal_query.exceptions import (
     RegionSpecError,
     StorageError,
     TableNotFoundError,
+    without_source_locations,
 )
 from memwal_query.format import fieldvalues, lancecache
 from memwal_query.format import index as mwindex
@@ -121,7 +122,8 @@ class Catalog:
         index = mwindex.read_index(self.io, self._dataset)
         if index is None:
             raise NotInitializedError(
-                f"{self.uri}: the table has no MemWAL index; call MemWalTable.initialize"
+                f"{self.uri}: the table has no MemWAL index; initialize it first with "
+                "`memwal init URI --primary-key COLUMNS` (Python: MemWalTable.initialize)"
             )
         self._index = index
         self.schema: pa.Schema = self._dataset.schema
@@ -129,7 +131,7 @@ class Catalog:
         self.lance_schema = self._dataset.lance_schema
         self._manifests: dict[str, RegionManifest] = {}  # last read per region
         # parsed region spec and region values, valid while the protos they were parsed
-        # from are the ones held (a query reads them for every region: issue 20)
+        # from are the ones held (a query reads them for every region)
         self._spec_cache: tuple[Any, RegionSpec] | None = None
         self._specs_cache: tuple[Any, dict[int, RegionSpec]] | None = None
         self._values_cache: dict[str, tuple[RegionManifest, RegionSpec, Any]] = {}
@@ -160,7 +162,7 @@ class Catalog:
             raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
         progress = read_progress(self.io, self.uri)
         if progress.index_catchup:
-            mwindex._max_progress(idx.details, progress)
+            mwindex.max_progress(idx.details, progress)
         if dataset is None:
             self._index = idx
         return idx
@@ -405,7 +407,9 @@ def open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDatase
     except (ValueError, OSError, RuntimeError) as e:
         text = str(e)
         if "was not found" in text or "LanceError(IO)" not in text:
-            raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e
+            raise TableNotFoundError(
+                f"{uri}: no Lance table here ({without_source_locations(text)})"
+            ) from e
         raise StorageError(f"{uri}: cannot open the Lance table: {store_error(text)}") from e
 
 

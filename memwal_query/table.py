@@ -308,6 +308,7 @@ class MemWalTable(Catalog):
         min_age=None,
         progress=None,
         retain_versions_for=None,
+        sizes: dict[str, int] | None = None,
     ) -> list[str]:
         """Delete merged, caught-up, unreferenced generations and WAL entries.
 
@@ -318,7 +319,9 @@ class MemWalTable(Catalog):
         is called as paths are deleted. ``retain_versions_for`` (a timedelta) keeps
         every base version that was the latest within that window, so time travel
         (``as_of``) to any moment in it works. Changes a registered consumer
-        (:meth:`register_consumer`) has not consumed are never removed.
+        (:meth:`register_consumer`) has not consumed are never removed. ``sizes`` (a
+        dict), when given, is filled with the bytes of each path, measured before it is
+        deleted. Returns the paths removed (or, with ``dry_run``, that would be).
         """
         from memwal_query.maintain.gc import gc
 
@@ -329,6 +332,7 @@ class MemWalTable(Catalog):
             min_age=min_age,
             progress=progress,
             retain_versions_for=retain_versions_for,
+            sizes=sizes,
         )
 
     # -- change feed -------------------------------------------------------------------

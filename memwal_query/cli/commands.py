@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from memwal_query.cli import setup as _setup  # noqa: F401  (registers its commands)
 from memwal_query.cli import specs as _specs  # noqa: F401  (registers its commands)
 from memwal_query.cli import sql as _sql  # noqa: F401  (registers its commands)
-from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main
+from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main, record_done
 from memwal_query.cli.sql import _split_statements, _write_atomically  # noqa: F401
 from memwal_query.exceptions import (
     MemWalError,
@@ -35,7 +36,7 @@ def status(uri: str, as_json: bool) -> None:
         return
     click.echo(
         f"{st.uri}  base version {st.base_version}  {st.live_rows:,} rows "
-        f"({st.unflushed_rows:,} unflushed)  primary key {st.primary_key}"
+        f"({st.unflushed_rows:,} unflushed)  primary key {', '.join(st.primary_key)}"
     )
     header = (
         f"{'region':36}  {'values':>14}  epoch  cur  flushed        merged  wal_span   "
@@ -83,6 +84,7 @@ def flush(uri: str, region: str | None, dry_run: bool) -> None:
             gen = w.flush()
             w.close(flush=False)
             lines.append(f"{rid}: generation {gen}")
+            record_done(f"flushed region {rid} (generation {gen})")
     for line in lines:
         click.echo(line)
     click.echo(f"{len(lines)} region(s) flushed")
@@ -113,44 +115,75 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
             done = t.merge(rid, max_generations)
             if done:
                 lines.append(f"{rid}: merged {[g for _, g in done]}")
+                record_done(f"merged region {rid} generation(s) {[g for _, g in done]}")
     for line in lines:
         click.echo(line)
 
 
 @main.command()
 @click.argument("uri")
-@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option(
     "--cleanup-older-than", type=float, help="First remove base versions older than N hours."
 )
+@click.option("--verbose", "-v", is_flag=True, help="List every path and each kept generation.")
 @_handle_errors
-def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
-    """Delete merged, caught-up generations and their WAL entries, then say what kept
-    each remaining generation (not merged, a retained base version, an index)."""
+def gc(uri: str, dry_run: bool, cleanup_older_than: float | None, verbose: bool) -> None:
+    """Delete merged, caught-up generations and their WAL entries; print one summary line
+    (counts and bytes) and why generations were kept (--verbose: every path)."""
     import datetime as dt
+
+    from memwal_query.maintain.gcreasons import kept_generations
 
     t = _open(uri)
     older = None if cleanup_older_than is None else dt.timedelta(hours=cleanup_older_than)
+    sizes: dict[str, int] = {}
     with _progress(length=0, label="collecting", show_pos=True) as bar:
 
         def step(done: int, total: int) -> None:
             bar.length = total
             bar.update(done - bar.pos)
 
-        removed = t.gc(dry_run=dry_run, cleanup_older_than=older, progress=step)
+        removed = t.gc(dry_run=dry_run, cleanup_older_than=older, progress=step, sizes=sizes)
     if dry_run and older is not None:
         click.echo(
             "note: a dry run removes no base versions, so generations that only those "
             "versions still need are not listed",
             err=True,
         )
-    for p in removed:
-        click.echo(("would remove " if dry_run else "removed ") + p)
-    click.echo(f"{len(removed)} path(s)")
-    from memwal_query.maintain.gcreasons import kept_generations
+    verb = "would remove" if dry_run else "removed"
+    if verbose:
+        for p in removed:
+            click.echo(f"{verb} {p} ({_size_text(sizes.get(p, 0))})")
+    wal = sum("/wal/" in p for p in removed)
+    gens = len(removed) - wal
+    click.echo(
+        f"{t.uri}: {verb} {gens} generation(s) and {wal} WAL entr{'y' if wal == 1 else 'ies'}"
+        f", {_size_text(sum(sizes.values()))}"
+    )
+    kept = kept_generations(t)
+    if verbose:
+        for k in kept:
+            click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
+    elif kept:
+        reasons: dict[str, int] = {}
+        for k in kept:
+            for r in k.reasons:
+                if r.startswith("retained base version"):  # names a version: one group
+                    r = "kept by retained base versions (memwal gc --cleanup-older-than HOURS)"
+                reasons[r] = reasons.get(r, 0) + 1
+        why = "; ".join(f"{n} {r}" for r, n in reasons.items())
+        click.echo(f"kept {len(kept)} generation(s): {why} (--verbose lists them)")
 
-    for k in kept_generations(t):
-        click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
+
+def _size_text(n: int) -> str:
+    """``n`` bytes for a person: ``512 B``, ``3.2 KiB``, ``1.5 GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
 
 
 @main.command(name="catch-up")
@@ -167,7 +200,7 @@ def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     if missing:
         raise NotInitializedError(f"{t.uri}: no base index named {missing}")
     if dry_run:
-        click.echo(f"would catch up {chosen} to {t.index().merged_generations()}")
+        click.echo(_catch_up_plan(t, chosen))
         return
     if not chosen:
         click.echo("no maintained indexes: nothing to catch up")
@@ -177,6 +210,19 @@ def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
         for index_name in bar:
             progress.update(t.catch_up_indexes([index_name]))
     click.echo(json.dumps(progress, indent=2))
+
+
+def _catch_up_plan(t: Any, chosen: list[str]) -> str:
+    """What ``catch-up`` would do: per index, the regions merged past its progress."""
+    merged = t.index().merged_generations()
+    progress = t.index().index_catchup()
+    lines = []
+    for name in chosen:
+        done = progress.get(name, {})
+        behind = {r: g for r, g in merged.items() if g > done.get(r, 0)}
+        if behind:
+            lines.append(f"would catch up {name} to {behind}")
+    return "\n".join(lines) or "nothing to do: every index has caught up with the merged data"
 
 
 @main.command(name="refresh-snapshots")
@@ -196,7 +242,7 @@ def refresh_snapshots(uri: str, dry_run: bool) -> None:
     click.echo(f"{idx.details.num_regions} region(s) in the snapshot")
 
 
-# -- read-only SQL, fsck and repair (issue 18) ------------------------------------------
+# -- read-only SQL, fsck and repair -----------------------------------------------------
 
 
 @main.command()

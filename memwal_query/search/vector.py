@@ -14,6 +14,7 @@ from memwal_query.exceptions import (
     MemWalError,
     SchemaError,
 )
+from memwal_query.format import baseindex
 from memwal_query.read import sources
 from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.search.common import DISTANCE, ROWID
@@ -21,7 +22,7 @@ from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
-    _SEARCH_POOL,
+    SOURCE_SEARCH_POOL,
     _block_sources,
     _build_sources,
     _conform_output,
@@ -35,7 +36,6 @@ from memwal_query.search.topk import (
     _Source,
 )
 from memwal_query.search.vecmath import _distances, _vectors
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -44,11 +44,23 @@ if TYPE_CHECKING:
 
 DEFAULT_REFINE_FACTOR = 20
 """Default ``refine_factor`` of :meth:`MemWalTable.vector_search` and the SQL function
-(issue 20: recall@10 >= 0.95 against exact search, IVF_PQ index, ``nprobes=20``)."""
+(chosen for recall@10 >= 0.95 against exact search: IVF_PQ index, ``nprobes=20``)."""
 
 
 _EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
 """Metrics whose distances are recomputed exactly (and so searched in a block)."""
+
+
+def not_a_vector(column: str, vtype: pa.DataType, dim: int) -> str:
+    """Why ``column`` (of type ``vtype``) cannot be searched, and how to declare it."""
+    return (
+        f"column {column!r} is {vtype}, not a vector: vector search needs a fixed-size "
+        f"list (pa.list_(pa.float32(), {dim}) for {dim} dimensions). A pandas column of "
+        "arrays arrives as a variable-length list: declare the column when creating the "
+        f"table, e.g. pa.field({column!r}, pa.list_(pa.float32(), {dim})) in the schema "
+        "given to lance.write_dataset (pa.Table.from_pandas(df, schema=schema)); writes "
+        "of pandas arrays into such a column are converted"
+    )
 
 
 def _query_vector(query: Any) -> np.ndarray:
@@ -77,7 +89,7 @@ def vector_search(
     *,
     columns: Sequence[str] | None = None,
     consistency: str = DEFAULT_CONSISTENCY,
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """K nearest live rows of ``column`` to ``query`` across every source.
 
@@ -123,6 +135,8 @@ def vector_search(
         raise SchemaError(f"unknown vector column {column!r}")
     q = _query_vector(query)
     vtype = table.schema.field(column).type
+    if not pa.types.is_fixed_size_list(vtype):
+        raise SchemaError(not_a_vector(column, vtype, q.size))
     dim = getattr(vtype, "list_size", None)
     if dim is not None and dim != q.size:
         raise MemWalError(f"query has {q.size} dimensions, column {column!r} has {dim}")
@@ -133,7 +147,7 @@ def vector_search(
     narrow = list(dict.fromkeys([*pk, column]))
     # On a cold start three things take time: the index's metric (Lance index statistics),
     # the base's first query (Lance, off the GIL: it opens the index) and reading the
-    # generations into their block (issue 20). The first two run on other threads while
+    # generations into their block. The first two run on other threads while
     # this one reads the block. With a block the base always has newer rows, so its first
     # round asks for 2k + 8 rows (``_run_topk``); a later round asks again as usual.
     prefetch = plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS
@@ -142,7 +156,7 @@ def vector_search(
     if info is None:
         metric_known.set_result("l2")
     elif not prefetch:
-        metric_known.set_result(genindex.vector_metric(plan.base, info))
+        metric_known.set_result(baseindex.vector_metric(plan.base, info))
 
     def nearest(kk: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
@@ -188,7 +202,7 @@ def vector_search(
         # one task (a pool task waiting for another could deadlock a saturated pool)
         if not metric_known.done():
             try:
-                metric_known.set_result(genindex.vector_metric(plan.base, info))
+                metric_known.set_result(baseindex.vector_metric(plan.base, info))
             except BaseException as e:
                 metric_known.set_exception(e)
                 raise
@@ -197,7 +211,7 @@ def vector_search(
     early: dict[int, Future[pa.Table]] = {}
     if prefetch:
         first = _first_fetch(k, has_newer=True)
-        early[first] = _SEARCH_POOL.submit(metric_then_base, first)
+        early[first] = SOURCE_SEARCH_POOL.submit(metric_then_base, first)
     try:
         # the block assumes an exact metric (every metric Lance has is one)
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)

@@ -20,7 +20,7 @@ region (plus, with ``consistency="latest"``, the durable WAL entries not yet flu
 Each partition then reads fixed, immutable pieces:
 
 - **the regions' rows** (in the first partition): the newest row of every key among the
-  generations, by :func:`memwal_query.read.sources.newer_view` (the code and the rule of
+  generations, by :func:`memwal_query.read.newer.newer_view` (the code and the rule of
   the DataFusion provider, :func:`memwal_query.read.dedup.newest_indices`), tombstones
   removed, then filtered;
 - **base-table pieces**: fragments of the pinned base version, or row ranges of them,
@@ -84,7 +84,7 @@ from pyspark.sql.types import StructType
 
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from memwal_query.format.lancetypes import lance_filterable
-from memwal_query.read import sources, view
+from memwal_query.read import newer, view
 from memwal_query.spark import changes as _changes
 from memwal_query.spark._common import (
     _spark_schema,
@@ -119,6 +119,8 @@ except AttributeError:  # pragma: no cover - PySpark 4.0: no pushdown API
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from memwal_query.table import MemWalTable
 
 FORMAT = "memwal"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -253,7 +255,7 @@ def _combine(filters: Sequence[Any], schema: pa.Schema):
 # -- partitions ------------------------------------------------------------------------
 class NewerPartition(InputPartition):
     """The newest rows of every planned region (generations; WAL tails with
-    ``consistency="latest"``), deduplicated by :func:`memwal_query.read.sources.newer_view`
+    ``consistency="latest"``), deduplicated by :func:`memwal_query.read.newer.newer_view`
     (the provider's code and rule)."""
 
     def __init__(self, regions: list[view.RegionView], consistency: str) -> None:
@@ -404,7 +406,7 @@ class MemWalReader(DataSourceReader):
         the first one reading the regions' rows too (:func:`split_rows`)."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
-        plan = sources.resolve(table, self.consistency, None, preds or None, as_of=self.as_of)
+        plan = view.resolve(table, self.consistency, None, preds or None, as_of=self.as_of)
         newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
         newer_rows = _newer_rows(plan, self.storage_options) if newer is not None else 0
         fragments = [(f.fragment_id, f.count_rows()) for f in plan.base.get_fragments()]
@@ -425,8 +427,8 @@ class MemWalReader(DataSourceReader):
         if partition.pieces:
             yield from self._read_base(partition)
 
-    def _view(self, part: NewerPartition) -> sources.NewerView:
-        return sources.newer_view(
+    def _view(self, part: NewerPartition) -> newer.NewerView:
+        return newer.newer_view(
             part.plan(), self.table_schema, self.primary_key, self.storage_options
         )
 
@@ -547,18 +549,18 @@ class MemWalDataSource(DataSource):
         return uri
 
     def schema(self) -> StructType:
-        """The table schema (or the ``columns`` option's subset), as Spark types."""
-        table = open_table(self._uri(), _storage_options(self.options))
+        """The table schema (or the ``columns`` option's subset), as Spark types.
+
+        Spark asks for it at ``.load()``: the table and the options are checked here
+        (:func:`check_read`), so a bad option or a missing table fails at ``.load()``,
+        with a one-frame traceback ending in the typed error.
+        """
+        try:
+            table, schema = check_read(self._uri(), self.options)
+        except MemWalError as e:
+            raise e.with_traceback(None) from None  # Spark prints the traceback: keep it short
         if _changes.is_changes_read(self.options):
             return _changes.spark_changes_schema(table)
-        schema = table.schema
-        cols = self.options.get("columns")
-        if cols:
-            names = [c.strip() for c in cols.split(",") if c.strip()]
-            missing = [n for n in names if schema.get_field_index(n) < 0]
-            if missing:
-                raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
-            schema = pa.schema([schema.field(n) for n in names])
         return _spark_schema(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -574,6 +576,50 @@ class MemWalDataSource(DataSource):
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
         """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
         return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
+
+
+def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
+    """Open the table and check the read options: ``(table, schema to return)``.
+
+    Checks ``consistency``, ``rowsPerSplit``, ``pushFilters``, ``columns`` and
+    ``as_of`` (names are case-insensitive, as Spark passes them).
+
+    Raises
+    ------
+    TableNotFoundError, NotInitializedError
+        No MemWAL table at ``uri``.
+    MemWalError, SchemaError
+        A bad option value (the message names the option) or an unknown column.
+    """
+    from memwal_query.read.view import CONSISTENCY_MODES, as_of_moment
+
+    opts = {str(k).lower(): v for k, v in options.items()}
+    table = open_table(uri, _storage_options(opts))
+    consistency = opts.get("consistency", view.DEFAULT_CONSISTENCY)
+    if consistency not in CONSISTENCY_MODES:
+        raise MemWalError(
+            f"memwal data source: option consistency={consistency!r}: use one of "
+            + ", ".join(CONSISTENCY_MODES)
+        )
+    split = str(opts.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
+    if not split.isdigit() or int(split) <= 0:
+        raise MemWalError(
+            f"memwal data source: option rowsPerSplit={split!r}: give a positive number of rows"
+        )
+    push = str(opts.get("pushfilters", "false")).lower()
+    if push not in ("true", "false"):
+        raise MemWalError(f"memwal data source: option pushFilters={push!r}: use true or false")
+    if opts.get("as_of") is not None:
+        as_of_moment(table, opts["as_of"])  # a bad or unknown moment: its typed error
+    schema = table.schema
+    cols = opts.get("columns")
+    if cols:
+        names = [c.strip() for c in cols.split(",") if c.strip()]
+        missing = [n for n in names if schema.get_field_index(n) < 0]
+        if missing:
+            raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
+        schema = pa.schema([schema.field(n) for n in names])
+    return table, schema
 
 
 def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
@@ -609,7 +655,12 @@ PUSHDOWN_WARNING = (
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
-    ``pushFilters="true"`` turns on Spark's filter pushdown, see :func:`register_source`)."""
+    ``pushFilters="true"`` turns on Spark's filter pushdown, see :func:`register_source`).
+
+    The table and the options are checked first, in this process (:func:`check_read`):
+    a missing table or a bad option raises its typed error here.
+    """
+    check_read(uri, options)  # here, in the driver: a typed error, no Spark traceback
     push = str(options.get("pushFilters", options.get("pushfilters", ""))).lower() == "true"
     register_source(spark, filter_pushdown=push)
     return spark.read.format(FORMAT).options(**options).load(uri)
