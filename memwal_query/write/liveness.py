@@ -183,7 +183,7 @@ def swap(
                 return None
             io.write(path, data)
         return Observed(heartbeat, data)
-    from memwal_query.storage.s3config import ConcurrentModificationError
+    from memwal_query.storage.options import ConcurrentModificationError
 
     if isinstance(seen.token, bytes):  # a store that returned no ETag
         return None
