@@ -233,17 +233,21 @@ class Heartbeats:
         while True:
             self._wake.wait(pause)
             self._wake.clear()
-            with self._lock:
-                writers = list(self._writers)
-            # wake often enough for the shortest interval (tests use short ones)
-            pause = min([0.5] + [w.heartbeat_interval / 4 for w in writers])
-            now = time.time()
-            for w in writers:
-                if now - w._last_beat >= w.heartbeat_interval:
-                    if self.hook is not None:
-                        self.hook(w)
-                    w._beat()
-            del writers
+            pause = self._beat_due()
+
+    def _beat_due(self) -> float:
+        """Refresh the heartbeats that are due; the seconds until the next look (often
+        enough for the shortest interval). Holds no writer afterwards: a writer dropped
+        without ``close()`` is still collected."""
+        with self._lock:
+            writers = list(self._writers)
+        now = time.time()
+        for w in writers:
+            if now - w._last_beat >= w.heartbeat_interval:
+                if self.hook is not None:
+                    self.hook(w)
+                w._beat()
+        return min([0.5] + [w.heartbeat_interval / 4 for w in writers])
 
 
 HEARTBEATS = Heartbeats()
