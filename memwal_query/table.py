@@ -37,6 +37,7 @@ from memwal_query.exceptions import (
 )
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import coerce_rows
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.regions.checks import field_names
 from memwal_query.storage import paths
 from memwal_query.storage.io import normalize_uri
@@ -45,6 +46,7 @@ from memwal_query.write.writer import RegionWriter
 
 if TYPE_CHECKING:
     from memwal_query.maintain.policy import MaintenancePolicy, MaintenanceReport
+    from memwal_query.maintain.status import TableStatus
     from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
@@ -338,7 +340,7 @@ class MemWalTable(Catalog):
         self,
         since: Any = None,
         writers: Sequence[RegionWriter] | None = None,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         max_rows: int | None = None,
         regions: Sequence[str] | None = None,
     ) -> Changes:
@@ -397,9 +399,11 @@ class MemWalTable(Catalog):
 
         return maintain(self, policy, dry_run=dry_run, progress=progress)
 
-    def status(self) -> dict[str, Any]:
-        """Per region: epoch, generations flushed/merged, WAL span, sizes."""
-        from memwal_query.maintain.gc import status
+    def status(self) -> TableStatus:
+        """Live rows, and per region: epoch, generations flushed/merged, WAL span,
+        unflushed entries and rows, their age, whether the writer is alive, sizes (see
+        :class:`memwal_query.maintain.status.TableStatus`)."""
+        from memwal_query.maintain.status import status
 
         return status(self)
 
@@ -416,7 +420,7 @@ class MemWalTable(Catalog):
 
     def provider(
         self,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
         max_staleness: float | None = None,
@@ -427,9 +431,10 @@ class MemWalTable(Catalog):
         Parameters
         ----------
         consistency : str
-            ``"strong"``: region manifests (+ ``writers``' MemTables);
-            ``"eventual"``: region snapshots of the MemWAL index; ``"latest"``: region
-            manifests + every region's durable, not yet flushed WAL entries (see
+            ``"latest"`` (default): region manifests (+ ``writers``' MemTables) +
+            every region's durable, not yet flushed WAL entries: every acknowledged
+            write; ``"strong"``: flushed rows only (region manifests + ``writers``'
+            MemTables); ``"eventual"``: region snapshots of the MemWAL index (see
             :mod:`memwal_query.read.view`).
         writers : list of RegionWriter, optional
             Writers whose unflushed rows are read too (read-your-writes). Defaults to
@@ -456,7 +461,7 @@ class MemWalTable(Catalog):
         self,
         columns: Sequence[str] | None = None,
         filter: Any = None,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
     ) -> pa.Table:
         """The deduplicated table (newest row per key) as a pyarrow Table.
@@ -465,7 +470,7 @@ class MemWalTable(Catalog):
         """
         return self.provider(consistency, writers).to_table(columns=columns, filter=filter)
 
-    def count_rows(self, consistency: str = "strong", writers=None) -> int:
+    def count_rows(self, consistency: str = DEFAULT_CONSISTENCY, writers=None) -> int:
         """Number of live rows in the deduplicated view."""
         return self.provider(consistency, writers).count_rows()
 
