@@ -574,6 +574,12 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     tails = [wal_tail_rows(t, r) for r in regions]
     assert all(n < writer_options["max_memtable_rows"] for n in tails), tails
     assert sum(tails) > 0
+    # the tails wait for the next micro-batch: maintenance does not take them over
+    # before abandoned_after
+    from memwal_query.maintain.recover import recover_abandoned
+
+    assert recover_abandoned(t, 300.0, dry_run=True) == []
+    assert len(recover_abandoned(t, 0.0, dry_run=True)) == sum(1 for n in tails if n)
 
 
 # -- merge ---------------------------------------------------------------------------

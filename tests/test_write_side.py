@@ -587,6 +587,25 @@ def test_flush_due_ages_replayed_rows_from_their_entry(uri, monkeypatch):
     last.close(flush=False)
 
 
+def test_a_handed_off_writer_is_not_recovered_before_abandoned_after(uri):
+    """``close(flush=False, handoff=True)``: the region waits for its next writer, so
+    maintenance recovers it only after ``abandoned_after``; a plain close is recovered
+    at the next pass."""
+    from memwal_query.maintain.recover import recover_abandoned
+
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(basic_rows([100]))
+    w.close(flush=False, handoff=True)
+    assert recover_abandoned(t, 300.0) == []  # its last beat is fresh
+    (got,) = recover_abandoned(t, 0.0)  # silent longer than 0 s: gone
+    assert got.region_id == w.region_id and got.generation == 1
+    w = t.writer()
+    w.put(basic_rows([101]))
+    w.close(flush=False)
+    assert [r.region_id for r in recover_abandoned(t, 300.0)] == [w.region_id]
+
+
 def test_writer_option_validation(uri):
     t = mq.MemWalTable.initialize(uri)
     for bad in ({"max_unflushed_memtables": 0}, {"max_wal_entries": 0}, {"max_memtable_age": 0}):

@@ -389,7 +389,9 @@ class _RegionSink:
                 flushed = self.writer.stats.flushed_generations  # while writing, too
                 self.generation = flushed[-1] if flushed else None
         assert self.writer is not None
-        self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
+        # Without flush: syncs the WAL, replayed later. Rows left in the WAL on purpose
+        # wait for the next batch's writer (handoff), not for maintenance's next pass.
+        self.writer.close(flush=False, handoff=flush is not True)
 
     def abort(self) -> None:
         """Close without flushing (the WAL keeps what was acknowledged)."""

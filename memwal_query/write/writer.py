@@ -457,11 +457,16 @@ class RegionWriter(_WalPath):
         self._check_open()  # raises FencedError / WriterClosedError
         raise WriterClosedError(f"writer of region {self.region_id} is closed")
 
-    def close(self, flush: bool = True) -> None:
+    def close(self, flush: bool = True, *, handoff: bool = False) -> None:
         """Close the writer; with ``flush=True`` (default) flush the MemTable first.
 
         With ``flush=False`` unflushed rows stay in the WAL (durable) and the next
         writer of the region replays them.
+
+        ``handoff=True``: the region's next writer is expected soon (the next batch of a
+        stream, as the Spark sink's tasks are), so the heartbeat keeps its last beat
+        instead of saying ``closed``: maintenance recovers the region's WAL only once no
+        writer has beaten for ``abandoned_after``, not at its next pass.
         """
         if self._closed:
             return
@@ -474,7 +479,8 @@ class RegionWriter(_WalPath):
         finally:
             self._closed = True
             liveness.HEARTBEATS.discard(self)
-            self._beat(closed=True)
+            if not handoff:
+                self._beat(closed=True)
             self._executor.shutdown(wait=True)
             with self._cond:
                 self._cond.notify_all()
