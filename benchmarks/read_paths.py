@@ -94,7 +94,7 @@ def setup(root: str, base_rows: int, key: str = "int64"):
 
 
 def native_snapshot(t: mq.MemWalTable, region_id: str) -> ShardSnapshot:
-    m = t.region_manifest(region_id)
+    m = t.catalog.region_manifest(region_id)
     snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)
     for g in m.flushed_generations:
         snap = snap.with_sstable(g.generation, g.path)

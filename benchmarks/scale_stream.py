@@ -235,7 +235,7 @@ def run_stream(
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     # plain Lance on the base table alone, sharing the table's Lance caches (same
     # entries: no second copy in this process's memory, and as warm as the table's)
-    plain = lance.dataset(uri, session=t.dataset().session())
+    plain = lance.dataset(uri, session=t.catalog.dataset().session())
     start = time.perf_counter()
     last_flush = minute_start = start
     written = minute_rows = 0
@@ -381,7 +381,9 @@ def clean_table(
     compacted into as few fragments as Lance makes and each index in one segment: what
     a table of that size costs without any accumulated work. The last minute's
     figures divided by these say what the stream's pending work still costs."""
-    t.maintain(MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1))
+    t.maintenance.maintain(
+        MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1)
+    )
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     rng = np.random.default_rng(5)
     for _ in range(60):

@@ -552,9 +552,7 @@ def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
             m.region_id.uuid = paths.region_id_to_bytes(rid)
             m.generation = gen
     mwindex.commit_details(t.dataset(), details, idx)
-    t.index()
-
-
+    t.catalog.refresh_index()
 @pytest.fixture
 def merged_not_reindexed(tmp_path):
     """Generation 1 merged and re-indexed, generation 2 merged but not re-indexed,

@@ -213,7 +213,7 @@ def test_pruning_uses_each_regions_own_spec(tmp_path):
     t.flush()
     spec2 = _spec2(t, 3)
     mwindex.update_details(t.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
-    t.index()
+    t.catalog.refresh_index()
     plan = sources.resolve(t, "strong", [], [("id", "=", 305)])
     old = {r.region_id for r in plan.regions}
     assert len(old) == 1 and len(plan.pruned) == 3  # 1 of the 4 spec-1 regions read

@@ -116,7 +116,7 @@ def _regions(table: Any, region: str | None) -> list[str]:
     """Every region of ``table``, or just ``region`` (a valid id of an existing region)."""
     from memwal_query.storage.paths import validate_region_id
 
-    existing = table.region_ids()
+    existing = table.catalog.region_ids()
     if region is None:
         return existing
     region = validate_region_id(region)

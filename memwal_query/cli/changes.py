@@ -121,7 +121,7 @@ def changes(
 
 def _commit(t: Any, cursor: str, consumer: str | None, cursor_file: str | None) -> None:
     if consumer is not None:
-        t.register_consumer(consumer, cursor)
+        t.consumers.register(consumer, cursor)
     if cursor_file is not None:
 
         def write(path: str) -> None:

@@ -66,7 +66,7 @@ def flush(uri: str, region: str | None, dry_run: bool) -> None:
     """
     t = _open(uri)
     regions = _regions(t, region)
-    st = t.status()["regions"]
+    st = t.maintenance.status()["regions"]
     todo = [rid for rid in regions if st.get(rid, {}).get("unflushed_rows", 0)]
     if dry_run:
         for rid in todo:
@@ -95,10 +95,10 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
     """Merge flushed generations into the base table, in order."""
     t = _open(uri)
     regions = _regions(t, region)
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     if dry_run:
         for rid in regions:
-            m = t.region_manifest(rid)
+            m = t.catalog.region_manifest(rid)
             todo = [
                 g.generation for g in m.flushed_generations if g.generation > merged.get(rid, 0)
             ]
@@ -107,9 +107,9 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
     lines = []
     with _progress(regions, label="merging") as bar:
         for rid in bar:
-            done = t.merge(rid, max_generations)
-            if done:
-                lines.append(f"{rid}: merged {[g for _, g in done]}")
+            done = t.maintenance.merge(regions=[rid], max_generations=max_generations)
+            if done.merged:
+                lines.append(f"{rid}: merged {done.by_region()[rid]}")
     for line in lines:
         click.echo(line)
 
@@ -134,7 +134,7 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
             bar.length = total
             bar.update(done - bar.pos)
 
-        removed = t.gc(dry_run=dry_run, cleanup_older_than=older, progress=step)
+        removed = t.maintenance.gc(dry_run=dry_run, cleanup_older_than=older, progress=step)
     if dry_run and older is not None:
         click.echo(
             "note: a dry run removes no base versions, so generations that only those "
@@ -158,13 +158,13 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
 def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     """Extend base indexes over merged data and record index catch-up progress."""
     t = _open(uri)
-    chosen = list(names) or t.maintained_indexes
-    existing = {d.name for d in t.dataset().describe_indices()}
+    chosen = list(names) or t.catalog.maintained_indexes
+    existing = {d.name for d in t.catalog.dataset().describe_indices()}
     missing = [n for n in chosen if n not in existing]
     if missing:
         raise NotInitializedError(f"{t.uri}: no base index named {missing}")
     if dry_run:
-        click.echo(f"would catch up {chosen} to {t.index().merged_generations()}")
+        click.echo(f"would catch up {chosen} to {t.catalog.index().merged_generations()}")
         return
     if not chosen:
         click.echo("no maintained indexes: nothing to catch up")
@@ -172,7 +172,7 @@ def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     progress: dict[str, dict[str, int]] = {}
     with _progress(chosen, label="catching up") as bar:
         for index_name in bar:
-            progress.update(t.catch_up_indexes([index_name]))
+            progress.update(t.maintenance.catch_up_indexes([index_name]))
     click.echo(json.dumps(progress, indent=2))
 
 
@@ -184,13 +184,13 @@ def refresh_snapshots(uri: str, dry_run: bool) -> None:
     """Write region snapshots into the MemWAL index (for eventual reads)."""
     t = _open(uri)
     if dry_run:
-        regions = t.region_ids()
+        regions = t.catalog.region_ids()
         for rid in regions:
             click.echo(f"would snapshot {rid}")
         click.echo(f"{len(regions)} region(s) would be in the snapshot")
         return
-    idx = t.refresh_snapshots()
-    click.echo(f"{idx.details.num_regions} region(s) in the snapshot")
+    idx = t.maintenance.refresh_snapshots()
+    click.echo(f"{idx.regions} region(s) in the snapshot")
 
 
 # -- read-only SQL, fsck and repair (issue 18) ------------------------------------------
@@ -210,7 +210,7 @@ def fsck(uri: str, as_json: bool) -> None:
 
     t = _open(uri)
     try:
-        regions = len(t.region_ids())
+        regions = len(t.catalog.region_ids())
     except MemWalError:  # a damaged layout: check() reports it
         regions = 1
     with _progress(length=max(1, regions), label="checking regions") as bar:

@@ -86,10 +86,12 @@ def run(directory: str | None = None, rows: int = 20_000, batches: int = 40) -> 
     table.write(_rows(np.array([7]), rng, 100))
     flushed = table.flush()
     table.write(_rows(np.array([7]), rng, 200))
-    merged = table.merge(region_id=next(iter(flushed)))
-    table.refresh_snapshots()
+    merged = table.maintenance.merge(regions=[next(iter(flushed))])
+    table.maintenance.refresh_snapshots()
     click.echo(f"flushed generations: { {r[:8]: g for r, g in flushed.items()} }")
-    click.echo(f"merged into the base table: {[(r[:8], g) for r, g in merged]}")
+    click.echo(
+        f"merged into the base table: {[(m.region_id[:8], m.generation) for m in merged.merged]}"
+    )
 
     ctx = datafusion.SessionContext()
     ctx.register_table("events", table.provider(meta_columns=True))  # + live MemTables

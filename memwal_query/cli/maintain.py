@@ -197,7 +197,7 @@ def maintain(
     if watch is None:
         bars = _StepBars()
         try:
-            report = t.maintain(policy, dry_run=dry_run, progress=bars)
+            report = t.maintenance.maintain(policy, dry_run=dry_run, progress=bars)
         except MaintenanceFailedError as e:
             bars.close()
             _show(e.report, as_json, stamp=False)
@@ -211,7 +211,11 @@ def maintain(
             passes += 1
             bars = _StepBars()
             try:
-                _show(t.maintain(policy, dry_run=dry_run, progress=bars), as_json, stamp=True)
+                _show(
+                    t.maintenance.maintain(policy, dry_run=dry_run, progress=bars),
+                    as_json,
+                    stamp=True,
+                )
                 failed = False
             except MaintenanceFailedError as e:
                 _show(e.report, as_json, stamp=True)

@@ -139,7 +139,7 @@ def init(
         raise click.BadParameter(f"no column(s) {missing} in {uri}")
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
-    from memwal_query.catalog import check_no_leftover_regions
+    from memwal_query.table_init import check_no_leftover_regions
 
     check_no_leftover_regions(file_io_for(uri), uri, reset)
     spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
@@ -276,11 +276,11 @@ def ingest(
         spec = t.region_spec
         if spec is not None:
             for tb in tables:
-                for values, _ in split_by_region(spec, tb, t.lance_schema):
-                    if t.region_id_for(values) != region:
+                for values, _ in split_by_region(spec, tb, t.catalog.lance_schema):
+                    if t.catalog.region_id_for(values) != region:
                         raise WrongRegionError(
                             f"rows with region value {values} belong to region "
-                            f"{t.region_id_for(values)}, not {region}"
+                            f"{t.catalog.region_id_for(values)}, not {region}"
                         )
     total = sum(tb.num_rows for tb in tables)
     writer = t.writer(region) if region else None

@@ -111,7 +111,7 @@ def open_table(uri: str, storage_options: dict[str, str] | None) -> MemWalTable:
 def require_spec(table: MemWalTable) -> RegionSpec:
     """The spec Spark ingest routes rows by (:meth:`MemWalTable.routing_spec`: the
     table's spec, or the one-region default for a table whose index records none)."""
-    return table.routing_spec()
+    return table.catalog.routing_spec()
 
 
 def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.Array:

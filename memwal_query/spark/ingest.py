@@ -245,7 +245,7 @@ def write(
         table = open_table(uri, storage_options)
         missing = [c for c in table.schema.names if c not in data]
         if partial:
-            check_partial_sources(require_spec(table), missing, table.lance_schema)
+            check_partial_sources(require_spec(table), missing, table.catalog.lance_schema)
         elif missing:
             raise SchemaError(
                 f"the DataFrame lacks column(s) {missing}: an upsert replaces whole rows; "

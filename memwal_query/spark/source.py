@@ -403,7 +403,9 @@ class MemWalReader(DataSourceReader):
         the first one reading the regions' rows too (:func:`split_rows`)."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
-        plan = sources.resolve(table, self.consistency, None, preds or None, as_of=self.as_of)
+        plan = sources.resolve(
+            table.catalog, self.consistency, None, preds or None, as_of=self.as_of
+        )
         newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
         newer_rows = _newer_rows(plan, self.storage_options) if newer is not None else 0
         fragments = [(f.fragment_id, f.count_rows()) for f in plan.base.get_fragments()]
@@ -626,8 +628,8 @@ def changes_frame(
     table = open_table(uri, _storage_options(options))
     consistency = options.get("consistency", "strong")
     start = _changes._start(table, None if since is None else str(since))
-    end = _changes.end_cursor(table, consistency)
-    merged = _changes.Cursor({**start.positions, **end.positions}, table.lineage)
+    end = _changes.end_cursor(table.catalog, consistency)
+    merged = _changes.Cursor({**start.positions, **end.positions}, table.catalog.lineage)
     df = (
         spark.read.format(FORMAT)
         .options(**options)
