@@ -706,7 +706,7 @@ class Maintenance:
         *,
         regions: Sequence[str] | None = None,
         max_generations: int | None = None,
-        rows_per_commit: int | None = None,
+        batch_rows: int | None = None,
     ) -> MergeReport:
         """Merge flushed generations into the base table, each region in order.
 
@@ -716,7 +716,7 @@ class Maintenance:
             Only these regions (default: every region).
         max_generations : int, optional
             At most this many generations per region.
-        rows_per_commit : int, optional
+        batch_rows : int, optional
             Consecutive generations of a region totalling up to this many rows are
             merged by one commit (default
             :data:`memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`; ``0``: one commit
@@ -739,7 +739,7 @@ class Maintenance:
             merge,
         )
 
-        rows = DEFAULT_BATCH_ROWS if rows_per_commit is None else rows_per_commit
+        rows = DEFAULT_BATCH_ROWS if batch_rows is None else batch_rows
         cat = self._table.catalog
         if regions is None:
             return MergeReport(merge(cat, None, max_generations, DEFAULT_MAX_RETRIES, rows))
@@ -938,7 +938,7 @@ def _old_merge(t: MemWalTable) -> Callable[..., list[tuple[str, int]]]:
         report = t.maintenance.merge(
             regions=None if region_id is None else [region_id],
             max_generations=max_generations,
-            rows_per_commit=batch_rows,
+            batch_rows=batch_rows,
         )
         return [(r.region_id, r.generation) for r in report.merged]
 

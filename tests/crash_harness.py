@@ -143,7 +143,7 @@ def run(
     t0 = mq.MemWalTable.initialize(
         uri, region_spec=parity_spec(lance.dataset(uri)), maintained_indexes=["v_idx"]
     )
-    regions = [t0.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
+    regions = [t0.catalog.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
     model = {k: 0 for k in range(KEYS)}
     rng = random.Random(seed)
     ctx = mp.get_context("forkserver")

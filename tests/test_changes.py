@@ -34,7 +34,7 @@ def _gc_all(t: mq.MemWalTable, **kw: Any) -> list[str]:
 
 
 def _region(t: mq.MemWalTable, key: int) -> str:
-    return t.region_id_for({"p": key % 2})
+    return t.catalog.region_id_for({"p": key % 2})
 
 
 def _rows(changes: pa.Table) -> list[tuple]:
@@ -87,7 +87,7 @@ def test_since_version_timestamp_and_max_rows(tmp_path):
     t.write(basic_rows([1, 2]))
     t.flush()
     t.merge()
-    merged_version = t.dataset().version
+    merged_version = t.catalog.dataset().version
     time.sleep(0.02)
     moment = dt.datetime.now()
     t.write(basic_rows([5, 6], val=[5.5, 6.5]))
@@ -133,7 +133,7 @@ def test_gc_keeps_what_a_registered_consumer_needs(tmp_path):
     assert sorted(got.table.column("id").to_pylist()) == [3, 4]
     # an unregistered consumer at the start lost what GC removed: a typed error
     with pytest.raises(ChangesGoneError) as err:
-        t.changes(since=Cursor({}, t.lineage).encode())
+        t.changes(since=Cursor({}, t.catalog.lineage).encode())
     assert err.value.position == 1 and err.value.path.endswith(".arrow")
     # the consumer commits its progress: GC may now collect generation 2
     t.register_consumer("etl", got.cursor)
@@ -151,7 +151,7 @@ def test_corrupt_consumer_record_stops_gc(tmp_path):
     t.merge()
     t.register_consumer("etl")
     path = f"{t.uri}/_mem_wal/_consumers/etl.json"
-    t.io.write(path, b"{not json")
+    t.catalog.io.write(path, b"{not json")
     with pytest.raises(CursorError, match="etl.json"):
         _gc_all(t)
     assert t.changes(since=1).num_rows == 1  # nothing was removed
@@ -226,7 +226,7 @@ def test_model_changes_and_time_travel(tmp_path):
     t = _table(tmp_path, n=10)
     model = _Model(t, {i: float(i) for i in range(10)})
     expected: dict[int, dict[int, float]] = {
-        v["version"]: dict(model.base) for v in t.dataset().versions()
+        v["version"]: dict(model.base) for v in t.catalog.dataset().versions()
     }
     latest = _Consumer(t, "latest", "latest")
     strong = _Consumer(t, "strong", "strong")
@@ -252,11 +252,11 @@ def test_model_changes_and_time_travel(tmp_path):
             moments.append((dt.datetime.now(), model.flushed_state()))
             time.sleep(0.015)
         elif op == "merge":
-            before = t.dataset().version
+            before = t.catalog.dataset().version
             time.sleep(0.015)  # manifest times and version times must not share a tick
             t.merge()
             time.sleep(0.015)
-            for v in range(before + 1, t.dataset().version + 1):
+            for v in range(before + 1, t.catalog.dataset().version + 1):
                 expected[v] = model.flushed_state()
         else:
             keep = dt.timedelta(hours=1) if op == "gc_keep" else None
@@ -270,11 +270,11 @@ def test_model_changes_and_time_travel(tmp_path):
         for r, s in model.seq.items():
             got = strong.seen.get(r, [])
             assert got == s[: len(got)] and len(got) >= model.flushed.get(r, 0)
-        kept = [v["version"] for v in t.dataset().versions()]
+        kept = [v["version"] for v in t.catalog.dataset().versions()]
         version = int(rng.choice(kept))
         _check_as_of(t, version, expected)
     for v in expected:
-        if v in {x["version"] for x in t.dataset().versions()}:
+        if v in {x["version"] for x in t.catalog.dataset().versions()}:
             _check_as_of(t, v, expected)
         else:
             gone_versions += 1

@@ -97,7 +97,7 @@ def _answer(t: mq.MemWalTable, q: np.ndarray) -> tuple[list, list, list]:
 def test_the_rows_sidecar_equals_the_lance_table(tmp_path):
     t = _table(tmp_path, gens=2)
     for uri in _generations(t):
-        side = rowfile.read(t.io, uri)
+        side = rowfile.read(t.catalog.io, uri)
         assert side is not None
         lance_rows = lance.dataset(uri).to_table(with_row_address=True)
         assert side.column_names == lance_rows.column_names
@@ -200,7 +200,7 @@ def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypat
     from memwal_query.read import view
 
     t = _table(tmp_path, gens=1)
-    ids = t.region_ids()
+    ids = t.catalog.region_ids()
     threads: set[str] = set()
     real = type(t).region_manifest
 
@@ -209,15 +209,15 @@ def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypat
         return real(self, region_id)
 
     monkeypatch.setattr(type(t), "region_manifest", spy)
-    assert not t.io.parallel_requests
+    assert not t.catalog.io.parallel_requests
     local = view._read_manifests(t, ids + ids + ids)
     assert threads == {threading.current_thread().name}
-    monkeypatch.setattr(t.io, "parallel_requests", True)  # as an object store
+    monkeypatch.setattr(t.catalog.io, "parallel_requests", True)  # as an object store
     read = view._read_manifests(t, ids + ids + ids)  # more than two: the pool
     assert any(n.startswith("memwal-manifest") for n in threads)
     assert read == local
     assert [m.region_id for m in read] == ids + ids + ids
-    assert read[: len(ids)] == [t.region_manifest(r) for r in ids]
+    assert read[: len(ids)] == [t.catalog.region_manifest(r) for r in ids]
     gen_dir = read[0].flushed_generations[0].path
     assert view._gen_uri(t.uri, ids[0], gen_dir) == paths.generation_path(t.uri, ids[0], gen_dir)
 

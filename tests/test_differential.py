@@ -108,7 +108,7 @@ def test_every_reader_equals_the_model(tmp_path, seed):
         elif op == "merge":
             t.merge()
         elif op == "reindex":
-            t.dataset().optimize.optimize_indices()
+            t.catalog.dataset().optimize.optimize_indices()
         else:
             t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         _check(t, other, writers, model, rng)

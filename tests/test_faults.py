@@ -49,7 +49,7 @@ def _six_entries(table, values=None) -> tuple[str, Wal]:
         w.put(basic_rows([1001, 1010 + i], val=[float(i), float(i)]))
     w.close(flush=False)
     rid = w.region_id
-    return rid, Wal(table.io, paths.wal_dir(table.uri, rid), rid)
+    return rid, Wal(table.catalog.io, paths.wal_dir(table.uri, rid), rid)
 
 
 def _codes(findings) -> set:
@@ -114,7 +114,7 @@ def _flushed_generation(table, values=None, keys=range(1000, 1200)) -> tuple[str
     w.put(basic_rows(keys, val=[7.0] * len(keys)))
     w.flush()
     w.close()
-    m = table.region_manifest(w.region_id)
+    m = table.catalog.region_manifest(w.region_id)
     return w.region_id, paths.generation_path(table.uri, w.region_id, m.flushed_generations[0].path)
 
 
@@ -159,7 +159,7 @@ def test_bloom_damage_is_detected_and_lookups_stay_exact(table, damage):
     assert finding.repair.startswith("memwal repair")
     if damage != "cleared-bit-native":
         with pytest.warns(BloomFilterWarning, match=path):
-            loaded = bloom.load(table.io, gen, 200)
+            loaded = bloom.load(table.catalog.io, gen, 200)
         assert not loaded.trusted and loaded.might_contain_hashes(bloom.hash_keys(keys)).all()
         # Readers do not use it: lookups check keys exactly and stay equal to SQL.
         # (A pylance filter has no checksum to check: fsck finds it, see above.)
@@ -197,7 +197,7 @@ def test_corrupt_manifest_is_a_typed_error_nothing_written(table, fields, match)
     w.put(basic_rows([500]))
     w.flush()
     w.close()
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     path = _commit_raw(store, **fields)
     before = _state(table.uri)
     for attempt in (lambda: table.writer(w.region_id), lambda: table.gc(), table.status):
@@ -212,7 +212,7 @@ def test_version_hint_1e400_falls_back_to_listing_and_fsck_warns(table):
     w = table.writer()
     w.put(basic_rows([500]))
     w.close()
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     hint = os.path.join(store.dir, HINT_FILE)
     open(hint, "w").write('{"version": 1e400}')
     assert store.latest_version() == 2  # claim + flush
@@ -263,14 +263,14 @@ def test_gc_checks_everything_before_removing_base_versions(table):
         w.flush()
     w.close()
     table.merge()
-    versions = len(table.dataset().versions())
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    versions = len(table.catalog.dataset().versions())
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     path = _commit_raw(store, current_generation=2)  # below flushed generation 3
     before = _state(table.uri)
     with pytest.raises(ManifestCorruptError) as e:
         table.gc(cleanup_older_than=dt.timedelta(0))
     assert path in str(e.value)
-    assert _state(table.uri) == before and len(table.dataset().versions()) == versions
+    assert _state(table.uri) == before and len(table.catalog.dataset().versions()) == versions
 
 
 # -- 6. merger against a concurrent merger + GC -------------------------------------------------
@@ -344,7 +344,7 @@ def test_fsck_names_one_corrupt_file_per_class(base_uri):
     open(wal.path(5), "wb").write(bytes(data))
     bloom_path = os.path.join(gen, bloom.BLOOM_FILE)
     _clear_bit(bloom_path)
-    store = RegionManifestStore(table.io, table.uri, b_rid)
+    store = RegionManifestStore(table.catalog.io, table.uri, b_rid)
     manifest_path = _commit_raw(store, writer_epoch=1 << 63)
     res = CliRunner().invoke(cli, ["fsck", table.uri, "--json"])
     assert res.exit_code == 1

@@ -56,8 +56,8 @@ def vtable(tmp_path):
 
 def _generations(t: mq.MemWalTable) -> list[str]:
     out = []
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         for g in sorted(m.flushed_generations, key=lambda g: g.generation):
             out.append(paths.generation_path(t.uri, rid, g.path))
     return out
@@ -79,7 +79,7 @@ def test_generation_indexes_share_base_quantization(vtable):
         "type": "Inverted",
     }
     assert report["x_idx"]["built_type"] == "BITMAP"
-    base = t.dataset()
+    base = t.catalog.dataset()
     gen = lance.dataset(gen_uri)
     assert {d.name for d in gen.describe_indices()} >= {"vec_idx", "text_idx", "x_idx"}
     # same IVF centroids and the same PQ codebook bytes as the base index
@@ -100,7 +100,7 @@ def test_generation_indexes_share_base_quantization(vtable):
 
 def test_same_vector_gets_the_same_pq_distance_in_base_and_generation(vtable):
     t, rng = vtable
-    base = t.dataset()
+    base = t.catalog.dataset()
     vec = base.take([5], columns=["vec"]).column("vec")[0].values.to_numpy()
     with t.writer() as w:
         w.put(_rows([2000], [vec]))
@@ -146,9 +146,9 @@ def test_tiny_and_delete_only_generations(vtable):
 
 def test_missing_base_index_is_reported_not_fatal(vtable):
     t, rng = vtable
-    t.dataset().drop_index("x_idx")
-    t.index()  # refresh the cached details: x_idx is still listed as maintained
-    assert "x_idx" in t.maintained_indexes
+    t.catalog.dataset().drop_index("x_idx")
+    t.catalog.index()  # refresh the cached details: x_idx is still listed as maintained
+    assert "x_idx" in t.catalog.maintained_indexes
     with t.writer() as w:
         w.put(_rows([4000], rng.standard_normal((1, DIM))))
     (gen_uri,) = _generations(t)
@@ -187,7 +187,7 @@ def test_tensor_parser_round_trip():
 
 def test_tokenize_kwargs_reproduce_the_index_tokenizer(vtable):
     t, _ = vtable
-    params = genindex.fts_params(t.dataset(), "text_idx")
+    params = genindex.fts_params(t.catalog.dataset(), "text_idx")
     kw = genindex.tokenize_kwargs(params)
     assert kw["stem"] is False and kw["analyzer"] == "text"
     assert [x.text for x in lance.tokenize("Running Dogs", **kw)] == ["running", "dogs"]
@@ -212,7 +212,7 @@ def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
     (gen_uri,) = _generations(t)
     assert genindex.read_report(t, gen_uri)["vec_idx"]["status"] == "skipped"
     assert (
-        genindex.vector_metric(t.dataset(), genindex.find_index(t.dataset(), "vec", "vector"))
+        genindex.vector_metric(t.catalog.dataset(), genindex.find_index(t.catalog.dataset(), "vec", "vector"))
         == "l2"
     )
     q = np.zeros(DIM, np.float32)

@@ -84,7 +84,7 @@ def _base_state(uri: str) -> dict[int, float]:
 
 def _gen_dirs(t: mq.MemWalTable) -> set[str]:
     out = set()
-    for rid in t.region_ids():
+    for rid in t.catalog.region_ids():
         out |= {f"{rid}/{n}" for n in os.listdir(paths.region_dir(t.uri, rid)) if "_gen_" in n}
     return out
 
@@ -127,13 +127,13 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     odd.flush()
     policy = MaintenancePolicy(max_generations=2, max_rows=50, gc=False)
     dry = t.maintain(policy, dry_run=True)
-    version = t.dataset().version
+    version = t.catalog.dataset().version
     assert {(r.region_id, tuple(r.generations), r.rows, r.merge) for r in dry.regions} == {
         (even.region_id, (1, 2, 3), 3, True),
         (odd.region_id, (1,), 20, False),
     }
     assert dry.merged == [] and dry.snapshots_refreshed and dry.catch_up == []
-    assert t.dataset().version == version  # a dry run commits nothing
+    assert t.catalog.dataset().version == version  # a dry run commits nothing
     assert snapshots_stale(t)
 
     report = t.maintain(policy)
@@ -142,7 +142,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     ]
     assert report.catch_up == ["name_idx"] and report.snapshots_refreshed
     assert report.index_catchup == {"name_idx": {even.region_id: 3}}
-    assert t.index().merged_generations() == {even.region_id: 3}
+    assert t.catalog.index().merged_generations() == {even.region_id: 3}
     assert not snapshots_stale(t) and indexes_behind(t) == []
     # Rows: the odd region is over max_rows=10.
     report = t.maintain(MaintenancePolicy(max_generations=2, max_rows=10, gc=False))
@@ -166,11 +166,11 @@ def test_pass_collects_and_a_quiet_pass_commits_nothing(tmp_path: Any) -> None:
     )
     assert _gen_dirs(t) == set()  # merged, caught up, no old version left: all collected
     assert _state(t) == before == _base_state(t.uri)
-    version = t.dataset().version
+    version = t.catalog.dataset().version
     quiet = t.maintain(NOW)
     assert (quiet.regions, quiet.merged, quiet.catch_up, quiet.gc_paths) == ([], [], [], [])
     assert not quiet.snapshots_refreshed
-    assert t.dataset().version == version  # nothing to do: nothing committed
+    assert t.catalog.dataset().version == version  # nothing to do: nothing committed
     # A generation flushed now is the only work of the next pass.
     w.put(basic_rows([1000]))
     w.flush()
@@ -415,7 +415,7 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
         assert t.maintain(keep).small_fragments == 0  # it did not look
     before = lance.dataset(t.uri)
     pinned = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"])
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     frags = _fragments(t.uri)
     assert frags > 3
     key_index = next(d.name for d in before.describe_indices() if d.field_names == ["id"])
@@ -435,7 +435,7 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     assert report.to_dict()["compact_due"] and report.to_dict()["compacted"] == report.compacted
     now = lance.dataset(t.uri)
     assert now.stats.index_stats(key_index)["num_unindexed_rows"] == 0
-    assert t.index().merged_generations() == merged  # the MemWAL index carried over
+    assert t.catalog.index().merged_generations() == merged  # the MemWAL index carried over
     assert indexes_behind(t) == [] and _state(t) == model and _base_state(t.uri) == model
     # the version before compaction still reads as it did (until GC removes it)
     old = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"], as_of=before.version)
@@ -487,13 +487,13 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: would merge [1] (1 unmerged generations > 0)" in res.output
     assert "would refresh region snapshots" in res.output
-    assert t.index().merged_generations() == {}
+    assert t.catalog.index().merged_generations() == {}
     res = runner.invoke(main, ["maintain", t.uri, "--max-rows", "1", "--retention-hours", "0"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: merged [1] (2 unmerged rows > 1)" in res.output
     assert "merging" not in res.output  # no progress bar when not on a terminal
     assert "catch up indexes ['name_idx']" in res.output
-    assert t.index().merged_generations() == {w.region_id: 1}
+    assert t.catalog.index().merged_generations() == {w.region_id: 1}
     res = runner.invoke(main, ["maintain", t.uri, "--watch", "0", "--max-passes", "2", "--json"])
     assert res.exit_code == 0, res.output
     passes = [json.loads(line) for line in res.output.splitlines()]

@@ -31,7 +31,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     region = w.region_id
     t.merge(max_generations=1)
     other = mq.MemWalTable.open(uri)
-    real = t.dataset
+    real = t.catalog.dataset
     fired = []
 
     def dataset(version=None):
@@ -40,7 +40,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
             fired.append(other.merge())
         return ds
 
-    t.dataset = dataset
+    t.catalog.dataset = dataset
     progress = t.catch_up_indexes()
     assert fired == [[(region, 2)]]
     assert progress == {"name_idx": {region: 1}}
@@ -50,7 +50,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     covered = {f for s in idx.segments for f in s.fragment_ids}
     assert covered != {f.fragment_id for f in ds.get_fragments()}
     # So GC keeps generation 2 (the indexed read plan still needs it).
-    t.dataset = real
+    t.catalog.dataset = real
     t.gc(cleanup_older_than=dt.timedelta(0))
     gens = os.listdir(paths.region_dir(uri, region))
     assert any(g.endswith("_gen_2") for g in gens)
@@ -60,7 +60,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
 # -- M6: GC never deletes WAL entries of unmerged generations ---------------------------
 def _wal_positions(table, region):
     wal = paths.wal_dir(table.uri, region)
-    return sorted(from_bit_reversed(n) for n in table.io.list(wal) if n.endswith(WAL_SUFFIX))
+    return sorted(from_bit_reversed(n) for n in table.catalog.io.list(wal) if n.endswith(WAL_SUFFIX))
 
 
 def _three_stages(table):
@@ -73,7 +73,7 @@ def _three_stages(table):
     w.flush()
     w.put(basic_rows([3001]))  # unflushed MemTable, in the WAL only
     table.merge(w.region_id, max_generations=1)
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     flushed_1 = next(
         store.load(v)
         for v in range(1, store.latest_version() + 1)
@@ -97,7 +97,7 @@ def test_gc_with_unreadable_manifest_version_keeps_unmerged_wal(table):
     version = next(
         v for v in range(1, store.latest_version() + 1) if store.load(v).current_generation == 2
     )
-    table.io.write(store.path(version), b"\x00garbage\xff" * 3)
+    table.catalog.io.write(store.path(version), b"\x00garbage\xff" * 3)
     table.gc(cleanup_older_than=dt.timedelta(0))
     left = _wal_positions(table, w.region_id)
     assert [p for p in before if p > p1] == [p for p in left if p > p1]  # none lost

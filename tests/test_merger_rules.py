@@ -51,14 +51,14 @@ def test_gc_keeps_generations_of_a_region_the_index_has_not_caught_up(
     b.flush()
     b.close()
     assert t.merge() == [(b.region_id, 1)]
-    assert t.index().index_catchup()["name_idx"].get(b.region_id, 0) == 0
+    assert t.catalog.index().index_catchup()["name_idx"].get(b.region_id, 0) == 0
     if not recorded:
         # A record that does not name region B at all (Lance adds B at 0 itself; another
         # tool's record may not): B still counts as not caught up.
         real = mwindex.MemWalIndex.index_catchup
         without_b = {"name_idx": {a.region_id: 1}}
         monkeypatch.setattr(mwindex.MemWalIndex, "index_catchup", lambda self: without_b)
-        assert t.index().index_catchup() == without_b
+        assert t.catalog.index().index_catchup() == without_b
     removed = t.gc(cleanup_older_than=dt.timedelta(0))
     if not recorded:
         monkeypatch.setattr(mwindex.MemWalIndex, "index_catchup", real)
@@ -156,16 +156,16 @@ def test_catch_up_extends_vector_fts_and_scalar_indexes(tmp_path):
     w.close()
     rid = w.region_id
     assert t.merge() == [(rid, 1), (rid, 2)]
-    base = t.dataset()
+    base = t.catalog.dataset()
     frags = {f.fragment_id for f in base.get_fragments()}
     for name in names:
         assert _covered(base, name) != frags  # merged rows sit in unindexed fragments
     progress = t.catch_up_indexes()
     assert progress == {name: {rid: 2} for name in names}
-    base = t.dataset()
+    base = t.catalog.dataset()
     for name in names:
         assert _covered(base, name) == {f.fragment_id for f in base.get_fragments()}
-    assert t.index().index_catchup() == progress  # what readers see
+    assert t.catalog.index().index_catchup() == progress  # what readers see
     # The indexed read plan is back on the base indexes: no gap generations.
     dbg: dict = {}
     # (no refine step: its KNNVectorDistance re-ranks candidates, it is not a flat scan)

@@ -101,7 +101,7 @@ def test_merged_generation_still_listed_gives_no_duplicates(table):
     expected = table.to_table().sort_by("id")
     table.merge()
     # The generation is merged but still listed in the region manifest (no GC yet).
-    assert table.region_manifest(w.region_id).flushed_generations
+    assert table.catalog.region_manifest(w.region_id).flushed_generations
     assert table.to_table().sort_by("id").equals(expected)
 
 
@@ -220,7 +220,7 @@ def test_differential_regions_modes_and_writer_subsets(tmp_path_factory, ops, wi
     spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", N_BUCKETS)
     t = mq.MemWalTable.initialize(uri, region_spec=spec)
     ids = pa.table({"id": pa.array(range(61), pa.int64())})
-    buckets = spec.evaluate(ids, t.lance_schema).column(0).to_pylist()
+    buckets = spec.evaluate(ids, t.catalog.lance_schema).column(0).to_pylist()
     base = [{k: (float(k), f"n{k}") for k in base_ids if buckets[k] == b} for b in range(3)]
     gens: list[list[list]] = [[] for _ in range(N_BUCKETS)]  # ops of each flushed generation
     pending: list[list] = [[] for _ in range(N_BUCKETS)]  # ops in the MemTable / WAL

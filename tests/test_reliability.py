@@ -51,7 +51,7 @@ def test_region_ids_must_be_uuids(table):
             table.writer(bad)
     # stray directories under _mem_wal are ignored, not read
     os.makedirs(os.path.join(table.uri, "_mem_wal", "..evil"), exist_ok=True)
-    assert table.region_ids() == []
+    assert table.catalog.region_ids() == []
 
 
 def test_schema_evolution_old_generations_read_as_null(tmp_path):

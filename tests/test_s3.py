@@ -209,7 +209,7 @@ def test_concurrent_claims_get_distinct_epochs(backend):
     epochs: list[int] = []
 
     def claim() -> None:
-        store = RegionManifestStore(t.io, t.uri, region)
+        store = RegionManifestStore(t.catalog.io, t.uri, region)
         barrier.wait()
         epochs.append(store.claim().writer_epoch)
 
@@ -219,7 +219,7 @@ def test_concurrent_claims_get_distinct_epochs(backend):
     for th in threads:
         th.join(60)
     assert sorted(epochs) == list(range(1, n + 1))
-    assert t.region_manifest(region).writer_epoch == n
+    assert t.catalog.region_manifest(region).writer_epoch == n
 
 
 # -- writer, reader, merger, GC -------------------------------------------------------------
@@ -232,7 +232,7 @@ def test_writer_put_delete_flush_recovery(backend):
     w.put(basic_rows([300], val=[300.0]))
     w.close(flush=False)  # 300 stays in the WAL only
     wal_dir = paths.wal_dir(t.uri, w.region_id)
-    assert t.io.list(wal_dir) == sorted(wal_entry_name(p) for p in (1, 2, 3))
+    assert t.catalog.io.list(wal_dir) == sorted(wal_entry_name(p) for p in (1, 2, 3))
     # A new writer claims the region and replays the unflushed entry.
     w2 = t.writer(w.region_id)
     assert w2.epoch == w.epoch + 1 and w2.stats.replayed_rows == 1
@@ -243,11 +243,11 @@ def test_writer_put_delete_flush_recovery(backend):
     assert live(t, [w2]) == expected
     assert w2.flush() == 2
     w2.close()
-    m = t.region_manifest(w.region_id)
+    m = t.catalog.region_manifest(w.region_id)
     assert [g.generation for g in m.flushed_generations] == [1, 2]
     for g in m.flushed_generations:
         gen_dir = paths.generation_path(t.uri, w.region_id, g.path)
-        assert t.io.is_dir(gen_dir) and t.io.exists(join(gen_dir, "bloom_filter.bin"))
+        assert t.catalog.io.is_dir(gen_dir) and t.catalog.io.exists(join(gen_dir, "bloom_filter.bin"))
     reopened = mq.MemWalTable.open(t.uri, storage_options=backend.storage_options)
     assert live(reopened) == expected
 
@@ -299,10 +299,10 @@ def test_merger_and_gc(backend):
     w.flush()
     w.close()
     expected = live(t)
-    m = t.region_manifest(w.region_id)
+    m = t.catalog.region_manifest(w.region_id)
     gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
     assert t.merge() == [(w.region_id, 1), (w.region_id, 2)]
-    assert t.index().merged_generations() == {w.region_id: 2}
+    assert t.catalog.index().merged_generations() == {w.region_id: 2}
     base = lance.dataset(t.uri, storage_options=backend.storage_options)
     rows = {r["id"]: r["val"] for r in base.to_table().to_pylist()}
     assert rows == expected  # the base table alone now holds everything
@@ -311,7 +311,7 @@ def test_merger_and_gc(backend):
     assert set(gen_dirs) <= set(removed)
     assert any(p.endswith(".arrow") for p in removed)
     for d in gen_dirs:
-        assert not t.io.is_dir(d)
+        assert not t.catalog.io.is_dir(d)
     assert live(t) == expected
     assert t.status()["regions"][w.region_id]["merged_generation"] == 2
 
@@ -323,7 +323,7 @@ def test_wal_entry_names_spread(backend):
     w = t.writer()
     for i in range(16):
         w.put(basic_rows([1000 + i]))
-    names = t.io.list(paths.wal_dir(t.uri, w.region_id))
+    names = t.catalog.io.list(paths.wal_dir(t.uri, w.region_id))
     w.close(flush=False)
     positions = sorted(from_bit_reversed(n) for n in names)
     assert positions == list(range(1, 17))
@@ -398,21 +398,21 @@ def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
 
     check([w])
     w.close()  # flushes the MemTable: generation 4
-    m = t.region_manifest(w.region_id)
+    m = t.catalog.region_manifest(w.region_id)
     gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
     assert len(gen_dirs) == 4
     for d in gen_dirs:  # every generation got the maintained indexes, on S3 too
-        assert {"_indices", "bloom_filter.bin"} <= set(t.io.list(d))
-    before = t.dataset().version
+        assert {"_indices", "bloom_filter.bin"} <= set(t.catalog.io.list(d))
+    before = t.catalog.dataset().version
     assert t.merge() == [(w.region_id, g) for g in (1, 2, 3, 4)]
-    assert t.dataset().version == before + 1  # four generations, one commit
+    assert t.catalog.dataset().version == before + 1  # four generations, one commit
     assert t.catch_up_indexes() == {n: {w.region_id: 4} for n in ("text_idx", "vec_idx")}
     check([])
     removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert set(gen_dirs) <= set(removed)
-    assert not any(t.io.is_dir(d) for d in gen_dirs)
-    assert t.io.list(paths.wal_dir(t.uri, w.region_id)) == []
-    assert "manifest" in t.io.list(join(paths.mem_wal_root(t.uri), w.region_id))
+    assert not any(t.catalog.io.is_dir(d) for d in gen_dirs)
+    assert t.catalog.io.list(paths.wal_dir(t.uri, w.region_id)) == []
+    assert "manifest" in t.catalog.io.list(join(paths.mem_wal_root(t.uri), w.region_id))
     check([])
     t.refresh_snapshots()
     reopened = mq.MemWalTable.open(uri, storage_options=backend.storage_options)

@@ -407,7 +407,7 @@ def test_fts_updated_documents_stop_matching_old_words(layered):
 
 def test_fts_scores_equal_lance_on_the_base_table(tmp_path):
     t = make_table(tmp_path)
-    base = t.dataset()
+    base = t.catalog.dataset()
     for q in ["apple", "apple banana", "common t3 t3", "banana split pie"]:
         ours = search.fts_search(t, "text", q, k=30)
         native = base.to_table(full_text_query=q, limit=30, columns=["id"])
@@ -475,7 +475,7 @@ def test_fts_top_k_when_a_source_ranks_differently_from_the_global_score(tmp_pat
     gen_text = ["zebra", "zebra zebra zebra qa qb qc"] + ["qq"] * 40
     with t.writer() as w:
         w.put(rows(range(1000, 1000 + len(gen_text)), text=gen_text))
-    gen = t.region_manifest(w.region_id).flushed_generations[0]
+    gen = t.catalog.region_manifest(w.region_id).flushed_generations[0]
     gen_ds = lance.dataset(paths.generation_path(t.uri, w.region_id, gen.path))
     local = gen_ds.to_table(full_text_query="zebra", limit=1, columns=["id"])
     assert ids(local) == [1000]  # the generation's own index ranks 1000 first
@@ -540,7 +540,7 @@ def test_fts_k_beyond_matches_and_no_tokens(layered):
 # indexed read plan
 # ----------------------------------------------------------------------------------------
 def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
-    idx = t.index()
+    idx = t.catalog.index()
     details = pb.MemWalIndexDetails()
     details.CopyFrom(idx.details)
     del details.index_catchup[:]
@@ -551,7 +551,7 @@ def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
             m = p.caught_up_generations.add()
             m.region_id.uuid = paths.region_id_to_bytes(rid)
             m.generation = gen
-    mwindex.commit_details(t.dataset(), details, idx)
+    mwindex.commit_details(t.catalog.dataset(), details, idx)
     t.catalog.refresh_index()
 @pytest.fixture
 def merged_not_reindexed(tmp_path):
@@ -562,7 +562,7 @@ def merged_not_reindexed(tmp_path):
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     assert w.flush() == 1
     assert t.merge() == [(w.region_id, 1)]
-    t.dataset().optimize.optimize_indices()  # the base indexes now cover generation 1
+    t.catalog.dataset().optimize.optimize_indices()  # the base indexes now cover generation 1
     w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
     w.put(rows([700], [near(0.7)], text=["zucchini bread"]))
     w.delete(pa.table({"id": [10, 23]}))
@@ -578,14 +578,14 @@ def merged_not_reindexed(tmp_path):
 def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reindexed):
     t, w = merged_not_reindexed
     rid = w.region_id
-    frags = [f.fragment_id for f in t.dataset().get_fragments()]
-    (vec_idx,) = [d for d in t.dataset().describe_indices() if d.name == "vec_idx"]
+    frags = [f.fragment_id for f in t.catalog.dataset().get_fragments()]
+    (vec_idx,) = [d for d in t.catalog.dataset().describe_indices() if d.name == "vec_idx"]
     indexed = sorted(f for s in vec_idx.segments for f in s.fragment_ids)
     assert len(frags) > len(indexed)  # generation 2's rows sit in unindexed fragments
     # Lance's optimize_indices recorded the catch-up; merging generation 2 left it behind
-    catchup = t.index().index_catchup()
+    catchup = t.catalog.index().index_catchup()
     assert catchup["vec_idx"] == {rid: 1} and catchup["text_idx"] == {rid: 1}
-    assert t.index().merged_generations() == {rid: 2}
+    assert t.catalog.index().merged_generations() == {rid: 2}
 
     dbg: dict = {}
     got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
@@ -615,7 +615,7 @@ def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reinde
 def test_without_catchup_record_the_base_is_searched_in_full(merged_not_reindexed):
     t, w = merged_not_reindexed
     set_catchup(t, {})  # no record: the index counts as caught up (spec)
-    assert t.index().index_catchup() == {}
+    assert t.catalog.index().index_catchup() == {}
     dbg: dict = {}
     got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]  # same answer ...
@@ -630,7 +630,7 @@ def test_gap_generation_gone_falls_back_to_full_scan(merged_not_reindexed):
     t, w = merged_not_reindexed
     rid = w.region_id
     set_catchup(t, {"vec_idx": {rid: 1}})
-    gen2 = next(g for g in t.region_manifest(rid).flushed_generations if g.generation == 2)
+    gen2 = next(g for g in t.catalog.region_manifest(rid).flushed_generations if g.generation == 2)
     shutil.rmtree(paths.generation_path(t.uri, rid, gen2.path))
     search.clear_caches()
     dbg: dict = {}
@@ -658,7 +658,7 @@ def test_second_region_gap(merged_not_reindexed):
     w2.put(rows([800], [near(0.01)], text=["zucchini fresh"]))
     assert w2.flush() == 1
     t.merge(w2.region_id)
-    assert t.index().index_catchup()["vec_idx"] == {w.region_id: 1, w2.region_id: 0}
+    assert t.catalog.index().index_catchup()["vec_idx"] == {w.region_id: 1, w2.region_id: 0}
     dbg: dict = {}
     got = search.vector_search(t, "vec", Q, k=3, writers=[w, w2], debug=dbg)
     assert ids(got) == [800, 13, 700]
@@ -757,15 +757,15 @@ def test_indexed_read_plan_after_generations_merged_in_one_commit(tmp_path):
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     w.flush()
     t.merge()
-    t.dataset().optimize.optimize_indices()  # the base indexes cover generation 1
+    t.catalog.dataset().optimize.optimize_indices()  # the base indexes cover generation 1
     w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
     w.put(rows([700], [near(0.7)], text=["zucchini bread"]))
     w.flush()
     w.put(rows([13], [near(0.31)], text=["zucchini stew"]))
     w.flush()
-    before = t.dataset().version
+    before = t.catalog.dataset().version
     assert t.merge() == [(rid, 2), (rid, 3)]
-    assert t.dataset().version == before + 1  # one commit
+    assert t.catalog.dataset().version == before + 1  # one commit
     dbg: dict = {}
     got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
     assert dbg["plan"].indexed_only and dbg["plan"].skipped_fragments

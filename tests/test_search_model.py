@@ -95,7 +95,7 @@ def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
         elif op == "merge":
             t.merge()
         else:
-            t.dataset().optimize.optimize_indices()
+            t.catalog.dataset().optimize.optimize_indices()
     return t, writers, model
 
 

@@ -46,7 +46,7 @@ def test_soak(tmp_path, capsys):
         for b in range(REGIONS)
     }
     bucket = spec.evaluate(
-        pa.table({"id": pa.array(range(n_keys), pa.int64())}), table.lance_schema
+        pa.table({"id": pa.array(range(n_keys), pa.int64())}), table.catalog.lance_schema
     )
     bucket_of = bucket.column(0).to_pylist()
     owner = np.arange(n_keys) // KEYS_PER_THREAD  # the thread writing each key

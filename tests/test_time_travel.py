@@ -36,7 +36,7 @@ def _state(table: pa.Table) -> dict[int, float]:
 def _history(t: mq.MemWalTable) -> dict[str, object]:
     """v0: before any change; gen 1 flushed (id 1 -> 10, id 2 deleted); merged at v1;
     gen 2 flushed after v1 (id 1 -> 11, id 7 new) and not merged."""
-    out: dict[str, object] = {"v0": t.dataset().version}
+    out: dict[str, object] = {"v0": t.catalog.dataset().version}
     t.write(basic_rows([1], val=[10.0]))
     t.delete(pa.table({"id": pa.array([2], pa.int64())}))
     t.flush()
@@ -44,7 +44,7 @@ def _history(t: mq.MemWalTable) -> dict[str, object]:
     out["before_merge"] = dt.datetime.now()
     time.sleep(0.02)
     t.merge()
-    out["v1"] = t.dataset().version
+    out["v1"] = t.catalog.dataset().version
     time.sleep(0.02)
     t.write(basic_rows([1, 7], val=[11.0, 70.0]))
     t.flush()
@@ -94,7 +94,7 @@ def test_gc_retention_window_and_typed_errors(tmp_path):
         t.provider(as_of=h["v0"]).to_table()
     with pytest.raises(mq.VersionGoneError):
         t.provider(as_of=h["before_merge"]).to_table()
-    assert _state(t.provider(as_of=t.dataset().version).to_table()) == _state(t.to_table())
+    assert _state(t.provider(as_of=t.catalog.dataset().version).to_table()) == _state(t.to_table())
     t.close()
 
 
@@ -103,7 +103,7 @@ def test_generation_gone_is_a_typed_error(tmp_path):
     t = _table(tmp_path)
     h = _history(t)
     gen = t.provider(as_of=h["after_flush"]).check().generations[0]
-    t.io.delete_tree(gen.uri)
+    t.catalog.io.delete_tree(gen.uri)
     with pytest.raises(mq.VersionGoneError, match="generation 2"):
         t.provider(as_of=h["after_flush"]).to_table()
     t.close()

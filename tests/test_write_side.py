@@ -69,7 +69,7 @@ def test_default_spec_is_one_region_and_pylance_sees_it(uri):
     assert t.region_spec.fields[0].transform == "unsharded"
     details = lance.dataset(uri).mem_wal_index_details()
     assert details["sharding_specs"][0]["fields"][0]["transform"] == "unsharded"
-    assert t.lineage  # a fresh lineage token
+    assert t.catalog.lineage  # a fresh lineage token
 
 
 def test_writer_without_arguments_claims_the_one_region_and_fences(uri):
@@ -108,7 +108,7 @@ def test_wrong_region_rows_refused_without_writing(tmp_path):
     u = str(tmp_path / "b")
     ds = lance.write_dataset(basic_rows(range(10)), u)
     t = mq.MemWalTable.initialize(u, region_spec=bucket_spec(ds, "id", 4))
-    values = t.region_spec.evaluate(basic_rows(range(10)), t.lance_schema).column(0)
+    values = t.region_spec.evaluate(basic_rows(range(10)), t.catalog.lance_schema).column(0)
     b0 = values[0].as_py()
     other = next(i for i in range(10) if values[i].as_py() != b0)
     w = t.writer(region_values={"bucket": b0})
@@ -561,7 +561,7 @@ def bucket_table(tmp_path) -> tuple[str, list[int], list[int]]:
     u = str(tmp_path / "mb")
     ds = lance.write_dataset(basic_rows(range(20)), u)
     t = mq.MemWalTable.initialize(u, region_spec=bucket_spec(ds, "id", 2))
-    b = t.region_spec.evaluate(basic_rows(range(20)), t.lance_schema).column(0).to_pylist()
+    b = t.region_spec.evaluate(basic_rows(range(20)), t.catalog.lance_schema).column(0).to_pylist()
     return u, [k for k in range(20) if b[k] == 0], [k for k in range(20) if b[k] == 1]
 
 
@@ -569,14 +569,14 @@ def test_multi_region_write_says_which_regions_are_durable(tmp_path):
     u, in_a, in_b = bucket_table(tmp_path)
     t = mq.MemWalTable.open(u)
     t.write(basic_rows([in_a[0], in_b[0]], val=[1.0, 1.0]))
-    region_b = t.region_id_for({"bucket": 1})
+    region_b = t.catalog.region_id_for({"bucket": 1})
     intruder = mq.MemWalTable.open(u).writer(region_values={"bucket": 1})  # fences t's
     t.write_retries = 0
     with pytest.raises(mq.WriteIncompleteError) as err:
         t.write(basic_rows([in_a[0], in_b[0]], val=[2.0, 2.0]))
     assert list(err.value.errors) == [region_b]
     assert isinstance(err.value.errors[region_b], mq.FencedError)
-    assert list(err.value.written) == [t.region_id_for({"bucket": 0})]
+    assert list(err.value.written) == [t.catalog.region_id_for({"bucket": 0})]
     intruder.close()
     t.write_retries = 5
     assert sorted(t.write(basic_rows([in_a[0], in_b[0]], val=[3.0, 3.0])).values()) == [1, 1]

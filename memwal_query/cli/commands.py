@@ -1,11 +1,12 @@
 """The ``memwal`` command line: maintenance and inspection commands (``status``,
-``flush``, ``merge``, ``gc``, ``catch-up``, ``refresh-snapshots``, ``fsck``, ``repair``);
+``drain``, ``merge``, ``gc``, ``catch-up``, ``refresh-snapshots``, ``fsck``, ``repair``);
 the other commands live in :mod:`memwal_query.cli.setup` and :mod:`memwal_query.cli.sql`,
 registered on the group of :mod:`memwal_query.cli.app` when this module is imported.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 
@@ -15,6 +16,7 @@ from memwal_query.cli import setup as _setup  # noqa: F401  (registers its comma
 from memwal_query.cli import specs as _specs  # noqa: F401  (registers its commands)
 from memwal_query.cli import sql as _sql  # noqa: F401  (registers its commands)
 from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main
+from memwal_query.cli.options import Duration
 from memwal_query.cli.sql import _split_statements, _write_atomically  # noqa: F401
 from memwal_query.exceptions import (
     MemWalError,
@@ -55,15 +57,33 @@ def status(uri: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("uri")
-@click.option("--region", help="Only this region.")
-@click.option("--dry-run", is_flag=True, help="Only show what would be flushed.")
+@click.option("--region", multiple=True, help="Only this region (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only show what would be drained.")
 @_handle_errors
-def flush(uri: str, region: str | None, dry_run: bool) -> None:
-    """Replay each region's unflushed WAL and flush it as a generation.
+def drain(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
+    """Claim each region with unflushed rows, replay its WAL and flush it as a generation.
 
-    This claims each region with unflushed rows (epoch + 1): meant for regions whose
-    writer is gone; a live writer of such a region is fenced.
+    Each such region is claimed (epoch + 1): meant for regions whose writer is gone; a
+    live writer of such a region is fenced. (A table object's own ``flush()`` flushes
+    only the writers it opened.)
     """
+    _drain(uri, region, dry_run)
+
+
+@main.command(hidden=True)
+@click.argument("uri")
+@click.option("--region", multiple=True, help="Only this region (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only show what would be drained.")
+@_handle_errors
+def flush(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
+    """Deprecated spelling of ``memwal drain``."""
+    from memwal_query.cli.options import warn
+
+    warn("memwal flush is deprecated and will be removed in the next release; use memwal drain")
+    _drain(uri, region, dry_run)
+
+
+def _drain(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
     t = _open(uri)
     regions = _regions(t, region)
     st = t.maintenance.status()["regions"]
@@ -76,9 +96,7 @@ def flush(uri: str, region: str | None, dry_run: bool) -> None:
     lines = []
     with _progress(todo, label="flushing") as bar:
         for rid in bar:
-            w = t.writer(rid)
-            gen = w.flush()
-            w.close(flush=False)
+            gen = t.maintenance.drain(rid)
             lines.append(f"{rid}: generation {gen}")
     for line in lines:
         click.echo(line)
@@ -87,11 +105,11 @@ def flush(uri: str, region: str | None, dry_run: bool) -> None:
 
 @main.command()
 @click.argument("uri")
-@click.option("--region", help="Only this region.")
+@click.option("--region", multiple=True, help="Only this region (repeatable).")
 @click.option("--max-generations", type=click.IntRange(min=1), help="Per region.")
 @click.option("--dry-run", is_flag=True, help="Only list the generations to merge.")
 @_handle_errors
-def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bool) -> None:
+def merge(uri: str, region: tuple[str, ...], max_generations: int | None, dry_run: bool) -> None:
     """Merge flushed generations into the base table, in order."""
     t = _open(uri)
     regions = _regions(t, region)
@@ -118,16 +136,16 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
 @click.argument("uri")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option(
-    "--cleanup-older-than", type=float, help="First remove base versions older than N hours."
+    "--cleanup-older-than",
+    type=Duration(hours_if_bare=True),
+    help="First remove base versions older than this (e.g. 24h, 30m, 7d).",
 )
 @_handle_errors
-def gc(uri: str, dry_run: bool, cleanup_older_than: float | None) -> None:
+def gc(uri: str, dry_run: bool, cleanup_older_than: dt.timedelta | None) -> None:
     """Delete merged, caught-up generations and their WAL entries, then say what kept
     each remaining generation (not merged, a retained base version, an index)."""
-    import datetime as dt
-
     t = _open(uri)
-    older = None if cleanup_older_than is None else dt.timedelta(hours=cleanup_older_than)
+    older = cleanup_older_than
     with _progress(length=0, label="collecting", show_pos=True) as bar:
 
         def step(done: int, total: int) -> None:

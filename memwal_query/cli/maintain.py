@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress
+from memwal_query.cli.options import Duration, deprecated_option, format_duration
 from memwal_query.maintain.policy import (
     DEFAULT_COMPACT_FRAGMENTS,
     DEFAULT_MAX_GENERATIONS,
@@ -59,7 +60,7 @@ def _policy(
     max_generations: int,
     max_rows: int,
     batch_rows: int | None,
-    retention_hours: float | None,
+    retention_window: dt.timedelta | None,
     keep_versions: bool,
     catch_up: bool,
     snapshots: bool,
@@ -70,8 +71,8 @@ def _policy(
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
         retention = None
-    elif retention_hours is not None:
-        retention = dt.timedelta(hours=retention_hours)
+    elif retention_window is not None:
+        retention = retention_window
     return MaintenancePolicy(
         max_generations=max_generations,
         max_rows=max_rows,
@@ -127,10 +128,11 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     "[default: the merger's, 1000000].",
 )
 @click.option(
-    "--retention-hours",
-    type=click.FloatRange(min=0),
-    help=f"GC retention window [default: {DEFAULT_RETENTION.total_seconds() / 3600:g}].",
+    "--retention",
+    type=Duration(),
+    help=f"GC retention window, e.g. 30m, 24h, 7d [default: {format_duration(DEFAULT_RETENTION)}].",
 )
+@deprecated_option("--retention-hours", "--retention", type=click.FloatRange(min=0))
 @click.option("--keep-versions", is_flag=True, help="GC removes no base versions.")
 @click.option(
     "--compact-fragments",
@@ -164,6 +166,7 @@ def maintain(
     max_generations: int,
     max_rows: int,
     batch_rows: int | None,
+    retention: dt.timedelta | None,
     retention_hours: float | None,
     keep_versions: bool,
     compact_fragments: int,
@@ -181,11 +184,13 @@ def maintain(
     failed pass is reported and the next one runs; the exit status is that of the
     last pass.
     """
+    if retention is None and retention_hours is not None:
+        retention = dt.timedelta(hours=retention_hours)
     policy = _policy(
         max_generations,
         max_rows,
         batch_rows,
-        retention_hours,
+        retention,
         keep_versions,
         catch_up,
         snapshots,

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress, main
+from memwal_query.cli.options import deprecated_option
 from memwal_query.exceptions import (
     AlreadyInitializedError,
     MemWalError,
@@ -15,6 +16,7 @@ from memwal_query.exceptions import (
     SchemaError,
     WrongRegionError,
 )
+from memwal_query.write.routing import DEFAULT_BUFFER_ROWS
 
 
 @main.command()
@@ -95,7 +97,12 @@ def spec_options(command: Any) -> Any:
 @click.argument("uri")
 @click.option("--primary-key", "primary_key", required=True, help="Comma-separated key columns.")
 @spec_options
-@click.option("--maintain", multiple=True, help="Base index to maintain in generations.")
+@click.option(
+    "--maintained-indexes",
+    multiple=True,
+    help="Base indexes to build for every flushed generation too (comma-separated, repeatable).",
+)
+@deprecated_option("--maintain", "--maintained-indexes", multiple=True)
 @click.option(
     "--reset",
     is_flag=True,
@@ -110,7 +117,8 @@ def init(
     expression,
     columns,
     result_type,
-    maintain,
+    maintained_indexes: tuple[str, ...],
+    maintain: tuple[str, ...],
     reset: bool,
 ) -> None:
     """Initialize the MemWAL on an existing Lance table at URI.
@@ -123,6 +131,13 @@ def init(
     """
     import lance
     import pyarrow as pa
+
+    maintain = tuple(
+        name.strip()
+        for value in (*maintained_indexes, *maintain)
+        for name in value.split(",")
+        if name.strip()
+    )
 
     from memwal_query.format import index as mwindex
     from memwal_query.format.schema import PK_METADATA_KEY, primary_key_columns
@@ -223,12 +238,13 @@ def _read_file(path: str, schema=None):
 @click.argument("files", nargs=-1, required=True)
 @click.option("--region", help="Write every row to this region id (no routing).")
 @click.option(
-    "--batch-rows",
-    default=50_000,
+    "--buffer-rows",
+    default=DEFAULT_BUFFER_ROWS,
     show_default=True,
     type=click.IntRange(min=1),
     help="Rows per put (one durable WAL entry each).",
 )
+@deprecated_option("--batch-rows", "--buffer-rows", type=click.IntRange(min=1))
 @click.option("--flush/--no-flush", default=True, show_default=True, help="Flush at the end.")
 @click.option(
     "--partial",
@@ -240,7 +256,8 @@ def ingest(
     uri: str,
     files: tuple[str, ...],
     region: str | None,
-    batch_rows: int,
+    buffer_rows: int,
+    batch_rows: int | None,
     flush: bool,
     partial: bool,
 ) -> None:
@@ -256,6 +273,8 @@ def ingest(
     from memwal_query.storage.paths import validate_region_id
     from memwal_query.write.routing import split_by_region
 
+    if batch_rows is not None:
+        buffer_rows = batch_rows
     t = _open(uri)
     tables = []
     missing_by_file: list[list[str]] = []
@@ -301,7 +320,7 @@ def ingest(
     try:
         with _progress(length=total, label="ingesting", show_pos=True, item_show_func=rate) as bar:
             for tb, missing in zip(tables, missing_by_file):
-                for batch in tb.to_batches(max_chunksize=batch_rows):
+                for batch in tb.to_batches(max_chunksize=buffer_rows):
                     part = pa.Table.from_batches([batch])
                     if writer is not None:
                         writer.put(part.drop_columns(missing), partial=bool(missing))

@@ -37,6 +37,10 @@ DEFAULT_FENCE_RETRIES = 5
 of it (exponential backoff from 50 ms, at most 2 s): the default everywhere (Python
 ``fence_retries``, Spark ``option("fence_retries")``)."""
 
+DEFAULT_BUFFER_ROWS = 200_000
+"""Rows a bulk loader buffers per region before putting them as one durable WAL entry:
+the default everywhere (``memwal ingest --buffer-rows``, Spark ``buffer_rows``)."""
+
 
 @dataclasses.dataclass
 class PartsWritten:
