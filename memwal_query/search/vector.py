@@ -71,7 +71,7 @@ def vector_search(
     k: int = 10,
     filter: str | pc.Expression | None = None,
     nprobes: int = 20,
-    refine_factor: int | None = None,
+    refine_factor: int | None = DEFAULT_REFINE_FACTOR,
     writers: Sequence[RegionWriter] | None = None,
     *,
     columns: Sequence[str] | None = None,
@@ -96,8 +96,8 @@ def vector_search(
     refine_factor : int or None
         Passed to Lance for each indexed source: each re-ranks ``refine_factor * k``
         candidates by their full vectors (None: ranked by the quantized distances only,
-        faster, lower recall). :meth:`MemWalTable.vector_search` and the SQL function
-        default to :data:`DEFAULT_REFINE_FACTOR`.
+        faster, lower recall). Default :data:`DEFAULT_REFINE_FACTOR`, as everywhere
+        (:meth:`MemWalTable.vector_search`, the SQL function).
     writers : list of RegionWriter, optional
         Writers whose MemTables are searched too (default: none;
         :meth:`MemWalTable.lookup` and the other methods pass the table's own writers).

@@ -77,6 +77,7 @@ from memwal_query.exceptions import (
 from memwal_query.regions.spec import check_partial_sources
 from memwal_query.spark._common import (
     REGION_COLUMN,
+    deprecated_spelling,
     open_table,
     require_spec,
 )
@@ -170,13 +171,14 @@ def write(
     *,
     delete_column: str | None = None,
     order_by: str | list[str] | None = None,
-    num_partitions: int | None = None,
+    parallelism: int | None = None,
     flush: bool = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
     storage_options: dict[str, str] | None = None,
     partial: bool = False,
     fence_retries: int = DEFAULT_FENCE_RETRIES,
+    num_partitions: int | None = None,
 ) -> WriteResult:
     """Write a batch DataFrame into the table's regions (see the module docs).
 
@@ -198,7 +200,7 @@ def write(
         last) before writing them, so that among rows of one key the last in this
         order wins; the task then holds each region's rows until its end. Columns that
         are not table columns (a sequence number...) are used for sorting only.
-    num_partitions : int, optional
+    parallelism : int, optional
         Write tasks (each owns whole regions). Default: the session's default
         parallelism.
     flush : bool
@@ -220,6 +222,8 @@ def write(
         process) fences a task's writer; the fenced put was never acknowledged, so the
         task claims the region again and writes it again, up to this many times with
         exponential backoff. Then the driver raises :class:`FencedError`.
+    num_partitions : int, optional
+        Deprecated spelling of ``parallelism``.
 
     Returns
     -------
@@ -232,8 +236,11 @@ def write(
     MemWalError
         When the table has no region spec, or a task failed for good.
     """
-    if num_partitions is None:
-        num_partitions = max(1, df.sparkSession.sparkContext.defaultParallelism)
+    if num_partitions is not None:
+        deprecated_spelling("memwal_query.spark.write(num_partitions=)", "parallelism=")
+        parallelism = num_partitions if parallelism is None else parallelism
+    if parallelism is None:
+        parallelism = max(1, df.sparkSession.sparkContext.defaultParallelism)
     order = [order_by] if isinstance(order_by, str) else list(order_by or [])
     options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
@@ -263,7 +270,7 @@ def write(
     try:
         rows = (
             df.mapInArrow(pack_task, PACKED_DDL)
-            .repartition(num_partitions, REGION_COLUMN)
+            .repartition(parallelism, REGION_COLUMN)
             .mapInArrow(write_task, RESULT_DDL)
             .collect()
         )

@@ -77,7 +77,7 @@ class MemWalSink:
         Object-store options of the table.
     **write_options
         Passed to :func:`memwal_query.spark.write` (``mode``, ``delete_column``,
-        ``order_by``, ``flush``, ``num_partitions``...).
+        ``order_by``, ``flush``, ``parallelism``...).
     """
 
     def __init__(
