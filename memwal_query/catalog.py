@@ -202,7 +202,7 @@ class Catalog:
 
         A region keeps the spec it was created with (``region_spec_id`` in its
         manifest); regions of older specs are sealed and merged when the spec changes
-        (:meth:`MemWalTable.set_region_spec`).
+        (:meth:`memwal_query.table.Maintenance.set_region_spec`).
         """
         specs = self._index.details.region_specs
         cached = self._specs_cache

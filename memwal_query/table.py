@@ -668,11 +668,17 @@ max_memtable_age
         if name.startswith("_"):
             raise AttributeError(name)
         moved = _MOVED.get(name)
-        if moved is None:
-            raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
-        new, get = moved
-        deprecated(f"MemWalTable.{name}", new)
-        return get(self)
+        if moved is not None:
+            new, get = moved
+            deprecated(f"MemWalTable.{name}", new)
+            return get(self)
+        catalog = self.__dict__.get("_catalog")
+        if catalog is not None and hasattr(catalog, name):
+            # The catalog's other names (a MemWalTable used to be a Catalog): lower-level
+            # functions handed a MemWalTable keep working for one release.
+            deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
+            return getattr(catalog, name)
+        raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "write_retries":
@@ -996,10 +1002,6 @@ def _old_check(t: MemWalTable) -> Callable[[], list[Any]]:
     return lambda: t.maintenance.fsck().findings
 
 
-def _catalog_attr(name: str) -> tuple[str, Callable[[MemWalTable], Any]]:
-    return f"MemWalTable.catalog.{name}", lambda t: getattr(t.catalog, name)
-
-
 _MOVED: dict[str, tuple[str, Callable[[MemWalTable], Any]]] = {
     "merge": ("MemWalTable.maintenance.merge(regions=[...])", _old_merge),
     "gc": ("MemWalTable.maintenance.gc", _old_gc),
@@ -1015,28 +1017,8 @@ _MOVED: dict[str, tuple[str, Callable[[MemWalTable], Any]]] = {
     "register_consumer": ("MemWalTable.consumers.register", lambda t: t.consumers.register),
     "drop_consumer": ("MemWalTable.consumers.drop", lambda t: t.consumers.drop),
     "write_retries": ("MemWalTable.fence_retries", lambda t: t.fence_retries),
-    **{
-        name: _catalog_attr(name)
-        for name in (
-            "dataset",
-            "index",
-            "io",
-            "lance_schema",
-            "lineage",
-            "region_ids",
-            "region_manifest",
-            "region_values",
-            "known_region_values",
-            "region_specs",
-            "routing_spec",
-            "spec_for",
-            "spec_change_pending",
-            "field_type",
-            "field_entries",
-            "region_id_for",
-            "maintained_indexes",
-        )
-    },
 }
-"""Deprecated spellings of :class:`MemWalTable`: ``{old name: (new spelling, the value
-the old name gives)}`` (kept for one release; each use warns)."""
+"""Deprecated spellings of :class:`MemWalTable` moved to its namespaces: ``{old name:
+(new spelling, the value the old name gives)}`` (kept for one release; each use warns).
+The catalog's names (``t.dataset()``, ``t.io``...) are found on ``t.catalog`` the same
+way (:meth:`MemWalTable.__getattr__`)."""

@@ -202,18 +202,18 @@ def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypat
     t = _table(tmp_path, gens=1)
     ids = t.catalog.region_ids()
     threads: set[str] = set()
-    real = type(t).region_manifest
+    real = type(t.catalog).region_manifest
 
     def spy(self, region_id):
         threads.add(threading.current_thread().name)
         return real(self, region_id)
 
-    monkeypatch.setattr(type(t), "region_manifest", spy)
+    monkeypatch.setattr(type(t.catalog), "region_manifest", spy)
     assert not t.catalog.io.parallel_requests
-    local = view._read_manifests(t, ids + ids + ids)
+    local = view._read_manifests(t.catalog, ids + ids + ids)
     assert threads == {threading.current_thread().name}
     monkeypatch.setattr(t.catalog.io, "parallel_requests", True)  # as an object store
-    read = view._read_manifests(t, ids + ids + ids)  # more than two: the pool
+    read = view._read_manifests(t.catalog, ids + ids + ids)  # more than two: the pool
     assert any(n.startswith("memwal-manifest") for n in threads)
     assert read == local
     assert [m.region_id for m in read] == ids + ids + ids

@@ -157,11 +157,11 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     with pytest.raises(SpecChangedError) as e:
         stale.writer(region_values=values, spec_id=1)
     assert (e.value.expected, e.value.current) == (1, 2)
-    stale_index = stale._index
-    stale._index = mwindex.read_index_at(t.catalog.io, t.uri, before)  # the index before
+    stale_index = stale.catalog._index
+    stale.catalog._index = mwindex.read_index_at(t.catalog.io, t.uri, before)  # the index before
     with pytest.raises(SpecChangedError):  # claimed, then re-read the index: refused
         RegionWriter(stale, old_region, region_values=values, region_spec_id=1)
-    stale._index = stale_index
+    stale.catalog._index = stale_index
     assert not stale.region_manifest(old_region).sealed
     # the first writer of the new spec completes the change, then writes
     t2 = mq.MemWalTable.open(t.uri)

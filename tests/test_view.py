@@ -66,7 +66,7 @@ def test_key_in_two_regions_every_reader_agrees(tmp_path):
     # library's writers get there; our writers derive one region per key. Built with the
     # writer class directly, as such a table's writers would have.
     a, b = (
-        RegionWriter(t, str(uuid.uuid4()), region_values={"bucket": 0}, region_spec_id=1)
+        RegionWriter(t.catalog, str(uuid.uuid4()), region_values={"bucket": 0}, region_spec_id=1)
         for _ in range(2)
     )
     rank = {r: i for i, r in enumerate(sorted([a.region_id, b.region_id]))}

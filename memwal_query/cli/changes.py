@@ -89,7 +89,7 @@ def changes(
         except FileNotFoundError:
             since = None
     if since is None and consumer is not None:
-        since = t.consumers().get(consumer)
+        since = t.consumers.list().get(consumer)
     sink = _ArrowSink(output) if fmt == "arrow" else None
     done = 0
     try:

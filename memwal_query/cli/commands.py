@@ -30,7 +30,7 @@ from memwal_query.exceptions import (
 @_handle_errors
 def status(uri: str, as_json: bool) -> None:
     """One row per region: epoch, generations, WAL span, unflushed rows, bytes."""
-    s = _open(uri).status()
+    s = _open(uri).maintenance.status()
     if as_json:
         click.echo(json.dumps(s, indent=2, default=str))
         return

@@ -27,7 +27,7 @@ def spec_set(
     result_type: str,
     spec_id: int | None,
 ) -> None:
-    """Make a new region spec the spec of new writes (MemWalTable.set_region_spec).
+    """Make a new region spec the spec of new writes (t.maintenance.set_region_spec).
 
     Regions of older specs are flushed, sealed and merged into the base table first
     (their writers are fenced); the new spec's writers start after that. A rejected
