@@ -96,9 +96,9 @@ def worker(
         elif op == "merge":  # one region, or both (their generations share a commit)
             t.merge(regions[r] if i % 2 else None, max_generations=2)
         elif op == "catch_up":
-            t.catch_up_indexes()
+            t.maintenance.catch_up_indexes()
         elif op == "gc":
-            t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
         _log(fd, {"ack": rec})
     os._exit(0)
 

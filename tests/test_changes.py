@@ -30,7 +30,7 @@ def _table(tmp_path, n: int = 20) -> mq.MemWalTable:
 
 def _gc_all(t: mq.MemWalTable, **kw: Any) -> list[str]:
     """GC that may remove everything merged (old base versions cleaned at once)."""
-    return t.gc(cleanup_older_than=NOW, min_age=NOW, **kw)
+    return t.maintenance.gc(cleanup_older_than=NOW, min_age=NOW, **kw)
 
 
 def _region(t: mq.MemWalTable, key: int) -> str:
@@ -86,7 +86,7 @@ def test_since_version_timestamp_and_max_rows(tmp_path):
     t = _table(tmp_path)
     t.write(basic_rows([1, 2]))
     t.flush()
-    t.merge()
+    t.maintenance.merge()
     merged_version = t.catalog.dataset().version
     time.sleep(0.02)
     moment = dt.datetime.now()
@@ -113,7 +113,7 @@ def test_bad_cursors_are_typed_errors(tmp_path):
     with pytest.raises(MemWalError):
         t.changes(consistency="eventual")
     with pytest.raises(CursorError):
-        t.register_consumer("bad/name")
+        t.consumers.register("bad/name")
     t.close()
 
 
@@ -122,10 +122,10 @@ def test_gc_keeps_what_a_registered_consumer_needs(tmp_path):
     t.write(basic_rows([1, 2]))
     t.flush()
     first = t.changes()
-    t.register_consumer("etl", first.cursor)
+    t.consumers.register("etl", first.cursor)
     t.write(basic_rows([3, 4]))
     t.flush()
-    t.merge()
+    t.maintenance.merge()
     removed = _gc_all(t)
     # generation 1 (consumed) is collected, generation 2 (not consumed yet) is kept
     assert any("_gen_1" in p for p in removed) and not any("_gen_2" in p for p in removed)
@@ -136,11 +136,11 @@ def test_gc_keeps_what_a_registered_consumer_needs(tmp_path):
         t.changes(since=Cursor({}, t.catalog.lineage).encode())
     assert err.value.position == 1 and err.value.path.endswith(".arrow")
     # the consumer commits its progress: GC may now collect generation 2
-    t.register_consumer("etl", got.cursor)
+    t.consumers.register("etl", got.cursor)
     assert any("_gen_2" in p for p in _gc_all(t))
     assert t.changes(since=got.cursor).num_rows == 0
-    t.drop_consumer("etl")
-    assert t.consumers() == {}
+    t.consumers.drop("etl")
+    assert t.consumers.list() == {}
     t.close()
 
 
@@ -148,8 +148,8 @@ def test_corrupt_consumer_record_stops_gc(tmp_path):
     t = _table(tmp_path)
     t.write(basic_rows([1]))
     t.flush()
-    t.merge()
-    t.register_consumer("etl")
+    t.maintenance.merge()
+    t.consumers.register("etl")
     path = f"{t.uri}/_mem_wal/_consumers/etl.json"
     t.catalog.io.write(path, b"{not json")
     with pytest.raises(CursorError, match="etl.json"):
@@ -203,7 +203,7 @@ class _Consumer:
 
     def __init__(self, t: mq.MemWalTable, name: str, consistency: str) -> None:
         self.t, self.name, self.consistency = t, name, consistency
-        self.cursor = t.register_consumer(name)
+        self.cursor = t.consumers.register(name)
         self.seen: dict[str, list[tuple[int, float | None]]] = {}
 
     def poll(self) -> None:
@@ -214,7 +214,7 @@ class _Consumer:
         for r, s in zip(got.table.column("_region").to_pylist(), got.table["_seq"].to_pylist()):
             assert s > seqs.get(r, -1)
             seqs[r] = s
-        self.cursor = self.t.register_consumer(self.name, got.cursor)
+        self.cursor = self.t.consumers.register(self.name, got.cursor)
 
 
 @pytest.mark.slow
@@ -254,7 +254,7 @@ def test_model_changes_and_time_travel(tmp_path):
         elif op == "merge":
             before = t.catalog.dataset().version
             time.sleep(0.015)  # manifest times and version times must not share a tick
-            t.merge()
+            t.maintenance.merge()
             time.sleep(0.015)
             for v in range(before + 1, t.catalog.dataset().version + 1):
                 expected[v] = model.flushed_state()

@@ -169,7 +169,7 @@ def test_gc_says_what_kept_each_generation(uri):
     assert len(kept) == 2
     assert "generation 1: retained base version" in kept[0] and "--cleanup-older-than" in kept[0]
     assert "generation 2: not merged yet" in kept[1]
-    out = run("gc", uri, "--cleanup-older-than", "0").output
+    out = run("gc", uri, "--cleanup-older-than", "0s").output
     assert "_gen_1" in out and "generation 1:" not in out
 
 

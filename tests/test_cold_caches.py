@@ -185,7 +185,7 @@ def test_warm_caches_see_another_processes_flush_merge_and_gc(tmp_path):
 
     other = mq.MemWalTable.open(t.uri)
     other.merge()
-    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
     other.close()
     assert not _generations(reader)  # merged and collected
     assert reader.to_table(columns=["id", "cat"]).sort_by("id").equals(want)

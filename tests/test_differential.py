@@ -106,11 +106,11 @@ def test_every_reader_equals_the_model(tmp_path, seed):
         elif op == "flush":
             w.flush()
         elif op == "merge":
-            t.merge()
+            t.maintenance.merge()
         elif op == "reindex":
             t.catalog.dataset().optimize.optimize_indices()
         else:
-            t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         _check(t, other, writers, model, rng)
     for w in writers:
         w.close()

@@ -212,7 +212,9 @@ def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
     (gen_uri,) = _generations(t)
     assert genindex.read_report(t, gen_uri)["vec_idx"]["status"] == "skipped"
     assert (
-        genindex.vector_metric(t.catalog.dataset(), genindex.find_index(t.catalog.dataset(), "vec", "vector"))
+        genindex.vector_metric(
+            t.catalog.dataset(), genindex.find_index(t.catalog.dataset(), "vec", "vector")
+        )
         == "l2"
     )
     q = np.zeros(DIM, np.float32)

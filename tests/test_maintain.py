@@ -126,7 +126,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     odd.put(basic_rows(range(101, 141, 2)))  # region "odd": 1 generation of 20 rows
     odd.flush()
     policy = MaintenancePolicy(max_generations=2, max_rows=50, gc=False)
-    dry = t.maintain(policy, dry_run=True)
+    dry = t.maintenance.maintain(policy, dry_run=True)
     version = t.catalog.dataset().version
     assert {(r.region_id, tuple(r.generations), r.rows, r.merge) for r in dry.regions} == {
         (even.region_id, (1, 2, 3), 3, True),
@@ -136,7 +136,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     assert t.catalog.dataset().version == version  # a dry run commits nothing
     assert snapshots_stale(t)
 
-    report = t.maintain(policy)
+    report = t.maintenance.maintain(policy)
     assert [(m.region_id, m.generation) for m in report.merged] == [
         (even.region_id, g) for g in (1, 2, 3)
     ]
@@ -145,7 +145,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     assert t.catalog.index().merged_generations() == {even.region_id: 3}
     assert not snapshots_stale(t) and indexes_behind(t) == []
     # Rows: the odd region is over max_rows=10.
-    report = t.maintain(MaintenancePolicy(max_generations=2, max_rows=10, gc=False))
+    report = t.maintenance.maintain(MaintenancePolicy(max_generations=2, max_rows=10, gc=False))
     assert [(m.region_id, m.generation) for m in report.merged] == [(odd.region_id, 1)]
     assert "20 unmerged rows > 10" in "\n".join(report.lines())
     assert not report.collected and not any("remove" in x for x in report.lines())
@@ -160,28 +160,28 @@ def test_pass_collects_and_a_quiet_pass_commits_nothing(tmp_path: Any) -> None:
         w.put(basic_rows([2 * i], val=[100.0 + i]))
         w.flush()
     before = _state(t)
-    report = t.maintain(NOW)
+    report = t.maintenance.maintain(NOW)
     assert report.gc_paths and all(
         paths.region_dir(t.uri, w.region_id) in p for p in report.gc_paths
     )
     assert _gen_dirs(t) == set()  # merged, caught up, no old version left: all collected
     assert _state(t) == before == _base_state(t.uri)
     version = t.catalog.dataset().version
-    quiet = t.maintain(NOW)
+    quiet = t.maintenance.maintain(NOW)
     assert (quiet.regions, quiet.merged, quiet.catch_up, quiet.gc_paths) == ([], [], [], [])
     assert not quiet.snapshots_refreshed
     assert t.catalog.dataset().version == version  # nothing to do: nothing committed
     # A generation flushed now is the only work of the next pass.
     w.put(basic_rows([1000]))
     w.flush()
-    assert [r.generations for r in t.maintain(NOW, dry_run=True).regions] == [[4]]
+    assert [r.generations for r in t.maintenance.maintain(NOW, dry_run=True).regions] == [[4]]
     w.close()
 
 
 def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -> None:
     t = _table(tmp_path)
     w = _flushed(t, 0, [2])
-    t.maintain(NOW)  # generation 1 merged, indexed, collected
+    t.maintenance.maintain(NOW)  # generation 1 merged, indexed, collected
     w.put(basic_rows([4]))
     w.flush()
     from memwal_query.maintain import catchup
@@ -191,7 +191,7 @@ def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -
 
     monkeypatch.setattr(catchup, "catch_up_indexes", broken)
     with pytest.raises(MaintenanceFailedError, match="catch up: OSError: disk on fire") as e:
-        t.maintain(NOW)
+        t.maintenance.maintain(NOW)
     report = e.value.report
     assert [m.generation for m in report.merged] == [2]  # merged before the failure
     assert report.snapshots_refreshed and not report.ok
@@ -200,7 +200,7 @@ def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -
     # GC ran after the failed step, and kept what the index does not cover yet.
     assert {n.rsplit("_", 1)[1] for n in _gen_dirs(t)} == {"2"}
     monkeypatch.undo()
-    assert t.maintain(NOW).catch_up == ["name_idx"]
+    assert t.maintenance.maintain(NOW).catch_up == ["name_idx"]
     assert _gen_dirs(t) == set()
     w.close()
 
@@ -412,7 +412,7 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     writers = [_writer(t, p) for p in (0, 1)]
     for step in range(4):
         _put(model, writers[step % 2], step)
-        assert t.maintain(keep).small_fragments == 0  # it did not look
+        assert t.maintenance.maintain(keep).small_fragments == 0  # it did not look
     before = lance.dataset(t.uri)
     pinned = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"])
     merged = t.catalog.index().merged_generations()
@@ -422,13 +422,13 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     assert before.stats.index_stats(key_index)["num_unindexed_rows"] > 0
 
     compact = MaintenancePolicy(max_generations=0, gc=False, retention=None, compact_fragments=2)
-    dry = t.maintain(compact, dry_run=True)
+    dry = t.maintenance.maintain(compact, dry_run=True)
     assert dry.compact_due and dry.small_fragments == frags and not dry.compacted
     assert dry.extended == [key_index] and dry.catch_up == ["name_idx"]
     assert any("would compact" in line for line in dry.lines())
     assert lance.dataset(t.uri).version == before.version  # nothing changed
 
-    report = t.maintain(compact)
+    report = t.maintenance.maintain(compact)
     assert report.compacted["fragments_removed"] == frags
     assert _fragments(t.uri) == report.compacted["fragments_added"] < frags
     assert report.extended == [key_index] and report.to_dict()["extended"] == [key_index]
@@ -441,12 +441,12 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     old = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"], as_of=before.version)
     assert old.sort_by("id").equals(pinned.sort_by("id"))
     # a quiet pass: few fragments, nothing unindexed, nothing committed
-    quiet = t.maintain(dataclasses.replace(compact, compact_fragments=frags))
+    quiet = t.maintenance.maintain(dataclasses.replace(compact, compact_fragments=frags))
     assert not quiet.compact_due and not quiet.extended
     assert lance.dataset(t.uri).version == now.version
     # new writes after compaction merge on top of it
     _put(model, writers[0], 7)
-    t.maintain(compact)
+    t.maintenance.maintain(compact)
     assert _state(t) == model and _base_state(t.uri) == model
     for w in writers:
         w.close()
@@ -463,16 +463,16 @@ def test_catch_up_merges_index_segments_over_the_limit(tmp_path: Any) -> None:
     )
     for step in range(3):  # a delta segment per catch-up, as Lance adds to vector indexes
         _flushed(t, step % 2, [100 + step]).close()
-        t.maintain(merge_only)
+        t.maintenance.maintain(merge_only)
         ds = lance.dataset(t.uri)
         ds.optimize.optimize_indices(index_names=["name_idx"], num_indices_to_merge=0)
     many = _segments(t.uri, "name_idx")
     assert many >= 3
     _flushed(t, 0, [200]).close()
-    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=many))
+    t.maintenance.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=many))
     assert _segments(t.uri, "name_idx") >= many  # not over the limit: left as they are
     _flushed(t, 1, [201]).close()
-    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
+    t.maintenance.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
     assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t) == []
     got = lance.dataset(t.uri).to_table(filter="name = 'n201'", columns=["id"])
     assert got.column("id").to_pylist() == [201]  # through the merged index
@@ -488,7 +488,7 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     assert f"{w.region_id}: would merge [1] (1 unmerged generations > 0)" in res.output
     assert "would refresh region snapshots" in res.output
     assert t.catalog.index().merged_generations() == {}
-    res = runner.invoke(main, ["maintain", t.uri, "--max-rows", "1", "--retention-hours", "0"])
+    res = runner.invoke(main, ["maintain", t.uri, "--max-rows", "1", "--retention", "0s"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: merged [1] (2 unmerged rows > 1)" in res.output
     assert "merging" not in res.output  # no progress bar when not on a terminal

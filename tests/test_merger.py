@@ -64,19 +64,19 @@ def test_gc_rules(table):
     m = table.catalog.region_manifest(region)
     gen_dirs = [paths.generation_path(table.uri, region, g.path) for g in m.flushed_generations]
     # Nothing merged: nothing may go.
-    assert table.gc(dry_run=True) == []
+    assert table.maintenance.gc(dry_run=True) == []
     table.merge(max_generations=2)
     # Merged, but older base versions (time travel) still need the generations.
-    assert table.gc() == []
+    assert table.maintenance.gc() == []
     assert all(os.path.isdir(d) for d in gen_dirs)
-    removed = table.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    removed = table.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert gen_dirs[0] in removed and gen_dirs[1] in removed
     assert gen_dirs[2] not in removed and os.path.isdir(gen_dirs[2])  # not merged yet
     assert not os.path.exists(gen_dirs[0])
     assert any(p.endswith(".arrow") for p in removed)
     assert view(table) == model
-    table.merge()
-    table.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    table.maintenance.merge()
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert not os.path.exists(gen_dirs[2])
     assert view(table) == model
     # A writer drops garbage-collected generations from the manifest at its next flush.
@@ -96,8 +96,8 @@ def test_gc_keeps_generation_until_indexes_caught_up(tmp_path):
     w.put(basic_rows([1, 500], name=["x", "y"]))
     w.flush()
     w.close()
-    t.merge()
-    t.refresh_snapshots()
+    t.maintenance.merge()
+    t.maintenance.refresh_snapshots()
     t.catalog.dataset().cleanup_old_versions(older_than=dt.timedelta(seconds=0))
     # Record "caught up to generation 0" for the region: GC must keep generation 1.
     rid_bytes = paths.region_id_to_bytes(w.region_id)
@@ -111,10 +111,10 @@ def test_gc_keeps_generation_until_indexes_caught_up(tmp_path):
     d = mwindex.pb.MemWalIndexDetails()
     behind(d)
     record_progress(t.catalog.io, t.uri, d)
-    assert t.gc(cleanup_older_than=dt.timedelta(seconds=0)) == []
-    progress = t.catch_up_indexes()
+    assert t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0)) == []
+    progress = t.maintenance.catch_up_indexes()
     assert progress == {"name_idx": {w.region_id: 1}}
-    assert t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    assert t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
 
 
 def test_orphan_generation_dir_of_failed_flush_is_collected(table):
@@ -125,7 +125,7 @@ def test_orphan_generation_dir_of_failed_flush_is_collected(table):
     os.makedirs(orphan)
     in_flight = os.path.join(paths.region_dir(table.uri, w.region_id), "cafebabe_gen_2")
     os.makedirs(in_flight)
-    removed = table.gc()
+    removed = table.maintenance.gc()
     assert orphan in removed and in_flight not in removed
     w.close(flush=False)
 
@@ -248,7 +248,7 @@ def test_status(table):
     table.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
-    s = table.status()
+    s = table.maintenance.status()
     r = s["regions"][region]
     assert r["flushed_generations"] == [1, 2]
     assert r["merged_generation"] == 1

@@ -41,7 +41,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
         return ds
 
     t.catalog.dataset = dataset
-    progress = t.catch_up_indexes()
+    progress = t.maintenance.catch_up_indexes()
     assert fired == [[(region, 2)]]
     assert progress == {"name_idx": {region: 1}}
     # The index really covers generation 1's fragment but not generation 2's.
@@ -51,7 +51,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     assert covered != {f.fragment_id for f in ds.get_fragments()}
     # So GC keeps generation 2 (the indexed read plan still needs it).
     t.catalog.dataset = real
-    t.gc(cleanup_older_than=dt.timedelta(0))
+    t.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     gens = os.listdir(paths.region_dir(uri, region))
     assert any(g.endswith("_gen_2") for g in gens)
     assert not any(g.endswith("_gen_1") for g in gens)
@@ -60,7 +60,9 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
 # -- M6: GC never deletes WAL entries of unmerged generations ---------------------------
 def _wal_positions(table, region):
     wal = paths.wal_dir(table.uri, region)
-    return sorted(from_bit_reversed(n) for n in table.catalog.io.list(wal) if n.endswith(WAL_SUFFIX))
+    return sorted(
+        from_bit_reversed(n) for n in table.catalog.io.list(wal) if n.endswith(WAL_SUFFIX)
+    )
 
 
 def _three_stages(table):
@@ -85,7 +87,7 @@ def _three_stages(table):
 def test_gc_deletes_wal_of_merged_generations_only(table):
     w, store, p1 = _three_stages(table)
     before = _wal_positions(table, w.region_id)
-    table.gc(cleanup_older_than=dt.timedelta(0))
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert _wal_positions(table, w.region_id) == [p for p in before if p > p1]
     w.close(flush=False)
 
@@ -98,7 +100,7 @@ def test_gc_with_unreadable_manifest_version_keeps_unmerged_wal(table):
         v for v in range(1, store.latest_version() + 1) if store.load(v).current_generation == 2
     )
     table.catalog.io.write(store.path(version), b"\x00garbage\xff" * 3)
-    table.gc(cleanup_older_than=dt.timedelta(0))
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     left = _wal_positions(table, w.region_id)
     assert [p for p in before if p > p1] == [p for p in left if p > p1]  # none lost
     assert set(left) <= set(before)
@@ -177,7 +179,9 @@ def test_gc_reports_progress(tmp_path):
         t.write(basic_rows([100 + i]))
         t.flush()
     t.close()
-    t.merge()
+    t.maintenance.merge()
     calls = []
-    removed = t.gc(cleanup_older_than=dt.timedelta(0), progress=lambda d, n: calls.append((d, n)))
+    removed = t.maintenance.gc(
+        cleanup_older_than=dt.timedelta(0), progress=lambda d, n: calls.append((d, n))
+    )
     assert removed and calls == [(i + 1, len(removed)) for i in range(len(removed))]

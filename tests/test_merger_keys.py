@@ -134,7 +134,7 @@ def test_failing_region_does_not_block_other_regions(base_uri, monkeypatch):
 
     monkeypatch.setattr(merger, "prepare_generation", broken)
     with pytest.raises(MergeFailedError) as info:
-        table.merge()
+        table.maintenance.merge()
     assert list(info.value.errors) == [bad]
     assert bad in str(info.value)
     assert isinstance(info.value.errors[bad], ValueError)
@@ -197,7 +197,7 @@ def test_many_composite_deletes_merge_as_a_key_join(tmp_path, monkeypatch):
     w.flush()
     w.close()
     predicates = _spy_delete_predicates(monkeypatch)
-    t.merge()
+    t.maintenance.merge()
     assert predicates == []
     assert lance.dataset(uri).count_rows() == n // 2
 
@@ -227,7 +227,7 @@ def test_many_composite_deletes_with_upserts_merge_as_one_in_list(tmp_path, monk
     w.close()
     v0 = lance.dataset(uri).version
     predicates = _spy_delete_predicates(monkeypatch)
-    t.merge()
+    t.maintenance.merge()
     assert len(predicates) == 1
     (predicate,) = predicates
     assert predicate.startswith("concat(") and predicate.count(" IN (") == 1

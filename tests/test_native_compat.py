@@ -58,7 +58,7 @@ def test_native_written_regions_read_by_our_provider(tmp_path):
     ctx = datafusion.SessionContext()
     mq.register(ctx, "strong", uri, consistency="strong")
     assert rows(ctx.sql("SELECT * FROM strong").to_arrow_table()) == expected
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     mq.register(ctx, "eventual", uri)
     assert rows(ctx.sql("SELECT * FROM eventual").to_arrow_table()) == expected
     got = ctx.sql("SELECT count(*) AS n, sum(v) AS s FROM eventual WHERE v > 5").to_arrow_table()
@@ -129,5 +129,5 @@ def test_native_unsharded_table_written_by_us(tmp_path):
         1: 1.0,
         20: 20.0,
     }
-    t.merge()
+    t.maintenance.merge()
     assert rows(lance.dataset(uri).to_table()) == ours

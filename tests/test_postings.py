@@ -141,7 +141,9 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
     bad = postings.Postings(
         pa.array(["alpha"]), np.array([0, 5]), np.arange(3), np.ones(3), np.ones(2), 2
     )
-    postings.write(t.catalog.io, gens[2], [("text", genindex.fts_tokenizers(t.catalog.dataset())[0][1], bad)])
+    postings.write(
+        t.catalog.io, gens[2], [("text", genindex.fts_tokenizers(t.catalog.dataset())[0][1], bad)]
+    )
     # postings of another row count than the generation: ignored too
     other = postings.Postings.of(pa.array(["alpha beta"] * 3), {})
     for column, kw in genindex.fts_tokenizers(t.catalog.dataset()):

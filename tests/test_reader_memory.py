@@ -55,7 +55,7 @@ def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
         ]
         t.flush()
         if cycle % 2:
-            t.maintain(merge)  # new base versions each time
+            t.maintenance.maintain(merge)  # new base versions each time
         use = mq.memory_usage(t)
         for k, v in use.items():
             peaks[k] = max(peaks.get(k, 0), v)

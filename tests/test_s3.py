@@ -247,7 +247,9 @@ def test_writer_put_delete_flush_recovery(backend):
     assert [g.generation for g in m.flushed_generations] == [1, 2]
     for g in m.flushed_generations:
         gen_dir = paths.generation_path(t.uri, w.region_id, g.path)
-        assert t.catalog.io.is_dir(gen_dir) and t.catalog.io.exists(join(gen_dir, "bloom_filter.bin"))
+        assert t.catalog.io.is_dir(gen_dir) and t.catalog.io.exists(
+            join(gen_dir, "bloom_filter.bin")
+        )
     reopened = mq.MemWalTable.open(t.uri, storage_options=backend.storage_options)
     assert live(reopened) == expected
 
@@ -281,7 +283,7 @@ def test_reader_provider_and_sql(backend):
     assert got == {"id": [500, 99], "name": ["big", "n99"]}
     w.flush()
     w.close()
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     ctx2 = datafusion.SessionContext()
     mq.register(ctx2, "events", t.uri, storage_options=backend.storage_options)  # eventual
     got = ctx2.sql("SELECT id, val FROM events WHERE id IN (5, 6, 500) ORDER BY id").to_pydict()
@@ -306,14 +308,14 @@ def test_merger_and_gc(backend):
     base = lance.dataset(t.uri, storage_options=backend.storage_options)
     rows = {r["id"]: r["val"] for r in base.to_table().to_pylist()}
     assert rows == expected  # the base table alone now holds everything
-    assert t.gc() == []  # older base versions still need the generations
-    removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    assert t.maintenance.gc() == []  # older base versions still need the generations
+    removed = t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert set(gen_dirs) <= set(removed)
     assert any(p.endswith(".arrow") for p in removed)
     for d in gen_dirs:
         assert not t.catalog.io.is_dir(d)
     assert live(t) == expected
-    assert t.status()["regions"][w.region_id]["merged_generation"] == 2
+    assert t.maintenance.status()["regions"][w.region_id]["merged_generation"] == 2
 
 
 # -- WAL naming -------------------------------------------------------------------------------
@@ -406,15 +408,17 @@ def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
     before = t.catalog.dataset().version
     assert t.merge() == [(w.region_id, g) for g in (1, 2, 3, 4)]
     assert t.catalog.dataset().version == before + 1  # four generations, one commit
-    assert t.catch_up_indexes() == {n: {w.region_id: 4} for n in ("text_idx", "vec_idx")}
+    assert t.maintenance.catch_up_indexes() == {
+        n: {w.region_id: 4} for n in ("text_idx", "vec_idx")
+    }
     check([])
-    removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    removed = t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert set(gen_dirs) <= set(removed)
     assert not any(t.catalog.io.is_dir(d) for d in gen_dirs)
     assert t.catalog.io.list(paths.wal_dir(t.uri, w.region_id)) == []
     assert "manifest" in t.catalog.io.list(join(paths.mem_wal_root(t.uri), w.region_id))
     check([])
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     reopened = mq.MemWalTable.open(uri, storage_options=backend.storage_options)
     assert reopened.count_rows(consistency="eventual") == len(model)
     region = reopened.status()["regions"][w.region_id]
@@ -650,7 +654,7 @@ def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     (region,) = status["regions"].values()
     assert region["flushed_generations"] == [1] and region["merged_generation"] == 0
     assert "merged [1]" in memwal("merge", uri)
-    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0")
+    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0s")
     assert json.loads(memwal("sql", uri, query, "--format", "json")) == expected
     status = json.loads(memwal("status", uri, "--json"))
     (region,) = status["regions"].values()

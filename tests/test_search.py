@@ -553,6 +553,8 @@ def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
             m.generation = gen
     mwindex.commit_details(t.catalog.dataset(), details, idx)
     t.catalog.refresh_index()
+
+
 @pytest.fixture
 def merged_not_reindexed(tmp_path):
     """Generation 1 merged and re-indexed, generation 2 merged but not re-indexed,
@@ -588,7 +590,7 @@ def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reinde
     assert t.catalog.index().merged_generations() == {rid: 2}
 
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    got = search.vector_search(t, "vec", Q, k=5, refine_factor=None, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]
     plan = dbg["plan"]
     assert plan.indexed_only
@@ -756,7 +758,7 @@ def test_indexed_read_plan_after_generations_merged_in_one_commit(tmp_path):
     rid = w.region_id
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     w.flush()
-    t.merge()
+    t.maintenance.merge()
     t.catalog.dataset().optimize.optimize_indices()  # the base indexes cover generation 1
     w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
     w.put(rows([700], [near(0.7)], text=["zucchini bread"]))

@@ -63,8 +63,8 @@ def collected(tmp_path):
     assert sorted(t.fts_search("text", "zebra", k=5).column("id").to_pylist()) == [11, 700]
     stale = sources.resolve(t)
     assert [g.generation for r in stale.regions for g in r.generations] == [1]
-    t.merge()
-    assert t.gc(cleanup_older_than=dt.timedelta(0))
+    t.maintenance.merge()
+    assert t.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     return t, stale
 
 

@@ -93,7 +93,7 @@ def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
             w.delete(pa.table({"id": pa.array([10**6 + wi], pa.int64())}))
             w.flush()
         elif op == "merge":
-            t.merge()
+            t.maintenance.merge()
         else:
             t.catalog.dataset().optimize.optimize_indices()
     return t, writers, model

@@ -769,7 +769,7 @@ def _non_key_filter_table(tmp_path) -> mq.MemWalTable:
     t = new_table(tmp_path, base_ids=[])
     t.write(basic_rows([1, 2, 3, 4], [10.0, 0.0, 7.0, 10.0], ["hi", "lo", "hi", "hi"]))
     t.flush()
-    t.merge()
+    t.maintenance.merge()
     t.write(basic_rows([1, 2], [0.0, 10.0], ["lo", "hi"]))
     t.delete(pa.table({"id": pa.array([4], pa.int64())}))
     t.flush()
@@ -1046,8 +1046,8 @@ def test_reader_differential(spark, tmp_path):
         if step % 2:
             t.flush()
         if step == 1:
-            t.merge()
-            t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+            t.maintenance.merge()
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         df = spark.read.format("memwal").option("consistency", "latest").load(t.uri)
         ids = sorted(model)
         assert df.where("id < 100").count() == sum(1 for i in ids if i < 100)

@@ -134,7 +134,7 @@ def test_spec_change_under_continuous_writes_matches_model(tmp_path):
         else:
             replayed[i] = (v, n)
     assert replayed == model
-    t.merge()
+    t.maintenance.merge()
     assert _view(mq.MemWalTable.open(t.uri)) == model
     t.close()
     other.close()
@@ -188,17 +188,19 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     wal.append(max(wal.positions()) + 1, row, sealed.writer_epoch - 2, sealed.current_generation)
     assert 777 not in _view(mq.MemWalTable.open(t.uri), "latest")
     assert 777 not in t.changes(consistency="latest").table.column("id").to_pylist()
-    st = t.status()["regions"][old_region]
+    st = t.maintenance.status()["regions"][old_region]
     assert st["sealed"] and st["region_spec_id"] == 1 and st["unflushed_rows"] == 0
     from click.testing import CliRunner
 
     from memwal_query.cli.commands import main
 
-    flushed = CliRunner().invoke(main, ["flush", t.uri])  # skips the sealed region
+    flushed = CliRunner().invoke(main, ["drain", t.uri])  # skips the sealed region
     assert flushed.exit_code == 0, flushed.output
-    assert t.check() == []  # fsck: a sealed region's stray entries are no damage
-    t.merge()
-    t.gc()  # with sealed regions (and their stray entries): the answer stays
+    assert (
+        t.maintenance.fsck().findings == []
+    )  # fsck: a sealed region's stray entries are no damage
+    t.maintenance.merge()
+    t.maintenance.gc()  # with sealed regions (and their stray entries): the answer stays
     assert _view(mq.MemWalTable.open(t.uri), "latest") == got
     assert _view(mq.MemWalTable.open(t.uri), "latest") == got
     t.close()
@@ -217,7 +219,11 @@ def test_pruning_uses_each_regions_own_spec(tmp_path):
     plan = sources.resolve(t, "strong", [], [("id", "=", 305)])
     old = {r.region_id for r in plan.regions}
     assert len(old) == 1 and len(plan.pruned) == 3  # 1 of the 4 spec-1 regions read
-    bucket = t.catalog.spec_for(1).evaluate(basic_rows([305]), t.catalog.lance_schema).column("bucket")[0]
+    bucket = (
+        t.catalog.spec_for(1)
+        .evaluate(basic_rows([305]), t.catalog.lance_schema)
+        .column("bucket")[0]
+    )
     assert old == {mq.region_id_for(1, {"bucket": bucket.as_py()})}
     assert t.lookup([305]).to_pydict()["val"] == [305.0]
 

@@ -233,11 +233,11 @@ def _template(tmp_path, external: bool, search: bool = False) -> tuple[str, str]
         old = snapshots.INLINE_THRESHOLD
         snapshots.INLINE_THRESHOLD = 0
         try:
-            t.refresh_snapshots()
+            t.maintenance.refresh_snapshots()
         finally:
             snapshots.INLINE_THRESHOLD = old
     else:
-        t.refresh_snapshots()
+        t.maintenance.refresh_snapshots()
     w.put(make(*GEN2))  # durable: in the WAL, replayed by the next writer
     return t.uri, w.region_id
 
@@ -317,7 +317,7 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     if paused:
         other = mq.MemWalTable.open(uri)
         assert other.merge()
-        other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+        other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         assert w.flush() is not None
     p.resume.set()
     th.join(60)
@@ -381,7 +381,7 @@ def test_eventual_snapshot_older_than_max_staleness_reads_manifests(tmp_path):
     w = t.writer()
     w.put(_rows([1], [100]))
     w.flush()
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     w.put(_rows([2], [200]))
     w.flush()  # not in the snapshot
     fresh = mq.MemWalTable.open(t.uri)

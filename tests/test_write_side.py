@@ -313,7 +313,7 @@ def test_partial_updates_across_base_generations_and_memtables(uri):
         50: (50.0, None),  # new key
     }
     w.flush()
-    t.merge()
+    t.maintenance.merge()
     t2 = mq.MemWalTable.open(uri)
     t2.write(pa.table({"id": [1], "name": ["after merge"]}), partial=True)
     assert sql_rows(t2, writers=t2.writers())[1] == {"id": 1, "val": 10.0, "name": "after merge"}
@@ -571,14 +571,14 @@ def test_multi_region_write_says_which_regions_are_durable(tmp_path):
     t.write(basic_rows([in_a[0], in_b[0]], val=[1.0, 1.0]))
     region_b = t.catalog.region_id_for({"bucket": 1})
     intruder = mq.MemWalTable.open(u).writer(region_values={"bucket": 1})  # fences t's
-    t.write_retries = 0
+    t.fence_retries = 0
     with pytest.raises(mq.WriteIncompleteError) as err:
         t.write(basic_rows([in_a[0], in_b[0]], val=[2.0, 2.0]))
     assert list(err.value.errors) == [region_b]
     assert isinstance(err.value.errors[region_b], mq.FencedError)
     assert list(err.value.written) == [t.catalog.region_id_for({"bucket": 0})]
     intruder.close()
-    t.write_retries = 5
+    t.fence_retries = 5
     assert sorted(t.write(basic_rows([in_a[0], in_b[0]], val=[3.0, 3.0])).values()) == [1, 1]
     t.close()
     got = sql_rows(mq.MemWalTable.open(u))
@@ -590,7 +590,7 @@ def test_single_region_failure_raises_its_own_error(tmp_path):
     t = mq.MemWalTable.open(u)
     t.write(basic_rows([in_a[0]]))
     mq.MemWalTable.open(u).writer(region_values={"bucket": 0}).close()
-    t.write_retries = 0
+    t.fence_retries = 0
     with pytest.raises(mq.FencedError):
         t.write(basic_rows([in_a[1]]))
 
@@ -620,7 +620,7 @@ def test_interrupted_ingest_reports_durable_rows_and_converges(uri, tmp_path):
     f = str(tmp_path / "big.parquet")
     pq.write_table(basic_rows(range(n)), f)
     # A real process (not CliRunner): the test sends it SIGTERM half-way through.
-    cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--batch-rows", "20"]
+    cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--buffer-rows", "20"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: wal_files(uri) >= 3 or p.poll() is not None)
     p.terminate()

@@ -63,8 +63,8 @@ def test_fenced_put_into_garbage_collected_wal_slot_is_not_acknowledged(table):
     b.put(basic_rows([100]))  # WAL position 1
     b.flush()  # replay_after = 1
     b.close()
-    table.merge()
-    removed = table.gc(cleanup_older_than=dt.timedelta(0))
+    table.maintenance.merge()
+    removed = table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert wal_of(table, a.region_id).path(1) in removed  # position 1 is free again
     with pytest.raises(mq.FencedError):
         a.put(basic_rows([555], val=[5.55]))  # lands at position 1: must not be acked

@@ -84,4 +84,4 @@ def deprecated_option(old: str, new: str, **kw: Any) -> Callable[[Any], Any]:
             warn(f"{old} is deprecated and will be removed in the next release; use {new}")
         return value
 
-    return click.option(old, hidden=True, callback=callback, **kw)
+    return click.option(old, hidden=True, callback=callback, help=f"Deprecated: {new}.", **kw)
