@@ -367,7 +367,7 @@ def run_stream(
     t.close()
     reopened = mq.MemWalTable.open(uri)
     ok &= verify(reopened.to_table(columns=["id", "seq"]), model[:next_key], "reopened") == "ok"
-    reopened.maintain(MaintenancePolicy(max_generations=0, max_rows=0))
+    reopened.maintain(MaintenancePolicy(merge_over_generations=0, merge_over_rows=0))
     base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
     ok &= verify(base_now, model[:next_key], "base table after a full merge") == "ok"
     clean_table(reopened, minutes_out[-1] if minutes_out else None, next_key, centers, words)
@@ -382,7 +382,7 @@ def clean_table(
     a table of that size costs without any accumulated work. The last minute's
     figures divided by these say what the stream's pending work still costs."""
     t.maintenance.maintain(
-        MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1)
+        MaintenancePolicy(merge_over_generations=0, compact_fragments=0, max_index_segments=1)
     )
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     rng = np.random.default_rng(5)

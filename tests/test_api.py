@@ -245,3 +245,26 @@ def test_durations():
     for bad in ("", "5", "h", "1x", "1h 30m"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_policy_thresholds_deprecated_spellings_warn():
+    from memwal_query.maintain.policy import MaintenancePolicy
+
+    with _warns("MaintenancePolicy.merge_over_generations"):
+        p = MaintenancePolicy(max_generations=2)
+    with _warns("MaintenancePolicy.merge_over_rows"):
+        q = MaintenancePolicy(max_rows=7)
+    assert (p.merge_over_generations, q.merge_over_rows) == (2, 7)
+    with _warns("MaintenancePolicy.merge_over_generations"):
+        assert p.max_generations == 2
+    with _warns("MaintenancePolicy.merge_over_rows"):
+        assert q.max_rows == 7
+
+
+def test_cli_maintain_threshold_spellings(table):
+    old = _cli("maintain", table.uri, "--dry-run", "--max-generations", "0", "--max-rows", "0")
+    assert old.exit_code == 0, old.output
+    assert "--max-generations is deprecated" in old.stderr
+    assert "--merge-over-generations" in old.stderr and "--merge-over-rows" in old.stderr
+    new = _cli("maintain", table.uri, "--dry-run", "--merge-over-generations", "0")
+    assert new.exit_code == 0 and "deprecated" not in new.stderr

@@ -41,7 +41,7 @@ from memwal_query.storage.io import LocalFileIO
 
 from helpers import basic_rows, parity_spec
 
-NOW = MaintenancePolicy(max_generations=0, retention=dt.timedelta(0))
+NOW = MaintenancePolicy(merge_over_generations=0, retention=dt.timedelta(0))
 """Merge everything, keep no old base version: the policy that does the most."""
 
 
@@ -92,7 +92,11 @@ def _gen_dirs(t: mq.MemWalTable) -> set[str]:
 # -- policy --------------------------------------------------------------------------------
 def test_policy_defaults_and_validation() -> None:
     p = MaintenancePolicy()
-    assert (p.max_generations, p.max_rows, p.retention) == (4, 100_000, dt.timedelta(hours=1))
+    assert (p.merge_over_generations, p.merge_over_rows, p.retention) == (
+        4,
+        100_000,
+        dt.timedelta(hours=1),
+    )
     assert p.catch_up and p.refresh_snapshots and p.gc
     from memwal_query.maintain import merger
 
@@ -106,8 +110,8 @@ def test_policy_defaults_and_validation() -> None:
         and MaintenancePolicy(compact_fragments=None).compact_fragments is None
     )
     for bad in (
-        {"max_generations": -1},
-        {"max_rows": 1.5},
+        {"merge_over_generations": -1},
+        {"merge_over_rows": 1.5},
         {"max_retries": True},
         {"compact_fragments": -1},
     ):
@@ -125,7 +129,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
         even.flush()
     odd.put(basic_rows(range(101, 141, 2)))  # region "odd": 1 generation of 20 rows
     odd.flush()
-    policy = MaintenancePolicy(max_generations=2, max_rows=50, gc=False)
+    policy = MaintenancePolicy(merge_over_generations=2, merge_over_rows=50, gc=False)
     dry = t.maintenance.maintain(policy, dry_run=True)
     version = t.catalog.dataset().version
     assert {(r.region_id, tuple(r.generations), r.rows, r.merge) for r in dry.regions} == {
@@ -144,8 +148,10 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     assert report.index_catchup == {"name_idx": {even.region_id: 3}}
     assert t.catalog.index().merged_generations() == {even.region_id: 3}
     assert not snapshots_stale(t) and indexes_behind(t) == []
-    # Rows: the odd region is over max_rows=10.
-    report = t.maintenance.maintain(MaintenancePolicy(max_generations=2, max_rows=10, gc=False))
+    # Rows: the odd region is over merge_over_rows=10.
+    report = t.maintenance.maintain(
+        MaintenancePolicy(merge_over_generations=2, merge_over_rows=10, gc=False)
+    )
     assert [(m.region_id, m.generation) for m in report.merged] == [(odd.region_id, 1)]
     assert "20 unmerged rows > 10" in "\n".join(report.lines())
     assert not report.collected and not any("remove" in x for x in report.lines())
@@ -352,7 +358,7 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
         # It leaves catch-up and snapshots to the paused one, except right before the
         # paused one extends the indexes: there it catches up first.
         policy = MaintenancePolicy(
-            max_generations=0,
+            merge_over_generations=0,
             catch_up=everything,
             refresh_snapshots=everything,
             compact_fragments=0 if everything else None,
@@ -407,7 +413,7 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     t = _table(tmp_path)
     model = {i: float(i) for i in range(20)}
     keep = MaintenancePolicy(
-        max_generations=0, gc=False, retention=None, compact_fragments=None, catch_up=False
+        merge_over_generations=0, gc=False, retention=None, compact_fragments=None, catch_up=False
     )
     writers = [_writer(t, p) for p in (0, 1)]
     for step in range(4):
@@ -421,7 +427,9 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     key_index = next(d.name for d in before.describe_indices() if d.field_names == ["id"])
     assert before.stats.index_stats(key_index)["num_unindexed_rows"] > 0
 
-    compact = MaintenancePolicy(max_generations=0, gc=False, retention=None, compact_fragments=2)
+    compact = MaintenancePolicy(
+        merge_over_generations=0, gc=False, retention=None, compact_fragments=2
+    )
     dry = t.maintenance.maintain(compact, dry_run=True)
     assert dry.compact_due and dry.small_fragments == frags and not dry.compacted
     assert dry.extended == [key_index] and dry.catch_up == ["name_idx"]
@@ -459,7 +467,7 @@ def _segments(uri: str, name: str) -> int:
 def test_catch_up_merges_index_segments_over_the_limit(tmp_path: Any) -> None:
     t = _table(tmp_path)
     merge_only = MaintenancePolicy(
-        max_generations=0, catch_up=False, gc=False, retention=None, compact_fragments=None
+        merge_over_generations=0, catch_up=False, gc=False, retention=None, compact_fragments=None
     )
     for step in range(3):  # a delta segment per catch-up, as Lance adds to vector indexes
         _flushed(t, step % 2, [100 + step]).close()
@@ -483,12 +491,12 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     t = _table(tmp_path)
     w = _flushed(t, 1, [101, 103])
     runner = CliRunner()
-    res = runner.invoke(main, ["maintain", t.uri, "--dry-run", "--max-generations", "0"])
+    res = runner.invoke(main, ["maintain", t.uri, "--dry-run", "--merge-over-generations", "0"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: would merge [1] (1 unmerged generations > 0)" in res.output
     assert "would refresh region snapshots" in res.output
     assert t.catalog.index().merged_generations() == {}
-    res = runner.invoke(main, ["maintain", t.uri, "--max-rows", "1", "--retention", "0s"])
+    res = runner.invoke(main, ["maintain", t.uri, "--merge-over-rows", "1", "--retention", "0s"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: merged [1] (2 unmerged rows > 1)" in res.output
     assert "merging" not in res.output  # no progress bar when not on a terminal
@@ -518,7 +526,7 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
 
     real = catchup.catch_up_indexes
     monkeypatch.setattr(catchup, "catch_up_indexes", flaky)
-    args = ["maintain", t.uri, "--max-generations", "0", "--watch", "0", "--max-passes", "2"]
+    args = ["maintain", t.uri, "--merge-over-generations", "0", "--watch", "0", "--max-passes", "2"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output  # the last pass succeeded
     assert "failed: catch up: OSError: disk on fire" in res.output
@@ -527,6 +535,6 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
     calls.clear()  # fails once more: without --watch, the exit status is 1
     w.put(basic_rows([4]))
     w.flush()
-    res = CliRunner().invoke(main, ["maintain", t.uri, "--max-generations", "0"])
+    res = CliRunner().invoke(main, ["maintain", t.uri, "--merge-over-generations", "0"])
     assert res.exit_code == 1 and "failed: catch up: OSError: disk on fire" in res.output
     w.close()

@@ -60,6 +60,8 @@ def test_merged_generations_leave_the_caches(tmp_path: Any) -> None:
     assert forget_merged(t.uri, t.catalog.index().merged_generations()) == 0
     assert forget_merged(str(tmp_path / "other"), {"x": 99}) == 0
     # a maintenance pass that merges forgets what its merger read
-    t.maintenance.maintain(MaintenancePolicy(max_generations=0, gc=False, compact_fragments=None))
+    t.maintenance.maintain(
+        MaintenancePolicy(merge_over_generations=0, gc=False, compact_fragments=None)
+    )
     assert _cached(t.uri) == set()
     w.close()

@@ -1074,7 +1074,7 @@ def test_maintain_merges_over_the_policy_as_tasks(tmp_path, spark):
     writers = [_writer(t, p) for p in (0, 1)]
     for i in range(3):
         _put(model, writers[i % 2], i)
-    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(max_generations=1))
+    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(merge_over_generations=1))
     assert summary.merge is not None
     assert summary.merge.by_region() == {writers[0].region_id: [1, 2]}  # odd: 1 generation
     assert [(m.region_id, m.generation) for m in summary.report.merged] == [

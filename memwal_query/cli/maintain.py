@@ -74,8 +74,8 @@ def _policy(
     elif retention_window is not None:
         retention = retention_window
     return MaintenancePolicy(
-        max_generations=max_generations,
-        max_rows=max_rows,
+        merge_over_generations=max_generations,
+        merge_over_rows=max_rows,
         merge_batch_rows=batch_rows,
         compact_fragments=compact_fragments,
         max_index_segments=max_index_segments,
@@ -108,19 +108,21 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Only show what a pass would do.")
 @click.option(
-    "--max-generations",
+    "--merge-over-generations",
     type=click.IntRange(min=0),
     default=DEFAULT_MAX_GENERATIONS,
     show_default=True,
     help="Merge a region with more unmerged generations than this.",
 )
+@deprecated_option("--max-generations", "--merge-over-generations", type=click.IntRange(min=0))
 @click.option(
-    "--max-rows",
+    "--merge-over-rows",
     type=click.IntRange(min=0),
     default=DEFAULT_MAX_ROWS,
     show_default=True,
     help="Merge a region with more unmerged rows than this.",
 )
+@deprecated_option("--max-rows", "--merge-over-rows", type=click.IntRange(min=0))
 @click.option(
     "--batch-rows",
     type=click.IntRange(min=0),
@@ -163,8 +165,10 @@ def maintain(
     uri: str,
     watch: float | None,
     dry_run: bool,
-    max_generations: int,
-    max_rows: int,
+    merge_over_generations: int,
+    max_generations: int | None,
+    merge_over_rows: int,
+    max_rows: int | None,
     batch_rows: int | None,
     retention: dt.timedelta | None,
     retention_hours: float | None,
@@ -184,11 +188,15 @@ def maintain(
     failed pass is reported and the next one runs; the exit status is that of the
     last pass.
     """
+    if max_generations is not None:
+        merge_over_generations = max_generations
+    if max_rows is not None:
+        merge_over_rows = max_rows
     if retention is None and retention_hours is not None:
         retention = dt.timedelta(hours=retention_hours)
     policy = _policy(
-        max_generations,
-        max_rows,
+        merge_over_generations,
+        merge_over_rows,
         batch_rows,
         retention,
         keep_versions,
