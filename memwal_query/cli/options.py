@@ -80,7 +80,7 @@ def deprecated_option(old: str, new: str, **kw: Any) -> Callable[[Any], Any]:
     with a warning on stderr when used; the command merges its value into ``new``'s."""
 
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value not in (None, (), False):
+        if value is not None and value is not False and value != ():
             warn(f"{old} is deprecated and will be removed in the next release; use {new}")
         return value
 
