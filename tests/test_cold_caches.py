@@ -80,7 +80,7 @@ def _forget() -> None:
 
 
 def _generations(t: mq.MemWalTable) -> list[str]:
-    return [g.uri for g in sources.resolve(t).generations]
+    return [g.uri for g in sources.resolve(t.catalog).generations]
 
 
 def _answer(t: mq.MemWalTable, q: np.ndarray) -> tuple[list, list, list]:

@@ -102,7 +102,7 @@ def test_wal_bit_flip_is_refused_with_the_table_unchanged(table):
     assert wal.path(4) in str(e.value)
     assert _state(table.uri) == before
     assert _codes(table.maintenance.fsck().findings) == {("error", "wal-entry", wal.path(4))}
-    fsck.repair(table, rid, accept_loss=True)
+    fsck.repair(table.catalog, rid, accept_loss=True)
     w = table.writer(rid)
     w.close()
     assert _val(table, 1014) == [] and _val(table, 2038) == [] and _val(table, 1001) == [6.0]
@@ -169,7 +169,7 @@ def test_bloom_damage_is_detected_and_lookups_stay_exact(table, damage):
         expected = t2.to_table().filter(pa.compute.is_in(t2.to_table()["id"], keys["id"]))
         assert sorted(got.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
         assert got.num_rows == 200
-    assert fsck.repair(table, rid) == [f"rebuild {path} from 200 keys"]
+    assert fsck.repair(table.catalog, rid) == [f"rebuild {path} from 200 keys"]
     assert table.maintenance.fsck().findings == []
 
 
@@ -224,7 +224,7 @@ def test_version_hint_1e400_falls_back_to_listing_and_fsck_warns(table):
     assert (f.severity, f.kind, f.path) == ("warning", "hint", hint)
     res = CliRunner().invoke(cli, ["fsck", table.uri])
     assert res.exit_code == 0 and hint in res.output  # a warning only
-    fsck.repair(table, w.region_id)
+    fsck.repair(table.catalog, w.region_id)
     assert (
         json.loads(open(hint).read()) == {"version": 2} and table.maintenance.fsck().findings == []
     )
@@ -298,7 +298,7 @@ def test_merger_replans_when_its_generation_was_merged_and_collected(table):
     def prepare(t, region_id, gens, schema=None):
         if not fired:  # planned on the old version: another merger + GC land now
             fired.append(None)
-            fired[0] = merger.merge(other, batch_rows=0)
+            fired[0] = merger.merge(other.catalog, batch_rows=0)
             other.maintenance.gc(cleanup_older_than=dt.timedelta(0))
             sources.GENERATION_CACHE.clear()  # another process: nothing cached
         return real(t, region_id, gens, schema)

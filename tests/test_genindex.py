@@ -68,7 +68,7 @@ def test_generation_indexes_share_base_quantization(vtable):
     with t.writer() as w:
         w.put(_rows([1000, 1001, 1002], rng.standard_normal((3, DIM))))
     (gen_uri,) = _generations(t)
-    report = genindex.read_report(t, gen_uri)
+    report = genindex.read_report(t.catalog, gen_uri)
     assert report["vec_idx"]["status"] == "built"
     assert report["vec_idx"]["built_type"] == "IVF_PQ"
     assert report["text_idx"] == {
@@ -127,13 +127,13 @@ def test_tiny_and_delete_only_generations(vtable):
     w.flush()
     w.close()
     one, tombs = _generations(t)
-    r1 = genindex.read_report(t, one)
+    r1 = genindex.read_report(t.catalog, one)
     assert r1["vec_idx"]["status"] == "built"
     gen = lance.dataset(one)
     q = rng.standard_normal(DIM).astype(np.float32)
     got = gen.to_table(nearest={"column": "vec", "q": q, "k": 5, "nprobes": 8}, columns=["id"])
     assert got["id"].to_pylist() == [3000]
-    r2 = genindex.read_report(t, tombs)
+    r2 = genindex.read_report(t.catalog, tombs)
     assert r2["vec_idx"] == {
         "column": "vec",
         "kind": "vector",
@@ -152,7 +152,7 @@ def test_missing_base_index_is_reported_not_fatal(vtable):
     with t.writer() as w:
         w.put(_rows([4000], rng.standard_normal((1, DIM))))
     (gen_uri,) = _generations(t)
-    report = genindex.read_report(t, gen_uri)
+    report = genindex.read_report(t.catalog, gen_uri)
     assert report["x_idx"] == {"status": "skipped", "reason": "no such index on the base table"}
     assert report["vec_idx"]["status"] == "built"
 
@@ -169,7 +169,7 @@ def test_unreadable_codebook_falls_back_to_ivf_flat(vtable, monkeypatch):
         w.put(_rows([5000, 5001], rng.standard_normal((2, DIM))))
     genindex._CACHE.vector.clear()
     (gen_uri,) = _generations(t)
-    report = genindex.read_report(t, gen_uri)
+    report = genindex.read_report(t.catalog, gen_uri)
     assert report["vec_idx"]["status"] == "fallback"
     assert report["vec_idx"]["built_type"] == "IVF_FLAT"
     gen = lance.dataset(gen_uri)
@@ -210,7 +210,7 @@ def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
     with t.writer() as w:
         w.put(_rows([7], np.zeros((1, DIM))))
     (gen_uri,) = _generations(t)
-    assert genindex.read_report(t, gen_uri)["vec_idx"]["status"] == "skipped"
+    assert genindex.read_report(t.catalog, gen_uri)["vec_idx"]["status"] == "skipped"
     assert (
         genindex.vector_metric(
             t.catalog.dataset(), genindex.find_index(t.catalog.dataset(), "vec", "vector")
@@ -220,6 +220,6 @@ def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
     q = np.zeros(DIM, np.float32)
     dist = ((vecs - q) ** 2).sum(1)
     dist[7] = 0.0
-    got = search.vector_search(t, "vec", q, k=5)
+    got = search.vector_search(t.catalog, "vec", q, k=5)
     assert got["id"].to_pylist() == np.argsort(dist)[:5].tolist()
     t.close(flush=False)

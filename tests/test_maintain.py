@@ -138,7 +138,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     }
     assert dry.merged == [] and dry.snapshots_refreshed and dry.catch_up == []
     assert t.catalog.dataset().version == version  # a dry run commits nothing
-    assert snapshots_stale(t)
+    assert snapshots_stale(t.catalog)
 
     report = t.maintenance.maintain(policy)
     assert [(m.region_id, m.generation) for m in report.merged] == [
@@ -147,7 +147,7 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
     assert report.catch_up == ["name_idx"] and report.snapshots_refreshed
     assert report.index_catchup == {"name_idx": {even.region_id: 3}}
     assert t.catalog.index().merged_generations() == {even.region_id: 3}
-    assert not snapshots_stale(t) and indexes_behind(t) == []
+    assert not snapshots_stale(t.catalog) and indexes_behind(t.catalog) == []
     # Rows: the odd region is over merge_over_rows=10.
     report = t.maintenance.maintain(
         MaintenancePolicy(merge_over_generations=2, merge_over_rows=10, gc=False)
@@ -202,7 +202,7 @@ def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -
     assert [m.generation for m in report.merged] == [2]  # merged before the failure
     assert report.snapshots_refreshed and not report.ok
     assert "failed: catch up: OSError: disk on fire" in report.lines()
-    assert indexes_behind(t) == ["name_idx"]
+    assert indexes_behind(t.catalog) == ["name_idx"]
     # GC ran after the failed step, and kept what the index does not cover yet.
     assert {n.rsplit("_", 1)[1] for n in _gen_dirs(t)} == {"2"}
     monkeypatch.undo()
@@ -363,7 +363,7 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
             refresh_snapshots=everything,
             compact_fragments=0 if everything else None,
         )
-        maintain(other, policy)
+        maintain(other.catalog, policy)
         assert _state(t) == model, f"after another maintainer at access {i}"
 
     ops = [flush, read, other_maintainer]
@@ -393,10 +393,10 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     assert {"DatasetOptimizer.optimize_indices", "LanceDataset.commit"} <= set(seen), seen
     assert "DatasetOptimizer.compact_files" in seen, seen
     # Everything flushed gets merged; the base table then is the model, each key once.
-    maintain(other, NOW)
+    maintain(other.catalog, NOW)
     assert _state(t) == model
     assert _base_state(t.uri) == model
-    assert indexes_behind(t) == [] and not snapshots_stale(t)
+    assert indexes_behind(t.catalog) == [] and not snapshots_stale(t.catalog)
     for w in writers:
         w.close()
 
@@ -444,7 +444,7 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     now = lance.dataset(t.uri)
     assert now.stats.index_stats(key_index)["num_unindexed_rows"] == 0
     assert t.catalog.index().merged_generations() == merged  # the MemWAL index carried over
-    assert indexes_behind(t) == [] and _state(t) == model and _base_state(t.uri) == model
+    assert indexes_behind(t.catalog) == [] and _state(t) == model and _base_state(t.uri) == model
     # the version before compaction still reads as it did (until GC removes it)
     old = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"], as_of=before.version)
     assert old.sort_by("id").equals(pinned.sort_by("id"))
@@ -481,7 +481,7 @@ def test_catch_up_merges_index_segments_over_the_limit(tmp_path: Any) -> None:
     assert _segments(t.uri, "name_idx") >= many  # not over the limit: left as they are
     _flushed(t, 1, [201]).close()
     t.maintenance.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
-    assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t) == []
+    assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t.catalog) == []
     got = lance.dataset(t.uri).to_table(filter="name = 'n201'", columns=["id"])
     assert got.column("id").to_pylist() == [201]  # through the merged index
 
@@ -531,7 +531,7 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
     assert res.exit_code == 0, res.output  # the last pass succeeded
     assert "failed: catch up: OSError: disk on fire" in res.output
     assert "catch up indexes ['name_idx']" in res.output and len(calls) == 2
-    assert indexes_behind(t) == []
+    assert indexes_behind(t.catalog) == []
     calls.clear()  # fails once more: without --watch, the exit status is 1
     w.put(basic_rows([4]))
     w.flush()

@@ -133,7 +133,7 @@ def test_merge_retry_bound_is_per_generation_with_backoff(table, monkeypatch):
 
     monkeypatch.setattr(MergeInsertBuilder, "execute", racy)
     monkeypatch.setattr(merger.time, "sleep", sleeps.append)
-    done = merger.merge(table, region, max_retries=3, batch_rows=0)
+    done = merger.merge(table.catalog, region, max_retries=3, batch_rows=0)
     assert [r.generation for r in done] == [1, 2, 3]  # 9 lost races in all, 3 per generation
     assert len(sleeps) == 9 and all(0 < s <= merger.BACKOFF_MAX_SECONDS for s in sleeps)
     assert len(set(sleeps)) > 1  # jittered
@@ -148,7 +148,7 @@ def test_merge_gives_up_after_max_retries_on_one_generation(table, monkeypatch):
     monkeypatch.setattr(merger, "_commit_generation", always)
     monkeypatch.setattr(merger.time, "sleep", lambda s: None)
     with pytest.raises(CommitConflictError):
-        merger.merge(table, region, max_retries=2, batch_rows=0)
+        merger.merge(table.catalog, region, max_retries=2, batch_rows=0)
 
 
 def test_conflicts_are_recognised_by_type_first():

@@ -93,7 +93,7 @@ def test_each_generation_stores_the_postings_of_each_indexed_column(built, tmp_p
     t = _copy(built, tmp_path)
     tokenizers = genindex.fts_tokenizers(t.catalog.dataset())
     assert sorted(c for c, _ in tokenizers) == ["tags", "text"]
-    gens = [g.uri for g in sources.resolve(t).generations]
+    gens = [g.uri for g in sources.resolve(t.catalog).generations]
     assert len(gens) == 6
     for uri in gens:
         rows = rowfile.read(t.catalog.io, uri)
@@ -131,7 +131,7 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
     t = _copy(built, tmp_path)
     _forget()
     want = _answers(t)
-    gens = [g.uri for g in sources.resolve(t).generations]
+    gens = [g.uri for g in sources.resolve(t.catalog).generations]
     os.remove(os.path.join(gens[0], postings.POSTINGS_FILE))  # as pylance writes them
     path = os.path.join(gens[1], postings.POSTINGS_FILE)
     data = bytearray(open(path, "rb").read())
@@ -178,7 +178,7 @@ def test_crafted_postings_that_pass_the_crc_are_checked_whole(built, tmp_path):
     another ranking, and nothing bad is cached: repaired, the file is used again."""
     t = _copy(built, tmp_path)
     want = _answers(t)
-    gen = sources.resolve(t).generations[0].uri
+    gen = sources.resolve(t.catalog).generations[0].uri
     kw = dict(genindex.fts_tokenizers(t.catalog.dataset()))["text"]
     key = postings.tokenizer_key(kw)
     good = postings.read(t.catalog.io, gen, "text", kw)
@@ -228,7 +228,7 @@ def test_a_failed_postings_write_does_not_fail_the_flush(built, tmp_path, monkey
     t.flush()
     got = t.lookup(pa.array([1000, 1001], pa.int64()), columns=["id"])
     assert sorted(got["id"].to_pylist()) == [1000, 1001]
-    newest = sources.resolve(t).generations[-1].uri
+    newest = sources.resolve(t.catalog).generations[-1].uri
     assert not os.path.exists(os.path.join(newest, postings.POSTINGS_FILE))
 
 
@@ -242,16 +242,16 @@ def test_postings_only_for_bounded_text_and_bulk_tokenizers(built, tmp_path, mon
     rng = np.random.default_rng(2)
     t.write(_rows(range(300, 302), rng))  # a little text: stored
     t.flush()
-    small = sources.resolve(t).generations[-1].uri
+    small = sources.resolve(t.catalog).generations[-1].uri
     t.write(_rows(range(400, 460), rng))  # more than 200 bytes of text: not stored
     t.flush()
-    large = sources.resolve(t).generations[-1].uri
+    large = sources.resolve(t.catalog).generations[-1].uri
     kw = dict(genindex.fts_tokenizers(t.catalog.dataset()))["text"]
     assert postings.read(t.catalog.io, small, "text", kw) is not None
     assert postings.read(t.catalog.io, large, "text", kw) is None
     _forget()
     warm = _answers(t)
-    for uri in [g.uri for g in sources.resolve(t).generations]:
+    for uri in [g.uri for g in sources.resolve(t.catalog).generations]:
         if os.path.exists(os.path.join(uri, postings.POSTINGS_FILE)):
             os.remove(os.path.join(uri, postings.POSTINGS_FILE))
     _forget()

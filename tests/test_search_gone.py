@@ -61,7 +61,7 @@ def collected(tmp_path):
     assert t.lookup([11, 700]).column("id").to_pylist() == [11, 700]
     assert t.vector_search("vec", Q, k=2).column("id").to_pylist() == [700, 11]
     assert sorted(t.fts_search("text", "zebra", k=5).column("id").to_pylist()) == [11, 700]
-    stale = sources.resolve(t)
+    stale = sources.resolve(t.catalog)
     assert [g.generation for r in stale.regions for g in r.generations] == [1]
     t.maintenance.merge()
     assert t.maintenance.gc(cleanup_older_than=dt.timedelta(0))

@@ -147,7 +147,7 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     t = _table(tmp_path)
     stale = mq.MemWalTable.open(t.uri)
     values = {"bucket": 0}
-    old_region = stale.region_id_for(values)
+    old_region = stale.catalog.region_id_for(values)
     t.write(basic_rows([1, 2, 3, 4], val=[7.0] * 4))
     # the change is committed (a crash before it completed is simulated: no seal yet)
     spec2 = _spec2(t)
@@ -160,15 +160,15 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     stale_index = stale.catalog._index
     stale.catalog._index = mwindex.read_index_at(t.catalog.io, t.uri, before)  # the index before
     with pytest.raises(SpecChangedError):  # claimed, then re-read the index: refused
-        RegionWriter(stale, old_region, region_values=values, region_spec_id=1)
+        RegionWriter(stale.catalog, old_region, region_values=values, region_spec_id=1)
     stale.catalog._index = stale_index
-    assert not stale.region_manifest(old_region).sealed
+    assert not stale.catalog.region_manifest(old_region).sealed
     # the first writer of the new spec completes the change, then writes
     t2 = mq.MemWalTable.open(t.uri)
     assert t2.catalog.spec_change_pending
     t2.write(basic_rows([1, 50], val=[8.0, 8.0]))
     assert not t2.catalog.spec_change_pending
-    assert stale.region_manifest(old_region).sealed
+    assert stale.catalog.region_manifest(old_region).sealed
     # t's own (fenced) writer of a spec-1 region: write() routes again by spec 2
     t.write(basic_rows([2, 3], val=[9.0, 9.0]))
     t.flush()
@@ -179,7 +179,7 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     with pytest.raises(mq.FencedError):
         t.writer(old_region).close()
     # a WAL entry a fenced writer wrote after the drain (never acknowledged)
-    sealed = stale.region_manifest(old_region)
+    sealed = stale.catalog.region_manifest(old_region)
     wal = Wal(t.catalog.io, paths.wal_dir(t.uri, old_region), old_region)
     row = with_tombstone(basic_rows([777]), False).cast(storage_schema(t.schema))
     # (t's fenced put of [2, 3] above left one too: it was routed again)
@@ -216,7 +216,7 @@ def test_pruning_uses_each_regions_own_spec(tmp_path):
     spec2 = _spec2(t, 3)
     mwindex.update_details(t.catalog.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
     t.catalog.refresh_index()
-    plan = sources.resolve(t, "strong", [], [("id", "=", 305)])
+    plan = sources.resolve(t.catalog, "strong", [], [("id", "=", 305)])
     old = {r.region_id for r in plan.regions}
     assert len(old) == 1 and len(plan.pruned) == 3  # 1 of the 4 spec-1 regions read
     bucket = (

@@ -409,7 +409,7 @@ def test_initialize_writes_the_index_as_pylance_does(tmp_path):
         (native_spec,) = details["sharding_specs"]
         assert native_spec["fields"][0]["transform"] == "bucket"
         assert native_spec["fields"][0]["parameters"]["num_buckets"] == "4"
-        ours = mwindex.read_index(mq.MemWalTable.open(uri).io, ds)  # and so do we
+        ours = mwindex.read_index(mq.MemWalTable.open(uri).catalog.io, ds)  # and so do we
         assert list(ours.details.maintained_indexes) == ["val_idx"]
         (field,) = mq.RegionSpec.from_proto(ours.details.region_specs[0]).fields
         assert (field.transform, field.source_ids, field.parameters) == (

@@ -164,7 +164,7 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: dt.timedelta | None) -> None
     click.echo(f"{len(removed)} path(s)")
     from memwal_query.maintain.gcreasons import kept_generations
 
-    for k in kept_generations(t):
+    for k in kept_generations(t.catalog):
         click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
 
 
@@ -232,7 +232,7 @@ def fsck(uri: str, as_json: bool) -> None:
     except MemWalError:  # a damaged layout: check() reports it
         regions = 1
     with _progress(length=max(1, regions), label="checking regions") as bar:
-        findings = check(t, progress=lambda _rid: bar.update(1))
+        findings = check(t.catalog, progress=lambda _rid: bar.update(1))
     if as_json:
         click.echo(json.dumps([f.to_dict() for f in findings], indent=2))
     else:
@@ -268,7 +268,7 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
     t = _open(uri)
     done = 0
     for rid in _regions(t, region):
-        for action in do_repair(t, rid, accept_loss=accept_loss, dry_run=dry_run):
+        for action in do_repair(t.catalog, rid, accept_loss=accept_loss, dry_run=dry_run):
             click.echo(("would " if dry_run else "") + action)
             done += 1
     click.echo(f"{done} repair(s)" + (" (dry run)" if dry_run else ""))
