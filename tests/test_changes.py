@@ -334,7 +334,7 @@ def test_pause_at_each_storage_access(tmp_path, registered):
         state["n"] += 1
         if state["n"] == state["k"]:
             writer.flush()
-            writer.merge()
+            writer.maintenance.merge()
             _gc_all(writer)
 
     consumer.io = _PausingIO(consumer.io, hook)  # type: ignore[assignment]

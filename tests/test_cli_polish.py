@@ -162,7 +162,7 @@ def test_gc_says_what_kept_each_generation(uri):
         w.flush()
         w.put(pa.table({"id": [5], "x": [9.0], "name": ["z"], "vec": [[0.0, 0.0]]}, schema=SCHEMA))
         w.flush()
-    t.merge(max_generations=1)
+    t.maintenance.merge(max_generations=1)
     out = run("gc", uri).output
     assert "0 path(s)" in out
     kept = [line for line in out.splitlines() if line.startswith("kept ")]

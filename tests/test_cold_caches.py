@@ -184,7 +184,7 @@ def test_warm_caches_see_another_processes_flush_merge_and_gc(tmp_path):
     assert len(set(want["id"].to_pylist())) == want.num_rows
 
     other = mq.MemWalTable.open(t.uri)
-    other.merge()
+    other.maintenance.merge()
     other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
     other.close()
     assert not _generations(reader)  # merged and collected

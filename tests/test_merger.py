@@ -65,7 +65,7 @@ def test_gc_rules(table):
     gen_dirs = [paths.generation_path(table.uri, region, g.path) for g in m.flushed_generations]
     # Nothing merged: nothing may go.
     assert table.maintenance.gc(dry_run=True) == []
-    table.merge(max_generations=2)
+    table.maintenance.merge(max_generations=2)
     # Merged, but older base versions (time travel) still need the generations.
     assert table.maintenance.gc() == []
     assert all(os.path.isdir(d) for d in gen_dirs)
@@ -245,7 +245,7 @@ def test_killed_before_commit_leaves_table_correct(table):
 
 def test_status(table):
     region, _ = make_generations(table, n=2)
-    table.merge(max_generations=1)
+    table.maintenance.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
     s = table.maintenance.status()

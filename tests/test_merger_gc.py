@@ -29,7 +29,7 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     w.flush()
     w.close()
     region = w.region_id
-    t.merge(max_generations=1)
+    t.maintenance.merge(max_generations=1)
     other = mq.MemWalTable.open(uri)
     real = t.catalog.dataset
     fired = []
@@ -74,7 +74,7 @@ def _three_stages(table):
     w.put(basic_rows([2001]))
     w.flush()
     w.put(basic_rows([3001]))  # unflushed MemTable, in the WAL only
-    table.merge(w.region_id, max_generations=1)
+    table.maintenance.merge(regions=[w.region_id], max_generations=1)
     store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     flushed_1 = next(
         store.load(v)

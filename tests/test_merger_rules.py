@@ -75,7 +75,7 @@ def test_gc_keeps_generations_of_a_region_the_index_has_not_caught_up(
 def test_gc_without_maintained_indexes_needs_only_merge_and_retention(table):
     """The other two rules, keep and delete: unmerged kept, time travel kept."""
     region, model = make_generations(table, n=2)
-    table.merge(max_generations=1)
+    table.maintenance.merge(max_generations=1)
     assert table.maintenance.gc(dry_run=True) == []  # base versions before the merge are retained
     would = table.maintenance.gc(dry_run=True, cleanup_older_than=dt.timedelta(0))
     assert would == []  # dry run: cleanup_old_versions was not run either
@@ -224,7 +224,7 @@ def test_snapshot_schema_has_region_field_columns(tmp_path):
 # -- status ---------------------------------------------------------------------------
 def test_status_fields_wal_span_and_sizes(table):
     region, _ = make_generations(table, n=2)
-    table.merge(max_generations=1)
+    table.maintenance.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
     r = table.maintenance.status()["regions"][region]

@@ -695,7 +695,7 @@ def test_conditional_put_disabled_requires_a_commit_lock(s3_server, tmp_path):
     t = mq.MemWalTable.initialize(root + "/t", storage_options=options)
     with t.writer() as w:
         w.put(basic_rows([42]))
-    t.merge()  # the index lock is the external lock here
+    t.maintenance.merge()  # the index lock is the external lock here
     assert 42 in live(t)
 
 

@@ -90,7 +90,7 @@ def test_lookup_of_many_keys_scans_the_base_keys(tmp_path, monkeypatch, key):
     with t.writer() as w:
         w.put(base.take(pa.array(updated)).set_column(len(pk), "val", pa.array(updated + 10 * n)))
         w.delete(base.take(pa.array(deleted)).select(pk))
-    t.merge()  # the base now has deleted rows and rows rewritten by the merge
+    t.maintenance.merge()  # the base now has deleted rows and rows rewritten by the merge
     ds = t.catalog.dataset()
 
     # Many keys relative to the base rows: one key scan; few keys: filtered chunks.

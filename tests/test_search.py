@@ -258,7 +258,7 @@ def test_vector_filter_applies_to_newest_version(tmp_path):
     w = t.writer()
     w.put(rows([1], [near(0.1)], x=[10]))
     w.flush()
-    t.merge()  # the base now says id=1 x=10
+    t.maintenance.merge()  # the base now says id=1 x=10
     assert search.lookup(t.catalog, [1], columns=["x"]).to_pydict() == {"x": [10]}
     w.put(rows([1], [near(0.1)], x=[0]))
     w.flush()  # generation 2 says x=0
@@ -663,7 +663,7 @@ def test_second_region_gap(merged_not_reindexed):
     w2 = t.writer(region_values={"r": 1})  # a second region, merged after the last rebuild
     w2.put(rows([800], [near(0.01)], text=["zucchini fresh"]))
     assert w2.flush() == 1
-    t.merge(w2.region_id)
+    t.maintenance.merge(regions=[w2.region_id])
     assert t.catalog.index().index_catchup()["vec_idx"] == {w.region_id: 1, w2.region_id: 0}
     dbg: dict = {}
     got = search.vector_search(t.catalog, "vec", Q, k=3, writers=[w, w2], debug=dbg)

@@ -1103,7 +1103,7 @@ def test_ingest_after_a_region_spec_change(spark, tmp_path):
     t.write(basic_rows(range(140, 160), val=[1.0] * 20, name=["w"] * 20))  # unflushed
     model.update({i: (float(i), f"a{i}") for i in range(50, 150)})
     model.update({i: (1.0, "w") for i in range(140, 160)})
-    t.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 3, spec_id=2))
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 3, spec_id=2))
     cdc = spark_rows(spark, 120, 200, tag="b").withColumn("gone", F.col("id") % 9 == 0)
     mqs.write(cdc, t.uri, delete_column="gone")
     model.update({i: (i * 0.5, f"b{i}") for i in range(120, 200)})

@@ -87,14 +87,14 @@ def test_spec_change_under_continuous_writes_matches_model(tmp_path):
         if i % 3 == 0:
             tbl.flush()
         if i % 4 == 1:
-            tbl.merge()
+            tbl.maintenance.merge()
         check()
 
     for i in range(5):
         round_(i)
     old_keys = sorted(k for k in model if k >= 200)  # written under spec 1
     upsert(other, old_keys[:10])  # unflushed in other's writers of spec-1 regions
-    t.set_region_spec(_spec2(t))
+    t.maintenance.set_region_spec(_spec2(t))
     check()
     # keys written under spec 1 are updated and deleted under spec 2, by both objects
     upsert(other, old_keys[:20])
@@ -260,7 +260,7 @@ def test_spec_change_with_vector_and_fulltext_search(tmp_path):
     t.flush()
     t.write(rows(range(15, 25), "apple", 0.25))  # unflushed when the spec changes
     calls: list[tuple[int, int]] = []
-    t.set_region_spec(
+    t.maintenance.set_region_spec(
         expression_spec(ds, ["id"], "col0 % 3", "int64", 2, field_id="r"),
         progress=lambda done, total: calls.append((done, total)),
     )
@@ -281,11 +281,13 @@ def test_bad_spec_is_refused_with_the_index_unchanged(tmp_path):
     t = _table(tmp_path)
     version = t.catalog.dataset().version
     with pytest.raises(RegionSpecError, match="never reused"):
-        t.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 8))  # spec id 1 again
+        t.maintenance.set_region_spec(
+            bucket_spec(t.catalog.lance_schema, "id", 8)
+        )  # spec id 1 again
     with pytest.raises(RegionSpecError, match="unknown field"):
-        t.set_region_spec(mq.RegionSpec(2, [mq.RegionField("b", [999], "identity")]))
+        t.maintenance.set_region_spec(mq.RegionSpec(2, [mq.RegionField("b", [999], "identity")]))
     with pytest.raises(RegionSpecError, match="RegionSpec"):
-        t.set_region_spec("bucket(id, 8)")  # type: ignore[arg-type]
+        t.maintenance.set_region_spec("bucket(id, 8)")  # type: ignore[arg-type]
     assert t.catalog.dataset().version == version
     assert [s.spec_id for s in t.catalog.index().details.region_specs] == [1]
     t.write(basic_rows([1]))  # the table still works with its spec
@@ -327,7 +329,7 @@ def test_pylance_reads_after_a_spec_change_and_its_writer_refuses(tmp_path):
     t = mq.MemWalTable.open(uri)
     t.write(pa.table({"id": [1, 20], "v": [1.0, 20.0]}))
     old = t.catalog.region_ids()[0]
-    t.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=2))
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=2))
     t.write(pa.table({"id": [1, 30], "v": [11.0, 30.0]}))
     t.close()
     ours = dict(zip(*t.to_table().to_pydict().values()))
@@ -385,7 +387,7 @@ def test_spec_change_while_another_thread_keeps_writing(tmp_path):
     thread.start()
     for _ in range(4):
         progress.acquire()
-    t.set_region_spec(_spec2(t, 4))
+    t.maintenance.set_region_spec(_spec2(t, 4))
     done.set()
     thread.join(60)
     assert not thread.is_alive() and not errors, errors
@@ -423,8 +425,8 @@ def test_spec_change_on_a_pylance_table_without_a_recorded_spec(tmp_path):
     t = mq.MemWalTable.open(uri)
     assert t.catalog.region_manifest(shard).region_spec_id == 0
     with pytest.raises(RegionSpecError, match="spec_id=2"):
-        t.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=1))
-    t.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=2))
+        t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=1))
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=2))
     t.write(pa.table({"id": [2, 40], "v": [22.0, 40.0]}))
     t.close()
     got = t.to_table().to_pydict()

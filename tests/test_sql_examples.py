@@ -64,7 +64,7 @@ def contexts(tmp_path_factory):
         if i in (1, 3):
             events.flush()
         if i == 3:
-            events.merge(max_generations=1)
+            events.maintenance.merge(max_generations=1)
 
     days = [dt.date(2026, 1, d) for d in range(1, 7)]
     logs_base = pa.table(
