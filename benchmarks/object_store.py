@@ -35,7 +35,7 @@ from _common import machine, median, pct, print_table, timed  # noqa: E402
 from s3server import LocalS3Server  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
-from memwal_query.read import sources  # noqa: E402
+from memwal_query.read import newer, sources  # noqa: E402
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
 SCHEMA = pa.schema(
@@ -65,7 +65,7 @@ def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 def clear_read_caches() -> None:
     """Forget decoded generations so the next scan reads them from storage."""
     sources.GENERATION_CACHE.clear()
-    sources._FLUSHED_VIEWS.clear()
+    newer.FLUSHED_VIEWS.clear()
 
 
 def run(uri: str, storage_options: dict[str, str], args: argparse.Namespace) -> dict:

@@ -143,7 +143,7 @@ def engine_times(t: mq.MemWalTable, w: mq.RegionWriter, repeat: int) -> None:
 
 def stale_set_times(repeat: int) -> None:
     """The set of overwritten base-row addresses: numpy (what the reader uses) against
-    pyroaring (issue 19 asked whether it is the better structure; skipped if absent).
+    pyroaring (is it the better structure? skipped if absent).
 
     Two uses: building Lance's ``row_addr_blocklist`` (a serialized RowAddrTreeMap) for
     unfiltered scans, and testing a 65,536-row batch's addresses against the set
@@ -173,7 +173,8 @@ def stale_set_times(repeat: int) -> None:
 
 
 def _stale_set_row(stale: np.ndarray, frags: int, repeat: int) -> list[object]:
-    from memwal_query.read.dedup import in_sorted, row_address_treemap
+    from memwal_query.format.rowaddrs import row_address_treemap
+    from memwal_query.read.dedup import in_sorted
 
     batch = stale[0] + np.arange(65_536, dtype=np.uint64)  # one base batch's addresses
     row: list[object] = [

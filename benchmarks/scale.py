@@ -1,4 +1,4 @@
-"""Scale (issue 20): query cost against the number of unmerged generations and regions.
+"""Scale: query cost against the number of unmerged generations and regions.
 
 Shapes (base table with an IVF_PQ vector index and an INVERTED full-text index, both
 maintained in every generation; each flushed generation upserts ``--gen-rows`` rows
@@ -11,9 +11,9 @@ exact search over the matching deduplicated rows), and the cold first query (in 
 process: open the table, first vector search; imports excluded; wall clock and CPU
 time of the process, medians of 3 processes; the same for the first full-text search).
 
-Targets (issue 20): vector and FTS at 192 generations <= 2x the 1-generation latency,
+Targets: vector and FTS at 192 generations <= 2x the 1-generation latency,
 recall@10 >= 0.95; lookup at 64 regions <= 1.2x 1 region; cold first query at 192
-generations <= 150 ms. The issue measured on a 500k-row base; the default here is
+generations <= 150 ms, on a 500k-row base; the default here is
 100k rows (``--base``) so that a run takes a few minutes on a 2-core machine.
 
 At the same shapes, pylance's native planners (``lance.mem_wal``: LsmScanner, point

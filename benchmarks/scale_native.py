@@ -1,4 +1,4 @@
-"""pylance's native MemWAL planners at the shapes of ``benchmarks/scale.py`` (issue 20).
+"""pylance's native MemWAL planners at the shapes of ``benchmarks/scale.py``.
 
 pylance 14 offers ``lance.mem_wal.LsmScanner`` (``from_snapshots``),
 ``LsmPointLookupPlanner`` and ``LsmVectorSearchPlanner`` (IVF_PQ only; no full-text

@@ -1,4 +1,4 @@
-"""Scans and cold lookups against the number of unmerged generations (issue 20), for one
+"""Scans and cold lookups against the number of unmerged generations, for one
 or more checkouts of memwal_query in one run (before/after a change).
 
 Builds the shapes of ``benchmarks/scale.py`` (a ``--base``-row base, generations of

@@ -1,4 +1,4 @@
-"""The streaming section of ``benchmarks/scale.py`` (issue 20): a steady stream of
+"""The streaming section of ``benchmarks/scale.py``: a steady stream of
 upserts for ``--stream-minutes`` with ``memwal maintain URI --watch`` running alongside
 as a real subprocess.
 

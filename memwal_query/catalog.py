@@ -126,7 +126,7 @@ class Catalog:
         self.lance_schema = self._dataset.lance_schema
         self._manifests: dict[str, RegionManifest] = {}  # last read per region
         # parsed region spec and region values, valid while the protos they were parsed
-        # from are the ones held (a query reads them for every region: issue 20)
+        # from are the ones held (a query reads them for every region)
         self._spec_cache: tuple[Any, RegionSpec] | None = None
         self._specs_cache: tuple[Any, dict[int, RegionSpec]] | None = None
         self._values_cache: dict[str, tuple[RegionManifest, RegionSpec, Any]] = {}
@@ -164,7 +164,7 @@ class Catalog:
             raise NotInitializedError(f"{self.uri}: the MemWAL index disappeared")
         progress = read_progress(self.io, self.uri)
         if progress.index_catchup:
-            mwindex._max_progress(idx.details, progress)
+            mwindex.max_progress(idx.details, progress)
         return idx
 
     def refresh_index(self) -> mwindex.MemWalIndex:

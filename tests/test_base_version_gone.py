@@ -1,8 +1,8 @@
 """A base-table version cleaned up (``cleanup_old_versions``) while a read uses it.
 
 Another process merging, compacting and running ``gc(cleanup_older_than=0)`` deletes the
-data files of the version a reader planned on. Reads used to fail with Lance's bare
-``OSError``/``ArrowInvalid: Not found``; now scans raise the typed
+data files of the version a reader planned on. Reads do not fail with Lance's bare
+``OSError``/``ArrowInvalid: Not found``: scans raise the typed
 ``BaseVersionGoneError`` and lookups/searches re-plan once on the current version.
 """
 

@@ -120,7 +120,7 @@ def test_siphash_matches_reference():
 
 @pytest.mark.parametrize("key_type", [pa.string(), pa.binary()])
 def test_one_long_key_costs_its_own_bytes_only(key_type):
-    """Keys are not padded to the longest one (a 50 KB key used to need rows x 50 KB)."""
+    """Keys are not padded to the longest one (a 50 KB key must not cost rows x 50 KB)."""
     import tracemalloc
 
     n, long_len = 2000, 50_000

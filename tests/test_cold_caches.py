@@ -1,4 +1,4 @@
-"""Cold start and cached state of searches (issue 20, items 1-2; real Lance tables).
+"""Cold start and cached state of searches (real Lance tables).
 
 A first query reads each generation's rows sidecar (``memwal_rows.bin``) instead of
 opening its Lance table, and repeated queries reuse parsed region manifests (one check
@@ -29,7 +29,7 @@ from memwal_query import search
 from memwal_query.exceptions import GenerationGoneError
 from memwal_query.format import rowfile
 from memwal_query.format.schema import ROWADDR_COLUMN
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.storage import paths
 
 from helpers import PK, parity_spec
@@ -76,11 +76,11 @@ def _forget() -> None:
     """A fresh process's caches (generation columns, blocks, handles)."""
     search.clear_caches()
     sources.GENERATION_CACHE.clear()
-    sources._NO_SIDECAR.clear()
+    sources.GENERATIONS_WITHOUT_SIDECAR.clear()
 
 
 def _generations(t: mq.MemWalTable) -> list[str]:
-    return [g.uri for g in sources.resolve(t.catalog).generations]
+    return [g.uri for g in view.resolve(t.catalog).generations]
 
 
 def _answer(t: mq.MemWalTable, q: np.ndarray) -> tuple[list, list, list]:
@@ -197,7 +197,6 @@ def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypat
     """On an object store the view reads many regions' manifests on a few threads (on
     a local file system one after the other); the result is the same as reading them
     one by one."""
-    from memwal_query.read import view
 
     t = _table(tmp_path, gens=1)
     ids = t.catalog.region_ids()

@@ -1,4 +1,4 @@
-"""Hostile storage (issue 18): every fault class corrupts a real table on disk and is
+"""Hostile storage: every fault class corrupts a real table on disk and is
 detected with a typed error naming the file, the table unchanged; ``fsck`` names it."""
 
 import datetime as dt

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
+from memwal_query.format import baseindex
 from memwal_query.storage import paths
 from memwal_query.write import genindex
 
@@ -90,12 +91,12 @@ def test_generation_indexes_share_base_quantization(vtable):
     def seg(ds):
         return [s.uuid for d in ds.describe_indices() if d.name == "vec_idx" for s in d.segments][0]
 
-    base_cb = genindex.read_pq_codebook(base.uri, str(seg(base)))
-    gen_cb = genindex.read_pq_codebook(gen.uri, str(seg(gen)))
+    base_cb = baseindex.read_pq_codebook(base.uri, str(seg(base)))
+    gen_cb = baseindex.read_pq_codebook(gen.uri, str(seg(gen)))
     assert len(base_cb) == 256 and base_cb.type.list_size == DIM
     assert base_cb.equals(gen_cb)
     # the same tokenizer settings (stem=False is not Lance's default)
-    assert genindex.fts_params(gen, "text_idx")["stem"] is False
+    assert baseindex.fts_params(gen, "text_idx")["stem"] is False
 
 
 def test_same_vector_gets_the_same_pq_distance_in_base_and_generation(vtable):
@@ -159,15 +160,15 @@ def test_missing_base_index_is_reported_not_fatal(vtable):
 
 def test_unreadable_codebook_falls_back_to_ivf_flat(vtable, monkeypatch):
     t, rng = vtable
-    genindex._CACHE.vector.clear()
+    baseindex.VECTOR_MODELS.clear()
 
     def broken(*a, **k):
         raise ValueError("no codebook")
 
-    monkeypatch.setattr(genindex, "read_pq_codebook", broken)
+    monkeypatch.setattr(baseindex, "read_pq_codebook", broken)
     with t.writer() as w:
         w.put(_rows([5000, 5001], rng.standard_normal((2, DIM))))
-    genindex._CACHE.vector.clear()
+    baseindex.VECTOR_MODELS.clear()
     (gen_uri,) = _generations(t)
     report = genindex.read_report(t.catalog, gen_uri)
     assert report["vec_idx"]["status"] == "fallback"
@@ -180,15 +181,15 @@ def test_tensor_parser_round_trip():
     values = np.arange(12, dtype=np.float32)
     # field 1 varint 2 (FLOAT32), field 2 packed [3, 4], field 3 bytes
     body = bytes([0x08, 0x02, 0x12, 0x02, 0x03, 0x04, 0x1A, 48]) + values.tobytes()
-    dtype, shape, data = genindex._parse_tensor(body)
+    dtype, shape, data = baseindex._parse_tensor(body)
     assert (dtype, shape) == (2, [3, 4])
     assert np.frombuffer(data, np.float32).tolist() == values.tolist()
 
 
 def test_tokenize_kwargs_reproduce_the_index_tokenizer(vtable):
     t, _ = vtable
-    params = genindex.fts_params(t.catalog.dataset(), "text_idx")
-    kw = genindex.tokenize_kwargs(params)
+    params = baseindex.fts_params(t.catalog.dataset(), "text_idx")
+    kw = baseindex.tokenize_kwargs(params)
     assert kw["stem"] is False and kw["analyzer"] == "text"
     assert [x.text for x in lance.tokenize("Running Dogs", **kw)] == ["running", "dogs"]
 
@@ -205,15 +206,15 @@ def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
     ds.create_index("vec", "IVF_PQ", num_partitions=4, num_sub_vectors=4, name="vec_idx")
     with pytest.raises(Exception):  # noqa: B017 - whatever Lance raises for the files
         lance.dataset(uri).get_ivf_model("vec_idx")
-    genindex._CACHE.vector.clear()
+    baseindex.VECTOR_MODELS.clear()
     t = mq.MemWalTable.initialize(uri, maintained_indexes=["vec_idx"])
     with t.writer() as w:
         w.put(_rows([7], np.zeros((1, DIM))))
     (gen_uri,) = _generations(t)
     assert genindex.read_report(t.catalog, gen_uri)["vec_idx"]["status"] == "skipped"
     assert (
-        genindex.vector_metric(
-            t.catalog.dataset(), genindex.find_index(t.catalog.dataset(), "vec", "vector")
+        baseindex.vector_metric(
+            t.catalog.dataset(), baseindex.find_index(t.catalog.dataset(), "vec", "vector")
         )
         == "l2"
     )

@@ -1,4 +1,4 @@
-"""The primary-key BTREE index of a flushed generation, per key type (issue 23).
+"""The primary-key BTREE index of a flushed generation, per key type.
 
 Lance builds a BTREE over one column of any scalar type (integers, floats, booleans,
 strings, binaries, decimals, temporal types) and over one column only. A flush builds

@@ -145,8 +145,7 @@ def test_timestamp_with_a_time_of_day_into_a_date_column_is_refused(tmp_path):
 
 
 def test_initialize_refuses_a_spec_the_table_cannot_evaluate(tmp_path):
-    """truncate of a float key: refused at initialize (it would fail on every write).
-    (A decimal key was the example before issue 23 implemented decimal truncate.)"""
+    """truncate of a float key: refused at initialize (it would fail on every write)."""
     from memwal_query.regions.spec import truncate_spec
 
     schema = pk_schema(pa.field("v", pa.int64()), key_type=pa.float64())

@@ -1,4 +1,4 @@
-"""Automatic maintenance (memwal_query.maintain.policy, issue 20 item 4), real Lance tables.
+"""Automatic maintenance (memwal_query.maintain.policy), real Lance tables.
 
 - The policy: which regions a pass merges (generations, rows), validation, defaults.
 - A pass does every step (merge, catch-up, snapshots, GC) and a second pass over a quiet

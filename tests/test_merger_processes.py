@@ -1,4 +1,4 @@
-"""Mergers in real processes (issue 6): Appendix 2 races, kills, reads during a merge.
+"""Mergers in real processes: Appendix 2 races, kills, reads during a merge.
 
 Each merger runs ``t.merge(region)`` in its own Python process. Hooks installed in that
 process only (never in the library) make the interleavings deterministic:

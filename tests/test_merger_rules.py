@@ -1,4 +1,4 @@
-"""Issue 6 rules on real Lance tables: GC keep/delete cases, readers opened before GC,
+"""Merger and GC rules on real Lance tables: GC keep/delete cases, readers opened before GC,
 index catch-up of vector/FTS/scalar indexes, snapshot storage, status fields."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """External region snapshots (> 100 regions) survive merges (real Lance tables).
 
-A merge commit gives the MemWAL index a new uuid; eventual reads used to look for
-``_indices/{new uuid}/index.lance`` and fail with ObjectNotFoundError.
+A merge commit gives the MemWAL index a new uuid; eventual reads must still find the
+external snapshot file (not look for ``_indices/{new uuid}/index.lance`` and fail with
+ObjectNotFoundError).
 """
 
 import datetime as dt

@@ -1,5 +1,5 @@
-"""The full-text postings sidecar of flushed generations (``memwal_postings.bin``,
-issue 20 cold start): written at flush as the base index's tokenizer splits the text,
+"""The full-text postings sidecar of flushed generations (``memwal_postings.bin``):
+written at flush as the base index's tokenizer splits the text,
 read by a cold full-text search instead of tokenizing, and never the source of truth
 (missing, damaged or for another tokenizer: the text is tokenized, same answers)."""
 
@@ -16,10 +16,9 @@ import pytest
 
 import memwal_query as mq
 from memwal_query import search
-from memwal_query.format import postings, rowfile
-from memwal_query.read import sources
+from memwal_query.format import baseindex, postings, rowfile
+from memwal_query.read import sources, view
 from memwal_query.search import textindex
-from memwal_query.write import genindex
 
 from helpers import PK, parity_spec
 
@@ -76,7 +75,7 @@ def _table(tmp_path) -> mq.MemWalTable:
 def _forget() -> None:
     search.clear_caches()
     sources.GENERATION_CACHE.clear()
-    sources._NO_SIDECAR.clear()
+    sources.GENERATIONS_WITHOUT_SIDECAR.clear()
 
 
 def _answers(t: mq.MemWalTable) -> list:
@@ -91,9 +90,9 @@ def _answers(t: mq.MemWalTable) -> list:
 
 def test_each_generation_stores_the_postings_of_each_indexed_column(built, tmp_path):
     t = _copy(built, tmp_path)
-    tokenizers = genindex.fts_tokenizers(t.catalog.dataset())
+    tokenizers = baseindex.fts_tokenizers(t.catalog.dataset())
     assert sorted(c for c, _ in tokenizers) == ["tags", "text"]
-    gens = [g.uri for g in sources.resolve(t.catalog).generations]
+    gens = [g.uri for g in view.resolve(t.catalog).generations]
     assert len(gens) == 6
     for uri in gens:
         rows = rowfile.read(t.catalog.io, uri)
@@ -131,7 +130,7 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
     t = _copy(built, tmp_path)
     _forget()
     want = _answers(t)
-    gens = [g.uri for g in sources.resolve(t.catalog).generations]
+    gens = [g.uri for g in view.resolve(t.catalog).generations]
     os.remove(os.path.join(gens[0], postings.POSTINGS_FILE))  # as pylance writes them
     path = os.path.join(gens[1], postings.POSTINGS_FILE)
     data = bytearray(open(path, "rb").read())
@@ -142,11 +141,11 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
         pa.array(["alpha"]), np.array([0, 5]), np.arange(3), np.ones(3), np.ones(2), 2
     )
     postings.write(
-        t.catalog.io, gens[2], [("text", genindex.fts_tokenizers(t.catalog.dataset())[0][1], bad)]
+        t.catalog.io, gens[2], [("text", baseindex.fts_tokenizers(t.catalog.dataset())[0][1], bad)]
     )
     # postings of another row count than the generation: ignored too
     other = postings.Postings.of(pa.array(["alpha beta"] * 3), {})
-    for column, kw in genindex.fts_tokenizers(t.catalog.dataset()):
+    for column, kw in baseindex.fts_tokenizers(t.catalog.dataset()):
         postings.write(t.catalog.io, gens[3], [(column, kw, other)])
     _forget()
     with warnings.catch_warnings(record=True) as seen:
@@ -178,8 +177,8 @@ def test_crafted_postings_that_pass_the_crc_are_checked_whole(built, tmp_path):
     another ranking, and nothing bad is cached: repaired, the file is used again."""
     t = _copy(built, tmp_path)
     want = _answers(t)
-    gen = sources.resolve(t.catalog).generations[0].uri
-    kw = dict(genindex.fts_tokenizers(t.catalog.dataset()))["text"]
+    gen = view.resolve(t.catalog).generations[0].uri
+    kw = dict(baseindex.fts_tokenizers(t.catalog.dataset()))["text"]
     key = postings.tokenizer_key(kw)
     good = postings.read(t.catalog.io, gen, "text", kw)
     assert good is not None
@@ -228,7 +227,7 @@ def test_a_failed_postings_write_does_not_fail_the_flush(built, tmp_path, monkey
     t.flush()
     got = t.lookup(pa.array([1000, 1001], pa.int64()), columns=["id"])
     assert sorted(got["id"].to_pylist()) == [1000, 1001]
-    newest = sources.resolve(t.catalog).generations[-1].uri
+    newest = view.resolve(t.catalog).generations[-1].uri
     assert not os.path.exists(os.path.join(newest, postings.POSTINGS_FILE))
 
 
@@ -242,16 +241,16 @@ def test_postings_only_for_bounded_text_and_bulk_tokenizers(built, tmp_path, mon
     rng = np.random.default_rng(2)
     t.write(_rows(range(300, 302), rng))  # a little text: stored
     t.flush()
-    small = sources.resolve(t.catalog).generations[-1].uri
+    small = view.resolve(t.catalog).generations[-1].uri
     t.write(_rows(range(400, 460), rng))  # more than 200 bytes of text: not stored
     t.flush()
-    large = sources.resolve(t.catalog).generations[-1].uri
-    kw = dict(genindex.fts_tokenizers(t.catalog.dataset()))["text"]
+    large = view.resolve(t.catalog).generations[-1].uri
+    kw = dict(baseindex.fts_tokenizers(t.catalog.dataset()))["text"]
     assert postings.read(t.catalog.io, small, "text", kw) is not None
     assert postings.read(t.catalog.io, large, "text", kw) is None
     _forget()
     warm = _answers(t)
-    for uri in [g.uri for g in sources.resolve(t.catalog).generations]:
+    for uri in [g.uri for g in view.resolve(t.catalog).generations]:
         if os.path.exists(os.path.join(uri, postings.POSTINGS_FILE)):
             os.remove(os.path.join(uri, postings.POSTINGS_FILE))
     _forget()

@@ -1,7 +1,7 @@
 """Overwritten base rows skipped by Lance (``row_addr_blocklist``) in unfiltered scans.
 
 The blocklist is Lance's serialized ``RowAddrTreeMap``, built with numpy
-(:func:`memwal_query.read.dedup.row_address_treemap`); Lance itself checks the encoding
+(:func:`memwal_query.format.rowaddrs.row_address_treemap`); Lance itself checks the encoding
 here: a scan with it as allowlist returns exactly those rows, as blocklist all others.
 """
 
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
+from memwal_query.format.rowaddrs import row_address_treemap
 from memwal_query.read import provider
-from memwal_query.read.dedup import row_address_treemap
 
 from helpers import PK
 

@@ -233,7 +233,7 @@ def test_float_filters_agree_with_datafusion_in_every_source(tmp_path, extra):
 
 
 def test_decode_round_trips_pushed_expressions():
-    from memwal_query.read import pruning
+    from memwal_query.read import exprtree
 
     exprs = [
         pc.field("a") > pa.scalar(2, pa.uint64()),
@@ -243,7 +243,7 @@ def test_decode_round_trips_pushed_expressions():
         pc.field("x").cast(pa.float32()) >= 1.5,
     ]
     for e in exprs:
-        node = pruning.decode(e)
+        node = exprtree.decode(e)
         assert node is not None, e
-        assert pruning.encode(node).equals(e), e
-    assert pruning.fields_of(pruning.decode(exprs[1])) == {"s", "f"}
+        assert exprtree.encode(node).equals(e), e
+    assert exprtree.fields_of(exprtree.decode(exprs[1])) == {"s", "f"}

@@ -1,4 +1,4 @@
-"""A reader that follows a stream holds bounded memory (issue 20), real Lance tables.
+"""A reader that follows a stream holds bounded memory, real Lance tables.
 
 Many write / query / flush / merge cycles through one table object: the caches of
 MemTables already flushed are dropped (not kept until 64 of them pile up), merged
@@ -19,7 +19,7 @@ import memwal_query as mq
 from memwal_query.format import lancecache
 from memwal_query.maintain.policy import MaintenancePolicy
 from memwal_query.read.sources import GENERATION_CACHE
-from memwal_query.search.common import clear_caches
+from memwal_query.search.caches import clear_caches
 
 from helpers import basic_rows
 

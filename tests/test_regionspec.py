@@ -310,7 +310,7 @@ def test_truncate_integers_floor_semantics_and_types():
     want = [0, 0, 0, 10, -10, -10, -20, None]  # Iceberg truncate(10, v)
     for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64()):
         out = RegionSpec(1, [f]).evaluate(col(values, t)).column(0)
-        promoted = pa.int32() if t in (pa.int8(), pa.int16()) else t  # issue 23: as Iceberg
+        promoted = pa.int32() if t in (pa.int8(), pa.int16()) else t  # as Iceberg
         assert out.type == promoted and out.to_pylist() == want
     assert one(f, [0, 9, 255, None], pa.uint8()) == [0, 0, 250, None]
     assert one(f, [2**64 - 1], pa.uint64()) == [2**64 - 6]

@@ -1,5 +1,5 @@
 """Scans and lookups over many generations read their rows sidecars, not their Lance
-tables (issue 20; real Lance tables): a cold lookup reads the checksummed bloom filters,
+tables (real Lance tables): a cold lookup reads the checksummed bloom filters,
 then the rows of the generations that may hold the key; a scan drops a large share of
 overwritten base rows with a row-id mask instead of Lance's blocklist. Answers stay the
 same, a gone generation stays a typed error, and a damaged filter or sidecar falls back.
@@ -21,8 +21,8 @@ from test_cold_caches import _forget, _generations, _table
 import memwal_query as mq
 from memwal_query.exceptions import GenerationGoneError
 from memwal_query.format import bloom, rowfile
+from memwal_query.format.rowaddrs import RowIdMask
 from memwal_query.read import provider, sources
-from memwal_query.read.dedup import RowIdMask
 
 from helpers import PK
 

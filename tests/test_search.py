@@ -252,6 +252,28 @@ def test_vector_search_matches_brute_force_with_k_beyond_live_rows(layered):
     assert len(set(ids(got))) == got.num_rows
 
 
+def test_stale_candidates_are_found_through_the_bloom_filters(layered):
+    """A source's candidates are checked against each newer generation's bloom filter,
+    and only its hits against the generation's keys: the base's candidates that no
+    newer generation holds never reach the exact check."""
+    t, w = layered
+    runs = {
+        "vector": lambda dbg: search.vector_search(
+            t.catalog, "vec", Q, k=10, writers=[w], debug=dbg
+        ),
+        "fts": lambda dbg: search.fts_search(
+            t.catalog, "text", "apple", k=10, writers=[w], debug=dbg
+        ),
+    }
+    for name, run in runs.items():
+        dbg: dict = {}
+        run(dbg)
+        (base,) = [s for s in dbg["sources"] if s["source"] == "base"]
+        assert base["bloom_checks"] > base["bloom_hits"], (name, base)
+        # every bloom hit is a stale key (the filters of a few keys give no false hits)
+        assert 0 < base["bloom_hits"] <= base["stale"], (name, base)
+
+
 def test_vector_filter_applies_to_newest_version(tmp_path):
     """Base id=1 x=10, generation 2 id=1 x=0: filter x > 5 must not return id 1."""
     t = make_table(tmp_path)

@@ -1,4 +1,4 @@
-"""Vector search over many unmerged generations as one block (issue 20, item 1).
+"""Vector search over many unmerged generations as one block.
 
 The block path (every generation read once, deduplicated, searched exactly) must give
 the answer of exact search over the deduplicated table: updates in later generations,
@@ -61,7 +61,7 @@ def test_block_equals_exact_search_over_the_deduplicated_table(tmp_path):
             assert "block" in kinds and "generation" not in kinds
             d = got["_distance"].to_numpy()
             assert (np.diff(d) >= 0).all()
-        # a filter is evaluated on the block too (issue 20): same answer
+        # a filter is evaluated on the block too: same answer
         q = rng.standard_normal(DIM).astype(np.float32)
         dbg = {}
         flt = t.vector_search("vec", q, k=25, filter="id >= 0", debug=dbg)
@@ -176,7 +176,7 @@ def _two_regions_with_text(tmp_path, rows, rng: np.random.Generator, keys: int, 
 
 
 def test_filtered_search_over_the_block_applies_to_the_newest_rows(tmp_path, monkeypatch):
-    """Issue 20: vector and full-text search with a filter (SQL text and Expression)
+    """Vector and full-text search with a filter (SQL text and Expression)
     use the block; the filter applies to the newest version of each key only: a key
     whose older version matches and newest does not is not returned, and the answer
     equals the per-generation path's and exact search over the deduplicated rows."""

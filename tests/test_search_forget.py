@@ -18,14 +18,14 @@ import pyarrow as pa
 import memwal_query as mq
 from memwal_query.maintain.policy import MaintenancePolicy
 from memwal_query.read.sources import GENERATION_CACHE
-from memwal_query.search.common import _GEN_TOKENS, _GENERATIONS
+from memwal_query.search.caches import GENERATION_TOKEN_INDEXES, OPEN_GENERATIONS
 from memwal_query.search.forget import forget_merged
 
 from helpers import basic_rows
 
 
 def _cached(uri: str) -> set[str]:
-    keys = set(_GENERATIONS._items) | {k[0] for k in _GEN_TOKENS._items}
+    keys = set(OPEN_GENERATIONS._items) | {k[0] for k in GENERATION_TOKEN_INDEXES._items}
     keys |= set(GENERATION_CACHE._items)
     return {k for k in keys if k.startswith(uri)}
 

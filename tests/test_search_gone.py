@@ -1,8 +1,8 @@
 """Searches with a read plan made before merge + GC (real Lance tables).
 
-Reading a garbage-collected generation used to surface as a builtin OSError from
-Lance. Now the search retries once with a fresh plan (the rows are in the base by
-then), and a plan that still names the gone generation raises GenerationGoneError.
+Reading a garbage-collected generation never surfaces as a builtin OSError from Lance:
+the search retries once with a fresh plan (the rows are in the base by then), and a
+plan that still names the gone generation raises GenerationGoneError.
 """
 
 import datetime as dt
@@ -15,7 +15,7 @@ import pytest
 import memwal_query as mq
 from memwal_query import search
 from memwal_query.exceptions import GenerationGoneError
-from memwal_query.read import sources
+from memwal_query.read import view
 
 from helpers import PK
 
@@ -61,7 +61,7 @@ def collected(tmp_path):
     assert t.lookup([11, 700]).column("id").to_pylist() == [11, 700]
     assert t.vector_search("vec", Q, k=2).column("id").to_pylist() == [700, 11]
     assert sorted(t.fts_search("text", "zebra", k=5).column("id").to_pylist()) == [11, 700]
-    stale = sources.resolve(t.catalog)
+    stale = view.resolve(t.catalog)
     assert [g.generation for r in stale.regions for g in r.generations] == [1]
     t.maintenance.merge()
     assert t.maintenance.gc(cleanup_older_than=dt.timedelta(0))
@@ -69,14 +69,14 @@ def collected(tmp_path):
 
 
 def _stale_once(monkeypatch, plan):
-    real = sources.resolve
+    real = view.resolve
     calls = []
 
     def resolve(*a, **k):
         calls.append(1)
         return plan if len(calls) == 1 else real(*a, **k)
 
-    monkeypatch.setattr(sources, "resolve", resolve)
+    monkeypatch.setattr(view, "resolve", resolve)
     return calls
 
 
@@ -112,7 +112,7 @@ def test_fts_search_with_stale_plan_retries(collected, monkeypatch):
 
 def test_plan_that_keeps_naming_a_gone_generation_raises_typed_error(collected, monkeypatch):
     t, stale = collected
-    monkeypatch.setattr(sources, "resolve", lambda *a, **k: stale)
+    monkeypatch.setattr(view, "resolve", lambda *a, **k: stale)
     search.clear_caches()  # (warm, a lookup answers from the rows cached: the same rows)
     with pytest.raises(GenerationGoneError, match="generation 1"):
         t.lookup([11, 700])

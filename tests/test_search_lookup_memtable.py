@@ -20,8 +20,8 @@ import pytest
 
 import memwal_query as mq
 from memwal_query.format.schema import TOMBSTONE
+from memwal_query.search import caches, memkeys, pointlookup
 from memwal_query.search import keys as search_keys
-from memwal_query.search import memkeys, pointlookup
 from memwal_query.write.memtable import MemTable
 
 from helpers import PK
@@ -46,7 +46,11 @@ def _expected(model: dict, keys: list) -> list:
 
 
 def _mem_index_of(t: mq.MemWalTable, region_id: str) -> memkeys._MemKeyIndex:
-    (idx,) = [v for k, v in memkeys._MEM_KEYS._items.items() if k[0] == t.uri and k[1] == region_id]
+    (idx,) = [
+        v
+        for k, v in caches.MEMTABLE_KEY_INDEXES._items.items()
+        if k[0] == t.uri and k[1] == region_id
+    ]
     return idx
 
 

@@ -953,7 +953,7 @@ def test_write_bad_types_and_values_are_typed_errors(spark, tmp_path):
     assert_view(t.uri, model)
 
 
-# -- issue 16: whole rows or partial updates; writers of one region take turns ----------
+# -- whole rows or partial updates; writers of one region take turns --------------------
 def test_write_refuses_missing_columns_unless_partial(spark, tmp_path):
     t = new_table(tmp_path, base_ids=range(10))
     df = spark.range(5, 15, numPartitions=2).select(F.col("id"), (F.col("id") * 2.0).alias("val"))
@@ -1060,7 +1060,7 @@ def test_reader_differential(spark, tmp_path):
         w.close()
 
 
-# -- maintenance with merges as Spark tasks (issue 20) -------------------------------------
+# -- maintenance with merges as Spark tasks ---------------------------------------------
 @pytest.mark.slow
 def test_maintain_merges_over_the_policy_as_tasks(tmp_path, spark):
     """mqs.maintain: the regions over the policy are merged by Spark tasks; catch-up,
@@ -1090,7 +1090,7 @@ def test_maintain_merges_over_the_policy_as_tasks(tmp_path, spark):
 
 
 def test_ingest_after_a_region_spec_change(spark, tmp_path):
-    """Issue 23: after ``set_region_spec`` Spark ingest routes by the new spec; keys
+    """After ``set_region_spec`` Spark ingest routes by the new spec; keys
     written under the old one (flushed, and unflushed in a writer when the spec
     changed) are updated and deleted through their new regions by one CDC job, and both
     readers (Python and the Spark source) give the newest row of every key."""

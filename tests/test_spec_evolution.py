@@ -1,4 +1,4 @@
-"""Region spec evolution (issue 23): ``MemWalTable.set_region_spec`` on real tables.
+"""Region spec evolution: ``MemWalTable.set_region_spec`` on real tables.
 
 The rule under test (``memwal_query.maintain.specs``): regions of an older spec are
 fenced, flushed, sealed and merged before any writer of the new spec writes, so a key
@@ -20,7 +20,7 @@ from memwal_query.catalog import SPEC_READY_KEY
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import storage_schema, with_tombstone
 from memwal_query.format.wal import Wal
-from memwal_query.read import sources
+from memwal_query.read import view
 from memwal_query.regions.spec import bucket_spec, expression_spec
 from memwal_query.storage import paths
 from memwal_query.write.writer import RegionWriter
@@ -216,7 +216,7 @@ def test_pruning_uses_each_regions_own_spec(tmp_path):
     spec2 = _spec2(t, 3)
     mwindex.update_details(t.catalog.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
     t.catalog.refresh_index()
-    plan = sources.resolve(t.catalog, "strong", [], [("id", "=", 305)])
+    plan = view.resolve(t.catalog, "strong", [], [("id", "=", 305)])
     old = {r.region_id for r in plan.regions}
     assert len(old) == 1 and len(plan.pruned) == 3  # 1 of the 4 spec-1 regions read
     bucket = (

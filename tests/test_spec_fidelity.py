@@ -1,4 +1,4 @@
-"""Issue 23: every deviation of the region transforms from memwal-spec.md, fixed or
+"""Every deviation of the region transforms from memwal-spec.md, fixed or
 decided, with the test that pins it (docs/compatibility.md, "Region transforms")."""
 
 import datetime as dt

@@ -30,8 +30,8 @@ def _run_threads(fn, n):
 
 
 def test_two_threads_writing_one_region_share_one_writer(tmp_path):
-    """Two threads routing rows to the same region used to open one writer each: the
-    second claim fenced the first, and that thread's puts raised FencedError."""
+    """Two threads routing rows to the same region share one writer (one writer each
+    would let the second claim fence the first, whose puts would raise FencedError)."""
     uri = str(tmp_path / "t")
     lance.write_dataset(basic_rows(range(5)), uri)
     spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 1)

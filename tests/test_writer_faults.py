@@ -321,7 +321,7 @@ def test_flush_raises_when_its_own_attempt_fails(table, monkeypatch):
 
 def test_flush_raises_a_failure_of_the_drain_it_started_before_it_waits(table, monkeypatch):
     """flush() seals and starts the drain; when that drain fails before flush() looks at
-    the outcome, flush() still raises it (it used to wipe it and retry quietly)."""
+    the outcome, flush() still raises it (it does not wipe it and retry quietly)."""
     flaky_flush(monkeypatch, 1)
     w = table.writer()
     w.put(basic_rows([1]))

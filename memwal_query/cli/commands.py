@@ -211,7 +211,7 @@ def refresh_snapshots(uri: str, dry_run: bool) -> None:
     click.echo(f"{idx.regions} region(s) in the snapshot")
 
 
-# -- read-only SQL, fsck and repair (issue 18) ------------------------------------------
+# -- read-only SQL, fsck and repair -----------------------------------------------------
 
 
 @main.command()

@@ -1,4 +1,4 @@
-"""``memwal spec set`` and ``memwal spec show``: a table's region specs (issue 23)."""
+"""``memwal spec set`` and ``memwal spec show``: a table's region specs."""
 
 from __future__ import annotations
 

@@ -68,7 +68,9 @@ _K2 = np.uint64(0x6C7967656E657261)
 _K3 = np.uint64(0x7465646279746573)
 
 
-def _round(v0, v1, v2, v3):
+def _round(
+    v0: np.ndarray, v1: np.ndarray, v2: np.ndarray, v3: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     v0 = v0 + v1
     v1 = _rotl(v1, 13) ^ v0
     v0 = _rotl(v0, 32)

@@ -19,9 +19,12 @@ from __future__ import annotations
 import struct
 import time
 import uuid as uuid_mod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import lance
+from google.protobuf.message import Message
 from lance.dataset import Index, LanceOperation
 
 from memwal_query.exceptions import CorruptFileError, ObjectNotFoundError
@@ -29,6 +32,8 @@ from memwal_query.format._proto import lance_table_pb2 as lt
 from memwal_query.format._proto import memwal_pb2 as pb
 from memwal_query.storage import paths
 from memwal_query.storage.io import FileIO, join
+
+_M = TypeVar("_M", bound=Message)
 
 INDEX_NAME = "__lance_mem_wal"
 TYPE_URL = "/lance.table.MemWalIndexDetails"
@@ -82,7 +87,7 @@ def manifest_path(io: FileIO, uri: str, version: int) -> str:
     raise ObjectNotFoundError(f"{uri}: no manifest file for version {version}")
 
 
-def _read_message(path: str, data: bytes, pos: int, cls):
+def _read_message(path: str, data: bytes, pos: int, cls: type[_M]) -> _M:
     if pos + 4 > len(data):
         raise CorruptFileError(path, f"message position {pos} is past the end of the file")
     (length,) = struct.unpack_from("<I", data, pos)
@@ -173,7 +178,7 @@ def new_details(
     )
 
 
-def _max_progress(target, other) -> None:
+def max_progress(target: pb.MemWalIndexDetails, other: pb.MemWalIndexDetails) -> None:
     """Raise ``target.merged_generations`` / ``index_catchup`` to at least ``other``'s."""
     merged = {m.region_id.uuid: m.generation for m in target.merged_generations}
     for m in other.merged_generations:
@@ -201,7 +206,7 @@ def _max_progress(target, other) -> None:
 def update_details(
     io: FileIO,
     uri: str,
-    mutate,
+    mutate: Callable[[pb.MemWalIndexDetails], object],
     storage_options: dict[str, str] | None = None,
     new_uuid: str | None = None,
     max_rounds: int = 10,
@@ -225,8 +230,8 @@ def update_details(
             details.CopyFrom(current.details)
             mutate(details)
             if carry is not None:
-                _max_progress(details, carry)
-            _max_progress(details, current.details)  # mutate may not lower progress
+                max_progress(details, carry)
+            max_progress(details, current.details)  # mutate may not lower progress
             new_ds = commit_details(
                 ds, details, current, new_uuid=new_uuid, storage_options=storage_options
             )

@@ -17,6 +17,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -171,7 +172,7 @@ class RegionManifest:
             lineage=msg.lineage,
         )
 
-    def replace(self, **changes) -> RegionManifest:
+    def replace(self, **changes: Any) -> RegionManifest:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 

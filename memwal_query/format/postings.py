@@ -1,5 +1,5 @@
 """Full-text postings of flushed generations: tokenizing documents in bulk, and the
-postings sidecar ``memwal_postings.bin`` (issue 20, cold start).
+postings sidecar ``memwal_postings.bin``.
 
 A first full-text search over many unmerged generations needs each generation's token
 postings. Lance's tokenizer returns one Python object per token, so tokenizing them at

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from memwal_query.exceptions import AlreadyExistsError, CommitConflictError, ObjectNotFoundError
 from memwal_query.format._proto import memwal_pb2 as pb
-from memwal_query.format.index import _max_progress
+from memwal_query.format.index import max_progress
 from memwal_query.format.naming import MANIFEST_SUFFIX, from_bit_reversed, manifest_name
 from memwal_query.storage import paths
 from memwal_query.storage.io import FileIO, join
@@ -40,7 +40,9 @@ def read_progress(io: FileIO, uri: str) -> pb.MemWalIndexDetails:
     return out
 
 
-def record_progress(io: FileIO, uri: str, update: pb.MemWalIndexDetails, retries: int = 20):
+def record_progress(
+    io: FileIO, uri: str, update: pb.MemWalIndexDetails, retries: int = 20
+) -> pb.MemWalIndexDetails:
     """Raise the recorded progress to at least ``update`` (a new version)."""
     for _ in range(retries):
         versions = [from_bit_reversed(n) for n in io.list(_dir(uri)) if n.endswith(MANIFEST_SUFFIX)]
@@ -48,7 +50,7 @@ def record_progress(io: FileIO, uri: str, update: pb.MemWalIndexDetails, retries
         current = read_progress(io, uri)
         merged = pb.MemWalIndexDetails()
         merged.index_catchup.extend(current.index_catchup)
-        _max_progress(merged, update)
+        max_progress(merged, update)
         try:
             io.put_if_not_exists(
                 join(_dir(uri), manifest_name(latest + 1)),

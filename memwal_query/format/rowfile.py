@@ -1,4 +1,4 @@
-"""The rows sidecar of a flushed generation: ``memwal_rows.bin`` (issue 20, cold start).
+"""The rows sidecar of a flushed generation: ``memwal_rows.bin``.
 
 Opening a generation's Lance table and scanning it costs about 2 ms of fixed overhead
 however small the generation, so a search over 192 unmerged generations spent most of

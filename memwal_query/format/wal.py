@@ -111,7 +111,7 @@ def _checksum(schema: pa.Schema, body: bytes) -> str:
     return f"crc32:{zlib.crc32(body, crc):08x}"
 
 
-def _int_meta(path: str, meta: dict, key: bytes, required: bool) -> int | None:
+def _int_meta(path: str, meta: dict[bytes, bytes], key: bytes, required: bool) -> int | None:
     """A non-negative decimal integer from the entry's schema metadata."""
     raw = meta.get(key)
     if raw is None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 def catch_up_indexes(
     table: Catalog, names: list[str] | None = None, max_segments: int | None = None
-) -> dict[str, dict]:
+) -> dict[str, dict[str, int]]:
     """Rebuild/extend base indexes and record ``index_catchup``; return the progress.
 
     Lance extends a vector index by a new delta segment each time, and a search probes

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lance
 
@@ -48,6 +48,8 @@ from memwal_query.storage import paths
 from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from memwal_query.catalog import Catalog
 
 ERROR = "error"
@@ -80,7 +82,7 @@ class Finding:
     message: str
     repair: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The finding as a dict (for JSON)."""
         return asdict(self)
 
@@ -111,7 +113,7 @@ class FsckReport:
         """The findings of severity ``"error"``."""
         return [f for f in self.findings if f.severity == ERROR]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The report as a dict (for JSON)."""
         return {"ok": self.ok, "findings": [f.to_dict() for f in self.findings]}
 
@@ -242,7 +244,7 @@ def _check_region(table: Catalog, region_id: str, merged: int) -> list[Finding]:
     return out
 
 
-def _check_bloom(table: Catalog, uri: str, keys) -> None:
+def _check_bloom(table: Catalog, uri: str, keys: pa.Table) -> None:
     """BloomCorruptError unless the filter passes its checks and every key hits it."""
     bf = bloom.validate(table.io, uri, keys.num_rows)
     hits = bf.might_contain(keys)

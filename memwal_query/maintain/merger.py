@@ -57,7 +57,7 @@ from lance.mem_wal import CompactedSsTable
 from memwal_query.exceptions import CommitConflictError, MergeFailedError
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_per_key
 from memwal_query.read.keypredicate import key_predicate
 from memwal_query.storage import crashpoints
@@ -157,7 +157,7 @@ def prepare_generation(
     gens = [gen] if isinstance(gen, FlushedGeneration) else list(gen)
     parts = [
         sources.read_generation(
-            sources.GenerationRef(
+            view.GenerationRef(
                 region_id, g.generation, table_generation_uri(table, region_id, g.path)
             ),
             schema,

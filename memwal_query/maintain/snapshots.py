@@ -27,7 +27,7 @@ import datetime as dt
 import time
 import uuid as uuid_mod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -54,8 +54,8 @@ def snapshot_table(table: Catalog) -> pa.Table:
     """Build the region snapshot table from the current region manifests."""
     spec = table.region_spec
     field_ids = [f.field_id for f in spec.fields] if spec else []
-    rows: dict[str, list] = {f.name: [] for f in BASE_FIELDS}
-    region_cols: dict[str, list] = {fid: [] for fid in field_ids}
+    rows: dict[str, list[Any]] = {f.name: [] for f in BASE_FIELDS}
+    region_cols: dict[str, list[Any]] = {fid: [] for fid in field_ids}
     for region_id in table.region_ids():
         m = table.region_manifest(region_id)
         if m is None:

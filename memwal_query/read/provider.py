@@ -1,47 +1,14 @@
 """DataFusion integration: SQL over base table + flushed generations + MemTables.
 
-Route chosen
-------------
-datafusion-python (55) cannot yet call a table provider written in Python
-(apache/datafusion-python#1668), and a Rust provider through the FFI capsule would
-have to be compiled and shipped. Its third route is ``pyarrow.dataset.Dataset``:
-DataFusion calls ``get_fragments(filter)`` when it plans a scan and, per partition,
-``fragment.scanner(schema, columns=..., filter=..., batch_size=...).to_batches()`` when
-it executes, with the projection and the pushed-down filter (which it then treats as
-Exact: it does not re-apply it). :class:`MemWalDataset` implements that protocol:
-
-- sources are resolved at *planning time of every query* (``get_fragments``), so each
-  query sees the table as of that moment (strong: region manifests; eventual: region
-  snapshots), and the writers' MemTables as of that moment;
-- partition 0..n-1 scan the base table through Lance's own scanner (projection, filter
-  pushdown, scalar indexes), each over a share of its fragments, and drop the rows
-  whose key exists in any newer source; the last partition returns the newest row per
-  key of the newer sources, tombstones removed, *then* filtered.
-
-Why this keeps the filter semantics: a filter is pushed into the base scan, but base
-rows are removed by key against *all* newer keys (unfiltered), so a row that matched
-in the base but whose newest version does not match is never returned; the newer
-sources are deduplicated before the filter is applied. The dedup work is a hash
-aggregation over the newer rows plus, for the base table, either (unfiltered scans) a
-row-address blocklist Lance applies inside its scan (the base rows whose key is newer,
-found once per key set and base version: :meth:`_QueryState.blocklist`), or (filtered
-scans) one vectorised membership test per base batch (:mod:`memwal_query.read.dedup`).
-
-Who evaluates the filter: Lance on the base table whenever it accepts the expression
-(its Substrait conversion refuses unsigned integers, large strings/binaries,
-dictionaries, timestamp[ns] literals, and any filter on a table with a time64 column;
-the base scan then reads the filter's columns too and pyarrow filters after the key
-check), pyarrow on the newer rows. pyarrow gets the filter rewritten to DataFusion's
-semantics (:func:`memwal_query.read.pruning.datafusion_semantics`: NaN = NaN and NaN above
-every other float, SQL NULLs in ``IN``), so a row's answer does not depend on the source
-it lives in. ``_gen`` is the literal 0 in the base table; a filter on ``_rowaddr`` is
-evaluated by pyarrow.
-
-``count(*)``, projections and LIMIT flow through DataFusion as usual; Lance reads only
-the projected columns plus the primary key.
-
-:meth:`MemWalDataset.explain` and ``last_plan`` describe the query resolved last by this
-provider object; with concurrent queries, use one provider per query to inspect them.
+:class:`MemWalDataset` is a ``pyarrow.dataset.Dataset`` that DataFusion (and DuckDB,
+Polars, pyarrow) scan: every query resolves the pinned view when it is planned
+(:func:`memwal_query.read.view.resolve`), the base table is scanned by Lance with the
+projection and the filter pushed down, minus the rows whose key a newer source holds,
+and the newer sources contribute their newest row per key, tombstones removed, then
+filtered. The pushed-down filter is exact (DataFusion does not re-apply it) and answers
+as DataFusion would on every source. :meth:`MemWalDataset.explain` and ``last_plan``
+describe the query resolved last by this provider object. Why this route and how the
+filter keeps its semantics: ``docs/architecture.md``, "The DataFusion provider".
 """
 
 from __future__ import annotations
@@ -56,15 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import parallel, pruning, sources, view
-from memwal_query.read.dedup import (
-    KeySet,
-    KeySetUnion,
-    RowIdMask,
-    in_sorted,
-    row_address_treemap,
-)
+from memwal_query.read import exprtree, newer, parallel, pruning, sources, view
+from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
+from memwal_query.read.filtersemantics import datafusion_semantics
 from memwal_query.storage.cache import LRUCache
 
 if TYPE_CHECKING:
@@ -121,21 +84,21 @@ class _Filter:
         self.lance = expr is not None
         if expr is None:
             return
-        node = pruning.decode(expr)
+        node = exprtree.decode(expr)
         if node is None:  # not from DataFusion (whose filters always decode): be careful
             self.columns = pruning.referenced_columns(expr, schema.names)
             floats = [c for c in self.columns if pa.types.is_floating(schema.field(c).type)]
             if floats or GEN_COLUMN in self.columns or ROWADDR_COLUMN in self.columns:
                 self.lance = False
             return
-        used = pruning.fields_of(node)
+        used = exprtree.fields_of(node)
         self.columns = [n for n in schema.names if n in used]
-        local = pruning.datafusion_semantics(node, schema)
-        if not pruning.same(local, node):
-            self.local = pruning.encode(local)
+        local = datafusion_semantics(node, schema)
+        if not exprtree.same(local, node):
+            self.local = exprtree.encode(local)
         if GEN_COLUMN in self.columns:
-            self.base = pruning.encode(
-                pruning.substitute(node, {GEN_COLUMN: pa.scalar(0, pa.uint64())})
+            self.base = exprtree.encode(
+                exprtree.substitute(node, {GEN_COLUMN: pa.scalar(0, pa.uint64())})
             )
         if ROWADDR_COLUMN in self.columns:
             self.lance = False
@@ -143,6 +106,11 @@ class _Filter:
     def data_columns(self) -> list[str]:
         """Referenced table columns (without the meta columns)."""
         return [c for c in self.columns if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
+
+
+def _staleness(max_staleness: float | None) -> float:
+    """The snapshot age bound of an ``eventual`` read (None: the default)."""
+    return view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
 
 
 class _QueryState:
@@ -153,16 +121,16 @@ class _QueryState:
         self.filter = _Filter(filter, dataset.schema)
         table = dataset.table
         predicates = pruning.predicates_from_expression(filter)
-        self.plan = sources.resolve(
+        self.plan = view.resolve(
             table,
             dataset.consistency,
             dataset.writers,
             predicates,
-            dataset.max_staleness,
+            _staleness(dataset.max_staleness),
             dataset.as_of,
         )
         self._lock = threading.Lock()
-        self._view: sources.NewerView | None = None
+        self._view: newer.NewerView | None = None
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
@@ -178,12 +146,12 @@ class _QueryState:
         return _Filter(expr, self.dataset.schema)
 
     @property
-    def view(self) -> sources.NewerView:
+    def view(self) -> newer.NewerView:
         """Newest row per key of the newer sources (computed once per query)."""
         with self._lock:
             if self._view is None:
                 table = self.dataset.table
-                self._view = sources.newer_view(
+                self._view = newer.newer_view(
                     self.plan, table.schema, table.primary_key, table.storage_options
                 )
             return self._view
@@ -287,7 +255,10 @@ def _stale_size(stale: _Stale) -> int:
     return stale.ids.nbytes + len(stale.blocklist) + stale.ids.size
 
 
-_STALE: LRUCache[tuple, _Stale] = LRUCache(8, max_bytes=256 << 20, sizeof=_stale_size)
+_OVERWRITTEN_BASE_ROWS: LRUCache[tuple[Any, ...], _Stale] = LRUCache(
+    8, max_bytes=256 << 20, sizeof=_stale_size
+)
+"""The base rows overwritten by newer sources, per (base URI, version, key sets)."""
 
 
 def _stale(base: Any, sets: list[KeySet]) -> _Stale:
@@ -296,13 +267,13 @@ def _stale(base: Any, sets: list[KeySet]) -> _Stale:
     flushed generations are cached across queries: an unchanged table does not build
     it again)."""
     key = (base.uri, base.version, tuple(id(s) for s in sets))
-    hit = _STALE.get(key)
+    hit = _OVERWRITTEN_BASE_ROWS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit.sets, sets)):
         return hit
     found = np.concatenate([s.base_addresses(base, row_ids=True) for s in sets])
     if len(sets) > 1:
         found = np.unique(found)
-    return _STALE.put(key, _Stale(list(sets), found))
+    return _OVERWRITTEN_BASE_ROWS.put(key, _Stale(list(sets), found))
 
 
 # What Lance raises when its Substrait conversion refuses a filter expression (at
@@ -339,7 +310,7 @@ class _Scanner:
 class _BaseFragment:
     """Base-table rows (a share of its Lance fragments) whose key is not newer."""
 
-    def __init__(self, state: _QueryState, lance_fragments: list | None) -> None:
+    def __init__(self, state: _QueryState, lance_fragments: list[Any] | None) -> None:
         self.state = state
         self.lance_fragments = lance_fragments
 
@@ -578,7 +549,7 @@ class MemWalDataset(pads.Dataset):
             [pa.field(f.name, f.type, f.nullable) for f in table.schema]
             + (META_FIELDS if meta_columns else [])
         )
-        self.last_plan: sources.ReadPlan | None = None
+        self.last_plan: view.ReadPlan | None = None
 
     @property
     def schema(self) -> pa.Schema:
@@ -607,27 +578,27 @@ class MemWalDataset(pads.Dataset):
 
         return _Scanner(out_schema, batches())
 
-    def check(self) -> sources.ReadPlan:
+    def check(self) -> view.ReadPlan:
         """Resolve the sources now and return the plan: raises the typed error (e.g.
         ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
-        plan = sources.resolve(
+        plan = view.resolve(
             self.table,
             self.consistency,
             self.writers,
-            max_staleness=self.max_staleness,
+            max_staleness=_staleness(self.max_staleness),
             as_of=self.as_of,
         )
         self.last_plan = plan
         return plan
 
-    def get_fragments(self, filter: pc.Expression | None = None) -> list:
+    def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
         """Resolve the sources now and split the work into partitions."""
         state = _QueryState(self, filter)
         self.last_plan = state.plan
         lance_frags = state.plan.base.get_fragments()
         n = min(self.base_partitions, max(1, len(lance_frags)))
-        shares: list[list] = [lance_frags[i::n] for i in range(n)]
-        parts: list = [_BaseFragment(state, share) for share in shares if share]
+        shares: list[list[Any]] = [lance_frags[i::n] for i in range(n)]
+        parts: list[Any] = [_BaseFragment(state, share) for share in shares if share]
         if not parts:
             parts.append(_BaseFragment(state, None))
         parts.append(_NewerFragment(state))

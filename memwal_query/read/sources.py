@@ -1,21 +1,11 @@
-"""Collecting the sources of an LSM read: base table, flushed generations, MemTables.
+"""Reading the rows of a read's sources: flushed generations (cached), MemTables, and
+the base table's errors.
 
-:func:`resolve` returns a :class:`ReadPlan` for one point in time:
-
-- the base table (generation 0) at its latest version, and the MemWAL index of that
-  version, whose ``merged_generations`` say which flushed generations are already in
-  it: those are not read again (a merged generation still listed produces no
-  duplicates, and a garbage-collected one is never needed);
-- per region, the flushed generations above the merged one, newest last, from the
-  region manifests (``strong``) or the region snapshots of the MemWAL index
-  (``eventual``; see :mod:`memwal_query.maintain.snapshots`);
-- the MemTables of the writers handed in (read-your-writes). With ``eventual``, a region
-  whose writer is handed in is read from its region manifest (strong for that region),
-  so that its MemTables continue the generations read; the other regions come from the
-  snapshots. Each region then shows a state it had (regions are independent: a key
-  lives in one region).
-
-Regions whose region value cannot satisfy the query's predicates are pruned.
+A flushed generation is read from its rows sidecar (:mod:`memwal_query.format.rowfile`)
+or its Lance table, conformed to the table's current schema, and its decoded columns
+are kept in :data:`GENERATION_CACHE` (generations are immutable). Which generations and
+MemTables a read sees is the pinned view's job (:func:`memwal_query.read.view.resolve`);
+deduplicating them is :mod:`memwal_query.read.newer`'s.
 """
 
 from __future__ import annotations
@@ -28,7 +18,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
     BaseVersionGoneError,
@@ -38,30 +27,13 @@ from memwal_query.exceptions import (
 )
 from memwal_query.format.index import manifest_path
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
-from memwal_query.read import view
-from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
-from memwal_query.read.view import GenerationRef, ReadPlan
+from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
 from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
-    from memwal_query.write.writer import RegionWriter
-
-
-def resolve(
-    table: Catalog,
-    consistency: str = "strong",
-    writers: Sequence[RegionWriter] | None = None,
-    predicates: list[tuple[str, str, Any]] | None = None,
-    max_staleness: float | None = None,
-    as_of: Any = None,
-) -> ReadPlan:
-    """Resolve the pinned view to read now (or, with ``as_of``, of a past moment):
-    :func:`memwal_query.read.view.resolve`."""
-    staleness = view.DEFAULT_MAX_STALENESS if max_staleness is None else max_staleness
-    return view.resolve(table, consistency, writers, predicates, staleness, as_of)
 
 
 def base_version_gone(table: Catalog, version: int) -> bool:
@@ -129,7 +101,7 @@ GENERATION_CACHE = _GenerationCache()
 def read_generation(
     ref: GenerationRef,
     schema: pa.Schema,
-    storage_options=None,
+    storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """Rows of a flushed generation with ``_gen`` and ``_rowaddr``, in write order.
@@ -154,11 +126,11 @@ def parallel_reads(uri: str, storage_options: dict[str, str] | None) -> bool:
 def _read_generation(
     ref: GenerationRef,
     schema: pa.Schema,
-    storage_options,
+    storage_options: dict[str, str] | None,
     columns: Sequence[str] | None,
     lance_ok: bool,
 ) -> pa.Table | None:
-    target = _storage_read_schema(schema)
+    target = read_schema(schema)
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
@@ -204,7 +176,8 @@ def _read_generation(
 
 READ_TASKS = 4
 """How many tasks read the generations of a query that are not cached yet."""
-_READERS = ThreadPoolExecutor(READ_TASKS, thread_name_prefix="memwal-generations")
+_GENERATION_READERS = ThreadPoolExecutor(READ_TASKS, thread_name_prefix="memwal-generations")
+"""The threads that read generations (:func:`map_generations`, :func:`read_generations`)."""
 T = TypeVar("T")
 
 
@@ -218,13 +191,13 @@ def map_generations(
     trip (:func:`parallel_reads`)."""
     if len(refs) < 2 or not parallel_reads(refs[0].uri, storage_options):
         return [fn(ref) for ref in refs]
-    return in_chunks(_READERS, fn, refs, READ_TASKS)
+    return in_chunks(_GENERATION_READERS, fn, refs, READ_TASKS)
 
 
 def read_generations(
     refs: Sequence[GenerationRef],
     schema: pa.Schema,
-    storage_options=None,
+    storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
     check: Callable[[pa.Table], object] | None = None,
 ) -> list[pa.Table]:
@@ -248,7 +221,8 @@ def read_generations(
     local = bool(refs) and not parallel_reads(refs[0].uri, storage_options)
     got = [read(g, lance_ok=False) if local or g.uri in GENERATION_CACHE else None for g in refs]
     todo = [i for i, t in enumerate(got) if t is None]
-    for i, t in zip(todo, in_chunks(_READERS, read, [refs[i] for i in todo], READ_TASKS)):
+    cold = in_chunks(_GENERATION_READERS, read, [refs[i] for i in todo], READ_TASKS)
+    for i, t in zip(todo, cold):
         got[i] = t
     out = [t for t in got if t is not None]
     if len(out) != len(refs):  # never: each read returns a table or raises
@@ -256,8 +230,9 @@ def read_generations(
     return out
 
 
-_NO_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)
-_IOS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+GENERATIONS_WITHOUT_SIDECAR: LRUCache[str, bool] = LRUCache(1 << 16)
+"""Generation directories known to have no (readable) rows sidecar."""
+_FILE_IOS: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 
 
 def file_io(uri: str, storage_options: dict[str, str] | None) -> Any:
@@ -266,9 +241,9 @@ def file_io(uri: str, storage_options: dict[str, str] | None) -> Any:
 
     scheme = uri.split("://", 1)[0] if "://" in uri else "file"
     key = (scheme, tuple(sorted((storage_options or {}).items())))
-    io = _IOS.get(key)
+    io = _FILE_IOS.get(key)
     if io is None:
-        io = _IOS.setdefault(key, file_io_for(uri, storage_options))
+        io = _FILE_IOS.setdefault(key, file_io_for(uri, storage_options))
     return io
 
 
@@ -278,13 +253,13 @@ def _sidecar(
     """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
     rowfile`; columns added to the table after the generation was written as NULL), or
     None when it has none or a damaged one (then the Lance table is read)."""
-    if _NO_SIDECAR.get(uri):
+    if GENERATIONS_WITHOUT_SIDECAR.get(uri):
         return None
     from memwal_query.format import rowfile
 
     t = rowfile.read(file_io(uri, storage_options), uri)
     if t is None:
-        _NO_SIDECAR.put(uri, True)
+        GENERATIONS_WITHOUT_SIDECAR.put(uri, True)
         return None
     wanted = set(target.names)
     out = {c: t.column(c) for c in t.column_names if c in wanted}
@@ -305,7 +280,7 @@ def memtable_rows(m: MemTableSnapshot) -> pa.Table:
 
 def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
     """Select/cast ``t`` to ``schema`` + ``_tombstone``/``_gen``/``_rowaddr``; missing = NULL."""
-    target = _storage_read_schema(schema)
+    target = read_schema(schema)
     if t.schema.equals(target, check_metadata=False):
         return t
     cols = []
@@ -319,12 +294,14 @@ def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 _READ_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
-_READ_SCHEMAS_BY_ID: dict[int, tuple[pa.Schema, pa.Schema]] = {}
+_READ_SCHEMAS_BY_SCHEMA_ID: dict[int, tuple[pa.Schema, pa.Schema]] = {}
 
 
-def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
+def read_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` (every field nullable) + ``_tombstone``, ``_gen``, ``_rowaddr``: the
+    schema of the rows read from the sources (cached per schema)."""
     # by identity first: hashing a schema costs more than reading a small generation
-    known = _READ_SCHEMAS_BY_ID.get(id(schema))
+    known = _READ_SCHEMAS_BY_SCHEMA_ID.get(id(schema))
     if known is not None and known[0] is schema:
         return known[1]
     out = _READ_SCHEMAS.get(schema)
@@ -336,236 +313,7 @@ def _storage_read_schema(schema: pa.Schema) -> pa.Schema:
             pa.field(ROWADDR_COLUMN, pa.uint64()),
         ]
         out = _READ_SCHEMAS[schema] = pa.schema(fields)
-    if len(_READ_SCHEMAS_BY_ID) > 64:
-        _READ_SCHEMAS_BY_ID.clear()
-    _READ_SCHEMAS_BY_ID[id(schema)] = (schema, out)
+    if len(_READ_SCHEMAS_BY_SCHEMA_ID) > 64:
+        _READ_SCHEMAS_BY_SCHEMA_ID.clear()
+    _READ_SCHEMAS_BY_SCHEMA_ID[id(schema)] = (schema, out)
     return out
-
-
-def _empty(schema: pa.Schema) -> pa.Table:
-    return conform(schema.empty_table(), schema)
-
-
-_POS = "__memwal_pos"
-
-
-class NewerView:
-    """Newest version of every key among a plan's generations and MemTables.
-
-    Held as row indices (``winners``) into the zero-copy concatenation of the sources'
-    rows, so that a query materializes only the columns it needs, and reads only those
-    from the generations' Lance tables (:func:`read_generation`). The flushed part
-    (winners and key set) is cached per set of generations (they are immutable);
-    MemTable rows, always newer than every flushed generation of their region, are
-    combined per query.
-
-    Attributes
-    ----------
-    winners : np.ndarray
-        Sorted indices of the newest row per key (tombstones included).
-    keys : KeySet or KeySetUnion
-        Every key present in a newer source (to drop their base-table rows).
-    """
-
-    def __init__(
-        self,
-        rows: Callable[[Sequence[str]], pa.Table],
-        names: Sequence[str],
-        winners: np.ndarray,
-        keys: KeySet | KeySetUnion,
-        newest: Callable[[Sequence[str]], pa.Table] | None = None,
-    ) -> None:
-        self._rows = rows
-        self._names = list(names)
-        self.winners = winners
-        self.keys = keys
-        self._newest = newest
-
-    def columns(self, names: Sequence[str] | None = None) -> pa.Table:
-        """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
-        return self._rows(self._names if names is None else list(names))
-
-    @property
-    def rows(self) -> pa.Table:
-        """All newer rows with every column (reads them all: prefer :meth:`columns`)."""
-        return self.columns()
-
-    def live(
-        self,
-        columns: Sequence[str] | None = None,
-        filter: pc.Expression | None = None,
-        filter_columns: Sequence[str] = (),
-    ) -> pa.Table:
-        """Newest live rows (tombstones removed) matching ``filter``; only ``columns``.
-
-        The filter is evaluated on the newest version of each key, reading only
-        ``filter_columns`` first; the output columns are then taken for matches only.
-        """
-        cols = list(self._names if columns is None else columns)
-        check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
-        probe = self.newest(check)
-        probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
-        probe = probe.filter(pc.invert(pc.fill_null(probe.column(TOMBSTONE), False)))
-        if filter is not None and probe.num_rows:
-            probe = probe.filter(filter)
-        selected = probe.column(_POS).to_numpy()
-        if not cols:  # e.g. count(*): no columns, but the right number of rows
-            return pa.table({_POS: pa.nulls(len(selected))}).select([])
-        out = self.newest(cols)
-        # positions are ascending: as many as rows means every row
-        return out if len(selected) == out.num_rows else out.take(pa.array(selected))
-
-    def newest(self, names: Sequence[str]) -> pa.Table:
-        """The newest rows (:attr:`winners`, in that order, tombstones included), only
-        ``names`` (for flushed generations alone, cached per column)."""
-        if self._newest is not None:
-            return self._newest(list(names))
-        return self.columns(names).take(pa.array(self.winners))
-
-
-_FLUSHED_VIEWS: LRUCache[tuple, tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = LRUCache(
-    8
-)
-_MEM_VIEWS: LRUCache[tuple, tuple] = LRUCache(8)
-
-
-def _ranks(plan: ReadPlan) -> dict[str, int]:
-    """Region rank of every region of the plan: ordered as the region ids, and the same
-    in every plan (cached flushed views are combined with later plans' MemTables): the
-    first 60 bits of the (canonical, lowercase) UUID."""
-    return {v.region_id: int(v.region_id.replace("-", "")[:15], 16) for v in plan.regions}
-
-
-def _flushed_rows(
-    plan: ReadPlan, schema: pa.Schema, columns: Sequence[str], storage_options
-) -> pa.Table:
-    """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
-    parts = read_generations(plan.generations, schema, storage_options, columns)
-    if parts:
-        return pa.concat_tables(parts)
-    return _empty(schema).select(list(columns))
-
-
-def _column_nbytes(entry: tuple[np.ndarray, pa.ChunkedArray]) -> int:
-    return entry[1].nbytes
-
-
-NEWEST_COLUMNS: LRUCache[tuple, tuple[np.ndarray, pa.ChunkedArray]] = LRUCache(
-    256, max_bytes=256 << 20, sizeof=_column_nbytes
-)
-"""Columns of the newest rows of a set of flushed generations (what an unfiltered scan
-returns of them), one contiguous array each, per (generations, schema, column); bounded
-by bytes (default 256 MiB). An entry is used only while every one of its generations is
-in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here too)."""
-
-
-def _flushed_newest(
-    plan: ReadPlan, schema: pa.Schema, names: Sequence[str], winners: np.ndarray, storage_options
-) -> pa.Table:
-    """Columns ``names`` of the plan's generations at rows ``winners`` (the newest row
-    per key; cached, see :data:`NEWEST_COLUMNS`)."""
-    uris = tuple(g.uri for g in plan.generations)
-    cached = all(u in GENERATION_CACHE for u in uris)
-    got: dict[str, pa.ChunkedArray] = {}
-    for name in names:
-        hit = NEWEST_COLUMNS.get((uris, schema, name)) if cached else None
-        if hit is not None and hit[0] is winners:
-            got[name] = hit[1]
-    missing = [n for n in names if n not in got]
-    if missing:
-        taken = _flushed_rows(plan, schema, missing, storage_options).take(pa.array(winners))
-        for name in missing:
-            col = taken.column(name).combine_chunks()
-            got[name] = pa.chunked_array([col], col.type)
-            NEWEST_COLUMNS.put((uris, schema, name), (winners, got[name]))
-    target = _storage_read_schema(schema)
-    fields = [target.field(n) for n in names]
-    return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
-
-
-def _flushed_view(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options
-) -> tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]:
-    """(row count, newest indices, key set, region rank and ``_gen`` of the newest rows)
-    of the plan's generations (cached)."""
-    key = (tuple(g.uri for g in plan.generations), schema)
-    hit = _FLUSHED_VIEWS.get(key)
-    if hit is not None:
-        return hit
-    ranks = _ranks(plan)
-    parts = read_generations(plan.generations, schema, storage_options, [*pk, GEN_COLUMN])
-    keys = pa.concat_tables(parts) if parts else _empty(schema).select([*pk, GEN_COLUMN])
-    regions = np.repeat(
-        np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
-        [p.num_rows for p in parts],
-    )
-    gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
-    winners = newest_indices(keys, pk, regions, gens)
-    view = (keys.num_rows, winners, KeySet(keys.select(pk)), regions[winners], gens[winners])
-    return _FLUSHED_VIEWS.put(key, view)
-
-
-def _memtable_view(
-    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
-) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
-    """Rows, newest indices, keys, and region rank and ``_gen`` of the newest rows of
-    MemTable snapshots (cached: they only grow)."""
-    key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
-    lasts = tuple(m.batches[-1] for m in mems)
-    hit = _MEM_VIEWS.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
-        return hit[1:6]
-    rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
-    sizes = [m.num_rows for m in mems]
-    regions = np.repeat(np.array([ranks[m.region_id] for m in mems], np.int64), sizes)
-    gens = np.repeat(np.array([m.generation for m in mems], np.int64), sizes)
-    win_m = newest_indices(rows_m, pk, regions, gens)
-    keys = KeySet(rows_m.select(pk))
-    out = (rows_m, win_m, keys, regions[win_m], gens[win_m])
-    _MEM_VIEWS.put(key, (lasts, *out, dict(ranks)))
-    return out
-
-
-def newer_view(plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options=None) -> NewerView:
-    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
-    n_f, win_f, keys_f, reg_f, gen_f = _flushed_view(plan, schema, pk, storage_options)
-    names = _storage_read_schema(schema).names
-    mems = [m for r in plan.regions for m in r.memtables]
-    if not mems:
-        return NewerView(
-            lambda cols: _flushed_rows(plan, schema, cols, storage_options),
-            names,
-            win_f,
-            keys_f,
-            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options),
-        )
-    rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
-    winners = win_m + n_f
-    if len(win_f):
-        winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
-        hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
-        ranks = np.concatenate([reg_f, reg_m])
-        if not hit.any() or ranks.min() == ranks.max():
-            # One region: a MemTable row is newer than every generation of its region.
-            winners = np.concatenate([win_f[~hit], winners])
-        else:
-            # Keys in MemTables and in another region's generations: the one rule
-            # (dedup.newest_indices: _gen, then region rank) decides those keys only.
-            keys_hit = winners_f.filter(pa.array(hit))
-            mem_keys = rows_m.select(pk).take(pa.array(win_m))
-            mem_hit = KeySet(keys_hit).contains(mem_keys)
-            both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
-            keep = newest_indices(
-                both,
-                pk,
-                np.concatenate([reg_f[hit], reg_m[mem_hit]]),
-                np.concatenate([gen_f[hit], gen_m[mem_hit]]),
-            )
-            decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
-            winners = np.sort(np.concatenate([win_f[~hit], winners[~mem_hit], decided]))
-
-    def rows(cols: Sequence[str]) -> pa.Table:
-        flushed = _flushed_rows(plan, schema, cols, storage_options)
-        return pa.concat_tables([flushed, rows_m.select(list(cols))])
-
-    return NewerView(rows, names, winners, KeySetUnion([keys_f, keys_m]))

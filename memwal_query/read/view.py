@@ -1,51 +1,19 @@
 """The pinned read view: what every reader of a MemWAL table reads, resolved once.
 
-A **View** (:class:`ReadPlan`) is immutable: the base table at one
-version ``V``, the MemWAL index read *from that same version* (its
-``merged_generations`` say which flushed generations are already in ``V``), per region
-the flushed generations above the merged one, the MemTables of the writers handed in,
-and with ``consistency="latest"`` the durable WAL entries above each region's last
-flushed generation. Every reader answers from one View with one deduplication
-(:func:`memwal_query.read.dedup.newest_indices`): the DataFusion provider (SQL, ``explain``,
-the CLI, the SQL table functions), :func:`~memwal_query.search.lookup`, vector and
-full-text search, and the Spark reader.
+A **View** (:class:`ReadPlan`) is immutable: the base table at one version ``V``, the
+MemWAL index read from that same version, per region the flushed generations above the
+merged one, the MemTables of the writers handed in, and with ``consistency="latest"``
+the durable WAL entries above each region's last flushed generation. Every reader (the
+DataFusion provider, lookup, vector and full-text search, the Spark reader) answers from
+one View with one deduplication (:func:`memwal_query.read.dedup.newest_indices`).
 
-Consistent resolution (no torn reads)
--------------------------------------
-The pieces are read in an order that makes every combination a state the table had:
-
-1. the writers' MemTables (read-your-writes);
-2. the region manifests (``strong``/``latest``; for ``eventual``, those of the regions
-   whose writer is handed in) and, for ``latest``, the WAL entries after each
-   manifest's ``replay_after_wal_entry_position``;
-3. the base table's latest version ``V`` and the MemWAL index of ``V``.
-
-A generation that was flushed before step 2 is listed in the manifest unless a flush
-dropped it, which happens only after it was merged, into a version no later than ``V``
-(versions and merge progress only grow): its rows are then in ``V``. A generation
-flushed after step 2 holds rows of a MemTable or WAL entries read in steps 1-2, or was
-merged into ``V``. The opposite order (base first, manifests afterwards) could pair a
-base version that had not merged generation ``g`` with a manifest that no longer lists
-``g``: ``g``'s rows were in neither.
-
-``eventual`` reads the region snapshots stored in the index of ``V`` (written by the
-same commit as the merge progress they go with). When there is no snapshot, when its
-external file is gone, or when it is older than ``max_staleness``, the regions are
-read from the manifests *and the base version is read again after them* (step 3),
-never paired with the older ``V``.
-
-Pinning and re-planning
------------------------
-Step 3 may find ``V`` cleaned up between opening it and reading its index; the view
-is then resolved again (up to :data:`RESOLVE_ATTEMPTS` times). Reading the pieces
-afterwards may find one gone (a base version cleaned up, a generation garbage
-collected): ``gc(cleanup_older_than=..., min_age=...)`` keeps every base version that
-was the *latest* within ``min_age`` (default: ``cleanup_older_than``), and with it
-every generation that version has not merged, so a view used within that window of
-its resolution reads all its pieces.
-Beyond it a reader gets a typed :class:`~memwal_query.exceptions.BaseVersionGoneError`
-or :class:`~memwal_query.exceptions.GenerationGoneError` (lookup and search re-plan
-once); a missing piece is never read as empty.
+:func:`resolve` reads the pieces in an order that makes every combination a state the
+table had (no torn reads), re-resolving up to :data:`RESOLVE_ATTEMPTS` times when the
+base version disappears meanwhile; :func:`resolve_as_of` resolves a past moment. A
+piece found gone afterwards is a typed :class:`~memwal_query.exceptions.
+BaseVersionGoneError` or :class:`~memwal_query.exceptions.GenerationGoneError`, never an
+empty part. Why the order is consistent, and how long a View stays readable:
+``docs/architecture.md``, "The pinned view".
 """
 
 from __future__ import annotations
@@ -270,8 +238,8 @@ def _resolve_once(
 def _build(
     table: Catalog,
     consistency: str,
-    base,
-    index,
+    base: lance.LanceDataset,
+    index: MemWalIndex,
     states: dict[str, _State],
     mem_by_region: dict[str, list[MemTableSnapshot]],
     wal_tails: dict[str, list[MemTableSnapshot]],
@@ -328,8 +296,8 @@ def _manifests(
     """The regions' manifests, and the regions pruned *before* reading theirs.
 
     A region whose values are known from an earlier read (they are fixed when the region
-    is created) and cannot match ``predicates`` is not read at all (issue 20: a lookup
-    routed to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
+    is created) and cannot match ``predicates`` is not read at all (a lookup routed
+    to one region of 64 reads one manifest); the same rule as :func:`_build`'s.
     """
     pruned = []
     wanted = []
@@ -369,10 +337,10 @@ class _Pruner:
 
 
 MANIFEST_READERS = 16
-"""Region manifests read at once by a strong read (issue 20: on an object store a
-manifest check is a round trip; 64 regions one after the other cost 64 of them)."""
+"""Region manifests read at once by a strong read (on an object store a manifest check
+is a round trip; 64 regions one after the other would cost 64 of them)."""
 
-_MANIFEST_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
+_MANIFEST_READER_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
 
 
 def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifest | None]:
@@ -382,7 +350,7 @@ def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifes
     on a local file system: :attr:`FileIO.parallel_requests`)."""
     if len(region_ids) <= 2 or not table.io.parallel_requests:
         return [table.region_manifest(r) for r in region_ids]
-    return in_chunks(_MANIFEST_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
+    return in_chunks(_MANIFEST_READER_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:
@@ -397,7 +365,9 @@ def _manifest_state(table: Catalog, region_id: str) -> _State | None:
     return None if m is None else _state_of(table, region_id, m)
 
 
-def _snapshot_states(table: Catalog, index, max_staleness: float | None):
+def _snapshot_states(
+    table: Catalog, index: MemWalIndex, max_staleness: float | None
+) -> dict[str, _State] | None:
     """Region states from the snapshots of ``index``; None when there is none to use
     (never written, external file gone, or older than ``max_staleness`` seconds)."""
     from memwal_query.format.snapshots import read_snapshots
@@ -428,7 +398,7 @@ def _wal_tail(table: Catalog, region_id: str, manifest: RegionManifest) -> list[
     wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
     schema = storage_schema(table.schema)
     position = manifest.replay_after_wal_entry_position + 1
-    by_gen: dict[int, list] = {}
+    by_gen: dict[int, list[Any]] = {}
     while True:
         try:
             entry = wal.read(position)

@@ -179,8 +179,8 @@ def _df_context() -> Any:
     return ctx
 
 
-_EVAL_POOL: ThreadPoolExecutor | None = None
-_EVAL_POOL_LOCK = threading.Lock()
+_REGION_EXPR_POOL: ThreadPoolExecutor | None = None
+_REGION_EXPR_POOL_LOCK = threading.Lock()
 
 
 def _eval_expression(
@@ -192,12 +192,12 @@ def _eval_expression(
     starting DataFusion's runtime from within its runtime panics, so the evaluation
     always runs on a thread that is not driving one.
     """
-    global _EVAL_POOL
-    if _EVAL_POOL is None:
-        with _EVAL_POOL_LOCK:
-            if _EVAL_POOL is None:
-                _EVAL_POOL = ThreadPoolExecutor(4, thread_name_prefix="memwal-region-expr")
-    return _EVAL_POOL.submit(
+    global _REGION_EXPR_POOL
+    if _REGION_EXPR_POOL is None:
+        with _REGION_EXPR_POOL_LOCK:
+            if _REGION_EXPR_POOL is None:
+                _REGION_EXPR_POOL = ThreadPoolExecutor(4, thread_name_prefix="memwal-region-expr")
+    return _REGION_EXPR_POOL.submit(
         _eval_expression_here, expression, arrays, n, out_type, field_id
     ).result()
 

@@ -31,13 +31,9 @@ skipped (so ``(5, NULL)`` and ``(NULL, 5)`` of equal types share a bucket); the 
 NULL only when every input is NULL. A single-column multi_bucket is therefore *not* the
 same as bucket (the length prefix).
 
-The hash is vectorised in numpy uint32 arithmetic (8-byte inputs as two blocks; variable
-length inputs block by block across all rows at once). Only byte strings longer than 64
-bytes (long strings/binaries, long multi_bucket concatenations) are hashed one by one
-with ``mmh3`` - a per-value Python loop, measured faster than many numpy block steps.
-Measured (1M rows): bucket of int64 ~0.06 s, of short strings ~0.2 s, multi_bucket of
-(int64, string) ~1 s. A worked example of the multi_bucket bytes is in
-``docs/compatibility.md``.
+Vectorised in numpy uint32 arithmetic; byte strings longer than 64 bytes are hashed one
+by one with ``mmh3`` (faster there than many numpy block steps). A worked example of the
+multi_bucket bytes is in ``docs/compatibility.md``.
 """
 
 from __future__ import annotations

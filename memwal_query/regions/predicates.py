@@ -140,7 +140,7 @@ def satisfies_all(region_values: Mapping[str, Any], projected: list[Predicate]) 
     return True
 
 
-Lookups = dict[str, tuple[type, frozenset]]
+Lookups = dict[str, tuple[type, frozenset[Any]]]
 
 
 def set_lookups(projected: list[Predicate]) -> Lookups | None:

@@ -4,71 +4,12 @@ A :class:`RegionSpec` (MemWAL spec, "Region Spec") is a list of :class:`RegionFi
 field derives one *region value* from one or more source columns, named by their Lance
 field ids (``source_ids``), either with a well-known *transform* or with a DataFusion SQL
 *expression* over ``col0, col1, ...``. :meth:`RegionSpec.evaluate` computes the region
-values of every row of a batch, vectorised (numpy / pyarrow.compute / DataFusion), and
-:meth:`RegionSpec.may_match` decides, from simple predicates on the *source* columns,
-whether a region can hold matching rows (region pruning, in the manner of PyIceberg's
-inclusive ``project``).
-
-The package is laid out as PyIceberg's transforms: one class per transform
-(:mod:`.transform` the base class, :mod:`.transforms` the registry from the spec's
-transform names, :mod:`.transforms_value` identity and truncate, :mod:`.transforms_time`
-the date parts, :mod:`.transforms_hash` bucket, multi_bucket and unsharded,
-:mod:`.expression` SQL expressions), :mod:`.murmur3` the hashed bytes, :mod:`.sources`
-field ids to columns, :mod:`.predicates` the comparisons of pruning, :mod:`.arrowtypes`
-the type names. Decisions where the spec is silent or contradicts itself are listed in
-``docs/compatibility.md``.
-
-Result types
-------------
-  ``truncate(10, -1) = -10``). A result outside the source type's range (e.g. int8
-  ``-128`` with W = 3 gives -129) raises :class:`RegionSpecError`.
-* A non-empty ``result_type`` (an Arrow type name, see :func:`arrow_type_from_name`) is
-  the declared type of the region value: identity/truncate/expression results are cast
-  to it (a lossy cast raises :class:`RegionSpecError`); bucket, multi_bucket and the
-  date parts are always int32, so only ``""`` or ``"int32"`` is accepted for them.
-
-with ``mmh3`` - a per-value Python loop, measured faster than many numpy block steps.
-Measured (1M rows): bucket of int64 ~0.06 s, of short strings ~0.2 s, multi_bucket of
-(int64, string) ~1 s.
-
-NULLs and missing columns
--------------------------
-A source field id that is not in the schema, or a column absent from the batch, is read
-
-
-Pruning
--------
-Predicates are ``(column, op, value)`` with ``op`` in ``= in < <= > >=`` (``in`` takes a
-list; other ops such as ``!=`` are ignored), all ANDed. :meth:`RegionField.project` turns
-those on its source columns into predicates on the region value (PyIceberg's inclusive
-projection: every matching row's region value satisfies them):
-
-* values are first converted *losslessly* to the source column's type (``123.0`` to an
-  int column is ``123``; ``12.5`` or ``"123"`` is not, and the predicate is ignored); a
-  date literal on a timestamp column is its midnight, a naive datetime on a time-zoned
-  column is UTC (DataFusion's default session time zone);
-* ``=``/``in`` map each value through the very transform :meth:`RegionSpec.evaluate`
-  uses (identity, bucket, year/month/day/hour, truncate), giving ``region in {...}``;
-* ranges: identity keeps them (relaxed to ``<=``/``>=`` when a declared result_type casts);
-  year and truncate are monotone, so ``col >= v`` / ``col > v`` give ``region >= t(v)``
-  and ``col <= v`` / ``col < v`` give ``region <= t(v)``; month/day/hour are month of
-  the year, day of the month and hour of the day (cyclic, *not* monotone), so a range
-  projects only when a lower and an upper bound fall in the same year / month / day;
-  bucket never prunes on a range;
-* multi_bucket and expressions prune only when every source column has ``=``/``in``
-  (at most 1024 value combinations, evaluated like rows).
-
-A region whose value is NULL or unknown is never pruned (a NULL bucket can also hold rows
-written while the source column was absent from the schema, e.g. dropped and re-added),
-and neither are unknown columns, ops, uncomparable or NaN values.
-
-Differences from pylance and Iceberg
-------------------------------------
-pylance 14's native ``lance.mem_wal.evaluate_sharding_spec`` implements only identity,
-bucket and unsharded, and hashes differently (``(h & 0x7fffffff) % N``, 4-byte hashing
-of 32-bit types, timestamps in their unit, a non-standard string tail, NULL as bucket
-0). The clause-by-clause table (spec, ours, pylance, Iceberg), with every decision taken
-where the spec is silent or contradicts itself, is in ``docs/compatibility.md``.
+values of every row of a batch, vectorised; :meth:`RegionSpec.may_match` and
+:meth:`RegionSpec.pruner` decide, from simple predicates on the *source* columns,
+whether a region can hold matching rows (never False for a region that can). The
+package layout and the pruning rules are in ``docs/regions.md``; every decision where
+the spec is silent or contradicts itself (and the differences from pylance and Iceberg)
+in ``docs/compatibility.md``.
 """
 
 from __future__ import annotations

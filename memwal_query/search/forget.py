@@ -21,7 +21,7 @@ import re
 import threading
 
 from memwal_query.read.sources import GENERATION_CACHE
-from memwal_query.search.common import _GEN_TOKENS, _GENERATIONS
+from memwal_query.search.caches import GENERATION_TOKEN_INDEXES, OPEN_GENERATIONS
 
 _GEN_DIR = re.compile(r"/([^/]+)/[0-9a-f]{8}_gen_([1-9][0-9]*)/?$")
 _applied: dict[str, tuple[tuple[str, int], ...]] = {}
@@ -48,7 +48,7 @@ def forget_merged(table_uri: str, merged: dict[str, int]) -> int:
         return m is not None and int(m.group(2)) <= merged.get(m.group(1), 0)
 
     return (
-        _GENERATIONS.discard_where(gone)
-        + _GEN_TOKENS.discard_where(lambda key: gone(key[0]))
+        OPEN_GENERATIONS.discard_where(gone)
+        + GENERATION_TOKEN_INDEXES.discard_where(lambda key: gone(key[0]))
         + GENERATION_CACHE.discard_where(gone)
     )

@@ -19,20 +19,14 @@ from memwal_query.exceptions import (
     MemWalError,
     SchemaError,
 )
+from memwal_query.format import baseindex
 from memwal_query.format.postings import tokenize_many
 from memwal_query.format.schema import (
     ROWADDR_COLUMN,
 )
 from memwal_query.read import sources
-from memwal_query.search.common import (
-    _BOUND_MAX_FETCH,
-    _BOUND_SLACK,
-    _INDEX_STATS,
-    K1,
-    ROWID,
-    SCORE,
-    B,
-)
+from memwal_query.search.caches import BASE_FTS_STATS
+from memwal_query.search.common import _BOUND_MAX_FETCH, _BOUND_SLACK, K1, ROWID, SCORE, B
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _predicates, resolve_search
@@ -45,7 +39,7 @@ from memwal_query.search.textindex import (
     _texts,
 )
 from memwal_query.search.topk import (
-    _SEARCH_POOL,
+    SOURCE_SEARCH_POOL,
     _block_sources,
     _conform_output,
     _fill_debug,
@@ -57,7 +51,6 @@ from memwal_query.search.topk import (
     _Source,
 )
 from memwal_query.storage.io import join
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -73,7 +66,9 @@ class _IndexFtsStats:
     df: dict[str, int] = field(default_factory=dict)
 
 
-def _index_total_tokens(ds: lance.LanceDataset, info_segments: list[str], storage) -> int | None:
+def _index_total_tokens(
+    ds: lance.LanceDataset, info_segments: list[str], storage: dict[str, str] | None
+) -> int | None:
     import json
 
     from lance.file import LanceFileReader
@@ -100,7 +95,7 @@ def _fts_index_stats(
     storage: dict[str, str] | None,
 ) -> _IndexFtsStats:
     key = (ds.uri, ds.version, index_name)
-    cached = _INDEX_STATS.get(key)
+    cached = BASE_FTS_STATS.get(key)
     if cached is not None:
         return cached
     stats = ds.stats.index_stats(index_name)
@@ -112,7 +107,7 @@ def _fts_index_stats(
         tokens, doc, valid = tokenize_many(sample, tok_kwargs)
         total = int(round((len(tokens) / max(int(valid.sum()), 1)) * n))
     out = _IndexFtsStats(n, total)
-    _INDEX_STATS.put(key, out)
+    BASE_FTS_STATS.put(key, out)
     return out
 
 
@@ -216,7 +211,7 @@ def fts_search(
     *,
     columns: Sequence[str] | None = None,
     consistency: str = "strong",
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """Top-``k`` live rows of a BM25 full-text match on ``column`` across every source.
 
@@ -258,7 +253,7 @@ def fts_search(
     info = plan.index
     if info is None:
         raise MemWalError(f"{table.uri}: column {column!r} has no INVERTED index on the base")
-    tok_kwargs = genindex.tokenize_kwargs(genindex.fts_params(plan.base, info.name))
+    tok_kwargs = baseindex.tokenize_kwargs(baseindex.fts_params(plan.base, info.name))
     tokens, words = _query_tokens(query, tok_kwargs)
     if not tokens:
         return empty
@@ -272,10 +267,10 @@ def fts_search(
         return _FtsStats(ist.num_docs, ist.total_tokens, df)
 
     # The base's statistics (Lance; on a cold start they open its index) are gathered
-    # while this thread reads the generations into their block (issue 20, cold start).
+    # while this thread reads the generations into their block.
     base_early: Future[_FtsStats] | None = None
     if plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS:
-        base_early = _SEARCH_POOL.submit(index_stats, _own(plan.base), None)
+        base_early = SOURCE_SEARCH_POOL.submit(index_stats, _own(plan.base), None)
     try:
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
     except BaseException:
@@ -312,7 +307,7 @@ def fts_search(
     futures = [
         base_early
         if s.kind == "base" and base_early is not None
-        else _SEARCH_POOL.submit(source_stats, i, s)
+        else SOURCE_SEARCH_POOL.submit(source_stats, i, s)
         for i, s in enumerate(srcs)
     ]
     for s in srcs:
@@ -321,7 +316,7 @@ def fts_search(
     per_source = [f.result() for f in futures]
     n_total = sum(st.num_docs for st in per_source)
     t_total = sum(st.total_tokens for st in per_source)
-    df_total: collections.Counter = collections.Counter()
+    df_total: collections.Counter[str] = collections.Counter()
     for st in per_source:
         df_total.update(st.df)
     avgdl = t_total / n_total if n_total else 1.0

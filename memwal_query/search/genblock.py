@@ -1,4 +1,4 @@
-"""All flushed generations of a search as one in-memory source (issue 20, item 1).
+"""All flushed generations of a search as one in-memory source.
 
 A Lance query costs a few milliseconds however small the table, so asking every
 unmerged generation separately makes a vector search pay per generation (192
@@ -28,9 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.format.schema import TOMBSTONE
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
-from memwal_query.search.common import _BLOCKS, DISTANCE, ROWID
+from memwal_query.search.caches import GENERATION_BLOCKS
+from memwal_query.search.common import DISTANCE, ROWID
 from memwal_query.search.keys import _ints, _KeyIndex
 from memwal_query.search.plan import _filter_indices
 from memwal_query.search.vecmath import _distances, _vectors
@@ -60,7 +61,7 @@ class GenBlock:
 
     def __init__(
         self,
-        members: Sequence[tuple[int, sources.GenerationRef]],
+        members: Sequence[tuple[int, view.GenerationRef]],
         schema: pa.Schema,
         pk: list[str],
         column: str,
@@ -239,7 +240,7 @@ def _named_columns(filter: Any, names: Sequence[str], have: Sequence[str]) -> li
 
 
 def gen_block(
-    members: Sequence[tuple[int, sources.GenerationRef]],
+    members: Sequence[tuple[int, view.GenerationRef]],
     schema: pa.Schema,
     pk: list[str],
     column: str,
@@ -248,11 +249,11 @@ def gen_block(
     """The (cached) block of ``members`` (``(region rank, generation)``, ordered by rank,
     then generation); None when they hold more than :data:`BLOCK_MAX_ROWS` rows."""
     key = (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
-    block: GenBlock | None = _BLOCKS.get(key)
+    block: GenBlock | None = GENERATION_BLOCKS.get(key)
     if block is None:
         try:
             block = GenBlock(members, schema, pk, column, storage_options)
         except _TooLarge:
             return None
-        _BLOCKS.put(key, block)
+        GENERATION_BLOCKS.put(key, block)
     return block

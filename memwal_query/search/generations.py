@@ -7,7 +7,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import lance
 import numpy as np
@@ -24,8 +24,8 @@ from memwal_query.format.schema import (
     ROWADDR_COLUMN,
     TOMBSTONE,
 )
-from memwal_query.read import sources
-from memwal_query.search.common import _GENERATIONS
+from memwal_query.read import sources, view
+from memwal_query.search.caches import OPEN_GENERATIONS
 from memwal_query.search.keys import _KeyIndex
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class _GenInfo:
     :class:`GenerationGoneError`) and the filter is checked against the keys first.
     """
 
-    def __init__(self, table: Catalog, ref: sources.GenerationRef) -> None:
+    def __init__(self, table: Catalog, ref: view.GenerationRef) -> None:
         self.ref = ref
         self.uri = ref.uri
         self.io = table.io
@@ -203,11 +203,11 @@ class _GenInfo:
         return self.bloom.might_contain_hashes(hashes)
 
 
-def _gen_info(table: Catalog, ref: sources.GenerationRef) -> _GenInfo:
-    info = _GENERATIONS.get(ref.uri)
+def _gen_info(table: Catalog, ref: view.GenerationRef) -> _GenInfo:
+    info = OPEN_GENERATIONS.get(ref.uri)
     if info is None:
         info = _GenInfo(table, ref)
-        _GENERATIONS.put(ref.uri, info)
+        OPEN_GENERATIONS.put(ref.uri, info)
     return info
 
 
@@ -225,7 +225,7 @@ def _reading(gen: _GenInfo | None) -> Iterator[None]:
     try:
         yield
     except GenerationGoneError:
-        _GENERATIONS.discard(gen.uri)
+        OPEN_GENERATIONS.pop(gen.uri)
         raise
     except Exception as e:
         # Lance reports a missing file as OSError, or (through an Arrow stream) as
@@ -233,14 +233,17 @@ def _reading(gen: _GenInfo | None) -> Iterator[None]:
         # directory is gone means the generation is gone, others propagate unchanged.
         if not isinstance(e, OSError) and gen.exists():
             raise
-        _GENERATIONS.discard(gen.uri)
+        OPEN_GENERATIONS.pop(gen.uri)
         raise GenerationGoneError(
             f"generation {gen.ref.generation} of region {gen.ref.region_id} at {gen.uri} "
             f"is gone or unreadable: {e}"
         ) from e
 
 
-def _retry_when_gone(fn: Callable) -> Callable:
+_R = TypeVar("_R")
+
+
+def _retry_when_gone(fn: Callable[..., _R]) -> Callable[..., _R]:
     """Run a search once more, with a fresh read plan, if a generation it read is gone
     or the base version it read was cleaned up.
 

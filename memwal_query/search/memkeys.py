@@ -14,7 +14,7 @@ import pyarrow as pa
 from memwal_query.format.schema import (
     TOMBSTONE,
 )
-from memwal_query.search.common import _MEM_KEYS
+from memwal_query.search.caches import MEMTABLE_KEY_INDEXES
 from memwal_query.search.keys import _conform_keys, _index_hashes, _match_keys
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class _MemKeyIndex:
         self.batch_keys = batch_keys  # key fields as stored in the batches
         self.key_schema = key_schema  # key fields of the table (= lookup keys)
         self.ids: tuple[int, ...] = ()
-        self._refs: list[weakref.ref] = []
+        self._refs: list[weakref.ref[pa.RecordBatch]] = []
         self._dead = [False]
         self.offsets = np.zeros(1, np.int64)  # first row of each batch, then the total
         self.runs: list[_MemKeyRun] = []
@@ -90,7 +90,7 @@ class _MemKeyIndex:
             return
         dead = self._dead
 
-        def died(_ref: weakref.ref, dead: list[bool] = dead) -> None:
+        def died(_ref: weakref.ref[pa.RecordBatch], dead: list[bool] = dead) -> None:
             dead[0] = True
 
         self._refs.extend(weakref.ref(b, died) for b in new)
@@ -169,7 +169,7 @@ def _memtable_find(
     key = (table.uri, m.region_id, m.generation, tuple(pk))
     batches = m.batches
     ids = tuple(map(id, batches))
-    idx: _MemKeyIndex | None = _MEM_KEYS.get(key)
+    idx: _MemKeyIndex | None = MEMTABLE_KEY_INDEXES.get(key)
     if idx is not None:
         with idx.lock:
             done = len(idx.ids)
@@ -182,7 +182,7 @@ def _memtable_find(
     idx = _MemKeyIndex(pk, batch_keys, probe.schema)
     with idx.lock:
         idx.extend(batches)
-        _MEM_KEYS.put_newest(key, idx)
+        MEMTABLE_KEY_INDEXES.put_newest(key, idx)
         p, r = idx.find(probe, hashes, int(idx.offsets[-1]))
     return p, r, idx.offsets
 

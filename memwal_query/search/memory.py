@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from memwal_query.catalog import as_catalog
 from memwal_query.read import sources
-from memwal_query.search import common
+from memwal_query.search import caches
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog, HasCatalog
@@ -38,12 +38,7 @@ def memory_usage(table: Catalog | HasCatalog | None = None) -> dict[str, int]:
         "arrow_pool_bytes": int(pa.total_allocated_bytes()),
         "generation_columns_bytes": sources.GENERATION_CACHE.nbytes,
         "generation_columns_entries": len(sources.GENERATION_CACHE),
-        "open_generations": len(common._GENERATIONS),
-        "generation_token_indexes": len(common._GEN_TOKENS),
-        "memtable_token_indexes": len(common._MEM_FTS),
-        "memtable_key_indexes": len(common._MEM_KEYS),
-        "index_stats_entries": len(common._INDEX_STATS),
-        "generation_blocks": len(common._BLOCKS),
+        **caches.cache_entries(),
     }
     if table is not None:
         from memwal_query.format.lancecache import cache_bounds

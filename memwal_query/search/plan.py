@@ -18,18 +18,18 @@ from memwal_query.exceptions import (
     GenerationGoneError,
     MemWalError,
 )
+from memwal_query.format import baseindex
 from memwal_query.format.schema import (
     GEN_COLUMN,
     TOMBSTONE,
     normalize_keys,
 )
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.read.dedup import KeySet
 from memwal_query.search.common import _IDX
 from memwal_query.search.forget import forget_merged
 from memwal_query.search.generations import _gen_info
 from memwal_query.search.keys import _last_occurrence
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -90,8 +90,8 @@ class _Region:
     region_id: str
     merged_generation: int = 0
     caught_up: int | None = None
-    gap: list[sources.GenerationRef] = field(default_factory=list)
-    generations: list[sources.GenerationRef] = field(default_factory=list)
+    gap: list[view.GenerationRef] = field(default_factory=list)
+    generations: list[view.GenerationRef] = field(default_factory=list)
     memtables: list[MemTableSnapshot] = field(default_factory=list)
 
 
@@ -103,12 +103,12 @@ class SearchPlan:
     ----------
     base : lance.LanceDataset
         Base table version read.
-    read_plan : sources.ReadPlan
+    read_plan : view.ReadPlan
         The regular LSM read plan (generations above the merged one, MemTables).
     regions : dict
         Per region: merged/caught-up generations, gap generations, generations,
         MemTables.
-    index : genindex.BaseIndexInfo or None
+    index : baseindex.BaseIndexInfo or None
         Base index the search relies on.
     indexed_only : bool
         True when the base is searched over its indexed fragments only, the gap
@@ -120,9 +120,9 @@ class SearchPlan:
     """
 
     base: lance.LanceDataset
-    read_plan: sources.ReadPlan
+    read_plan: view.ReadPlan
     regions: dict[str, _Region]
-    index: genindex.BaseIndexInfo | None
+    index: baseindex.BaseIndexInfo | None
     indexed_only: bool
     base_fragments: list[int]
     notes: list[str] = field(default_factory=list)
@@ -181,30 +181,30 @@ def resolve_search(
         ``"scalar"``) is looked up on the base version the plan reads.
     kind : str
     consistency, writers, predicates
-        As for :func:`memwal_query.read.sources.resolve`.
+        As for :func:`memwal_query.read.view.resolve`.
 
     Notes
     -----
-    Like :func:`memwal_query.read.sources.resolve`, plus, for each region whose
+    Like :func:`memwal_query.read.view.resolve`, plus, for each region whose
     ``index_catchup[index]`` is behind ``merged_generations``, the generations in
     ``(caught_up, merged]`` as *gap* generations; the base is then searched over its
     indexed fragments only. If a gap generation cannot be listed or opened, or the
     unindexed fragments hold rows the gap does not explain, the base is searched in
     full instead (correct, just not index-only).
     """
-    plan = sources.resolve(table, consistency, writers, predicates)
+    plan = view.resolve(table, consistency, writers, predicates)
     base = plan.base
     with sources.reading_base(table, base):  # V cleaned up meanwhile: a typed error
-        index = genindex.find_index(base, column, kind) if column is not None else None
+        index = baseindex.find_index(base, column, kind) if column is not None else None
     merged = plan.index.merged_generations()
     forget_merged(table.uri, merged)  # the caches of generations no view reads again
     regions: dict[str, _Region] = {}
-    for view in plan.regions:
-        regions[view.region_id] = _Region(
-            view.region_id,
-            merged_generation=view.merged_generation,
-            generations=list(view.generations),
-            memtables=list(view.memtables),
+    for rv in plan.regions:
+        regions[rv.region_id] = _Region(
+            rv.region_id,
+            merged_generation=rv.merged_generation,
+            generations=list(rv.generations),
+            memtables=list(rv.memtables),
         )
     notes: list[str] = []
     indexed_only = False
@@ -233,9 +233,7 @@ def resolve_search(
             from memwal_query.storage import paths
 
             for g in wanted:
-                ref = sources.GenerationRef(
-                    rid, g, paths.generation_path(table.uri, rid, flushed[g])
-                )
+                ref = view.GenerationRef(rid, g, paths.generation_path(table.uri, rid, flushed[g]))
                 try:
                     _gen_info(table, ref)
                 except GenerationGoneError as e:
@@ -263,7 +261,7 @@ def resolve_search(
 def _gap_covers_unindexed(
     table: Catalog,
     base: lance.LanceDataset,
-    index: genindex.BaseIndexInfo,
+    index: baseindex.BaseIndexInfo,
     regions: dict[str, _Region],
     notes: list[str],
 ) -> bool:
@@ -314,7 +312,7 @@ def _filter_indices(rows: pa.Table, filter: Any) -> np.ndarray:
         raise MemWalError(f"filter must be SQL text or a pyarrow Expression, got {filter!r}")
     # DataFusion evaluates the SQL text; in a worker thread, because the search may run
     # inside DataFusion's own runtime (the SQL table functions), which cannot nest.
-    return _SQL_POOL.submit(_sql_filter, keyed, filter).result()
+    return _SQL_FILTER_POOL.submit(_sql_filter, keyed, filter).result()
 
 
 def _sql_filter(keyed: pa.Table, filter: str) -> np.ndarray:
@@ -326,7 +324,8 @@ def _sql_filter(keyed: pa.Table, filter: str) -> np.ndarray:
     return np.sort(got.column(0).to_numpy())
 
 
-_SQL_POOL = ThreadPoolExecutor(2, thread_name_prefix="memwal-sql-filter")
+_SQL_FILTER_POOL = ThreadPoolExecutor(2, thread_name_prefix="memwal-sql-filter")
+"""The threads that evaluate a search's SQL filter in their own DataFusion context."""
 
 
 def _predicates(table: Catalog, filter: Any) -> list[tuple[str, str, Any]] | None:

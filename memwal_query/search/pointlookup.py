@@ -19,7 +19,7 @@ from memwal_query.format.schema import (
     TOMBSTONE,
     coerce_keys,
 )
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.search.common import (
     _BASE_KEY_SCAN_MAX_ROWS,
     _BASE_KEY_SCAN_MIN_KEYS,
@@ -84,7 +84,7 @@ def lookup(
     writers: Sequence[RegionWriter] | None = None,
     *,
     consistency: str = "strong",
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
     as_of: Any = None,
 ) -> pa.Table:
     """The newest live row of each primary key (vectorised over many keys).
@@ -127,7 +127,7 @@ def lookup(
     predicates = None
     if len(pk) == 1 and n <= _PRUNE_MAX_KEYS and table.region_spec is not None:
         predicates = [(pk[0], "in", probe.column(0).to_pylist())]
-    plan = sources.resolve(table, consistency, writers, predicates, as_of=as_of)
+    plan = view.resolve(table, consistency, writers, predicates, as_of=as_of)
     if as_of is None:  # the caches of generations no view reads again
         forget_merged(table.uri, plan.index.merged_generations())
     resolved = np.zeros(n, bool)

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 
 from memwal_query.format import postings
 from memwal_query.format.postings import Postings
-from memwal_query.read import sources
-from memwal_query.search.common import _GEN_TOKENS, _MEM_FTS
+from memwal_query.read import sources, view
+from memwal_query.search.caches import GENERATION_TOKEN_INDEXES, MEMTABLE_TOKEN_INDEXES
 from memwal_query.search.generations import _GenInfo
 from memwal_query.search.plan import _filter_indices
 from memwal_query.storage.io import join
@@ -42,7 +42,7 @@ class _TokenIndex:
         self.doc_len: list[int] = []
         self.num_docs = 0  # non-null documents
         self.total_tokens = 0
-        self.source: tuple = ()
+        self.source: tuple[pa.RecordBatch, ...] = ()
 
     def extend(self, col: pa.ChunkedArray | pa.Array) -> None:
         """Add the documents of ``col`` (strings or lists of strings; vectorised by
@@ -70,7 +70,7 @@ def _memtable_token_index(
 ) -> _TokenIndex:
     """Token index of one MemTable, extended incrementally as it grows (batch identity)."""
     key = (table.uri, m.region_id, m.generation, column, repr(sorted(tok_kwargs.items())))
-    idx: _TokenIndex | None = _MEM_FTS.get(key)
+    idx: _TokenIndex | None = MEMTABLE_TOKEN_INDEXES.get(key)
     batches = m.batches
     if idx is not None:
         done = len(idx.source)
@@ -81,7 +81,7 @@ def _memtable_token_index(
     for b in batches[len(idx.source) :]:
         idx.extend(b.column(column))
     idx.source = tuple(batches)
-    _MEM_FTS.put_newest(key, idx)
+    MEMTABLE_TOKEN_INDEXES.put_newest(key, idx)
     return idx
 
 
@@ -206,13 +206,13 @@ def _gen_mem_fts(gen: _GenInfo, table: Catalog, column: str, tok_kwargs: dict[st
 
 
 def _gen_token_index(
-    ref: sources.GenerationRef, table: Catalog, column: str, tok_kwargs: dict[str, Any]
+    ref: view.GenerationRef, table: Catalog, column: str, tok_kwargs: dict[str, Any]
 ) -> Postings:
     """Token index of one generation's ``column`` (cached: generations are immutable):
     from its postings sidecar (:mod:`memwal_query.format.postings`), else by tokenizing
     its text."""
     key = (ref.uri, column, repr(sorted(tok_kwargs.items())))
-    ti: Postings | None = _GEN_TOKENS.get(key)
+    ti: Postings | None = GENERATION_TOKEN_INDEXES.get(key)
     if ti is None:
         ti = postings.read(
             sources.file_io(ref.uri, table.storage_options), ref.uri, column, tok_kwargs
@@ -228,7 +228,7 @@ def _gen_token_index(
             ti = None
         if ti is None:
             ti = Postings.of(rows.column(column), tok_kwargs)
-        _GEN_TOKENS.put(key, ti)
+        GENERATION_TOKEN_INDEXES.put(key, ti)
     return ti
 
 

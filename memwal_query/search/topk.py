@@ -18,7 +18,7 @@ from memwal_query.exceptions import (
     SchemaError,
 )
 from memwal_query.format.bloom import hash_keys
-from memwal_query.read import sources
+from memwal_query.read import sources, view
 from memwal_query.search.common import _IDX, _MAX_ROUNDS, _SRC, ROWID
 from memwal_query.search.genblock import GenBlock, gen_block
 from memwal_query.search.generations import _gen_info, _GenInfo, _own, _reading
@@ -86,7 +86,7 @@ def _build_sources(
     all_mems: list[_MemRegion] = []
     per_region: list[_Source] = []
     # (rank, generation ref, info) of every generation; (rank, MemTables) of every region
-    every_gen: list[tuple[int, sources.GenerationRef, _GenInfo]] = []
+    every_gen: list[tuple[int, view.GenerationRef, _GenInfo]] = []
     every_mem: list[tuple[int, _MemRegion]] = []
     for rank, (rid, region) in enumerate(sorted(plan.regions.items())):
         refs = [(g, True) for g in region.gap] + [(g, False) for g in region.generations]
@@ -260,14 +260,14 @@ def _run_topk(
         if len(pending) == 1:
             run(pending[0])
         else:
-            for f in [_SEARCH_POOL.submit(run, s) for s in pending]:
+            for f in [SOURCE_SEARCH_POOL.submit(run, s) for s in pending]:
                 f.result()
         parts = []
         for i, s in enumerate(sources_):
             if s.live is not None and s.live.num_rows:
                 src = pa.repeat(pa.scalar(i, pa.int32()), s.live.num_rows)
                 parts.append(s.live.append_column(_SRC, src))
-        counts: collections.Counter = collections.Counter()
+        counts: collections.Counter[int] = collections.Counter()
         kth: float | None = None
         if parts:
             merged = pa.concat_tables(parts, promote_options="permissive")
@@ -299,7 +299,8 @@ def _run_topk(
     return merged
 
 
-_SEARCH_POOL = ThreadPoolExecutor(8, thread_name_prefix="memwal-search")
+SOURCE_SEARCH_POOL = ThreadPoolExecutor(8, thread_name_prefix="memwal-search")
+"""The threads that search a query's sources (base, generations, blocks) concurrently."""
 
 
 def _conform_output(t: pa.Table, schema: pa.Schema, extra: list[pa.Field]) -> pa.Table:
@@ -314,7 +315,9 @@ def _conform_output(t: pa.Table, schema: pa.Schema, extra: list[pa.Field]) -> pa
     return pa.Table.from_arrays(cols, schema=pa.schema(list(schema) + extra) if extra else schema)
 
 
-def _read_columns(table: Catalog, columns: Sequence[str] | None, need: list[str]) -> tuple:
+def _read_columns(
+    table: Catalog, columns: Sequence[str] | None, need: list[str]
+) -> tuple[pa.Schema, list[str]]:
     names = list(table.schema.names) if columns is None else list(columns)
     unknown = [c for c in names if c not in table.schema.names]
     if unknown:
@@ -369,7 +372,7 @@ def _materialize(
     if len(groups) == 1:
         results = [take(groups[0])]
     else:
-        results = [f.result() for f in [_SEARCH_POOL.submit(take, i) for i in groups]]
+        results = [f.result() for f in [SOURCE_SEARCH_POOL.submit(take, i) for i in groups]]
     fields = [out_schema.field(c) for c in need]
     order = np.concatenate([pos for pos, _ in results])
     parts = [_conform_output(part, pa.schema(fields), []) for _, part in results]
@@ -379,7 +382,7 @@ def _materialize(
     return merged
 
 
-def _fill_debug(debug: dict | None, plan: SearchPlan, srcs: list[_Source]) -> None:
+def _fill_debug(debug: dict[str, Any] | None, plan: SearchPlan, srcs: list[_Source]) -> None:
     if debug is None:
         return
     debug["plan"] = plan

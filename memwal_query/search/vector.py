@@ -14,13 +14,14 @@ from memwal_query.exceptions import (
     MemWalError,
     SchemaError,
 )
+from memwal_query.format import baseindex
 from memwal_query.read import sources
 from memwal_query.search.common import DISTANCE, ROWID
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
-    _SEARCH_POOL,
+    SOURCE_SEARCH_POOL,
     _block_sources,
     _build_sources,
     _conform_output,
@@ -34,7 +35,6 @@ from memwal_query.search.topk import (
     _Source,
 )
 from memwal_query.search.vecmath import _distances, _vectors
-from memwal_query.write import genindex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 DEFAULT_REFINE_FACTOR = 20
 """Default ``refine_factor`` of :meth:`MemWalTable.vector_search` and the SQL function
-(issue 20: recall@10 >= 0.95 against exact search, IVF_PQ index, ``nprobes=20``)."""
+(chosen for recall@10 >= 0.95 against exact search: IVF_PQ index, ``nprobes=20``)."""
 
 
 _EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
@@ -76,7 +76,7 @@ def vector_search(
     *,
     columns: Sequence[str] | None = None,
     consistency: str = "strong",
-    debug: dict | None = None,
+    debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """K nearest live rows of ``column`` to ``query`` across every source.
 
@@ -131,7 +131,7 @@ def vector_search(
     narrow = list(dict.fromkeys([*pk, column]))
     # On a cold start three things take time: the index's metric (Lance index statistics),
     # the base's first query (Lance, off the GIL: it opens the index) and reading the
-    # generations into their block (issue 20). The first two run on other threads while
+    # generations into their block. The first two run on other threads while
     # this one reads the block. With a block the base always has newer rows, so its first
     # round asks for 2k + 8 rows (``_run_topk``); a later round asks again as usual.
     prefetch = plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS
@@ -140,7 +140,7 @@ def vector_search(
     if info is None:
         metric_known.set_result("l2")
     elif not prefetch:
-        metric_known.set_result(genindex.vector_metric(plan.base, info))
+        metric_known.set_result(baseindex.vector_metric(plan.base, info))
 
     def nearest(kk: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"column": column, "q": q, "k": kk, "nprobes": nprobes}
@@ -186,7 +186,7 @@ def vector_search(
         # one task (a pool task waiting for another could deadlock a saturated pool)
         if not metric_known.done():
             try:
-                metric_known.set_result(genindex.vector_metric(plan.base, info))
+                metric_known.set_result(baseindex.vector_metric(plan.base, info))
             except BaseException as e:
                 metric_known.set_exception(e)
                 raise
@@ -195,7 +195,7 @@ def vector_search(
     early: dict[int, Future[pa.Table]] = {}
     if prefetch:
         first = _first_fetch(k, has_newer=True)
-        early[first] = _SEARCH_POOL.submit(metric_then_base, first)
+        early[first] = SOURCE_SEARCH_POOL.submit(metric_then_base, first)
     try:
         # the block assumes an exact metric (every metric Lance has is one)
         srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)

@@ -19,7 +19,7 @@ region (plus, with ``consistency="latest"``, the durable WAL entries not yet flu
 Each partition then reads fixed, immutable pieces:
 
 - **the regions' rows** (in the first partition): the newest row of every key among the
-  generations, by :func:`memwal_query.read.sources.newer_view` (the code and the rule of
+  generations, by :func:`memwal_query.read.newer.newer_view` (the code and the rule of
   the DataFusion provider, :func:`memwal_query.read.dedup.newest_indices`), tombstones
   removed, then filtered;
 - **base-table pieces**: fragments of the pinned base version, or row ranges of them,
@@ -83,7 +83,7 @@ from pyspark.sql.types import StructType
 
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from memwal_query.format.lancetypes import lance_filterable
-from memwal_query.read import sources, view
+from memwal_query.read import newer, view
 from memwal_query.spark import changes as _changes
 from memwal_query.spark._common import (
     _spark_schema,
@@ -254,7 +254,7 @@ def _combine(filters: Sequence[Any], schema: pa.Schema):
 # -- partitions ------------------------------------------------------------------------
 class NewerPartition(InputPartition):
     """The newest rows of every planned region (generations; WAL tails with
-    ``consistency="latest"``), deduplicated by :func:`memwal_query.read.sources.newer_view`
+    ``consistency="latest"``), deduplicated by :func:`memwal_query.read.newer.newer_view`
     (the provider's code and rule)."""
 
     def __init__(self, regions: list[view.RegionView], consistency: str) -> None:
@@ -407,9 +407,7 @@ class MemWalReader(DataSourceReader):
         the first one reading the regions' rows too (:func:`split_rows`)."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
-        plan = sources.resolve(
-            table.catalog, self.consistency, None, preds or None, as_of=self.as_of
-        )
+        plan = view.resolve(table.catalog, self.consistency, None, preds or None, as_of=self.as_of)
         newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
         newer_rows = _newer_rows(plan, self.storage_options) if newer is not None else 0
         fragments = [(f.fragment_id, f.count_rows()) for f in plan.base.get_fragments()]
@@ -430,8 +428,8 @@ class MemWalReader(DataSourceReader):
         if partition.pieces:
             yield from self._read_base(partition)
 
-    def _view(self, part: NewerPartition) -> sources.NewerView:
-        return sources.newer_view(
+    def _view(self, part: NewerPartition) -> newer.NewerView:
+        return newer.newer_view(
             part.plan(), self.table_schema, self.primary_key, self.storage_options
         )
 

@@ -23,7 +23,8 @@ Lance. Keys starting with ``memwal_`` are memwal_query's own (Lance ignores them
     An external lock that serializes every put-if-not-exists (check-then-put under the
     lock) and the index lock: ``file:///path/to/lockfile`` (an ``flock``: all writers
     on one host or a shared POSIX file system), or the name of a lock registered with
-    :func:`register_commit_lock` (for example one backed by DynamoDB or etcd).
+    :func:`memwal_query.storage.s3config.register_commit_lock` (for example one backed
+    by DynamoDB or etcd).
 ``memwal_lock_ttl`` (default ``"30"``)
     Seconds a lease of the index lock lasts without renewal (see :class:`LeaseLock`).
 ``memwal_verify_conditional_put`` (default ``"true"``)

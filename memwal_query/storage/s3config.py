@@ -280,6 +280,6 @@ def resolve_commit_lock(spec: str) -> CommitLock:
     if lock is None:
         raise StorageError(
             f"{OPT_COMMIT_LOCK}={spec!r}: not a file:// path and no lock of that name is "
-            "registered (memwal_query.storage.objectstore.register_commit_lock)"
+            "registered (memwal_query.storage.s3config.register_commit_lock)"
         )
     return lock

@@ -105,7 +105,7 @@ def _write_postings(
     """Store the postings of every column with an INVERTED index on the base table, as
     its tokenizer splits them (best effort: a generation without them is tokenized at
     query time, so any failure here is logged, never raised)."""
-    from memwal_query.write.genindex import fts_tokenizers
+    from memwal_query.format.baseindex import fts_tokenizers
 
     if base is None:
         return

@@ -272,7 +272,7 @@ class RoutedWriters:
                     pass  # its acknowledged rows are in the WAL: the region's next writer has them
 
 
-def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list:
+def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list[Any]:
     """``[fn(x) for x in items]`` run in threads (flushes overlap their I/O and the
     GIL-free parts of Lance and numpy); every call finishes, then the first error is
     raised."""

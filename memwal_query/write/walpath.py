@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -22,9 +21,6 @@ from memwal_query.format.schema import (
 )
 from memwal_query.format.wal import encode_entry
 from memwal_query.write.writer_state import _FlushPath, _Request
-
-if TYPE_CHECKING:
-    pass
 
 
 class _WalPath(_FlushPath):
@@ -85,29 +81,11 @@ class _WalPath(_FlushPath):
         self.stats.adopted_entries += 1
 
     def _check_superseded(self) -> None:
-        """FencedError if another writer claimed the region (one HEAD, usually).
-
-        The spec checks the epoch only before manifest updates, which leaves a hole: a
-        fenced writer A may write a WAL position that the new writer B already wrote,
-        flushed, merged and garbage collected; the slot is free again, A's
-        put-if-not-exists succeeds, and B (or any later writer) never replays it because
-        replay starts after B's ``replay_after_wal_entry_position``. A would acknowledge
-        a lost write.
-
-        Why one HEAD of version ``known + 1`` after the WAL write closes it: B can flush
-        (and so make merge and GC delete entries) only after claiming, and claiming
-        commits a manifest version with a higher epoch. Versions are put-if-not-exists
-        in sequence, and A's own commits are fenced, so every version after A's newest
-        one is either A's own (its concurrent flush; skipped) or comes after B's claim.
-        So if version ``known + 1`` is absent *after* A's entry is stored, no one has
-        claimed yet: the next claimer replays from a position at or below A's entry and
-        sees it. If it is present with another epoch, A is fenced and the put is not
-        acknowledged (the entry may still be replayed: the outcome is in doubt, as with
-        any failed put).
-
-        Cost: one HEAD per WAL entry (shared by a group commit), a deliberate departure
-        from the spec, which checks epochs only at manifest updates.
-        """
+        """FencedError if another writer claimed the region since this writer's newest
+        known manifest version: one HEAD of version ``known + 1``, after the WAL entry
+        is stored and before it is acknowledged. Why this one check suffices to never
+        acknowledge a write that no later writer replays: ``docs/writing.md``, "A fenced
+        writer never acknowledges a lost write"."""
         try:
             known = self._store.check_superseded(self._known_version, self.epoch)
         except FencedError as e:

@@ -382,7 +382,7 @@ class RegionWriter(_WalPath):
     def __enter__(self) -> RegionWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.close()
         else:
