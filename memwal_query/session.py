@@ -66,7 +66,7 @@ def register(
         registered_writers.pop(name, None)
     else:
         registered_writers[name] = list(writers)
-    routed[name] = table._routed
+    routed[name] = table  # its writers() are read when a function runs
     from memwal_query.search import register_search_functions
 
     # The functions look the dicts up at call time: tables and writers registered
@@ -96,8 +96,8 @@ def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> Mem
 
 
 def _registered(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
-    """Catalogs (``_memwal_tables``), writers (``_memwal_writers``) or routed writers
-    (``_memwal_routed``) registered through :func:`register` on ``ctx``, by name (for
+    """Catalogs (``_memwal_tables``), writers (``_memwal_writers``) or the tables whose
+    current ``writers()`` are read (``_memwal_routed``) registered through :func:`register` on ``ctx``, by name (for
     the search functions)."""
     from memwal_query.search.sqlfunctions import registry
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -18,8 +18,14 @@ if TYPE_CHECKING:
     import datafusion
 
     from memwal_query.catalog import Catalog
-    from memwal_query.write.routing import RoutedWriters
     from memwal_query.write.writer import RegionWriter
+
+
+class WriterSource(Protocol):
+    """Something whose current writers the SQL functions read: ``writers()`` is called
+    each time a function runs (a ``MemWalTable``, or a ``RoutedWriters``)."""
+
+    def writers(self) -> Sequence[RegionWriter]: ...
 
 
 def registry(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
@@ -45,7 +51,7 @@ def register_search_functions(
     tables: dict[str, Catalog] | None = None,
     writers: dict[str, Sequence[RegionWriter]] | None = None,
     default_writers: Callable[[Any], Sequence[RegionWriter]] | None = None,
-    routed: Mapping[str, RoutedWriters] | None = None,
+    routed: Mapping[str, WriterSource] | None = None,
 ) -> None:
     """Register the SQL table functions ``vector_search``, ``fts_search`` and ``lookup``.
 
@@ -63,9 +69,10 @@ def register_search_functions(
         ``catalog -> writers`` for a table in neither ``writers`` nor ``routed``.
         Default: no MemTables.
     routed : dict, optional
-        ``{name: RoutedWriters}``: for a table not in ``writers``, the MemTables of the
-        writers its ``MemWalTable.write`` opened (read at call time;
-        :func:`memwal_query.register` passes them).
+        ``{name: WriterSource}``: for a table not in ``writers``, the MemTables of the
+        writers ``source.writers()`` returns when a function runs
+        (:func:`memwal_query.register` passes the ``MemWalTable``, whose ``writers()``
+        are the ones its ``write`` opened).
 
     Notes
     -----
