@@ -97,8 +97,8 @@ def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> Mem
 
 def _registered(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
     """Catalogs (``_memwal_tables``), writers (``_memwal_writers``) or the tables whose
-    current ``writers()`` are read (``_memwal_routed``) registered through :func:`register` on ``ctx``, by name (for
-    the search functions)."""
+    current ``writers()`` are read (``_memwal_routed``) registered through
+    :func:`register` on ``ctx``, by name (for the search functions)."""
     from memwal_query.search.sqlfunctions import registry
 
     return registry(ctx, attr)
