@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -527,6 +527,15 @@ def _merge_across_regions(
             done.append(MergeResult(rid, last, prep.upserts.num_rows, prep.deleted, seconds))
 
 
+def generations_by_region(merged: Iterable[MergeResult | Any]) -> dict[str, list[int]]:
+    """``{region_id: [generations, ascending]}`` of merged generations (anything with
+    ``region_id`` and ``generation``), regions in id order."""
+    out: dict[str, list[int]] = {}
+    for m in merged:
+        out.setdefault(m.region_id, []).append(m.generation)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 @dataclass(frozen=True)
 class MergeReport:
     """What a merge did: :meth:`memwal_query.table.Maintenance.merge`.
@@ -541,10 +550,7 @@ class MergeReport:
 
     def by_region(self) -> dict[str, list[int]]:
         """``{region_id: [generations merged, ascending]}``."""
-        out: dict[str, list[int]] = {}
-        for m in self.merged:
-            out.setdefault(m.region_id, []).append(m.generation)
-        return {k: sorted(v) for k, v in sorted(out.items())}
+        return generations_by_region(self.merged)
 
     @property
     def upserted(self) -> int:

@@ -92,10 +92,9 @@ class MergeSummary:
 
     def by_region(self) -> dict[str, list[int]]:
         """``{region_id: [generations merged, ascending]}``."""
-        out: dict[str, list[int]] = {}
-        for m in self.merged:
-            out.setdefault(m.region_id, []).append(m.generation)
-        return {k: sorted(v) for k, v in sorted(out.items())}
+        from memwal_query.maintain.merger import generations_by_region
+
+        return generations_by_region(self.merged)
 
 
 def pending_generations(table: MemWalTable) -> dict[str, int]:
