@@ -684,6 +684,16 @@ max_memtable_age
         if name == "write_retries":
             deprecated("MemWalTable.write_retries", "MemWalTable.fence_retries")
             name = "fence_retries"
+        catalog = self.__dict__.get("_catalog")
+        if (
+            catalog is not None
+            and not name.startswith("_")
+            and not hasattr(type(self), name)
+            and hasattr(catalog, name)
+        ):
+            deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
+            setattr(catalog, name, value)
+            return
         object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:

@@ -156,6 +156,10 @@ def test_catalog_names_through_the_table_warn(table):
         table.refresh_index()
     with pytest.raises(AttributeError):
         table.no_such_name  # noqa: B018
+    io = table.catalog.io
+    with _warns("MemWalTable.catalog.io"):
+        table.io = io  # set on the catalog, where lower layers read it
+    assert "io" not in vars(table)
 
 
 def test_a_table_passed_to_a_lower_layer_still_works_with_a_warning(table):

@@ -337,8 +337,8 @@ def test_pause_at_each_storage_access(tmp_path, registered):
             writer.maintenance.merge()
             _gc_all(writer)
 
-    consumer.io = _PausingIO(consumer.io, hook)  # type: ignore[assignment]
-    cursor = consumer.register_consumer("c") if registered else consumer.changes().cursor
+    consumer.catalog.io = _PausingIO(consumer.catalog.io, hook)  # type: ignore[assignment]
+    cursor = consumer.consumers.register("c") if registered else consumer.changes().cursor
     outcomes = {"exact": 0, "gone": 0}
     k, key = 1, 100
     while True:
@@ -358,7 +358,7 @@ def test_pause_at_each_storage_access(tmp_path, registered):
             outcomes["exact"] += 1
             cursor = got.cursor
             if registered:
-                consumer.register_consumer("c", cursor)
+                consumer.consumers.register("c", cursor)
         if state["n"] < k:  # the pause point was beyond every access: all covered
             break
         k += 1
