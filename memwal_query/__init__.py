@@ -7,7 +7,22 @@ had already been merged.
 
 from __future__ import annotations
 
-from memwal_query.exceptions import (
+import os as _os
+
+QUIET_LANCE_LOG = (
+    "warn,lance::index=off,lance::index::vector=warn,lance::index::scalar=warn,"
+    "lance::index::vector::builder=error,lance::index::vector::ivf=error"
+)
+"""The ``LANCE_LOG`` filter set when the variable is unset (before Lance is loaded):
+Lance's warnings and errors, except three kinds it logs on successful operations of a
+MemWAL table (``lance::index``: the MemWAL system index "has no fields", at every
+full-text query; ``lance::index::vector::builder``: "partition N is empty" when a small
+generation is indexed with the base's partitions; ``lance::index::vector::ivf``: a note
+on index statistics). Set ``LANCE_LOG`` (e.g. ``warn`` or ``debug``) to see everything
+Lance logs; see docs/operations.md."""
+_os.environ.setdefault("LANCE_LOG", QUIET_LANCE_LOG)
+
+from memwal_query.exceptions import (  # noqa: E402
     AlreadyExistsError,
     AlreadyInitializedError,
     BackpressureError,

@@ -38,6 +38,7 @@ from memwal_query.exceptions import (
     RegionSpecError,
     StorageError,
     TableNotFoundError,
+    without_source_locations,
 )
 from memwal_query.format import fieldvalues, lancecache
 from memwal_query.format import index as mwindex
@@ -118,7 +119,8 @@ class Catalog:
         index = mwindex.read_index(self.io, self._dataset)
         if index is None:
             raise NotInitializedError(
-                f"{self.uri}: the table has no MemWAL index; call MemWalTable.initialize"
+                f"{self.uri}: the table has no MemWAL index; initialize it first with "
+                "`memwal init URI --primary-key COLUMNS` (Python: MemWalTable.initialize)"
             )
         self._index = index
         self.schema: pa.Schema = self._dataset.schema
@@ -418,5 +420,7 @@ def open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDatase
     except (ValueError, OSError, RuntimeError) as e:
         text = str(e)
         if "was not found" in text or "LanceError(IO)" not in text:
-            raise TableNotFoundError(f"{uri}: no Lance table here ({e})") from e
+            raise TableNotFoundError(
+                f"{uri}: no Lance table here ({without_source_locations(text)})"
+            ) from e
         raise StorageError(f"{uri}: cannot open the Lance table: {store_error(text)}") from e

@@ -6,7 +6,17 @@ Each message names the file, column, region or value concerned.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_SOURCE_LOCATION = re.compile(r"(?:,\s*|\s+at\s+|\s+)?[\w./-]*/[\w.-]+\.rs:\d+(?::\d+)?")
+
+
+def without_source_locations(text: str) -> str:
+    """``text`` without the Rust source locations a library build leaves in its messages
+    (Lance's ``, /home/runner/work/lance/.../commit.rs:653:26``): nothing a user can
+    act on, so messages quoting a library's error drop them."""
+    return _SOURCE_LOCATION.sub("", text)
 
 
 class MemWalError(Exception):
@@ -297,4 +307,4 @@ class RegionSpecWarning(UserWarning):
 
 class BloomFilterWarning(UserWarning):
     """A generation's bloom filter is missing or corrupt: its keys are checked exactly
-    (same answers, slower). ``memwal repair URI --rebuild-blooms`` writes it again."""
+    (same answers, slower). ``memwal repair URI`` writes it again."""

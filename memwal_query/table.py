@@ -772,6 +772,7 @@ class Maintenance:
         min_age: dt.timedelta | None = None,
         retain_versions_for: dt.timedelta | None = None,
         progress: Callable[[int, int], None] | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> list[str]:
         """Delete merged, caught-up, unreferenced generations and WAL entries.
 
@@ -790,6 +791,8 @@ class Maintenance:
             travel (``as_of``) to any moment in it works.
         progress : callable, optional
             ``progress(done, total)`` as paths are deleted.
+        sizes : dict, optional
+            Filled with the bytes of each path, measured before it is deleted.
 
         Returns
         -------
@@ -810,6 +813,7 @@ class Maintenance:
             min_age=min_age,
             progress=progress,
             retain_versions_for=retain_versions_for,
+            sizes=sizes,
         )
 
     def catch_up_indexes(self, names: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
@@ -968,6 +972,7 @@ def _old_gc(t: MemWalTable) -> Callable[..., list[str]]:
         min_age: dt.timedelta | None = None,
         progress: Callable[[int, int], None] | None = None,
         retain_versions_for: dt.timedelta | None = None,
+        sizes: dict[str, int] | None = None,
     ) -> list[str]:
         return t.maintenance.gc(
             dry_run=dry_run,
@@ -975,6 +980,7 @@ def _old_gc(t: MemWalTable) -> Callable[..., list[str]]:
             min_age=min_age,
             retain_versions_for=retain_versions_for,
             progress=progress,
+            sizes=sizes,
         )
 
     return gc

@@ -68,7 +68,7 @@ def test_csv_with_vectors_is_json_text(uri, tmp_path):
     lines = target.read_text().splitlines()
     assert lines[0] == '"id","vec"'
     assert lines[1] == '1,"[1.0, 2.0]"'
-    assert lines[2] == '2,"[3.0, NaN]"'
+    assert lines[2] == '2,"[3.0, null]"'  # JSON text: NaN is null
     assert lines[3] == "3,"  # NULL vector: empty field
     assert json.loads(lines[4].split(",", 1)[1].strip('"')) == [0.5, -1]
 
@@ -163,14 +163,18 @@ def test_gc_says_what_kept_each_generation(uri):
         w.put(pa.table({"id": [5], "x": [9.0], "name": ["z"], "vec": [[0.0, 0.0]]}, schema=SCHEMA))
         w.flush()
     t.maintenance.merge(max_generations=1)
-    out = run("gc", uri).output
-    assert "0 path(s)" in out
+    out = run("gc", uri).output  # a summary sized for a person
+    assert "removed 0 generation(s) and 0 WAL entries, 0 B" in out
+    assert "kept 2 generation(s): 1 kept by retained base versions" in out
+    assert "1 not merged yet (memwal merge)" in out and len(out.splitlines()) == 2
+    out = run("gc", uri, "--verbose").output
     kept = [line for line in out.splitlines() if line.startswith("kept ")]
     assert len(kept) == 2
     assert "generation 1: retained base version" in kept[0] and "--cleanup-older-than" in kept[0]
     assert "generation 2: not merged yet" in kept[1]
     out = run("gc", uri, "--cleanup-older-than", "0s").output
-    assert "_gen_1" in out and "generation 1:" not in out
+    assert "_gen_1" not in out and "removed 1 generation(s) and" in out
+    assert " 0 B" not in out.splitlines()[0] and "generation 1:" not in out
 
 
 def test_progress_bars_silent_when_not_a_terminal(uri, tmp_path):

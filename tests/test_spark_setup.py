@@ -1,4 +1,5 @@
-"""Spark as installed: the README's Spark snippet runs as written in a clean environment.
+"""Spark as installed: the first Spark snippet (docs/spark.md, "A first run") runs as
+written in a clean environment.
 
 The subprocess gets only PATH (without this interpreter's directory, so a worker started
 as ``python3`` from PATH would be the system's, without our packages), HOME, JAVA_HOME if
@@ -22,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_spark_snippet() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Apache Spark (PySpark)") :]
+    text = (ROOT / "docs" / "spark.md").read_text()
+    section = text[text.index("## A first run") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 

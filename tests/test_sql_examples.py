@@ -155,3 +155,31 @@ def test_sql_example_through_the_cli(contexts, path, tmp_path):
         json.dumps(ref.sql(path.read_text()).to_arrow_table().to_pylist(), default=str)
     )
     assert got == want and len(got) > 0
+
+
+def test_every_example_runs_on_the_demo_tables(tmp_path):
+    """``memwal demo DIR`` leaves events, users and logs and prints the command that runs
+    every example on them; that command answers each one (click's runner: in-process)."""
+    import json
+    import shlex
+
+    from click.testing import CliRunner
+
+    from memwal_query.cli.commands import main
+
+    def memwal(*args):
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result
+
+    demo = tmp_path / "demo"
+    out = memwal("demo", str(demo), "--rows", "2000").stdout
+    (loop,) = [line.strip() for line in out.splitlines() if "sql_examples/*.sql" in line]
+    args = shlex.split(loop.split('memwal sql -f "$f"', 1)[1].split(";", 1)[0])
+    assert sorted(a.split("=")[0] for a in args if a != "--table") == ["events", "logs", "users"]
+    for path in EXAMPLES:
+        got = memwal("sql", "-f", str(path), *args, "--format", "json")
+        rows = [json.loads(line) for line in got.stdout.splitlines()]
+        assert rows and not got.stderr, (path.name, got.stderr)
+    again = memwal("demo", str(demo), "--rows", "2000")  # a second run starts over
+    assert "live rows" in again.stdout

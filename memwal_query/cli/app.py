@@ -1,12 +1,16 @@
 """The ``memwal`` click group, its error handling and the helpers every command uses.
 
-Every error a user can cause prints one line (``error: ...``) and exits with status 1;
-``--debug`` shows the traceback instead.
+Every error a user can cause prints one line, ``error: TypeName: message`` (the message
+with its causes, see :func:`error_text`), and exits with status 1; a usage error prints
+``error: message (see 'memwal CMD -h')`` and exits with status 2; Ctrl-C (or SIGTERM)
+prints ``interrupted`` with what was already done (:func:`record_done`) and exits with
+status 130. ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -14,9 +18,55 @@ from typing import Any
 
 import click
 
-from memwal_query.exceptions import (
-    MemWalError,
-)
+from memwal_query.exceptions import MemWalError, without_source_locations
+
+_CAUSED_BY = re.compile(r"^\s*caused by:?\s*$", re.IGNORECASE)
+
+
+def _clean(text: str) -> str:
+    """``text`` on one line: source locations and ``caused by`` lines dropped, the other
+    lines joined with ``": "``."""
+    lines = [without_source_locations(line).strip() for line in text.splitlines()]
+    kept = [line for line in lines if line and not _CAUSED_BY.match(line)]
+    return ": ".join(line.rstrip(":") if i < len(kept) - 1 else line for i, line in enumerate(kept))
+
+
+def error_text(e: BaseException) -> str:
+    """``TypeName: message`` of ``e``, with the messages of its causes, on one line.
+
+    A multi-line message (DataFusion's ``... failed\\ncaused by\\nCast error: ...``)
+    keeps every line; an explicit cause (``raise ... from cause``) whose message the error
+    does not already quote follows as ``(caused by TypeName: message)``. Library source
+    locations are left out.
+    """
+    text = _clean(str(e)) or repr(e)
+    seen = {id(e)}
+    cause = e.__cause__
+    while cause is not None and id(cause) not in seen and len(seen) < 8:
+        seen.add(id(cause))
+        more = _clean(str(cause))
+        if more and more not in text:
+            text += f" (caused by {type(cause).__name__}: {more})"
+        cause = cause.__cause__
+    return f"{type(e).__name__}: {text}"
+
+
+def record_done(what: str) -> None:
+    """Note that the running command finished ``what`` (e.g. ``merged region r1``): an
+    interruption (Ctrl-C) then says what was already done."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        obj = ctx.find_root().obj
+        if isinstance(obj, dict):
+            obj.setdefault("done", []).append(what)
+
+
+def _interrupted(obj: Any) -> str:
+    done = (obj or {}).get("done", []) if isinstance(obj, dict) else []
+    if not done:
+        return "error: interrupted (nothing was completed)"
+    shown = "; ".join(done[:10]) + (f"; and {len(done) - 10} more" if len(done) > 10 else "")
+    return f"error: interrupted; already done: {shown}"
 
 
 def _handle_errors(fn: Callable) -> Callable:
@@ -30,9 +80,7 @@ def _handle_errors(fn: Callable) -> Callable:
         except (MemWalError, OSError, ValueError, RuntimeError, Exception) as e:  # noqa: BLE001
             if (ctx.find_root().obj or {}).get("debug"):
                 raise
-            click.echo(
-                f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}", err=True
-            )
+            click.echo(f"error: {error_text(e)}", err=True)
             sys.exit(1)
 
     return wrapper
@@ -57,6 +105,8 @@ class _OneLineErrorGroup(click.Group):
         if kwargs.get("standalone_mode", True) is False:
             return super().main(args, *rest, **kwargs)
         kwargs["standalone_mode"] = False
+        obj: dict[str, Any] = {}
+        kwargs.setdefault("obj", obj)
         try:
             rv = super().main(args, *rest, **kwargs)
         except BrokenPipeError:
@@ -71,8 +121,8 @@ class _OneLineErrorGroup(click.Group):
                 hint = f" (see '{ctx.command_path} -h')"
             click.echo(f"error: {e.format_message()}{hint}", err=True)
             sys.exit(e.exit_code)
-        except click.Abort:
-            click.echo("error: interrupted", err=True)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo(_interrupted(kwargs["obj"]), err=True)
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -103,7 +153,9 @@ def _quiet_broken_pipe() -> None:
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
     """memwal: LSM (MemWAL) tables on Lance, queried with SQL."""
-    ctx.obj = {"debug": debug}
+    if not isinstance(ctx.obj, dict):
+        ctx.obj = {}
+    ctx.obj["debug"] = debug
 
 
 def _open(uri: str):

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from memwal_query.cli.app import _handle_errors, _open
+from memwal_query.cli.app import _handle_errors, _open, record_done
 from memwal_query.cli.sql import _emit, _write_atomically
 
 
@@ -91,7 +91,8 @@ def changes(
     if since is None and consumer is not None:
         since = t.consumers.list().get(consumer)
     sink = _ArrowSink(output) if fmt == "arrow" else None
-    done = 0
+    done = rows = 0
+    interrupted = False
     try:
         while True:
             batch = t.changes(since=since, consistency=consistency, max_rows=max_rows)
@@ -105,6 +106,7 @@ def changes(
             since = batch.cursor
             _commit(t, since, consumer, cursor_file)
             done += 1
+            rows += batch.num_rows
             if not follow and batch.complete:
                 break
             if follow and (polls is not None and done >= polls):
@@ -112,11 +114,16 @@ def changes(
             if follow and batch.complete:
                 time.sleep(interval)
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         if sink is not None:
             sink.close()
     click.echo(f"cursor: {since}", err=True)
+    if interrupted:  # exit 130 saying what was written and committed
+        kept = f" (committed for consumer {consumer!r})" if consumer else ""
+        kept += f" (saved in {cursor_file})" if cursor_file else ""
+        record_done(f"{rows:,} change row(s) written, up to cursor {since}{kept}")
+        raise KeyboardInterrupt
 
 
 def _commit(t: Any, cursor: str, consumer: str | None, cursor_file: str | None) -> None:
@@ -145,7 +152,10 @@ def _append(table: Any, fmt: str, output: str) -> None:
         pcsv.write_csv(clifmt.csv_ready(table), buf)
         text = buf.getvalue().decode()
     else:
-        text = "".join(json.dumps(r, default=str) + "\n" for r in table.to_pylist())
+        from memwal_query.cli import fmt as clifmt
+
+        rows = clifmt.json_safe(table).to_pylist()  # NaN and infinities: null
+        text = "".join(json.dumps(r, default=str, allow_nan=False) + "\n" for r in rows)
     with open(output, "a") as f:
         f.write(text)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+from typing import Any
 
 import click
 
 from memwal_query.cli import setup as _setup  # noqa: F401  (registers its commands)
 from memwal_query.cli import specs as _specs  # noqa: F401  (registers its commands)
 from memwal_query.cli import sql as _sql  # noqa: F401  (registers its commands)
-from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main
+from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main, record_done
 from memwal_query.cli.options import Duration
 from memwal_query.cli.sql import _split_statements, _write_atomically  # noqa: F401
 from memwal_query.exceptions import (
@@ -36,7 +37,7 @@ def status(uri: str, as_json: bool) -> None:
         return
     click.echo(
         f"{s['uri']}  base version {s['base_version']}  {s['base_rows']:,} rows  "
-        f"primary key {s['primary_key']}"
+        f"primary key {', '.join(s['primary_key'])}"
     )
     header = (
         f"{'region':36}  {'values':>14}  epoch  cur  flushed        merged  wal_span   "
@@ -98,6 +99,7 @@ def _drain(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
         for rid in bar:
             gen = t.maintenance.drain(rid)
             lines.append(f"{rid}: generation {gen}")
+            record_done(f"flushed region {rid} (generation {gen})")
     for line in lines:
         click.echo(line)
     click.echo(f"{len(lines)} region(s) flushed")
@@ -127,45 +129,79 @@ def merge(uri: str, region: tuple[str, ...], max_generations: int | None, dry_ru
         for rid in bar:
             done = t.maintenance.merge(regions=[rid], max_generations=max_generations)
             if done.merged:
-                lines.append(f"{rid}: merged {done.by_region()[rid]}")
+                gens = done.by_region()[rid]
+                lines.append(f"{rid}: merged {gens}")
+                record_done(f"merged region {rid} generation(s) {gens}")
     for line in lines:
         click.echo(line)
 
 
 @main.command()
 @click.argument("uri")
-@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option(
     "--cleanup-older-than",
     type=Duration(hours_if_bare=True),
     help="First remove base versions older than this (e.g. 24h, 30m, 7d).",
 )
+@click.option("--verbose", "-v", is_flag=True, help="List every path and each kept generation.")
 @_handle_errors
-def gc(uri: str, dry_run: bool, cleanup_older_than: dt.timedelta | None) -> None:
-    """Delete merged, caught-up generations and their WAL entries, then say what kept
-    each remaining generation (not merged, a retained base version, an index)."""
+def gc(uri: str, dry_run: bool, cleanup_older_than: dt.timedelta | None, verbose: bool) -> None:
+    """Delete merged, caught-up generations and their WAL entries; print one summary line
+    (counts and bytes) and why generations were kept (--verbose: every path)."""
+    from memwal_query.maintain.gcreasons import kept_generations
+
     t = _open(uri)
     older = cleanup_older_than
+    sizes: dict[str, int] = {}
     with _progress(length=0, label="collecting", show_pos=True) as bar:
 
         def step(done: int, total: int) -> None:
             bar.length = total
             bar.update(done - bar.pos)
 
-        removed = t.maintenance.gc(dry_run=dry_run, cleanup_older_than=older, progress=step)
+        removed = t.maintenance.gc(
+            dry_run=dry_run, cleanup_older_than=older, progress=step, sizes=sizes
+        )
     if dry_run and older is not None:
         click.echo(
             "note: a dry run removes no base versions, so generations that only those "
             "versions still need are not listed",
             err=True,
         )
-    for p in removed:
-        click.echo(("would remove " if dry_run else "removed ") + p)
-    click.echo(f"{len(removed)} path(s)")
-    from memwal_query.maintain.gcreasons import kept_generations
+    verb = "would remove" if dry_run else "removed"
+    if verbose:
+        for p in removed:
+            click.echo(f"{verb} {p} ({_size_text(sizes.get(p, 0))})")
+    wal = sum("/wal/" in p for p in removed)
+    gens = len(removed) - wal
+    click.echo(
+        f"{t.uri}: {verb} {gens} generation(s) and {wal} WAL entr{'y' if wal == 1 else 'ies'}"
+        f", {_size_text(sum(sizes.values()))}"
+    )
+    kept = kept_generations(t.catalog)
+    if verbose:
+        for k in kept:
+            click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
+    elif kept:
+        reasons: dict[str, int] = {}
+        for k in kept:
+            for r in k.reasons:
+                if r.startswith("retained base version"):  # names a version: one group
+                    r = "kept by retained base versions (memwal gc --cleanup-older-than DURATION)"
+                reasons[r] = reasons.get(r, 0) + 1
+        why = "; ".join(f"{n} {r}" for r, n in reasons.items())
+        click.echo(f"kept {len(kept)} generation(s): {why} (--verbose lists them)")
 
-    for k in kept_generations(t.catalog):
-        click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
+
+def _size_text(n: int) -> str:
+    """``n`` bytes for a person: ``512 B``, ``3.2 KiB``, ``1.5 GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
 
 
 @main.command(name="catch-up")
@@ -182,7 +218,7 @@ def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     if missing:
         raise NotInitializedError(f"{t.uri}: no base index named {missing}")
     if dry_run:
-        click.echo(f"would catch up {chosen} to {t.catalog.index().merged_generations()}")
+        click.echo(_catch_up_plan(t, chosen))
         return
     if not chosen:
         click.echo("no maintained indexes: nothing to catch up")
@@ -192,6 +228,20 @@ def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
         for index_name in bar:
             progress.update(t.maintenance.catch_up_indexes([index_name]))
     click.echo(json.dumps(progress, indent=2))
+
+
+def _catch_up_plan(t: Any, chosen: list[str]) -> str:
+    """What ``catch-up`` would do: per index, the regions merged past its progress."""
+    index = t.catalog.index()
+    merged = index.merged_generations()
+    progress = index.index_catchup()
+    lines = []
+    for name in chosen:
+        done = progress.get(name, {})
+        behind = {r: g for r, g in merged.items() if g > done.get(r, 0)}
+        if behind:
+            lines.append(f"would catch up {name} to {behind}")
+    return "\n".join(lines) or "nothing to do: every index has caught up with the merged data"
 
 
 @main.command(name="refresh-snapshots")

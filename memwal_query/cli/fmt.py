@@ -3,8 +3,11 @@
 - :func:`json_text`: every value of an Arrow array as JSON text (lists and vectors as
   JSON arrays, structs as objects, NaN/Infinity as Python's ``json`` writes them), built
   with pyarrow.compute kernels rather than per-row Python;
+- :func:`finite_or_null`: NaN and infinities (also inside lists, vectors and structs) as
+  NULL, so ``--format json`` writes valid JSON (``null``);
 - :func:`csv_ready`: a table whose nested columns (lists, vectors, structs, maps) are
-  JSON text, which is what CSV can hold;
+  JSON text (NaN and infinities in them ``null``), which is what CSV can hold; top-level
+  floats are written by Arrow's CSV writer (``nan``, ``inf``, ``-inf``);
 - :func:`render`: the aligned text table of ``--format table``, where a SQL NULL prints
   as ``NULL`` and a float NaN as ``NaN``.
 """
@@ -115,11 +118,62 @@ def json_text(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
         )
 
 
+def finite_or_null(arr: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """``arr`` with every NaN and infinity replaced by NULL, at any depth of lists,
+    fixed-size lists and structs (other types unchanged)."""
+    if isinstance(arr, pa.ChunkedArray):
+        chunks = [finite_or_null(c) for c in arr.chunks]
+        return pa.chunked_array(chunks, arr.type)
+    t = arr.type
+    if pa.types.is_floating(t):
+        if pc.all(pc.fill_null(pc.is_finite(arr), True)).as_py():
+            return arr
+        return pc.if_else(pc.is_finite(arr), arr, pa.scalar(None, t))
+    if pa.types.is_struct(t):
+        children = [finite_or_null(arr.field(i)) for i in range(t.num_fields)]
+        return pa.StructArray.from_arrays(
+            children, fields=list(t), mask=arr.is_null() if arr.null_count else None
+        )
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        if not _has_float(t):
+            return arr
+        offsets, flat = _list_parts(arr)
+        values = finite_or_null(flat)
+        mask = arr.is_null() if arr.null_count else None
+        if pa.types.is_fixed_size_list(t):
+            out = pa.FixedSizeListArray.from_arrays(values, t.list_size, mask=mask)
+        elif pa.types.is_large_list(t):
+            out = pa.LargeListArray.from_arrays(pc.cast(offsets, pa.int64()), values, mask=mask)
+        else:
+            out = pa.ListArray.from_arrays(offsets, values, mask=mask)
+        return out.cast(t)
+    return arr
+
+
+def _has_float(t: pa.DataType) -> bool:
+    if pa.types.is_floating(t):
+        return True
+    if pa.types.is_struct(t):
+        return any(_has_float(f.type) for f in t)
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_float(t.value_type)
+    return False
+
+
+def json_safe(table: pa.Table) -> pa.Table:
+    """``table`` with :func:`finite_or_null` applied to every column holding floats."""
+    for i, f in enumerate(table.schema):
+        if _has_float(f.type):
+            table = table.set_column(i, f, finite_or_null(table.column(i)))
+    return table
+
+
 def csv_ready(table: pa.Table) -> pa.Table:
     """``table`` with each nested column (list, vector, struct, map) as JSON text."""
     for i, f in enumerate(table.schema):
         if _nested(f.type):
-            table = table.set_column(i, pa.field(f.name, pa.string()), json_text(table.column(i)))
+            text = json_text(finite_or_null(table.column(i)))
+            table = table.set_column(i, pa.field(f.name, pa.string()), text)
     return table
 
 

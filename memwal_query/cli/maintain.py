@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from memwal_query.cli.app import _handle_errors, _open, _progress
+from memwal_query.cli.app import _handle_errors, _open, _progress, error_text, record_done
 from memwal_query.cli.options import Duration, deprecated_option, format_duration
 from memwal_query.maintain.policy import (
     DEFAULT_COMPACT_FRAGMENTS,
@@ -234,7 +234,7 @@ def maintain(
                 _show(e.report, as_json, stamp=True)
                 failed = True
             except Exception as e:  # noqa: BLE001 - reported; the next pass may succeed
-                click.echo(f"error: {type(e).__name__}: {e}", err=True)
+                click.echo(f"error: {error_text(e)}", err=True)
                 failed = True
             finally:
                 bars.close()
@@ -242,7 +242,8 @@ def maintain(
                 break
             time.sleep(watch)
     except KeyboardInterrupt:
-        click.echo(f"stopped after {passes} pass(es)", err=True)
+        record_done(f"{passes} maintenance pass(es)")
+        raise
     if failed:
         sys.exit(1)
 

@@ -189,7 +189,10 @@ def init(
     t = MemWalTable.initialize(
         uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
     )
-    click.echo(f"initialized {t.uri}: primary key {t.primary_key}, region spec {t.region_spec}")
+    spec = t.region_spec
+    shown = "one region" if spec is None else spec.describe(t.lance_schema)
+    key = ", ".join(t.primary_key)
+    click.echo(f"initialized {t.uri}: primary key {key}, region spec {shown}")
 
 
 def _read_file(path: str, schema=None):
@@ -332,7 +335,7 @@ def ingest(
                     bar.update(batch.num_rows, batch)
     except KeyboardInterrupt:
         click.echo(
-            f"interrupted: {done:,} of {total:,} rows are durable (the batch being written "
+            f"error: interrupted: {done:,} of {total:,} rows are durable (the batch being written "
             "may be too); run the same ingest again to finish: it converges to the same "
             "table",
             err=True,

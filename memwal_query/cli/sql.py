@@ -10,11 +10,9 @@ from typing import Any
 
 import click
 
-from memwal_query.cli.app import _handle_errors, main
+from memwal_query.cli.app import _handle_errors, error_text, main
 from memwal_query.cli.setup import _read_file
-from memwal_query.exceptions import (
-    NotInitializedError,
-)
+from memwal_query.exceptions import NotInitializedError, PrimaryKeyError
 
 
 def _write_atomically(output: str, write: Callable[[str], None]) -> None:
@@ -71,7 +69,8 @@ def _emit(table, fmt: str, output: str | None) -> None:
         else:
             _write_atomically(output, lambda path: pcsv.write_csv(table, path))
         return
-    lines = "\n".join(json.dumps(r, default=str) for r in table.to_pylist())
+    rows = clifmt.json_safe(table).to_pylist()  # NaN and infinities: null
+    lines = "\n".join(json.dumps(r, default=str, allow_nan=False) for r in rows)
     _write_text(output, lines)
 
 
@@ -119,7 +118,8 @@ def _split_statements(text: str) -> list[str]:
 
 def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
     """Register one ``--table NAME=URI``: a MemWAL table (deduplicated view), a plain
-    Lance dataset, or a Parquet/CSV/JSON-lines/Arrow file. Returns the name."""
+    Lance dataset (read into memory), or a Parquet/CSV/JSON-lines/Arrow file. Returns
+    the name."""
     from memwal_query.session import register
 
     name, sep, uri = spec.partition("=")
@@ -131,10 +131,12 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
         return name
     try:
         register(ctx, name, uri, consistency=consistency)
-    except NotInitializedError:  # a Lance table without a MemWAL: as it is
+    except (NotInitializedError, PrimaryKeyError):  # a Lance table without a MemWAL: as it is
         import lance
 
-        ctx.register_dataset(name, lance.dataset(uri))
+        # DataFusion's pyarrow-dataset scan does not drive Lance's fragments: its rows
+        # are read once, into memory (such side tables are small: users, dimensions)
+        ctx.from_arrow(lance.dataset(uri).to_table(), name=name)
     return name
 
 
@@ -298,7 +300,7 @@ def _prompt(ctx: Any, uri: str, name: str, fmt: str) -> None:
             try:
                 _emit(ctx.sql(text).to_arrow_table(), fmt, None)
             except Exception as e:  # noqa: BLE001
-                click.echo(f"error: {str(e).splitlines()[0] if str(e) else e!r}", err=True)
+                click.echo(f"error: {error_text(e)}", err=True)
     if readline is not None and interactive:
         try:
             readline.write_history_file(history)

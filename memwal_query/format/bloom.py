@@ -538,7 +538,7 @@ def load(io: FileIO, gen_uri: str, num_rows: int) -> LoadedBloom:
         problem = f"{gen_uri}/{BLOOM_FILE}: unreadable: {type(e).__name__}: {e}"
     warnings.warn(
         f"{problem}; checking this generation's keys exactly "
-        "(`memwal repair URI --rebuild-blooms` writes the filter again)",
+        "(`memwal repair URI` writes the filter again)",
         BloomFilterWarning,
         stacklevel=2,
     )

@@ -123,14 +123,31 @@ def _type_family(t: pa.DataType) -> str:
     return "nested"
 
 
+def _check_vector_lengths(column: pa.ChunkedArray, field: pa.Field) -> None:
+    """SchemaError naming the first row of a variable-length list (a pandas column of
+    arrays arrives as one) whose length is not the vector size of ``field``."""
+    size = field.type.list_size
+    lengths = pc.list_value_length(column)
+    bad = pc.fill_null(pc.not_equal(lengths, size), False)
+    if pc.any(bad).as_py():
+        row = pc.index(bad, True).as_py()
+        raise SchemaError(
+            f"column {field.name!r}: row {row} has {lengths[row].as_py()} values, but the "
+            f"column holds vectors of {size} ({field.type}); every row needs {size} values "
+            "(or NULL)"
+        )
+
+
 def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     """``column`` cast to ``field``'s type, losslessly, within one kind of type.
 
     Numbers (integers, floats, decimals, 0/1 for bool) convert among themselves, text
     among text and binary, temporal types among themselves, nested among nested, and an
-    all-NULL column to anything. Crossing kinds (``"7"`` into an int column, ``12`` into
-    a string column, a datetime into an int64 column) is a :class:`SchemaError`: pyarrow
-    would parse or print the values, silently changing what was written.
+    all-NULL column to anything; a variable-length list (a pandas column of arrays) becomes
+    a vector (fixed-size list) when every row has the vector's length. Crossing kinds
+    (``"7"`` into an int column, ``12`` into a string column, a datetime into an int64
+    column) is a :class:`SchemaError`: pyarrow would parse or print the values, silently
+    changing what was written.
     """
     if column.type == field.type:
         return column
@@ -140,6 +157,10 @@ def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
             f"column {field.name!r}: cannot convert {column.type} to {field.type} "
             f"({src_kind} to {dst_kind}); convert the values explicitly first"
         )
+    if pa.types.is_fixed_size_list(field.type) and (
+        pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+    ):
+        _check_vector_lengths(column, field)
     try:
         out = pc.cast(column, field.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

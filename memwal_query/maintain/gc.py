@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memwal_query.exceptions import InvalidPathError
+from memwal_query.exceptions import InvalidPathError, ObjectNotFoundError
 from memwal_query.format.index import read_index
 from memwal_query.format.manifest import RegionManifestStore
 from memwal_query.format.wal import Wal
@@ -168,10 +168,13 @@ def gc(
     min_age: dt.timedelta | None = None,
     progress: Callable[[int, int], None] | None = None,
     retain_versions_for: dt.timedelta | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> list[str]:
     """Delete what the rules above allow; return the paths removed (or that would be).
 
-    ``progress(done, total)`` is called as paths are deleted (progress bars).
+    ``progress(done, total)`` is called as paths are deleted (progress bars). ``sizes``,
+    when given, is filled with the size in bytes of each of those paths (a generation
+    directory: all its files), measured before anything is deleted.
 
     Everything GC depends on (index of every retained version, region manifests,
     layout) is read and checked before anything is deleted, base versions included: a
@@ -198,6 +201,12 @@ def gc(
             keep = max(keep, pinned_versions(table, retain_versions_for))
         table.dataset().cleanup_old_versions(older_than=cleanup_older_than, retain_versions=keep)
         plan = _plan(table)  # fewer retained versions: more may go
+    if sizes is not None:
+        for path, is_tree in plan:
+            try:
+                sizes[path] = table.io.tree_size(path) if is_tree else table.io.size(path)
+            except ObjectNotFoundError:  # gone meanwhile (another gc): nothing to free
+                sizes[path] = 0
     if not dry_run:
         for done, (path, is_tree) in enumerate(plan, 1):
             if is_tree:

@@ -248,6 +248,37 @@ class RegionSpec:
             ]
         return out
 
+    def describe(self, schema: Any = None) -> str:
+        """The spec as a person reads it: ``bucket(id, 4)``, ``identity(day)``, ...
+
+        Parameters
+        ----------
+        schema : LanceSchema, pyarrow.Schema or None
+            Names the source columns (as for :meth:`source_columns`).
+
+        Returns
+        -------
+        str
+            One ``transform(columns, parameters)`` per field, comma-separated; an
+            expression field reads ``expr AS type`` with its ``colN`` names resolved;
+            the one-region spec reads ``one region``.
+        """
+        if is_unsharded(self):
+            return "one region"
+        columns = self.source_columns(schema)
+        parts = []
+        for f in self.fields:
+            names = columns[f.field_id]
+            if f.expression is not None:
+                text = f.expression
+                for i in reversed(range(len(names))):  # col10 before col1
+                    text = text.replace(f"col{i}", names[i])
+                parts.append(f"({text}) AS {f.result_type}")
+                continue
+            args = [*names, *f.parameters.values()]
+            parts.append(f"{f.transform}({', '.join(args)})")
+        return ", ".join(parts)
+
     # -- pruning -----------------------------------------------------------------------
     def project(self, predicates: Sequence[Predicate], schema: Any) -> list[Predicate]:
         """Predicates on region values implied by ``predicates`` on source columns.

@@ -29,7 +29,7 @@ from memwal_query.search.caches import BASE_FTS_STATS
 from memwal_query.search.common import _BOUND_MAX_FETCH, _BOUND_SLACK, K1, ROWID, SCORE, B
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
-from memwal_query.search.plan import _predicates, resolve_search
+from memwal_query.search.plan import _predicates, index_hint, resolve_search
 from memwal_query.search.textindex import (
     _block_mem_fts,
     _FtsStats,
@@ -252,7 +252,10 @@ def fts_search(
     plan = resolve_search(table, column, "fts", consistency, writers, _predicates(table, filter))
     info = plan.index
     if info is None:
-        raise MemWalError(f"{table.uri}: column {column!r} has no INVERTED index on the base")
+        raise MemWalError(
+            f"{table.uri}: column {column!r} has no INVERTED index on the base table; "
+            + index_hint(table.uri, column, "fts")
+        )
     tok_kwargs = baseindex.tokenize_kwargs(baseindex.fts_params(plan.base, info.name))
     tokens, words = _query_tokens(query, tok_kwargs)
     if not tokens:

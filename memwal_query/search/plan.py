@@ -4,6 +4,7 @@ in-memory rows."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -163,6 +164,23 @@ class SearchPlan:
         return "\n".join(lines)
 
 
+def index_hint(
+    uri: str, column: str, kind: str, dim: int | None = None, rows: int | None = None
+) -> str:
+    """How to create the base index a search of ``kind`` (``"vector"`` or ``"fts"``) on
+    ``column`` uses: the Lance call, with this table's URI and column. For a vector
+    column of ``dim`` dimensions and ``rows`` base rows, the IVF_PQ parameters are
+    filled in (about sqrt(rows) partitions; sub-vectors of 8 dimensions)."""
+    if kind == "fts":
+        call = f"create_scalar_index({column!r}, 'INVERTED')"
+    else:
+        parts = max(1, min(256, int(math.sqrt(rows or 65536))))
+        dim = dim or 128
+        subs = max(d for d in range(1, max(1, dim // 8) + 1) if dim % d == 0)
+        call = f"create_index({column!r}, 'IVF_PQ', num_partitions={parts}, num_sub_vectors={subs})"
+    return f"create one with lance.dataset({uri!r}).{call}"
+
+
 def resolve_search(
     table: Catalog,
     column: str | None = None,
@@ -207,6 +225,10 @@ def resolve_search(
             memtables=list(rv.memtables),
         )
     notes: list[str] = []
+    if index is None and column is not None and kind == "vector":
+        dim = getattr(table.schema.field(column).type, "list_size", None)
+        hint = index_hint(table.uri, column, kind, dim, base.count_rows())
+        notes.append(f"no vector index on the base: exact search of every row; {hint}")
     indexed_only = False
     catchup = plan.index.index_catchup().get(index.name, {}) if index is not None else {}
     behind = {

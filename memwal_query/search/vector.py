@@ -50,6 +50,18 @@ _EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
 """Metrics whose distances are recomputed exactly (and so searched in a block)."""
 
 
+def not_a_vector(column: str, vtype: pa.DataType, dim: int) -> str:
+    """Why ``column`` (of type ``vtype``) cannot be searched, and how to declare it."""
+    return (
+        f"column {column!r} is {vtype}, not a vector: vector search needs a fixed-size "
+        f"list (pa.list_(pa.float32(), {dim}) for {dim} dimensions). A pandas column of "
+        "arrays arrives as a variable-length list: declare the column when creating the "
+        f"table, e.g. pa.field({column!r}, pa.list_(pa.float32(), {dim})) in the schema "
+        "given to lance.write_dataset (pa.Table.from_pandas(df, schema=schema)); writes "
+        "of pandas arrays into such a column are converted"
+    )
+
+
 def _query_vector(query: Any) -> np.ndarray:
     if isinstance(query, pa.ChunkedArray):
         query = query.combine_chunks()
@@ -121,6 +133,8 @@ def vector_search(
         raise SchemaError(f"unknown vector column {column!r}")
     q = _query_vector(query)
     vtype = table.schema.field(column).type
+    if not pa.types.is_fixed_size_list(vtype):
+        raise SchemaError(not_a_vector(column, vtype, q.size))
     dim = getattr(vtype, "list_size", None)
     if dim is not None and dim != q.size:
         raise MemWalError(f"query has {q.size} dimensions, column {column!r} has {dim}")

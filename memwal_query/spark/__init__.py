@@ -33,7 +33,13 @@ from memwal_query.spark._common import (
 from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
 from memwal_query.spark.maintain import MaintainSummary, maintain
 from memwal_query.spark.merge import MergedGeneration, MergeSummary, merge, pending_generations
-from memwal_query.spark.source import MemWalDataSource, filter_expression, read, register_source
+from memwal_query.spark.source import (
+    MemWalDataSource,
+    changes_frame,
+    filter_expression,
+    read,
+    register_source,
+)
 from memwal_query.spark.streaming import MemWalSink, sink
 
 default_worker_python()  # workers run this interpreter unless PYSPARK_PYTHON says otherwise
@@ -49,6 +55,7 @@ __all__ = [
     "MergedGeneration",
     "RegionWriteResult",
     "WriteResult",
+    "changes_frame",
     "filter_expression",
     "maintain",
     "merge",

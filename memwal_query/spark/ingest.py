@@ -90,6 +90,7 @@ from memwal_query.spark.ingest_schema import (
 )
 from memwal_query.spark.ingest_tasks import (
     end_job,
+    job_failure,
     new_job,
     pack_batches,
     route_batches,
@@ -284,6 +285,9 @@ def write(
             raise typed from e
         raise
     end_job(options)  # attempts still running (speculative losers) claim no more
+    failure = job_failure(options)
+    if failure is not None:  # bad input values, found while routing: nothing written
+        raise failure
     seconds = time.perf_counter() - started
     regions = sorted(
         (RegionWriteResult(**r.asDict()) for r in rows), key=lambda r: (r.region_id, r.partition)

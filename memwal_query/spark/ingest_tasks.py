@@ -5,6 +5,7 @@ to regions, packing them for the shuffle, and writing one region's rows per task
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -20,6 +21,8 @@ from memwal_query.exceptions import (
     FencedError,
     JobEndedError,
     MemWalError,
+    ObjectNotFoundError,
+    PrimaryKeyError,
     SchemaError,
 )
 from memwal_query.format.schema import coerce_keys, coerce_partial_rows
@@ -79,7 +82,8 @@ def end_job(options: dict[str, Any]) -> None:
     try:
         for name in io.list(directory):
             stamp = name.split("-", 1)[0]
-            if name.endswith(".done") and stamp.isdigit() and int(stamp) < cutoff:
+            old = stamp.isdigit() and int(stamp) < cutoff
+            if old and (name.endswith(".done") or name.endswith(".failed")):
                 io.delete(join(directory, name))
     except MemWalError:  # pragma: no cover - pruning again on the next write
         pass
@@ -92,6 +96,30 @@ def job_ended(options: dict[str, Any]) -> bool:
         return False
     io = file_io_for(options["uri"], options["storage_options"])
     return io.exists(join(jobs_dir(options["uri"]), f"{job}.done"))
+
+
+def fail_job(options: dict[str, Any], error: SchemaError) -> None:
+    """Executor: record that this task's rows are bad input (a NULL key, a value that does
+    not convert), instead of failing the task: Spark would print the executor's Java
+    stack trace on the console. The first failure recorded wins; the write stage then
+    writes nothing (:func:`job_failure`) and the driver raises it."""
+    io = file_io_for(options["uri"], options["storage_options"])
+    body = json.dumps({"type": type(error).__name__, "message": str(error)}).encode()
+    try:
+        io.put_if_not_exists(join(jobs_dir(options["uri"]), f"{options['job']}.failed"), body)
+    except AlreadyExistsError:
+        pass
+
+
+def job_failure(options: dict[str, Any]) -> SchemaError | None:
+    """The bad-input error a task of this write job recorded (:func:`fail_job`), or None."""
+    io = file_io_for(options["uri"], options["storage_options"])
+    try:
+        found = json.loads(io.read(join(jobs_dir(options["uri"]), f"{options['job']}.failed")))
+    except ObjectNotFoundError:
+        return None
+    cls = PrimaryKeyError if found.get("type") == "PrimaryKeyError" else SchemaError
+    return cls(str(found.get("message", "")))
 
 
 # -- executor side: routing ------------------------------------------------------------
@@ -170,13 +198,20 @@ def pack_batches(
     """Stage 1 of :func:`write`: each batch's rows of one region as one Arrow IPC blob.
 
     Yields ``(__memwal_region, payload)`` rows: the shuffle then moves a few blobs per
-    input batch instead of converting every row to Spark's row format and back.
+    input batch instead of converting every row to Spark's row format and back. Rows
+    that cannot be written (a NULL key, a value that does not convert) end the task
+    quietly, recorded by :func:`fail_job` (stage 2 starts only after every stage-1 task
+    ended, so it sees the record and writes nothing).
     """
     table = open_table(options["uri"], options["storage_options"])
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        ids = batch_region_ids(table, batch, options)
+        try:
+            ids = batch_region_ids(table, batch, options)
+        except SchemaError as e:  # bad input: recorded for the driver, nothing written
+            fail_job(options, e)
+            return
         regions: list[str] = []
         offsets = [0]
         out = pa.BufferOutputStream()  # every region's IPC stream, back to back
@@ -352,6 +387,8 @@ def write_partition(
     WAL), so Spark sees success only after durability.
     """
     partition, attempt = _task_info()
+    if job_failure(options) is not None:  # a routing task found bad input: write nothing
+        return
     table = open_table(options["uri"], options["storage_options"])
     sinks: dict[str, _RegionSink] = {}
     try:

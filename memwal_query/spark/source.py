@@ -121,6 +121,8 @@ except AttributeError:  # pragma: no cover - PySpark 4.0: no pushdown API
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from memwal_query.table import MemWalTable
+
 FORMAT = "memwal"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 DEFAULT_ROWS_PER_SPLIT = 1_000_000
@@ -550,18 +552,18 @@ class MemWalDataSource(DataSource):
         return uri
 
     def schema(self) -> StructType:
-        """The table schema (or the ``columns`` option's subset), as Spark types."""
-        table = open_table(self._uri(), _storage_options(self.options))
+        """The table schema (or the ``columns`` option's subset), as Spark types.
+
+        Spark asks for it at ``.load()``: the table and the options are checked here
+        (:func:`check_read`), so a bad option or a missing table fails at ``.load()``,
+        with a one-frame traceback ending in the typed error.
+        """
+        try:
+            table, schema = check_read(self._uri(), self.options)
+        except MemWalError as e:
+            raise e.with_traceback(None) from None  # Spark prints the traceback: keep it short
         if _changes.is_changes_read(self.options):
             return _changes.spark_changes_schema(table)
-        schema = table.schema
-        cols = self.options.get("columns")
-        if cols:
-            names = [c.strip() for c in cols.split(",") if c.strip()]
-            missing = [n for n in names if schema.get_field_index(n) < 0]
-            if missing:
-                raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
-            schema = pa.schema([schema.field(n) for n in names])
         return _spark_schema(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -577,6 +579,55 @@ class MemWalDataSource(DataSource):
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
         """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
         return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
+
+
+def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
+    """Open the table and check the read options: ``(table, schema to return)``.
+
+    Checks ``consistency``, ``rows_per_split``, ``push_filters``, ``columns`` and
+    ``as_of`` (names are case-insensitive, as Spark passes them; ``rowsPerSplit`` and
+    ``pushFilters`` are their deprecated spellings).
+
+    Raises
+    ------
+    TableNotFoundError, NotInitializedError
+        No MemWAL table at ``uri``.
+    MemWalError, SchemaError
+        A bad option value (the message names the option) or an unknown column.
+    """
+    from memwal_query.read.view import CONSISTENCY_MODES, as_of_moment
+
+    opts = {str(k).lower(): v for k, v in options.items()}
+    table = open_table(uri, _storage_options(opts))
+    consistency = opts.get("consistency", "strong")
+    if consistency not in CONSISTENCY_MODES:
+        raise MemWalError(
+            f"memwal data source: option consistency={consistency!r}: use one of "
+            + ", ".join(CONSISTENCY_MODES)
+        )
+    # an error names the option as the caller spelled it (the deprecated spelling too)
+    given = {str(k).lower(): str(k) for k in options}
+    key = "rows_per_split" if "rows_per_split" in opts else given.get("rowspersplit")
+    split = str(opts.get(key or "", DEFAULT_ROWS_PER_SPLIT))
+    if not split.isdigit() or int(split) <= 0:
+        raise MemWalError(
+            f"memwal data source: option {key}={split!r}: give a positive number of rows"
+        )
+    key = "push_filters" if "push_filters" in opts else given.get("pushfilters")
+    push = str(opts.get(key or "", "false")).lower()
+    if push not in ("true", "false"):
+        raise MemWalError(f"memwal data source: option {key}={push!r}: use true or false")
+    if opts.get("as_of") is not None:
+        as_of_moment(table.catalog, opts["as_of"])  # a bad or unknown moment: its typed error
+    schema = table.schema
+    cols = opts.get("columns")
+    if cols:
+        names = [c.strip() for c in cols.split(",") if c.strip()]
+        missing = [n for n in names if schema.get_field_index(n) < 0]
+        if missing:
+            raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
+        schema = pa.schema([schema.field(n) for n in names])
+    return table, schema
 
 
 def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
@@ -614,7 +665,12 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
     ``push_filters="true"`` turns on Spark's filter pushdown, see :func:`register_source`).
     ``rowsPerSplit`` and ``pushFilters`` are deprecated spellings of ``rows_per_split``
-    and ``push_filters``."""
+    and ``push_filters``.
+
+    The table and the options are checked first, in this process (:func:`check_read`):
+    a missing table or a bad option raises its typed error here.
+    """
+    check_read(uri, options)  # here, in the driver: a typed error, no Spark traceback
     lowered = {k.lower(): v for k, v in options.items()}
     push = str(option(lowered, "push_filters", "pushfilters", "")).lower() == "true"
     if "rowspersplit" in lowered and "rows_per_split" not in lowered:
