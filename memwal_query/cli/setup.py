@@ -190,7 +190,7 @@ def init(
         uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
     )
     spec = t.region_spec
-    shown = "one region" if spec is None else spec.describe(t.lance_schema)
+    shown = "one region" if spec is None else spec.describe(t.catalog.lance_schema)
     key = ", ".join(t.primary_key)
     click.echo(f"initialized {t.uri}: primary key {key}, region spec {shown}")
 

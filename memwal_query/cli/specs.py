@@ -53,7 +53,7 @@ def spec_set(
         if (m := t.catalog.region_manifest(rid)) is not None and m.sealed
     ]
     click.echo(
-        f"{t.uri}: region spec {new.spec_id} is current ({new.describe(t.lance_schema)}); "
+        f"{t.uri}: region spec {new.spec_id} is current ({new.describe(t.catalog.lance_schema)}); "
         f"{len(sealed)} region(s) of older specs sealed and merged"
     )
 
@@ -76,7 +76,7 @@ def spec_show(uri: str) -> None:
     for spec_id, s in sorted(t.catalog.region_specs.items()):
         live, sealed = counts.get(spec_id, [0, 0])
         mark = " (current)" if current is not None and spec_id == current.spec_id else ""
-        shown = s.describe(t.lance_schema)
+        shown = s.describe(t.catalog.lance_schema)
         click.echo(f"spec {spec_id}{mark}: {shown}; regions: {live} live, {sealed} sealed")
     if 0 in counts:
         click.echo(f"manual regions (spec 0): {counts[0][0]} live, {counts[0][1]} sealed")
