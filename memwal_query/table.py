@@ -664,21 +664,23 @@ max_memtable_age
         return lookup(self._catalog, keys, columns, list(writers))
 
     # -- deprecated spellings ----------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        moved = _MOVED.get(name)
-        if moved is not None:
-            new, get = moved
-            deprecated(f"MemWalTable.{name}", new)
-            return get(self)
-        catalog = self.__dict__.get("_catalog")
-        if catalog is not None and hasattr(catalog, name):
-            # The catalog's other names (a MemWalTable used to be a Catalog): lower-level
-            # functions handed a MemWalTable keep working for one release.
-            deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
-            return getattr(catalog, name)
-        raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
+    if not TYPE_CHECKING:  # static checks see only the documented surface
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_"):
+                raise AttributeError(name)
+            moved = _MOVED.get(name)
+            if moved is not None:
+                new, get = moved
+                deprecated(f"MemWalTable.{name}", new)
+                return get(self)
+            catalog = self.__dict__.get("_catalog")
+            if catalog is not None and hasattr(catalog, name):
+                # The catalog's other names (a MemWalTable used to be a Catalog): lower-level
+                # functions handed a MemWalTable keep working for one release.
+                deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
+                return getattr(catalog, name)
+            raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "write_retries":
