@@ -272,3 +272,16 @@ def test_cli_maintain_threshold_spellings(table):
     assert "--merge-over-generations" in old.stderr and "--merge-over-rows" in old.stderr
     new = _cli("maintain", table.uri, "--dry-run", "--merge-over-generations", "0")
     assert new.exit_code == 0 and "deprecated" not in new.stderr
+
+
+def test_spark_read_checks_take_both_spellings(table):
+    pytest.importorskip("pyspark")
+    from memwal_query.spark.source import check_read
+
+    for name in ("rows_per_split", "rowsPerSplit"):
+        with pytest.raises(mq.MemWalError, match=f"option {name}='0'"):
+            check_read(table.uri, {name: "0"})
+    for name in ("push_filters", "pushFilters"):
+        with pytest.raises(mq.MemWalError, match=f"option {name}='x'"):
+            check_read(table.uri, {name: "x"})
+    check_read(table.uri, {"rows_per_split": "5", "push_filters": "true"})

@@ -607,16 +607,19 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
         )
     # an error names the option as the caller spelled it (the deprecated spelling too)
     given = {str(k).lower(): str(k) for k in options}
-    key = "rows_per_split" if "rows_per_split" in opts else given.get("rowspersplit")
-    split = str(opts.get(key or "", DEFAULT_ROWS_PER_SPLIT))
+    key = "rows_per_split" if "rows_per_split" in opts else "rowspersplit"
+    split = str(opts.get(key, DEFAULT_ROWS_PER_SPLIT))
     if not split.isdigit() or int(split) <= 0:
         raise MemWalError(
-            f"memwal data source: option {key}={split!r}: give a positive number of rows"
+            f"memwal data source: option {given.get(key, key)}={split!r}: give a positive "
+            "number of rows"
         )
-    key = "push_filters" if "push_filters" in opts else given.get("pushfilters")
-    push = str(opts.get(key or "", "false")).lower()
+    key = "push_filters" if "push_filters" in opts else "pushfilters"
+    push = str(opts.get(key, "false")).lower()
     if push not in ("true", "false"):
-        raise MemWalError(f"memwal data source: option {key}={push!r}: use true or false")
+        raise MemWalError(
+            f"memwal data source: option {given.get(key, key)}={push!r}: use true or false"
+        )
     if opts.get("as_of") is not None:
         as_of_moment(table.catalog, opts["as_of"])  # a bad or unknown moment: its typed error
     schema = table.schema
