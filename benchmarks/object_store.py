@@ -1,22 +1,29 @@
-"""Object store vs local disk: durable put latency and full-scan throughput, in one run.
+"""Object stores vs local disk: durable puts, flush, lookups and scans, with plain Lance's
+scan on the same store as the yardstick, in one run.
 
-The same workload on a local directory and on a local S3-compatible server (moto on
-127.0.0.1, the server the tests use, see ``tests/s3server.py``):
+Columns: local disk, and each object store (S3 via moto, Azure via Azurite, GCS via the
+loopback stand-in; see ``tests/stores.py``) reached through the loopback proxy of
+``tests/faultproxy.py``, which adds ``--latency-ms`` to every request (each value of the
+list is a column per store; 0 measures the emulators alone). Per column:
 
-- **put latency**: sequential durable ``put`` calls of 100 new rows each (one WAL entry
-  per put: Arrow IPC encode + put-if-not-exists, fsync'd locally), p50/p99;
-- **scan throughput**: ``SELECT * FROM t`` through DataFusion over a base table of
-  ``--base-rows`` rows plus 2 flushed generations of 5 % upserts each, rows/s; the
-  process-wide generation caches are cleared before every scan so that each one reads
-  the generations from storage again.
+- **durable put p50**: sequential ``put`` calls of 100 new rows (one WAL entry each);
+- **flush**: sealing the MemTable of those puts into a generation (median of 3);
+- **lookup p50**: ``lookup`` of 10 random keys across the base and 2 generations;
+- **scan**: ``SELECT *`` through DataFusion over the base plus 2 generations of upserts
+  (decoded-generation caches cleared before each), median;
+- **plain Lance scan**: ``lance.dataset(uri).to_table()`` of the base table alone on the
+  same store, median; **scan / Lance** is the cost of the LSM read (extra requests for
+  manifests, generations and dedup) as a ratio.
 
-moto is a Python server in this process, so the "S3" figures measure memwal_query's
-request pattern plus moto's overhead, not AWS latency (typically 10-30 ms for a PUT).
+The emulators run on this machine (moto and the GCS stand-in in this process, Azurite
+in Node.js): absolute figures measure request patterns and emulator overhead, not cloud
+latency; the added-latency columns show how the request count scales with a round trip.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -31,8 +38,9 @@ import pyarrow as pa
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from _common import machine, median, pct, print_table, timed  # noqa: E402
-from s3server import LocalS3Server  # noqa: E402
+from _common import machine, median, pct, print_table  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
+from stores import STORES, start_store  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 from memwal_query.read import newer, sources  # noqa: E402
@@ -47,6 +55,7 @@ SCHEMA = pa.schema(
     ]
 )
 BUCKET = "memwal-bench"
+NAMES = {"s3": "S3 (moto)", "azure": "Azure (Azurite)", "gcs": "GCS (stand-in)"}
 
 
 def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
@@ -69,112 +78,121 @@ def clear_read_caches() -> None:
 
 
 def run(uri: str, storage_options: dict[str, str], args: argparse.Namespace) -> dict:
-    """The whole workload on one table URI; returns the measurements."""
+    """The whole workload on one table URI; returns the measurements (seconds)."""
     rng = np.random.default_rng(7)
     so = storage_options or None
-    lance.write_dataset(
-        rows(np.arange(args.base_rows), rng),
-        uri,
-        max_rows_per_file=args.base_rows,
-        storage_options=so,
-    )
+    base = rows(np.arange(args.base_rows), rng)
+    lance.write_dataset(base, uri, max_rows_per_file=args.base_rows, storage_options=so)
     t = mq.MemWalTable.initialize(uri, storage_options=storage_options)
     w = t.writer(max_memtable_rows=10**9, max_memtable_bytes=1 << 40)
     next_id = args.base_rows
-    latencies = []
-    for i in range(args.warmup + args.puts):
-        batch = rows(np.arange(next_id, next_id + 100), rng)
-        next_id += 100
+    puts, flushes = [], []
+    for round_ in range(3):
+        for i in range(args.warmup + args.puts if round_ == 0 else args.puts // 4):
+            batch = rows(np.arange(next_id, next_id + 100), rng)
+            next_id += 100
+            started = time.perf_counter()
+            w.put(batch)
+            if round_ == 0 and i >= args.warmup:
+                puts.append(time.perf_counter() - started)
+        if round_:  # upserts of 5 % of the base, so that the generations overlap it
+            for chunk in np.array_split(rng.choice(args.base_rows, args.base_rows // 20), 10):
+                w.put(rows(chunk, rng))
         started = time.perf_counter()
-        w.put(batch)
-        if i >= args.warmup:
-            latencies.append(time.perf_counter() - started)
-    w.flush()
-    for _ in range(2):
-        ids = rng.choice(args.base_rows, args.base_rows // 20, replace=False)
-        for chunk in np.array_split(ids, 10):
-            w.put(rows(chunk, rng))
         w.flush()
+        flushes.append(time.perf_counter() - started)
     w.close()
-
+    expected = next_id
+    lookups = []
+    for _ in range(args.lookups):
+        keys = pa.array(rng.choice(next_id, 10, replace=False), pa.int64())
+        started = time.perf_counter()
+        got = t.lookup(keys)
+        lookups.append(time.perf_counter() - started)
+        assert got.num_rows == 10, got.num_rows
     ctx = datafusion.SessionContext()
     ctx.register_table("t", t.provider())
-    expected = args.base_rows + 100 * (args.warmup + args.puts)
-    counted: list[int] = []
-
-    def scan() -> None:
+    scans, lance_scans = [], []
+    for i in range(args.repeat + 1):
         clear_read_caches()
-        counted.append(ctx.sql("SELECT * FROM t").to_arrow_table().num_rows)
-
-    scans = timed(scan, repeat=args.repeat, warmup=1)
-    assert set(counted) == {expected}, (counted, expected)
+        started = time.perf_counter()
+        n = ctx.sql("SELECT * FROM t").to_arrow_table().num_rows
+        if i:
+            scans.append(time.perf_counter() - started)
+        assert n == expected, (n, expected)
+        started = time.perf_counter()
+        m = lance.dataset(uri, storage_options=so).to_table().num_rows
+        if i:
+            lance_scans.append(time.perf_counter() - started)
+        assert m >= args.base_rows
     return {
-        "p50": pct(latencies, 50),
-        "p99": pct(latencies, 99),
-        "puts_per_s": len(latencies) / sum(latencies),
-        "scan_s": median(scans),
-        "scan_rows_per_s": expected / median(scans),
+        "put_p50": pct(puts, 50),
+        "flush": median(flushes),
+        "lookup_p50": pct(lookups, 50),
+        "scan": median(scans),
+        "lance_scan": median(lance_scans),
         "rows": expected,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="100k base rows, 100 puts")
+    parser.add_argument("--quick", action="store_true", help="50k base rows, 40 puts")
     parser.add_argument("--base-rows", type=int, default=None)
     parser.add_argument("--puts", type=int, default=None)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--lookups", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--latency-ms", default="0,20", help="comma-separated list")
+    parser.add_argument("--stores", default=",".join(STORES))
     args = parser.parse_args()
     if args.base_rows is None:
-        args.base_rows = 100_000 if args.quick else 500_000
+        args.base_rows = 50_000 if args.quick else 300_000
     if args.puts is None:
-        args.puts = 100 if args.quick else 300
+        args.puts = 40 if args.quick else 100
+    latencies = [float(x) for x in args.latency_ms.split(",")]
 
-    results = {}
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as root:
-        results["local disk"] = run(f"{root}/t", {}, args)
-    with LocalS3Server() as server:
-        server.create_bucket(BUCKET)
-        uri = f"s3://{BUCKET}/{uuid.uuid4().hex}/t"
-        results["local S3 server (moto)"] = run(uri, server.storage_options(), args)
+        results["local disk"] = run(os.path.join(root, "t"), {}, args)
+    for kind in args.stores.split(","):
+        server = start_store(kind)
+        try:
+            server.create_bucket(BUCKET)
+            for ms in latencies:
+                with FaultProxy(server.upstream, latency=ms / 1000) as proxy:
+                    options = server.storage_options(endpoint=proxy.endpoint)
+                    uri = f"{server.root(BUCKET)}/{uuid.uuid4().hex}/t"
+                    name = f"{NAMES[kind]} +{ms:g} ms"
+                    results[name] = run(uri, options, args)
+                    results[name]["requests"] = proxy.requests
+                print(f"{name}: done", file=sys.stderr, flush=True)
+        finally:
+            server.stop()
 
-    local, s3 = results["local disk"], results["local S3 server (moto)"]
     print(
-        f"\nmachine: {machine()}; pylance {lance.__version__}, datafusion {datafusion.__version__}"
+        f"\nmachine: {machine()}; load average {os.getloadavg()[0]:.2f}; "
+        f"pylance {lance.__version__}, datafusion {datafusion.__version__}"
     )
     print(
-        f"workload: {args.puts} durable puts of 100 rows (after {args.warmup} warm-up), "
-        f"scan of {local['rows']:,} live rows (base {args.base_rows:,} + 2 generations)"
+        f"workload: {args.puts} durable puts of 100 rows, 3 flushes, {args.lookups} lookups "
+        f"of 10 keys, scan of {results['local disk']['rows']:,} live rows "
+        f"(base {args.base_rows:,} + 3 generations)"
     )
-    table = [
-        ["durable put p50 (ms)", local["p50"] * 1e3, s3["p50"] * 1e3, s3["p50"] / local["p50"]],
-        ["durable put p99 (ms)", local["p99"] * 1e3, s3["p99"] * 1e3, s3["p99"] / local["p99"]],
-        [
-            "sequential puts/s",
-            local["puts_per_s"],
-            s3["puts_per_s"],
-            s3["puts_per_s"] / local["puts_per_s"],
-        ],
-        [
-            "full SQL scan (s, median)",
-            local["scan_s"],
-            s3["scan_s"],
-            s3["scan_s"] / local["scan_s"],
-        ],
-        [
-            "full SQL scan (rows/s)",
-            local["scan_rows_per_s"],
-            s3["scan_rows_per_s"],
-            s3["scan_rows_per_s"] / local["scan_rows_per_s"],
-        ],
+    names = list(results)
+    metrics = [
+        ("durable put p50 (ms)", "put_p50", 1e3),
+        ("flush (ms, median)", "flush", 1e3),
+        ("lookup p50 (ms)", "lookup_p50", 1e3),
+        ("scan (s, median)", "scan", 1.0),
+        ("plain Lance scan (s)", "lance_scan", 1.0),
     ]
-    table = [[name, a, b, f"{ratio:.2f}x"] for name, a, b, ratio in table]
-    print_table(
-        "Local S3 server vs local disk",
-        ["metric", "local disk", "local S3 server (moto)", "S3 / local"],
-        table,
+    table = [[label, *(results[n][key] * scale for n in names)] for label, key, scale in metrics]
+    table.append(
+        ["scan / Lance", *(f"{results[n]['scan'] / results[n]['lance_scan']:.2f}x" for n in names)]
     )
+    table.append(["requests (whole run)", *(results[n].get("requests", "-") for n in names)])
+    print_table("Object stores vs local disk", ["metric", *names], table)
 
 
 if __name__ == "__main__":

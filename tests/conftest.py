@@ -39,3 +39,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+class StorePool:
+    """Object-store emulators started on first use and shared by the session's tests,
+    each with the bucket :attr:`BUCKET` (see ``tests/stores.py``)."""
+
+    BUCKET = "memwal-test"
+
+    def __init__(self) -> None:
+        self.servers: dict = {}
+
+    def get(self, kind: str):
+        """The running :class:`stores.StoreServer` of ``kind``; skips the test when
+        Azurite can be neither found nor installed (the reason says why)."""
+        from azurite import AzuriteUnavailable
+        from stores import start_store
+
+        if kind not in self.servers:
+            try:
+                server = start_store(kind)
+            except AzuriteUnavailable as e:
+                pytest.skip(f"Azure emulator unavailable: {e}")
+            server.create_bucket(self.BUCKET)
+            self.servers[kind] = server
+        return self.servers[kind]
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
+@pytest.fixture(scope="session")
+def store_pool():
+    """The session's :class:`StorePool`."""
+    pool = StorePool()
+    yield pool
+    pool.stop()

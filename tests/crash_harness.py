@@ -33,6 +33,7 @@ POINTS = (
     "manifest.after_commit",
     "flush.mid",
     "merge.before_commit",
+    "merge.between_commits",
     "merge.after_commit",
     "catchup.mid",
     "gc.mid",
@@ -59,6 +60,7 @@ def worker(
     crash_at: str | None,
     log_path: str,
     max_ops: int = 12,
+    storage_options: dict[str, str] | None = None,
 ) -> None:
     """The workload (runs in a forked child; never returns normally when crashing)."""
     if crash_at:
@@ -72,8 +74,13 @@ def worker(
     import memwal_query as mq
 
     rng = random.Random(seed)
+    if rng.random() < 0.5:
+        # a merged batch's deletes in a commit of their own (the large-base path)
+        from memwal_query.maintain import merger
+
+        merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    t = mq.MemWalTable.open(uri)
+    t = mq.MemWalTable.open(uri, storage_options=storage_options)
     writers = [
         t.writer(region_values={"p": r}, max_memtable_rows=rng.choice([5, 20, 1000]))
         for r in range(len(regions))
@@ -122,12 +129,16 @@ def run(
     crash_rate: float = 0.7,
     max_ops: int = 12,
     timer_max: float = 1.5,
+    uri: str | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> dict:
     """Run the harness; returns figures (iterations, crash points hit, rows checked).
 
     ``crash_rate``: the share of iterations aimed at a named crash point (the others are
     killed by a timer at a random time, or complete); ``max_ops``: the most operations
     a worker performs (at least 3); ``timer_max``: the latest a timer kills (seconds).
+    ``uri`` (default ``{root}/t``) and ``storage_options`` place the table elsewhere,
+    for example on an object store; the operations log stays in ``root``.
     """
     import lance
     import pyarrow as pa
@@ -135,13 +146,18 @@ def run(
     import memwal_query as mq
 
     root = root or tempfile.mkdtemp(prefix="memwal-crash-")
-    uri = os.path.join(root, "t")
-    lance.write_dataset(pa.table({"id": list(range(KEYS)), "v": [0] * KEYS}, schema=_schema()), uri)
-    lance.dataset(uri).create_scalar_index("v", "BTREE", name="v_idx")
+    uri = uri or os.path.join(root, "t")
+    so = storage_options or None
+    base = pa.table({"id": list(range(KEYS)), "v": [0] * KEYS}, schema=_schema())
+    lance.write_dataset(base, uri, storage_options=so)
+    lance.dataset(uri, storage_options=so).create_scalar_index("v", "BTREE", name="v_idx")
     from helpers import parity_spec
 
     t0 = mq.MemWalTable.initialize(
-        uri, region_spec=parity_spec(lance.dataset(uri)), maintained_indexes=["v_idx"]
+        uri,
+        region_spec=parity_spec(lance.dataset(uri, storage_options=so)),
+        maintained_indexes=["v_idx"],
+        storage_options=storage_options,
     )
     regions = [t0.catalog.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
     model = {k: 0 for k in range(KEYS)}
@@ -163,7 +179,7 @@ def run(
         open(log_path, "w").close()
         proc = ctx.Process(
             target=worker,
-            args=(uri, regions, seed * 100_000 + it, crash_at, log_path, max_ops),
+            args=(uri, regions, seed * 100_000 + it, crash_at, log_path, max_ops, so),
         )
         proc.start()
         deadline = rng.uniform(0.05, timer_max)
@@ -194,7 +210,7 @@ def run(
                     model = apply(model, entry["ack"])
                     inflight = None
         # Recover and check.
-        t = mq.MemWalTable.open(uri)
+        t = mq.MemWalTable.open(uri, storage_options=storage_options)
         writers = [t.writer(region_values={"p": i}) for i in range(len(regions))]
         rows = t.to_table(writers=writers).to_pylist()
         ids = [r["id"] for r in rows]

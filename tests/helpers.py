@@ -52,3 +52,19 @@ def expr_table(uri: str, sql: str = "col0 % 2"):
 
     spec = expression_spec(lance.dataset(uri), ["id"], sql, "int64", field_id="r")
     return mq.MemWalTable.initialize(uri, region_spec=spec)
+
+
+def write_generation(t, model: dict, region_values: dict, puts, deletes, val: float) -> str:
+    """One flushed generation of the region of ``region_values``: ``puts`` (``val``
+    each), then ``deletes``; ``model`` ({id: val}) follows. Returns the region id."""
+    w = t.writer(region_values=region_values)
+    if puts:
+        w.put(basic_rows(puts, val=[val] * len(puts)))
+        model.update({k: val for k in puts})
+    if deletes:
+        w.delete(pa.table({"id": pa.array(deletes, pa.int64())}))
+        for k in deletes:
+            model.pop(k, None)
+    w.flush()
+    w.close()
+    return w.region_id

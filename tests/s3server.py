@@ -137,12 +137,13 @@ class LocalS3Server:
             if resp.status != 200:
                 raise RuntimeError(f"create bucket {name}: HTTP {resp.status}")
 
-    def storage_options(self, **extra: str) -> dict[str, str]:
-        """Lance-style ``storage_options`` for this server (plus ``extra``)."""
+    def storage_options(self, endpoint: str | None = None, **extra: str) -> dict[str, str]:
+        """Lance-style ``storage_options`` for this server, or for ``endpoint`` (a proxy
+        in front of it), plus ``extra``."""
         options = {
             "aws_access_key_id": self.access_key,
             "aws_secret_access_key": self.secret_key,
-            "aws_endpoint": self.endpoint,
+            "aws_endpoint": endpoint or self.endpoint,
             "aws_region": self.region,
             "allow_http": "true",
         }

@@ -107,7 +107,7 @@ def test_real_process_smoke(tmp_path):
     # the base row and the flushed generation, and the _gen column shows where it is.
     section = out.split("-- last write wins")[1].split("-- rows per source")[0]
     header, row = [line.split() for line in section.strip().splitlines()[-2:]]
-    assert header == ["id", "user", "amount", "ts", "_gen", "_rowaddr"]
+    assert header == ["id", "user_id", "amount", "ts", "_gen", "_rowaddr"]
     # (ts prints as two words: date and time)
     assert row[0] == "7" and float(row[2]) >= 200_000 and int(row[-2]) >= 1
     assert "rows per source generation" in out

@@ -19,6 +19,7 @@ import click
 from memwal_query.cli.app import _handle_errors, _open, _progress, error_text, record_done
 from memwal_query.cli.options import Duration, deprecated_option, format_duration
 from memwal_query.maintain.policy import (
+    DEFAULT_COMPACT_DELETED_SHARE,
     DEFAULT_COMPACT_FRAGMENTS,
     DEFAULT_MAX_GENERATIONS,
     DEFAULT_MAX_INDEX_SEGMENTS,
@@ -67,6 +68,7 @@ def _policy(
     gc: bool,
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS,
     max_index_segments: int = DEFAULT_MAX_INDEX_SEGMENTS,
+    compact_deleted_share: float | None = DEFAULT_COMPACT_DELETED_SHARE,
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -78,6 +80,7 @@ def _policy(
         merge_over_rows=max_rows,
         merge_batch_rows=batch_rows,
         compact_fragments=compact_fragments,
+        compact_deleted_share=compact_deleted_share,
         max_index_segments=max_index_segments,
         catch_up=catch_up,
         refresh_snapshots=snapshots,
@@ -143,6 +146,13 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     show_default=True,
     help="Compact the base table's files when more of its fragments than this are small.",
 )
+@click.option(
+    "--compact-deleted-share",
+    type=click.FloatRange(min=0, max=1),
+    default=DEFAULT_COMPACT_DELETED_SHARE,
+    show_default=True,
+    help="Rewrite the base fragments with more than this share of deleted rows.",
+)
 @click.option("--no-compact", is_flag=True, help="Never compact the base table's files.")
 @click.option(
     "--max-index-segments",
@@ -174,6 +184,7 @@ def maintain(
     retention_hours: float | None,
     keep_versions: bool,
     compact_fragments: int,
+    compact_deleted_share: float,
     no_compact: bool,
     max_index_segments: int,
     catch_up: bool,
@@ -205,6 +216,7 @@ def maintain(
         gc,
         None if no_compact else compact_fragments,
         max_index_segments,
+        compact_deleted_share,
     )
     t = _open(uri)
     if watch is None:

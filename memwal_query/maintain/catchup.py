@@ -40,8 +40,50 @@ def catch_up_indexes(
     every segment: with ``max_segments``, when one of the indexes has more segments
     than that, its segments are merged into one by the same optimisation (Lance's
     ``num_indices_to_merge``).
+
+    Parameters
+    ----------
+    table : Catalog
+    names : list of str, optional
+        Maintained indexes to catch up. None (default): every maintained index, and
+        then every other base index that leaves rows unindexed (the primary-key BTREE
+        among them) is extended too
+        (:func:`memwal_query.maintain.basefiles.extend_indexes`; its segments merged
+        above ``max_segments``, default the maintenance policy's), so merged rows are
+        looked up through the key index.
+    max_segments : int, optional
+        Merge an index's segments into one when it has more than this many.
+
+    Returns
+    -------
+    dict
+        ``{index: {region_id: generation}}``: the recorded catch-up progress.
+
+    Raises
+    ------
+    NotInitializedError
+        A named index does not exist on the base table.
     """
-    names = list(names if names is not None else table.maintained_indexes)
+    if names is None:
+        from memwal_query.maintain.basefiles import extend_indexes, indexes_to_extend
+        from memwal_query.maintain.policy import DEFAULT_MAX_INDEX_SEGMENTS
+
+        maintained = list(table.maintained_indexes)
+        progress = _catch_up(table, maintained, max_segments)
+        others = indexes_to_extend(table)
+        if others:
+            most = DEFAULT_MAX_INDEX_SEGMENTS if max_segments is None else max_segments
+            extend_indexes(table, others, most)
+        # Lance's own index optimisation records progress for the index it extended
+        # too: the answer is the maintained indexes' progress, as for named ones.
+        return {name: gens for name, gens in progress.items() if name in maintained}
+    return _catch_up(table, list(names), max_segments)
+
+
+def _catch_up(
+    table: Catalog, names: list[str], max_segments: int | None
+) -> dict[str, dict[str, int]]:
+    """:func:`catch_up_indexes` of the named maintained indexes."""
     if not names:
         return {}
     ds = table.dataset()

@@ -8,12 +8,16 @@ reusing the steps of :mod:`memwal_query.maintain` (no step is reimplemented here
    rows, is merged, at most as many generations as the pass found unmerged (so a pass
    is bounded even under a fast writer: what it leaves waits for the next pass);
 2. **compact** (:func:`memwal_query.maintain.basefiles.compact_base`): Lance
-   ``compact_files`` when more than ``compact_fragments`` of the base table's fragments
-   are small (each merge adds some);
+   ``compact_files``, decided by the read cost the merge left
+   (:func:`memwal_query.maintain.basefiles.compaction_reason`): fragments with deletion
+   files that can be rewritten for about the cost of the merge (Lance scans them ~3x
+   slower), a fragment with more than ``compact_deleted_share`` deleted rows, or more
+   than ``compact_fragments`` small fragments (each merge adds some);
 3. **catch up indexes** (:func:`memwal_query.maintain.catchup.catch_up_indexes`): the
    maintained base indexes whose recorded catch-up is behind ``merged_generations``;
    then the other base indexes that leave rows unindexed (the primary-key BTREE among
-   them) are extended (:func:`memwal_query.maintain.basefiles.extend_indexes`);
+   them) are extended by a delta segment (:func:`memwal_query.maintain.basefiles.extend_indexes`),
+   so the merged rows are found through the key index right after the pass;
 4. **refresh snapshots** (:func:`memwal_query.maintain.snapshots.refresh`): when the
    region snapshots in the MemWAL index no longer list what the region manifests list
    (a region or a flushed generation is missing);
@@ -77,6 +81,7 @@ DEFAULT_MAX_GENERATIONS = 4
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_RETENTION = dt.timedelta(hours=1)
 DEFAULT_COMPACT_FRAGMENTS = 16
+DEFAULT_COMPACT_DELETED_SHARE = 0.1
 DEFAULT_MAX_INDEX_SEGMENTS = 4
 
 _T = TypeVar("_T")
@@ -113,9 +118,11 @@ class MaintenancePolicy:
         from the manifest's ``physical_rows`` statistic, a generation without it counts
         0 rows and is merged by ``merge_over_generations``).
     merge_batch_rows : int, optional
-        Consecutive generations of a region up to this many rows are merged by one
-        commit (``0``: one commit per generation). None (default): the merger's
-        :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_ROWS` (1,000,000).
+        Generations (consecutive ones of a region, and of several regions) up to this
+        many rows, and :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_BYTES` (256
+        MiB), are merged by one commit (``0``: one commit per generation). None
+        (default): the merger's :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`
+        (4,000,000).
     max_retries : int, optional
         Commit races a region's merge tolerates, and how often a step is retried while
         the base table moves under it. None (default): the merger's
@@ -124,7 +131,13 @@ class MaintenancePolicy:
         Compact the base table's data files (Lance ``compact_files``, indexes remapped)
         when **more than** this many of its fragments are smaller than Lance's target
         of 1,048,576 rows (default 16; every merge adds small fragments, and searches
-        and scans pay per fragment). None: never compact.
+        and scans pay per fragment). A pass also compacts for the other read costs a
+        merge leaves (``compact_deleted_share``, and fragments with deletion files that
+        hold at most twice the rows the pass merged). None: never compact.
+    compact_deleted_share : float, optional
+        Rewrite the base fragments whose share of deleted rows is above this (default
+        0.1, Lance's own threshold: a scan reads and drops them). None: only for the
+        other reasons.
     max_index_segments : int, optional
         When catch-up finds a maintained index with more than this many segments (Lance
         adds a delta segment to a vector index per catch-up, and a search probes every
@@ -154,6 +167,7 @@ class MaintenancePolicy:
     merge_batch_rows: int | None = None
     max_retries: int | None = None
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS
+    compact_deleted_share: float | None = DEFAULT_COMPACT_DELETED_SHARE
     max_index_segments: int | None = DEFAULT_MAX_INDEX_SEGMENTS
     catch_up: bool = True
     refresh_snapshots: bool = True
@@ -180,6 +194,13 @@ class MaintenancePolicy:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"MaintenancePolicy.{name} must be an int >= 0, got {value!r}")
+        share = self.compact_deleted_share
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1
+        ):
+            raise ValueError(
+                f"MaintenancePolicy.compact_deleted_share must be in [0, 1] or None, got {share!r}"
+            )
         if self.retention is not None and (
             not isinstance(self.retention, dt.timedelta) or self.retention < dt.timedelta(0)
         ):
@@ -275,7 +296,9 @@ class MaintenanceReport:
     small_fragments : int
         Small base fragments counted by the compaction step (0 when it did not look).
     compact_due : bool
-        More than the policy's ``compact_fragments`` were small (compacted, or would be).
+        The base table's read cost called for a compaction (done, or would be).
+    compact_reason : str or None
+        Why (see :func:`memwal_query.maintain.basefiles.compaction_reason`).
     compacted : dict
         Lance's compaction metrics (``fragments_removed``...; empty when none ran).
     catch_up : list of str
@@ -301,6 +324,7 @@ class MaintenanceReport:
     merged: list[MergeResult] = field(default_factory=list)
     small_fragments: int = 0
     compact_due: bool = False
+    compact_reason: str | None = None
     compacted: dict[str, int] = field(default_factory=dict)
     catch_up: list[str] = field(default_factory=list)
     extended: list[str] = field(default_factory=list)
@@ -340,7 +364,7 @@ class MaintenanceReport:
                 out.append(f"{r.region_id}: merged {merged.get(r.region_id, [])} ({r.reason})")
         if self.compact_due:
             done = self.compacted.get("fragments_removed", self.small_fragments)
-            out.append(f"{would}compact {done} base fragment(s)")
+            out.append(f"{would}compact {done} base fragment(s) ({self.compact_reason})")
         if self.catch_up:
             out.append(f"{would}catch up indexes {self.catch_up}")
         if self.extended:
@@ -371,6 +395,7 @@ class MaintenanceReport:
             "merged": [{"region_id": m.region_id, "generation": m.generation} for m in self.merged],
             "small_fragments": self.small_fragments,
             "compact_due": self.compact_due,
+            "compact_reason": self.compact_reason,
             "compacted": self.compacted,
             "catch_up": self.catch_up,
             "extended": self.extended,
@@ -491,34 +516,70 @@ def _merge_step(
     report: MaintenanceReport,
     progress: Progress | None,
 ) -> BaseException | None:
-    """Merge the chosen regions, at most the number of generations planned for each;
-    a failed region is recorded in ``report.errors`` and the others go on."""
-    from memwal_query.maintain.merger import merge_region
+    """Merge the chosen regions, at most the number of generations planned for each,
+    in as few commits as the merger's budgets allow (several regions share a commit);
+    a failed region is tried once more on its own (again while the table moves under
+    it), then recorded in ``report.errors``; the others go on."""
+    from memwal_query.exceptions import MergeFailedError
+    from memwal_query.maintain.merger import merge_region, merge_regions
 
     chosen = [p for p in plans if p.merge]
+    # At most the generations planned (a fast writer cannot keep the pass busy); fewer
+    # when another maintainer merged some of them meanwhile.
+    rooms: dict[str, int | None] = {p.region_id: len(p.generations) for p in chosen}
+    failed: dict[str, BaseException] = {}
+    try:
+        report.merged.extend(merge_regions(table, rooms, policy.retries(), policy.batch_rows()))
+    except MergeFailedError as e:
+        report.merged.extend(e.results)
+        failed = dict(e.errors)
+    _note(progress, "merging", len(chosen) - len(failed), len(chosen))
     first: BaseException | None = None
-    for i, plan in enumerate(chosen, 1):
+    for region_id in failed:
+        room = rooms[region_id] or 0
+        room -= sum(m.region_id == region_id for m in report.merged)
         try:
-            # At most the generations planned (a fast writer cannot keep the pass busy);
-            # fewer when another maintainer merged some of them meanwhile.
             report.merged.extend(
                 _retrying(
                     table,
-                    lambda plan=plan: merge_region(  # type: ignore[misc]
-                        table,
-                        plan.region_id,
-                        len(plan.generations),
-                        policy.retries(),
-                        policy.batch_rows(),
+                    lambda rid=region_id, room=room: merge_region(  # type: ignore[misc]
+                        table, rid, room, policy.retries(), policy.batch_rows()
                     ),
                     max(1, policy.retries()),
                 )
             )
         except Exception as e:  # noqa: BLE001 - reported; the other regions go on
-            report.errors[f"merge {plan.region_id}"] = f"{type(e).__name__}: {e}"
+            report.errors[f"merge {region_id}"] = f"{type(e).__name__}: {e}"
             first = first or e
-        _note(progress, "merging", i, len(chosen))
+    _note(progress, "merging", len(chosen), len(chosen))
     return first
+
+
+def _compact_step(
+    table: Catalog,
+    policy: MaintenancePolicy,
+    report: MaintenanceReport,
+    dry_run: bool,
+    attempts: int,
+) -> None:
+    """Compact the base table when the read cost its fragments leave calls for it
+    (:func:`memwal_query.maintain.basefiles.compaction_reason`), so a read after the
+    pass is not slower than before it."""
+    from memwal_query.maintain.basefiles import compact_base, compaction_reason, read_cost
+
+    cost = read_cost(table)
+    report.small_fragments = cost.small
+    if dry_run:
+        merged_rows = sum(r.rows for r in report.to_merge)
+    else:
+        merged_rows = sum(m.upserted + m.deleted for m in report.merged)
+    limit = policy.compact_fragments if policy.compact_fragments is not None else cost.fragments
+    reason, share = compaction_reason(cost, limit, policy.compact_deleted_share, merged_rows)
+    report.compact_due, report.compact_reason = reason is not None, reason
+    if reason is not None and not dry_run:
+        report.compacted = _retrying(
+            table, lambda: compact_base(table, deleted_share=share), attempts
+        )
 
 
 def maintain(
@@ -583,14 +644,8 @@ def maintain(
             forget_merged(table.uri, table.index().merged_generations())
 
     if policy.compact_fragments is not None:
-        limit = policy.compact_fragments
         try:
-            from memwal_query.maintain.basefiles import compact_base, small_fragments
-
-            report.small_fragments = small_fragments(table)
-            report.compact_due = report.small_fragments > limit
-            if report.compact_due and not dry_run:
-                report.compacted = _retrying(table, lambda: compact_base(table), attempts)
+            _compact_step(table, policy, report, dry_run, attempts)
             _note(progress, "compacting", 1, 1)
         except Exception as e:  # noqa: BLE001 - reported; the other steps go on
             report.errors["compact"] = f"{type(e).__name__}: {e}"
@@ -612,7 +667,11 @@ def maintain(
                 )
             report.extended = _retrying(table, lambda: indexes_to_extend(table), attempts)
             if report.extended and not dry_run:
-                _retrying(table, lambda: extend_indexes(table, report.extended), attempts)
+                _retrying(
+                    table,
+                    lambda: extend_indexes(table, report.extended, policy.max_index_segments),
+                    attempts,
+                )
             _note(progress, "catching up", 1, 1)
         except Exception as e:  # noqa: BLE001 - reported; the other steps go on
             report.errors["catch up"] = f"{type(e).__name__}: {e}"

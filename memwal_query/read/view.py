@@ -526,26 +526,6 @@ def manifest_at(table: Catalog, region_id: str, moment: float) -> RegionManifest
 
 def modified_at(io: Any, path: str) -> float:
     """Modification time (epoch seconds) of an object: ``stat`` on a local file
-    system, the ``Last-Modified`` of a HEAD on S3."""
-    from memwal_query.storage.io import LocalFileIO
-
-    if isinstance(io, LocalFileIO):
-        import os
-
-        return os.stat(io._local(path)).st_mtime
-    try:
-        from memwal_query.storage.objectstore import S3FileIO
-    except ImportError:  # pragma: no cover - no obstore
-        S3FileIO = None  # type: ignore[assignment,misc]  # noqa: N806
-    if S3FileIO is not None and isinstance(io, S3FileIO):
-        import obstore
-
-        store, key = io._locate(path)
-        try:
-            meta = obstore.head(store, key)
-        except FileNotFoundError as e:
-            raise ObjectNotFoundError(f"{path}: not found") from e
-        return float(meta["last_modified"].timestamp())
-    raise MemWalError(
-        f"{path}: time travel needs modification times, which {type(io).__name__} lacks"
-    )
+    system, the ``Last-Modified`` of a HEAD on an object store (a StorageError on
+    storage that keeps none)."""
+    return float(io.modified_at(path))

@@ -8,7 +8,7 @@ under concurrent writers.
 
 Paths are plain strings joined with ``/``.
 :func:`memwal_query.storage.factory.file_io_for` picks the implementation from a URI
-(a local path or ``file://`` URI, or ``s3://`` through
+(a local path or ``file://`` URI, or ``s3://``, ``gs://``, ``az://`` through
 :mod:`memwal_query.storage.objectstore`).
 """
 
@@ -107,6 +107,18 @@ class FileIO(ABC):
     @abstractmethod
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory / common prefix."""
+
+    def modified_at(self, path: str) -> float:
+        """Modification time of an object, epoch seconds.
+
+        Raises
+        ------
+        ObjectNotFoundError
+            The object does not exist.
+        StorageError
+            This kind of storage keeps no modification times.
+        """
+        raise StorageError(f"{path}: {type(self).__name__} keeps no modification times")
 
     def resolves_inside(self, path: str, root: str) -> bool:
         """Whether ``path`` (existing or not) stays under ``root`` once links are followed.
@@ -276,6 +288,10 @@ class LocalFileIO(FileIO):
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(self._local(path))
 
+    def modified_at(self, path: str) -> float:
+        with _read_errors(path):
+            return os.stat(self._local(path)).st_mtime
+
     def resolves_inside(self, path: str, root: str) -> bool:
         real_root = os.path.realpath(self._local(root))
         real = os.path.realpath(self._local(path))
@@ -302,7 +318,7 @@ def _unlink_quiet(path: str) -> None:
         pass
 
 
-def normalize_uri(uri: str | os.PathLike) -> str:
+def normalize_uri(uri: str | os.PathLike[str]) -> str:
     """Absolute, ``/``-joined form of a table URI without a trailing slash."""
     text = os.fspath(uri)
     if "://" in text and not text.startswith("file://"):

@@ -15,19 +15,21 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from memwal_query.exceptions import AlreadyExistsError, ObjectNotFoundError, StorageError
 from memwal_query.storage.io import FileIO, join
-from memwal_query.storage.objectstore import S3FileIO
-from memwal_query.storage.paths import mem_wal_root
-from memwal_query.storage.s3config import (
+from memwal_query.storage.objectstore import ObjectStoreFileIO
+from memwal_query.storage.options import (
     DEFAULT_LOCK_TTL,
+    DOCS,
     INDEX_LOCK_NAME,
     OPT_COMMIT_LOCK,
     ConcurrentModificationError,
     ConditionalPutUnsupportedError,
     LockTimeoutError,
 )
+from memwal_query.storage.paths import mem_wal_root
 
 log = logging.getLogger(__name__)
 
@@ -42,24 +44,25 @@ class LeaseLock:
 
     The object holds JSON ``{"owner", "expires_at", "ttl", "released"}``.
 
-    - **Acquire**: create it with ``If-None-Match: *``; if it exists and is released
-      or expired (``expires_at + skew < now``), replace it with ``If-Match: <etag>`` of
-      the version read, so exactly one contender takes it over. Otherwise poll with
+    - **Acquire**: create it with a create-only put; if it exists and is released or
+      expired (``expires_at + skew < now``), replace it conditionally on the version
+      read (``If-Match: <etag>``; the generation on GCS), so exactly one contender
+      takes it over. Otherwise poll with
       exponential backoff (``poll`` doubling up to ``max_poll``, jittered) until
       ``timeout`` (:class:`LockTimeoutError`).
     - **Renew**: a daemon thread extends ``expires_at`` every ``ttl / 3`` with
-      ``If-Match``. If that fails the lease was taken over (the holder stalled for
+      the same condition. If that fails the lease was taken over (the holder stalled for
       longer than ``ttl``): :attr:`lost` is set and a warning logged.
-    - **Release**: mark it released with ``If-Match`` (never clobbering a successor).
+    - **Release**: mark it released conditionally (never clobbering a successor).
 
     Hosts' clocks must agree to within ``skew`` seconds. A crashed holder blocks others
     for at most ``ttl + skew`` seconds.
 
     Parameters
     ----------
-    io : S3FileIO
+    io : ObjectStoreFileIO
     path : str
-        ``s3://`` URI of the lease object.
+        URI of the lease object (``s3://``, ``gs://``, ``az://``...).
     ttl, skew, poll, max_poll : float
         Seconds.
     timeout : float or None
@@ -68,7 +71,7 @@ class LeaseLock:
 
     def __init__(
         self,
-        io: S3FileIO,
+        io: ObjectStoreFileIO,
         path: str,
         ttl: float = DEFAULT_LOCK_TTL,
         *,
@@ -87,7 +90,7 @@ class LeaseLock:
         self.owner = _owner_id()
         self.lost = False
         self.took_over: str | None = None
-        self._etag: str | None = None
+        self._version: str | None = None
         self._held = False
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -105,7 +108,7 @@ class LeaseLock:
         ).encode()
 
     @staticmethod
-    def _parse(data: bytes) -> dict | None:
+    def _parse(data: bytes) -> dict[str, Any] | None:
         try:
             lease = json.loads(data)
             float(lease["expires_at"])
@@ -140,8 +143,8 @@ class LeaseLock:
                     )
                 time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, self.max_poll)
-        if self._etag is None:  # a store that returned no ETag on the put
-            _, self._etag = self.io.read_versioned(self.path)
+        if self._version is None:  # a store that returned no version on the put
+            _, self._version = self.io.read_versioned(self.path)
         self._held = True
         self.lost = False
         self._stop.clear()
@@ -151,10 +154,10 @@ class LeaseLock:
     def _attempt(self) -> str:
         """One try: ``"acquired"``, ``"retry"`` (at once) or the holder's description."""
         try:
-            data, etag = self.io.read_versioned(self.path)
+            data, version = self.io.read_versioned(self.path)
         except ObjectNotFoundError:
             try:
-                self._etag = self.io.create(self.path, self._body())
+                self._version = self.io.create(self.path, self._body())
                 return "acquired"
             except AlreadyExistsError:
                 return "retry"
@@ -166,13 +169,13 @@ class LeaseLock:
             and expires_at + self.skew >= time.time()
         ):
             return f"{lease.get('owner')} (expires in {expires_at - time.time():.1f} s)"
-        if etag is None:
+        if version is None:
             raise ConditionalPutUnsupportedError(
-                f"{self.path}: the store returns no ETag, so a lease cannot be taken over "
-                f"safely; configure {OPT_COMMIT_LOCK} (see docs/s3.md)"
+                f"{self.path}: the store returns no object version, so a lease cannot "
+                f"be taken over safely; configure {OPT_COMMIT_LOCK} (see {DOCS})"
             )
         try:
-            self._etag = self.io.put_if_match(self.path, self._body(), etag)
+            self._version = self.io.put_if_match(self.path, self._body(), version)
         except ConcurrentModificationError:
             return "retry"
         if lease is not None and not lease.get("released"):
@@ -186,7 +189,7 @@ class LeaseLock:
                 if self._stop.is_set() or self.lost:
                     return
                 try:
-                    self._etag = self.io.put_if_match(self.path, self._body(), self._etag)
+                    self._version = self.io.put_if_match(self.path, self._body(), self._version)
                 except ConcurrentModificationError:
                     self.lost = True
                     log.warning("%s: lease lost (taken over after expiry)", self.path)
@@ -203,7 +206,7 @@ class LeaseLock:
             self._held = False
             if not self.lost:
                 try:
-                    self.io.put_if_match(self.path, self._body(released=True), self._etag)
+                    self.io.put_if_match(self.path, self._body(released=True), self._version)
                 except ConcurrentModificationError:
                     self.lost = True
                     log.warning("%s: lease was taken over before release", self.path)
@@ -226,9 +229,9 @@ def index_lease(io: FileIO | None, table_uri: str) -> Iterator[None]:
     A :class:`LeaseLock` on ``{table}/_mem_wal/.index.lock``, or the external commit
     lock (``"index:{table_uri}"``) when the store has no conditional put.
     """
-    if not isinstance(io, S3FileIO):
+    if not isinstance(io, ObjectStoreFileIO):
         raise StorageError(
-            f"{table_uri}: the index lock on an object store needs the table's S3FileIO"
+            f"{table_uri}: the index lock on an object store needs the table's ObjectStoreFileIO"
         )
     if not io.conditional_put:
         assert io.commit_lock is not None

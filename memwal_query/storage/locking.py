@@ -15,10 +15,10 @@ memwal_query therefore:
    (max per region) at once, inside the lock.
 
 The lock is an advisory ``flock`` on ``_mem_wal/.index.lock`` for local tables; on object
-stores (``s3://``) it is a lease object at the same path, or the configured external
-commit lock (see :func:`memwal_query.storage.lease.index_lease`). Do not run pylance's
-native merger concurrently with memwal_query's snapshot refresh or catch-up on the same
-table.
+stores (``s3://``, ``gs://``, ``az://``) it is a lease object at the same path, or the
+configured external commit lock (see :func:`memwal_query.storage.lease.index_lease`).
+Do not run pylance's native merger concurrently with memwal_query's snapshot refresh or
+catch-up on the same table.
 """
 
 from __future__ import annotations

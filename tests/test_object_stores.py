@@ -1,9 +1,11 @@
-"""The same guarantees on S3-compatible storage as on local disk.
+"""The same guarantees on every object store as on local disk.
 
-Every test taking the ``backend`` fixture runs twice: on local disk and on a local S3
-server (moto, on 127.0.0.1, started and stopped by this module; see ``s3server.py``).
-Tests below the ``S3 only`` line exercise what only object stores have: the lease lock,
-conditional-put verification, ambiguous-put resolution and option translation.
+Every test taking the ``backend`` fixture runs on local disk and on each object store:
+S3 (moto), Azure Blob Storage (Azurite) and Google Cloud Storage (the loopback stand-in),
+started once per session by ``conftest.StorePool`` (see ``stores.py``). Tests taking the
+``store`` fixture exercise what only object stores have (the lease lock, ambiguous-put
+resolution) on each store; tests below the ``S3 only`` line cover S3 specifics (option
+translation, moto's IAM and stores ignoring conditional puts).
 """
 
 from __future__ import annotations
@@ -44,34 +46,31 @@ pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
 from s3server import LocalS3Server, lock_worker, race_worker  # noqa: E402
+from stores import STORES  # noqa: E402
 
-from memwal_query.storage import objectstore, s3config  # noqa: E402
+from memwal_query.storage import objectstore  # noqa: E402
 from memwal_query.storage.lease import LeaseLock  # noqa: E402
-from memwal_query.storage.objectstore import S3FileIO  # noqa: E402
-from memwal_query.storage.s3config import (  # noqa: E402
+from memwal_query.storage.objectstore import ObjectStoreFileIO  # noqa: E402
+from memwal_query.storage.options import (  # noqa: E402
     OPT_VERIFY_CONDITIONAL_PUT,
     ConditionalPutUnsupportedError,
     LockTimeoutError,
-    s3_settings,
+    register_commit_lock,
+    store_settings,
 )
 
 BUCKET = "memwal-test"
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(store_pool):
     """moto S3 on a free loopback port for the whole session, with one bucket."""
-    server = LocalS3Server().start()
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
+    return store_pool.get("s3").server
 
 
 @dataclass
 class Backend:
-    """Where a test's tables live: a local directory or a fresh prefix in the bucket."""
+    """Where a test's tables live: a local directory or a fresh prefix in a bucket."""
 
     name: str
     root: str
@@ -93,21 +92,28 @@ class Backend:
         return mq.MemWalTable.initialize(uri, storage_options=self.storage_options)
 
 
-# For a test whose S3 run is slow: local in the fast lane, S3 in the full run only.
-S3_IS_SLOW = pytest.mark.parametrize(
-    "backend", ["local", pytest.param("s3", marks=pytest.mark.slow)], indirect=True
-)
+def _params(slow: tuple[str, ...]) -> list:
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if name in slow else name
+        for name in ("local", *STORES)
+    ]
 
 
-@pytest.fixture(params=["local", "s3"])
-def backend(request, tmp_path) -> Backend:
-    """The same test on local disk and on the local S3 server."""
+# Local disk and S3 in the fast lane, Azure and GCS in the full run (the default).
+ALL_BACKENDS = _params(slow=("azure", "gcs"))
+# For a test whose object-store runs are slow: local in the fast lane only.
+STORES_ARE_SLOW = pytest.mark.parametrize("backend", _params(slow=STORES), indirect=True)
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def backend(request, tmp_path, store_pool) -> Backend:
+    """The same test on local disk and on each object store."""
     if request.param == "local":
         return Backend("local", str(tmp_path))
-    server = request.getfixturevalue("s3_server")
+    server = store_pool.get(request.param)
     # memwal_lock_ttl also checks that Lance accepts (ignores) memwal_* options.
-    options = server.storage_options(memwal_lock_ttl="10")
-    return Backend("s3", f"s3://{BUCKET}/{uuid.uuid4().hex}", options)
+    opts = server.storage_options(memwal_lock_ttl="10")
+    return Backend(request.param, f"{server.root(BUCKET)}/{uuid.uuid4().hex}", opts)
 
 
 def live(t: mq.MemWalTable, writers=None) -> dict[int, float]:
@@ -290,7 +296,7 @@ def test_reader_provider_and_sql(backend):
     assert got == {"id": [5, 500], "val": [50.0, 500.0]}
 
 
-@S3_IS_SLOW
+@STORES_ARE_SLOW
 def test_merger_and_gc(backend):
     t = backend.table()
     w = t.writer()
@@ -316,6 +322,47 @@ def test_merger_and_gc(backend):
         assert not t.catalog.io.is_dir(d)
     assert live(t) == expected
     assert t.maintenance.status()["regions"][w.region_id]["merged_generation"] == 2
+
+
+def test_change_feed_and_time_travel(backend):
+    """The change feed reads flushed generations on every store, and time travel to a
+    moment finds the manifest of that moment by the objects' modification times."""
+    t = backend.table(range(10))
+    w = t.writer()
+    w.put(basic_rows([100], val=[1.0]))
+    w.flush()
+    time.sleep(1.1)  # Last-Modified of object stores has a resolution of one second
+    moment = dt.datetime.now()
+    time.sleep(1.1)
+    w.put(basic_rows([100], val=[2.0]))
+    w.delete(pa.table({"id": pa.array([1], pa.int64())}))
+    w.flush()
+    w.close()
+    feed = t.changes()
+    got = [(r["id"], r["val"], r["_change_type"]) for r in feed.table.to_pylist()]
+    assert got == [(100, 1.0, "upsert"), (100, 2.0, "upsert"), (1, None, "delete")]
+    assert t.changes(since=feed.cursor).num_rows == 0
+    then = {r["id"]: r["val"] for r in t.provider(as_of=moment).to_table().to_pylist()}
+    assert then[100] == 1.0 and then[1] == 1.0
+    now = live(t)
+    assert now[100] == 2.0 and 1 not in now
+
+
+@pytest.mark.slow
+def test_abfss_uri_names_the_same_objects_as_az(store_pool):
+    """An ``abfss://container@account.dfs.core.windows.net/path`` table (the account from
+    the host name) is the ``az://container/path`` table, for Lance and for us."""
+    server = store_pool.get("azure")
+    opts = server.storage_options()
+    prefix = uuid.uuid4().hex
+    uri = f"abfss://{BUCKET}@devstoreaccount1.dfs.core.windows.net/{prefix}/t"
+    lance.write_dataset(basic_rows(range(10)), uri, storage_options=opts)
+    t = mq.MemWalTable.initialize(uri, storage_options=opts)
+    with t.writer() as w:
+        w.put(basic_rows([100], val=[-1.0]))
+    assert t.merge() == [(w.region_id, 1)]
+    same = mq.MemWalTable.open(f"az://{BUCKET}/{prefix}/t", storage_options=opts)
+    assert live(same) == live(t) and live(same)[100] == -1.0
 
 
 # -- WAL naming -------------------------------------------------------------------------------
@@ -355,7 +402,7 @@ def _search_rows(ids, seed: int, text: str | None = None) -> pa.Table:
     return pa.table({"id": ids, "text": texts, "vec": flat}, schema=schema)
 
 
-@S3_IS_SLOW
+@STORES_ARE_SLOW
 def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
     """Maintained indexes, searches, a batched merge, catch-up, GC and eventual reads
     give the same answers as a dict model, on local disk and on S3."""
@@ -445,16 +492,182 @@ def test_index_lock_excludes_processes(backend):
     assert backend.io().read(counter) == b"12"  # no lost update
 
 
+@pytest.fixture(params=_params(slow=("azure", "gcs"))[1:])
+def store(request, store_pool):
+    """(ObjectStoreFileIO, root URI of a fresh prefix, storage_options) on each store."""
+    server = store_pool.get(request.param)
+    opts = server.storage_options()
+    root = f"{server.root(BUCKET)}/{uuid.uuid4().hex}"
+    return ObjectStoreFileIO.for_uri(root, opts), root, opts
+
+
+def test_ambiguous_put_is_resolved_by_token(store, monkeypatch):
+    io, root, _ = store
+    io.put_if_not_exists(root + "/probe-first", b"")  # the one-off conditional-put probe
+    real_put = objectstore.obstore.put
+
+    def lost_response(store, key, data, **kwargs):
+        real_put(store, key, data, **kwargs)  # it lands, but the client sees an error
+        raise objectstore.obx.GenericError("connection reset")
+
+    monkeypatch.setattr(objectstore.obstore, "put", lost_response)
+    io.put_if_not_exists(root + "/a", b"mine")  # ours: success
+    assert io.read(root + "/a") == b"mine"
+
+    def retried(store, key, data, **kwargs):
+        real_put(store, key, data, **kwargs)  # first attempt lands, the retry sees 412
+        raise objectstore.obx.AlreadyExistsError("412")
+
+    monkeypatch.setattr(objectstore.obstore, "put", retried)
+    io.put_if_not_exists(root + "/b", b"mine")
+    assert io.read(root + "/b") == b"mine"
+    monkeypatch.setattr(objectstore.obstore, "put", real_put)
+    with pytest.raises(AlreadyExistsError):  # someone else's object: a real loss
+        io.put_if_not_exists(root + "/b", b"other")
+
+    calls = []
+
+    def flaky(store, key, data, **kwargs):
+        calls.append(key)
+        if len(calls) == 1:
+            raise objectstore.obx.GenericError("503 slow down")  # did not land
+        return real_put(store, key, data, **kwargs)
+
+    monkeypatch.setattr(objectstore.obstore, "put", flaky)
+    io.put_if_not_exists(root + "/c", b"c")
+    assert io.read(root + "/c") == b"c" and len(calls) == 2
+
+
+@contextlib.contextmanager
+def _lease_attempts():
+    """``(outcome, time.time() at its end)`` of every ``LeaseLock`` attempt in the block
+    (outcome: ``"acquired"``, ``"retry"`` or the holder that made it wait)."""
+    seen: list[tuple[str, float]] = []
+    attempt = LeaseLock._attempt
+
+    def spy(self):
+        outcome = attempt(self)
+        seen.append((outcome, time.time()))
+        return outcome
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(LeaseLock, "_attempt", spy)
+        yield seen
+
+
+def _write_lease(io, path, owner, expires_in):
+    lease = {"owner": owner, "expires_at": time.time() + expires_in, "ttl": 1, "released": False}
+    io.write(path, json.dumps(lease).encode())
+
+
+def test_lease_takeover_of_expired_lease(store):
+    io, root, _ = store
+    path = root + "/.index.lock"
+    _write_lease(io, path, "crashed-holder", expires_in=-100)
+    with LeaseLock(io, path, skew=0) as lock:
+        assert lock.took_over == "crashed-holder"
+        assert json.loads(io.read(path))["owner"] == lock.owner
+    assert json.loads(io.read(path))["released"] is True
+    # A live lease blocks until it expires (crashed holder: no renewal): the contender's
+    # first attempts find it held, the one that takes it over ends after its expiry.
+    _write_lease(io, path, "stalled-holder", expires_in=0.6)
+    expires_at = json.loads(io.read(path))["expires_at"]
+    with _lease_attempts() as attempts, LeaseLock(io, path, skew=0, poll=0.05) as lock:
+        assert lock.took_over == "stalled-holder"
+    assert attempts[0][0].startswith("stalled-holder (expires in "), attempts
+    assert attempts[-1][0] == "acquired" and attempts[-1][1] > expires_at, attempts
+    _write_lease(io, path, "live-holder", expires_in=30)
+    with pytest.raises(LockTimeoutError, match="live-holder"):
+        LeaseLock(io, path, timeout=0.3).acquire()
+
+
+def test_lease_is_renewed_while_held(store):
+    io, root, _ = store
+    path = root + "/.index.lock"
+    holder = LeaseLock(io, path, ttl=0.3, skew=0)
+    holder.acquire()
+    try:
+        with pytest.raises(LockTimeoutError):  # 1 s > 3 lease periods: renewal works
+            LeaseLock(io, path, ttl=0.3, skew=0, timeout=1.0).acquire()
+        assert not holder.lost
+    finally:
+        holder.release()
+    with _lease_attempts() as attempts, LeaseLock(io, path, skew=0) as lock:
+        assert lock.took_over is None  # released, not expired
+    assert [outcome for outcome, _ in attempts] == ["acquired"]  # no waiting for expiry
+
+
+def test_lease_lost_is_detected(store):
+    io, root, _ = store
+    path = root + "/.index.lock"
+    holder = LeaseLock(io, path, ttl=30)
+    holder.acquire()
+    _write_lease(io, path, "usurper", expires_in=30)  # someone overwrote it
+    holder.release()
+    assert holder.lost  # release did not clobber the usurper's lease
+    assert json.loads(io.read(path))["owner"] == "usurper"
+
+
+def test_lease_mutual_exclusion_threads(store):
+    io, root, _ = store
+    path = root + "/.index.lock"
+    inside = 0
+    peak = 0
+    guard = threading.Lock()
+
+    def worker() -> None:
+        nonlocal inside, peak
+        for _ in range(3):
+            with LeaseLock(io, path, poll=0.01, max_poll=0.05):
+                with guard:
+                    inside += 1
+                    peak = max(peak, inside)
+                time.sleep(0.01)
+                with guard:
+                    inside -= 1
+
+    threads = [threading.Thread(target=worker) for _ in range(5)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert peak == 1
+
+
+def test_lance_concurrent_commits(store):
+    """Lance commits through create-only puts on the store: no append is lost."""
+    _, root, options = store
+    uri = root + "/appends"
+    lance.write_dataset(basic_rows(range(3)), uri, storage_options=options)
+    errors: list[BaseException] = []
+
+    def append(i: int) -> None:
+        try:
+            lance.write_dataset(
+                basic_rows(range(100 * (i + 1), 100 * (i + 1) + 5)),
+                uri,
+                mode="append",
+                storage_options=options,
+            )
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors
+    ds = lance.dataset(uri, storage_options=options)
+    assert ds.count_rows() == 3 + 4 * 5 and ds.version == 5
+
+
 # == S3 only ==================================================================================
-@pytest.fixture
-def s3(s3_server):
-    """(S3FileIO, root URI of a fresh prefix, storage_options)."""
-    options = s3_server.storage_options()
-    return S3FileIO.from_storage_options(options), f"s3://{BUCKET}/{uuid.uuid4().hex}", options
 
 
 def test_storage_options_translation():
-    s = s3_settings(
+    s = store_settings(
+        "s3",
         {
             "aws_access_key_id": "AK",
             "AWS_SECRET_ACCESS_KEY": "SK",
@@ -467,7 +680,7 @@ def test_storage_options_translation():
             "client_max_retries": "3",
             "block_size": "4096",  # a Lance-only option
             "memwal_lock_ttl": "5",
-        }
+        },
     )
     assert s.config == {
         "access_key_id": "AK",
@@ -480,20 +693,58 @@ def test_storage_options_translation():
     assert s.client_options == {"allow_http": True, "timeout": "30s"}
     assert s.retry_config == {"max_retries": 3, "retry_timeout": dt.timedelta(seconds=30)}
     assert s.ignored == ("block_size",) and s.lock_ttl == 5.0 and s.conditional_put
-    assert s3_settings({"endpoint": "http://h", "region": "r"}).config == {
+    assert store_settings("s3", {"endpoint": "http://h", "region": "r"}).config == {
         "endpoint": "http://h",
         "region": "r",
     }
-    assert not s3_settings({"aws_conditional_put": "disabled"}).conditional_put
+    assert not store_settings("s3", {"aws_conditional_put": "disabled"}).conditional_put
     with pytest.raises(StorageError):
-        s3_settings({"allow_http": "maybe"})
+        store_settings("s3", {"allow_http": "maybe"})
 
 
 def test_file_io_for_dispatch(s3_server):
     io = file_io_for(f"s3://{BUCKET}/x", s3_server.storage_options())
-    assert isinstance(io, S3FileIO) and io.conditional_put
-    with pytest.raises(StorageError):
-        file_io_for("gs://bucket/x")
+    assert isinstance(io, ObjectStoreFileIO) and io.conditional_put and io.kind == "s3"
+    for uri, kind in [
+        ("gs://bucket/x", "gcs"),
+        ("az://container/x", "azure"),
+        ("abfss://container@account.dfs.core.windows.net/x", "azure"),
+    ]:
+        io = file_io_for(uri, {"memwal_verify_conditional_put": "false"})
+        assert isinstance(io, ObjectStoreFileIO) and io.kind == kind
+    for uri in ("hdfs://nn/x", "abfs://c@a.dfs.core.windows.net/x"):  # Lance refuses both
+        with pytest.raises(StorageError, match="not supported"):
+            file_io_for(uri)
+
+
+def test_one_options_dict_serves_every_store():
+    """Each store takes its own keys (long and short forms, any case) from a dict that
+    may hold the others' and Lance-only keys, which are left alone."""
+    shared = {
+        "aws_access_key_id": "AK",
+        "GOOGLE_SERVICE_ACCOUNT_KEY": "{}",
+        "azure_storage_account_name": "acct",
+        "account_key": "S0VZ",
+        "azure_storage_endpoint": "http://127.0.0.1:1/acct",
+        "allow_http": "true",
+        "timeout": "5s",
+        "block_size": "4096",
+    }
+    s3 = store_settings("s3", shared)
+    assert s3.config == {"access_key_id": "AK"} and s3.kind == "s3"
+    gcs = store_settings("gcs", shared)
+    assert gcs.config == {"service_account_key": "{}"}
+    az = store_settings("azure", {**shared, "azure_storage_use_emulator": "false"})
+    assert az.config == {
+        "account_name": "acct",
+        "account_key": "S0VZ",
+        "endpoint": "http://127.0.0.1:1/acct",
+        "use_emulator": False,
+    }
+    for settings in (s3, gcs, az):
+        assert settings.client_options == {"allow_http": True, "timeout": "5s"}
+        assert "block_size" in settings.ignored
+    assert "aws_access_key_id" in az.ignored and "azure_storage_account_name" in gcs.ignored
 
 
 def test_missing_bucket_is_a_storage_error(s3_server):
@@ -654,7 +905,7 @@ def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     (region,) = status["regions"].values()
     assert region["flushed_generations"] == [1] and region["merged_generation"] == 0
     assert "merged [1]" in memwal("merge", uri)
-    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0s")
+    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0s", "--verbose")
     assert json.loads(memwal("sql", uri, query, "--format", "json")) == expected
     status = json.loads(memwal("status", uri, "--json"))
     (region,) = status["regions"].values()
@@ -724,7 +975,7 @@ def test_registered_commit_lock(s3_server):
             calls.append(name)
             return lock
 
-    s3config.register_commit_lock("test-lock", Lock())
+    register_commit_lock("test-lock", Lock())
     options = s3_server.storage_options(
         memwal_conditional_put="false", memwal_commit_lock="test-lock"
     )
@@ -736,177 +987,16 @@ def test_registered_commit_lock(s3_server):
     assert calls == ["put", "put"]
 
 
-def test_ambiguous_put_is_resolved_by_token(s3, monkeypatch):
-    io, root, _ = s3
-    io.put_if_not_exists(root + "/probe-first", b"")  # the one-off conditional-put probe
-    real_put = objectstore.obstore.put
-
-    def lost_response(store, key, data, **kwargs):
-        real_put(store, key, data, **kwargs)  # it lands, but the client sees an error
-        raise objectstore.obx.GenericError("connection reset")
-
-    monkeypatch.setattr(objectstore.obstore, "put", lost_response)
-    io.put_if_not_exists(root + "/a", b"mine")  # ours: success
-    assert io.read(root + "/a") == b"mine"
-
-    def retried(store, key, data, **kwargs):
-        real_put(store, key, data, **kwargs)  # first attempt lands, the retry sees 412
-        raise objectstore.obx.AlreadyExistsError("412")
-
-    monkeypatch.setattr(objectstore.obstore, "put", retried)
-    io.put_if_not_exists(root + "/b", b"mine")
-    assert io.read(root + "/b") == b"mine"
-    monkeypatch.setattr(objectstore.obstore, "put", real_put)
-    with pytest.raises(AlreadyExistsError):  # someone else's object: a real loss
-        io.put_if_not_exists(root + "/b", b"other")
-
-    calls = []
-
-    def flaky(store, key, data, **kwargs):
-        calls.append(key)
-        if len(calls) == 1:
-            raise objectstore.obx.GenericError("503 slow down")  # did not land
-        return real_put(store, key, data, **kwargs)
-
-    monkeypatch.setattr(objectstore.obstore, "put", flaky)
-    io.put_if_not_exists(root + "/c", b"c")
-    assert io.read(root + "/c") == b"c" and len(calls) == 2
-
-
-@contextlib.contextmanager
-def _lease_attempts():
-    """``(outcome, time.time() at its end)`` of every ``LeaseLock`` attempt in the block
-    (outcome: ``"acquired"``, ``"retry"`` or the holder that made it wait)."""
-    seen: list[tuple[str, float]] = []
-    attempt = LeaseLock._attempt
-
-    def spy(self):
-        outcome = attempt(self)
-        seen.append((outcome, time.time()))
-        return outcome
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(LeaseLock, "_attempt", spy)
-        yield seen
-
-
-def _write_lease(io, path, owner, expires_in):
-    lease = {"owner": owner, "expires_at": time.time() + expires_in, "ttl": 1, "released": False}
-    io.write(path, json.dumps(lease).encode())
-
-
-def test_lease_takeover_of_expired_lease(s3):
-    io, root, _ = s3
-    path = root + "/.index.lock"
-    _write_lease(io, path, "crashed-holder", expires_in=-100)
-    with LeaseLock(io, path, skew=0) as lock:
-        assert lock.took_over == "crashed-holder"
-        assert json.loads(io.read(path))["owner"] == lock.owner
-    assert json.loads(io.read(path))["released"] is True
-    # A live lease blocks until it expires (crashed holder: no renewal): the contender's
-    # first attempts find it held, the one that takes it over ends after its expiry.
-    _write_lease(io, path, "stalled-holder", expires_in=0.6)
-    expires_at = json.loads(io.read(path))["expires_at"]
-    with _lease_attempts() as attempts, LeaseLock(io, path, skew=0, poll=0.05) as lock:
-        assert lock.took_over == "stalled-holder"
-    assert attempts[0][0].startswith("stalled-holder (expires in "), attempts
-    assert attempts[-1][0] == "acquired" and attempts[-1][1] > expires_at, attempts
-    _write_lease(io, path, "live-holder", expires_in=30)
-    with pytest.raises(LockTimeoutError, match="live-holder"):
-        LeaseLock(io, path, timeout=0.3).acquire()
-
-
-def test_lease_is_renewed_while_held(s3):
-    io, root, _ = s3
-    path = root + "/.index.lock"
-    holder = LeaseLock(io, path, ttl=0.3, skew=0)
-    holder.acquire()
-    try:
-        with pytest.raises(LockTimeoutError):  # 1 s > 3 lease periods: renewal works
-            LeaseLock(io, path, ttl=0.3, skew=0, timeout=1.0).acquire()
-        assert not holder.lost
-    finally:
-        holder.release()
-    with _lease_attempts() as attempts, LeaseLock(io, path, skew=0) as lock:
-        assert lock.took_over is None  # released, not expired
-    assert [outcome for outcome, _ in attempts] == ["acquired"]  # no waiting for expiry
-
-
-def test_lease_lost_is_detected(s3):
-    io, root, _ = s3
-    path = root + "/.index.lock"
-    holder = LeaseLock(io, path, ttl=30)
-    holder.acquire()
-    _write_lease(io, path, "usurper", expires_in=30)  # someone overwrote it
-    holder.release()
-    assert holder.lost  # release did not clobber the usurper's lease
-    assert json.loads(io.read(path))["owner"] == "usurper"
-
-
-def test_lease_mutual_exclusion_threads(s3):
-    io, root, _ = s3
-    path = root + "/.index.lock"
-    inside = 0
-    peak = 0
-    guard = threading.Lock()
-
-    def worker() -> None:
-        nonlocal inside, peak
-        for _ in range(3):
-            with LeaseLock(io, path, poll=0.01, max_poll=0.05):
-                with guard:
-                    inside += 1
-                    peak = max(peak, inside)
-                time.sleep(0.01)
-                with guard:
-                    inside -= 1
-
-    threads = [threading.Thread(target=worker) for _ in range(5)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    assert peak == 1
-
-
-def test_lance_concurrent_commits_on_s3(s3):
-    """Lance commits through If-None-Match on the server: no append is lost."""
-    _, root, options = s3
-    uri = root + "/appends"
-    lance.write_dataset(basic_rows(range(3)), uri, storage_options=options)
-    errors: list[BaseException] = []
-
-    def append(i: int) -> None:
-        try:
-            lance.write_dataset(
-                basic_rows(range(100 * (i + 1), 100 * (i + 1) + 5)),
-                uri,
-                mode="append",
-                storage_options=options,
-            )
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=append, args=(i,)) for i in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
-    assert not errors
-    ds = lance.dataset(uri, storage_options=options)
-    assert ds.count_rows() == 3 + 4 * 5 and ds.version == 5
-
-
 def test_default_retries_are_bounded_and_overridable():
     """Without retry options the HTTP client retries 3 times within 30 s (obstore alone:
     10 within 180 s per request); the storage options still override it."""
-    from memwal_query.storage.s3config import s3_settings
 
-    assert s3_settings({}).retry_config == {
+    assert store_settings("s3", {}).retry_config == {
         "max_retries": 3,
         "retry_timeout": dt.timedelta(seconds=30),
     }
-    own = s3_settings({"client_max_retries": "0", "client_retry_timeout": "2"}).retry_config
+    own = store_settings("s3", {"client_max_retries": "0", "client_retry_timeout": "2"})
+    own = own.retry_config
     assert own == {"max_retries": 0, "retry_timeout": dt.timedelta(seconds=2)}
 
 
@@ -919,7 +1009,7 @@ def test_put_with_unknown_outcome_stops_trying_after_the_deadline(tmp_path, monk
     try:
         server.create_bucket("deadline-bucket")
         options = server.storage_options(client_max_retries="0", client_retry_timeout="1")
-        fio = objectstore.S3FileIO(s3config.s3_settings(options))
+        fio = objectstore.ObjectStoreFileIO(store_settings("s3", options))
         path = f"s3://deadline-bucket/{uuid.uuid4().hex}/x"
         fio.put_if_not_exists(path + ".a", b"a")
         server.stop()

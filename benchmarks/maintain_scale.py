@@ -1,0 +1,304 @@
+"""Maintenance at scale: ``t.maintain()`` vs one Lance ``merge_insert`` of the same rows.
+
+A base of ``--rows`` rows (default 10,000,000; TPC-H ``lineitem``-like columns: key,
+two ints, two floats, a short string) with ``--regions`` bucket regions (default 8 and
+32), then a stream of ``--upserts`` upserts (default 10% of the base, 20% of them new
+keys) and ``--deletes`` deletes (default 0.5%) written in ``--generations`` rounds, each
+flushed (every region gets a generation per round). Then, side by side in one run:
+
+- ``t.maintain()`` (the default policy: merge every due region, compaction by read cost,
+  key index extended, snapshots, GC) against one ``merge_insert`` of the same newest
+  rows into a copy of the base (and the same plus a ``when_matched_delete`` of the
+  deleted keys: Lance's cheapest way to apply them), the plain run once just before
+  ours and once just after on a second copy (the mean is the reference: the machine's
+  load drifts);
+- the answer: our table after the pass equals the plain Lance table, row for row;
+- single-key lookup p50 (``t.lookup``) and full read (``t.to_table()``) right before and
+  right after the pass, with plain Lance's own figures on its copy for reference.
+
+``uptime`` is printed with the figures: the machine is shared, quote the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("LANCE_LOG", "error")
+
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, print_table  # noqa: E402
+
+import memwal_query as mq  # noqa: E402
+from memwal_query.maintain.policy import MaintenancePolicy  # noqa: E402
+
+PK = {"lance-schema:unenforced-primary-key": "true"}
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False, PK),
+        pa.field("quantity", pa.int32()),
+        pa.field("partkey", pa.int32()),
+        pa.field("price", pa.float64()),
+        pa.field("discount", pa.float64()),
+        pa.field("comment", pa.string()),
+    ]
+)
+WORDS = np.array([f"{a} {b}" for a in ("quick", "slow", "pending", "final") for b in range(64)])
+
+
+def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    """Rows of :data:`SCHEMA` for keys ``ids`` (vectorised)."""
+    n = len(ids)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "quantity": pa.array(rng.integers(1, 50, n, dtype=np.int32)),
+            "partkey": pa.array(rng.integers(0, 200_000, n, dtype=np.int32)),
+            "price": pa.array(rng.random(n) * 1e4),
+            "discount": pa.array(rng.integers(0, 11, n) / 100.0),
+            "comment": pa.array(WORDS[rng.integers(0, len(WORDS), n)]),
+        },
+        schema=SCHEMA,
+    )
+
+
+def uptime() -> str:
+    try:
+        return "load " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load ?"
+
+
+def median_of(fn, repeat: int) -> float:
+    out = []
+    for _ in range(repeat):
+        s = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - s)
+    return statistics.median(out)
+
+
+def lookup_p50(fn, keys: np.ndarray) -> float:
+    out = []
+    for k in keys:
+        s = time.perf_counter()
+        fn(int(k))
+        out.append(time.perf_counter() - s)
+    return statistics.median(out)
+
+
+def build_base(path: str, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    step = 2_000_000
+    for start in range(0, n, step):
+        part = rows(np.arange(start, min(n, start + step)), rng)
+        lance.write_dataset(part, path, mode="append" if start else "create")
+
+
+def stream(n: int, upserts: int, deletes: int, generations: int, seed: int):
+    """The rounds: (upsert rows, deleted keys) per round; keys of a round are distinct."""
+    rng = np.random.default_rng(seed)
+    new = int(upserts * 0.2)
+    keys = np.concatenate([rng.choice(n, upserts - new, replace=False), np.arange(n, n + new)])
+    rng.shuffle(keys)
+    gone = rng.choice(n, deletes, replace=False)
+    out = []
+    for ups, dels in zip(
+        np.array_split(keys, generations), np.array_split(gone, generations), strict=True
+    ):
+        # a round's deletes are not among its own upserts (a later round may write it again)
+        dels = dels[~np.isin(dels, ups)]
+        out.append((rows(ups, rng), dels))
+    return out
+
+
+def newest(rounds) -> tuple[pa.Table, np.ndarray]:
+    """The last write of each key over the rounds: live rows and deleted keys."""
+    frames, order = [], []
+    for i, (ups, dels) in enumerate(rounds):
+        frames.append(ups.append_column("_del", pa.array(np.zeros(ups.num_rows, bool))))
+        order.append(np.full(ups.num_rows, 2 * i))
+        d = rows(dels, np.random.default_rng(i)).append_column(
+            "_del", pa.array(np.ones(len(dels), bool))
+        )
+        frames.append(d)
+        order.append(np.full(len(dels), 2 * i + 1))
+    allrows = pa.concat_tables(frames)
+    seq = np.concatenate(order)
+    ids = allrows.column("id").to_numpy()
+    idx = np.lexsort((seq, ids))
+    last = np.ones(len(idx), bool)
+    last[:-1] = ids[idx][1:] != ids[idx][:-1]
+    pick = allrows.take(pa.array(idx[last]))
+    dead = pick.column("_del").to_numpy(zero_copy_only=False)
+    live = pick.filter(pa.array(~dead)).drop_columns(["_del"])
+    return live, pick.column("id").to_numpy()[dead]
+
+
+def plain_merge(path: str, live: pa.Table, dead: np.ndarray) -> tuple[float, float]:
+    """One ``merge_insert`` of the newest rows, then a ``when_matched_delete`` of the
+    deleted keys (through the key column: Lance's default, the key index, runs out of
+    its join memory pool for 1M source rows); the key index extended. Seconds of the
+    two commits."""
+    started = time.perf_counter()
+    builder = lance.dataset(path).merge_insert("id").use_index(False)
+    builder.when_matched_update_all().when_not_matched_insert_all().execute(live)
+    mi_s = time.perf_counter() - started
+    started = time.perf_counter()
+    lance.dataset(path).merge_insert("id").use_index(False).when_matched_delete().execute(
+        pa.table({"id": pa.array(dead, pa.int64())})
+    )
+    del_s = time.perf_counter() - started
+    lance.dataset(path).optimize.optimize_indices(num_indices_to_merge=0)
+    return round(mi_s, 3), round(del_s, 3)
+
+
+def run(root: str, base: str, args, regions: int) -> list[list[object]]:
+    ours, plain = f"{root}/ours{regions}", f"{root}/plain{regions}"
+    shutil.copytree(base, ours)
+    shutil.copytree(base, plain)
+    spec = mq.bucket_spec(lance.dataset(ours).lance_schema, "id", regions)
+    t = mq.MemWalTable.initialize(ours, region_spec=spec)
+    lance.dataset(plain).create_scalar_index("id", "BTREE")
+    spare = f"{root}/spare{regions}"  # a second plain run, after ours (load drifts)
+    shutil.copytree(plain, spare)
+    rounds = stream(args.rows, args.upserts, args.deletes, args.generations, seed=7)
+
+    t.configure_writers(max_memtable_rows=10**9, max_memtable_bytes=1 << 40)
+    started = time.perf_counter()
+    for ups, dels in rounds:
+        t.write(ups)
+        if len(dels):
+            t.delete(pa.table({"id": pa.array(dels, pa.int64())}))
+        t.flush()
+    ingest = time.perf_counter() - started
+    gens = sum(len(t.region_manifest(r).flushed_generations) for r in t.region_ids())
+    t.close()
+
+    live, dead = newest(rounds)
+    rng = np.random.default_rng(3)
+    keys = np.concatenate(
+        [
+            rng.choice(live.column("id").to_numpy(), args.lookups // 2),
+            rng.choice(args.rows, args.lookups // 2),
+        ]
+    )
+    reader = mq.MemWalTable.open(ours)
+    reader.to_table()  # warm: the first read of a process
+    scan_before = median_of(lambda: reader.to_table(), args.repeat)
+    look_before = lookup_p50(lambda k: reader.lookup(pa.array([k], pa.int64())), keys)
+
+    print(f"  {regions} regions: {gens} generations written; maintain ({uptime()})", flush=True)
+    first = plain_merge(plain, live, dead)
+    t = mq.MemWalTable.open(ours)
+    marks: list[tuple[str, float]] = []
+    started = time.perf_counter()
+    report = t.maintain(
+        progress=lambda step, done, total: marks.append((step, time.perf_counter()))
+    )
+    maintain_s = time.perf_counter() - started
+    steps: dict[str, float] = {}
+    last = started
+    for step, at in marks:  # time since the previous report, charged to the step reporting
+        steps[step] = steps.get(step, 0.0) + at - last
+        last = at
+    print("    steps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
+    print("   ", "\n    ".join(report.lines()[-6:]), flush=True)
+
+    second = plain_merge(spare, live, dead)
+    shutil.rmtree(spare)
+    print(f"    plain merge_insert, delete (s): {first} before ours, {second} after", flush=True)
+    mi_s, del_s = (first[0] + second[0]) / 2, (first[1] + second[1]) / 2
+
+    reader = mq.MemWalTable.open(ours)
+    reader.to_table()
+    scan_after = median_of(lambda: reader.to_table(), args.repeat)
+    look_after = lookup_p50(lambda k: reader.lookup(pa.array([k], pa.int64())), keys)
+    pds = lance.dataset(plain)
+    plain_scan = median_of(lambda: lance.dataset(plain).to_table(), args.repeat)
+    plain_look = lookup_p50(lambda k: pds.to_table(filter=f"id = {k}"), keys)
+
+    got = reader.to_table().sort_by("id")
+    want = lance.dataset(plain).to_table().sort_by("id")
+    assert (
+        got.num_rows
+        == want.num_rows
+        == args.rows
+        + live.num_rows
+        - int(pc.sum(pc.less(live.column("id"), args.rows)).as_py())
+        - len(dead)
+    ), (got.num_rows, want.num_rows)
+    assert got.equals(want.select(got.column_names)), "answers differ from plain Lance"
+    print(f"    answers identical to plain Lance ({got.num_rows:,} rows) ({uptime()})", flush=True)
+    batches = len({m.seconds for m in report.merged if m.seconds})  # one figure per commit
+
+    # A second pass that rewrites every fragment with a deletion file (what restoring
+    # the read speed of a clean base costs when the merge touched every fragment).
+    started = time.perf_counter()
+    compacted = t.maintain(MaintenancePolicy(compact_deleted_share=0.0))
+    compact_s = time.perf_counter() - started
+    reader = mq.MemWalTable.open(ours)
+    reader.to_table()
+    scan_compacted = median_of(lambda: reader.to_table(), args.repeat)
+    print(f"    then compacted: {compacted.compact_reason} ({uptime()})", flush=True)
+    return [
+        [f"{regions} regions, {gens} generations", "maintain()", maintain_s, maintain_s / mi_s],
+        ["", "merge_insert (same rows, mean of 2)", mi_s, 1.0],
+        ["", "merge_insert + delete", mi_s + del_s, (mi_s + del_s) / mi_s],
+        ["", f"ingest ({len(rounds)} rounds)", ingest, float("nan")],
+        ["", "merge batches", float(batches), float("nan")],
+        ["", "lookup p50 ms before / after", look_before * 1e3, look_after / look_before],
+        ["", "lookup p50 ms after (plain Lance)", plain_look * 1e3, look_after / plain_look],
+        ["", "full read s before / after", scan_before, scan_after / scan_before],
+        ["", "full read s after (plain Lance)", plain_scan, scan_after / plain_scan],
+        ["", "compacting pass s / x merge_insert", compact_s, compact_s / mi_s],
+        ["", "full read s compacted / before", scan_compacted, scan_compacted / scan_before],
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--regions", default="8,32")
+    parser.add_argument("--upserts", type=int, default=None, help="default rows / 10")
+    parser.add_argument("--deletes", type=int, default=None, help="default rows / 200")
+    parser.add_argument("--generations", type=int, default=40)
+    parser.add_argument("--lookups", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--root", default=None, help="work directory (default: a temp dir)")
+    args = parser.parse_args()
+    args.upserts = args.upserts or args.rows // 10
+    args.deletes = args.deletes or args.rows // 200
+    root = tempfile.mkdtemp(prefix="maintain-scale-", dir=args.root)
+    try:
+        base = f"{root}/base"
+        started = time.perf_counter()
+        build_base(base, args.rows, seed=1)
+        print(f"base of {args.rows:,} rows in {time.perf_counter() - started:.1f} s", flush=True)
+        out: list[list[object]] = []
+        for regions in (int(r) for r in args.regions.split(",")):
+            out += run(root, base, args, regions)
+        print_table(
+            f"maintain() of {args.upserts:,} upserts + {args.deletes:,} deletes in "
+            f"{args.generations} rounds into a {args.rows:,}-row base ({machine()}, "
+            f"{time.strftime('%Y-%m-%d')}, {uptime()} at the end)",
+            ["shape", "what", "seconds / ms", "ratio"],
+            out,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""A batch's deletes in a commit of their own, before the upsert commit with the progress.
+
+On a large base (``SEPARATE_DELETE_MIN_BASE_ROWS``; set to 0 here so a small table takes
+that path) a batch with upserts and deletes is two commits under the index lock. A merger
+killed between them (``merge.between_commits``, a real process and SIGKILL) leaves a
+base version whose answer is the model, and the next merge applies each delete once: a
+key that a later generation writes again is present once afterwards.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import lance
+import pyarrow as pa
+import pytest
+
+import memwal_query as mq
+from memwal_query.maintain import merger
+
+from helpers import expr_table, write_generation
+
+# region r holds the keys k with k % 2 == r
+CRASHING_MERGER = textwrap.dedent(
+    """
+    import sys
+    import memwal_query as mq
+    from memwal_query.maintain import merger
+
+    merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
+    t = mq.MemWalTable.open(sys.argv[1])
+    t.maintenance.merge()
+    print("not killed", flush=True)
+    """
+)
+
+
+def view(t, **kw):
+    rows = t.provider(**kw).to_table().to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key twice"
+    return {r["id"]: r["val"] for r in rows}
+
+
+def base_view(uri, version=None):
+    rows = lance.dataset(uri, version=version).to_table(columns=["id", "val"]).to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key twice in the base table"
+    return {r["id"]: r["val"] for r in rows}
+
+
+def _write(t, model, region, puts, deletes, val):
+    """One flushed generation in ``region``: ``puts`` then ``deletes``."""
+    return write_generation(t, model, {"r": region}, puts, deletes, val)
+
+
+@pytest.fixture
+def split(monkeypatch):
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
+
+
+def test_split_commits_equal_one_commit(base_uri, split):
+    """Two regions, upserts and deletes: the deletes commit, then one commit with the
+    upserts and both regions' progress; the same base table as the model."""
+    t = expr_table(base_uri)
+    model = {k: float(k) for k in range(100)}
+    regions = [
+        _write(t, model, 0, [0, 2, 200], [4, 6], 1.0),
+        _write(t, model, 1, [1, 3, 201], [5, 7], 1.0),
+    ]
+    _write(t, model, 0, [4, 8], [0, 10], 2.0)  # deleted key written again, and the reverse
+    before = lance.dataset(t.uri).version
+    merged = t.merge()
+    assert sorted(merged) == sorted([(regions[0], 1), (regions[0], 2), (regions[1], 1)])
+    assert lance.dataset(t.uri).version == before + 2
+    assert t.catalog.index().merged_generations() == {regions[0]: 2, regions[1]: 1}
+    assert base_view(t.uri) == model
+    # the version between the two commits: progress not recorded, the answer the model
+    middle = before + 1
+    assert t.catalog.index(lance.dataset(t.uri, version=middle)).merged_generations() == {}
+    mid = base_view(t.uri, middle)  # the deletes only: 4 deleted, then written again
+    assert not {0, 5, 6, 7, 10} & set(mid) and mid[4] == 4.0 and 200 not in mid
+    assert view(t, as_of=middle) == model
+    assert view(t) == model
+
+
+def test_merger_killed_between_the_commits(base_uri):
+    t = expr_table(base_uri)
+    model = {k: float(k) for k in range(100)}
+    region = _write(t, model, 0, [0, 2, 300], [4, 6, 8], 1.0)
+    _write(t, model, 1, [1, 301], [3, 5], 1.0)
+    before = lance.dataset(t.uri).version
+    env = {**os.environ, "MEMWAL_CRASH_AT": "merge.between_commits"}
+    p = subprocess.run(
+        [sys.executable, "-c", CRASHING_MERGER, t.uri],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
+    # The deletes are committed, the upserts and the progress are not.
+    assert lance.dataset(t.uri).version == before + 1
+    assert t.catalog.index().merged_generations() == {}
+    base = base_view(t.uri)
+    assert not {3, 4, 5, 6, 8} & set(base) and 300 not in base and base[0] == 0.0
+    # Every reader (fresh or reopened) answers the model from this state.
+    assert view(t) == model
+    assert view(mq.MemWalTable.open(t.uri)) == model
+    got = t.lookup(pa.array([4, 6, 300, 0], pa.int64()), columns=["id", "val"])
+    assert {r["id"]: r["val"] for r in got.to_pylist()} == {300: 1.0, 0: 1.0}
+    # A later generation writes a deleted key again before the merge is done.
+    _write(t, model, 0, [4], [], 2.0)
+    assert view(t) == model
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
+        merged = mq.MemWalTable.open(t.uri).merge(batch_rows=0)  # generation by generation
+    assert (region, 1) in merged and (region, 2) in merged
+    assert base_view(t.uri) == model  # each delete once: key 4 is back, once
+    assert view(t) == model
+    assert t.merge() == []
+
+
+def test_split_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri, split):
+    """The deletes commit on the latest version when the table moved without merging the
+    batch's regions; when their progress moved, the attempt is a lost race."""
+    t = expr_table(base_uri)
+    model = {k: float(k) for k in range(100)}
+    region = _write(t, model, 0, [0, 400], [2], 1.0)
+    gens = t.catalog.region_manifest(region).flushed_generations
+    ds = lance.dataset(t.uri)
+    prep = merger.prepare_generation(t, region, gens, ds.schema)
+    marker = [merger.CompactedSsTable(region, gens[-1].generation)]
+    lance.dataset(t.uri).create_scalar_index("val", "BTREE")  # a commit of no merge
+    moved = merger._commit_split(t, ds, ["id"], prep, marker)
+    assert moved.version == ds.version + 2 and 2 not in base_view(t.uri)
+    # another merger merges the region meanwhile: the planned batch is stale
+    t.maintenance.merge()
+    assert base_view(t.uri) == model
+    with pytest.raises(merger._BatchMoved) as lost:
+        merger._commit_split(t, ds, ["id"], prep, marker)
+    assert merger._is_conflict(lost.value)
+    assert base_view(t.uri) == model and view(t) == model
