@@ -304,8 +304,11 @@ def main() -> None:
         assert got == want, (got, want)
         latest_rows = []
         for label, fn in (
-            ("resolve view: strong", lambda: view.resolve(other, "strong")),
-            ("resolve view: latest (reads WAL tail)", lambda: view.resolve(other, "latest")),
+            ("resolve view: strong", lambda: view.resolve(other.catalog, "strong")),
+            (
+                "resolve view: latest (reads WAL tail)",
+                lambda: view.resolve(other.catalog, "latest"),
+            ),
             (
                 "count(*) strong (flushed only)",
                 lambda: ctx.sql("SELECT count(*) FROM flushed").to_arrow_table(),
