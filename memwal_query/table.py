@@ -35,7 +35,7 @@ from memwal_query.catalog import (
 from memwal_query.exceptions import RegionSpecError
 from memwal_query.format.schema import coerce_rows
 from memwal_query.regions.checks import field_names
-from memwal_query.search.vector import DEFAULT_REFINE_FACTOR
+from memwal_query.search.common import DEFAULT_NPROBES, DEFAULT_REFINE_FACTOR
 from memwal_query.storage.io import normalize_uri
 from memwal_query.table_init import write_index
 from memwal_query.write.opening import WriterOpener, WriterOptions
@@ -591,7 +591,7 @@ max_memtable_age
         k: int = 10,
         *,
         filter: Any = None,
-        nprobes: int = 20,
+        nprobes: int = DEFAULT_NPROBES,
         refine_factor: int | None = DEFAULT_REFINE_FACTOR,
         columns: Sequence[str] | None = None,
         writers: Sequence[RegionWriter] | None = None,

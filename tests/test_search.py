@@ -616,7 +616,7 @@ def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reinde
     assert t.catalog.index().merged_generations() == {rid: 2}
 
     dbg: dict = {}
-    got = search.vector_search(t.catalog, "vec", Q, k=5, refine_factor=None, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]
     plan = dbg["plan"]
     assert plan.indexed_only
