@@ -335,7 +335,7 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
             # tests/test_acknowledged.py pauses it): abandoned_after=None keeps this
             # schedule of pauses on the merge, compaction, catch-up and GC steps.
             policy = dataclasses.replace(NOW, compact_fragments=0, abandoned_after=None)
-            out["report"] = maintain(paused_table, policy)
+            out["report"] = maintain(paused_table.catalog, policy)
         except BaseException as e:  # noqa: BLE001 - checked below
             out["error"] = e
         finally:
