@@ -262,7 +262,7 @@ def run_stream(
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     # plain Lance on the base table alone, sharing the table's Lance caches (same
     # entries: no second copy in this process's memory, and as warm as the table's)
-    plain = lance.dataset(uri, session=t.dataset().session())
+    plain = lance.dataset(uri, session=t.catalog.dataset().session())
     start = time.perf_counter()
     last_flush = minute_start = start
     written = minute_rows = 0
@@ -389,7 +389,7 @@ def run_stream(
     t.close()
     reopened = mq.MemWalTable.open(uri)
     ok &= verify(reopened.to_table(columns=["id", "seq"]), model[:next_key], "reopened") == "ok"
-    reopened.maintain(MaintenancePolicy(max_generations=0, max_rows=0))
+    reopened.maintenance.maintain(MaintenancePolicy(merge_over_generations=0, merge_over_rows=0))
     base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
     ok &= verify(base_now, model[:next_key], "base table after a full merge") == "ok"
     clean_table(reopened, minutes_out[-1] if minutes_out else None, next_key, centers, words)
@@ -403,7 +403,9 @@ def clean_table(
     compacted into as few fragments as Lance makes and each index in one segment: what
     a table of that size costs without any accumulated work. The last minute's
     figures divided by these say what the stream's pending work still costs."""
-    t.maintain(MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1))
+    t.maintenance.maintain(
+        MaintenancePolicy(merge_over_generations=0, compact_fragments=0, max_index_segments=1)
+    )
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     rng = np.random.default_rng(5)
     for _ in range(60):

@@ -191,7 +191,7 @@ def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
     df = spark_rows(spark, -500, 3000, step=7)
     routed = mqs.route(df, t.uri).toArrow()
     rows = routed.select(["id", "val", "name"]).cast(BASIC_SCHEMA)
-    values = spec.evaluate(rows, t.lance_schema)
+    values = spec.evaluate(rows, t.catalog.lance_schema)
     field_ids = values.schema.names
     expected = [
         region_id_for(spec.spec_id, {f: values.column(f)[i].as_py() for f in field_ids})
@@ -200,8 +200,8 @@ def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
     assert routed.column(mqs.REGION_COLUMN).to_pylist() == expected
     # ... and the same grouping as MemWalTable.write's routing
     by_split = {}
-    for vals, part in split_by_region(spec, rows, t.lance_schema):
-        by_split[t.region_id_for(vals)] = sorted(part.column("id").to_pylist())
+    for vals, part in split_by_region(spec, rows, t.catalog.lance_schema):
+        by_split[t.catalog.region_id_for(vals)] = sorted(part.column("id").to_pylist())
     by_spark: dict[str, list[int]] = {}
     for rid, i in zip(expected, rows.column("id").to_pylist()):
         by_spark.setdefault(rid, []).append(i)
@@ -223,7 +223,7 @@ def test_region_values_of_several_fields_equal_evaluate(spark, tmp_path):
     df = spark.createDataFrame(rows, "id long, val double, name string, is_delete boolean")
     routed = mqs.route(df, t.uri, delete_column="is_delete").toArrow()
     data = routed.select(["id", "val", "name"]).cast(BASIC_SCHEMA)
-    values = spec.evaluate(data, t.lance_schema)  # deletes: the key decides alone
+    values = spec.evaluate(data, t.catalog.lance_schema)  # deletes: the key decides alone
     assert values.num_rows == len(rows) and len(set(values.column("t").to_pylist())) == 5
     want = [
         region_id_for(spec.spec_id, {f: values.column(f)[i].as_py() for f in ("b", "t")})
@@ -235,9 +235,9 @@ def test_region_values_of_several_fields_equal_evaluate(spark, tmp_path):
     by_region = {}
     for rid, i in zip(want, range(values.num_rows)):
         by_region.setdefault(rid, {f: values.column(f)[i].as_py() for f in ("b", "t")})
-    assert sorted(t.region_ids()) == sorted(by_region)
+    assert sorted(t.catalog.region_ids()) == sorted(by_region)
     for rid, vals in by_region.items():
-        assert t.region_values(rid) == (spec.spec_id, vals)
+        assert t.catalog.region_values(rid) == (spec.spec_id, vals)
 
 
 def test_region_id_array_handles_nulls_and_several_fields():
@@ -279,7 +279,7 @@ def test_batch_ingest_1m_rows_16_regions(spark, tmp_path):
     assert len(res.regions) == BUCKETS
     assert len({r.region_id for r in res.regions}) == BUCKETS
     assert all(r.generation == 1 and r.attempt == 0 for r in res.regions)
-    assert sorted(t.region_ids()) == sorted(r.region_id for r in res.regions)
+    assert sorted(t.catalog.region_ids()) == sorted(r.region_id for r in res.regions)
     got = view(t.uri)
     assert got.num_rows == n
     ids = got.column("id").to_numpy()
@@ -356,7 +356,7 @@ def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
     t = new_table(tmp_path)
     model = base_model(range(1000))
     arm(fault_dir, "ingest.after_put")
-    res = mqs.write(spark_rows(spark, 0, 40_000), t.uri, buffer_rows=500, num_partitions=2)
+    res = mqs.write(spark_rows(spark, 0, 40_000), t.uri, buffer_rows=500, parallelism=2)
     upsert_model(model, range(40_000))
     assert not os.path.exists(os.path.join(fault_dir, "ingest.after_put"))  # it fired
     retried = [r for r in res.regions if r.attempt == 1]
@@ -368,7 +368,7 @@ def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
     reclaimed = [r for r in retried if r.epoch == 2]
     assert len(reclaimed) == 1
     (r,) = reclaimed
-    gen = t.region_manifest(r.region_id).flushed_generations[-1]
+    gen = t.catalog.region_manifest(r.region_id).flushed_generations[-1]
     assert lance.dataset(generation_path(t.uri, r.region_id, gen.path)).count_rows() > r.upserted
     assert res.upserted == 40_000
     assert_view(t.uri, model)
@@ -381,7 +381,7 @@ def test_stale_attempt_is_fenced_by_spark_retry(spark, tmp_path):
     spec = t.region_spec
     ids = range(2000, 4000)
     rows = basic_rows(ids, val=[i * 0.5 for i in ids], name=[f"s{i}" for i in ids])
-    (values, part), *_ = split_by_region(spec, rows, t.lance_schema)
+    (values, part), *_ = split_by_region(spec, rows, t.catalog.lance_schema)
     assert part.num_rows > 20
     stale = t.writer(region_values=values)  # "attempt 0" of the region's task
     stale.put(part.slice(0, 10))
@@ -448,10 +448,10 @@ def test_attempt_of_an_ended_job_writes_nothing(spark, tmp_path, monkeypatch):
     assert f"{options['job']}.done" in os.listdir(ingest_tasks.jobs_dir(t.uri))
     mqs.write(spark_rows(spark, 5000, 6000, tag="new"), t.uri)  # a later job
     upsert_model(model, ids, "new")
-    epochs = {r: t.region_manifest(r).writer_epoch for r in t.region_ids()}
+    epochs = {r: t.catalog.region_manifest(r).writer_epoch for r in t.catalog.region_ids()}
     with pytest.raises(mqs.JobEndedError, match="already ended"):
         list(ingest.write_partition(iter(batches), options))  # the late loser
-    assert {r: t.region_manifest(r).writer_epoch for r in t.region_ids()} == epochs
+    assert {r: t.catalog.region_manifest(r).writer_epoch for r in t.catalog.region_ids()} == epochs
     assert_view(t.uri, model)
     # the race: the job ends between the loser's first check and its claim
     answers = iter([False, True] * BUCKETS)
@@ -514,7 +514,7 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
         t.uri,
         delete_column="is_delete",
         order_by="seq",
-        num_partitions=2,
+        parallelism=2,
         writer_options=writer_options,
     )
     schema = "id long, val double, name string, is_delete boolean, seq long"
@@ -586,9 +586,9 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
 def assert_one_generation_per_commit(t: mq.MemWalTable, first: int, last: int) -> None:
     """Every base version in (first, last] advanced exactly one region by exactly one
     generation: none skipped, none merged twice, progress ordered."""
-    before = read_index_at(t.io, t.uri, first).merged_generations()
+    before = read_index_at(t.catalog.io, t.uri, first).merged_generations()
     for version in range(first + 1, last + 1):
-        after = read_index_at(t.io, t.uri, version).merged_generations()
+        after = read_index_at(t.catalog.io, t.uri, version).merged_generations()
         changed = {r: (before.get(r, 0), g) for r, g in after.items() if before.get(r, 0) != g}
         assert len(changed) == 1, (version, changed)
         ((_, (old, new)),) = changed.items()
@@ -623,7 +623,7 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     for gens in summary.by_region().values():
         assert gens == sorted(set(gens)) and gens[-1] == 4
     assert sum(len(g) for g in summary.by_region().values()) >= 4 * BUCKETS - 1
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     assert merged == {r: 4 for r in pending}
     assert_view(t.uri, model)
     got = spark.read.format("memwal").load(t.uri).orderBy("id").toArrow()
@@ -675,7 +675,7 @@ def read_table(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reader")
     t = new_table(tmp, base_ids=range(0, 5000), buckets=4)
     mqs.write(spark_rows(spark, 4000, 7000, tag="a"), t.uri)
-    mqs.merge(spark, t.uri, regions=sorted(t.region_ids())[:2])
+    mqs.merge(spark, t.uri, regions=sorted(t.catalog.region_ids())[:2])
     mqs.write(spark_rows(spark, 0, 8000, step=3, tag="b"), t.uri)
     mqs.write(spark.range(0, 8000, 7).select("id"), t.uri, mode="delete")
     nulls = spark.createDataFrame([(i, None, None) for i in range(100, 200)], BASIC_SCHEMA_DDL)
@@ -838,7 +838,7 @@ def _non_key_filter_table(tmp_path) -> mq.MemWalTable:
     t = new_table(tmp_path, base_ids=[])
     t.write(basic_rows([1, 2, 3, 4], [10.0, 0.0, 7.0, 10.0], ["hi", "lo", "hi", "hi"]))
     t.flush()
-    t.merge()
+    t.maintenance.merge()
     t.write(basic_rows([1, 2], [0.0, 10.0], ["lo", "hi"]))
     t.delete(pa.table({"id": pa.array([4], pa.int64())}))
     t.flush()
@@ -1018,7 +1018,7 @@ def test_write_bad_types_and_values_are_typed_errors(spark, tmp_path):
         mqs.write(big.withColumn("id", F.expr(f"CAST('{2**70}' AS DECIMAL(30,0))")), t.uri)
     with pytest.raises(mq.PrimaryKeyError):  # a NULL key
         mqs.write(spark.createDataFrame([(None, 1.0, "x")], BASIC_SCHEMA_DDL), t.uri)
-    assert t.region_ids() == []
+    assert t.catalog.region_ids() == []
     assert_view(t.uri, model)
 
 
@@ -1059,7 +1059,7 @@ def test_fenced_task_out_of_retries_raises_typed_error_in_driver(spark, tmp_path
             t.uri,
             buffer_rows=20,
             fence_retries=0,
-            num_partitions=1,
+            parallelism=1,
         )
 
 
@@ -1115,8 +1115,8 @@ def test_reader_differential(spark, tmp_path):
         if step % 2:
             t.flush()
         if step == 1:
-            t.merge()
-            t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+            t.maintenance.merge()
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         df = spark.read.format("memwal").option("consistency", "latest").load(t.uri)
         ids = sorted(model)
         assert df.where("id < 100").count() == sum(1 for i in ids if i < 100)
@@ -1143,7 +1143,7 @@ def test_maintain_merges_over_the_policy_as_tasks(tmp_path, spark):
     writers = [_writer(t, p) for p in (0, 1)]
     for i in range(3):
         _put(model, writers[i % 2], i)
-    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(max_generations=1))
+    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(merge_over_generations=1))
     assert summary.merge is not None
     assert summary.merge.by_region() == {writers[0].region_id: [1, 2]}  # odd: 1 generation
     assert [(m.region_id, m.generation) for m in summary.report.merged] == [
@@ -1172,7 +1172,7 @@ def test_ingest_after_a_region_spec_change(spark, tmp_path):
     t.write(basic_rows(range(140, 160), val=[1.0] * 20, name=["w"] * 20))  # unflushed
     model.update({i: (float(i), f"a{i}") for i in range(50, 150)})
     model.update({i: (1.0, "w") for i in range(140, 160)})
-    t.set_region_spec(bucket_spec(t.lance_schema, "id", 3, spec_id=2))
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 3, spec_id=2))
     cdc = spark_rows(spark, 120, 200, tag="b").withColumn("gone", F.col("id") % 9 == 0)
     mqs.write(cdc, t.uri, delete_column="gone")
     model.update({i: (i * 0.5, f"b{i}") for i in range(120, 200)})
@@ -1182,8 +1182,8 @@ def test_ingest_after_a_region_spec_change(spark, tmp_path):
     got = spark_sql(spark, t.uri, "SELECT id, val, name FROM t ORDER BY id")
     assert same(got, model_table(model))
     specs = {}
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         specs.setdefault(m.region_spec_id, []).append(m)
     assert all(m.sealed for m in specs[1]) and len(specs[2]) == 3
     assert all(m.flushed_generations for m in specs[2])  # Spark's rows are in them

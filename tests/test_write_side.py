@@ -71,7 +71,7 @@ def test_default_spec_is_one_region_and_pylance_sees_it(uri):
     assert t.region_spec.fields[0].transform == "unsharded"
     details = lance.dataset(uri).mem_wal_index_details()
     assert details["sharding_specs"][0]["fields"][0]["transform"] == "unsharded"
-    assert t.lineage  # a fresh lineage token
+    assert t.catalog.lineage  # a fresh lineage token
 
 
 def test_writer_without_arguments_claims_the_one_region_and_fences(uri):
@@ -110,7 +110,7 @@ def test_wrong_region_rows_refused_without_writing(tmp_path):
     u = str(tmp_path / "b")
     ds = lance.write_dataset(basic_rows(range(10)), u)
     t = mq.MemWalTable.initialize(u, region_spec=bucket_spec(ds, "id", 4))
-    values = t.region_spec.evaluate(basic_rows(range(10)), t.lance_schema).column(0)
+    values = t.region_spec.evaluate(basic_rows(range(10)), t.catalog.lance_schema).column(0)
     b0 = values[0].as_py()
     other = next(i for i in range(10) if values[i].as_py() != b0)
     w = t.writer(region_values={"bucket": b0})
@@ -315,7 +315,7 @@ def test_partial_updates_across_base_generations_and_memtables(uri):
         50: (50.0, None),  # new key
     }
     w.flush()
-    t.merge()
+    t.maintenance.merge()
     t2 = mq.MemWalTable.open(uri)
     t2.write(pa.table({"id": [1], "name": ["after merge"]}), partial=True)
     assert sql_rows(t2, writers=t2.writers())[1] == {"id": 1, "val": 10.0, "name": "after merge"}
@@ -621,7 +621,7 @@ def bucket_table(tmp_path) -> tuple[str, list[int], list[int]]:
     u = str(tmp_path / "mb")
     ds = lance.write_dataset(basic_rows(range(20)), u)
     t = mq.MemWalTable.initialize(u, region_spec=bucket_spec(ds, "id", 2))
-    b = t.region_spec.evaluate(basic_rows(range(20)), t.lance_schema).column(0).to_pylist()
+    b = t.region_spec.evaluate(basic_rows(range(20)), t.catalog.lance_schema).column(0).to_pylist()
     return u, [k for k in range(20) if b[k] == 0], [k for k in range(20) if b[k] == 1]
 
 
@@ -629,16 +629,16 @@ def test_multi_region_write_says_which_regions_are_durable(tmp_path):
     u, in_a, in_b = bucket_table(tmp_path)
     t = mq.MemWalTable.open(u)
     t.write(basic_rows([in_a[0], in_b[0]], val=[1.0, 1.0]))
-    region_b = t.region_id_for({"bucket": 1})
+    region_b = t.catalog.region_id_for({"bucket": 1})
     intruder = mq.MemWalTable.open(u).writer(region_values={"bucket": 1})  # fences t's
-    t.write_retries = 0
+    t.fence_retries = 0
     with pytest.raises(mq.WriteIncompleteError) as err:
         t.write(basic_rows([in_a[0], in_b[0]], val=[2.0, 2.0]))
     assert list(err.value.errors) == [region_b]
     assert isinstance(err.value.errors[region_b], mq.FencedError)
-    assert list(err.value.written) == [t.region_id_for({"bucket": 0})]
+    assert list(err.value.written) == [t.catalog.region_id_for({"bucket": 0})]
     intruder.close()
-    t.write_retries = 5
+    t.fence_retries = 5
     assert sorted(t.write(basic_rows([in_a[0], in_b[0]], val=[3.0, 3.0])).values()) == [1, 1]
     t.close()
     got = sql_rows(mq.MemWalTable.open(u))
@@ -650,7 +650,7 @@ def test_single_region_failure_raises_its_own_error(tmp_path):
     t = mq.MemWalTable.open(u)
     t.write(basic_rows([in_a[0]]))
     mq.MemWalTable.open(u).writer(region_values={"bucket": 0}).close()
-    t.write_retries = 0
+    t.fence_retries = 0
     with pytest.raises(mq.FencedError):
         t.write(basic_rows([in_a[1]]))
 
@@ -680,7 +680,7 @@ def test_interrupted_ingest_reports_durable_rows_and_converges(uri, tmp_path):
     f = str(tmp_path / "big.parquet")
     pq.write_table(basic_rows(range(n)), f)
     # A real process (not CliRunner): the test sends it SIGTERM half-way through.
-    cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--batch-rows", "20"]
+    cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--buffer-rows", "20"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: wal_files(uri) >= 3 or p.poll() is not None)
     p.terminate()

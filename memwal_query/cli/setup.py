@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress, main
+from memwal_query.cli.options import deprecated_option
 from memwal_query.exceptions import (
     AlreadyInitializedError,
     MemWalError,
@@ -15,6 +16,7 @@ from memwal_query.exceptions import (
     SchemaError,
     WrongRegionError,
 )
+from memwal_query.write.routing import DEFAULT_BUFFER_ROWS
 
 
 @main.command()
@@ -95,7 +97,12 @@ def spec_options(command: Any) -> Any:
 @click.argument("uri")
 @click.option("--primary-key", "primary_key", required=True, help="Comma-separated key columns.")
 @spec_options
-@click.option("--maintain", multiple=True, help="Base index to maintain in generations.")
+@click.option(
+    "--maintained-indexes",
+    multiple=True,
+    help="Base indexes to build for every flushed generation too (comma-separated, repeatable).",
+)
+@deprecated_option("--maintain", "--maintained-indexes", multiple=True)
 @click.option(
     "--reset",
     is_flag=True,
@@ -110,7 +117,8 @@ def init(
     expression,
     columns,
     result_type,
-    maintain,
+    maintained_indexes: tuple[str, ...],
+    maintain: tuple[str, ...],
     reset: bool,
 ) -> None:
     """Initialize the MemWAL on an existing Lance table at URI.
@@ -123,6 +131,13 @@ def init(
     """
     import lance
     import pyarrow as pa
+
+    maintain = tuple(
+        name.strip()
+        for value in (*maintained_indexes, *maintain)
+        for name in value.split(",")
+        if name.strip()
+    )
 
     from memwal_query.format import index as mwindex
     from memwal_query.format.schema import PK_METADATA_KEY, primary_key_columns
@@ -139,7 +154,7 @@ def init(
         raise click.BadParameter(f"no column(s) {missing} in {uri}")
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
-    from memwal_query.catalog import check_no_leftover_regions
+    from memwal_query.table_init import check_no_leftover_regions
 
     check_no_leftover_regions(file_io_for(uri), uri, reset)
     spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
@@ -175,7 +190,7 @@ def init(
         uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
     )
     spec = t.region_spec
-    shown = "one region" if spec is None else spec.describe(t.lance_schema)
+    shown = "one region" if spec is None else spec.describe(t.catalog.lance_schema)
     key = ", ".join(t.primary_key)
     click.echo(f"initialized {t.uri}: primary key {key}, region spec {shown}")
 
@@ -226,12 +241,13 @@ def _read_file(path: str, schema=None):
 @click.argument("files", nargs=-1, required=True)
 @click.option("--region", help="Write every row to this region id (no routing).")
 @click.option(
-    "--batch-rows",
-    default=50_000,
+    "--buffer-rows",
+    default=DEFAULT_BUFFER_ROWS,
     show_default=True,
     type=click.IntRange(min=1),
     help="Rows per put (one durable WAL entry each).",
 )
+@deprecated_option("--batch-rows", "--buffer-rows", type=click.IntRange(min=1))
 @click.option("--flush/--no-flush", default=True, show_default=True, help="Flush at the end.")
 @click.option(
     "--partial",
@@ -243,7 +259,8 @@ def ingest(
     uri: str,
     files: tuple[str, ...],
     region: str | None,
-    batch_rows: int,
+    buffer_rows: int,
+    batch_rows: int | None,
     flush: bool,
     partial: bool,
 ) -> None:
@@ -259,6 +276,8 @@ def ingest(
     from memwal_query.storage.paths import validate_region_id
     from memwal_query.write.routing import split_by_region
 
+    if batch_rows is not None:
+        buffer_rows = batch_rows
     t = _open(uri)
     tables = []
     missing_by_file: list[list[str]] = []
@@ -279,11 +298,11 @@ def ingest(
         spec = t.region_spec
         if spec is not None:
             for tb in tables:
-                for values, _ in split_by_region(spec, tb, t.lance_schema):
-                    if t.region_id_for(values) != region:
+                for values, _ in split_by_region(spec, tb, t.catalog.lance_schema):
+                    if t.catalog.region_id_for(values) != region:
                         raise WrongRegionError(
                             f"rows with region value {values} belong to region "
-                            f"{t.region_id_for(values)}, not {region}"
+                            f"{t.catalog.region_id_for(values)}, not {region}"
                         )
     total = sum(tb.num_rows for tb in tables)
     writer = t.writer(region) if region else None
@@ -304,7 +323,7 @@ def ingest(
     try:
         with _progress(length=total, label="ingesting", show_pos=True, item_show_func=rate) as bar:
             for tb, missing in zip(tables, missing_by_file):
-                for batch in tb.to_batches(max_chunksize=batch_rows):
+                for batch in tb.to_batches(max_chunksize=buffer_rows):
                     part = pa.Table.from_batches([batch])
                     if writer is not None:
                         writer.put(part.drop_columns(missing), partial=bool(missing))

@@ -79,6 +79,7 @@ from memwal_query.exceptions import (
 from memwal_query.regions.spec import check_partial_sources
 from memwal_query.spark._common import (
     REGION_COLUMN,
+    deprecated_spelling,
     open_table,
     require_spec,
 )
@@ -174,13 +175,14 @@ def write(
     *,
     delete_column: str | None = None,
     order_by: str | list[str] | None = None,
-    num_partitions: int | None = None,
+    parallelism: int | None = None,
     flush: bool | str = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
     storage_options: dict[str, str] | None = None,
     partial: bool = False,
     fence_retries: int = DEFAULT_FENCE_RETRIES,
+    num_partitions: int | None = None,
 ) -> WriteResult:
     """Write a batch DataFrame into the table's regions (see the module docs).
 
@@ -202,7 +204,7 @@ def write(
         last) before writing them, so that among rows of one key the last in this
         order wins; the task then holds each region's rows until its end. Columns that
         are not table columns (a sequence number...) are used for sorting only.
-    num_partitions : int, optional
+    parallelism : int, optional
         Write tasks (each owns whole regions). Default: the session's default
         parallelism.
     flush : {True, False, "due"}
@@ -229,6 +231,8 @@ def write(
         process) fences a task's writer; the fenced put was never acknowledged, so the
         task claims the region again and writes it again, up to this many times with
         exponential backoff. Then the driver raises :class:`FencedError`.
+    num_partitions : int, optional
+        Deprecated spelling of ``parallelism``.
 
     Returns
     -------
@@ -241,8 +245,11 @@ def write(
     MemWalError
         When the table has no region spec, or a task failed for good.
     """
-    if num_partitions is None:
-        num_partitions = max(1, df.sparkSession.sparkContext.defaultParallelism)
+    if num_partitions is not None:
+        deprecated_spelling("memwal_query.spark.write(num_partitions=)", "parallelism=")
+        parallelism = num_partitions if parallelism is None else parallelism
+    if parallelism is None:
+        parallelism = max(1, df.sparkSession.sparkContext.defaultParallelism)
     order = [order_by] if isinstance(order_by, str) else list(order_by or [])
     options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
@@ -254,7 +261,7 @@ def write(
         table = open_table(uri, storage_options)
         missing = [c for c in table.schema.names if c not in data]
         if partial:
-            check_partial_sources(require_spec(table), missing, table.lance_schema)
+            check_partial_sources(require_spec(table), missing, table.catalog.lance_schema)
         elif missing:
             raise SchemaError(
                 f"the DataFrame lacks column(s) {missing}: an upsert replaces whole rows; "
@@ -272,7 +279,7 @@ def write(
     try:
         rows = (
             df.mapInArrow(pack_task, PACKED_DDL)
-            .repartition(num_partitions, REGION_COLUMN)
+            .repartition(parallelism, REGION_COLUMN)
             .mapInArrow(write_task, RESULT_DDL)
             .collect()
         )

@@ -156,8 +156,8 @@ def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.Rec
     else:
         # partial updates (checked on the driver) may lack columns the spec does not read
         rows, missing = coerce_partial_rows(data, table.schema, table.primary_key)
-        check_partial_sources(spec, missing, table.lance_schema)
-    return spec.evaluate(rows, table.lance_schema)
+        check_partial_sources(spec, missing, table.catalog.lance_schema)
+    return spec.evaluate(rows, table.catalog.lance_schema)
 
 
 def batch_region_ids(

@@ -114,5 +114,5 @@ def maintain(
             for m in summary.merged
         ]
 
-    report = maintain_table(table, policy, dry_run=dry_run, progress=progress, merge=merge)
+    report = maintain_table(table.catalog, policy, dry_run=dry_run, progress=progress, merge=merge)
     return MaintainSummary(report, jobs[0] if jobs else None)

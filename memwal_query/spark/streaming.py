@@ -95,7 +95,7 @@ class MemWalSink:
     **write_options
         Passed to :func:`memwal_query.spark.write` (``mode``, ``delete_column``,
         ``order_by``, ``flush`` (default ``"due"``), ``writer_options``,
-        ``num_partitions``...).
+        ``parallelism``...).
     """
 
     def __init__(

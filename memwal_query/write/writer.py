@@ -39,7 +39,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,7 @@ from memwal_query.write.writer_state import (
     DEFAULT_MAX_WAL_BUFFER_BYTES,
     DEFAULT_MAX_WAL_ENTRIES,
     DEFAULT_WAL_FLUSH_INTERVAL,
+    PartialLookup,
     WriterStats,
     _Request,
 )
@@ -127,10 +128,10 @@ class RegionWriter(_WalPath):
         Spec id recorded when the region is created (0: manual region).
     region_field_entries : tuple
         ``(field_id, value bytes)`` recorded in the manifest when the region is created.
-    lookup : callable, optional
+    lookup : PartialLookup, optional
         ``lookup(keys, columns=..., writers=[self])`` returning the keys' current rows
-        (the table's :meth:`~memwal_query.table.MemWalTable.lookup`): partial updates
-        read the columns they do not set through it. Without it they are refused.
+        (:class:`~memwal_query.write.writer_state.PartialLookup`): partial updates read
+        the columns they do not set through it. Without it they are refused.
 
     Raises
     ------
@@ -161,7 +162,7 @@ class RegionWriter(_WalPath):
         region_values: dict[str, Any] | None = None,
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
-        lookup: Callable[..., pa.Table] | None = None,
+        lookup: PartialLookup | None = None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
         self.table = table
@@ -256,7 +257,7 @@ class RegionWriter(_WalPath):
         """SpecChangedError (and this writer closed) when the table's current region
         spec, re-read now that the region is claimed, is not the one its rows are
         routed by: see :mod:`memwal_query.maintain.specs` for why after the claim."""
-        self.table.index()
+        self.table.refresh_index()
         current = self.table.routing_spec().spec_id
         if current != routed_spec_id:
             self._closed = True
@@ -488,7 +489,7 @@ class RegionWriter(_WalPath):
     def __enter__(self) -> RegionWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.close()
         else:
