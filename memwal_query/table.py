@@ -111,6 +111,7 @@ class MemWalTable:
         *,
         maintained_indexes: Iterable[str] | None = None,
         storage_options: dict[str, str] | None = None,
+        primary_key: str | Sequence[str] | None = None,
         primary_key_index: bool = True,
         reset: bool = False,
     ) -> MemWalTable:
@@ -119,7 +120,7 @@ class MemWalTable:
         Parameters
         ----------
         uri : str
-            The base table; it must have a primary key.
+            The base table.
         region_spec : RegionSpec, optional
             How rows map to regions (spec ids must be positive). None: the one-region
             spec :func:`~memwal_query.regions.spec.unsharded_spec` (every key in one
@@ -129,6 +130,13 @@ class MemWalTable:
             Names of base-table indexes to build for every flushed generation too.
         storage_options : dict, optional
             Lance-style storage options (object stores), used for every later access.
+        primary_key : str or list of str, optional
+            The key column(s) (a list for a composite key). Needed when the table does
+            not declare its key yet (Lance field metadata
+            ``lance-schema:unenforced-primary-key``): the columns are checked (they
+            exist, have a key type, hold no NULL and no key twice), then marked
+            (non-nullable, with that metadata). A key the table already declares may be
+            repeated; another one is a :class:`PrimaryKeyError`.
         primary_key_index : bool
             Create a BTREE scalar index on the (first) primary-key column when the base
             table has none (default), so that point lookups and the base side of
@@ -166,6 +174,95 @@ class MemWalTable:
             maintained_indexes=maintained_indexes,
             primary_key_index=primary_key_index,
             reset=reset,
+            primary_key=primary_key,
+        )
+        return cls(norm, options)
+
+    @classmethod
+    def create(
+        cls,
+        uri: str | os.PathLike,
+        data: Any,
+        *,
+        primary_key: str | Sequence[str],
+        region_spec: RegionSpec | None = None,
+        vector_columns: dict[str, int | None] | Sequence[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+        mode: str = "create",
+        primary_key_index: bool = True,
+    ) -> MemWalTable:
+        """Create a table from data (or a schema) with the key given here, and open it.
+
+        Writes the Lance base table with ``primary_key`` marked, then its MemWAL index
+        (what :meth:`initialize` does); ``memwal init --primary-key`` marks the key of
+        an existing table the same way.
+
+        Parameters
+        ----------
+        uri : str
+            Where the table goes (local path, ``s3://``, ``gs://``, ``az://``...).
+        data : table-like or pyarrow.Schema
+            The first rows: a pandas or Polars DataFrame, a pyarrow Table, RecordBatch
+            or RecordBatchReader, a dict of columns, anything exporting
+            ``__arrow_c_stream__``; or a ``pyarrow.Schema`` for an empty table. The
+            column types are the table's (give pyarrow types for exact ones).
+        primary_key : str or list of str
+            The key column(s): one name, or a list for a composite key. The columns
+            must exist and have a key type (integer, float, decimal, boolean, string,
+            binary, date, time, timestamp); they become non-nullable. A NULL key or a
+            key given twice in ``data`` is refused (nothing is written): the table
+            would have no single newest row for it.
+        region_spec : RegionSpec, optional
+            How rows map to regions (see :meth:`initialize`; default one region).
+        vector_columns : dict or list of str, optional
+            Columns of lists of numbers (a pandas column of arrays) to store as vectors
+            (``fixed_size_list``), which vector search and vector indexes need:
+            ``{"vec": 128}``, or ``["vec"]`` to take the length every row has. A row of
+            another length is a :class:`SchemaError`. Later writes cast lists into
+            such a column the same way.
+        storage_options : dict, optional
+            Object-store options, used for every later access.
+        mode : {"create", "overwrite"}
+            ``"create"`` refuses an existing table (:class:`AlreadyExistsError`);
+            ``"overwrite"`` replaces it (and removes what its MemWAL left in
+            ``_mem_wal/``: stop its writers first).
+        primary_key_index : bool
+            Build a BTREE index on the (first) key column (see :meth:`initialize`).
+
+        Returns
+        -------
+        MemWalTable
+
+        Raises
+        ------
+        PrimaryKeyError
+            A key column is absent or of another type, or ``data`` holds a NULL key or a
+            key twice (the message names the column or the value).
+        SchemaError
+            ``data`` cannot be converted, or a vector column has rows of another length.
+        AlreadyExistsError
+            ``mode="create"`` and a table exists at ``uri``.
+        RegionSpecError
+            The region spec does not fit the table (the new table is removed again).
+
+        Examples
+        --------
+        >>> t = MemWalTable.create(uri, df, primary_key="id")  # doctest: +SKIP
+        >>> t = MemWalTable.create(uri, df, primary_key=["tenant", "id"])  # doctest: +SKIP
+        """
+        from memwal_query.table_init import create_table
+
+        norm = normalize_uri(uri)
+        options = dict(storage_options or {})
+        create_table(
+            norm,
+            options,
+            data,
+            primary_key=primary_key,
+            vector_columns=vector_columns,
+            region_spec=region_spec,
+            primary_key_index=primary_key_index,
+            mode=mode,
         )
         return cls(norm, options)
 

@@ -140,18 +140,16 @@ def init(
     )
 
     from memwal_query.format import index as mwindex
-    from memwal_query.format.schema import PK_METADATA_KEY, primary_key_columns
     from memwal_query.storage.factory import file_io_for
     from memwal_query.table import MemWalTable
+    from memwal_query.table_init import check_key_columns, key_names
 
     try:
         ds = lance.dataset(uri)
     except Exception as e:  # noqa: BLE001
         raise click.ClickException(f"no Lance table at {uri}: {e}") from None
-    keys = [k.strip() for k in primary_key.split(",") if k.strip()]
-    missing = [k for k in keys if ds.schema.get_field_index(k) < 0]
-    if missing:
-        raise click.BadParameter(f"no column(s) {missing} in {uri}")
+    keys = key_names(primary_key)
+    check_key_columns(ds.schema, keys, uri)
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
     from memwal_query.table_init import check_no_leftover_regions
@@ -172,22 +170,8 @@ def init(
     absent = [m for m in maintain if m not in existing]
     if absent:
         raise click.BadParameter(f"no index {absent} on {uri} (existing: {sorted(existing)})")
-    if primary_key_columns(ds.schema) != keys:
-        nullable = [k for k in keys if ds.schema.field(k).nullable]
-        if nullable:
-            nulls = ds.to_table(
-                columns=nullable, filter=" OR ".join(f"{k} IS NULL" for k in nullable)
-            )
-            if nulls.num_rows:
-                raise click.ClickException(
-                    f"primary-key column(s) {nullable} hold {nulls.num_rows} NULL value(s)"
-                )
-            for k in nullable:  # Lance requires non-nullable primary-key columns
-                ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]
-            ds = lance.dataset(uri)
-        ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
     t = MemWalTable.initialize(
-        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
+        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset, primary_key=keys
     )
     spec = t.region_spec
     shown = "one region" if spec is None else spec.describe(t.catalog.lance_schema)

@@ -37,8 +37,10 @@ def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
     keys = primary_key_columns(schema)
     if not keys:
         raise PrimaryKeyError(
-            f"{where}: the table has no primary key; mark the key field(s) with metadata "
-            "'lance-schema:unenforced-primary-key': 'true'"
+            f"{where}: the table has no primary key; name it: "
+            "MemWalTable.initialize(uri, primary_key=[...]) or `memwal init URI "
+            "--primary-key COLUMNS` (it is the field metadata "
+            "'lance-schema:unenforced-primary-key': 'true')"
         )
     return keys
 
