@@ -32,7 +32,7 @@ from memwal_query.catalog import Catalog
 from memwal_query.catalog import (
     region_id_for as region_id_for,  # public, re-exported (memwal_query.region_id_for)
 )
-from memwal_query.exceptions import RegionSpecError
+from memwal_query.exceptions import RegionSpecError, SchemaChangedError, WriteIncompleteError
 from memwal_query.format.schema import coerce_rows
 from memwal_query.regions.checks import field_names
 from memwal_query.search.vector import DEFAULT_REFINE_FACTOR
@@ -101,6 +101,7 @@ class MemWalTable:
         self._routed = RoutedWriters(self._opener)
         self._maintenance = Maintenance(self)
         self._consumers = Consumers(self)
+        self._alter = Alter(self)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -317,6 +318,11 @@ class MemWalTable:
         """Change-feed consumers: register, list, drop."""
         return self._consumers
 
+    @property
+    def alter(self) -> Alter:
+        """Schema changes: add columns (see ``docs/schema.md``)."""
+        return self._alter
+
     # -- writing -----------------------------------------------------------------------
     def writer(
         self,
@@ -422,7 +428,9 @@ max_memtable_age
             max_memtable_age=max_memtable_age,
         )
 
-    def write(self, data: Any, *, partial: bool = False) -> dict[str, int]:
+    def write(
+        self, data: Any, *, partial: bool = False, schema_mode: str | None = None
+    ) -> dict[str, int]:
         """Route rows to their regions by the region spec and put them.
 
         One writer per region is opened on first use and kept for later calls (close
@@ -434,6 +442,12 @@ max_memtable_age
             Whole rows (every column). See :meth:`RegionWriter.put`.
         partial : bool
             Partial update: missing columns keep each key's current value.
+        schema_mode : {None, "merge"}
+            What to do with columns of ``data`` the table lacks: None (default) refuses
+            them (:class:`SchemaError` naming them, and this option); ``"merge"`` adds
+            them first, nullable, with the type they have in ``data``
+            (:meth:`Alter.add_columns`; rows written before read NULL for them), as
+            deltalake's ``write_deltalake(..., schema_mode="merge")``.
 
         Returns
         -------
@@ -461,6 +475,26 @@ max_memtable_age
         routed to a region of a spec that is no longer the current one are routed again
         by the current spec.
         """
+        from memwal_query.format.schema import SCHEMA_MODES, to_table
+
+        if schema_mode not in SCHEMA_MODES:
+            raise ValueError(f"schema_mode must be one of {SCHEMA_MODES}, got {schema_mode!r}")
+        table = to_table(data, columns=self._catalog.schema.names)
+        self._add_input_columns(table, schema_mode)
+        try:
+            return self._write_rows(table, partial)
+        except (SchemaChangedError, WriteIncompleteError) as e:
+            errors = e.errors.values() if isinstance(e, WriteIncompleteError) else [e]
+            if not all(isinstance(x, SchemaChangedError) for x in errors):
+                raise
+        # Another process changed the schema since this object read it: take the new
+        # one and write again (whole-row upserts and deletes are idempotent); rows that
+        # lack a column it added are refused as any such rows are.
+        self._refresh_schema(close=True)
+        return self._write_rows(table, partial)
+
+    def _write_rows(self, data: pa.Table, partial: bool) -> dict[str, int]:
+        """Coerce ``data`` to the table schema and route it (see :meth:`write`)."""
         from memwal_query.format.schema import coerce_partial_rows
         from memwal_query.regions.spec import check_partial_sources
 
@@ -475,6 +509,26 @@ max_memtable_age
             check_partial_sources(spec, missing, cat.lance_schema)
 
         return self._routed.route(rows, lambda w, part: w._put_routed(part, missing), check)
+
+    def _add_input_columns(self, data: pa.Table, schema_mode: str | None) -> None:
+        """Make the columns of ``data`` the table lacks known: another process may have
+        added them (take the new schema), or ``schema_mode="merge"`` adds them."""
+        from memwal_query.format.schema import extra_columns
+
+        if not extra_columns(data.schema, self._catalog.schema):
+            return
+        if self._catalog.schema_changes():
+            self._refresh_schema()
+        extra = extra_columns(data.schema, self._catalog.schema)
+        if extra and schema_mode == "merge":
+            self.alter.add_columns(extra)
+
+    def _refresh_schema(self, close: bool = False) -> None:
+        """Take the base table's current schema; when it changed (or ``close``), this
+        object's writers (opened with the old one) are closed, their rows left in the
+        WAL for the next writer to replay."""
+        if self._catalog.refresh_schema() or close:
+            self._routed.close(flush=False)
 
     def delete(self, keys: Any) -> dict[str, int]:
         """Route delete tombstones to their regions (the spec must read key columns only).
@@ -1013,6 +1067,49 @@ class Maintenance:
             return w.flush()
         finally:
             w.close(flush=False)
+
+
+class Alter:
+    """Schema changes of a table: ``t.alter`` (see ``docs/schema.md``).
+
+    Safe while writers, readers and maintenance run, in any process: rows written
+    before a change read NULL for an added column everywhere (SQL, search, the change
+    feed, Spark, the merger); a writer opened before it either writes its rows ahead of
+    every row carrying the column or is refused with :class:`SchemaChangedError`
+    (never dropping a value of the column).
+    """
+
+    def __init__(self, table: MemWalTable) -> None:
+        self._table = table
+
+    def add_columns(self, fields: Any) -> pa.Schema:
+        """Add nullable columns to the table (every existing row reads NULL for them).
+
+        Parameters
+        ----------
+        fields : pyarrow.Field, list of pyarrow.Field, pyarrow.Schema or dict
+            The new columns (``{"name": pyarrow.DataType}`` for short). Only the schema
+            changes (Lance ``add_columns``: no data is rewritten).
+
+        Returns
+        -------
+        pyarrow.Schema
+            The table's schema afterwards (also :attr:`MemWalTable.schema`).
+
+        Raises
+        ------
+        SchemaError
+            A column exists already, is not nullable, has the NULL type or a reserved
+            name (``_tombstone``...); the table is unchanged.
+        """
+        from memwal_query.format.schema import new_fields
+
+        t = self._table
+        t._refresh_schema()
+        items = new_fields(fields, t.catalog.schema)
+        t.catalog.dataset().add_columns(items)
+        t._refresh_schema()
+        return t.catalog.schema
 
 
 class Consumers:

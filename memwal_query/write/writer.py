@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
     FencedError,
+    SchemaChangedError,
     MemWalError,
     SpecChangedError,
     WriterClosedError,
@@ -209,9 +210,11 @@ class RegionWriter(_WalPath):
             # (the epoch bound is checked against the claimed epoch in _replay)
             entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
             early = [(e, self._conform(e)) for e in entries]
+        self._check_schema(claimed=False)
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
+        self._check_schema(claimed=True)
         if latest is None or (
             manifest.replay_after_wal_entry_position != latest.replay_after_wal_entry_position
         ):
@@ -234,6 +237,27 @@ class RegionWriter(_WalPath):
             daemon=True,
         )
         self._ticker.start()
+
+    def _check_schema(self, claimed: bool) -> None:
+        """SchemaChangedError (and this writer closed) when the base table has columns
+        the table's schema lacks: another process changed the schema since it was read.
+
+        Checked after the claim (and before it, to not fence a live writer for
+        nothing): a schema change committed before the claim is seen; one committed
+        after it comes with the claim of a writer that knows the new columns, which
+        fences this one. So every row of a region written after a column was added
+        either carries the column or comes before (in WAL order) every row that does.
+        """
+        changed = self.table.schema_changes()
+        if changed:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+            raise SchemaChangedError(
+                f"{self.table.uri}: the table's column(s) {changed} were added or changed "
+                "after this table object read its schema; nothing was written. Open the "
+                "table again (MemWalTable.open) to write with the new schema"
+                + (" (the region was claimed)" if claimed else "")
+            )
 
     def _check_spec_after_claim(self, routed_spec_id: int) -> None:
         """SpecChangedError (and this writer closed) when the table's current region
@@ -299,7 +323,15 @@ class RegionWriter(_WalPath):
 
     def _put_routed(self, rows: pa.Table, missing: Sequence[str] = ()) -> None:
         """Put rows already coerced and routed to this region (used by table.write);
-        ``missing``: columns of a partial update, filled from the keys' current rows."""
+        ``missing``: columns of a partial update, filled from the keys' current rows.
+        SchemaChangedError when they were coerced to another schema than this writer's
+        (the table's schema changed in between; nothing written)."""
+        if rows.schema.names != self._schema.names:
+            raise SchemaChangedError(
+                f"{self.table.uri}: the rows have columns {rows.schema.names}, this writer "
+                f"of region {self.region_id} writes {self._schema.names} (the schema "
+                "changed meanwhile); nothing was written"
+            )
         if missing:
             self._write_partial(rows, list(missing))
         else:
