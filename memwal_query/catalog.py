@@ -247,8 +247,7 @@ class Catalog:
         return [
             f.name
             for f in current
-            if self.schema.get_field_index(f.name) < 0
-            or self.schema.field(f.name).type != f.type
+            if self.schema.get_field_index(f.name) < 0 or self.schema.field(f.name).type != f.type
         ]
 
     def refresh_schema(self) -> list[str]:

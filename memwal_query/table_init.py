@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import uuid as uuid_mod
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -113,7 +111,8 @@ def check_key_values(keys_table: pa.Table, keys: list[str], where: str) -> None:
             )
     if keys_table.num_rows < 2:
         return
-    counts = keys_table.select(keys).group_by(keys, use_threads=False).aggregate([([], "count_all")])
+    grouped = keys_table.select(keys).group_by(keys, use_threads=False)
+    counts = grouped.aggregate([([], "count_all")])
     dup = pc.greater(counts.column("count_all"), 1)
     if pc.any(dup).as_py():
         first = counts.filter(dup).slice(0, 1).to_pylist()[0]

@@ -48,8 +48,8 @@ import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
     FencedError,
-    SchemaChangedError,
     MemWalError,
+    SchemaChangedError,
     SpecChangedError,
     WriterClosedError,
     WrongRegionError,
