@@ -222,7 +222,8 @@ def coerce_partial_rows(data: Any, schema: pa.Schema, pk: list[str]) -> tuple[pa
     if extra:
         raise SchemaError(
             f"column(s) {extra} are not in the table schema {schema.names}; add them with "
-            "t.alter.add_columns(...), or write with schema_mode='merge' to add them"
+            "t.alter.add_columns(...), or write with schema_mode='merge' (memwal ingest "
+            "--schema-mode merge) to add them"
         )
     if len(set(table.column_names)) != len(table.column_names):
         raise SchemaError(f"duplicate column names in input: {table.column_names}")
