@@ -183,7 +183,6 @@ class _Worker:
         assert self.proc.wait(timeout=60) == 0
 
 
-@pytest.mark.slow
 def test_writer_process_running_across_add_columns(tmp_path):
     """A writer process opened before the change keeps writing whole rows without the
     column until another writer writes the column (fencing it); then a whole row
@@ -212,3 +211,42 @@ def test_writer_process_running_across_add_columns(tmp_path):
     assert got[1] == {"id": 1, "v": 100.0, "tag": "a"}
     assert got[2] == {"id": 2, "v": 2.5, "tag": "b"}
     assert got[3] == {"id": 3, "v": 3.0, "tag": "c"}
+
+
+def test_column_added_while_a_writer_claims_is_seen_after_the_claim(tmp_path, monkeypatch):
+    """The schema change lands between the writer's first schema check and its claim:
+    the check after the claim refuses it (the claim cannot hide the change)."""
+    from memwal_query.format.manifest import RegionManifestStore
+
+    uri = str(tmp_path / "t")
+    stale = _create(uri)
+    other = mq.MemWalTable.open(uri)
+    claim = RegionManifestStore.claim
+
+    def add_then_claim(self, *args, **kwargs):
+        monkeypatch.setattr(RegionManifestStore, "claim", claim)
+        other.alter.add_columns({"tag": pa.string()})
+        return claim(self, *args, **kwargs)
+
+    monkeypatch.setattr(RegionManifestStore, "claim", add_then_claim)
+    with pytest.raises(mq.SchemaChangedError, match="the region was claimed"):
+        stale.writer()
+    assert stale.schema.names == ["id", "v"]
+
+
+def test_cli_ingest_schema_mode_merge(tmp_path):
+    from click.testing import CliRunner
+
+    from memwal_query.cli import main
+
+    uri = str(tmp_path / "t")
+    _create(uri).close()
+    path = str(tmp_path / "rows.parquet")
+    pd.DataFrame({"id": [7], "v": [7.0], "tag": ["g"]}).to_parquet(path)
+    runner = CliRunner()
+    refused = runner.invoke(main, ["ingest", uri, path])
+    assert refused.exit_code == 1 and "--schema-mode merge" in refused.output
+    assert mq.MemWalTable.open(uri).schema.names == ["id", "v"]
+    done = runner.invoke(main, ["ingest", uri, path, "--schema-mode", "merge"])
+    assert done.exit_code == 0, done.output
+    assert _rows(mq.MemWalTable.open(uri))[7] == {"id": 7, "v": 7.0, "tag": "g"}
