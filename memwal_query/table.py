@@ -1088,8 +1088,9 @@ class Alter:
         Parameters
         ----------
         fields : pyarrow.Field, list of pyarrow.Field, pyarrow.Schema or dict
-            The new columns (``{"name": pyarrow.DataType}`` for short). Only the schema
-            changes (Lance ``add_columns``: no data is rewritten).
+            The new columns; ``{"name": type}`` for short, with a ``pyarrow.DataType``
+            or an Arrow type name (``"string"``, ``"int64"``, ``"timestamp[us]"``).
+            Only the schema changes (Lance ``add_columns``: no data is rewritten).
 
         Returns
         -------

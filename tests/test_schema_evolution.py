@@ -78,7 +78,8 @@ def test_added_column_reads_null_for_every_older_row(tmp_path):
         ({"n": pa.null()}, "no type"),
         ([pa.field("n", pa.int8()), pa.field("n", pa.int8())], "twice"),
         ([], "no column"),
-        ({"n": "int"}, "pyarrow.DataType"),
+        ({"n": "int"}, "no Arrow type named 'int'"),
+        ({"n": 3}, "pyarrow.DataType"),
     ],
 )
 def test_add_columns_refuses_bad_fields_unchanged(tmp_path, fields, message):

@@ -395,7 +395,8 @@ them (nullable) first, as deltalake's ``write_deltalake(..., schema_mode="merge"
 
 def new_fields(fields: Any, schema: pa.Schema) -> list[pa.Field]:
     """Columns to add to a table of ``schema``: ``fields`` (a ``pyarrow.Field``, a list
-    of them, a ``pyarrow.Schema``, or ``{name: pyarrow.DataType}``) checked.
+    of them, a ``pyarrow.Schema``, or ``{name: type}`` with a ``pyarrow.DataType`` or an
+    Arrow type name such as ``"string"``) checked.
 
     Raises
     ------
@@ -409,6 +410,14 @@ def new_fields(fields: Any, schema: pa.Schema) -> list[pa.Field]:
     elif isinstance(fields, dict):
         items = []
         for name, typ in fields.items():
+            if isinstance(typ, str):
+                try:
+                    typ = pa.type_for_alias(typ)
+                except ValueError:
+                    raise SchemaError(
+                        f"column {name!r}: no Arrow type named {typ!r} (e.g. 'string', "
+                        "'int64', 'float64', 'bool', 'timestamp[us]', or a pyarrow.DataType)"
+                    ) from None
             if not isinstance(typ, pa.DataType):
                 raise SchemaError(f"column {name!r}: expected a pyarrow.DataType, got {typ!r}")
             items.append(pa.field(name, typ))
