@@ -10,6 +10,7 @@ from __future__ import annotations
 import lance
 import numpy as np
 import pyarrow as pa
+import pytest
 
 import memwal_query as mq
 from memwal_query import search
@@ -263,3 +264,43 @@ def test_null_vectors_in_the_block_hide_older_versions_and_never_match(tmp_path)
         d = ((mat - q) ** 2).sum(1)
         assert got == ids[np.lexsort((ids, d))][:40].tolist()
         assert "block" in {s["kind"] for s in dbg["sources"]}
+
+
+def test_block_of_many_rows_ranks_l2_exactly(tmp_path, monkeypatch):
+    """A block large enough for the ranked shortcut (norms and one matrix product, the
+    best candidates scored exactly) gives exact search's distances and rows, also with
+    duplicate vectors."""
+    rng = np.random.default_rng(8)
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(np.arange(100), rng), uri)
+    t = mq.MemWalTable.initialize(uri)
+    for g in range(2):
+        rows = _rows(np.arange(1000 * g, 1000 * g + 1000), rng)
+        if g == 1:  # 40 rows repeat one vector: equal distances
+            same = pa.array([np.full(DIM, 0.25, np.float32)] * 40, SCHEMA.field("vec").type)
+            rest = rows["vec"].combine_chunks()[40:]
+            rows = rows.set_column(1, "vec", pa.concat_arrays([same, rest]))
+        t.write(rows)
+        t.flush()
+    t.close()
+    answered = []
+    real = genblock.GenBlock._nearest_l2
+
+    def spy(self, *a):
+        got = real(self, *a)
+        answered.append(got[0] is not None)
+        return got
+
+    monkeypatch.setattr(genblock.GenBlock, "_nearest_l2", spy)
+    live = t.to_table(columns=["id", "vec"])
+    mat = np.stack(live.column("vec").to_numpy(zero_copy_only=False))
+    ids = live.column("id").to_numpy()
+    queries = [*rng.standard_normal((6, DIM)).astype(np.float32), np.full(DIM, 0.25, np.float32)]
+    for q in queries:
+        got = t.vector_search("vec", q, k=30)
+        d = ((mat - q) ** 2).sum(1)
+        want = np.sort(d)[:30]
+        assert got["_distance"].to_numpy() == pytest.approx(want, rel=1e-5, abs=1e-5)
+        # the same rows, up to ties at the k-th distance
+        assert set(ids[d < want[-1] - 1e-5].tolist()) <= set(got["id"].to_pylist())
+    assert answered and all(answered)

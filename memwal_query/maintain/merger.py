@@ -53,6 +53,7 @@ names the failed region(s).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterable, Sequence
@@ -538,7 +539,9 @@ def merge(
     was merged (``.results``).
     """
     if region_id is not None:
-        return merge_region(table, region_id, max_generations, max_retries, batch_rows, batch_bytes)
+        done = merge_region(table, region_id, max_generations, max_retries, batch_rows, batch_bytes)
+        _forget_merged(table, done)
+        return done
     rooms = {rid: max_generations for rid in table.region_ids()}
     return merge_regions(table, rooms, max_retries, batch_rows, batch_bytes)
 
@@ -584,9 +587,22 @@ def merge_regions(
             _merge_region_into(table, rid, room, max_retries, out, batch_rows, batch_bytes)
         except Exception as e:  # noqa: BLE001 - reported below, after the other regions
             errors[rid] = e
+    _forget_merged(table, out)
     if errors:
         raise MergeFailedError(table.uri, errors, out)
     return out
+
+
+def _forget_merged(table: Catalog, done: list[MergeResult]) -> None:
+    """Drop this process's search blocks holding the generations just merged: a view
+    resolved from now on reads them from the base (their per-generation caches go at the
+    next search or maintenance pass, :func:`memwal_query.search.forget.forget_merged`)."""
+    if not done:
+        return
+    from memwal_query.search.forget import forget_merged_blocks
+
+    with contextlib.suppress(Exception):  # only a cache: never fails a merge
+        forget_merged_blocks(table.uri, table.index().merged_generations())
 
 
 def _room(limit: int | None, region_id: str, done: list[MergeResult]) -> int | None:

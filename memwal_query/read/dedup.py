@@ -2,8 +2,11 @@
 
 Rows handed to :func:`newest_per_key` are in ascending (``_gen``, ``_rowaddr``) order per
 region (generations oldest first, then MemTables, rows in write order), so within a
-region the newest version of a key is simply its *last* occurrence: a hash aggregation
-``max(row index) GROUP BY key``, no sort.
+region the newest version of a key is simply its *last* occurrence. Integer keys (any
+range: negative, beyond 32 bits, near the int64 limits) find it with a dense table when
+their range is compact and with a sort otherwise (the key and the row index packed into
+one int64 when they fit, else an argsort of the keys); other keys with a hash
+aggregation ``max(row index) GROUP BY key``.
 
 The one rule every reader applies (SQL, lookup, vector and full-text search, Spark):
 the newest version of a key is the one with the highest ``_gen``; within a region,
@@ -26,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_query.format.rowaddrs import run_starts
 from memwal_query.format.schema import as_int64, normalize_keys
 
 if TYPE_CHECKING:
@@ -88,7 +92,8 @@ class KeySet:
                 dense[ints - lo] = True
                 self._dense, self._lo, self._hi = dense, lo, hi
             else:
-                self._sorted = np.unique(ints)
+                ordered = np.sort(ints)
+                self._sorted = ordered[run_starts(ordered)]
         else:
             self._table = normalize_keys(keys, self.pk).combine_chunks()
 
@@ -147,10 +152,12 @@ class KeySet:
             v = _int_values(keys.column(0))
             assert v is not None  # an integer key set is only probed with integer keys
             if self._dense is not None:
-                inside = (v >= self._lo) & (v <= self._hi)
-                out = np.zeros(n, dtype=bool)
-                out[inside] = self._dense[v[inside] - self._lo]
-                return out
+                # offsets from the low end as uint64: below it wraps to huge, so one
+                # comparison bounds both ends (no boolean indexing: a gather, clipped)
+                off = v.view(np.uint64) - np.uint64(self._lo & 0xFFFFFFFFFFFFFFFF)
+                got = self._dense.take(off, mode="clip")
+                got &= off <= np.uint64(self._hi - self._lo)
+                return got
             assert self._sorted is not None
             return in_sorted(v, self._sorted)
         if isinstance(keys, pa.RecordBatch):
@@ -212,19 +219,11 @@ def newest_indices(
     if len(pk) == 1:
         ints = _int_values(rows.column(pk[0]))
         if ints is not None:
-            lo, hi = int(ints.min()), int(ints.max())
-            if hi - lo < max(_DENSE_LIMIT // 8, 4 * len(ints)):
-                pos = np.arange(len(ints), dtype=np.int64)
-                last = np.full(hi - lo + 1, -1, dtype=np.int64)
-                np.maximum.at(last, ints - lo, pos)
-                if not multi:
-                    return np.sort(last[last >= 0])
-                first = np.full(hi - lo + 1, len(ints), dtype=np.int64)
-                np.minimum.at(first, ints - lo, pos)
-                seen = last >= 0
-                lasts, firsts = last[seen], first[seen]
-                assert regions is not None
-                return _across_regions(rows, pk, lasts, firsts, regions, generations)
+            lasts, firsts = int_runs(ints)
+            if not multi:
+                return np.sort(lasts)
+            assert regions is not None
+            return _across_regions(rows, pk, lasts, firsts, regions, generations)
     idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))
     keyed = normalize_keys(rows.select(pk), pk).append_column(_IDX, idx)
     if not multi:
@@ -235,6 +234,50 @@ def newest_indices(
     firsts = agg.column(f"{_IDX}_min").to_numpy()
     assert regions is not None
     return _across_regions(rows, pk, lasts, firsts, regions, generations)
+
+
+def _dense_span(n: int) -> int:
+    """Largest key range (max - min) deduplicated with a dense table for ``n`` keys:
+    within a few times the row count (a table of int64 per value in the range), so the
+    memory stays O(rows); wider ranges are sorted."""
+    return max(1 << 16, 2 * n)
+
+
+def int_runs(ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(last, first) row index of each distinct value of ``ints`` (int64, rows in write
+    order), ordered by value.
+
+    A dense table over the range when it is compact (:func:`_dense_span`); otherwise a
+    sort: the value offset and the row index packed into one int64 and sorted (numpy's
+    vectorised sort) when the range times the row count fits in 63 bits, else an
+    argsort of the values with the first and last index of each run of equal values.
+    Never a hash table, whatever the range (negative, beyond 32 bits, int64 limits).
+    """
+    n = len(ints)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo, hi = int(ints.min()), int(ints.max())
+    span = hi - lo  # a Python int: no overflow near the int64 limits
+    pos = np.arange(n, dtype=np.int64)
+    if span <= _dense_span(n):
+        last = np.full(span + 1, -1, dtype=np.int64)
+        np.maximum.at(last, ints - lo, pos)
+        first = np.full(span + 1, n, dtype=np.int64)
+        np.minimum.at(first, ints - lo, pos)
+        seen = last >= 0
+        return last[seen], first[seen]
+    bits = n.bit_length()
+    if span < (1 << (63 - bits)):
+        packed = ((ints - lo) << bits) | pos  # offsets are >= 0 and below 2**(63-bits)
+        packed.sort()
+        values = packed >> bits
+        starts = run_starts(values)
+        ends = np.append(starts[1:], n) - 1
+        low = np.int64((1 << bits) - 1)
+        return packed[ends] & low, packed[starts] & low
+    order = np.argsort(ints)
+    starts = run_starts(ints[order])
+    return np.maximum.reduceat(order, starts), np.minimum.reduceat(order, starts)
 
 
 def _across_regions(
@@ -274,11 +317,15 @@ def _key_last_index(rows: pa.Table, pk: list[str], lasts: np.ndarray) -> np.ndar
         ints = _int_values(rows.column(pk[0]))
         if ints is not None:
             lo = int(ints.min())
-            span = int(ints.max()) - lo + 1
-            if span <= max(_DENSE_LIMIT // 8, 4 * n):
-                table = np.zeros(span, dtype=np.int64)
+            span = int(ints.max()) - lo
+            if span <= _dense_span(n):
+                table = np.zeros(span + 1, dtype=np.int64)
                 table[ints[lasts] - lo] = lasts
                 return table[ints - lo]
+            # by value: each key's last row, then every row's key located by binary search
+            owners = ints[lasts]
+            order = np.argsort(owners)
+            return lasts[order][np.searchsorted(owners[order], ints)]
     keys = normalize_keys(rows.select(pk), pk)
     probe = keys.append_column(_IDX, pa.array(np.arange(n, dtype=np.int64)))
     owners = keys.take(pa.array(lasts)).append_column("__memwal_last", pa.array(lasts))

@@ -52,6 +52,9 @@ class NewerView:
         Sorted indices of the newest row per key (tombstones included).
     keys : KeySet or KeySetUnion
         Every key present in a newer source (to drop their base-table rows).
+    tombstones : np.ndarray or None
+        Whether each newest row is a tombstone, when known without reading (flushed
+        generations alone: found with the keys).
     """
 
     def __init__(
@@ -61,12 +64,16 @@ class NewerView:
         winners: np.ndarray,
         keys: KeySet | KeySetUnion,
         newest: Callable[[Sequence[str]], pa.Table] | None = None,
+        tombstones: np.ndarray | None = None,
+        newest_live: Callable[[Sequence[str]], pa.Table] | None = None,
     ) -> None:
         self._rows = rows
         self._names = list(names)
         self.winners = winners
         self.keys = keys
         self._newest = newest
+        self.tombstones = tombstones
+        self._newest_live = newest_live
 
     def columns(self, names: Sequence[str] | None = None) -> pa.Table:
         """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
@@ -89,6 +96,12 @@ class NewerView:
         ``filter_columns`` first; the output columns are then taken for matches only.
         """
         cols = list(self._names if columns is None else columns)
+        if filter is None and self.tombstones is not None:
+            if not cols:
+                n = len(self.winners) - int(self.tombstones.sum())
+                return pa.table({_POS: pa.nulls(n)}).select([])
+            if self._newest_live is not None:
+                return self._newest_live(cols)
         check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
         probe = self.newest(check)
         probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
@@ -102,6 +115,15 @@ class NewerView:
         # positions are ascending: as many as rows means every row
         return out if len(selected) == out.num_rows else out.take(pa.array(selected))
 
+    def live_count(self) -> int:
+        """How many newest rows are live (not tombstones): reads ``_tombstone`` only."""
+        if len(self.winners) == 0:
+            return 0
+        if self.tombstones is not None:
+            return len(self.winners) - int(self.tombstones.sum())
+        tomb = pc.fill_null(self.newest([TOMBSTONE]).column(TOMBSTONE), False)
+        return len(self.winners) - int(pc.sum(tomb.cast(pa.int64())).as_py() or 0)
+
     def newest(self, names: Sequence[str]) -> pa.Table:
         """The newest rows (:attr:`winners`, in that order, tombstones included), only
         ``names`` (for flushed generations alone, cached per column)."""
@@ -110,11 +132,10 @@ class NewerView:
         return self.columns(names).take(pa.array(self.winners))
 
 
-FLUSHED_VIEWS: LRUCache[tuple[Any, ...], tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]] = (
-    LRUCache(8)
-)
-"""Row count, newest indices, key set, region ranks and ``_gen`` of the newest rows of a
-set of flushed generations, per (generation directories, schema)."""
+_FlushedView = tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray, np.ndarray]
+FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(8)
+"""Row count, newest indices, key set, and region ranks, ``_gen`` and tombstone flags of
+the newest rows of a set of flushed generations, per (generation directories, schema)."""
 _MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(8)
 """The same of a set of MemTable snapshots, per (region, generation, batch count), with
 the snapshots' last batches to tell a snapshot from another of the same size."""
@@ -159,47 +180,68 @@ def _flushed_newest(
     names: Sequence[str],
     winners: np.ndarray,
     storage_options: dict[str, str] | None,
+    live: np.ndarray | None = None,
 ) -> pa.Table:
     """Columns ``names`` of the plan's generations at rows ``winners`` (the newest row
-    per key; cached, see :data:`NEWEST_COLUMNS`)."""
+    per key), or with ``live`` (a mask over ``winners``) at the live ones only (cached,
+    see :data:`NEWEST_COLUMNS`)."""
     uris = tuple(g.uri for g in plan.generations)
     cached = all(u in GENERATION_CACHE for u in uris)
     got: dict[str, pa.ChunkedArray] = {}
+    which = "newest" if live is None else "live"
     for name in names:
-        hit = NEWEST_COLUMNS.get((uris, schema, name)) if cached else None
+        hit = NEWEST_COLUMNS.get((uris, schema, name, which)) if cached else None
         if hit is not None and hit[0] is winners:
             got[name] = hit[1]
     missing = [n for n in names if n not in got]
     if missing:
-        taken = _flushed_rows(plan, schema, missing, storage_options).take(pa.array(winners))
+        rows = winners if live is None else winners[live]
+        taken = _flushed_rows(plan, schema, missing, storage_options).take(pa.array(rows))
         for name in missing:
             col = taken.column(name).combine_chunks()
             got[name] = pa.chunked_array([col], col.type)
-            NEWEST_COLUMNS.put((uris, schema, name), (winners, got[name]))
+            NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
     return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
 
 
 def _flushed_view(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None
-) -> tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray]:
-    """(row count, newest indices, key set, region rank and ``_gen`` of the newest rows)
-    of the plan's generations (cached)."""
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    whole_rows: bool = False,
+) -> _FlushedView:
+    """(row count, newest indices, key set, region rank, ``_gen`` and tombstone flag of
+    the newest rows) of the plan's generations (cached). Reads the generations' key
+    columns, ``_gen`` and ``_tombstone`` only (their keys sidecars)."""
     key = (tuple(g.uri for g in plan.generations), schema)
     hit = FLUSHED_VIEWS.get(key)
     if hit is not None:
         return hit
     ranks = _ranks(plan)
-    parts = read_generations(plan.generations, schema, storage_options, [*pk, GEN_COLUMN])
-    keys = pa.concat_tables(parts) if parts else _empty(schema).select([*pk, GEN_COLUMN])
+    cols = [*pk, GEN_COLUMN, TOMBSTONE]
+    parts = read_generations(
+        plan.generations, schema, storage_options, None if whole_rows else cols
+    )
+    keys = pa.concat_tables(parts).select(cols) if parts else _empty(schema).select(cols)
     regions = np.repeat(
         np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
         [p.num_rows for p in parts],
     )
     gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
     winners = newest_indices(keys, pk, regions, gens)
-    view = (keys.num_rows, winners, KeySet(keys.select(pk)), regions[winners], gens[winners])
+    tomb = pc.fill_null(keys.column(TOMBSTONE).take(pa.array(winners)), False)
+    tombstones = tomb.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    view = (
+        keys.num_rows,
+        winners,
+        KeySet(keys.select(pk)),
+        regions[winners],
+        gens[winners],
+        tombstones,
+    )
     return FLUSHED_VIEWS.put(key, view)
 
 
@@ -225,10 +267,20 @@ def _memtable_view(
 
 
 def newer_view(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None = None
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None = None,
+    whole_rows: bool = False,
 ) -> NewerView:
-    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
-    n_f, win_f, keys_f, reg_f, gen_f = _flushed_view(plan, schema, pk, storage_options)
+    """Build the :class:`NewerView` of a plan (vectorised; see class docs).
+
+    ``whole_rows``: the caller reads other columns than the keys next (a full read),
+    so generations not cached yet are read whole at once (their rows sidecars) rather
+    than their keys first and their rows afterwards."""
+    n_f, win_f, keys_f, reg_f, gen_f, tomb_f = _flushed_view(
+        plan, schema, pk, storage_options, whole_rows
+    )
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:
@@ -238,6 +290,8 @@ def newer_view(
             win_f,
             keys_f,
             lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options),
+            tomb_f,
+            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options, ~tomb_f),
         )
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
     winners = win_m + n_f

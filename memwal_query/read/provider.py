@@ -134,6 +134,7 @@ class _QueryState:
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
+        self.whole_rows = False  # set by a full read: generations read whole at once
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
@@ -152,7 +153,11 @@ class _QueryState:
             if self._view is None:
                 table = self.dataset.table
                 self._view = newer.newer_view(
-                    self.plan, table.schema, table.primary_key, table.storage_options
+                    self.plan,
+                    table.schema,
+                    table.primary_key,
+                    table.storage_options,
+                    self.whole_rows,
                 )
             return self._view
 
@@ -186,21 +191,24 @@ class _QueryState:
         Built once per query from every newer key set's :meth:`KeySet.base_addresses`
         (their row ids, which Lance matches the list against: equal to the addresses
         unless the base has stable row ids; one scan of the base table's key columns per
-        set and base version, cached on the set). None when there is nothing to drop or
-        the base table is over ``ADDRESS_DEDUP_MAX_ROWS`` rows. Filtered scans do not use
-        it: Lance then plans the filter differently (a point query measured 2-3x slower),
-        and a filter leaves few rows to copy anyway.
+        set and base version, cached on the set). Only for hashed key sets (string,
+        binary, composite keys), whose per-batch membership test rebuilds a hash set:
+        integer key sets are tested per batch on the key column the scan reads (a
+        gather in a dense table or a binary search, cheaper than that extra scan of
+        the base's keys and row ids and than Lance's blocklist, measured on a 10M-row
+        base: ``docs/architecture.md``). None when there is nothing to drop, the newer keys
+        are integers, or the base table is over ``ADDRESS_DEDUP_MAX_ROWS`` rows.
+        Filtered scans do not use it: Lance then plans the filter differently (a point
+        query measured 2-3x slower), and a filter leaves few rows to copy anyway.
         """
         int_sets, hashed = self.key_sets()
         sets = int_sets + hashed
-        if not sets:
-            return None
+        if not hashed:
+            return None  # integer keys: tested per batch (see stale_by_key)
         base = self.plan.base
         with self._lock:
             if self._stale_rows is None:
-                if self._base_rows is None:
-                    self._base_rows = base.count_rows()
-                if self._base_rows > ADDRESS_DEDUP_MAX_ROWS:
+                if self.base_rows() > ADDRESS_DEDUP_MAX_ROWS:
                     return None
                 self._stale_rows = _stale(base, sets)
             return self._stale_rows.blocklist
@@ -214,13 +222,31 @@ class _QueryState:
             return None
         return stale.mask
 
+    def base_rows(self) -> int:
+        """Rows of the pinned base version (counted once per query)."""
+        if self._base_rows is None:
+            self._base_rows = self.plan.base.count_rows()
+        return self._base_rows
+
     def by_address(self, hashed: list[KeySet]) -> bool:
         """Whether base rows are dropped by row address (see ``_BaseFragment``)."""
         if not hashed:
             return False
-        if self._base_rows is None:
-            self._base_rows = self.plan.base.count_rows()
-        return self._base_rows <= ADDRESS_DEDUP_MAX_ROWS
+        return self.base_rows() <= ADDRESS_DEDUP_MAX_ROWS
+
+    def count(self) -> int:
+        """Live rows of the view without reading a row: the base's row count minus its
+        rows whose key a newer source holds, plus the newer sources' live newest rows
+        (the same rows an unfiltered scan returns). The overwritten base rows are
+        counted with one scan of the base's key columns (cached per base version and
+        key sets, :data:`_OVERWRITTEN_BASE_COUNTS`), or taken from the overwritten rows
+        already found by an earlier scan."""
+        newer_live = self.view.live_count()
+        int_sets, hashed = self.key_sets()
+        sets = int_sets + hashed
+        if not sets:
+            return self.base_rows() + newer_live
+        return self.base_rows() - _overwritten_count(self.plan.base, sets) + newer_live
 
 
 # Above this share of the base's rows overwritten, an unfiltered scan reads every base
@@ -274,6 +300,35 @@ def _stale(base: Any, sets: list[KeySet]) -> _Stale:
     if len(sets) > 1:
         found = np.unique(found)
     return _OVERWRITTEN_BASE_ROWS.put(key, _Stale(list(sets), found))
+
+
+_OVERWRITTEN_BASE_COUNTS: LRUCache[tuple[Any, ...], tuple[list[KeySet], int]] = LRUCache(8)
+"""How many base rows newer sources overwrite, per (base URI, version, key sets)."""
+
+
+def _overwritten_count(base: Any, sets: list[KeySet]) -> int:
+    """How many rows of ``base`` have a key in one of ``sets`` (cached, see
+    :data:`_OVERWRITTEN_BASE_COUNTS`; from :data:`_OVERWRITTEN_BASE_ROWS` when an
+    earlier scan found those rows)."""
+    key = (base.uri, base.version, tuple(id(s) for s in sets))
+    rows = _OVERWRITTEN_BASE_ROWS.get(key)
+    if rows is not None and all(a is b for a, b in zip(rows.sets, sets)):
+        return len(rows.ids)
+    hit = _OVERWRITTEN_BASE_COUNTS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], sets)):
+        return hit[1]
+    pk = sets[0].pk
+    found = 0
+    # hashed sets build their hash set per test: few large batches; integer sets
+    # gather: small batches (less memory in flight)
+    size = 1 << 20 if any(s.hashed for s in sets) else BASE_BATCH_ROWS
+    for batch in base.scanner(columns=pk, batch_size=size).to_batches():
+        mask = np.zeros(batch.num_rows, dtype=bool)  # a row counts once, whatever its sets
+        for s in sets:
+            mask |= s.contains(batch)
+        found += int(mask.sum())
+    _OVERWRITTEN_BASE_COUNTS.put(key, (list(sets), found))
+    return found
 
 
 # What Lance raises when its Substrait conversion refuses a filter expression (at
@@ -335,38 +390,21 @@ class _BaseFragment:
             yield from self._batches(out_schema, filter, batch_size)
 
     def whole(self, out_schema: pa.Schema) -> pa.Table | None:
-        """The kept rows of an unfiltered scan as one table, read by Lance's own
-        ``to_table`` with the blocklist (its threads decode the batches; nothing passes
-        through Python per batch), or None when that does not apply (the base is over
-        ``ADDRESS_DEDUP_MAX_ROWS`` rows while newer keys exist, or no column is read)."""
+        """The kept rows of an unfiltered scan as one table, or None when that does not
+        apply (the base is over ``ADDRESS_DEDUP_MAX_ROWS`` rows while newer keys exist,
+        or no column is read: the partitions then share the work).
+
+        The overwritten rows are dropped batch by batch as Lance decodes them (by key,
+        by Lance's blocklist, or by row id: :meth:`_batches`), never by a filter over
+        the whole base read first: the peak memory is the answer plus a batch."""
         state = self.state
         data_cols = [c for c in out_schema.names if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
         if not data_cols:
             return None
-        blocklist = state.blocklist()
-        if blocklist is None and any(state.key_sets()):
+        if any(state.key_sets()) and state.base_rows() > ADDRESS_DEDUP_MAX_ROWS:
             return None
-        mask = state.stale_mask()
-        with sources.reading_base(state.dataset.table, state.plan.base):
-            got = state.plan.base.scanner(
-                columns=data_cols,
-                fragments=self.lance_fragments,
-                with_row_address=ROWADDR_COLUMN in out_schema.names,
-                with_row_id=mask is not None,
-                batch_size=BASE_BATCH_ROWS,
-                row_addr_blocklist=None if mask is not None else blocklist,
-            ).to_table()
-        if mask is not None:
-            ids = got.column(ROWID_COLUMN).to_numpy()
-            got = got.filter(pa.array(~mask.contains(ids)))
-        arrays = []
-        for f in out_schema:
-            if f.name == GEN_COLUMN:
-                arrays.append(pa.repeat(pa.scalar(0, pa.uint64()), got.num_rows))
-                continue
-            col = got.column(f.name)
-            arrays.append(col if col.type == f.type else col.cast(f.type))
-        return pa.Table.from_arrays(arrays, schema=out_schema)
+        batches = list(self._guarded(out_schema, None, BASE_BATCH_ROWS))
+        return pa.Table.from_batches(batches, schema=out_schema)
 
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
@@ -426,7 +464,7 @@ class _BaseFragment:
         for i, batch in enumerate(batches):
             if overwritten is not None:
                 ids = batch.column(ROWID_COLUMN).to_numpy()
-                batch = batch.filter(pa.array(~overwritten.contains(ids)))
+                batch = _drop(batch, overwritten.contains(ids))
             if int_sets or hashed:
                 mask = np.zeros(batch.num_rows, dtype=bool)
                 for s in int_sets:
@@ -438,13 +476,26 @@ class _BaseFragment:
                     for s in hashed:
                         mask |= s.contains(batch.select(pk))
                 if mask.any():
-                    batch = batch.filter(pa.array(~mask))
+                    batch = _drop(batch, mask)
             if local is not None:
                 if GEN_COLUMN in f.columns:
                     gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
                     batch = batch.append_column(GEN_COLUMN, gen)
                 batch = batch.filter(local)
             yield _project(batch, out_schema, generation=0)
+
+
+_KEPT_ROWS_POOL = pa.system_memory_pool()
+"""Where the kept base rows are copied: the system allocator, the one Lance's batches
+come from, so each copy reuses the memory of the batches already dropped (Arrow's
+default pool would take fresh pages for every one: measured on a 10M-row base in a new
+process, 2.5-2.8 s against 3.6-5.7 s and 60 MB less at the peak)."""
+
+
+def _drop(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
+    """``batch`` without the rows where ``mask`` is true."""
+    kept: pa.RecordBatch = pc.filter(batch, pa.array(~mask), memory_pool=_KEPT_ROWS_POOL)
+    return kept
 
 
 class _NewerFragment:
@@ -609,11 +660,11 @@ class MemWalDataset(pads.Dataset):
     ) -> pa.Table:
         """The deduplicated view as one table.
 
-        Without a filter, the base rows are read by one Lance ``to_table`` that skips the
-        overwritten rows (:meth:`_BaseFragment.whole`) while the newer rows are taken
-        from their deduplicated view; otherwise the partitions are scanned as DataFusion
-        would (:meth:`scanner`). Base rows come first, then the newer ones (the order of
-        base fragments may differ between the two routes).
+        Without a filter, the base rows are read by one Lance scan whose batches lose
+        their overwritten rows as they come (:meth:`_BaseFragment.whole`) while the
+        newer rows are taken from their deduplicated view; otherwise the partitions are
+        scanned as DataFusion would (:meth:`scanner`). Base rows come first, then the
+        newer ones (the order of base fragments may differ between the two routes).
         """
         out_schema = _output_schema(self._schema, columns)
         if _as_expression(filter) is None and set(out_schema.names) - {GEN_COLUMN, ROWADDR_COLUMN}:
@@ -623,10 +674,13 @@ class MemWalDataset(pads.Dataset):
         return self.scanner(columns=columns, filter=filter).to_table()
 
     def _whole(self, out_schema: pa.Schema) -> pa.Table | None:
-        """The unfiltered view as one table: one Lance scan of the base (with the
-        blocklist) and the newer rows, or None when the base scan cannot be whole."""
+        """The unfiltered view as one table: one Lance scan of the base (overwritten
+        rows dropped per batch) and the newer rows, or None when the base scan cannot
+        be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
+        pk = self.table.primary_key
+        state.whole_rows = any(c not in pk for c in out_schema.names)
         base = _BaseFragment(state, None).whole(out_schema)
         if base is None:
             return None
@@ -634,8 +688,14 @@ class MemWalDataset(pads.Dataset):
         return pa.concat_tables([base, newer]) if newer.num_rows else base
 
     def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:
-        """Number of live rows."""
-        return self.to_table(columns=[], filter=filter).num_rows
+        """Number of live rows (without a filter: no row read, see
+        :meth:`_QueryState.count`)."""
+        if _as_expression(filter) is not None:
+            return self.to_table(columns=[], filter=filter).num_rows
+        state = _QueryState(self, None)
+        self.last_plan = state.plan
+        with sources.reading_base(self.table, state.plan.base):
+            return state.count()
 
     def explain(self) -> str:
         """Sources of the last resolved query (regions, generations, pruned regions)."""

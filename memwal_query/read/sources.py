@@ -26,7 +26,12 @@ from memwal_query.exceptions import (
     ObjectNotFoundError,
 )
 from memwal_query.format.index import manifest_path
-from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+from memwal_query.format.schema import (
+    GEN_COLUMN,
+    ROWADDR_COLUMN,
+    TOMBSTONE,
+    primary_key_columns,
+)
 from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
 from memwal_query.storage.io import in_chunks
@@ -134,7 +139,13 @@ def _read_generation(
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-    if (missing or ROWADDR_COLUMN not in cached) and not cached:
+    if (missing or ROWADDR_COLUMN not in cached) and not cached and _keys_only(schema, names):
+        # keys and tombstones only: the keys sidecar holds them (when there is one)
+        keys = _keys_sidecar(ref.uri, storage_options, target)
+        if keys is not None and all(c in keys for c in missing):
+            cached = GENERATION_CACHE.add(ref.uri, keys)
+            missing = []
+    if missing or ROWADDR_COLUMN not in cached:
         side = _sidecar(ref.uri, storage_options, target)
         if side is not None:
             cached = GENERATION_CACHE.add(ref.uri, side)
@@ -247,26 +258,72 @@ def file_io(uri: str, storage_options: dict[str, str] | None) -> Any:
     return io
 
 
+GENERATIONS_WITHOUT_KEYS: LRUCache[str, bool] = LRUCache(1 << 16)
+"""Generation directories known to have no (readable) keys sidecar."""
+
+
 def _sidecar(
     uri: str, storage_options: dict[str, str] | None, target: pa.Schema
 ) -> dict[str, pa.ChunkedArray] | None:
     """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
     rowfile`; columns added to the table after the generation was written as NULL), or
     None when it has none or a damaged one (then the Lance table is read)."""
-    if GENERATIONS_WITHOUT_SIDECAR.get(uri):
-        return None
     from memwal_query.format import rowfile
 
-    t = rowfile.read(file_io(uri, storage_options), uri)
+    t = _read_sidecar(uri, storage_options, rowfile.read, GENERATIONS_WITHOUT_SIDECAR)
+    return None if t is None else _conformed_columns(t, target, target.names)
+
+
+def _keys_sidecar(
+    uri: str, storage_options: dict[str, str] | None, target: pa.Schema
+) -> dict[str, pa.ChunkedArray] | None:
+    """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
+    sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
+    one (then the rows sidecar or the Lance table is read)."""
+    from memwal_query.format import keyfile
+
+    t = _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
     if t is None:
-        GENERATIONS_WITHOUT_SIDECAR.put(uri, True)
         return None
-    wanted = set(target.names)
-    out = {c: t.column(c) for c in t.column_names if c in wanted}
-    for f in target:
-        if f.name not in out and f.name != GEN_COLUMN:  # written before the column existed
-            value = pa.scalar(False) if f.name == TOMBSTONE else pa.scalar(None, f.type)
-            out[f.name] = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
+    names = [c for c in t.column_names if c in target.names]
+    return _conformed_columns(t, target, list(dict.fromkeys([*names, TOMBSTONE])))
+
+
+def _keys_only(schema: pa.Schema, names: Sequence[str]) -> bool:
+    """Whether ``names`` are primary-key columns of ``schema`` and meta columns only
+    (what a keys sidecar holds)."""
+    keyish = {TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN, *primary_key_columns(schema)}
+    return all(name in keyish for name in names)
+
+
+def _read_sidecar(
+    uri: str,
+    storage_options: dict[str, str] | None,
+    read: Callable[[Any, str], pa.Table | None],
+    absent: LRUCache[str, bool],
+) -> pa.Table | None:
+    """``read(io, uri)`` of a sidecar, remembering in ``absent`` the generations that
+    have none (or a damaged one: read once, warned about once)."""
+    if absent.get(uri):
+        return None
+    t = read(file_io(uri, storage_options), uri)
+    if t is None:
+        absent.put(uri, True)
+    return t
+
+
+def _conformed_columns(
+    t: pa.Table, target: pa.Schema, names: Sequence[str]
+) -> dict[str, pa.ChunkedArray]:
+    """Columns ``names`` (of ``target``) of a sidecar's table ``t``; those it lacks
+    (added to the table after the generation was written) as NULL, ``_tombstone`` as
+    false."""
+    out = {c: t.column(c) for c in t.column_names if c in set(names)}
+    for name in names:
+        if name not in out and name != GEN_COLUMN:
+            f = target.field(name)
+            value = pa.scalar(False) if name == TOMBSTONE else pa.scalar(None, f.type)
+            out[name] = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
     return out
 
 

@@ -206,16 +206,56 @@ class GenBlock:
         ``_distance``, ``_rowid`` (block row)."""
         mat, rows, live = self.matrix(q.size)
         ok = live if filter is None else live & self.filter_mask(filter)[rows]
-        d = _distances(mat, q, metric)
         cand = np.flatnonzero(ok)
-        if k < len(cand):
-            cand = cand[np.argpartition(d[cand], k - 1)[:k]]
+        d: np.ndarray | None = None
+        if metric in ("l2", "euclidean"):
+            d, cand = self._nearest_l2(mat, q, cand, k)
+        if d is None:
+            d = _distances(mat, q, metric)
+            if k < len(cand):
+                cand = cand[np.argpartition(d[cand], k - 1)[:k]]
         top = cand[np.lexsort((rows[cand], d[cand]))]
         chosen = rows[top]
         take = pa.array(chosen)
         out = self.keys.take(take).append_column(self.column, self.values.take(take))
         out = out.append_column(DISTANCE, pa.array(d[top].astype(np.float32)))
         return out.append_column(ROWID, pa.array(chosen.astype(np.uint64)))
+
+    def _nearest_l2(
+        self, mat: np.ndarray, q: np.ndarray, cand: np.ndarray, k: int
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """(exact squared L2 distances, indexed like ``mat``, valid at the returned
+        candidates; the ``k`` nearest of ``cand``), or (None, ``cand``) when the shortcut
+        cannot prove its answer.
+
+        Ranks ``cand`` by ``|x|^2 - 2 x.q`` (one matrix-vector product, with the norms
+        cached) and scores the best ``4k + 64`` exactly; the answer is exact when their
+        ``k``-th exact distance is below what any other candidate can have (its ranked
+        value plus ``|q|^2`` minus a float32 rounding bound). Else the caller scores
+        every row.
+        """
+        m = 4 * k + 64
+        if len(cand) <= 2 * m:
+            return None, cand
+        with self._lock:
+            norms = self.cache.get("l2 norms")
+            if norms is None:
+                norms = np.einsum("ij,ij->i", mat, mat)
+                self.cache["l2 norms"] = norms
+        qq = float(np.dot(q, q))
+        ranked = (norms - 2.0 * (mat @ q))[cand]
+        part = np.argpartition(ranked, m - 1)
+        pick, rest = cand[part[:m]], part[m:]
+        exact = _distances(mat[pick], q, "l2")
+        kth = float(np.partition(exact, k - 1)[k - 1])
+        # float32 rounding of |x|^2, 2 x.q and |q|^2: relative to their magnitudes
+        tol = 1e-4 * (float(norms[cand].max()) + qq + 1.0)
+        if kth >= float(ranked[rest].min()) + qq - tol:
+            return None, cand
+        d = np.full(len(mat), np.inf, np.float32)
+        d[pick] = exact
+        best = np.argpartition(exact, k - 1)[:k]
+        return d, pick[best]
 
     def take(self, rows: np.ndarray, columns: list[str]) -> pa.Table:
         """Columns ``columns`` of block rows ``rows``, in that order."""
@@ -239,6 +279,20 @@ def _named_columns(filter: Any, names: Sequence[str], have: Sequence[str]) -> li
     return list(dict.fromkeys([*have, *named]))
 
 
+def _block_key(
+    members: Sequence[tuple[int, view.GenerationRef]], schema: pa.Schema, pk: list[str], column: str
+) -> tuple[Any, ...]:
+    return (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
+
+
+def cached_block(
+    members: Sequence[tuple[int, view.GenerationRef]], schema: pa.Schema, pk: list[str], column: str
+) -> GenBlock | None:
+    """The block of ``members`` when it is cached (see :func:`gen_block`), else None."""
+    block: GenBlock | None = GENERATION_BLOCKS.get(_block_key(members, schema, pk, column))
+    return block
+
+
 def gen_block(
     members: Sequence[tuple[int, view.GenerationRef]],
     schema: pa.Schema,
@@ -248,7 +302,7 @@ def gen_block(
 ) -> GenBlock | None:
     """The (cached) block of ``members`` (``(region rank, generation)``, ordered by rank,
     then generation); None when they hold more than :data:`BLOCK_MAX_ROWS` rows."""
-    key = (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
+    key = _block_key(members, schema, pk, column)
     block: GenBlock | None = GENERATION_BLOCKS.get(key)
     if block is None:
         try:

@@ -10,9 +10,10 @@ import pyarrow as pa
 from memwal_query.catalog import as_catalog
 from memwal_query.exceptions import MemWalError
 from memwal_query.read.changes_sql import literal_argument
+from memwal_query.search.common import DEFAULT_NPROBES, DEFAULT_REFINE_FACTOR
 from memwal_query.search.fulltext import fts_search
 from memwal_query.search.pointlookup import lookup
-from memwal_query.search.vector import DEFAULT_REFINE_FACTOR, vector_search
+from memwal_query.search.vector import vector_search
 
 if TYPE_CHECKING:
     import datafusion
@@ -120,7 +121,7 @@ def register_search_functions(
         name, column, query = vals[:3]
         k = int(vals[3]) if len(vals) > 3 else 10
         flt = vals[4] if len(vals) > 4 and vals[4] else None
-        nprobes = int(vals[5]) if len(vals) > 5 else 20
+        nprobes = int(vals[5]) if len(vals) > 5 else DEFAULT_NPROBES
         t = table_of(name)
         return as_table(
             vector_search(

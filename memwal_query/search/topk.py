@@ -20,7 +20,7 @@ from memwal_query.exceptions import (
 from memwal_query.format.bloom import hash_keys
 from memwal_query.read import sources, view
 from memwal_query.search.common import _IDX, _MAX_ROUNDS, _SRC, ROWID
-from memwal_query.search.genblock import GenBlock, gen_block
+from memwal_query.search.genblock import GenBlock, cached_block, gen_block
 from memwal_query.search.generations import _gen_info, _GenInfo, _own, _reading
 from memwal_query.search.keys import _mask_to_indices
 from memwal_query.search.plan import SearchPlan, _MemRegion
@@ -189,11 +189,7 @@ def _block_sources(
     source, when there are at least ``min_generations`` of them and they are small enough
     in all (:data:`~memwal_query.search.genblock.BLOCK_MAX_ROWS`); else one source per
     generation (:func:`_build_sources`)."""
-    members = sorted(
-        (rank, ref.generation, ref)
-        for rank, (_, region) in enumerate(sorted(plan.regions.items()))
-        for ref in [*region.gap, *region.generations]
-    )
+    members = _block_members(plan)
     if len(members) < max(min_generations, 1):
         return _build_sources(table, plan)
     block = gen_block(
@@ -214,6 +210,27 @@ def _block_sources(
     every_mem = [(s.mem_region, s.rank_gen[1]) for s in mems]
     out.append(_Source("block", None, 0, block=block, cross_mems=every_mem))
     return out
+
+
+def _block_members(plan: SearchPlan) -> list[tuple[int, int, view.GenerationRef]]:
+    """``(region rank, generation, ref)`` of every flushed generation of ``plan``, in
+    block order."""
+    return sorted(
+        (rank, ref.generation, ref)
+        for rank, (_, region) in enumerate(sorted(plan.regions.items()))
+        for ref in [*region.gap, *region.generations]
+    )
+
+
+def _block_cached(table: Catalog, plan: SearchPlan, column: str) -> bool:
+    """Whether the block :func:`_block_sources` would read for ``plan`` is cached."""
+    members = [(rank, ref) for rank, _, ref in _block_members(plan)]
+    return cached_block(members, table.schema, list(table.primary_key), column) is not None
+
+
+def _in_memory(s: _Source) -> bool:
+    """Whether ``s`` answers from memory (a block or MemTables: no Lance query)."""
+    return s.block is not None or s.kind == "memtable"
 
 
 def _run_topk(
@@ -257,11 +274,15 @@ def _run_topk(
     merged = None
     order = "descending" if descending else "ascending"
     for _round in range(_MAX_ROUNDS):
-        if len(pending) == 1:
-            run(pending[0])
-        else:
-            for f in [SOURCE_SEARCH_POOL.submit(run, s) for s in pending]:
-                f.result()
+        # Lance queries run concurrently (they release the GIL), on this thread when
+        # there is one; in-memory sources on this thread meanwhile (a hand-off to a
+        # pool thread costs more than they do on a busy machine)
+        lance_ = [s for s in pending if not _in_memory(s)]
+        futures = [SOURCE_SEARCH_POOL.submit(run, s) for s in lance_[1:]]
+        for s in [*lance_[:1], *(s for s in pending if _in_memory(s))]:
+            run(s)
+        for f in futures:
+            f.result()
         parts = []
         for i, s in enumerate(sources_):
             if s.live is not None and s.live.num_rows:

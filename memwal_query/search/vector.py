@@ -11,17 +11,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
+    GenerationGoneError,
     MemWalError,
     SchemaError,
 )
 from memwal_query.format import baseindex
 from memwal_query.read import sources
-from memwal_query.search.common import DISTANCE, ROWID
-from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
+from memwal_query.search import genblock
+from memwal_query.search.caches import OPEN_GENERATIONS
+from memwal_query.search.common import (
+    DEFAULT_NPROBES,
+    DEFAULT_REFINE_FACTOR,
+    DISTANCE,
+    POOL_ERROR_MARGIN,
+    POOL_MAX_GROWTH,
+    POOL_SCAN_FACTOR,
+    ROWID,
+)
 from memwal_query.search.generations import _own, _reading, _retry_when_gone
 from memwal_query.search.plan import _filter_indices, _MemRegion, _predicates, resolve_search
 from memwal_query.search.topk import (
     SOURCE_SEARCH_POOL,
+    _block_cached,
     _block_sources,
     _build_sources,
     _conform_output,
@@ -41,9 +52,12 @@ if TYPE_CHECKING:
     from memwal_query.write.writer import RegionWriter
 
 
-DEFAULT_REFINE_FACTOR = 20
-"""Default ``refine_factor`` of :meth:`MemWalTable.vector_search` and the SQL function
-(chosen for recall@10 >= 0.95 against exact search: IVF_PQ index, ``nprobes=20``)."""
+__all__ = ["DEFAULT_NPROBES", "DEFAULT_REFINE_FACTOR", "vector_search"]
+
+BLOCK_MIN_GENERATIONS = 1
+"""A refined search (``refine_factor`` given: the default of the table API) reads the
+flushed generations as one in-memory block (exact distances) from this many of them; an
+unrefined one from :data:`memwal_query.search.genblock.BLOCK_MIN_GENERATIONS` (the larger)."""
 
 
 _EXACT = ("l2", "euclidean", "cosine", "dot", "hamming")
@@ -82,7 +96,7 @@ def vector_search(
     query: Any,
     k: int = 10,
     filter: str | pc.Expression | None = None,
-    nprobes: int = 20,
+    nprobes: int = DEFAULT_NPROBES,
     refine_factor: int | None = DEFAULT_REFINE_FACTOR,
     writers: Sequence[RegionWriter] | None = None,
     *,
@@ -106,9 +120,12 @@ def vector_search(
     nprobes : int
         IVF partitions probed by each indexed source.
     refine_factor : int or None
-        Passed to Lance for each indexed source: each re-ranks ``refine_factor * k``
-        candidates by their full vectors (None: ranked by the quantized distances only,
-        faster, lower recall). Default :data:`DEFAULT_REFINE_FACTOR`, as everywhere
+        Each indexed source re-ranks at least ``refine_factor * k`` candidates of its
+        quantized search by their exact distance, and more while its quantization
+        error (measured on those candidates) says a nearer row may lie beyond them;
+        the flushed generations are then searched exactly in memory. None: each source
+        returns the rows its index ranks first (exact distances, but no wider pool),
+        faster, lower recall. Default :data:`DEFAULT_REFINE_FACTOR`, as everywhere
         (:meth:`MemWalTable.vector_search`, the SQL function).
     writers : list of RegionWriter, optional
         Writers whose MemTables are searched too (default: none;
@@ -143,12 +160,23 @@ def vector_search(
     plan = resolve_search(table, column, "vector", consistency, writers, _predicates(table, filter))
     info = plan.index
     narrow = list(dict.fromkeys([*pk, column]))
+    # Generations as one in-memory block (exact search; cached per set of generations):
+    # from the first one when refining (a Lance query of a small generation costs more
+    # than the exact search of all its rows), else from a few.
+    min_gens = BLOCK_MIN_GENERATIONS
+    if refine_factor is None:
+        min_gens = max(min_gens, genblock.BLOCK_MIN_GENERATIONS)
     # On a cold start three things take time: the index's metric (Lance index statistics),
     # the base's first query (Lance, off the GIL: it opens the index) and reading the
     # generations into their block. The first two run on other threads while
-    # this one reads the block. With a block the base always has newer rows, so its first
-    # round asks for 2k + 8 rows (``_run_topk``); a later round asks again as usual.
-    prefetch = plan.base is not None and _generation_count(plan) >= BLOCK_MIN_GENERATIONS
+    # this one reads the block (a block already cached needs no such overlap). With a
+    # block the base always has newer rows, so its first round asks for 2k + 8 rows
+    # (``_run_topk``); a later round asks again as usual.
+    prefetch = (
+        plan.base is not None
+        and _generation_count(plan) >= min_gens
+        and not _block_cached(table, plan, column)
+    )
     metric_known: Future[str] = Future()
     metric_of: Callable[[], str] = metric_known.result
     if info is None:
@@ -168,14 +196,11 @@ def vector_search(
         """The ``kk`` nearest rows of the base (``kind == "base"``) or of generation
         ``gen``, by a Lance query (distances recomputed exactly for exact metrics)."""
         ds = _own(plan.base) if kind == "base" else gen.dataset()
-        kwargs: dict[str, Any] = dict(
-            nearest=nearest(kk),
-            columns=[*_lance_columns(ds, narrow), DISTANCE],
-            with_row_id=True,
-        )
+        kwargs: dict[str, Any] = {}
         if filter is not None:
             kwargs.update(filter=filter, prefilter=True)
         if kind == "base":
+            indexed = info is not None
             if plan.indexed_only:
                 kwargs["fast_search"] = True
         else:
@@ -183,12 +208,31 @@ def vector_search(
             stats["index"] = info.name if indexed and info is not None else "flat"
             if gen.blocklist is not None:
                 kwargs["row_addr_blocklist"] = gen.blocklist
-        with sources.reading_base(table, plan.base), _reading(gen):
-            scanner = ds.scanner(**kwargs)
-            if debug is not None and kind == "base" and "base_lance_plan" not in debug:
-                debug["base_lance_plan"] = scanner.explain_plan(True)
-            got = scanner.to_table()
         m = metric_of()
+        explain: Callable[[Any], None] | None = None
+        if debug is not None and kind == "base" and "base_lance_plan" not in debug:
+
+            def explain(scanner: Any) -> None:
+                debug.setdefault("base_lance_plan", scanner.explain_plan(True))
+
+        with sources.reading_base(table, plan.base), _reading(gen):
+            if refine_factor is not None and indexed and info is not None and m in _EXACT:
+                if _quantized(info.index_type):
+                    spec = nearest(kk)
+                    del spec["refine_factor"]
+                    pool = max(refine_factor * k, kk)
+                    return _pooled_knn(
+                        ds, spec, kwargs, narrow, column, q, m, pool, k, stats, explain
+                    )
+            scanner = ds.scanner(
+                nearest=nearest(kk),
+                columns=[*_lance_columns(ds, narrow), DISTANCE],
+                with_row_id=True,
+                **kwargs,
+            )
+            if explain is not None:
+                explain(scanner)
+            got = scanner.to_table()
         if m in _EXACT and got.num_rows:
             mat, idx = _vectors(got.column(column), q.size)
             d = np.full(got.num_rows, np.inf, np.float32)
@@ -204,15 +248,18 @@ def vector_search(
             except BaseException as e:
                 metric_known.set_exception(e)
                 raise
-        return lance_knn("base", None, {}, kk)
+        return lance_knn("base", None, early_stats, kk)
 
     early: dict[int, Future[pa.Table]] = {}
+    early_stats: dict[str, Any] = {}
     if prefetch:
         first = _first_fetch(k, has_newer=True)
         early[first] = SOURCE_SEARCH_POOL.submit(metric_then_base, first)
     try:
         # the block assumes an exact metric (every metric Lance has is one)
-        srcs = _block_sources(table, plan, column, BLOCK_MIN_GENERATIONS)
+        srcs = _block_sources(table, plan, column, min_gens)
+        if _generation_count(plan) < genblock.BLOCK_MIN_GENERATIONS:
+            _check_present(table, plan, srcs)
         metric = metric_of()
         if metric not in _EXACT:
             srcs = _build_sources(table, plan)
@@ -227,7 +274,9 @@ def vector_search(
         if s.kind == "memtable":
             return _memtable_knn(s.mem_region, column, q, kk, metric, filter, narrow)
         if s.kind == "base" and kk in early:
-            return early.pop(kk).result()
+            got = early.pop(kk).result()
+            s.stats.update(early_stats)
+            return got
         return lance_knn(s.kind, s.gen, s.stats, kk)
 
     merged = _run_topk(srcs, fetch, k, DISTANCE, False, pk)
@@ -260,3 +309,116 @@ def _memtable_knn(
     out = mem.rows.select(cols).take(pa.array(rows))
     out = out.append_column(DISTANCE, pa.array(d[top].astype(np.float32)))
     return out.append_column(ROWID, pa.array(rows.astype(np.uint64)))
+
+
+def _quantized(index_type: str) -> bool:
+    """Whether an index of Lance type ``index_type`` ranks by approximate distances
+    (PQ, SQ, RQ codes) rather than the stored vectors (``*_FLAT``)."""
+    return not index_type.upper().endswith("FLAT")
+
+
+def _pooled_knn(
+    ds: Any,
+    spec: dict[str, Any],
+    kwargs: dict[str, Any],
+    cols: list[str],
+    column: str,
+    q: np.ndarray,
+    metric: str,
+    pool: int,
+    rank: int,
+    stats: dict[str, Any],
+    explain: Callable[[Any], None] | None,
+) -> pa.Table:
+    """Nearest rows of a quantized index, re-ranked by exact distance.
+
+    A scan of the index gives row ids and quantized distances (ascending) of
+    :data:`POOL_SCAN_FACTOR` ``* pool`` rows; the first ``pool`` of them are read
+    (``cols``, by row id) and re-scored exactly. The largest amount by which a quantized
+    distance exceeded the exact one among the rows read, ``err``, estimates how much
+    nearer than its quantized distance an unread row may be: the rows whose quantized
+    distance is below the ``rank``-th exact distance plus :data:`POOL_ERROR_MARGIN`
+    ``* err`` are read too, and again with the error of every row read, until no more
+    qualify (a query whose quantization error is large reads more; the largest error of
+    a few hundred rows understates that of the thousands beyond them); when they run
+    past the scan's end, the index is scanned further
+    (row ids and quantized distances only, :data:`POOL_SCAN_FACTOR` times as many rows)
+    and those rows are read by row id, up to :data:`POOL_MAX_GROWTH` ``* pool`` rows.
+    Returns every row read, ascending by exact ``_distance``, with ``_rowid``.
+    """
+    cap = POOL_MAX_GROWTH * pool
+    present = _lance_columns(ds, cols)
+    ids_read = np.zeros(0, np.uint64)
+    exact = quantized = np.zeros(0, np.float32)
+    parts: list[pa.Table] = []
+    scan_k, scans = min(POOL_SCAN_FACTOR * pool, cap), 0
+    while True:
+        scanner = ds.scanner(
+            nearest={**spec, "k": scan_k}, columns=[DISTANCE], with_row_id=True, **kwargs
+        )
+        if explain is not None:
+            explain(scanner)
+        got = scanner.to_table()
+        scans += 1
+        approx = got.column(DISTANCE).to_numpy()
+        rowids = got.column(ROWID).to_numpy()
+        n = len(rowids)
+        want = min(max(pool, len(ids_read)), n)
+        cut = n
+        while True:  # read every scanned row that may beat the rank-th exact distance
+            new = ~np.isin(rowids[:want], ids_read)
+            if new.any():
+                order = np.argsort(rowids[:want][new])  # Lance reads rows in id order faster
+                take = rowids[:want][new][order]
+                rows = ds._take_rows(take.tolist(), columns=present)
+                parts.append(rows)
+                ids_read = np.concatenate([ids_read, take])
+                exact = np.concatenate([exact, _exact(rows, column, q, metric)])
+                quantized = np.concatenate([quantized, approx[:want][new][order]])
+            finite = np.isfinite(exact)
+            r = min(rank, int(finite.sum()))
+            if r == 0:
+                break
+            err = max(0.0, float(np.max(quantized[finite] - exact[finite])))
+            kth = float(np.partition(exact[finite], r - 1)[r - 1])
+            cut = int(np.searchsorted(approx, kth + POOL_ERROR_MARGIN * err, side="right"))
+            if cut <= want or want >= min(n, cap):
+                break
+            want = min(cut, n, cap)
+        if n < scan_k or cut < n or scan_k >= cap or len(ids_read) >= cap:
+            break
+        scan_k = min(scan_k * POOL_SCAN_FACTOR, cap)
+    stats["pool"] = stats.get("pool", 0) + len(ids_read)
+    stats["scans"] = stats.get("scans", 0) + scans
+    out = pa.concat_tables(parts) if parts else ds.schema.empty_table().select(present)
+    out = out.append_column(DISTANCE, pa.array(exact, pa.float32()))
+    out = out.append_column(ROWID, pa.array(ids_read, pa.uint64()))
+    return out.take(pa.array(np.argsort(exact, kind="stable")))
+
+
+def _exact(rows: pa.Table, column: str, q: np.ndarray, metric: str) -> np.ndarray:
+    """Exact distance of each row's ``column`` to ``q`` (inf for a null vector)."""
+    d = np.full(rows.num_rows, np.inf, np.float32)
+    if rows.num_rows:
+        mat, idx = _vectors(rows.column(column), q.size)
+        d[idx] = _distances(mat, q, metric)
+    return d
+
+
+def _check_present(table: Catalog, plan: Any, srcs: list[_Source]) -> None:
+    """Raise :class:`GenerationGoneError` when a generation a block of ``srcs`` holds is
+    gone from storage (one existence check per generation: only for a few of them).
+
+    A block answers from memory; a plan made before its generations were merged and
+    collected then re-plans as a per-generation search (which reads their files) would,
+    instead of answering from a superseded view.
+    """
+    for s in srcs:
+        if s.block is None:
+            continue
+        for _, ref in s.block.members:
+            if not table.io.is_dir(ref.uri):
+                OPEN_GENERATIONS.pop(ref.uri)
+                raise GenerationGoneError(
+                    f"generation {ref.generation} of region {ref.region_id} at {ref.uri} is gone"
+                )

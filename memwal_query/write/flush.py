@@ -8,6 +8,8 @@
 - ``memwal_rows.bin``, the rows again as one Arrow IPC file with their row addresses
   (see :mod:`memwal_query.format.rowfile`: a first query reads it in one request
   instead of opening the Lance table);
+- ``memwal_keys.bin``, the key columns, ``_tombstone`` and row addresses alone (see
+  :mod:`memwal_query.format.keyfile`: deduplication and key indexes read only those);
 - ``memwal_postings.bin``, the full-text postings of each column with an INVERTED
   index on the base table (see :mod:`memwal_query.format.postings`: a first full-text
   search reads them instead of tokenizing);
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from memwal_query.format import bloom, postings, rowfile
+from memwal_query.format import bloom, keyfile, postings, rowfile
 from memwal_query.format.lancetypes import btree_indexable
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.storage import crashpoints, paths
@@ -72,7 +74,9 @@ def write_generation(
         base = None
     fragments = [(f.fragment_id, f.metadata.physical_rows) for f in ds.get_fragments()]
     if sum(n for _, n in fragments) == data.num_rows:  # else: readers use Lance only
-        rowfile.write(table.io, uri, data, rowfile.row_addresses(fragments))
+        addresses = rowfile.row_addresses(fragments)
+        rowfile.write(table.io, uri, data, addresses)
+        keyfile.write(table.io, uri, data, list(table.primary_key), addresses)
         _write_postings(table, uri, data, base)
     if pk_index_names(keys.schema):
         build_pk_indexes(ds, keys.schema)
