@@ -97,7 +97,7 @@ def vector_search(
     k: int = 10,
     filter: str | pc.Expression | None = None,
     nprobes: int = DEFAULT_NPROBES,
-    refine_factor: int | None = DEFAULT_REFINE_FACTOR,
+    refine_factor: int | None = None,
     writers: Sequence[RegionWriter] | None = None,
     *,
     columns: Sequence[str] | None = None,
@@ -125,8 +125,8 @@ def vector_search(
         error (measured on those candidates) says a nearer row may lie beyond them;
         the flushed generations are then searched exactly in memory. None: each source
         returns the rows its index ranks first (exact distances, but no wider pool),
-        faster, lower recall. Default :data:`DEFAULT_REFINE_FACTOR`, as everywhere
-        (:meth:`MemWalTable.vector_search`, the SQL function).
+        faster, lower recall. :meth:`MemWalTable.vector_search` and the SQL function
+        default to :data:`DEFAULT_REFINE_FACTOR`.
     writers : list of RegionWriter, optional
         Writers whose MemTables are searched too (default: none;
         :meth:`MemWalTable.lookup` and the other methods pass the table's own writers).
