@@ -32,6 +32,7 @@ from memwal_query.exceptions import (
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import (
     PK_METADATA_KEY,
+    cast_column,
     primary_key_columns,
     require_primary_key,
     to_table,
@@ -167,13 +168,7 @@ def vector_column(column: pa.ChunkedArray, name: str, dim: int | None) -> pa.Chu
                 "column needs one length"
             )
         dim = int(lo)
-    bad = pc.fill_null(pc.not_equal(lengths, dim), False)
-    if pc.any(bad).as_py():
-        row = pc.index(bad, True).as_py()
-        raise SchemaError(
-            f"column {name!r}: row {row} has {lengths[row].as_py()} values, not {dim}"
-        )
-    return pc.cast(column, pa.list_(value, dim))
+    return cast_column(column, pa.field(name, pa.list_(value, dim)))
 
 
 def creation_data(

@@ -98,7 +98,7 @@ def to_table(data: Any, what: str = "input", columns: Collection[str] = ()) -> p
 
 
 def _type_family(t: pa.DataType) -> str:
-    """A coarse kind of type: casts between kinds are refused (see :func:`_cast_column`)."""
+    """A coarse kind of type: casts between kinds are refused (see :func:`cast_column`)."""
     if pa.types.is_dictionary(t):
         return _type_family(t.value_type)
     if (
@@ -140,7 +140,7 @@ def _check_vector_lengths(column: pa.ChunkedArray, field: pa.Field) -> None:
         )
 
 
-def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+def cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     """``column`` cast to ``field``'s type, losslessly, within one kind of type.
 
     Numbers (integers, floats, decimals, 0/1 for bool) convert among themselves, text
@@ -231,7 +231,7 @@ def coerce_partial_rows(data: Any, schema: pa.Schema, pk: list[str]) -> tuple[pa
     missing = []
     for field in schema:
         if field.name in table.column_names:
-            col = _cast_column(table.column(field.name), field)
+            col = cast_column(table.column(field.name), field)
             if not field.nullable and field.name not in pk and col.null_count:
                 raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
         elif field.name in pk:
@@ -253,7 +253,7 @@ def coerce_keys(data: Any, schema: pa.Schema, pk: list[str], what: str = "delete
     missing = [k for k in pk if k not in table.column_names]
     if missing:
         raise PrimaryKeyError(f"{what} are missing primary-key column(s) {missing}")
-    columns = [_cast_column(table.column(k), schema.field(k)) for k in pk]
+    columns = [cast_column(table.column(k), schema.field(k)) for k in pk]
     out = pa.Table.from_arrays(columns, schema=pa.schema([schema.field(k) for k in pk]))
     out = normalize_keys(out, pk)
     check_keys(out, pk)
