@@ -481,17 +481,21 @@ max_memtable_age
             raise ValueError(f"schema_mode must be one of {SCHEMA_MODES}, got {schema_mode!r}")
         table = to_table(data, columns=self._catalog.schema.names)
         self._add_input_columns(table, schema_mode)
+        return self._again_on_schema_change(lambda: self._write_rows(table, partial))
+
+    def _again_on_schema_change(self, call: Callable[[], dict[str, int]]) -> dict[str, int]:
+        """``call()``; when a writer found that another process changed the schema since
+        this object read it, take the new one and call again (whole-row upserts and
+        deletes are idempotent; rows that lack a column it added are then refused as
+        any such rows are)."""
         try:
-            return self._write_rows(table, partial)
+            return call()
         except (SchemaChangedError, WriteIncompleteError) as e:
             errors = e.errors.values() if isinstance(e, WriteIncompleteError) else [e]
             if not all(isinstance(x, SchemaChangedError) for x in errors):
                 raise
-        # Another process changed the schema since this object read it: take the new
-        # one and write again (whole-row upserts and deletes are idempotent); rows that
-        # lack a column it added are refused as any such rows are.
         self._refresh_schema(close=True)
-        return self._write_rows(table, partial)
+        return call()
 
     def _write_rows(self, data: pa.Table, partial: bool) -> dict[str, int]:
         """Coerce ``data`` to the table schema and route it (see :meth:`write`)."""
@@ -556,7 +560,9 @@ max_memtable_age
                 )
 
         check(cat.routing_spec())
-        return self._routed.route(key_table, lambda w, part: w.delete(part), check)
+        return self._again_on_schema_change(
+            lambda: self._routed.route(key_table, lambda w, part: w.delete(part), check)
+        )
 
     @property
     def fence_retries(self) -> int:

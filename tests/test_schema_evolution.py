@@ -137,6 +137,10 @@ def test_writer_opened_after_the_change_by_a_stale_object_is_refused(tmp_path):
         stale.write(pd.DataFrame({"id": [1], "v": [1.0]}))
     stale.write(pd.DataFrame({"id": [1], "v": [1.0], "tag": ["a"]}))
     assert _rows(stale)[1]["tag"] == "a"
+    again = _create(str(tmp_path / "u"))
+    mq.MemWalTable.open(again.uri).alter.add_columns({"tag": pa.string()})
+    again.delete(pd.DataFrame({"id": [2]}))  # deletes take the new schema too
+    assert sorted(_rows(mq.MemWalTable.open(again.uri), consistency="latest")) == [1, 3]
 
 
 _WORKER = textwrap.dedent(
