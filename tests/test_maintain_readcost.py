@@ -170,7 +170,7 @@ def test_cli_compact_deleted_share(tmp_path: Any) -> None:
     model = {k: float(k) for k in range(100)}
     _generation(t, 0, [0], [2], model)  # 2% of the base fragment deleted
     t.maintenance.maintain(MERGE_ONLY)
-    args = ["maintain", t.uri, "--dry-run", "--json", "--max-generations", "0"]
+    args = ["maintain", t.uri, "--dry-run", "--json", "--merge-over-generations", "0"]
     quiet = json.loads(CliRunner().invoke(main, args).output)
     assert not quiet["compact_due"]
     every = CliRunner().invoke(main, [*args, "--compact-deleted-share", "0"])
