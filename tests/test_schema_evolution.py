@@ -255,3 +255,15 @@ def test_cli_ingest_schema_mode_merge(tmp_path):
     done = runner.invoke(main, ["ingest", uri, path, "--schema-mode", "merge"])
     assert done.exit_code == 0, done.output
     assert _rows(mq.MemWalTable.open(uri))[7] == {"id": 7, "v": 7.0, "tag": "g"}
+
+
+def test_lance_refuses_type_changes_on_a_memwal_table(tmp_path):
+    """Why the table offers no type widening (docs/schema.md): Lance refuses to change a
+    column's type once a MemWAL is attached. Should that change, widening can be
+    offered through t.alter."""
+    t = mq.MemWalTable.create(
+        tmp_path / "t", pa.table({"id": [1], "n": pa.array([1], pa.int32())}), primary_key="id"
+    )
+    with pytest.raises(OSError, match="MemWAL attached"):
+        t.catalog.dataset().alter_columns({"path": "n", "data_type": pa.int64()})
+    assert lance.dataset(t.uri).schema.field("n").type == pa.int32()
