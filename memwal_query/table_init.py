@@ -184,7 +184,7 @@ def creation_data(
     elif data is None:
         raise SchemaError(f"{where}: give the rows to start with, or a pyarrow.Schema")
     else:
-        table = to_table(data, where)
+        table = to_table(data, where, columns=keys)
     if len(set(table.column_names)) != len(table.column_names):
         raise SchemaError(f"{where}: duplicate column names {table.column_names}")
     check_key_columns(table.schema, keys, where)

@@ -43,6 +43,13 @@ def test_pandas_frame_to_sql(tmp_path):
     assert len(t.catalog.dataset().describe_indices()) == 2  # key BTREE + MemWAL index
 
 
+def test_a_frame_indexed_by_its_key(tmp_path):
+    df = pd.DataFrame({"id": [1, 2], "v": [1.0, 2.0]}).set_index("id")
+    t = mq.MemWalTable.create(tmp_path / "t", df, primary_key="id")
+    assert t.schema.names == ["id", "v"]
+    assert t.to_table().sort_by("id").to_pylist() == [{"id": 1, "v": 1.0}, {"id": 2, "v": 2.0}]
+
+
 def test_composite_key_and_polars(tmp_path):
     pl = pytest.importorskip("polars")
     df = pl.DataFrame({"tenant": ["x", "x", "y"], "id": [1, 2, 1], "v": [1.0, 2.0, 3.0]})
