@@ -11,14 +11,24 @@ column, since a metadata count would not be a scan).
 Then the same aggregate (``SELECT cat, count(*), sum(val) ... GROUP BY cat``) through
 DataFusion, DuckDB and Polars over one MemWalDataset (engines not installed are skipped).
 ``--quick`` uses a 100k-row base; ``--key string`` makes the key a string (``user-<n>``).
+
+Consistency costs (``--consistency-only`` runs just these): the default consistency
+(``latest``: every acknowledged write, the WAL tail included) vs ``strong`` (flushed rows
+only), read by another table object, for a filtered ``count(*)`` on a 200k-row table and
+a point lookup, at 1, 16 and 64 regions with nothing unflushed, on local disk and on the
+local S3 server (moto) with ``--s3-latency`` ms added to every request; then the cost
+of each unflushed WAL entry (cold: read and decoded; warm: from the entry cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import datafusion
@@ -209,6 +219,196 @@ def _stale_set_row(stale: np.ndarray, frags: int, repeat: int) -> list[object]:
     ]
 
 
+CONSISTENCY_ROWS = 200_000
+CONSISTENCY_QUERY = "SELECT count(*) FROM {} WHERE cat = 7"
+
+
+class _Delayed:
+    """WSGI middleware adding ``delay.value`` seconds to every request (a remote
+    store's latency; a shared ``multiprocessing.Value`` the benchmark sets)."""
+
+    def __init__(self, app, delay) -> None:
+        self.app = app
+        self.delay = delay
+
+    def __call__(self, environ, start_response):
+        if self.delay.value:
+            time.sleep(self.delay.value)
+        return self.app(environ, start_response)
+
+
+def _serve_s3(delay, ready) -> None:
+    """Child process: the local S3 server (tests/s3server.py) with ``_Delayed``, in its
+    own process as a remote store would be (in the benchmark's process, moto's request
+    handling competes with the reader for the GIL)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from s3server import LocalS3Server
+
+    server = LocalS3Server().start()
+    server._server.app = _Delayed(server._server.app, delay)
+    server.create_bucket("bench")
+    ready.put(server.storage_options())
+    while True:
+        time.sleep(3600)
+
+
+class _Latency:
+    """Set the child server's added latency for a block (setup runs without it)."""
+
+    def __init__(self, value, seconds: float) -> None:
+        self.value = value
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.value.value = self.seconds
+
+    def __exit__(self, *exc):
+        self.value.value = 0.0
+
+
+def _interleaved(fns: dict, repeat: int) -> dict:
+    """Median seconds of each fn, the fns run in turn (so drift hits them alike)."""
+    for fn in fns.values():
+        fn()
+    times: dict = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            s = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - s)
+    return {name: median(ts) for name, ts in times.items()}
+
+
+def consistency_case(uri: str, options: dict, regions: int, repeat: int, delay=None) -> list:
+    """Default vs strong at ``regions`` regions, nothing unflushed: one row of figures."""
+    rng = np.random.default_rng(3)
+    data = rows(np.arange(CONSISTENCY_ROWS), rng)
+    lance.write_dataset(data, uri, storage_options=options or None)
+    spec = mq.unsharded_spec() if regions == 1 else mq.bucket_spec(data.schema, "id", regions)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec, storage_options=options or None)
+    t.write(rows(rng.choice(CONSISTENCY_ROWS, 20_000, replace=False), rng))
+    t.close()  # flushed: nothing unflushed
+    reader = mq.MemWalTable.open(uri, storage_options=options or None)
+    assert len(reader.region_ids()) == regions
+    ctx = datafusion.SessionContext()
+    ctx.register_table("d", reader.provider())
+    ctx.register_table("s", reader.provider(consistency="strong"))
+    key = pa.array([12_345], pa.int64())
+    with delay or contextlib.nullcontext():
+        got = _interleaved(
+            {
+                "query default": lambda: ctx.sql(CONSISTENCY_QUERY.format("d")).to_arrow_table(),
+                "query strong": lambda: ctx.sql(CONSISTENCY_QUERY.format("s")).to_arrow_table(),
+                "lookup default": lambda: reader.lookup(key),
+                "lookup strong": lambda: reader.lookup(key, consistency="strong"),
+            },
+            repeat,
+        )
+    qd, qs = got["query default"], got["query strong"]
+    ld, ls = got["lookup default"], got["lookup strong"]
+    return [regions, qd * 1e3, qs * 1e3, f"{qd / qs:.2f}x", ld * 1e3, ls * 1e3, f"{ld / ls:.2f}x"]
+
+
+def unflushed_cost(uri: str, options: dict, repeat: int, entries: int = 50, delay=None) -> list:
+    """Milliseconds per unflushed WAL entry (100 rows each) for the default query, cold
+    (entries read and decoded) and warm (entry cache), one region."""
+    from memwal_query.read import waltail
+
+    rng = np.random.default_rng(5)
+    lance.write_dataset(
+        rows(np.arange(CONSISTENCY_ROWS), rng), uri, storage_options=options or None
+    )
+    t = mq.MemWalTable.initialize(uri, storage_options=options or None)
+    reader = mq.MemWalTable.open(uri, storage_options=options or None)
+    ctx = datafusion.SessionContext()
+    ctx.register_table("d", reader.provider())
+
+    def query():
+        return ctx.sql(CONSISTENCY_QUERY.format("d")).to_arrow_table()
+
+    def cold():
+        waltail.ENTRIES.clear()
+        return query()
+
+    w = t.writer()
+    with delay or contextlib.nullcontext():
+        none = _interleaved({"q": query}, repeat)["q"]
+    for _ in range(entries):
+        w.put(rows(rng.choice(CONSISTENCY_ROWS, 100, replace=False), rng))
+    with delay or contextlib.nullcontext():
+        got = _interleaved({"cold": cold, "warm": query}, repeat)
+    w.close(flush=False)
+    return [
+        entries,
+        none * 1e3,
+        got["cold"] * 1e3,
+        got["warm"] * 1e3,
+        (got["cold"] - none) / entries * 1e3,
+        (got["warm"] - none) / entries * 1e3,
+    ]
+
+
+def consistency_costs(repeat: int, latency_ms: float, region_counts=(1, 16, 64)) -> None:
+    """Print default vs strong (see the module docs), local disk then local S3."""
+    import multiprocessing
+
+    header = [
+        "regions",
+        "query default ms",
+        "query strong ms",
+        "default/strong",
+        "lookup default ms",
+        "lookup strong ms",
+        "default/strong",
+    ]
+    cost_header = [
+        "unflushed entries",
+        "none ms",
+        "cold ms",
+        "warm ms",
+        "cold ms/entry",
+        "warm ms/entry",
+    ]
+    load = os.getloadavg()
+    where = f"{machine()}, load {load[0]:.2f} {load[1]:.2f}"
+    with tempfile.TemporaryDirectory() as root:
+        out = [consistency_case(f"{root}/r{n}", {}, n, repeat) for n in region_counts]
+        print_table(
+            f"Default (latest) vs strong, nothing unflushed, local disk "
+            f"({CONSISTENCY_ROWS:,} rows, `{CONSISTENCY_QUERY.format('t')}`; {where})",
+            header,
+            out,
+        )
+        cost = [unflushed_cost(f"{root}/u", {}, repeat)]
+        print_table("Cost per unflushed WAL entry (100 rows), local disk", cost_header, cost)
+    mp = multiprocessing.get_context("spawn")
+    value, ready = mp.Value("d", 0.0), mp.Queue()
+    child = mp.Process(target=_serve_s3, args=(value, ready), daemon=True)
+    child.start()
+    try:
+        opts = ready.get(timeout=120)
+        delay = _Latency(value, latency_ms / 1e3)
+        base = f"s3://bench/{uuid.uuid4().hex}"
+        out = [
+            consistency_case(f"{base}/r{n}", opts, n, max(3, repeat // 2), delay)
+            for n in region_counts
+        ]
+        print_table(
+            f"Default (latest) vs strong, nothing unflushed, local S3 server (moto, its own "
+            f"process) + {latency_ms:g} ms per request ({where})",
+            header,
+            out,
+        )
+        cost = [unflushed_cost(f"{base}/u", opts, max(3, repeat // 2), delay=delay)]
+        print_table(
+            f"Cost per unflushed WAL entry (100 rows), local S3 + {latency_ms:g} ms",
+            cost_header,
+            cost,
+        )
+    finally:
+        child.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -216,7 +416,16 @@ def main() -> None:
     parser.add_argument(
         "--key", choices=["int64", "string"], default="int64", help="primary-key type"
     )
+    parser.add_argument(
+        "--consistency-only", action="store_true", help="only the consistency costs"
+    )
+    parser.add_argument(
+        "--s3-latency", type=float, default=5.0, help="ms added to each local S3 request"
+    )
     args = parser.parse_args()
+    consistency_costs(max(args.repeat, 7), args.s3_latency)
+    if args.consistency_only:
+        return
     base_rows = 100_000 if args.quick else 1_000_000
     with tempfile.TemporaryDirectory() as root:
         started = time.perf_counter()
@@ -226,7 +435,7 @@ def main() -> None:
         snap = native_snapshot(t, w.region_id)
         ctx = datafusion.SessionContext()
         ctx.register_table("live", t.provider(writers=[w]))  # + live MemTable
-        ctx.register_table("flushed", t.provider())  # flushed generations only
+        ctx.register_table("flushed", t.provider(consistency="strong"))  # flushed only
 
         def native(project=None, filt=None):
             def run():
@@ -304,8 +513,11 @@ def main() -> None:
         assert got == want, (got, want)
         latest_rows = []
         for label, fn in (
-            ("resolve view: strong", lambda: view.resolve(other, "strong")),
-            ("resolve view: latest (reads WAL tail)", lambda: view.resolve(other, "latest")),
+            ("resolve view: strong", lambda: view.resolve(other.catalog, "strong")),
+            (
+                "resolve view: latest (reads WAL tail)",
+                lambda: view.resolve(other.catalog, "latest"),
+            ),
             (
                 "count(*) strong (flushed only)",
                 lambda: ctx.sql("SELECT count(*) FROM flushed").to_arrow_table(),

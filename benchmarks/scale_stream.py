@@ -367,7 +367,7 @@ def run_stream(
     t.close()
     reopened = mq.MemWalTable.open(uri)
     ok &= verify(reopened.to_table(columns=["id", "seq"]), model[:next_key], "reopened") == "ok"
-    reopened.maintain(MaintenancePolicy(merge_over_generations=0, merge_over_rows=0))
+    reopened.maintenance.maintain(MaintenancePolicy(merge_over_generations=0, merge_over_rows=0))
     base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
     ok &= verify(base_now, model[:next_key], "base table after a full merge") == "ok"
     clean_table(reopened, minutes_out[-1] if minutes_out else None, next_key, centers, words)

@@ -300,6 +300,11 @@ class Catalog:
             self._manifests[region_id] = manifest
         return manifest
 
+    def known_region_manifest(self, region_id: str) -> RegionManifest | None:
+        """The manifest of a region read last by :meth:`region_manifest` (no storage
+        access; None when none was read yet). It may be outdated."""
+        return self._manifests.get(region_id)
+
     def region_values(
         self, region_id: str, manifest: RegionManifest | None = None
     ) -> tuple[int, dict[str, Any]] | None:

@@ -17,7 +17,7 @@ def register(
     ctx: datafusion.SessionContext,
     name: str,
     uri: str | os.PathLike | MemWalTable,
-    consistency: str = "eventual",
+    consistency: str = "latest",
     writers: Sequence[RegionWriter] | None = None,
     meta_columns: bool = False,
     storage_options: dict[str, str] | None = None,
@@ -29,12 +29,13 @@ def register(
     Also registers the SQL table functions ``vector_search``, ``fts_search`` and
     ``lookup`` (see :mod:`memwal_query.search`) and ``changes`` (the change feed, see
     :mod:`memwal_query.read.changes_sql`); for ``name`` they read the MemTables of
-    ``writers`` too (strong consistency, like every search). Eventual consistency by default
-    (region snapshots of the MemWAL index, falling back to the region manifests while
-    no snapshot has been written, or when it is older than ``max_staleness`` seconds:
-    default :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`); pass
-    ``consistency="strong"`` and ``writers=`` for read-your-writes, or
-    ``consistency="latest"`` to see every process's acknowledged writes. ``as_of`` (a
+    ``writers`` too. Reads every acknowledged write of every process by default
+    (``consistency="latest"``: see :mod:`memwal_query.read.view`); ``"strong"`` reads
+    flushed rows only, ``"eventual"`` the region snapshots of the MemWAL index (falling
+    back to the region manifests while no snapshot has been written, or when it is
+    older than ``max_staleness`` seconds: default
+    :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`). ``writers=`` adds the
+    in-memory rows of those writers (read-your-writes, also of non-durable writers). ``as_of`` (a
     base version or timestamp) registers the table as it was then (time travel).
 
     Raises (before anything is registered)

@@ -34,10 +34,12 @@ from memwal_query.catalog import (
 )
 from memwal_query.exceptions import RegionSpecError, SchemaChangedError, WriteIncompleteError
 from memwal_query.format.schema import coerce_rows
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.regions.checks import field_names
-from memwal_query.search.vector import DEFAULT_REFINE_FACTOR
+from memwal_query.search.common import DEFAULT_NPROBES, DEFAULT_REFINE_FACTOR
 from memwal_query.storage.io import normalize_uri
 from memwal_query.table_init import write_index
+from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
 from memwal_query.write.opening import WriterOpener, WriterOptions
 from memwal_query.write.routing import RoutedWriters
 from memwal_query.write.writer import RegionWriter
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from memwal_query.maintain.merger import MergeReport
     from memwal_query.maintain.policy import MaintenancePolicy, MaintenanceReport
     from memwal_query.maintain.snapshots import SnapshotRefresh
+    from memwal_query.maintain.status import TableStatus
     from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
@@ -339,6 +342,7 @@ class MemWalTable:
         backpressure_timeout: float | None = None,
         max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES,
         max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> RegionWriter:
         """Claim a region and return its writer (fencing any previous writer).
 
@@ -366,7 +370,7 @@ class MemWalTable:
             (:func:`memwal_query.maintain.specs.complete_spec_change`).
         durable, max_memtable_rows, max_memtable_bytes, max_wal_buffer_bytes, \
 wal_flush_interval, max_unflushed_memtables, backpressure_timeout, max_wal_entries, \
-max_memtable_age
+max_memtable_age, heartbeat_interval
             The writer's options: see :class:`RegionWriter`.
 
         Returns
@@ -395,6 +399,7 @@ max_memtable_age
             backpressure_timeout=backpressure_timeout,
             max_wal_entries=max_wal_entries,
             max_memtable_age=max_memtable_age,
+            heartbeat_interval=heartbeat_interval,
         )
         return self._opener.open(
             region_id, region_values=region_values, spec_id=spec_id, options=options
@@ -412,6 +417,7 @@ max_memtable_age
         backpressure_timeout: float | None = None,
         max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES,
         max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
         """Set the options of the writers :meth:`write` opens from now on (those
         already open keep theirs); an option not given takes its default. The options
@@ -426,6 +432,7 @@ max_memtable_age
             backpressure_timeout=backpressure_timeout,
             max_wal_entries=max_wal_entries,
             max_memtable_age=max_memtable_age,
+            heartbeat_interval=heartbeat_interval,
         )
 
     def write(
@@ -609,7 +616,7 @@ max_memtable_age
     # -- reading -----------------------------------------------------------------------
     def provider(
         self,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
         *,
         meta_columns: bool = False,
@@ -621,9 +628,10 @@ max_memtable_age
         Parameters
         ----------
         consistency : str
-            ``"strong"``: region manifests (+ ``writers``' MemTables);
-            ``"eventual"``: region snapshots of the MemWAL index; ``"latest"``: region
-            manifests + every region's durable, not yet flushed WAL entries (see
+            ``"latest"`` (default): region manifests (+ ``writers``' MemTables) +
+            every region's durable, not yet flushed WAL entries: every acknowledged
+            write; ``"strong"``: flushed rows only (region manifests + ``writers``'
+            MemTables); ``"eventual"``: region snapshots of the MemWAL index (see
             :mod:`memwal_query.read.view`).
         writers : list of RegionWriter, optional
             Writers whose unflushed rows are read too (read-your-writes). Defaults to
@@ -658,7 +666,7 @@ max_memtable_age
         columns: Sequence[str] | None = None,
         filter: Any = None,
         *,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
         as_of: Any = None,
     ) -> pa.Table:
@@ -674,7 +682,7 @@ max_memtable_age
     def count_rows(
         self,
         *,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
         as_of: Any = None,
     ) -> int:
@@ -685,7 +693,7 @@ max_memtable_age
         self,
         since: Any = None,
         *,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
         regions: Sequence[str] | None = None,
         max_rows: int | None = None,
@@ -719,7 +727,7 @@ max_memtable_age
         columns: Sequence[str] | None = None,
         *,
         writers: Sequence[RegionWriter] | None = None,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         as_of: Any = None,
         debug: dict | None = None,
     ) -> pa.Table:
@@ -748,11 +756,11 @@ max_memtable_age
         k: int = 10,
         *,
         filter: Any = None,
-        nprobes: int = 20,
+        nprobes: int = DEFAULT_NPROBES,
         refine_factor: int | None = DEFAULT_REFINE_FACTOR,
         columns: Sequence[str] | None = None,
         writers: Sequence[RegionWriter] | None = None,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         debug: dict | None = None,
     ) -> pa.Table:
         """Top-k nearest rows across all LSM levels, with ``_distance``.
@@ -785,7 +793,7 @@ max_memtable_age
         filter: Any = None,
         columns: Sequence[str] | None = None,
         writers: Sequence[RegionWriter] | None = None,
-        consistency: str = "strong",
+        consistency: str = DEFAULT_CONSISTENCY,
         debug: dict | None = None,
     ) -> pa.Table:
         """Top-k full-text matches across all LSM levels, with globally comparable
@@ -1004,10 +1012,11 @@ class Maintenance:
 
         return FsckReport(check(self._table.catalog, progress))
 
-    def status(self) -> dict[str, Any]:
-        """Per region: epoch, generations flushed/merged, WAL span, sizes
-        (``memwal status``)."""
-        from memwal_query.maintain.gc import status
+    def status(self) -> TableStatus:
+        """Live rows, and per region: epoch, generations flushed/merged, WAL span,
+        unflushed entries and rows, their age, whether the writer is alive, sizes
+        (``memwal status``; see :class:`memwal_query.maintain.status.TableStatus`)."""
+        from memwal_query.maintain.status import status
 
         return status(self._table.catalog)
 

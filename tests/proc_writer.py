@@ -9,7 +9,11 @@ Commands (one per line), each answered with one line on stdout once acknowledged
 - ``loop START COUNT TAG``: ``t.write`` rows START..START+COUNT-1 one by one with
   ``val`` = TAG; answers ``ok`` and a JSON list of each write's ``[start, end]``
   (``time.monotonic()``, one clock for every process of the machine).
+- ``stream START COUNT TAG``: ``t.write`` rows START..START+COUNT-1 one by one with
+  ``val`` = TAG, answering ``ack K`` as soon as row K is acknowledged (the driving test
+  kills the process mid-stream), then ``ok``.
 - ``close``: close the table's writers (flushing) and exit.
+- ``exit``: exit without closing anything (a script that ends without ``close``).
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ def main(uri: str) -> None:
                     t.write(row(k, tag))
                     times.append([began, time.monotonic()])
                 print("ok", json.dumps(times), flush=True)
+            elif cmd == "stream":
+                start, count, tag = int(args[0]), int(args[1]), float(args[2])
+                for k in range(start, start + count):
+                    t.write(row(k, tag))
+                    print("ack", k, flush=True)
+                print("ok", flush=True)
+            elif cmd == "exit":
+                print("ok", flush=True)
+                return
             elif cmd == "close":
                 t.close()
                 if w is not None:

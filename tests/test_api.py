@@ -123,7 +123,7 @@ def test_deprecated_maintenance_spellings_warn_and_work(table):
     with _warns("MemWalTable.maintenance.fsck"):
         assert table.check() == []
     with _warns("MemWalTable.maintenance.status"):
-        assert region in table.status()["regions"]
+        assert region in table.status().regions
     with _warns("MemWalTable.maintenance.gc"):
         assert isinstance(table.gc(True), list)  # old positional dry_run
     with _warns("MemWalTable.maintenance.maintain"):

@@ -53,8 +53,9 @@ def test_feed_rows_types_and_cursor(tmp_path):
     t.write(basic_rows([1, 2, 3], val=[10.0, 20.0, 30.0]))
     t.delete(pa.table({"id": [2]}))
     t.write(basic_rows([3], val=[33.0]))
-    assert t.changes().num_rows == 0  # strong: nothing flushed yet
-    got = t.changes(consistency="latest")
+    assert t.changes(consistency="strong").num_rows == 0  # nothing flushed yet
+    got = t.changes()  # default: every acknowledged change
+    assert got.num_rows == 5
     assert got.table.schema == change_schema(t.schema)
     by_region: dict[str, list] = {}
     for r, i, v, kind in _rows(got.table):
@@ -76,7 +77,7 @@ def test_feed_rows_types_and_cursor(tmp_path):
     assert _rows(more.table) == [(_region(t, 4), 4, 4.0, "upsert")]
     # strong sees the flushed changes only, with the generation they went to
     t.flush()
-    strong = t.changes()
+    strong = t.changes(consistency="strong")
     assert strong.num_rows == 6 and set(strong.table.column("_gen").to_pylist()) == {1}
     assert Cursor.decode(strong.cursor) == Cursor.decode(more.cursor)
     t.close()
@@ -163,7 +164,7 @@ def test_writers_mode_reads_their_regions_unflushed_changes(tmp_path):
     with t.writer(region_values={"p": 1}) as w:
         w.put(basic_rows([1, 3]))
         t.write(basic_rows([2]))  # another region, not flushed, not read in strong mode
-        got = t.changes(writers=[w])
+        got = t.changes(writers=[w], consistency="strong")
         assert _rows(got.table) == [
             (_region(t, 1), 1, 1.0, "upsert"),
             (_region(t, 1), 3, 3.0, "upsert"),

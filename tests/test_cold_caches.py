@@ -215,9 +215,9 @@ def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypat
     read = view._read_manifests(t.catalog, ids + ids + ids)  # more than two: the pool
     assert any(n.startswith("memwal-manifest") for n in threads)
     assert read == local
-    assert [m.region_id for m in read] == ids + ids + ids
-    assert read[: len(ids)] == [t.catalog.region_manifest(r) for r in ids]
-    gen_dir = read[0].flushed_generations[0].path
+    assert [m.region_id for m in read.values()] == ids
+    assert [read[r] for r in ids] == [t.catalog.region_manifest(r) for r in ids]
+    gen_dir = read[ids[0]].flushed_generations[0].path
     assert view._gen_uri(t.uri, ids[0], gen_dir) == paths.generation_path(t.uri, ids[0], gen_dir)
 
 

@@ -89,13 +89,13 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     report = t.maintenance.maintain(MERGE_ONLY)
     assert len(report.merged) == 6
     assert lance.dataset(t.uri).version == before + 1  # one commit for both regions
-    cost = read_cost(t)
+    cost = read_cost(t.catalog)
     assert cost.with_deletions == 1 and cost.deleted == 12  # 6 updated, 6 deleted
     assert _state(t) == model
     # the merge touched a 200-row fragment: more than 2x the 18 rows merged, left as is
     policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16)
     report = t.maintenance.maintain(policy)
-    assert not report.compact_due and read_cost(t).with_deletions == 1
+    assert not report.compact_due and read_cost(t.catalog).with_deletions == 1
 
     # a bigger pass (120 keys) rewrites them: reads get back to files without deletions
     merged = t.catalog.index().merged_generations()
@@ -104,7 +104,7 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     assert report.compact_due and "deletion files" in (report.compact_reason or "")
     assert report.compacted["fragments_removed"] >= 1
     assert any("deletion files" in line for line in report.lines())
-    cost = read_cost(t)
+    cost = read_cost(t.catalog)
     assert cost.with_deletions == 0 and cost.deleted == 0
     assert _state(t) == model and _base(t.uri) == model
     assert t.catalog.index().merged_generations() != merged  # the merge's progress carried over
@@ -116,7 +116,7 @@ def test_pass_rewrites_fragments_with_many_deleted_rows(tmp_path: Any) -> None:
     _generation(t, 0, [1000], list(range(0, 60, 2)), model)  # 30% of the base deleted
     report = t.maintenance.maintain(dataclasses.replace(MERGE_ONLY, compact_fragments=16))
     assert report.compact_due and "deleted rows" in (report.compact_reason or "")
-    assert read_cost(t).deleted == 0
+    assert read_cost(t.catalog).deleted == 0
     assert _state(t) == model and _base(t.uri) == model
 
 

@@ -248,7 +248,7 @@ def test_status(table):
     table.maintenance.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
-    s = table.maintenance.status()
+    s = table.maintenance.status().to_dict()
     r = s["regions"][region]
     assert r["flushed_generations"] == [1, 2]
     assert r["merged_generation"] == 1

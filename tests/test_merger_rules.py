@@ -227,7 +227,7 @@ def test_status_fields_wal_span_and_sizes(table):
     table.maintenance.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
-    r = table.maintenance.status()["regions"][region]
+    r = table.maintenance.status().to_dict()["regions"][region]
     assert r["writer_epoch"] == 2 and r["manifest_version"] >= 4
     assert (r["flushed_generations"], r["merged_generation"]) == ([1, 2], 1)
     assert r["wal_first_position"] == 1
@@ -236,7 +236,7 @@ def test_status_fields_wal_span_and_sizes(table):
     assert (r["unflushed_wal_entries"], r["unflushed_rows"]) == (1, 1)
     assert r["generation_bytes"] > 0 and r["wal_bytes"] > 0
     table.maintenance.gc(cleanup_older_than=dt.timedelta(0))  # generation 1 and its WAL entries go
-    after = table.maintenance.status()["regions"][region]
+    after = table.maintenance.status().to_dict()["regions"][region]
     assert after["wal_first_position"] > 1
     assert after["wal_entries"] < r["wal_entries"]
     assert after["wal_last_position"] == r["wal_last_position"]
@@ -248,7 +248,7 @@ def test_status_wal_span_is_empty_when_every_entry_was_collected(table):
     region, _ = make_generations(table, n=2)
     table.maintenance.merge()
     table.maintenance.gc(cleanup_older_than=dt.timedelta(0))  # every generation and WAL entry goes
-    r = table.maintenance.status()["regions"][region]
+    r = table.maintenance.status().to_dict()["regions"][region]
     assert r["wal_entries"] == 0 and r["wal_bytes"] == 0
     # "entries in storage; 0 when none": no span made of the replay position
     assert (r["wal_first_position"], r["wal_last_position"]) == (0, 0)

@@ -131,15 +131,15 @@ def test_split_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri, 
     region = _write(t, model, 0, [0, 400], [2], 1.0)
     gens = t.catalog.region_manifest(region).flushed_generations
     ds = lance.dataset(t.uri)
-    prep = merger.prepare_generation(t, region, gens, ds.schema)
+    prep = merger.prepare_generation(t.catalog, region, gens, ds.schema)
     marker = [merger.CompactedSsTable(region, gens[-1].generation)]
     lance.dataset(t.uri).create_scalar_index("val", "BTREE")  # a commit of no merge
-    moved = merger._commit_split(t, ds, ["id"], prep, marker)
+    moved = merger._commit_split(t.catalog, ds, ["id"], prep, marker)
     assert moved.version == ds.version + 2 and 2 not in base_view(t.uri)
     # another merger merges the region meanwhile: the planned batch is stale
     t.maintenance.merge()
     assert base_view(t.uri) == model
     with pytest.raises(merger._BatchMoved) as lost:
-        merger._commit_split(t, ds, ["id"], prep, marker)
+        merger._commit_split(t.catalog, ds, ["id"], prep, marker)
     assert merger._is_conflict(lost.value)
     assert base_view(t.uri) == model and view(t) == model

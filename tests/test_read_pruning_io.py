@@ -1,5 +1,6 @@
 """Region pruning happens before storage is read: a point lookup routed to one region of
-64 reads that region's manifest only (read/view.py ``_manifests``).
+64 reads that region's manifest or WAL only (read/view.py ``_wanted``; a default reader
+that knows the region's manifest reads the WAL position after it instead).
 
 Storage accesses are counted on the real local FileIO of a real table.
 """
@@ -19,7 +20,7 @@ from memwal_query.storage.io import LocalFileIO
 from helpers import basic_rows
 
 REGIONS = 64
-_REGION_OF = re.compile(r"/_mem_wal/([0-9a-f-]{36})/manifest")
+_REGION_OF = re.compile(r"/_mem_wal/([0-9a-f-]{36})/(manifest|wal)")
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def bucketed(tmp_path):
 
 
 def _manifest_regions(monkeypatch) -> set[str]:
-    """The regions whose manifest directory any FileIO call touches from now on."""
+    """The regions whose manifest or WAL directory any FileIO call touches from now on."""
     seen: set[str] = set()
     for name in ("read", "read_buffer", "exists", "size", "list", "is_dir"):
         real = getattr(LocalFileIO, name)
@@ -60,7 +61,7 @@ def test_lookup_in_one_region_of_64_reads_one_manifest(bucketed, monkeypatch):
     seen = _manifest_regions(monkeypatch)
     got = t.lookup(pa.array([key], pa.int64()))
     assert got.column("id").to_pylist() == [key]
-    assert len(seen) == 1, f"{len(seen)} region manifests read for a one-region lookup"
+    assert len(seen) == 1, f"{len(seen)} regions' manifests or WALs read for a one-region lookup"
     seen.clear()
     both = t.lookup(pa.array([key, key + 1], pa.int64()))
     assert sorted(both.column("id").to_pylist()) == [key, key + 1]

@@ -155,11 +155,17 @@ def test_lookup_every_source(layered):
     assert by_id[10]["text"] == "cherry"  # generation 1
     assert got.schema.names == ["id", "x", "text", "vec"]
     assert np.allclose(by_id[11]["vec"], near(3.5))
-    # without the writer the MemTable is invisible: 500 lives in gen 2, 11 in gen 1
-    got = search.lookup(t.catalog, [500, 11, 601], columns=["text", "id"], writers=[])
+    # flushed rows only (strong, no writer): 500 lives in gen 2, 11 in gen 1
+    got = search.lookup(
+        t.catalog, [500, 11, 601], columns=["text", "id"], writers=[], consistency="strong"
+    )
     assert got.column_names == ["text", "id"]
     assert got.to_pydict() == {"text": ["apple cider", "common t11"], "id": [500, 11]}
-    assert np.allclose(search.lookup(t.catalog, [11], writers=[])["vec"][0].as_py(), near(0.5))
+    got = search.lookup(t.catalog, [11], writers=[], consistency="strong")
+    assert np.allclose(got["vec"][0].as_py(), near(0.5))
+    # by default another reader sees the MemTable's acknowledged rows (its WAL entries)
+    got = search.lookup(t.catalog, [601, 11, 500], columns=["text", "id"], writers=[])
+    assert got.to_pydict() == {"text": ["grape"], "id": [11]}
 
 
 def test_lookup_within_generation_last_write_wins(layered):
@@ -235,9 +241,17 @@ def test_vector_search_updates_and_deletes_in_every_source(layered):
     stats = {s["source"].split(" of ")[0]: s for s in dbg["sources"]}
     assert stats["base"]["stale"] >= 4  # 10, 11, 12 (deleted), 14 (deleted in MemTable)
     assert stats["generation 1"]["index"] == "vec_idx"
-    # without the MemTable: 11 is at 0.25 (gen 1), 14 and 500 live, 600 unknown
-    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[])
+    # flushed rows only: 11 is at 0.25 (gen 1), 14 and 500 live, 600 unknown
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[], consistency="strong")
     assert ids(got) == [11, 502, 13, 14, 501]
+    # by default another reader sees the MemTable's acknowledged rows (its WAL entries)
+    assert ids(search.vector_search(t.catalog, "vec", Q, k=5, writers=[])) == [
+        600,
+        502,
+        11,
+        13,
+        501,
+    ]
 
 
 def test_vector_search_matches_brute_force_with_k_beyond_live_rows(layered):
@@ -424,9 +438,14 @@ def test_fts_updated_documents_stop_matching_old_words(layered):
     assert ids(search.fts_search(t.catalog, "text", "juice", writers=[w])) == [501]
     assert ids(search.fts_search(t.catalog, "text", "kiwi", writers=[w])) == []
     assert ids(search.fts_search(t.catalog, "text", "mango", writers=[w])) == [503]
-    # without the MemTable: 21 still says "apple pie", 500 is alive in gen 2
-    got = search.fts_search(t.catalog, "text", "apple", k=10, writers=[])
+    # flushed rows only: 21 still says "apple pie", 500 is alive in gen 2
+    got = search.fts_search(t.catalog, "text", "apple", k=10, writers=[], consistency="strong")
     assert sorted(ids(got)) == [21, 23, 500]
+    # by default another reader sees the MemTable's acknowledged rows (its WAL entries)
+    got = search.fts_search(t.catalog, "text", "apple", k=10, writers=[])
+    assert sorted(ids(got)) == sorted(
+        ids(search.fts_search(t.catalog, "text", "apple", k=10, writers=[w]))
+    )
 
 
 def test_fts_scores_equal_lance_on_the_base_table(tmp_path):
@@ -616,7 +635,7 @@ def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reinde
     assert t.catalog.index().merged_generations() == {rid: 2}
 
     dbg: dict = {}
-    got = search.vector_search(t.catalog, "vec", Q, k=5, refine_factor=None, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]
     plan = dbg["plan"]
     assert plan.indexed_only

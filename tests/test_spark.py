@@ -1135,6 +1135,30 @@ def test_ingest_after_a_region_spec_change(spark, tmp_path):
     t.close()
 
 
+def test_reader_returns_rows_of_a_process_that_exited_without_close(spark, tmp_path):
+    # A process writes with t.write and exits without close (its rows are durable in
+    # the WAL, and flushed by its exit hook): the Spark reader's default returns them.
+    # Then a writer that leaves rows unflushed (close(flush=False), as a killed one
+    # would): the default reader reads them from the WAL, strong does not.
+    from test_acknowledged import BASE, _send, _table, _writer
+
+    uri = _table(tmp_path)
+    p = _writer(uri)
+    _send(p, "write 100 7")
+    _send(p, "exit")
+    assert p.wait(60) == 0
+    ids = sorted(r["id"] for r in spark.read.format("memwal").load(uri).select("id").collect())
+    assert ids == sorted([*BASE, 100])
+    t = mq.MemWalTable.open(uri)
+    w = t.writer()
+    w.put(t.lookup(pa.array([100], pa.int64())).set_column(0, "id", pa.array([101], pa.int64())))
+    w.close(flush=False)
+    ids = sorted(r["id"] for r in spark.read.format("memwal").load(uri).select("id").collect())
+    assert ids == sorted([*BASE, 100, 101])
+    strong = spark.read.format("memwal").option("consistency", "strong").load(uri)
+    assert sorted(r["id"] for r in strong.select("id").collect()) == sorted([*BASE, 100])
+
+
 # -- object stores ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["s3", "azure", "gcs"])
 def test_ingest_merge_and_read_on_each_object_store(spark, store_pool, kind):

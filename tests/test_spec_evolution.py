@@ -188,7 +188,7 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     wal.append(max(wal.positions()) + 1, row, sealed.writer_epoch - 2, sealed.current_generation)
     assert 777 not in _view(mq.MemWalTable.open(t.uri), "latest")
     assert 777 not in t.changes(consistency="latest").table.column("id").to_pylist()
-    st = t.maintenance.status()["regions"][old_region]
+    st = t.maintenance.status().to_dict()["regions"][old_region]
     assert st["sealed"] and st["region_spec_id"] == 1 and st["unflushed_rows"] == 0
     from click.testing import CliRunner
 

@@ -6,7 +6,8 @@
   (FileIO calls and Lance dataset opens/reads, counted in the reader's thread), while
   another table object merges, garbage collects (the old base version too) and flushes;
   the answer is the state before or after, or a typed error: never a mix. The same for
-  another process's ``consistency="latest"`` reader (durable WAL tail) and for exact
+  another process's default reader (``consistency="latest"``: the durable WAL tail, also while
+  it is flushed, merged and its entries collected) and for exact
   vector search and FTS.
 """
 
@@ -26,7 +27,7 @@ import memwal_query as mq
 from memwal_query.exceptions import BaseVersionGoneError, GenerationGoneError
 from memwal_query.format.bloom import BloomFilter, hash_keys
 from memwal_query.maintain import snapshots
-from memwal_query.read import parallel
+from memwal_query.read import parallel, waltail
 from memwal_query.search import BLOOM_FILE
 from memwal_query.storage.io import LocalFileIO
 
@@ -286,8 +287,12 @@ _OPS = {
 }
 
 
-def _race(tmp_path, pauser, template, region_id, mode, op, target):
-    """One run paused at access ``target``; returns (answer or error, paused?)."""
+def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=None, warm=False):
+    """One run paused at access ``target``; returns (answer or error, paused?).
+
+    ``meanwhile(uri, w)`` runs while the reader is paused (default: merge generation 1,
+    collect garbage, flush generation 2). ``warm``: the reader answered once before (it
+    knows the region manifests)."""
     uri = str(tmp_path / f"run{target}")
     shutil.copytree(template, uri)
     writer_table = mq.MemWalTable.open(uri)
@@ -295,6 +300,10 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     reader = mq.MemWalTable.open(uri)
     consistency = {"ryw": "strong", "eventual_external": "eventual"}.get(mode, mode)
     kw = {"consistency": consistency, "writers": [w] if mode == "ryw" else []}
+    if mode == "default":
+        kw.pop("consistency")
+    if warm:
+        _OPS[op](reader, **kw)
     p = _Pauser(target)
     out: dict = {}
 
@@ -315,10 +324,7 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
     assert p.paused.wait(60)
     paused = "answer" not in out and "error" not in out and "unexpected" not in out
     if paused:
-        other = mq.MemWalTable.open(uri)
-        assert other.merge()
-        other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
-        assert w.flush() is not None
+        (meanwhile or _merge_gc_flush)(uri, w)
     p.resume.set()
     th.join(60)
     pauser.pop("p")
@@ -329,6 +335,24 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target):
             "unexpected"
         ]
     return out, paused, p.where
+
+
+def _merge_gc_flush(uri: str, w) -> None:
+    other = mq.MemWalTable.open(uri)
+    assert other.merge()
+    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert w.flush() is not None
+
+
+def _flush_merge_gc(uri: str, w) -> None:
+    """Flush generation 2 (the reader's WAL tail), merge everything, then collect
+    garbage: the WAL entries the paused reader is reading are deleted."""
+    assert w.flush() is not None
+    other = mq.MemWalTable.open(uri)
+    assert other.merge()
+    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    region = other.status().regions[w.region_id]
+    assert region.wal_entries == 0 and region.merged_generation == 2
 
 
 @pytest.mark.slow
@@ -358,12 +382,41 @@ def test_paused_search_sees_before_or_after(tmp_path, pauser):
     _pause_everywhere(tmp_path, pauser, template, region_id, "strong", ("vector", "fts"), allowed)
 
 
-def _pause_everywhere(tmp_path, pauser, template, region_id, mode, ops, allowed) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_paused_default_reader_reads_the_wal_tail_while_it_is_flushed_merged_and_collected(
+    tmp_path, pauser, warm
+):
+    # The default reader (no consistency given: every acknowledged write) paused at
+    # every storage access, the WAL tail's included, while another writer flushes the
+    # tail into generation 2, a maintainer merges it and GC deletes its WAL entries.
+    # Generation 2 was acknowledged before the query started: AFTER is the only answer
+    # (or a typed error). A warm reader knows the manifest that lists generation 1 only
+    # and probes the WAL position after it first.
+    template, region_id = _template(tmp_path, external=False)
+    _pause_everywhere(
+        tmp_path,
+        pauser,
+        template,
+        region_id,
+        "default",
+        ("sql", "lookup"),
+        [AFTER],
+        meanwhile=_flush_merge_gc,
+        warm=warm,
+    )
+
+
+def _pause_everywhere(
+    tmp_path, pauser, template, region_id, mode, ops, allowed, meanwhile=None, warm=False
+) -> None:
     """Run each of ``ops`` paused at access 0, 1, 2, ... until a run does not pause."""
     for op in ops:
         target = 0
         while True:
-            out, paused, where = _race(tmp_path, pauser, template, region_id, mode, op, target)
+            out, paused, where = _race(
+                tmp_path, pauser, template, region_id, mode, op, target, meanwhile, warm
+            )
             if "answer" in out:
                 got = out["answer"]
                 assert got in allowed, (
@@ -390,3 +443,30 @@ def test_eventual_snapshot_older_than_max_staleness_reads_manifests(tmp_path):
     stale = fresh.provider("eventual", max_staleness=0.0)  # every snapshot is too old
     assert _as_dict(stale.to_table())[2] == 200.0
     w.close()
+
+
+def test_a_warm_default_reader_reads_entries_after_a_collected_gap(tmp_path):
+    # The reader knows the manifest of generation 1. Then generation 2 is flushed,
+    # merged and its WAL entries collected, and entry 3 is acknowledged: the position
+    # after the known manifest is missing (collected), not the end of the WAL.
+    t = _init(tmp_path)
+    w = t.writer()
+    w.put(_rows([1], [10]))
+    w.flush()
+    w.put(_rows([2], [20]))
+    reader = mq.MemWalTable.open(t.uri)
+    assert _sql(reader)[2] == 20.0 and _lookup(reader, [2]) == {2: 20.0}
+    w.flush()
+    other = mq.MemWalTable.open(t.uri)
+    assert other.merge()
+    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert other.status().regions[w.region_id].wal_entries == 0
+    w.put(_rows([3], [30]))
+    waltail.ENTRIES.clear()  # entry 2 as another process sees it: gone, not cached
+    assert _sql(reader)[3] == 30.0
+    assert _lookup(mq.MemWalTable.open(t.uri), [3]) == {3: 30.0}
+    reader2 = mq.MemWalTable.open(t.uri)
+    _sql(reader2)
+    w.put(_rows([4], [40]))
+    assert _lookup(reader, [3, 4]) == {3: 30.0, 4: 40.0}
+    w.close(flush=False)

@@ -19,8 +19,8 @@ from memwal_query.write.memtable import MemTable
 from helpers import BASIC_SCHEMA, basic_rows
 
 
-def live(t: mq.MemWalTable, writers=None) -> dict[int, tuple]:
-    rows = t.to_table(writers=writers).to_pylist()
+def live(t: mq.MemWalTable, writers=None, **kw) -> dict[int, tuple]:
+    rows = t.to_table(writers=writers, **kw).to_pylist()
     return {r["id"]: (r["val"], r["name"]) for r in rows}
 
 
@@ -255,7 +255,10 @@ def test_hostile_wal_entry_at_next_position_is_a_typed_error(table, case):
     with pytest.raises(mq.WalCorruptError) as e:
         w.put(basic_rows([1]))
     assert wal.path(1) in str(e.value)
-    assert live(table, [w]) == live(table)  # nothing was applied
+    assert live(table, [w]) == live(table, consistency="strong")  # nothing was applied
+    with pytest.raises(mq.WalCorruptError) as e:  # a default reader reads the WAL
+        live(table)
+    assert wal.path(1) in str(e.value)
     w.close(flush=False)
 
 

@@ -44,10 +44,11 @@ from memwal_query.cli.sql import _emit, _write_atomically
 )
 @click.option(
     "--consistency",
-    type=click.Choice(["strong", "latest"]),
-    default="strong",
+    type=click.Choice(["latest", "strong"]),
+    default="latest",
     show_default=True,
-    help="strong: flushed changes; latest: also durable WAL entries not flushed yet.",
+    help="latest: every acknowledged change (also durable WAL entries not flushed "
+    "yet); strong: flushed changes only.",
 )
 @click.option(
     "--format",

@@ -30,29 +30,32 @@ from memwal_query.exceptions import (
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_handle_errors
 def status(uri: str, as_json: bool) -> None:
-    """One row per region: epoch, generations, WAL span, unflushed rows, bytes."""
-    s = _open(uri).maintenance.status()
+    """One row per region: epoch, generations, unflushed WAL entries and rows (and the
+    oldest one's age), whether its writer is alive, bytes."""
+    st = _open(uri).maintenance.status()
     if as_json:
-        click.echo(json.dumps(s, indent=2, default=str))
+        click.echo(json.dumps(st.to_dict(), indent=2, default=str))
         return
     click.echo(
-        f"{s['uri']}  base version {s['base_version']}  {s['base_rows']:,} rows  "
-        f"primary key {', '.join(s['primary_key'])}"
+        f"{st.uri}  base version {st.base_version}  {st.live_rows:,} rows "
+        f"({st.unflushed_rows:,} unflushed)  primary key {', '.join(st.primary_key)}"
     )
     header = (
         f"{'region':36}  {'values':>14}  epoch  cur  flushed        merged  wal_span   "
-        "unflushed  bytes"
+        "unflushed  oldest  writer  bytes"
     )
     click.echo(header)
-    for rid, r in s["regions"].items():
-        first, last = r["replay_after_wal_entry_position"] + 1, r["wal_last_position"]
+    for rid, r in st.regions.items():
+        first, last = r.replay_after_wal_entry_position + 1, r.wal_last_position
         wal = f"{first}-{last}" if last >= first else "-"  # unflushed WAL entries
-        gens = ",".join(map(str, r["flushed_generations"])) or "-"
-        vals = ",".join(f"{v}" for v in (r["region_values"] or {}).values()) or "-"
+        gens = ",".join(map(str, r.flushed_generations)) or "-"
+        vals = ",".join(f"{v}" for v in (r.region_values or {}).values()) or "-"
+        age = "-" if r.oldest_unflushed_age is None else f"{r.oldest_unflushed_age:.0f}s"
+        writer = "alive" if r.writer_alive else ("gone" if r.unflushed_rows else "-")
         click.echo(
-            f"{rid:36}  {vals:>14}  {r['writer_epoch']:5}  {r['current_generation']:3}  "
-            f"{gens:13}  {r['merged_generation']:6}  {wal:9}  {r['unflushed_rows']:9}  "
-            f"{r['generation_bytes'] + r['wal_bytes']}"
+            f"{rid:36}  {vals:>14}  {r.writer_epoch:5}  {r.current_generation:3}  "
+            f"{gens:13}  {r.merged_generation:6}  {wal:9}  {r.unflushed_rows:9}  "
+            f"{age:>6}  {writer:6}  {r.generation_bytes + r.wal_bytes}"
         )
 
 
@@ -87,11 +90,11 @@ def flush(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
 def _drain(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
     t = _open(uri)
     regions = _regions(t, region)
-    st = t.maintenance.status()["regions"]
-    todo = [rid for rid in regions if st.get(rid, {}).get("unflushed_rows", 0)]
+    st = t.maintenance.status().regions
+    todo = [rid for rid in regions if rid in st and st[rid].unflushed_rows]
     if dry_run:
         for rid in todo:
-            click.echo(f"would flush {rid}: {st[rid]['unflushed_rows']} rows")
+            click.echo(f"would flush {rid}: {st[rid].unflushed_rows} rows")
         click.echo(f"{len(todo)} region(s) would be flushed")
         return
     lines = []

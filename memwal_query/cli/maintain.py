@@ -19,6 +19,7 @@ import click
 from memwal_query.cli.app import _handle_errors, _open, _progress, error_text, record_done
 from memwal_query.cli.options import Duration, deprecated_option, format_duration
 from memwal_query.maintain.policy import (
+    DEFAULT_ABANDONED_AFTER,
     DEFAULT_COMPACT_DELETED_SHARE,
     DEFAULT_COMPACT_FRAGMENTS,
     DEFAULT_MAX_GENERATIONS,
@@ -69,6 +70,7 @@ def _policy(
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS,
     max_index_segments: int = DEFAULT_MAX_INDEX_SEGMENTS,
     compact_deleted_share: float | None = DEFAULT_COMPACT_DELETED_SHARE,
+    abandoned_after: float | None = DEFAULT_ABANDONED_AFTER.total_seconds(),
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -86,6 +88,7 @@ def _policy(
         refresh_snapshots=snapshots,
         gc=gc,
         retention=retention,
+        abandoned_after=None if abandoned_after is None else dt.timedelta(seconds=abandoned_after),
     )
 
 
@@ -166,6 +169,14 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     "--snapshots/--no-snapshots", default=True, show_default=True, help="Refresh snapshots."
 )
 @click.option("--gc/--no-gc", default=True, show_default=True, help="Garbage collect.")
+@click.option(
+    "--abandoned-after",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_ABANDONED_AFTER.total_seconds(),
+    show_default=True,
+    help="Recover (flush, then merge) a region with unflushed WAL entries whose writer "
+    "has shown no sign of life for this many seconds.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
 @click.option(
     "--max-passes", type=click.IntRange(min=1), help="With --watch: stop after this many passes."
@@ -190,6 +201,7 @@ def maintain(
     catch_up: bool,
     snapshots: bool,
     gc: bool,
+    abandoned_after: float,
     as_json: bool,
     max_passes: int | None,
 ) -> None:
@@ -217,6 +229,7 @@ def maintain(
         None if no_compact else compact_fragments,
         max_index_segments,
         compact_deleted_share,
+        abandoned_after,
     )
     t = _open(uri)
     if watch is None:

@@ -175,11 +175,12 @@ def _register_extra(ctx: Any, spec: str, consistency: str) -> str:
 @click.option("--output", help="Write the result to this file (created only on success).")
 @click.option(
     "--consistency",
-    type=click.Choice(["strong", "eventual", "latest"]),
-    default="strong",
+    type=click.Choice(["latest", "strong", "eventual"]),
+    default="latest",
     show_default=True,
-    help="strong: region manifests; eventual: region snapshots in the MemWAL index; "
-    "latest: strong plus every region's durable, unflushed WAL entries.",
+    help="latest: every acknowledged write (region manifests plus every region's "
+    "durable, unflushed WAL entries); strong: flushed rows only (region manifests); "
+    "eventual: region snapshots in the MemWAL index.",
 )
 @click.option(
     "--allow-write",

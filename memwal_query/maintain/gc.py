@@ -1,4 +1,4 @@
-"""Garbage collection of flushed generations and WAL entries, and table status.
+"""Garbage collection of flushed generations and WAL entries.
 
 A flushed generation ``g`` of a region (and the WAL entries it was built from) is
 deleted only when all of these hold (spec, "Garbage Collector"):
@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memwal_query.exceptions import InvalidPathError, ObjectNotFoundError
 from memwal_query.format.index import read_index
@@ -217,71 +217,3 @@ def gc(
             if progress is not None:
                 progress(done, len(plan))
     return [path for path, _ in plan]
-
-
-def status(table: Catalog) -> dict[str, Any]:
-    """Per-region state: epoch, generations flushed/merged, WAL span, sizes.
-
-    Per region: ``region_spec_id``, ``sealed`` (a region of an older spec, see
-    :mod:`memwal_query.maintain.specs`), ``writer_epoch``, ``manifest_version``,
-    ``current_generation``,
-    ``flushed_generations`` (listed in the manifest), ``merged_generation``; the WAL
-    span: ``wal_first_position``/``wal_last_position`` (entries in storage; 0 when
-    none), ``wal_entries`` (how many), ``replay_after_wal_entry_position`` (entries up
-    to it are in flushed generations), ``unflushed_wal_entries``/``unflushed_rows``;
-    sizes: ``generation_bytes`` (listed generations) and ``wal_bytes``.
-    """
-    index = table.index()
-    merged = index.merged_generations()
-    regions = {}
-    for region_id in table.region_ids():
-        store = RegionManifestStore(table.io, table.uri, region_id)
-        m = store.load_latest()
-        if m is None:
-            continue
-        wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
-        # a sealed region ends at its flush position (later entries: never acknowledged)
-        last = m.replay_after_wal_entry_position
-        if not m.sealed:
-            last = wal.last_position(last)
-        gen_bytes = sum(
-            table.io.tree_size(join(paths.region_dir(table.uri, region_id), g.path))
-            for g in m.flushed_generations
-        )
-        stored = wal.positions()
-        values = table.region_values(region_id)
-        regions[region_id] = {
-            "region_values": values[1] if values else None,
-            "region_spec_id": m.region_spec_id,
-            "sealed": m.sealed,
-            "manifest_version": m.version,
-            "writer_epoch": m.writer_epoch,
-            "current_generation": m.current_generation,
-            "flushed_generations": [g.generation for g in m.flushed_generations],
-            "merged_generation": merged.get(region_id, 0),
-            "replay_after_wal_entry_position": m.replay_after_wal_entry_position,
-            "wal_first_position": min(stored, default=0),
-            # ``last`` is the replay position when no entry is left (all flushed and
-            # garbage collected): the span of entries in storage is then empty (0, 0).
-            "wal_last_position": last if stored else 0,
-            "wal_entries": len(stored),
-            "unflushed_wal_entries": last - m.replay_after_wal_entry_position,
-            "unflushed_rows": sum(
-                wal.read(p).table.num_rows
-                for p in range(m.replay_after_wal_entry_position + 1, last + 1)
-            ),
-            "generation_bytes": gen_bytes,
-            "wal_bytes": table.io.tree_size(wal.dir),
-        }
-    ds = table.dataset()
-    return {
-        "uri": table.uri,
-        "base_version": ds.version,
-        "base_rows": ds.count_rows(),
-        "primary_key": table.primary_key,
-        "region_spec": None if table.region_spec is None else repr(table.region_spec),
-        "maintained_indexes": table.maintained_indexes,
-        "index_catchup": index.index_catchup(),
-        "snapshot_regions": index.details.num_regions,
-        "regions": regions,
-    }

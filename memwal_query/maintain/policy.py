@@ -3,6 +3,10 @@
 :func:`maintain` looks at a table and does what a :class:`MaintenancePolicy` asks,
 reusing the steps of :mod:`memwal_query.maintain` (no step is reimplemented here):
 
+0. **recover** (:func:`memwal_query.maintain.recover.recover_abandoned`): every region
+   with unflushed WAL entries whose writer has shown no sign of life for longer than
+   ``abandoned_after`` is claimed, replayed, flushed and closed (a writer whose
+   heartbeat is fresh is never fenced), and merged by step 1 whatever the thresholds;
 1. **merge** (:func:`memwal_query.maintain.merger.merge_region`): every region with more
    than ``max_generations`` unmerged generations, or more than ``max_rows`` unmerged
    rows, is merged, at most as many generations as the pass found unmerged (so a pass
@@ -67,6 +71,7 @@ from memwal_query.exceptions import MemWalError
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
     from memwal_query.maintain.merger import MergeResult
+    from memwal_query.maintain.recover import Recovered
 
 # The merger (and Lance) are imported when a pass runs, not with this module: the
 # ``memwal`` command line imports it for its option defaults on every start.
@@ -75,7 +80,15 @@ Progress = Callable[[str, int, int], None]
 """``progress(step, done, total)``: called as a step advances (``step`` is one of
 :data:`STEPS`); a progress bar or a log line per call."""
 
-STEPS = ("planning", "merging", "compacting", "catching up", "refreshing snapshots", "collecting")
+STEPS = (
+    "recovering",
+    "planning",
+    "merging",
+    "compacting",
+    "catching up",
+    "refreshing snapshots",
+    "collecting",
+)
 
 DEFAULT_MAX_GENERATIONS = 4
 DEFAULT_MAX_ROWS = 100_000
@@ -83,6 +96,7 @@ DEFAULT_RETENTION = dt.timedelta(hours=1)
 DEFAULT_COMPACT_FRAGMENTS = 16
 DEFAULT_COMPACT_DELETED_SHARE = 0.1
 DEFAULT_MAX_INDEX_SEGMENTS = 4
+DEFAULT_ABANDONED_AFTER = dt.timedelta(minutes=5)
 
 _T = TypeVar("_T")
 
@@ -157,6 +171,11 @@ class MaintenancePolicy:
         view stays readable for ``retention`` after it was resolved (time travel to
         older versions is lost). None: keep every base version (GC then frees only
         what every version ever retained has merged, usually nothing).
+    abandoned_after : datetime.timedelta or None
+        Recover a region whose writer has shown no sign of life (heartbeat, see
+        :mod:`memwal_query.write.liveness`) for longer than this and that has unflushed
+        WAL entries: claim, replay, flush, close, then merge it (default 5 minutes,
+        thirty heartbeat intervals). None: never recover.
     max_generations, max_rows : int, optional
         Deprecated spellings of ``merge_over_generations`` and ``merge_over_rows``
         (``max_generations`` is the *limit* of :meth:`Maintenance.merge`).
@@ -173,6 +192,7 @@ class MaintenancePolicy:
     refresh_snapshots: bool = True
     gc: bool = True
     retention: dt.timedelta | None = DEFAULT_RETENTION
+    abandoned_after: dt.timedelta | None = DEFAULT_ABANDONED_AFTER
 
     @property
     def max_generations(self) -> int:
@@ -201,13 +221,14 @@ class MaintenancePolicy:
             raise ValueError(
                 f"MaintenancePolicy.compact_deleted_share must be in [0, 1] or None, got {share!r}"
             )
-        if self.retention is not None and (
-            not isinstance(self.retention, dt.timedelta) or self.retention < dt.timedelta(0)
-        ):
-            raise ValueError(
-                f"MaintenancePolicy.retention must be a timedelta >= 0 or None, "
-                f"got {self.retention!r}"
-            )
+        for name in ("retention", "abandoned_after"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, dt.timedelta) or value < dt.timedelta(0)
+            ):
+                raise ValueError(
+                    f"MaintenancePolicy.{name} must be a timedelta >= 0 or None, got {value!r}"
+                )
 
     def batch_rows(self) -> int:
         """``merge_batch_rows``, or the merger's default."""
@@ -289,6 +310,8 @@ class MaintenanceReport:
     ----------
     uri : str
     dry_run : bool
+    recovered : list of Recovered
+        Regions whose gone writer's WAL was flushed (or, in a dry run, would be).
     regions : list of RegionPlan
         Every region with unmerged generations when the pass started.
     merged : list of MergeResult
@@ -320,6 +343,7 @@ class MaintenanceReport:
 
     uri: str
     dry_run: bool
+    recovered: list[Recovered] = field(default_factory=list)
     regions: list[RegionPlan] = field(default_factory=list)
     merged: list[MergeResult] = field(default_factory=list)
     small_fragments: int = 0
@@ -349,6 +373,12 @@ class MaintenanceReport:
         """One human-readable line per action (what ``memwal maintain`` prints)."""
         would = "would " if self.dry_run else ""
         out: list[str] = []
+        for rec in self.recovered:
+            silent = (
+                "no sign of life" if rec.silent_for is None else f"silent {rec.silent_for:.0f} s"
+            )
+            into = "" if rec.generation is None else f" into generation {rec.generation}"
+            out.append(f"{rec.region_id}: {would}recover its gone writer's WAL{into} ({silent})")
         merged: dict[str, list[int]] = {}
         for m in self.merged:
             merged.setdefault(m.region_id, []).append(m.generation)
@@ -382,6 +412,10 @@ class MaintenanceReport:
         return {
             "uri": self.uri,
             "dry_run": self.dry_run,
+            "recovered": [
+                {"region_id": r.region_id, "silent_for": r.silent_for, "generation": r.generation}
+                for r in self.recovered
+            ],
             "regions": [
                 {
                     "region_id": r.region_id,
@@ -408,8 +442,11 @@ class MaintenanceReport:
         }
 
 
-def plan_regions(table: Catalog, policy: MaintenancePolicy) -> list[RegionPlan]:
-    """Every region with unmerged generations, and whether ``policy`` merges it.
+def plan_regions(
+    table: Catalog, policy: MaintenancePolicy, recovered: frozenset[str] = frozenset()
+) -> list[RegionPlan]:
+    """Every region with unmerged generations, and whether ``policy`` merges it
+    (``recovered`` regions, whose writer is gone, are merged whatever their size).
 
     Reads the latest MemWAL index once (``merged_generations``) and each region's newest
     manifest; changes nothing.
@@ -429,7 +466,10 @@ def plan_regions(table: Catalog, policy: MaintenancePolicy) -> list[RegionPlan]:
             continue
         rows = sum(g.physical_rows or 0 for g in pending)
         gens = [g.generation for g in pending]
-        plans.append(RegionPlan(region_id, gens, rows, policy.wants_merge(len(gens), rows)))
+        reason = policy.wants_merge(len(gens), rows)
+        if reason is None and region_id in recovered:
+            reason = "writer gone: recovered"
+        plans.append(RegionPlan(region_id, gens, rows, reason))
     return plans
 
 
@@ -620,10 +660,26 @@ def maintain(
     started = time.perf_counter()
     report = MaintenanceReport(table.uri, dry_run)
     attempts = max(1, policy.retries())
-    _note(progress, "planning", 0, 1)
-    report.regions = _retrying(table, lambda: plan_regions(table, policy), attempts)
-    _note(progress, "planning", 1, 1)
     first: BaseException | None = None
+    if policy.abandoned_after is not None:
+        from memwal_query.maintain.recover import recover_abandoned
+
+        _note(progress, "recovering", 0, 1)
+        try:
+            report.recovered = recover_abandoned(
+                table,
+                policy.abandoned_after.total_seconds(),
+                getattr(table, "writer", None),
+                dry_run=dry_run,
+            )
+        except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+            report.errors["recover"] = f"{type(e).__name__}: {e}"
+            first = e
+        _note(progress, "recovering", 1, 1)
+    recovered = frozenset(r.region_id for r in report.recovered)
+    _note(progress, "planning", 0, 1)
+    report.regions = _retrying(table, lambda: plan_regions(table, policy, recovered), attempts)
+    _note(progress, "planning", 1, 1)
 
     if not dry_run and report.to_merge:
         if merge is None:

@@ -20,9 +20,10 @@ one write forever). The feed reads them in position order:
 
 Which changes are read (the reader's consistency modes)
 -------------------------------------------------------
-``"strong"`` (default): per region, the entries up to the region manifest's
-``replay_after_wal_entry_position`` (flushed into generations); ``"latest"``: also the
-durable entries not flushed yet (up to the first missing position); ``writers=[...]``:
+``"latest"`` (default, as for every reader): per region, the entries up to the region
+manifest's ``replay_after_wal_entry_position`` (flushed into generations) and the
+durable entries not flushed yet (up to the first missing position); ``"strong"``: only
+the flushed ones; ``writers=[...]``:
 the regions of those writers as with ``"latest"`` (their acknowledged writes; rows of a
 non-durable writer that have not reached the WAL yet have no position and are not
 included). A region's manifest is read before its entries, so every entry up to the
@@ -65,6 +66,7 @@ from memwal_query.exceptions import (
 from memwal_query.format.manifest import RegionManifest, RegionManifestStore
 from memwal_query.format.schema import storage_schema
 from memwal_query.format.wal import TOMBSTONE, Wal, conform_entry
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.storage import paths
 
 if TYPE_CHECKING:
@@ -88,7 +90,7 @@ SEQ_SHIFT = 32
 """``_seq = position << SEQ_SHIFT | row`` (a WAL entry holds fewer than 2**32 rows)."""
 CONSUMERS_DIR = "_consumers"
 _CONSUMER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_MODES = ("strong", "latest")
+_MODES = ("latest", "strong")
 
 
 # -- cursors ---------------------------------------------------------------------------
@@ -349,7 +351,7 @@ def changes(
     table: Catalog,
     since: Any = None,
     *,
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     writers: Sequence[RegionWriter] | None = None,
     regions: Sequence[str] | None = None,
     max_rows: int | None = None,
@@ -364,8 +366,8 @@ def changes(
         A cursor from an earlier call, a base version, a timestamp, or None for the
         earliest change still available.
     consistency : str
-        ``"strong"`` (flushed changes) or ``"latest"`` (also durable WAL entries not
-        flushed yet).
+        ``"latest"`` (default: flushed changes and the durable WAL entries not
+        flushed yet) or ``"strong"`` (flushed changes only).
     writers : list of RegionWriter, optional
         Their regions are read as with ``"latest"`` (read-your-writes).
     regions : list of str, optional
@@ -528,7 +530,7 @@ def _spec_rank(table: Catalog, region_id: str) -> int:
     return 0 if manifest is None else manifest.region_spec_id
 
 
-def end_cursor(table: Catalog, consistency: str = "strong") -> Cursor:
+def end_cursor(table: Catalog, consistency: str = DEFAULT_CONSISTENCY) -> Cursor:
     """The cursor at the end of the feed now (per region: the flush position, or with
     ``"latest"`` the last contiguous WAL entry), without reading any change."""
     if consistency not in _MODES:

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from memwal_query.catalog import as_catalog
 from memwal_query.exceptions import MemWalError
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 
 if TYPE_CHECKING:
     import datafusion
@@ -63,7 +64,7 @@ def register_changes_function(
         if table is None:
             raise MemWalError(f"no MemWAL table named {vals[0]!r} (known: {sorted(tables)})")
         since = vals[1] if len(vals) > 1 and vals[1] not in (None, "") else None
-        consistency = str(vals[2]) if len(vals) > 2 else "strong"
+        consistency = str(vals[2]) if len(vals) > 2 else DEFAULT_CONSISTENCY
         result = changes(as_catalog(table), since, consistency=consistency).table
         import pyarrow.dataset as pads
 

@@ -555,9 +555,9 @@ class MemWalDataset(pads.Dataset):
     ----------
     table : Catalog
     consistency : str
-        ``"strong"`` (region manifests + writers' MemTables), ``"latest"`` (+ every
-        region's durable unflushed WAL entries) or ``"eventual"`` (region
-        snapshots in the MemWAL index).
+        ``"latest"`` (default: region manifests + writers' MemTables + every region's
+        durable unflushed WAL entries), ``"strong"`` (without the WAL entries) or
+        ``"eventual"`` (region snapshots in the MemWAL index).
     writers : list of RegionWriter, optional
         In-process writers whose unflushed MemTables are read too.
     meta_columns : bool
@@ -576,7 +576,7 @@ class MemWalDataset(pads.Dataset):
     def __init__(
         self,
         table: Catalog,
-        consistency: str = "strong",
+        consistency: str = view.DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
         meta_columns: bool = False,
         base_partitions: int = 2,

@@ -3,14 +3,17 @@
 A **View** (:class:`ReadPlan`) is immutable: the base table at one version ``V``, the
 MemWAL index read from that same version, per region the flushed generations above the
 merged one, the MemTables of the writers handed in, and with ``consistency="latest"``
-the durable WAL entries above each region's last flushed generation. Every reader (the
-DataFusion provider, lookup, vector and full-text search, the Spark reader) answers from
-one View with one deduplication (:func:`memwal_query.read.dedup.newest_indices`).
+(:data:`DEFAULT_CONSISTENCY`, every reader's default) the durable WAL entries above each
+region's last flushed generation, every acknowledged write of any process
+(:mod:`memwal_query.read.waltail`). Every reader (the DataFusion provider, lookup,
+vector and full-text search, the Spark reader) answers from one View with one
+deduplication (:func:`memwal_query.read.dedup.newest_indices`).
 
 :func:`resolve` reads the pieces in an order that makes every combination a state the
 table had (no torn reads), re-resolving up to :data:`RESOLVE_ATTEMPTS` times when the
-base version disappears meanwhile; :func:`resolve_as_of` resolves a past moment. A
-piece found gone afterwards is a typed :class:`~memwal_query.exceptions.
+base version disappears meanwhile, or when it merged a generation flushed after a
+manifest whose WAL tail was read (:func:`_check_tails`); :func:`resolve_as_of` resolves
+a past moment. A piece found gone afterwards is a typed :class:`~memwal_query.exceptions.
 BaseVersionGoneError` or :class:`~memwal_query.exceptions.GenerationGoneError`, never an
 empty part. Why the order is consistent, and how long a View stays readable:
 ``docs/architecture.md``, "The pinned view".
@@ -30,6 +33,7 @@ from memwal_query.exceptions import (
     MemWalError,
     ObjectNotFoundError,
 )
+from memwal_query.read import waltail
 from memwal_query.storage import paths
 from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
@@ -41,9 +45,6 @@ if TYPE_CHECKING:
     from memwal_query.format.index import MemWalIndex
     from memwal_query.format.manifest import RegionManifest
     from memwal_query.write.writer import RegionWriter
-
-
-CONSISTENCY_MODES = ("strong", "eventual", "latest")
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class ReadPlan:
     pruned : list[str]
         Region ids skipped by region pruning.
     consistency : str
-        ``"strong"`` or ``"eventual"``.
+        ``"latest"``, ``"strong"`` or ``"eventual"``.
     """
 
     base: lance.LanceDataset
@@ -121,7 +122,11 @@ class ReadPlan:
         return "\n".join(lines)
 
 
-CONSISTENCY_MODES = ("strong", "eventual", "latest")
+DEFAULT_CONSISTENCY = "latest"
+"""The consistency every reader uses unless told otherwise: every acknowledged write
+(region manifests + the durable WAL entries not flushed yet, see
+:mod:`memwal_query.read.waltail`)."""
+CONSISTENCY_MODES = ("latest", "strong", "eventual")
 RESOLVE_ATTEMPTS = 5
 DEFAULT_MAX_STALENESS = 60.0
 """Seconds: an ``eventual`` snapshot older than this is not used (manifests instead)."""
@@ -132,13 +137,9 @@ View = ReadPlan
 _State = tuple[Any, list[tuple[int, str]]]
 
 
-class _Replan(Exception):
-    """Internal: the pieces read do not fit together; resolve again."""
-
-
 def resolve(
     table: Catalog,
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
     max_staleness: float | None = DEFAULT_MAX_STALENESS,
@@ -152,9 +153,10 @@ def resolve(
     ----------
     table : Catalog
     consistency : str
-        ``"strong"`` (region manifests), ``"eventual"`` (index snapshots, at most
-        ``max_staleness`` old) or ``"latest"`` (manifests + durable WAL entries not yet
-        flushed, i.e. acknowledged writes of every process).
+        ``"latest"`` (default: manifests + durable WAL entries not yet flushed, i.e.
+        every acknowledged write of every process), ``"strong"`` (region manifests:
+        flushed rows only) or ``"eventual"`` (index snapshots, at most
+        ``max_staleness`` old).
     writers : list of RegionWriter, optional
         In-process writers whose MemTables are read too (read-your-writes).
     predicates : list, optional
@@ -182,10 +184,10 @@ def resolve(
             raise MemWalError(f"writer of region {w.region_id} writes another table {w.table.uri}")
         mem_by_region.setdefault(w.region_id, []).extend(w.memtables())
     last: Exception | None = None
-    for _attempt in range(RESOLVE_ATTEMPTS):
+    for attempt in range(RESOLVE_ATTEMPTS):
         try:
             return _resolve_once(
-                table, consistency, mem_by_region, predicates, max_staleness, writers
+                table, consistency, mem_by_region, predicates, max_staleness, writers, attempt > 0
             )
         except _Replan as e:
             last = e
@@ -194,8 +196,14 @@ def resolve(
             last = e
     raise BaseVersionGoneError(
         f"{table.uri}: could not resolve a consistent view in {RESOLVE_ATTEMPTS} attempts "
-        f"(base versions cleaned up meanwhile): {last}"
+        f"(base versions cleaned up, or WAL tails flushed, merged and collected, "
+        f"meanwhile): {last}"
     )
+
+
+class _Replan(Exception):
+    """Internal: the pieces read do not fit together; resolve again (reading every
+    region manifest anew)."""
 
 
 def _resolve_once(
@@ -205,6 +213,7 @@ def _resolve_once(
     predicates: list[tuple[str, str, Any]] | None,
     max_staleness: float | None,
     writers: Sequence[RegionWriter] | None,
+    fresh: bool = False,
 ) -> ReadPlan:
     writer_regions = {w.region_id for w in writers or ()}
     wal_tails: dict[str, list[MemTableSnapshot]] = {}
@@ -216,23 +225,55 @@ def _resolve_once(
         index = table.index(base)
         states = _snapshot_states(table, index, max_staleness)
         if states is None:  # no usable snapshot: strong, resolved in the safe order
-            return _resolve_once(table, "strong", mem_by_region, predicates, None, writers)
+            return _resolve_once(table, "strong", mem_by_region, predicates, None, writers, fresh)
         states.update(own)
     else:
-        manifests, pruned = _manifests(table, predicates)
-        states = {r: _state_of(table, r, m) for r, m in manifests.items()}
+        wanted, pruned = _wanted(table, predicates)
         if consistency == "latest":
-            for region_id, m in manifests.items():
-                # A sealed region (spec change, drop) takes no more WAL entries: one
-                # after its replay position was never acknowledged (its writer was
-                # fenced by the seal), so it is not read.
-                if region_id not in writer_regions and not m.sealed:
-                    wal_tails[region_id] = _wal_tail(table, region_id, m)
+            # Regions whose first unflushed position is missing keep the manifest read
+            # last time (waltail: as good as the newest); the others are read as for
+            # strong, then their WAL tails. A sealed region (spec change, drop) takes no
+            # more WAL entries: one after its replay position was never acknowledged
+            # (its writer was fenced by the seal), so it is not read. The writers'
+            # regions are read from memory.
+            probes = waltail.Probes(
+                table, [] if fresh else [r for r in wanted if r not in writer_regions]
+            )
+            unchanged = probes.unchanged()
+            manifests = _read_manifests(table, [r for r in wanted if r not in unchanged])
+            unflushed = {
+                r: m for r, m in manifests.items() if r not in writer_regions and not m.sealed
+            }
+            wal_tails = waltail.tails(table, unflushed, probes)
+            manifests.update(unchanged)
+        else:
+            manifests = _read_manifests(table, wanted)
+        states = {r: _state_of(table, r, m) for r, m in manifests.items()}
         base = table.dataset()
         index = table.index(base)  # progress of exactly the version we read
+        if consistency == "latest":
+            _check_tails(index, manifests, writer_regions)
     return _build(
         table, consistency, base, index, states, mem_by_region, wal_tails, predicates, pruned
     )
+
+
+def _check_tails(
+    index: MemWalIndex, manifests: dict[str, RegionManifest], writer_regions: set[str]
+) -> None:
+    """_Replan when the base version read merged a generation flushed after a region
+    manifest whose WAL tail was read: GC may then have removed WAL entries of that tail
+    (the first missing position the tail stopped at), with acknowledged entries after
+    them (see :mod:`memwal_query.read.waltail`)."""
+    merged = index.merged_generations()
+    for region_id, m in manifests.items():
+        if region_id in writer_regions or m.sealed:
+            continue
+        if merged.get(region_id, 0) >= m.current_generation:
+            raise _Replan(
+                f"region {region_id}: generation {merged[region_id]} was flushed and merged "
+                f"after manifest version {m.version} was read"
+            )
 
 
 def _build(
@@ -290,10 +331,10 @@ def _gen_uri(table_uri: str, region_id: str, gen_dir: str) -> str:
     return paths.generation_path(table_uri, region_id, gen_dir)
 
 
-def _manifests(
+def _wanted(
     table: Catalog, predicates: list[tuple[str, str, Any]] | None = None
-) -> tuple[dict[str, RegionManifest], list[str]]:
-    """The regions' manifests, and the regions pruned *before* reading theirs.
+) -> tuple[list[str], list[str]]:
+    """The regions whose manifests to read, and the regions pruned *before* reading theirs.
 
     A region whose values are known from an earlier read (they are fixed when the region
     is created) and cannot match ``predicates`` is not read at all (a lookup routed
@@ -309,9 +350,7 @@ def _manifests(
                 pruned.append(region_id)
                 continue
         wanted.append(region_id)
-    read = _read_manifests(table, wanted)
-    out = {r: m for r, m in zip(wanted, read) if m is not None}
-    return out, pruned
+    return wanted, pruned
 
 
 class _Pruner:
@@ -343,14 +382,16 @@ is a round trip; 64 regions one after the other would cost 64 of them)."""
 _MANIFEST_READER_POOL = ThreadPoolExecutor(MANIFEST_READERS, thread_name_prefix="memwal-manifest")
 
 
-def _read_manifests(table: Catalog, region_ids: list[str]) -> list[RegionManifest | None]:
-    """:meth:`Catalog.region_manifest` of each region (the newest version: one HEAD of
-    the next version when the cached one is still the newest), up to
+def _read_manifests(table: Catalog, region_ids: list[str]) -> dict[str, RegionManifest]:
+    """:meth:`Catalog.region_manifest` of each region that has one (the newest version:
+    one HEAD of the next version when the cached one is still the newest), up to
     :data:`MANIFEST_READERS` regions at a time on an object store (one after the other
     on a local file system: :attr:`FileIO.parallel_requests`)."""
     if len(region_ids) <= 2 or not table.io.parallel_requests:
-        return [table.region_manifest(r) for r in region_ids]
-    return in_chunks(_MANIFEST_READER_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
+        read = [table.region_manifest(r) for r in region_ids]
+    else:
+        read = in_chunks(_MANIFEST_READER_POOL, table.region_manifest, region_ids, MANIFEST_READERS)
+    return {r: m for r, m in zip(region_ids, read) if m is not None}
 
 
 def _state_of(table: Catalog, region_id: str, manifest: RegionManifest) -> _State:
@@ -382,42 +423,6 @@ def _snapshot_states(
     return read_snapshots(
         table.io, table.uri, index, spec.spec_id, [f.field_id for f in spec.fields]
     )
-
-
-def _wal_tail(table: Catalog, region_id: str, manifest: RegionManifest) -> list[MemTableSnapshot]:
-    """Durable WAL entries after the manifest's replay position, as MemTable snapshots
-    (one per generation recorded in the entries), oldest first.
-
-    Entries are read until the first missing position. If that position was flushed
-    meanwhile (a newer manifest replays past it) the entries may have been garbage
-    collected after a merge: the view is resolved again rather than reading a gap.
-    """
-    from memwal_query.format.schema import storage_schema
-    from memwal_query.format.wal import Wal, conform_entry
-
-    wal = Wal(table.io, paths.wal_dir(table.uri, region_id), region_id)
-    schema = storage_schema(table.schema)
-    position = manifest.replay_after_wal_entry_position + 1
-    by_gen: dict[int, list[Any]] = {}
-    while True:
-        try:
-            entry = wal.read(position)
-        except ObjectNotFoundError:
-            break
-        gen = entry.generation if entry.generation is not None else manifest.current_generation
-        rows = conform_entry(wal.path(position), entry.table, schema, table.primary_key)
-        by_gen.setdefault(gen, []).append(rows)
-        position += 1
-    if not by_gen:
-        fresh = table.region_manifest(region_id)
-        if fresh is not None and fresh.replay_after_wal_entry_position >= position:
-            raise _Replan(f"region {region_id}: WAL entry {position} was flushed meanwhile")
-        return []
-    out = []
-    for gen, tables in sorted(by_gen.items()):
-        batches = tuple(b for t in tables for b in t.to_batches())
-        out.append(MemTableSnapshot(region_id, gen, batches, schema))
-    return out
 
 
 # -- time travel -----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from memwal_query.format.schema import (
     ROWADDR_COLUMN,
 )
 from memwal_query.read import sources
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.search.caches import BASE_FTS_STATS
 from memwal_query.search.common import _BOUND_MAX_FETCH, _BOUND_SLACK, K1, ROWID, SCORE, B
 from memwal_query.search.genblock import BLOCK_MIN_GENERATIONS
@@ -210,7 +211,7 @@ def fts_search(
     writers: Sequence[RegionWriter] | None = None,
     *,
     columns: Sequence[str] | None = None,
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """Top-``k`` live rows of a BM25 full-text match on ``column`` across every source.
@@ -232,7 +233,8 @@ def fts_search(
     columns : list of str, optional
         Output columns (default: all table columns).
     consistency : str
-        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.read.view`).
+        ``"latest"`` (default: every acknowledged write), ``"strong"`` or ``"eventual"``
+        (see :mod:`memwal_query.read.view`).
     debug : dict, optional
         As for :func:`vector_search`, plus ``stats`` (global N, avgdl, df).
 

@@ -27,6 +27,7 @@ from memwal_query.format.schema import (
 )
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import KeySet
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.search.common import _IDX
 from memwal_query.search.forget import forget_merged
 from memwal_query.search.generations import _gen_info
@@ -185,7 +186,7 @@ def resolve_search(
     table: Catalog,
     column: str | None = None,
     kind: str = "vector",
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     writers: Sequence[RegionWriter] | None = None,
     predicates: list[tuple[str, str, Any]] | None = None,
 ) -> SearchPlan:

@@ -83,7 +83,7 @@ def lookup(
     columns: Sequence[str] | None = None,
     writers: Sequence[RegionWriter] | None = None,
     *,
-    consistency: str = "strong",
+    consistency: str = view.DEFAULT_CONSISTENCY,
     debug: dict[str, Any] | None = None,
     as_of: Any = None,
 ) -> pa.Table:
@@ -101,7 +101,8 @@ def lookup(
         Writers whose MemTables are read too (default: none;
         :meth:`MemWalTable.lookup` and the other methods pass the table's own writers).
     consistency : str
-        ``"strong"``, ``"eventual"`` or ``"latest"`` (see :mod:`memwal_query.read.view`).
+        ``"latest"`` (default: every acknowledged write), ``"strong"`` or ``"eventual"``
+        (see :mod:`memwal_query.read.view`).
     debug : dict, optional
         Filled with per-source counters (``sources``) and the read plan.
     as_of : int, datetime or str, optional

@@ -87,8 +87,8 @@ def register_search_functions(
         SELECT * FROM lookup('events', [1, 2, 3])
 
     The search runs when DataFusion plans the query (the function's result is a
-    table), with strong consistency and the MemTables of ``writers`` (else of
-    ``default_writers``). An empty filter string means none.
+    table), with the default consistency (every acknowledged write) and the MemTables
+    of ``writers`` (else of ``default_writers``). An empty filter string means none.
     """
     from datafusion import Table, udtf
 

@@ -17,6 +17,7 @@ from memwal_query.exceptions import (
 )
 from memwal_query.format import baseindex
 from memwal_query.read import sources
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.search import genblock
 from memwal_query.search.caches import OPEN_GENERATIONS
 from memwal_query.search.common import (
@@ -101,7 +102,7 @@ def vector_search(
     writers: Sequence[RegionWriter] | None = None,
     *,
     columns: Sequence[str] | None = None,
-    consistency: str = "strong",
+    consistency: str = DEFAULT_CONSISTENCY,
     debug: dict[str, Any] | None = None,
 ) -> pa.Table:
     """K nearest live rows of ``column`` to ``query`` across every source.
@@ -133,8 +134,9 @@ def vector_search(
     columns : list of str, optional
         Output columns (default: all table columns).
     consistency : str
-        ``"strong"`` (region manifests), ``"eventual"`` (MemWAL index snapshots) or
-        ``"latest"`` (+ durable unflushed WAL entries; see :mod:`memwal_query.read.view`).
+        ``"latest"`` (default: region manifests + durable unflushed WAL entries),
+        ``"strong"`` (region manifests) or ``"eventual"`` (MemWAL index snapshots); see
+        :mod:`memwal_query.read.view`.
     debug : dict, optional
         Filled with ``plan`` (:class:`SearchPlan`), ``explain`` (text), ``sources``
         (per-source counters) and ``base_lance_plan`` (Lance's plan of the base query).

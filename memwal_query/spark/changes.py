@@ -43,6 +43,7 @@ from memwal_query.read.changes import (
     start_cursor,
 )
 from memwal_query.read.consumers import _earliest_positions
+from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.spark._common import (
     _spark_compatible,
     _spark_schema,
@@ -100,7 +101,7 @@ class _ChangesReading:
         self.uri = uri
         self.options = {k.lower(): v for k, v in options.items()}
         self.storage_options = _storage_options(self.options)
-        self.consistency = self.options.get("consistency", "strong")
+        self.consistency = self.options.get("consistency", DEFAULT_CONSISTENCY)
         self.spark_schema = schema
 
     def _read_region(self, part: RegionChanges) -> Iterator[pa.RecordBatch]:

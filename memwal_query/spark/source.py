@@ -7,9 +7,10 @@ Register once per session with :func:`register_source`, then::
     df = spark.read.format("memwal").schema("id long, val double").load(uri)
 
 It returns the same rows as the DataFusion provider (:meth:`MemWalTable.provider`) with
-the same consistency (``option("consistency", "strong" | "eventual" | "latest")``,
-default ``strong``): the newest version of every key, deletes applied. Unflushed
-MemTables live in their writer's process; ``latest`` reads their durable WAL entries.
+the same consistency (``option("consistency", "latest" | "strong" | "eventual")``,
+default ``latest``): the newest version of every key, deletes applied. Unflushed
+MemTables live in their writer's process; ``latest`` reads their durable WAL entries,
+so every acknowledged write is read.
 
 Partitions (planned by Spark's planning worker)
 -----------------------------------------------
@@ -376,7 +377,7 @@ class MemWalReader(DataSourceReader):
         self.uri = uri
         self.options = options
         self.schema = schema
-        self.consistency = options.get("consistency", "strong")
+        self.consistency = options.get("consistency", view.DEFAULT_CONSISTENCY)
         self.as_of = options.get("as_of")  # time travel (memwal_query.read.view.resolve_as_of)
         self.rows_per_split = int(
             option(options, "rows_per_split", "rowspersplit", DEFAULT_ROWS_PER_SPLIT)
@@ -531,7 +532,7 @@ class MemWalDataSource(DataSource):
     """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
 
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
-    ``consistency`` (``strong``/``eventual``/``latest``), ``rows_per_split`` (rows per
+    ``consistency`` (``latest`` (default)/``strong``/``eventual``), ``rows_per_split`` (rows per
     partition; partitions are balanced), ``push_filters`` (``true`` to enable filter
     pushdown: only for a DataFrame that runs a single query reading it once, see the
     module docs), ``as_of`` (time travel:
@@ -599,7 +600,7 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
 
     opts = {str(k).lower(): v for k, v in options.items()}
     table = open_table(uri, _storage_options(opts))
-    consistency = opts.get("consistency", "strong")
+    consistency = opts.get("consistency", view.DEFAULT_CONSISTENCY)
     if consistency not in CONSISTENCY_MODES:
         raise MemWalError(
             f"memwal data source: option consistency={consistency!r}: use one of "
@@ -692,7 +693,7 @@ def changes_frame(
     """
     register_source(spark)
     table = open_table(uri, _storage_options(options))
-    consistency = options.get("consistency", "strong")
+    consistency = options.get("consistency", view.DEFAULT_CONSISTENCY)
     start = _changes._start(table, None if since is None else str(since))
     end = _changes.end_cursor(table.catalog, consistency)
     merged = _changes.Cursor({**start.positions, **end.positions}, table.catalog.lineage)

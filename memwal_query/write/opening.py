@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from memwal_query.catalog import one_region
 from memwal_query.exceptions import RegionSpecError, SpecChangedError
 from memwal_query.storage import paths
+from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
 from memwal_query.write.writer import RegionWriter
 from memwal_query.write.writer_state import (
     DEFAULT_MAX_MEMTABLE_AGE,
@@ -58,6 +59,7 @@ class WriterOptions:
     backpressure_timeout: float | None = None
     max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES
     max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options as keyword arguments of ``RegionWriter``."""

@@ -5,12 +5,18 @@ Rows are split by region value (:func:`split_by_region`), each region's part goe
 that region's writer (one per region, opened on first use and shared by every thread),
 concurrently; a writer fenced by another writer of its region is claimed again and the
 call retried (:meth:`RoutedWriters._retry_fenced`).
+
+When the interpreter exits normally, the writers still open are flushed and closed
+(:func:`_flush_at_exit`), so rows written by a script that never called ``close`` reach
+a generation (they are durable and visible before that, in the WAL).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -229,6 +235,7 @@ class RoutedWriters:
             if w is None:
                 w = self.opener.open(region_values=values, spec_id=spec_id, options=self.options)
                 self._writers[region_id] = w
+                _flush_at_exit_later(self)
             return w
 
     def writers(self) -> list[RegionWriter]:
@@ -270,6 +277,49 @@ class RoutedWriters:
                     w.close(flush=False)
                 except FencedError:
                     pass  # its acknowledged rows are in the WAL: the region's next writer has them
+
+
+log = logging.getLogger(__name__)
+
+_OPEN: weakref.WeakSet[RoutedWriters] = weakref.WeakSet()
+_exit_hook = threading.Lock()
+_hooked = False
+
+
+def _flush_at_exit_later(routed: RoutedWriters) -> None:
+    """Have ``routed``'s writers flushed and closed when the interpreter exits.
+
+    The hook is a *threading* exit hook, registered after ``concurrent.futures``
+    registered its own: those run in reverse order before the interpreter joins its
+    threads, so ours runs while thread pools (the flush executors, :func:`concurrently`)
+    still accept work; an ``atexit`` hook would run after they stopped.
+    """
+    global _hooked
+    _OPEN.add(routed)
+    with _exit_hook:
+        if _hooked:
+            return
+        import atexit
+        import concurrent.futures.thread  # noqa: F401  (registers its hook first)
+
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            if register is None:
+                raise RuntimeError("no threading exit hooks")
+            register(_flush_at_exit)
+        except RuntimeError:
+            atexit.register(_flush_at_exit)
+        _hooked = True
+
+
+def _flush_at_exit() -> None:
+    """Flush and close every table's writers opened by ``MemWalTable.write``; a failure
+    is logged (the rows stay durable in the WAL for the next writer or maintainer)."""
+    for routed in list(_OPEN):
+        try:
+            routed.close(flush=True)
+        except Exception as e:  # noqa: BLE001 - exiting: report, never raise
+            log.warning("%s: writers not flushed at exit: %s", routed.catalog.uri, e)
 
 
 def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list[Any]:

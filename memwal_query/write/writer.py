@@ -65,6 +65,8 @@ from memwal_query.format.schema import (
 )
 from memwal_query.format.wal import Wal, WalEntry
 from memwal_query.storage import paths
+from memwal_query.write import liveness
+from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
 from memwal_query.write.memtable import MemTable, MemTableSnapshot
 from memwal_query.write.walpath import _WalPath
 from memwal_query.write.writer_state import (
@@ -115,6 +117,9 @@ class RegionWriter(_WalPath):
     max_memtable_age : float
         Seal and flush the MemTable once its oldest row is this old (seconds, default
         60), so an idle writer does not keep rows only in the WAL.
+    heartbeat_interval : float
+        Seconds between refreshes of the region's heartbeat (default 10), which tells
+        maintainers this writer is alive (:mod:`memwal_query.write.liveness`).
     region_values : dict, optional
         Region field values of this region (``{field_id: value}``); rows whose region
         value differs are rejected with :class:`WrongRegionError`. None: a region the
@@ -159,6 +164,7 @@ class RegionWriter(_WalPath):
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
         lookup: PartialLookup | None = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
         self.table = table
         self._lookup = lookup
@@ -174,6 +180,9 @@ class RegionWriter(_WalPath):
             raise ValueError(f"max_wal_entries must be >= 1, got {max_wal_entries}")
         if not max_memtable_age > 0:
             raise ValueError(f"max_memtable_age must be > 0, got {max_memtable_age}")
+        if not heartbeat_interval > 0:
+            raise ValueError(f"heartbeat_interval must be > 0, got {heartbeat_interval}")
+        self.heartbeat_interval = heartbeat_interval
         self.max_unflushed_memtables = max_unflushed_memtables
         self.backpressure_timeout = backpressure_timeout
         self.max_wal_entries = max_wal_entries
@@ -211,6 +220,14 @@ class RegionWriter(_WalPath):
             entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
             early = [(e, self._conform(e)) for e in entries]
         self._check_schema(claimed=False)
+        # Alive before claiming: a maintainer never takes over a region whose heartbeat
+        # is fresh, and the new claim is covered from its first moment.
+        self._heartbeat_owner = liveness.new_heartbeat(0, heartbeat_interval).owner
+        self.epoch = latest.writer_epoch + 1 if latest is not None else 1
+        self._last_beat = time.time()
+        self._heartbeat: liveness.Observed | None = liveness.beat(
+            table.io, table.uri, self.region_id, self._new_beat(self._last_beat)
+        )
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
@@ -237,6 +254,7 @@ class RegionWriter(_WalPath):
             daemon=True,
         )
         self._ticker.start()
+        liveness.HEARTBEATS.add(self)
 
     def _check_schema(self, claimed: bool) -> None:
         """SchemaChangedError (and this writer closed) when the base table has columns
@@ -252,6 +270,8 @@ class RegionWriter(_WalPath):
         if changed:
             self._closed = True
             self._executor.shutdown(wait=False)
+            if claimed:
+                self._beat(closed=True)  # the region is free for the next writer
             raise SchemaChangedError(
                 f"{self.table.uri}: the table's column(s) {changed} were added or changed "
                 "after this table object read its schema; nothing was written. Open the "
@@ -269,6 +289,36 @@ class RegionWriter(_WalPath):
             self._closed = True
             self._executor.shutdown(wait=False)
             raise SpecChangedError(self.table.uri, routed_spec_id, current, self.region_id)
+
+    def _new_beat(self, now: float, closed: bool = False) -> liveness.Heartbeat:
+        return liveness.Heartbeat(
+            self._heartbeat_owner, self.epoch, now, self.heartbeat_interval, closed=closed
+        )
+
+    def _beat(self, closed: bool = False) -> None:
+        """Refresh this writer's heartbeat, or mark it ``closed``
+        (:mod:`memwal_query.write.liveness`): a compare-and-swap of its previous beat.
+        A fenced writer, or one whose heartbeat was taken over, stops beating. A
+        failed refresh is retried at the next beat."""
+        with self._cond:
+            seen = self._heartbeat
+            if seen is None or self._failed is not None or (self._closed and not closed):
+                liveness.HEARTBEATS.discard(self)
+                return
+        now = time.time()
+        try:
+            new = liveness.swap(
+                self.table.io, self.table.uri, self.region_id, seen, self._new_beat(now, closed)
+            )
+        except Exception:  # noqa: BLE001 - transient: the next beat tries again
+            self.stats.heartbeat_errors += 1
+            return
+        with self._cond:
+            self._heartbeat = new
+        if new is None:  # taken over by a maintainer: this writer is about to be fenced
+            liveness.HEARTBEATS.discard(self)
+            return
+        self._last_beat = now
 
     # -- recovery --------------------------------------------------------------------
     def _replay(
@@ -407,6 +457,8 @@ class RegionWriter(_WalPath):
                     self.sync()
         finally:
             self._closed = True
+            liveness.HEARTBEATS.discard(self)
+            self._beat(closed=True)
             self._executor.shutdown(wait=True)
             with self._cond:
                 self._cond.notify_all()

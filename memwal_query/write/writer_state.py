@@ -74,6 +74,7 @@ class WriterStats:
     flushed_generations: list[int] = field(default_factory=list)
     flush_errors: int = 0
     wal_write_errors: int = 0
+    heartbeat_errors: int = 0
 
 
 class _WriterState:
