@@ -1117,15 +1117,33 @@ class Alter:
         SchemaError
             A column exists already, is not nullable, has the NULL type or a reserved
             name (``_tombstone``...); the table is unchanged.
+        CommitConflictError
+            Other commits of the base table (merges, index updates) kept landing first;
+            each lost race is checked again and retried (with backoff) first.
         """
+        from memwal_query.exceptions import CommitConflictError
         from memwal_query.format.schema import new_fields
+        from memwal_query.maintain.merger import DEFAULT_MAX_RETRIES, _backoff, _is_conflict
 
         t = self._table
-        t._refresh_schema()
-        items = new_fields(fields, t.catalog.schema)
-        t.catalog.dataset().add_columns(items)
-        t._refresh_schema()
-        return t.catalog.schema
+        for attempt in range(1, DEFAULT_MAX_RETRIES + 1):
+            t._refresh_schema()
+            items = new_fields(fields, t.catalog.schema)
+            try:
+                t.catalog.dataset().add_columns(items)
+            except Exception as e:
+                if not _is_conflict(e):
+                    raise
+                # another commit (a merge, an index update) landed first: check again
+                # on the new version, then retry
+                _backoff(attempt)  # sleeps
+                continue
+            t._refresh_schema()
+            return t.catalog.schema
+        raise CommitConflictError(
+            f"{t.uri}: adding columns lost {DEFAULT_MAX_RETRIES} commit races with other "
+            "commits of the base table; try again"
+        )
 
 
 class Consumers:

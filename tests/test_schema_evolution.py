@@ -267,3 +267,30 @@ def test_lance_refuses_type_changes_on_a_memwal_table(tmp_path):
     with pytest.raises(OSError, match="MemWAL attached"):
         t.catalog.dataset().alter_columns({"path": "n", "data_type": pa.int64()})
     assert lance.dataset(t.uri).schema.field("n").type == pa.int32()
+
+
+def test_add_columns_retries_when_a_merge_commits_first(tmp_path, monkeypatch):
+    """A merge commits between add_columns reading the base and committing (Lance:
+    "preempted by concurrent transaction"): add_columns checks again and retries; the
+    merged rows and the column are both there."""
+    uri = str(tmp_path / "t")
+    t = _create(uri)
+    t.write(pd.DataFrame({"id": [4], "v": [4.0]}))
+    t.flush()
+    merger = mq.MemWalTable.open(uri)
+    add = lance.LanceDataset.add_columns
+    calls = []
+
+    def merge_first(self, *args, **kwargs):
+        calls.append(self.version)
+        if len(calls) == 1:
+            merger.maintenance.merge()  # commits a newer version of the base
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "add_columns", merge_first)
+    monkeypatch.setattr("memwal_query.maintain.merger._backoff", lambda attempt: 0.0)
+    t.alter.add_columns({"tag": pa.string()})
+    assert len(calls) == 2 and calls[1] > calls[0]
+    base = lance.dataset(uri)
+    assert base.schema.field("tag").type == pa.string()
+    assert sorted(r["id"] for r in base.to_table().to_pylist()) == [1, 2, 3, 4]
