@@ -235,6 +235,36 @@ class Catalog:
         """Base-table index names also built for flushed generations."""
         return list(self._index.details.maintained_indexes)
 
+    # -- schema ------------------------------------------------------------------------
+    def schema_changes(self, dataset: lance.LanceDataset | None = None) -> list[str]:
+        """Columns of the base table (``dataset``, default the latest version) that
+        :attr:`schema` lacks or has with another type: non-empty when another process
+        changed the schema (e.g. ``t.alter.add_columns``) since this catalog read it."""
+        ds = dataset if dataset is not None else self.dataset()
+        current = ds.schema
+        if current.equals(self.schema, check_metadata=True):
+            return []
+        return [
+            f.name
+            for f in current
+            if self.schema.get_field_index(f.name) < 0 or self.schema.field(f.name).type != f.type
+        ]
+
+    def refresh_schema(self) -> list[str]:
+        """Take the latest base schema as :attr:`schema` (and :attr:`lance_schema`);
+        returns the columns that were added or changed (see :meth:`schema_changes`).
+
+        Reads and searches that started before keep the columns they started with;
+        writers opened before refuse rows of the new schema (:class:`SchemaChangedError`)
+        and are opened again by the table.
+        """
+        ds = self.dataset()
+        changed = self.schema_changes(ds)
+        if changed or not ds.schema.equals(self.schema, check_metadata=True):
+            self.lance_schema = ds.lance_schema
+            self.schema = ds.schema
+        return changed
+
     # -- regions -----------------------------------------------------------------------
     @property
     def lineage(self) -> str:

@@ -122,6 +122,11 @@ class SchemaError(MemWalError, ValueError):
     """Input does not match the table schema (missing/extra column, wrong type...)."""
 
 
+class SchemaChangedError(SchemaError):
+    """The table gained columns since this object read its schema (another process
+    added them): nothing was written; open the table again (``MemWalTable.open``)."""
+
+
 class PrimaryKeyError(SchemaError):
     """The table has no primary key, or input has a missing/NULL primary-key value."""
 

@@ -32,7 +32,7 @@ from memwal_query.catalog import Catalog
 from memwal_query.catalog import (
     region_id_for as region_id_for,  # public, re-exported (memwal_query.region_id_for)
 )
-from memwal_query.exceptions import RegionSpecError
+from memwal_query.exceptions import RegionSpecError, SchemaChangedError, WriteIncompleteError
 from memwal_query.format.schema import coerce_rows
 from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.regions.checks import field_names
@@ -104,6 +104,7 @@ class MemWalTable:
         self._routed = RoutedWriters(self._opener)
         self._maintenance = Maintenance(self)
         self._consumers = Consumers(self)
+        self._alter = Alter(self)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -114,6 +115,7 @@ class MemWalTable:
         *,
         maintained_indexes: Iterable[str] | None = None,
         storage_options: dict[str, str] | None = None,
+        primary_key: str | Sequence[str] | None = None,
         primary_key_index: bool = True,
         reset: bool = False,
     ) -> MemWalTable:
@@ -122,7 +124,7 @@ class MemWalTable:
         Parameters
         ----------
         uri : str
-            The base table; it must have a primary key.
+            The base table.
         region_spec : RegionSpec, optional
             How rows map to regions (spec ids must be positive). None: the one-region
             spec :func:`~memwal_query.regions.spec.unsharded_spec` (every key in one
@@ -132,6 +134,13 @@ class MemWalTable:
             Names of base-table indexes to build for every flushed generation too.
         storage_options : dict, optional
             Lance-style storage options (object stores), used for every later access.
+        primary_key : str or list of str, optional
+            The key column(s) (a list for a composite key). Needed when the table does
+            not declare its key yet (Lance field metadata
+            ``lance-schema:unenforced-primary-key``): the columns are checked (they
+            exist, have a key type, hold no NULL and no key twice), then marked
+            (non-nullable, with that metadata). A key the table already declares may be
+            repeated; another one is a :class:`PrimaryKeyError`.
         primary_key_index : bool
             Create a BTREE scalar index on the (first) primary-key column when the base
             table has none (default), so that point lookups and the base side of
@@ -169,6 +178,95 @@ class MemWalTable:
             maintained_indexes=maintained_indexes,
             primary_key_index=primary_key_index,
             reset=reset,
+            primary_key=primary_key,
+        )
+        return cls(norm, options)
+
+    @classmethod
+    def create(
+        cls,
+        uri: str | os.PathLike,
+        data: Any,
+        *,
+        primary_key: str | Sequence[str],
+        region_spec: RegionSpec | None = None,
+        vector_columns: dict[str, int | None] | Sequence[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+        mode: str = "create",
+        primary_key_index: bool = True,
+    ) -> MemWalTable:
+        """Create a table from data (or a schema) with the key given here, and open it.
+
+        Writes the Lance base table with ``primary_key`` marked, then its MemWAL index
+        (what :meth:`initialize` does); ``memwal init --primary-key`` marks the key of
+        an existing table the same way.
+
+        Parameters
+        ----------
+        uri : str
+            Where the table goes (local path, ``s3://``, ``gs://``, ``az://``...).
+        data : table-like or pyarrow.Schema
+            The first rows: a pandas or Polars DataFrame, a pyarrow Table, RecordBatch
+            or RecordBatchReader, a dict of columns, anything exporting
+            ``__arrow_c_stream__``; or a ``pyarrow.Schema`` for an empty table. The
+            column types are the table's (give pyarrow types for exact ones).
+        primary_key : str or list of str
+            The key column(s): one name, or a list for a composite key. The columns
+            must exist and have a key type (integer, float, decimal, boolean, string,
+            binary, date, time, timestamp); they become non-nullable. A NULL key or a
+            key given twice in ``data`` is refused (nothing is written): the table
+            would have no single newest row for it.
+        region_spec : RegionSpec, optional
+            How rows map to regions (see :meth:`initialize`; default one region).
+        vector_columns : dict or list of str, optional
+            Columns of lists of numbers (a pandas column of arrays) to store as vectors
+            (``fixed_size_list``), which vector search and vector indexes need:
+            ``{"vec": 128}``, or ``["vec"]`` to take the length every row has. A row of
+            another length is a :class:`SchemaError`. Later writes cast lists into
+            such a column the same way.
+        storage_options : dict, optional
+            Object-store options, used for every later access.
+        mode : {"create", "overwrite"}
+            ``"create"`` refuses an existing table (:class:`AlreadyExistsError`);
+            ``"overwrite"`` replaces it (and removes what its MemWAL left in
+            ``_mem_wal/``: stop its writers first).
+        primary_key_index : bool
+            Build a BTREE index on the (first) key column (see :meth:`initialize`).
+
+        Returns
+        -------
+        MemWalTable
+
+        Raises
+        ------
+        PrimaryKeyError
+            A key column is absent or of another type, or ``data`` holds a NULL key or a
+            key twice (the message names the column or the value).
+        SchemaError
+            ``data`` cannot be converted, or a vector column has rows of another length.
+        AlreadyExistsError
+            ``mode="create"`` and a table exists at ``uri``.
+        RegionSpecError
+            The region spec does not fit the table (the new table is removed again).
+
+        Examples
+        --------
+        >>> t = MemWalTable.create(uri, df, primary_key="id")  # doctest: +SKIP
+        >>> t = MemWalTable.create(uri, df, primary_key=["tenant", "id"])  # doctest: +SKIP
+        """
+        from memwal_query.table_init import create_table
+
+        norm = normalize_uri(uri)
+        options = dict(storage_options or {})
+        create_table(
+            norm,
+            options,
+            data,
+            primary_key=primary_key,
+            vector_columns=vector_columns,
+            region_spec=region_spec,
+            primary_key_index=primary_key_index,
+            mode=mode,
         )
         return cls(norm, options)
 
@@ -222,6 +320,11 @@ class MemWalTable:
     def consumers(self) -> Consumers:
         """Change-feed consumers: register, list, drop."""
         return self._consumers
+
+    @property
+    def alter(self) -> Alter:
+        """Schema changes: add columns (see ``docs/schema.md``)."""
+        return self._alter
 
     # -- writing -----------------------------------------------------------------------
     def writer(
@@ -332,7 +435,9 @@ max_memtable_age, heartbeat_interval
             heartbeat_interval=heartbeat_interval,
         )
 
-    def write(self, data: Any, *, partial: bool = False) -> dict[str, int]:
+    def write(
+        self, data: Any, *, partial: bool = False, schema_mode: str | None = None
+    ) -> dict[str, int]:
         """Route rows to their regions by the region spec and put them.
 
         One writer per region is opened on first use and kept for later calls (close
@@ -344,6 +449,12 @@ max_memtable_age, heartbeat_interval
             Whole rows (every column). See :meth:`RegionWriter.put`.
         partial : bool
             Partial update: missing columns keep each key's current value.
+        schema_mode : {None, "merge"}
+            What to do with columns of ``data`` the table lacks: None (default) refuses
+            them (:class:`SchemaError` naming them, and this option); ``"merge"`` adds
+            them first, nullable, with the type they have in ``data``
+            (:meth:`Alter.add_columns`; rows written before read NULL for them), as
+            deltalake's ``write_deltalake(..., schema_mode="merge")``.
 
         Returns
         -------
@@ -371,6 +482,30 @@ max_memtable_age, heartbeat_interval
         routed to a region of a spec that is no longer the current one are routed again
         by the current spec.
         """
+        from memwal_query.format.schema import SCHEMA_MODES, to_table
+
+        if schema_mode not in SCHEMA_MODES:
+            raise ValueError(f"schema_mode must be one of {SCHEMA_MODES}, got {schema_mode!r}")
+        table = to_table(data, columns=self._catalog.schema.names)
+        self._add_input_columns(table, schema_mode)
+        return self._again_on_schema_change(lambda: self._write_rows(table, partial))
+
+    def _again_on_schema_change(self, call: Callable[[], dict[str, int]]) -> dict[str, int]:
+        """``call()``; when a writer found that another process changed the schema since
+        this object read it, take the new one and call again (whole-row upserts and
+        deletes are idempotent; rows that lack a column it added are then refused as
+        any such rows are)."""
+        try:
+            return call()
+        except (SchemaChangedError, WriteIncompleteError) as e:
+            errors = e.errors.values() if isinstance(e, WriteIncompleteError) else [e]
+            if not all(isinstance(x, SchemaChangedError) for x in errors):
+                raise
+        self._refresh_schema(close=True)
+        return call()
+
+    def _write_rows(self, data: pa.Table, partial: bool) -> dict[str, int]:
+        """Coerce ``data`` to the table schema and route it (see :meth:`write`)."""
         from memwal_query.format.schema import coerce_partial_rows
         from memwal_query.regions.spec import check_partial_sources
 
@@ -385,6 +520,26 @@ max_memtable_age, heartbeat_interval
             check_partial_sources(spec, missing, cat.lance_schema)
 
         return self._routed.route(rows, lambda w, part: w._put_routed(part, missing), check)
+
+    def _add_input_columns(self, data: pa.Table, schema_mode: str | None) -> None:
+        """Make the columns of ``data`` the table lacks known: another process may have
+        added them (take the new schema), or ``schema_mode="merge"`` adds them."""
+        from memwal_query.format.schema import extra_columns
+
+        if not extra_columns(data.schema, self._catalog.schema):
+            return
+        if self._catalog.schema_changes():
+            self._refresh_schema()
+        extra = extra_columns(data.schema, self._catalog.schema)
+        if extra and schema_mode == "merge":
+            self.alter.add_columns(extra)
+
+    def _refresh_schema(self, close: bool = False) -> None:
+        """Take the base table's current schema; when it changed (or ``close``), this
+        object's writers (opened with the old one) are closed, their rows left in the
+        WAL for the next writer to replay."""
+        if self._catalog.refresh_schema() or close:
+            self._routed.close(flush=False)
 
     def delete(self, keys: Any) -> dict[str, int]:
         """Route delete tombstones to their regions (the spec must read key columns only).
@@ -412,7 +567,9 @@ max_memtable_age, heartbeat_interval
                 )
 
         check(cat.routing_spec())
-        return self._routed.route(key_table, lambda w, part: w.delete(part), check)
+        return self._again_on_schema_change(
+            lambda: self._routed.route(key_table, lambda w, part: w.delete(part), check)
+        )
 
     @property
     def fence_retries(self) -> int:
@@ -925,6 +1082,68 @@ class Maintenance:
             return w.flush()
         finally:
             w.close(flush=False)
+
+
+class Alter:
+    """Schema changes of a table: ``t.alter`` (see ``docs/schema.md``).
+
+    Safe while writers, readers and maintenance run, in any process: rows written
+    before a change read NULL for an added column everywhere (SQL, search, the change
+    feed, Spark, the merger); a writer opened before it either writes its rows ahead of
+    every row carrying the column or is refused with :class:`SchemaChangedError`
+    (never dropping a value of the column).
+    """
+
+    def __init__(self, table: MemWalTable) -> None:
+        self._table = table
+
+    def add_columns(self, fields: Any) -> pa.Schema:
+        """Add nullable columns to the table (every existing row reads NULL for them).
+
+        Parameters
+        ----------
+        fields : pyarrow.Field, list of pyarrow.Field, pyarrow.Schema or dict
+            The new columns; ``{"name": type}`` for short, with a ``pyarrow.DataType``
+            or an Arrow type name (``"string"``, ``"int64"``, ``"timestamp[us]"``).
+            Only the schema changes (Lance ``add_columns``: no data is rewritten).
+
+        Returns
+        -------
+        pyarrow.Schema
+            The table's schema afterwards (also :attr:`MemWalTable.schema`).
+
+        Raises
+        ------
+        SchemaError
+            A column exists already, is not nullable, has the NULL type or a reserved
+            name (``_tombstone``...); the table is unchanged.
+        CommitConflictError
+            Other commits of the base table (merges, index updates) kept landing first;
+            each lost race is checked again and retried (with backoff) first.
+        """
+        from memwal_query.exceptions import CommitConflictError
+        from memwal_query.format.schema import new_fields
+        from memwal_query.maintain.merger import DEFAULT_MAX_RETRIES, _backoff, _is_conflict
+
+        t = self._table
+        for attempt in range(1, DEFAULT_MAX_RETRIES + 1):
+            t._refresh_schema()
+            items = new_fields(fields, t.catalog.schema)
+            try:
+                t.catalog.dataset().add_columns(items)
+            except Exception as e:
+                if not _is_conflict(e):
+                    raise
+                # another commit (a merge, an index update) landed first: check again
+                # on the new version, then retry
+                _backoff(attempt)  # sleeps
+                continue
+            t._refresh_schema()
+            return t.catalog.schema
+        raise CommitConflictError(
+            f"{t.uri}: adding columns lost {DEFAULT_MAX_RETRIES} commit races with other "
+            "commits of the base table; try again"
+        )
 
 
 class Consumers:

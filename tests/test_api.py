@@ -41,6 +41,12 @@ def test_namespaces_are_documented():
         assert f"`{name}(" in text
     for name in ("register", "list", "drop"):
         assert f"`{name}(" in text
+    assert "`add_columns(" in text
+
+
+def test_alter_namespace_surface(table):
+    assert sorted(n for n in dir(table.alter) if not n.startswith("_")) == ["add_columns"]
+    assert issubclass(mq.SchemaChangedError, mq.SchemaError)
 
 
 def test_options_are_keyword_only(table):
@@ -52,6 +58,10 @@ def test_options_are_keyword_only(table):
         table.maintenance.merge("r")  # type: ignore[misc]
     with pytest.raises(TypeError):
         mq.MemWalTable.initialize("x", None, ["idx"])  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        mq.MemWalTable.create("x", {"id": [1]}, "id")  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        table.write(basic_rows([1]), True)  # type: ignore[misc]
 
 
 def test_typed_results(table):

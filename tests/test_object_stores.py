@@ -1028,3 +1028,26 @@ def test_put_with_unknown_outcome_stops_trying_after_the_deadline(tmp_path, monk
         assert len(calls) == 1  # without the deadline: _PUT_ATTEMPTS tries
     finally:
         server.stop()
+
+
+def test_create_from_a_frame_and_add_a_column(backend):
+    """create with storage options, its failure cleanup, and add_columns on each store."""
+    import pandas as pd
+
+    uri = backend.uri("created")
+    df = pd.DataFrame({"id": [1, 2], "val": [1.0, 2.0]})
+    with pytest.raises(mq.PrimaryKeyError, match="occurs in 2 rows"):
+        mq.MemWalTable.create(
+            uri, pd.concat([df, df]), primary_key="id", storage_options=backend.storage_options
+        )
+    t = mq.MemWalTable.create(uri, df, primary_key="id", storage_options=backend.storage_options)
+    with pytest.raises(mq.AlreadyExistsError):
+        mq.MemWalTable.create(uri, df, primary_key="id", storage_options=backend.storage_options)
+    t.write(pd.DataFrame({"id": [3], "val": [3.0], "tag": ["c"]}), schema_mode="merge")
+    t.close()
+    again = mq.MemWalTable.open(uri, backend.storage_options)
+    assert sorted(again.to_table().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "val": 1.0, "tag": None},
+        {"id": 2, "val": 2.0, "tag": None},
+        {"id": 3, "val": 3.0, "tag": "c"},
+    ]

@@ -1038,6 +1038,20 @@ def test_write_refuses_missing_columns_unless_partial(spark, tmp_path):
     assert got[2] == (2.0, "n2")  # untouched
 
 
+def test_write_schema_mode_merge_adds_columns_and_the_reader_shows_them(spark, tmp_path):
+    t = new_table(tmp_path, base_ids=range(10))
+    df = spark_rows(spark, 5, 15).withColumn("score", F.col("id") * 10)
+    with pytest.raises(mq.SchemaError, match=r"\['score'\].*schema_mode='merge'"):
+        mqs.write(df, t.uri)
+    mqs.write(df, t.uri, schema_mode="merge")
+    fresh = mq.MemWalTable.open(t.uri)
+    assert fresh.schema.field("score").type == pa.int64()
+    got = spark_sql(spark, t.uri, "SELECT id, score FROM t ORDER BY id").to_pylist()
+    assert got == [{"id": i, "score": i * 10 if i >= 5 else None} for i in range(15)]
+    feed = spark.read.format("memwal").option("changes_since", "0").load(t.uri)
+    assert "score" in feed.columns
+
+
 def test_fenced_task_claims_its_region_again(spark, tmp_path, fault_dir):
     """Another writer claims a region right after a task's put (fault point): the task's
     next put, or its flush, is fenced; it claims the region again and finishes."""

@@ -140,18 +140,16 @@ def init(
     )
 
     from memwal_query.format import index as mwindex
-    from memwal_query.format.schema import PK_METADATA_KEY, primary_key_columns
     from memwal_query.storage.factory import file_io_for
     from memwal_query.table import MemWalTable
+    from memwal_query.table_init import check_key_columns, key_names
 
     try:
         ds = lance.dataset(uri)
     except Exception as e:  # noqa: BLE001
         raise click.ClickException(f"no Lance table at {uri}: {e}") from None
-    keys = [k.strip() for k in primary_key.split(",") if k.strip()]
-    missing = [k for k in keys if ds.schema.get_field_index(k) < 0]
-    if missing:
-        raise click.BadParameter(f"no column(s) {missing} in {uri}")
+    keys = key_names(primary_key)
+    check_key_columns(ds.schema, keys, uri)
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
     from memwal_query.table_init import check_no_leftover_regions
@@ -172,22 +170,8 @@ def init(
     absent = [m for m in maintain if m not in existing]
     if absent:
         raise click.BadParameter(f"no index {absent} on {uri} (existing: {sorted(existing)})")
-    if primary_key_columns(ds.schema) != keys:
-        nullable = [k for k in keys if ds.schema.field(k).nullable]
-        if nullable:
-            nulls = ds.to_table(
-                columns=nullable, filter=" OR ".join(f"{k} IS NULL" for k in nullable)
-            )
-            if nulls.num_rows:
-                raise click.ClickException(
-                    f"primary-key column(s) {nullable} hold {nulls.num_rows} NULL value(s)"
-                )
-            for k in nullable:  # Lance requires non-nullable primary-key columns
-                ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]
-            ds = lance.dataset(uri)
-        ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
     t = MemWalTable.initialize(
-        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
+        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset, primary_key=keys
     )
     spec = t.region_spec
     shown = "one region" if spec is None else spec.describe(t.catalog.lance_schema)
@@ -254,6 +238,12 @@ def _read_file(path: str, schema=None):
     is_flag=True,
     help="Partial update: columns missing from the files keep each key's current value.",
 )
+@click.option(
+    "--schema-mode",
+    type=click.Choice(["merge"]),
+    default=None,
+    help="merge: add the files' columns the table lacks (nullable) before writing.",
+)
 @_handle_errors
 def ingest(
     uri: str,
@@ -263,6 +253,7 @@ def ingest(
     batch_rows: int | None,
     flush: bool,
     partial: bool,
+    schema_mode: str | None,
 ) -> None:
     """Upsert rows from Parquet/CSV/JSON-lines/Arrow FILES (routed by the region spec).
 
@@ -272,7 +263,9 @@ def ingest(
     rows were made durable, and running it again converges to the same table (upserts
     are idempotent).
     """
-    from memwal_query.format.schema import coerce_partial_rows
+    import pyarrow as pa
+
+    from memwal_query.format.schema import coerce_partial_rows, extra_columns
     from memwal_query.storage.paths import validate_region_id
     from memwal_query.write.routing import split_by_region
 
@@ -281,9 +274,13 @@ def ingest(
     t = _open(uri)
     tables = []
     missing_by_file: list[list[str]] = []
+    schema = t.schema  # with the columns --schema-mode merge adds, once all files pass
     for f in files:
         try:
-            tb, missing = coerce_partial_rows(_read_file(f, t.schema), t.schema, t.primary_key)
+            raw = _read_file(f, schema)
+            if schema_mode == "merge":
+                schema = pa.schema([*schema, *extra_columns(raw.schema, schema)], schema.metadata)
+            tb, missing = coerce_partial_rows(raw, schema, t.primary_key)
         except SchemaError as e:  # name the file (PrimaryKeyError is a SchemaError)
             raise type(e)(f"{f}: {e}") from e
         if missing and not partial:
@@ -291,8 +288,12 @@ def ingest(
                 f"{f}: column(s) {missing} are missing: an upsert replaces whole rows; "
                 "give them, or pass --partial to keep their current values"
             )
-        tables.append(tb.select(t.schema.names) if not missing else tb)
+        tables.append(tb.select(schema.names) if not missing else tb)
         missing_by_file.append(missing)
+    added = [f for f in schema if t.schema.get_field_index(f.name) < 0]
+    if added:
+        t.alter.add_columns(added)
+        click.echo(f"added column(s) {', '.join(f'{f.name} {f.type}' for f in added)}", err=True)
     if region:
         region = validate_region_id(region)
         spec = t.region_spec
@@ -313,8 +314,6 @@ def ingest(
         return f"{done / max(time.perf_counter() - started, 1e-9):,.0f} rows/s"
 
     import signal
-
-    import pyarrow as pa
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

@@ -183,6 +183,7 @@ def write(
     partial: bool = False,
     fence_retries: int = DEFAULT_FENCE_RETRIES,
     num_partitions: int | None = None,
+    schema_mode: str | None = None,
 ) -> WriteResult:
     """Write a batch DataFrame into the table's regions (see the module docs).
 
@@ -233,6 +234,11 @@ def write(
         exponential backoff. Then the driver raises :class:`FencedError`.
     num_partitions : int, optional
         Deprecated spelling of ``parallelism``.
+    schema_mode : {None, "merge"}
+        Columns of the DataFrame the table lacks: None (default) refuses them;
+        ``"merge"`` adds them (nullable, with their Arrow types) before any task runs,
+        as :meth:`MemWalTable.write` does (``order_by`` columns that are not table
+        columns stay sort-only).
 
     Returns
     -------
@@ -251,6 +257,10 @@ def write(
     if parallelism is None:
         parallelism = max(1, df.sparkSession.sparkContext.defaultParallelism)
     order = [order_by] if isinstance(order_by, str) else list(order_by or [])
+    if schema_mode == "merge" and (mode == "upsert" or delete_column is not None):
+        _add_columns(df, uri, storage_options, [delete_column, *order])
+    elif schema_mode is not None:
+        raise ValueError(f"schema_mode must be None or 'merge', got {schema_mode!r}")
     options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
     )
@@ -382,7 +392,10 @@ def _check_columns(
     if mode == "upsert" or delete_column is not None:
         extra = [c for c in data if table.schema.get_field_index(c) < 0]
         if extra:
-            raise SchemaError(f"column(s) {extra} are not in the table schema {table.schema.names}")
+            raise SchemaError(
+                f"column(s) {extra} are not in the table schema {table.schema.names}; add "
+                "them with t.alter.add_columns(...), or write with schema_mode='merge'"
+            )
         _check_types(df, table, data)
     else:
         _check_types(df, table, table.primary_key)
@@ -391,6 +404,27 @@ def _check_columns(
         if flag is not None and not (pa.types.is_boolean(flag) or pa.types.is_integer(flag)):
             raise SchemaError(f"delete_column {delete_column!r} must be boolean, not {flag}")
     return ignore
+
+
+def _add_columns(
+    df: DataFrame, uri: str, storage_options: dict[str, str] | None, skip: list[str | None]
+) -> None:
+    """Add the DataFrame's columns the table lacks (``schema_mode="merge"``)."""
+    from memwal_query.format.schema import extra_columns
+
+    table = open_table(uri, storage_options)
+    names = [c for c in df.columns if c not in skip and c != REGION_COLUMN]
+    fields = []
+    for c in names:
+        if table.schema.get_field_index(c) >= 0:
+            continue
+        t = _arrow_type(df.schema[c].dataType)
+        if t is None:
+            raise SchemaError(f"column {c!r}: Spark type {df.schema[c].dataType} has no Arrow type")
+        fields.append(pa.field(c, t))
+    extra = extra_columns(pa.schema(fields), table.schema)
+    if extra:
+        table.alter.add_columns(extra)
 
 
 def _arrow_type(spark_type: Any) -> pa.DataType | None:

@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 from memwal_query.exceptions import (
     FencedError,
     MemWalError,
+    SchemaChangedError,
     SpecChangedError,
     WriterClosedError,
     WrongRegionError,
@@ -218,6 +219,7 @@ class RegionWriter(_WalPath):
             # (the epoch bound is checked against the claimed epoch in _replay)
             entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
             early = [(e, self._conform(e)) for e in entries]
+        self._check_schema(claimed=False)
         # Alive before claiming: a maintainer never takes over a region whose heartbeat
         # is fresh, and the new claim is covered from its first moment.
         self._heartbeat_owner = liveness.new_heartbeat(0, heartbeat_interval).owner
@@ -229,6 +231,7 @@ class RegionWriter(_WalPath):
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
+        self._check_schema(claimed=True)
         if latest is None or (
             manifest.replay_after_wal_entry_position != latest.replay_after_wal_entry_position
         ):
@@ -252,6 +255,29 @@ class RegionWriter(_WalPath):
         )
         self._ticker.start()
         liveness.HEARTBEATS.add(self)
+
+    def _check_schema(self, claimed: bool) -> None:
+        """SchemaChangedError (and this writer closed) when the base table has columns
+        the table's schema lacks: another process changed the schema since it was read.
+
+        Checked after the claim (and before it, to not fence a live writer for
+        nothing): a schema change committed before the claim is seen; one committed
+        after it comes with the claim of a writer that knows the new columns, which
+        fences this one. So every row of a region written after a column was added
+        either carries the column or comes before (in WAL order) every row that does.
+        """
+        changed = self.table.schema_changes()
+        if changed:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+            if claimed:
+                self._beat(closed=True)  # the region is free for the next writer
+            raise SchemaChangedError(
+                f"{self.table.uri}: the table's column(s) {changed} were added or changed "
+                "after this table object read its schema; nothing was written. Open the "
+                "table again (MemWalTable.open) to write with the new schema"
+                + (" (the region was claimed)" if claimed else "")
+            )
 
     def _check_spec_after_claim(self, routed_spec_id: int) -> None:
         """SpecChangedError (and this writer closed) when the table's current region
@@ -349,7 +375,15 @@ class RegionWriter(_WalPath):
 
     def _put_routed(self, rows: pa.Table, missing: Sequence[str] = ()) -> None:
         """Put rows already coerced and routed to this region (used by table.write);
-        ``missing``: columns of a partial update, filled from the keys' current rows."""
+        ``missing``: columns of a partial update, filled from the keys' current rows.
+        SchemaChangedError when they were coerced to another schema than this writer's
+        (the table's schema changed in between; nothing written)."""
+        if rows.schema.names != self._schema.names:
+            raise SchemaChangedError(
+                f"{self.table.uri}: the rows have columns {rows.schema.names}, this writer "
+                f"of region {self.region_id} writes {self._schema.names} (the schema "
+                "changed meanwhile); nothing was written"
+            )
         if missing:
             self._write_partial(rows, list(missing))
         else:
