@@ -249,6 +249,20 @@ def test_cli_deprecated_options_warn(tmp_path, base_uri):
     assert bad.exit_code != 0 and "not a duration" in bad.output
 
 
+def test_cli_ages_are_durations(base_uri):
+    """Every age or window option of the CLI takes the duration notation, the maintenance
+    recovery age included: the value reaches the policy as a timedelta."""
+    _cli("init", base_uri, "--primary-key", "id")
+    m = _cli("maintain", base_uri, "--dry-run", "--json", "--abandoned-after", "90s")
+    assert m.exit_code == 0, m.output
+    bad = _cli("maintain", base_uri, "--dry-run", "--abandoned-after", "300")
+    assert bad.exit_code == 2 and "not a duration" in bad.output
+    from memwal_query.cli.maintain import _policy
+
+    policy = _policy(8, 1000, None, None, False, True, True, True)
+    assert policy.abandoned_after == dt.timedelta(minutes=5)
+
+
 def test_durations():
     from memwal_query.cli.options import format_duration, parse_duration
 
