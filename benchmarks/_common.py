@@ -1,13 +1,18 @@
-"""Shared helpers of the benchmark scripts: timing, table printing, and the
-``(id, val, cat)`` rows several benchmarks write."""
+"""Shared helpers of the benchmark scripts: timing, table printing, the
+``(id, val, cat)`` rows several benchmarks write, a local SparkSession, stopping a
+child process."""
 
 from __future__ import annotations
 
 import os
 import platform
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -77,3 +82,32 @@ def make_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
         },
         schema=SCHEMA,
     )
+
+
+def local_spark(app: str, cores: int = 2) -> Any:
+    """A ``local[cores]`` SparkSession for benchmarks (no UI, quiet, workers run this
+    interpreter)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 30) -> None:
+    """Send ``sig`` to a child process and wait for it; kill it after ``timeout`` s."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -50,7 +50,7 @@ def main() -> None:
         lance.write_dataset(make_rows(np.arange(base_rows), rng), uri, schema=SCHEMA)
         ds = lance.dataset(uri)
         t = mq.MemWalTable.initialize(uri, region_spec=bucket_spec(ds, "id", 2))
-        before = t.dataset().version
+        before = t.catalog.dataset().version
         t.configure_writers(max_memtable_rows=n_changes // 4)
         new_keys = int(n_changes * 0.2)
         ids = np.concatenate(

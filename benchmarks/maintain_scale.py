@@ -1,4 +1,5 @@
-"""Maintenance at scale: ``t.maintain()`` vs one Lance ``merge_insert`` of the same rows.
+"""Maintenance at scale: ``t.maintenance.maintain()`` vs one Lance ``merge_insert`` of the
+same rows.
 
 A base of ``--rows`` rows (default 10,000,000; TPC-H ``lineitem``-like columns: key,
 two ints, two floats, a short string) with ``--regions`` bucket regions (default 8 and
@@ -6,7 +7,7 @@ two ints, two floats, a short string) with ``--regions`` bucket regions (default
 keys) and ``--deletes`` deletes (default 0.5%) written in ``--generations`` rounds, each
 flushed (every region gets a generation per round). Then, side by side in one run:
 
-- ``t.maintain()`` (the default policy: merge every due region, compaction by read cost,
+- ``t.maintenance.maintain()`` (the default policy: merge every due region, compaction by read cost,
   key index extended, snapshots, GC) against one ``merge_insert`` of the same newest
   rows into a copy of the base (and the same plus a ``when_matched_delete`` of the
   deleted keys: Lance's cheapest way to apply them), the plain run once just before
@@ -183,7 +184,9 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
             t.delete(pa.table({"id": pa.array(dels, pa.int64())}))
         t.flush()
     ingest = time.perf_counter() - started
-    gens = sum(len(t.region_manifest(r).flushed_generations) for r in t.region_ids())
+    gens = sum(
+        len(t.catalog.region_manifest(r).flushed_generations) for r in t.catalog.region_ids()
+    )
     t.close()
 
     live, dead = newest(rounds)
@@ -204,7 +207,7 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     t = mq.MemWalTable.open(ours)
     marks: list[tuple[str, float]] = []
     started = time.perf_counter()
-    report = t.maintain(
+    report = t.maintenance.maintain(
         progress=lambda step, done, total: marks.append((step, time.perf_counter()))
     )
     maintain_s = time.perf_counter() - started
@@ -246,7 +249,7 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     # A second pass that rewrites every fragment with a deletion file (what restoring
     # the read speed of a clean base costs when the merge touched every fragment).
     started = time.perf_counter()
-    compacted = t.maintain(MaintenancePolicy(compact_deleted_share=0.0))
+    compacted = t.maintenance.maintain(MaintenancePolicy(compact_deleted_share=0.0))
     compact_s = time.perf_counter() - started
     reader = mq.MemWalTable.open(ours)
     reader.to_table()

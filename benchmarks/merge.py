@@ -56,7 +56,7 @@ def main() -> None:
             return time.perf_counter() - s
 
         started = time.perf_counter()
-        merged = t.merge()
+        merged = t.maintenance.merge().merged
         ours = time.perf_counter() - started
         assert len(merged) == 3
 
@@ -76,7 +76,7 @@ def main() -> None:
         idle = [query() for _ in range(10)]
         during: list[float] = []
         merged2: list = []
-        merger = threading.Thread(target=lambda: merged2.extend(t.merge()))
+        merger = threading.Thread(target=lambda: merged2.extend(t.maintenance.merge().merged))
         merger.start()
         during.append(query())  # at least one query overlaps the merge
         while merger.is_alive():
@@ -89,7 +89,7 @@ def main() -> None:
             f"({machine()}, {time.strftime('%Y-%m-%d')})",
             ["merger", "seconds", "rows/s", "x merge_insert"],
             [
-                ["memwal_query t.merge()", ours, total / ours, plain_s / ours],
+                ["memwal_query t.maintenance.merge()", ours, total / ours, plain_s / ours],
                 ["Lance merge_insert (same rows)", plain_s, total / plain_s, 1.0],
             ],
         )

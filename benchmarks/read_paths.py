@@ -104,7 +104,7 @@ def setup(root: str, base_rows: int, key: str = "int64"):
 
 
 def native_snapshot(t: mq.MemWalTable, region_id: str) -> ShardSnapshot:
-    m = t.region_manifest(region_id)
+    m = t.catalog.region_manifest(region_id)
     snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)
     for g in m.flushed_generations:
         snap = snap.with_sstable(g.generation, g.path)
@@ -513,8 +513,11 @@ def main() -> None:
         assert got == want, (got, want)
         latest_rows = []
         for label, fn in (
-            ("resolve view: strong", lambda: view.resolve(other, "strong")),
-            ("resolve view: latest (reads WAL tail)", lambda: view.resolve(other, "latest")),
+            ("resolve view: strong", lambda: view.resolve(other.catalog, "strong")),
+            (
+                "resolve view: latest (reads WAL tail)",
+                lambda: view.resolve(other.catalog, "latest"),
+            ),
             (
                 "count(*) strong (flushed only)",
                 lambda: ctx.sql("SELECT count(*) FROM flushed").to_arrow_table(),

@@ -30,10 +30,10 @@ SLOW_SECONDS = 5.0  # a call slower than this is timed once
 
 def snapshots(t: mq.MemWalTable) -> list[ShardSnapshot]:
     """One native snapshot per region: its unmerged flushed generations."""
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     out = []
-    for region_id in t.region_ids():
-        m = t.region_manifest(region_id)
+    for region_id in t.catalog.region_ids():
+        m = t.catalog.region_manifest(region_id)
         if m is None:
             continue
         snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)

@@ -24,16 +24,43 @@ last-minute ratios, and it verifies the answer: every key's newest ``seq`` equal
 model kept alongside (nothing lost, nothing doubled, no deleted key back) - through
 the reader with live MemTables, after a final flush, and in the
 base table itself after a final full merge.
-"""
+
+
+Run on its own (``python benchmarks/scale_stream.py``) it is the at-scale stream: a
+10,000,000-row base (``--rows``; 20,000,000 with ``--large``) in 32 bucket regions
+(``--regions``), a sustained stream of upserts (a tenth of them new keys) and deletes
+(one value in 50) for ``--minutes`` (default 30) with ``memwal maintain URI --watch``
+alongside as a real process, and a reader process (this one) that runs ``count(*)``, a
+filtered aggregate and a 10-key lookup every ``--query-every`` seconds (default 5).
+The writer is a separate process: Python :meth:`MemWalTable.write` (default), or
+Spark Structured Streaming with ``--spark`` (a rate source, ``foreachBatch(mqs.sink(uri,
+delete_column=..., order_by="seq"))``, micro-batches every ``--trigger-seconds``). The
+stream's value ``v`` (0, 1, 2, ...) decides its row: key ``base + v // 10`` when
+``v % 10 == 0`` (a new key), else ``v * 1000003 mod base`` (an update), a delete when
+``v % 50 == 7``, ``seq = v``; so the model of the table after ``N`` values is computed
+at the end, whichever writer wrote them.
+
+The rate: ``--rate`` rows/s, or by default the highest the machine holds, found by a
+calibration burst (the Python writer writes flat out for ``--calibrate-seconds`` with
+the maintainer running) and streamed at ``--rate-share`` (0.6) of it; Spark: 20,000
+rows/s unless ``--rate`` is given, with the headroom (micro-batch seconds / trigger
+interval) and the rate it implies printed. Per minute: target and achieved rows/s,
+unmerged generations (mean, max), ``count(*)``, filtered and lookup p50, the reader's,
+maintainer's and writer's RSS, the maintainer's passes and merged generations, the load
+average; then last minute / first minute ratios, and the final checks: every key's
+newest ``seq`` against the model in the live reader, a reopened table, and the base
+table alone after the WAL tails are flushed and everything merged."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +70,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import pct, print_table  # noqa: E402
+from _common import local_spark, machine, pct, print_table, stop_process  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 from memwal_query.format.index import INDEX_NAME  # noqa: E402
@@ -235,7 +262,7 @@ def run_stream(
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     # plain Lance on the base table alone, sharing the table's Lance caches (same
     # entries: no second copy in this process's memory, and as warm as the table's)
-    plain = lance.dataset(uri, session=t.dataset().session())
+    plain = lance.dataset(uri, session=t.catalog.dataset().session())
     start = time.perf_counter()
     last_flush = minute_start = start
     written = minute_rows = 0
@@ -310,12 +337,7 @@ def run_stream(
         elapsed = time.perf_counter() - start
         t.flush()
     finally:
-        maint.send_signal(signal.SIGINT)
-        try:
-            maint.wait(30)
-        except subprocess.TimeoutExpired:
-            maint.kill()
-            maint.wait()
+        stop_process(maint)
         log.close()
     header = [
         "minute",
@@ -367,7 +389,7 @@ def run_stream(
     t.close()
     reopened = mq.MemWalTable.open(uri)
     ok &= verify(reopened.to_table(columns=["id", "seq"]), model[:next_key], "reopened") == "ok"
-    reopened.maintain(MaintenancePolicy(max_generations=0, max_rows=0))
+    reopened.maintenance.maintain(MaintenancePolicy(merge_over_generations=0, merge_over_rows=0))
     base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
     ok &= verify(base_now, model[:next_key], "base table after a full merge") == "ok"
     clean_table(reopened, minutes_out[-1] if minutes_out else None, next_key, centers, words)
@@ -381,7 +403,9 @@ def clean_table(
     compacted into as few fragments as Lance makes and each index in one segment: what
     a table of that size costs without any accumulated work. The last minute's
     figures divided by these say what the stream's pending work still costs."""
-    t.maintain(MaintenancePolicy(max_generations=0, compact_fragments=0, max_index_segments=1))
+    t.maintenance.maintain(
+        MaintenancePolicy(merge_over_generations=0, compact_fragments=0, max_index_segments=1)
+    )
     lat: dict[str, list[float]] = {k: [] for k in LATENCIES}
     rng = np.random.default_rng(5)
     for _ in range(60):
@@ -443,3 +467,407 @@ def passes(log: str, seen: list[int]) -> list[object]:
 
 def _short(c: object) -> str:
     return f"{c:.1f}" if isinstance(c, float) else str(c)
+
+
+# -- the at-scale stream (run as a script) -----------------------------------------------
+KEY_PRIME = 1_000_003
+NEW_EVERY = 10
+DELETE_EVERY, DELETE_AT = 50, 7
+SCALE_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False, {"lance-schema:unenforced-primary-key": "true"}),
+        pa.field("seq", pa.int64()),
+        pa.field("val", pa.float64()),
+        pa.field("cat", pa.int32()),
+    ]
+)
+
+
+def stream_keys(values: np.ndarray, base_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(key, is_delete) of stream values (see the module docs)."""
+    new = values % NEW_EVERY == 0
+    ids = np.where(new, base_rows + values // NEW_EVERY, (values * KEY_PRIME) % base_rows)
+    return ids.astype(np.int64), values % DELETE_EVERY == DELETE_AT
+
+
+def spark_key_sql(base_rows: int) -> str:
+    """:func:`stream_keys`'s key as a Spark SQL expression of ``value``."""
+    return (
+        f"CASE WHEN value % {NEW_EVERY} = 0 THEN {base_rows} + value DIV {NEW_EVERY} "
+        f"ELSE pmod(value * {KEY_PRIME}, {base_rows}) END"
+    )
+
+
+def scale_rows(ids: np.ndarray, seq: np.ndarray) -> pa.Table:
+    return pa.table(
+        {
+            "id": ids,
+            "seq": seq.astype(np.int64),
+            "val": seq * 0.5,
+            "cat": (seq % 100).astype(np.int32),
+        },
+        schema=SCALE_SCHEMA,
+    )
+
+
+def stream_model(n: int, base_rows: int) -> np.ndarray:
+    """Newest ``seq`` of every key after stream values ``0 .. n-1`` (-1: deleted)."""
+    model = np.full(base_rows + n // NEW_EVERY + 1, -1, np.int64)
+    model[:base_rows] = 0
+    values = np.arange(n, dtype=np.int64)
+    ids, dels = stream_keys(values, base_rows)
+    uniq, first = np.unique(ids[::-1], return_index=True)
+    last = n - 1 - first
+    model[uniq] = np.where(dels[last], -1, values[last])
+    return model
+
+
+def write_progress(path: str, state: dict[str, object]) -> None:
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def read_progress(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class _Stop:
+    """Set by SIGTERM/SIGINT: the writer finishes its current batch and stops."""
+
+    def __init__(self) -> None:
+        self.now = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._set)
+
+    def _set(self, *_: object) -> None:
+        self.now = True
+
+
+def python_writer(args: argparse.Namespace) -> None:
+    """Child process: write the stream with :meth:`MemWalTable.write` until stopped."""
+    stop = _Stop()
+    t = mq.MemWalTable.open(args.uri)
+    n = 0
+    state: dict[str, object] = {"acked": 0, "rate": args.rate, "pid": os.getpid()}
+
+    def write(count: int) -> None:
+        nonlocal n
+        values = np.arange(n, n + count, dtype=np.int64)
+        ids, dels = stream_keys(values, args.rows)
+        t.write(scale_rows(ids[~dels], values[~dels]))
+        if dels.any():
+            t.delete(pa.table({"id": pa.array(ids[dels], pa.int64())}))
+        n += count
+
+    if not args.rate:  # calibration: flat out, with the maintainer running
+        started = time.perf_counter()
+        while time.perf_counter() - started < args.calibrate_seconds and not stop.now:
+            write(20_000)
+            state["acked"] = n
+            write_progress(args.progress, state)
+        top = n / (time.perf_counter() - started)
+        state["calibrated"] = top
+        state["rate"] = args.rate = int(top * args.rate_share)
+    state["stream_from"] = n
+    write_progress(args.progress, state)
+    started, done = time.perf_counter(), 0
+    while not stop.now:
+        due = int(args.rate * (time.perf_counter() - started)) - done
+        if due > 0:
+            write(due)
+            done += due
+            state["acked"] = n
+            write_progress(args.progress, state)
+        time.sleep(max(0.0, TICK / 2 - (time.perf_counter() - started) % (TICK / 2)))
+    t.close()  # flushes: the final checks see everything acknowledged
+    state["acked"], state["done"] = n, True
+    write_progress(args.progress, state)
+
+
+def spark_writer(args: argparse.Namespace) -> None:
+    """Child process: a Structured Streaming query writing the stream through the sink."""
+    stop = _Stop()
+    spark = local_spark("memwal_query-scale-stream")
+    from pyspark.sql import functions as F
+
+    from memwal_query import spark as mqs
+
+    rate = args.rate or 20_000
+    stream = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", rate)
+        .option("numPartitions", 2)
+        .load()
+        .select(
+            F.expr(spark_key_sql(args.rows)).alias("id"),
+            F.col("value").alias("seq"),
+            (F.col("value") * 0.5).alias("val"),
+            (F.col("value") % 100).cast("int").alias("cat"),
+            (F.col("value") % DELETE_EVERY == DELETE_AT).alias("is_delete"),
+        )
+    )
+    sink = mqs.sink(args.uri, sink_id="scale", delete_column="is_delete", order_by="seq")
+    state: dict[str, object] = {"acked": 0, "rate": rate, "pid": os.getpid(), "batches": []}
+    batches: list[list[float]] = []
+
+    def each(df, batch_id: int) -> None:  # noqa: ANN001 - Spark's DataFrame
+        if stop.now:  # not written, not counted: the model ends at the previous batch
+            state["stopped_at"] = batch_id
+            write_progress(args.progress, state)
+            return
+        started = time.perf_counter()
+        sink(df, batch_id)
+        result = sink.last_result
+        assert result is not None
+        state["acked"] = int(state["acked"]) + result.rows  # type: ignore[call-overload]
+        gens = sum(1 for r in result.regions if r.generation is not None)
+        batches.append([time.time(), time.perf_counter() - started, result.rows, gens])
+        state["batches"] = batches[-200:]
+        write_progress(args.progress, state)
+
+    query = (
+        stream.writeStream.foreachBatch(each)
+        .option("checkpointLocation", f"{args.progress}.checkpoint")
+        .trigger(processingTime=f"{args.trigger_seconds} seconds")
+        .start()
+    )
+    while not stop.now and query.isActive:
+        time.sleep(0.2)
+    while query.isActive and "stopped_at" not in state:
+        time.sleep(0.2)  # the batch running when told to stop finishes (and counts)
+    query.stop()
+    state["done"] = True
+    write_progress(args.progress, state)
+    spark.stop()
+
+
+def scale_base(uri: str, rows: int, regions: int) -> mq.MemWalTable:
+    step = 2_000_000
+    for start in range(0, rows, step):
+        ids = np.arange(start, min(rows, start + step), dtype=np.int64)
+        part = scale_rows(ids, np.zeros(len(ids), np.int64))
+        part = part.set_column(2, "val", pa.array(ids * 1.0))
+        lance.write_dataset(part, uri, mode="append" if start else "create")
+    ds = lance.dataset(uri)
+    ds.create_scalar_index("id", "BTREE", name="id_idx")
+    return mq.MemWalTable.initialize(
+        uri, region_spec=mq.bucket_spec(ds.lance_schema, "id", regions)
+    )
+
+
+def scale_queries(
+    r: mq.MemWalTable, rng: np.random.Generator, keys: int, lat: dict[str, list[float]]
+) -> None:
+    import datafusion
+
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", r.provider(consistency="latest"))
+    for name, sql in (
+        ("count", "SELECT count(*) FROM t"),
+        ("filtered", "SELECT count(*), sum(val) FROM t WHERE cat = 7"),
+    ):
+        s = time.perf_counter()
+        ctx.sql(sql).to_arrow_table()
+        lat[name].append(time.perf_counter() - s)
+    s = time.perf_counter()
+    r.lookup(
+        pa.table({"id": pa.array(rng.integers(0, keys, 10), pa.int64())}), consistency="latest"
+    )
+    lat["lookup"].append(time.perf_counter() - s)
+
+
+def flush_wal_tails(t: mq.MemWalTable) -> int:
+    """Flush every region's unflushed WAL entries (the Spark sink leaves the last ones
+    there); returns the generations made."""
+    made = 0
+    for region_id in t.region_ids():
+        with t.writer(region_id=region_id) as w:
+            made += w.flush() is not None
+    return made
+
+
+def scale_main(args: argparse.Namespace) -> bool:
+    if args.large:
+        args.rows = 20_000_000
+    root = args.root or tempfile.mkdtemp(prefix="memwal-scale-stream-")
+    uri = f"{root}/t"
+    started = time.perf_counter()
+    scale_base(uri, args.rows, args.regions)
+    print(
+        f"base: {args.rows:,} rows, {args.regions} regions, built in "
+        f"{time.perf_counter() - started:.0f} s ({root})",
+        flush=True,
+    )
+    cmd = [sys.executable, "-m", "memwal_query", "maintain", uri, "--watch", str(args.watch)]
+    cmd += ["--retention-hours", "0.05", "--json"]
+    log = open(f"{root}/maintain.log", "w")  # noqa: SIM115 - closed below
+    maint = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    progress = f"{root}/progress.json"
+    child = [sys.executable, os.path.abspath(__file__), "--child", "spark" if args.spark else "py"]
+    child += ["--uri", uri, "--rows", str(args.rows), "--rate", str(args.rate or 0)]
+    child += ["--progress", progress, "--calibrate-seconds", str(args.calibrate_seconds)]
+    child += ["--rate-share", str(args.rate_share), "--trigger-seconds", str(args.trigger_seconds)]
+    wlog = open(f"{root}/writer.log", "w")  # noqa: SIM115 - closed below
+    writer = subprocess.Popen(child, stdout=wlog, stderr=subprocess.STDOUT)
+    r = mq.MemWalTable.open(uri)
+    header = [
+        "minute",
+        "target rows/s",
+        "rows/s",
+        "unmerged gens (mean)",
+        "(max)",
+        "count(*) p50 ms",
+        "filtered p50 ms",
+        "lookup p50 ms",
+        "reader MB",
+        "maintainer MB",
+        "writer MB",
+        "passes",
+        "merged gens",
+        "load 1 min",
+    ]
+    out: list[list[object]] = []
+    lat: dict[str, list[float]] = {"count": [], "filtered": [], "lookup": []}
+    samples: list[int] = []
+    seen = [0]
+    rng = np.random.default_rng(3)
+    ok = True
+    try:
+        # wait for the stream proper (after the calibration burst, or Spark's start)
+        while "stream_from" not in read_progress(progress) and not args.spark:
+            if writer.poll() is not None:
+                raise RuntimeError(f"the writer exited with {writer.returncode}")
+            time.sleep(0.5)
+        state = read_progress(progress)
+        if "calibrated" in state:
+            print(
+                f"calibration: the Python writer holds {state['calibrated']:,.0f} rows/s flat "
+                f"out with the maintainer running; streaming at {state['rate']:,} rows/s "
+                f"({args.rate_share:g} of it)",
+                flush=True,
+            )
+        t0 = minute_start = time.perf_counter()
+        acked0 = int(state.get("acked", 0))
+        minute = 1
+        while minute <= args.minutes:
+            tick = time.perf_counter()
+            state = read_progress(progress)
+            keys = args.rows + int(state.get("acked", 0)) // NEW_EVERY
+            scale_queries(r, rng, keys, lat)
+            samples.append(unmerged(r))
+            if writer.poll() is not None:
+                raise RuntimeError(f"the writer exited with {writer.returncode}")
+            now = time.perf_counter()
+            if now - minute_start >= 60:
+                acked = int(state.get("acked", 0))
+                row = [
+                    minute,
+                    int(state.get("rate", 0)),
+                    (acked - acked0) / (now - minute_start),
+                    float(np.mean(samples)),
+                    max(samples),
+                    pct(lat["count"], 50) * 1e3,
+                    pct(lat["filtered"], 50) * 1e3,
+                    pct(lat["lookup"], 50) * 1e3,
+                    rss_mb(os.getpid()),
+                    rss_mb(maint.pid),
+                    rss_mb(writer.pid),
+                    *passes(f"{root}/maintain.log", seen)[:2],
+                    os.getloadavg()[0],
+                ]
+                out.append(row)
+                print("  minute " + " | ".join(_short(c) for c in row), flush=True)
+                if maint.poll() is not None:
+                    raise RuntimeError(f"the maintainer exited with {maint.returncode}")
+                lat = {k: [] for k in lat}
+                samples, acked0, minute_start, minute = [], acked, now, minute + 1
+            time.sleep(max(0.0, args.query_every - (time.perf_counter() - tick)))
+        elapsed = time.perf_counter() - t0
+    finally:
+        stop_process(writer, signal.SIGTERM, 300)
+        wlog.close()
+        stop_process(maint, timeout=120)
+        log.close()
+    state = read_progress(progress)
+    if writer.returncode != 0 or not state.get("done"):
+        print(Path(f"{root}/writer.log").read_text()[-3000:])
+        raise RuntimeError(f"the writer failed (exit {writer.returncode})")
+    mode = "Spark Structured Streaming sink" if args.spark else "Python MemWalTable.write"
+    print_table(
+        f"At-scale stream ({mode}, {args.rows:,}-row base, {args.regions} regions, "
+        f"`memwal maintain --watch {args.watch:g}` alongside), per minute",
+        header,
+        out,
+    )
+    if len(out) >= 2:
+        first, last = out[0], out[-1]
+        print(
+            "last minute / first minute: "
+            + ", ".join(
+                f"{header[i]} {float(last[i]) / float(first[i]):.2f}x"
+                for i in (2, 3, 5, 6, 7, 8, 9)
+                if float(first[i])
+            )
+        )
+    if args.spark and state.get("batches"):
+        b = np.array(state["batches"], dtype=float)
+        secs = float(np.median(b[:, 1]))
+        rate = int(state["rate"])
+        print(
+            f"Spark micro-batches (last {len(b)}): median {secs:.2f} s for a "
+            f"{args.trigger_seconds:g}-s trigger ({secs / args.trigger_seconds:.0%} of it), "
+            f"{np.median(b[:, 2]):,.0f} rows; generations made per micro-batch: "
+            f"{b[:, 3].mean():.2f} (of {args.regions} regions); the sink would hold about "
+            f"{rate * args.trigger_seconds / secs:,.0f} rows/s at this trigger"
+        )
+    n = int(state["acked"])
+    print(f"stream: {n:,} values acknowledged in {elapsed:.0f} s; final checks:")
+    model = stream_model(n, args.rows)
+    ok &= verify(r.to_table(columns=["id", "seq"], consistency="latest"), model, "reader") == "ok"
+    reopened = mq.MemWalTable.open(uri)
+    got = reopened.to_table(columns=["id", "seq"], consistency="latest")
+    ok &= verify(got, model, "reopened") == "ok"
+    made = flush_wal_tails(reopened)
+    print(f"  WAL tails flushed: {made} generation(s)")
+    reopened.maintain(MaintenancePolicy(max_generations=0, max_rows=0))
+    base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
+    ok &= verify(base_now, model, "base table after a full merge") == "ok"
+    if not args.keep and not args.root:
+        shutil.rmtree(root, ignore_errors=True)
+    return bool(ok)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000, help="base table rows")
+    parser.add_argument("--large", action="store_true", help="a 20,000,000-row base")
+    parser.add_argument("--regions", type=int, default=32)
+    parser.add_argument("--minutes", type=int, default=30)
+    parser.add_argument("--rate", type=int, default=0, help="rows/s (0: calibrate)")
+    parser.add_argument("--rate-share", type=float, default=0.6)
+    parser.add_argument("--calibrate-seconds", type=float, default=20.0)
+    parser.add_argument("--query-every", type=float, default=5.0, help="seconds")
+    parser.add_argument("--watch", type=float, default=10.0, help="maintainer pass seconds")
+    parser.add_argument("--spark", action="store_true", help="write through the Spark sink")
+    parser.add_argument("--trigger-seconds", type=float, default=2.0)
+    parser.add_argument("--root", default=None, help="work directory (kept)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--child", choices=["py", "spark"], help=argparse.SUPPRESS)
+    parser.add_argument("--uri", help=argparse.SUPPRESS)
+    parser.add_argument("--progress", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child == "py":
+        python_writer(args)
+    elif args.child == "spark":
+        spark_writer(args)
+    else:
+        print(f"{machine()}, load average {os.getloadavg()[0]:.1f}", flush=True)
+        sys.exit(0 if scale_main(args) else 1)
+
+
+if __name__ == "__main__":
+    main()

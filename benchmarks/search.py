@@ -185,7 +185,7 @@ def main() -> None:
             w.delete(pa.table({"id": pa.array(rng.choice(n, m // 20), pa.int64())}))
             w.flush()
         w.close()
-        man = t.region_manifest(w.region_id)
+        man = t.catalog.region_manifest(w.region_id)
         snap = ShardSnapshot(w.region_id).with_current_generation(man.current_generation)
         for g in man.flushed_generations:
             snap = snap.with_sstable(g.generation, g.path)

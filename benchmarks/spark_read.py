@@ -29,6 +29,16 @@ while Parquet answers it from row-group metadata.
 
 Prints seconds and the ratio ours / Parquet (targets: <= 2x for ``count(*)``, <= 1.5x
 for the filtered aggregate). ``--rows`` scales the base table.
+
+First query of a session: ``--first-rounds`` times each (alternating), a new process
+starts a SparkSession, runs the same warm-up job (``spark.range(1000).count()``: the
+JVM, not Python workers), then loads the table and runs ``count(*)`` - ours, or
+Parquet's on the same rows, or a Python data source returning the same rows from memory
+(the floor: what any Python source pays). Printed: the medians, split into ``.load()`` (Spark asks
+the source for its schema in a Python planner process) and the query (a planner process
+plans the partitions, executor Python workers read them), and the ratio (target:
+<= 3x). Each Python process Spark starts imports lance and ``memwal_query.spark.source``
+(which loads neither DataFusion, search, ingest nor maintenance modules).
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, print_table  # noqa: E402
+from _common import local_spark, machine, print_table  # noqa: E402
 from _common import make_rows as rows  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
@@ -112,16 +122,79 @@ def floor_source():
     return FloorSource
 
 
+def first_query(which: str, path: str) -> None:
+    """Child process: a new session, the warm-up job, then the first ``count(*)``;
+    prints ``{"session", "warmup", "load", "query", "rows"}`` (seconds) as JSON."""
+    import json
+
+    t0 = time.perf_counter()
+    spark = local_spark("memwal_query-first-query")
+    t1 = time.perf_counter()
+    spark.range(1000).count()  # the warm-up job: the same for both sources
+    t2 = time.perf_counter()
+    if which == "memwal":
+        from memwal_query import spark as mqs
+
+        mqs.register_source(spark)
+        df = spark.read.format("memwal").load(path)
+    elif which == "floor":  # any Python data source: the same rows from memory
+        spark.dataSource.register(floor_source())
+        rows = int(pq.read_metadata(f"{path}/part-0.parquet").num_rows)
+        df = spark.read.format("memwal_floor").options(rows=str(rows), partitions="2").load()
+    else:
+        df = spark.read.parquet(path)
+    t3 = time.perf_counter()
+    rows = df.count()
+    t4 = time.perf_counter()
+    out = {"session": t1 - t0, "warmup": t2 - t1, "load": t3 - t2, "query": t4 - t3}
+    print(json.dumps({**out, "rows": rows}), flush=True)
+    spark.stop()
+
+
+def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
+    """Rows of the first-query table: per source the medians over ``rounds`` processes."""
+    import json
+    import subprocess
+
+    got: dict[str, list[dict[str, float]]] = {"memwal": [], "parquet": [], "floor": []}
+    loads = []
+    for rnd in range(rounds):
+        order = ["memwal", "parquet", "floor"]
+        for which in order if rnd % 2 == 0 else order[::-1]:
+            cmd = [sys.executable, os.path.abspath(__file__), "--first-query", which]
+            cmd.append(uri if which == "memwal" else parquet)
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            line = [x for x in done.stdout.splitlines() if x.startswith("{")][-1]
+            got[which].append(json.loads(line))
+            loads.append(os.getloadavg()[0])
+    rows = []
+    for which in ("memwal", "parquet", "floor"):
+        med = {k: float(np.median([r[k] for r in got[which]])) for k in got[which][0]}
+        rows.append([which, med["session"], med["warmup"], med["load"], med["query"]])
+        rows[-1].append(med["load"] + med["query"])
+    rows[2][0] = "floor: a Python data source, same rows from memory"
+    rows.append(["ours / parquet", "", "", "", "", rows[0][-1] / rows[1][-1]])
+    rows.append(["floor / parquet", "", "", "", "", rows[2][-1] / rows[1][-1]])
+    print(f"first query: load average {min(loads):.1f}-{max(loads):.1f}", file=sys.stderr)
+    return rows
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--first-query":
+        first_query(sys.argv[2], sys.argv[3])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--first-rounds", type=int, default=3, help="new sessions per source (0: skip)"
+    )
+    parser.add_argument("--first-only", action="store_true", help="only the first queries")
     parser.add_argument(
         "--rows-per-split", type=int, default=None, help="the reader's rowsPerSplit option"
     )
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from memwal_query import spark as mqs
@@ -137,16 +210,17 @@ def main() -> None:
         print(
             f"setup: {time.perf_counter() - started:.1f}s, {view.num_rows:,} rows", file=sys.stderr
         )
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("memwal_query-spark-read")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.memory", "2g")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        if args.first_rounds:
+            print_table(
+                f"First count(*) of a new session after the same warm-up job, median of "
+                f"{args.first_rounds} sessions each ({machine()}, local[2])",
+                ["source", "session start s", "warm-up job s", ".load() s", "count(*) s"]
+                + ["first query s"],
+                first_queries(t.uri, parquet, args.first_rounds),
+            )
+        if args.first_only:
+            return
+        spark = local_spark("memwal_query-spark-read")
         mqs.register_source(spark)
         loads = [os.getloadavg()[0]]
 

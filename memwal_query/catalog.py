@@ -24,20 +24,16 @@ import decimal
 import hashlib
 import json
 import os
-import re
 import threading
 import uuid as uuid_mod
 import warnings
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lance
 import pyarrow as pa
 
 from memwal_query.exceptions import (
-    AlreadyInitializedError,
     InvalidPathError,
-    LeftoverRegionsError,
     NotInitializedError,
     RegionSpecError,
     StorageError,
@@ -50,6 +46,7 @@ from memwal_query.format.manifest import RegionManifest, RegionManifestStore, fo
 from memwal_query.format.progress import read_progress
 from memwal_query.format.schema import require_primary_key
 from memwal_query.storage import paths
+from memwal_query.storage.errors import store_error
 from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import FileIO, normalize_uri
 
@@ -153,8 +150,15 @@ class Catalog:
     def index(self, dataset: lance.LanceDataset | None = None) -> mwindex.MemWalIndex:
         """The MemWAL index of ``dataset``'s version (default: the latest version).
 
-        Pass the dataset you read so that data and merge progress come from the same
-        version (reading "latest" twice could pair old data with newer progress).
+        Reads only: the index the spec and region properties answer from is not
+        changed (see :meth:`refresh_index`). Pass the dataset you read so that data and
+        merge progress come from the same version (reading "latest" twice could pair
+        old data with newer progress).
+
+        Raises
+        ------
+        NotInitializedError
+            The version has no MemWAL index.
         """
         ds = dataset if dataset is not None else self.dataset()
         idx = mwindex.read_index(self.io, ds)
@@ -163,8 +167,20 @@ class Catalog:
         progress = read_progress(self.io, self.uri)
         if progress.index_catchup:
             mwindex.max_progress(idx.details, progress)
-        if dataset is None:
-            self._index = idx
+        return idx
+
+    def refresh_index(self) -> mwindex.MemWalIndex:
+        """Read the latest MemWAL index and make it the one :attr:`region_spec`,
+        :attr:`region_specs`, :attr:`spec_change_pending`, :attr:`maintained_indexes`
+        and :attr:`lineage` answer from; returns it.
+
+        Raises
+        ------
+        NotInitializedError
+            The index disappeared.
+        """
+        idx = self.index()
+        self._index = idx
         return idx
 
     @property
@@ -188,7 +204,7 @@ class Catalog:
 
         A region keeps the spec it was created with (``region_spec_id`` in its
         manifest); regions of older specs are sealed and merged when the spec changes
-        (:meth:`MemWalTable.set_region_spec`).
+        (:meth:`memwal_query.table.Maintenance.set_region_spec`).
         """
         specs = self._index.details.region_specs
         cached = self._specs_cache
@@ -218,6 +234,36 @@ class Catalog:
     def maintained_indexes(self) -> list[str]:
         """Base-table index names also built for flushed generations."""
         return list(self._index.details.maintained_indexes)
+
+    # -- schema ------------------------------------------------------------------------
+    def schema_changes(self, dataset: lance.LanceDataset | None = None) -> list[str]:
+        """Columns of the base table (``dataset``, default the latest version) that
+        :attr:`schema` lacks or has with another type: non-empty when another process
+        changed the schema (e.g. ``t.alter.add_columns``) since this catalog read it."""
+        ds = dataset if dataset is not None else self.dataset()
+        current = ds.schema
+        if current.equals(self.schema, check_metadata=True):
+            return []
+        return [
+            f.name
+            for f in current
+            if self.schema.get_field_index(f.name) < 0 or self.schema.field(f.name).type != f.type
+        ]
+
+    def refresh_schema(self) -> list[str]:
+        """Take the latest base schema as :attr:`schema` (and :attr:`lance_schema`);
+        returns the columns that were added or changed (see :meth:`schema_changes`).
+
+        Reads and searches that started before keep the columns they started with;
+        writers opened before refuse rows of the new schema (:class:`SchemaChangedError`)
+        and are opened again by the table.
+        """
+        ds = self.dataset()
+        changed = self.schema_changes(ds)
+        if changed or not ds.schema.equals(self.schema, check_metadata=True):
+            self.lance_schema = ds.lance_schema
+            self.schema = ds.schema
+        return changed
 
     # -- regions -----------------------------------------------------------------------
     @property
@@ -356,24 +402,26 @@ class Catalog:
         return unsharded_spec()
 
 
+class HasCatalog(Protocol):
+    """An object holding a :class:`Catalog` (the :class:`~memwal_query.table.MemWalTable`
+    facade)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+
+def as_catalog(table: Catalog | HasCatalog) -> Catalog:
+    """The :class:`Catalog` of ``table``: itself, or the one it holds (``t.catalog``).
+
+    For the entry points users hand a table to by name (the SQL functions'
+    registries); the functions of the lower layers take a ``Catalog``.
+    """
+    return table if isinstance(table, Catalog) else table.catalog
+
+
 def one_region(spec: RegionSpec) -> dict[str, Any]:
     """The region values of the only region of an ``unsharded`` spec."""
     return {f.field_id: 0 for f in spec.fields}
-
-
-def check_no_leftover_regions(io: FileIO, uri: str, reset: bool) -> None:
-    """LeftoverRegionsError when ``uri``'s ``_mem_wal/`` holds regions (before a new
-    MemWAL index is written) and ``reset`` does not allow removing them."""
-    leftovers = region_dirs(io, uri)
-    if leftovers and not reset:
-        more = ", ..." if len(leftovers) > 5 else ""
-        raise LeftoverRegionsError(
-            f"{uri}: _mem_wal/ holds {len(leftovers)} region(s) of an earlier MemWAL of "
-            f"this table ({', '.join(leftovers[:5])}{more}); their rows would be read on "
-            "top of the current base table. Pass reset=True (memwal init --reset) to "
-            "remove them first.",
-            leftovers,
-        )
 
 
 def region_dirs(io: FileIO, uri: str) -> list[str]:
@@ -411,69 +459,3 @@ def open_dataset(uri: str, storage_options: dict[str, str]) -> lance.LanceDatase
                 f"{uri}: no Lance table here ({without_source_locations(text)})"
             ) from e
         raise StorageError(f"{uri}: cannot open the Lance table: {store_error(text)}") from e
-
-
-def store_error(text: str) -> str:
-    """One line saying why a Lance I/O error happened (S3 error code first)."""
-    code = re.search(r"<Code>([^<]+)</Code>", text)
-    status = re.search(r"status code: (\d{3})", text)
-    first = (text.split("<?xml", 1)[0].splitlines() or [""])[0]
-    first = first.removeprefix("LanceError(IO): ").rstrip(" :")
-    if code is not None:
-        first = f"{first} ({code.group(1)})"
-    if code is not None and code.group(1) == "NoSuchBucket":
-        return f"no such bucket: {first}"
-    if status is not None and status.group(1) in ("401", "403"):
-        return f"access denied (check the credentials): {first}"
-    if "error sending request" in text:
-        return f"cannot reach the store (check the endpoint): {first}"
-    return first
-
-
-def write_index(
-    norm: str,
-    options: dict[str, str],
-    region_spec: RegionSpec | None,
-    maintained_indexes: Iterable[str] | None,
-    primary_key_index: bool,
-    reset: bool,
-) -> None:
-    """Write a new MemWAL index into the Lance table at ``norm`` (what
-    :meth:`MemWalTable.initialize` does before opening it; see there). Everything is
-    checked before anything is changed."""
-    from memwal_query.regions.checks import check_spec_sources, warn_non_key_sources
-
-    io = file_io_for(norm, options)
-    ds = open_dataset(norm, options)
-    pk = require_primary_key(ds.schema, norm)
-    if mwindex.read_index(io, ds) is not None:
-        raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
-    from memwal_query.regions.spec import unsharded_spec
-
-    if region_spec is None:
-        region_spec = unsharded_spec()
-    if region_spec.spec_id <= 0:
-        raise RegionSpecError(f"region spec id must be positive, got {region_spec.spec_id}")
-    check_spec_sources(region_spec, ds.lance_schema, norm, ds.schema)
-    warn_non_key_sources(region_spec, ds.lance_schema, pk, norm)
-    specs = [region_spec.to_proto()]
-    names = list(maintained_indexes or [])
-    existing = {i.name for i in ds.describe_indices()}
-    missing = [n for n in names if n not in existing]
-    if missing:
-        raise NotInitializedError(
-            f"{norm}: maintained index(es) {missing} do not exist on the base table "
-            f"(existing: {sorted(existing)})"
-        )
-    check_no_leftover_regions(io, norm, reset)
-    if reset:
-        io.delete_tree(paths.mem_wal_root(norm))
-    key_lance_field = ds.lance_schema.field(pk[0])
-    assert key_lance_field is not None  # require_primary_key found it
-    key_field = key_lance_field.id()
-    if primary_key_index and not any(list(i.fields) == [key_field] for i in ds.describe_indices()):
-        ds.create_scalar_index(pk[0], "BTREE")
-        ds = open_dataset(norm, options)
-    details = mwindex.new_details(specs, names)
-    details.writer_config_defaults[LINEAGE_KEY] = uuid_mod.uuid4().hex
-    mwindex.commit_details(ds, details, None, storage_options=options)

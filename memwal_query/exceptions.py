@@ -122,6 +122,11 @@ class SchemaError(MemWalError, ValueError):
     """Input does not match the table schema (missing/extra column, wrong type...)."""
 
 
+class SchemaChangedError(SchemaError):
+    """The table gained columns since this object read its schema (another process
+    added them): nothing was written; open the table again (``MemWalTable.open``)."""
+
+
 class PrimaryKeyError(SchemaError):
     """The table has no primary key, or input has a missing/NULL primary-key value."""
 
@@ -176,7 +181,7 @@ class GenerationGoneError(MemWalError):
 class BaseVersionGoneError(MemWalError):
     """The base-table version a read was planned on was cleaned up while it ran.
 
-    Lance's ``cleanup_old_versions`` (e.g. ``MemWalTable.gc(cleanup_older_than=...)``)
+    Lance's ``cleanup_old_versions`` (e.g. ``t.maintenance.gc(cleanup_older_than=...)``)
     deletes the data files of older versions; a query still reading one fails. Running
     it again plans it on the current version. Lookups and searches do that once by
     themselves.
@@ -229,7 +234,7 @@ class ChangesGoneError(MemWalError):
 
     The WAL entries (and the generations flushed from them) after the cursor's
     position in a region were removed by GC (see ``docs/changes.md``: register the
-    consumer with :meth:`MemWalTable.register_consumer` so GC keeps them). Never a
+    consumer with ``t.consumers.register`` so GC keeps them). Never a
     shorter answer: the consumer must resynchronise (e.g. from a base version).
 
     Attributes

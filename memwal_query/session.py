@@ -60,17 +60,19 @@ def register(
     provider.max_staleness = max_staleness
     provider.check()
     ctx.register_table(name, provider)
-    _registered(ctx)[name] = table
+    _registered(ctx)[name] = table.catalog
     registered_writers = _registered(ctx, "_memwal_writers")
+    routed = _registered(ctx, "_memwal_routed")
     if writers is None:
         registered_writers.pop(name, None)
     else:
         registered_writers[name] = list(writers)
+    routed[name] = table  # its writers() are read when a function runs
     from memwal_query.search import register_search_functions
 
-    # The functions look both dicts up at call time: tables and writers registered
+    # The functions look the dicts up at call time: tables and writers registered
     # later on this context are found too.
-    register_search_functions(ctx, writers=registered_writers, default_writers=MemWalTable.writers)
+    register_search_functions(ctx, writers=registered_writers, routed=routed)
     from memwal_query.read.changes_sql import register_changes_function
 
     register_changes_function(ctx, _registered(ctx))
@@ -95,7 +97,8 @@ def _open(uri: str | os.PathLike, storage_options: dict[str, str] | None) -> Mem
 
 
 def _registered(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
-    """Tables (``_memwal_tables``) or writers (``_memwal_writers``) registered through
+    """Catalogs (``_memwal_tables``), writers (``_memwal_writers``) or the tables whose
+    current ``writers()`` are read (``_memwal_routed``) registered through
     :func:`register` on ``ctx``, by name (for the search functions)."""
     from memwal_query.search.sqlfunctions import registry
 

@@ -4,55 +4,76 @@ Entry point of the library::
 
     t = MemWalTable.initialize(uri, region_spec=bucket_spec(...))   # once
     t = MemWalTable.open(uri)
-    with t.writer(region_values={"bucket": 3}) as w:
-        w.put(rows)
+    t.write(rows)                                  # routed to their regions
+    t.to_table()                                   # newest row per key
+    t.maintenance.merge()                          # background work, grouped
+    t.consumers.register("etl")                    # change-feed consumers
 
-Layers
-------
-``MemWalTable`` is the facade over the layers (see ``docs/architecture.md``): it *is* a
-:class:`~memwal_query.catalog.Catalog` (the read-only handle every lower layer receives)
-and adds writing (region writers, routing), reading (providers, lookup, search) and
-maintenance (merge, GC, index catch-up, snapshots) on top, by calling down.
+``MemWalTable`` *holds* a :class:`~memwal_query.catalog.Catalog` (``t.catalog``: the
+read-only handle every lower layer receives) and a
+:class:`~memwal_query.write.routing.RoutedWriters` (the writers :meth:`MemWalTable.write`
+opens). Its own surface is data in and out; background work is under
+:attr:`MemWalTable.maintenance` and change-feed consumers under
+:attr:`MemWalTable.consumers`. ``docs/api.md`` lists the surface and the spelling of
+each concept in Python, the CLI and Spark.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from memwal_query.catalog import (
-    Catalog,
-    one_region,
-    write_index,
-)
+from memwal_query.catalog import Catalog
 from memwal_query.catalog import (
     region_id_for as region_id_for,  # public, re-exported (memwal_query.region_id_for)
 )
-from memwal_query.exceptions import (
-    RegionSpecError,
-    SpecChangedError,
-)
-from memwal_query.format import index as mwindex
+from memwal_query.exceptions import RegionSpecError, SchemaChangedError, WriteIncompleteError
 from memwal_query.format.schema import coerce_rows
 from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.regions.checks import field_names
-from memwal_query.storage import paths
+from memwal_query.search.common import DEFAULT_NPROBES, DEFAULT_REFINE_FACTOR
 from memwal_query.storage.io import normalize_uri
-from memwal_query.write.routing import RoutedWriters, split_by_region
+from memwal_query.table_init import write_index
+from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
+from memwal_query.write.opening import WriterOpener, WriterOptions
+from memwal_query.write.routing import RoutedWriters
 from memwal_query.write.writer import RegionWriter
+from memwal_query.write.writer_state import (
+    DEFAULT_MAX_MEMTABLE_AGE,
+    DEFAULT_MAX_MEMTABLE_BYTES,
+    DEFAULT_MAX_MEMTABLE_ROWS,
+    DEFAULT_MAX_UNFLUSHED_MEMTABLES,
+    DEFAULT_MAX_WAL_BUFFER_BYTES,
+    DEFAULT_MAX_WAL_ENTRIES,
+    DEFAULT_WAL_FLUSH_INTERVAL,
+)
 
 if TYPE_CHECKING:
+    from memwal_query.maintain.fsck import FsckReport
+    from memwal_query.maintain.merger import MergeReport
     from memwal_query.maintain.policy import MaintenancePolicy, MaintenanceReport
+    from memwal_query.maintain.snapshots import SnapshotRefresh
     from memwal_query.maintain.status import TableStatus
     from memwal_query.read.changes import Changes
     from memwal_query.read.provider import MemWalDataset
     from memwal_query.regions.spec import RegionSpec
 
 
-class MemWalTable(Catalog):
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that spelling ``old`` is deprecated in favour of ``new`` (kept one release)."""
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+class MemWalTable:
     """A Lance base table with a MemWAL index: streaming upserts through regions.
 
     Use :meth:`initialize` once on an existing Lance dataset with a primary key, then
@@ -62,14 +83,28 @@ class MemWalTable(Catalog):
     Parameters
     ----------
     uri : str
-        Base table URI (local path or ``file://``).
+        Base table URI (local path, ``file://``, ``s3://``...).
     storage_options : dict, optional
         Passed to Lance and to the object-store layer.
+
+    Raises
+    ------
+    TableNotFoundError, StorageError, PrimaryKeyError, NotInitializedError
+        See :class:`~memwal_query.catalog.Catalog`.
     """
 
-    def __init__(self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None):
-        super().__init__(uri, storage_options)
-        self._routed = RoutedWriters(self, self._open_routed)
+    def __init__(
+        self, uri: str | os.PathLike, storage_options: dict[str, str] | None = None
+    ) -> None:
+        catalog = Catalog(uri, storage_options)
+        self._catalog = catalog
+        self._opener = WriterOpener(
+            catalog, lookup=self._partial_lookup, complete_spec_change=_complete_spec_change
+        )
+        self._routed = RoutedWriters(self._opener)
+        self._maintenance = Maintenance(self)
+        self._consumers = Consumers(self)
+        self._alter = Alter(self)
 
     # -- construction ------------------------------------------------------------------
     @classmethod
@@ -77,8 +112,10 @@ class MemWalTable(Catalog):
         cls,
         uri: str | os.PathLike,
         region_spec: RegionSpec | None = None,
+        *,
         maintained_indexes: Iterable[str] | None = None,
         storage_options: dict[str, str] | None = None,
+        primary_key: str | Sequence[str] | None = None,
         primary_key_index: bool = True,
         reset: bool = False,
     ) -> MemWalTable:
@@ -87,7 +124,7 @@ class MemWalTable(Catalog):
         Parameters
         ----------
         uri : str
-            The base table; it must have a primary key.
+            The base table.
         region_spec : RegionSpec, optional
             How rows map to regions (spec ids must be positive). None: the one-region
             spec :func:`~memwal_query.regions.spec.unsharded_spec` (every key in one
@@ -97,17 +134,29 @@ class MemWalTable(Catalog):
             Names of base-table indexes to build for every flushed generation too.
         storage_options : dict, optional
             Lance-style storage options (object stores), used for every later access.
+        primary_key : str or list of str, optional
+            The key column(s) (a list for a composite key). Needed when the table does
+            not declare its key yet (Lance field metadata
+            ``lance-schema:unenforced-primary-key``): the columns are checked (they
+            exist, have a key type, hold no NULL and no key twice), then marked
+            (non-nullable, with that metadata). A key the table already declares may be
+            repeated; another one is a :class:`PrimaryKeyError`.
         primary_key_index : bool
             Create a BTREE scalar index on the (first) primary-key column when the base
             table has none (default), so that point lookups and the base side of
             searches are index lookups rather than scans. Merged rows are covered again
-            after :meth:`catch_up_indexes`; until then Lance scans the new fragments.
+            after ``maintenance.catch_up_indexes()``; until then Lance scans the new
+            fragments.
         reset : bool
             Remove what an earlier MemWAL of this table left in ``_mem_wal/`` (regions,
             WAL, generations, catch-up progress) first. Without it, leftover regions
             are refused with :class:`LeftoverRegionsError`: they belong to an earlier
             lineage of the base table (e.g. it was overwritten with Lance), and their
             rows would be read on top of the new data.
+
+        Returns
+        -------
+        MemWalTable
 
         Raises
         ------
@@ -122,24 +171,178 @@ class MemWalTable(Catalog):
         """
         norm = normalize_uri(uri)
         options = dict(storage_options or {})
-        write_index(norm, options, region_spec, maintained_indexes, primary_key_index, reset)
+        write_index(
+            norm,
+            options,
+            region_spec=region_spec,
+            maintained_indexes=maintained_indexes,
+            primary_key_index=primary_key_index,
+            reset=reset,
+            primary_key=primary_key,
+        )
+        return cls(norm, options)
+
+    @classmethod
+    def create(
+        cls,
+        uri: str | os.PathLike,
+        data: Any,
+        *,
+        primary_key: str | Sequence[str],
+        region_spec: RegionSpec | None = None,
+        vector_columns: dict[str, int | None] | Sequence[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+        mode: str = "create",
+        primary_key_index: bool = True,
+    ) -> MemWalTable:
+        """Create a table from data (or a schema) with the key given here, and open it.
+
+        Writes the Lance base table with ``primary_key`` marked, then its MemWAL index
+        (what :meth:`initialize` does); ``memwal init --primary-key`` marks the key of
+        an existing table the same way.
+
+        Parameters
+        ----------
+        uri : str
+            Where the table goes (local path, ``s3://``, ``gs://``, ``az://``...).
+        data : table-like or pyarrow.Schema
+            The first rows: a pandas or Polars DataFrame, a pyarrow Table, RecordBatch
+            or RecordBatchReader, a dict of columns, anything exporting
+            ``__arrow_c_stream__``; or a ``pyarrow.Schema`` for an empty table. The
+            column types are the table's (give pyarrow types for exact ones).
+        primary_key : str or list of str
+            The key column(s): one name, or a list for a composite key. The columns
+            must exist and have a key type (integer, float, decimal, boolean, string,
+            binary, date, time, timestamp); they become non-nullable. A NULL key or a
+            key given twice in ``data`` is refused (nothing is written): the table
+            would have no single newest row for it.
+        region_spec : RegionSpec, optional
+            How rows map to regions (see :meth:`initialize`; default one region).
+        vector_columns : dict or list of str, optional
+            Columns of lists of numbers (a pandas column of arrays) to store as vectors
+            (``fixed_size_list``), which vector search and vector indexes need:
+            ``{"vec": 128}``, or ``["vec"]`` to take the length every row has. A row of
+            another length is a :class:`SchemaError`. Later writes cast lists into
+            such a column the same way.
+        storage_options : dict, optional
+            Object-store options, used for every later access.
+        mode : {"create", "overwrite"}
+            ``"create"`` refuses an existing table (:class:`AlreadyExistsError`);
+            ``"overwrite"`` replaces it (and removes what its MemWAL left in
+            ``_mem_wal/``: stop its writers first).
+        primary_key_index : bool
+            Build a BTREE index on the (first) key column (see :meth:`initialize`).
+
+        Returns
+        -------
+        MemWalTable
+
+        Raises
+        ------
+        PrimaryKeyError
+            A key column is absent or of another type, or ``data`` holds a NULL key or a
+            key twice (the message names the column or the value).
+        SchemaError
+            ``data`` cannot be converted, or a vector column has rows of another length.
+        AlreadyExistsError
+            ``mode="create"`` and a table exists at ``uri``.
+        RegionSpecError
+            The region spec does not fit the table (the new table is removed again).
+
+        Examples
+        --------
+        >>> t = MemWalTable.create(uri, df, primary_key="id")  # doctest: +SKIP
+        >>> t = MemWalTable.create(uri, df, primary_key=["tenant", "id"])  # doctest: +SKIP
+        """
+        from memwal_query.table_init import create_table
+
+        norm = normalize_uri(uri)
+        options = dict(storage_options or {})
+        create_table(
+            norm,
+            options,
+            data,
+            primary_key=primary_key,
+            vector_columns=vector_columns,
+            region_spec=region_spec,
+            primary_key_index=primary_key_index,
+            mode=mode,
+        )
         return cls(norm, options)
 
     @classmethod
     def open(
         cls, uri: str | os.PathLike, storage_options: dict[str, str] | None = None
     ) -> MemWalTable:
-        """Open an initialized table."""
+        """Open an initialized table (see :class:`MemWalTable`)."""
         return cls(uri, storage_options)
 
+    # -- identity ----------------------------------------------------------------------
+    @property
+    def catalog(self) -> Catalog:
+        """The read-only handle of the table (base dataset, MemWAL index, region
+        manifests): what the lower-level functions of the package take."""
+        return self._catalog
+
+    @property
+    def uri(self) -> str:
+        """The base table's normalized URI."""
+        return self._catalog.uri
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """The storage options the table was opened with."""
+        return self._catalog.storage_options
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's Arrow schema (fixed when opened)."""
+        return self._catalog.schema
+
+    @property
+    def primary_key(self) -> list[str]:
+        """The primary-key column names."""
+        return self._catalog.primary_key
+
+    @property
+    def region_spec(self) -> RegionSpec | None:
+        """The current region spec (highest spec id), or None when the index records
+        none (rows then go to the one region of the unsharded spec)."""
+        return self._catalog.region_spec
+
+    @property
+    def maintenance(self) -> Maintenance:
+        """Background work: merge, GC, index catch-up, snapshots, fsck, status, maintain,
+        region spec changes, drain."""
+        return self._maintenance
+
+    @property
+    def consumers(self) -> Consumers:
+        """Change-feed consumers: register, list, drop."""
+        return self._consumers
+
+    @property
+    def alter(self) -> Alter:
+        """Schema changes: add columns (see ``docs/schema.md``)."""
+        return self._alter
+
+    # -- writing -----------------------------------------------------------------------
     def writer(
         self,
         region_id: str | None = None,
         *,
         region_values: dict[str, Any] | None = None,
-        durable: bool = True,
         spec_id: int | None = None,
-        **options: Any,
+        durable: bool = True,
+        max_memtable_rows: int = DEFAULT_MAX_MEMTABLE_ROWS,
+        max_memtable_bytes: int = DEFAULT_MAX_MEMTABLE_BYTES,
+        max_wal_buffer_bytes: int = DEFAULT_MAX_WAL_BUFFER_BYTES,
+        wal_flush_interval: float = DEFAULT_WAL_FLUSH_INTERVAL,
+        max_unflushed_memtables: int = DEFAULT_MAX_UNFLUSHED_MEMTABLES,
+        backpressure_timeout: float | None = None,
+        max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES,
+        max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> RegionWriter:
         """Claim a region and return its writer (fencing any previous writer).
 
@@ -158,8 +361,6 @@ class MemWalTable(Catalog):
             flush and close it, but refuses new rows (:class:`WrongRegionError`).
         region_values : dict, optional
             ``{field_id: value}`` of the region; rows of other regions are rejected.
-        durable : bool
-            See :class:`RegionWriter`.
         spec_id : int, optional
             The region spec ``region_values`` were computed by;
             :class:`SpecChangedError` when the table's current spec is another one.
@@ -167,10 +368,14 @@ class MemWalTable(Catalog):
             writes with a stale spec; when the current spec replaced an older one whose
             regions are not sealed and merged yet, that is done first
             (:func:`memwal_query.maintain.specs.complete_spec_change`).
-        **options
-            ``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_buffer_bytes``,
-            ``wal_flush_interval``, ``max_unflushed_memtables``,
-            ``backpressure_timeout``, ``max_wal_entries``, ``max_memtable_age``.
+        durable, max_memtable_rows, max_memtable_bytes, max_wal_buffer_bytes, \
+wal_flush_interval, max_unflushed_memtables, backpressure_timeout, max_wal_entries, \
+max_memtable_age, heartbeat_interval
+            The writer's options: see :class:`RegionWriter`.
+
+        Returns
+        -------
+        RegionWriter
 
         Raises
         ------
@@ -184,244 +389,236 @@ class MemWalTable(Catalog):
         SpecChangedError
             ``spec_id`` is not the current spec (also when it changed while claiming).
         """
-        from memwal_query.regions.spec import is_unsharded
-
-        self.index()
-        spec = self.routing_spec()
-        if spec_id is not None and spec_id != spec.spec_id:
-            raise SpecChangedError(self.uri, spec_id, spec.spec_id)
-        if region_values is None and region_id is None:
-            if not is_unsharded(spec):
-                raise RegionSpecError(
-                    f"{self.uri}: region spec {spec.spec_id} has several regions; pass "
-                    "region_values (or use MemWalTable.write to route rows)"
-                )
-            region_values = one_region(spec)
-        if region_values is None:
-            assert region_id is not None
-            region_id = paths.validate_region_id(region_id)
-            known = self.region_values(region_id)
-            if known is not None and known[0] == spec.spec_id:
-                spec_id, region_values = known
-                entries = self.field_entries(region_values)
-            elif self.region_manifest(region_id) is not None:
-                spec_id, entries = 0, ()  # not the spec's: recovery only (rows refused)
-            elif is_unsharded(spec) and region_id == self.region_id_for(one_region(spec)):
-                spec_id, region_values = spec.spec_id, one_region(spec)
-                entries = self.field_entries(region_values)
-            else:
-                raise RegionSpecError(
-                    f"{self.uri}: there is no region {region_id}; regions are created "
-                    "from the region spec (pass region_values, or use MemWalTable.write)"
-                )
-        else:
-            derived = self.region_id_for(region_values)
-            if region_id is not None and paths.validate_region_id(region_id) != derived:
-                raise RegionSpecError(
-                    f"region {region_id} is not the region of values {region_values} ({derived})"
-                )
-            region_id = derived
-            spec_id = spec.spec_id
-            entries = self.field_entries(region_values)
-        if spec_id == spec.spec_id and self.spec_change_pending:
-            from memwal_query.maintain.specs import complete_spec_change
-
-            complete_spec_change(self)
-        return RegionWriter(
-            self,
-            region_id,
+        options = WriterOptions(
             durable=durable,
-            region_values=region_values,
-            region_spec_id=spec_id,
-            region_field_entries=entries,
-            lookup=self.lookup,
-            **options,
+            max_memtable_rows=max_memtable_rows,
+            max_memtable_bytes=max_memtable_bytes,
+            max_wal_buffer_bytes=max_wal_buffer_bytes,
+            wal_flush_interval=wal_flush_interval,
+            max_unflushed_memtables=max_unflushed_memtables,
+            backpressure_timeout=backpressure_timeout,
+            max_wal_entries=max_wal_entries,
+            max_memtable_age=max_memtable_age,
+            heartbeat_interval=heartbeat_interval,
+        )
+        return self._opener.open(
+            region_id, region_values=region_values, spec_id=spec_id, options=options
         )
 
-    def set_region_spec(
-        self, spec: RegionSpec, progress: Callable[[int, int], None] | None = None
+    def configure_writers(
+        self,
+        *,
+        durable: bool = True,
+        max_memtable_rows: int = DEFAULT_MAX_MEMTABLE_ROWS,
+        max_memtable_bytes: int = DEFAULT_MAX_MEMTABLE_BYTES,
+        max_wal_buffer_bytes: int = DEFAULT_MAX_WAL_BUFFER_BYTES,
+        wal_flush_interval: float = DEFAULT_WAL_FLUSH_INTERVAL,
+        max_unflushed_memtables: int = DEFAULT_MAX_UNFLUSHED_MEMTABLES,
+        backpressure_timeout: float | None = None,
+        max_wal_entries: int = DEFAULT_MAX_WAL_ENTRIES,
+        max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
-        """Make ``spec`` the region spec of new writes (``memwal spec set``).
+        """Set the options of the writers :meth:`write` opens from now on (those
+        already open keep theirs); an option not given takes its default. The options
+        are those of :meth:`writer`."""
+        self._routed.options = WriterOptions(
+            durable=durable,
+            max_memtable_rows=max_memtable_rows,
+            max_memtable_bytes=max_memtable_bytes,
+            max_wal_buffer_bytes=max_wal_buffer_bytes,
+            wal_flush_interval=wal_flush_interval,
+            max_unflushed_memtables=max_unflushed_memtables,
+            backpressure_timeout=backpressure_timeout,
+            max_wal_entries=max_wal_entries,
+            max_memtable_age=max_memtable_age,
+            heartbeat_interval=heartbeat_interval,
+        )
 
-        The index keeps every spec (``region_specs``; the current one has the highest
-        id, so ``spec.spec_id`` must be above every recorded id). Keys then move to
-        their regions of the new spec: the regions of older specs are claimed (fencing
-        their writers), flushed, sealed and merged into the base table before any
-        writer of the new spec writes (see :mod:`memwal_query.maintain.specs`), so a
-        key is never unmerged in two regions. Writes routed meanwhile by the old spec
-        are routed again by :meth:`write`/:meth:`delete` (:class:`SpecChangedError`
-        for callers of :meth:`writer`). This table's own writers are closed first.
-        ``progress(done, total)`` is called as older-spec regions are sealed and merged.
+    def write(
+        self, data: Any, *, partial: bool = False, schema_mode: str | None = None
+    ) -> dict[str, int]:
+        """Route rows to their regions by the region spec and put them.
+
+        One writer per region is opened on first use and kept for later calls (close
+        them with :meth:`close`).
+
+        Parameters
+        ----------
+        data : table-like
+            Whole rows (every column). See :meth:`RegionWriter.put`.
+        partial : bool
+            Partial update: missing columns keep each key's current value.
+        schema_mode : {None, "merge"}
+            What to do with columns of ``data`` the table lacks: None (default) refuses
+            them (:class:`SchemaError` naming them, and this option); ``"merge"`` adds
+            them first, nullable, with the type they have in ``data``
+            (:meth:`Alter.add_columns`; rows written before read NULL for them), as
+            deltalake's ``write_deltalake(..., schema_mode="merge")``.
+
+        Returns
+        -------
+        dict
+            ``{region_id: rows written}``, every region in it durable.
+
+        Raises
+        ------
+        SchemaError, PrimaryKeyError
+            The rows do not fit the table (nothing written).
+        WriteIncompleteError
+            Some regions were written and others failed (both are listed).
+        FencedError
+            Another writer kept fencing this table's writer of a region
+            (:attr:`fence_retries` claims).
+
+        Notes
+        -----
+        Each region's rows are one WAL entry (all or nothing), and the regions of one
+        call are written concurrently and independently; a reader may see some of them
+        before the others. Upserts and deletes are idempotent, so retrying the call
+        converges to the same table. A fenced put was never acknowledged, so the
+        region is claimed again and the put retried (with exponential backoff): writers
+        of one region take turns, and the later acknowledged write of a key wins. Rows
+        routed to a region of a spec that is no longer the current one are routed again
+        by the current spec.
+        """
+        from memwal_query.format.schema import SCHEMA_MODES, to_table
+
+        if schema_mode not in SCHEMA_MODES:
+            raise ValueError(f"schema_mode must be one of {SCHEMA_MODES}, got {schema_mode!r}")
+        table = to_table(data, columns=self._catalog.schema.names)
+        self._add_input_columns(table, schema_mode)
+        return self._again_on_schema_change(lambda: self._write_rows(table, partial))
+
+    def _again_on_schema_change(self, call: Callable[[], dict[str, int]]) -> dict[str, int]:
+        """``call()``; when a writer found that another process changed the schema since
+        this object read it, take the new one and call again (whole-row upserts and
+        deletes are idempotent; rows that lack a column it added are then refused as
+        any such rows are)."""
+        try:
+            return call()
+        except (SchemaChangedError, WriteIncompleteError) as e:
+            errors = e.errors.values() if isinstance(e, WriteIncompleteError) else [e]
+            if not all(isinstance(x, SchemaChangedError) for x in errors):
+                raise
+        self._refresh_schema(close=True)
+        return call()
+
+    def _write_rows(self, data: pa.Table, partial: bool) -> dict[str, int]:
+        """Coerce ``data`` to the table schema and route it (see :meth:`write`)."""
+        from memwal_query.format.schema import coerce_partial_rows
+        from memwal_query.regions.spec import check_partial_sources
+
+        cat = self._catalog
+        if partial:
+            rows, missing = coerce_partial_rows(data, cat.schema, cat.primary_key)
+            check_partial_sources(cat.routing_spec(), missing, cat.lance_schema)
+        else:
+            rows, missing = coerce_rows(data, cat.schema, cat.primary_key), []
+
+        def check(spec: RegionSpec) -> None:
+            check_partial_sources(spec, missing, cat.lance_schema)
+
+        return self._routed.route(rows, lambda w, part: w._put_routed(part, missing), check)
+
+    def _add_input_columns(self, data: pa.Table, schema_mode: str | None) -> None:
+        """Make the columns of ``data`` the table lacks known: another process may have
+        added them (take the new schema), or ``schema_mode="merge"`` adds them."""
+        from memwal_query.format.schema import extra_columns
+
+        if not extra_columns(data.schema, self._catalog.schema):
+            return
+        if self._catalog.schema_changes():
+            self._refresh_schema()
+        extra = extra_columns(data.schema, self._catalog.schema)
+        if extra and schema_mode == "merge":
+            self.alter.add_columns(extra)
+
+    def _refresh_schema(self, close: bool = False) -> None:
+        """Take the base table's current schema; when it changed (or ``close``), this
+        object's writers (opened with the old one) are closed, their rows left in the
+        WAL for the next writer to replay."""
+        if self._catalog.refresh_schema() or close:
+            self._routed.close(flush=False)
+
+    def delete(self, keys: Any) -> dict[str, int]:
+        """Route delete tombstones to their regions (the spec must read key columns only).
+
+        Same return value, atomicity, errors and retries as :meth:`write`.
 
         Raises
         ------
         RegionSpecError
-            ``spec`` is not a RegionSpec, its id is not above every recorded id, or it
-            cannot evaluate the table's rows; the index is unchanged.
+            The region spec reads columns outside the primary key.
         """
-        from memwal_query.maintain.specs import check_new_spec, set_region_spec
+        from memwal_query.format.schema import coerce_keys
 
-        check_new_spec(self, spec)
-        self._routed.close(flush=False)  # their rows are in the WAL: drained below
-        set_region_spec(self, spec, progress)
+        cat = self._catalog
+        key_table = coerce_keys(keys, cat.schema, cat.primary_key)
 
-    # -- background work ---------------------------------------------------------------
-    def merge(
-        self,
-        region_id: str | None = None,
-        max_generations: int | None = None,
-        batch_rows: int | None = None,
-    ) -> list[tuple[str, int]]:
-        """Merge flushed generations into the base table; ``[(region_id, generation)]``.
+        def check(spec: RegionSpec) -> None:
+            names = field_names(cat.lance_schema)
+            sources = {names.get(i) for f in spec.fields for i in f.source_ids}
+            if not sources <= set(cat.primary_key):
+                raise RegionSpecError(
+                    "cannot route deletes by key: the region spec reads "
+                    f"{sorted(map(str, sources))}, not only the primary key "
+                    f"{cat.primary_key}; delete through the region's writer"
+                )
 
-        Consecutive generations of a region totalling up to ``batch_rows`` rows (default
-        :data:`memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`) are merged by one commit; ``0``
-        commits each generation on its own. See :mod:`memwal_query.maintain.merger` for the
-        ordering and atomicity guarantees.
-        """
-        from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
-
-        rows = DEFAULT_BATCH_ROWS if batch_rows is None else batch_rows
-        done = merge(self, region_id, max_generations, DEFAULT_MAX_RETRIES, rows)
-        return [(r.region_id, r.generation) for r in done]
-
-    def refresh_snapshots(self) -> mwindex.MemWalIndex:
-        """Write the current region states as snapshots into the MemWAL index.
-
-        ``eventual`` readers use them (see :mod:`memwal_query.maintain.snapshots`).
-        """
-        from memwal_query.maintain.snapshots import refresh
-
-        refresh(self)
-        return self.index()
-
-    def catch_up_indexes(self, names: list[str] | None = None) -> dict[str, dict[str, int]]:
-        """Extend base indexes over merged data and record ``index_catchup``."""
-        from memwal_query.maintain.catchup import catch_up_indexes
-
-        return catch_up_indexes(self, names)
-
-    def gc(
-        self,
-        dry_run: bool = False,
-        cleanup_older_than=None,
-        min_age=None,
-        progress=None,
-        retain_versions_for=None,
-        sizes: dict[str, int] | None = None,
-    ) -> list[str]:
-        """Delete merged, caught-up, unreferenced generations and WAL entries.
-
-        See :mod:`memwal_query.maintain.gc` for the rules. ``cleanup_older_than`` (a
-        ``datetime.timedelta``) first removes older base-table versions with Lance,
-        except those that were the latest within ``min_age`` (default:
-        ``cleanup_older_than``), which readers may still use. ``progress(done, total)``
-        is called as paths are deleted. ``retain_versions_for`` (a timedelta) keeps
-        every base version that was the latest within that window, so time travel
-        (``as_of``) to any moment in it works. Changes a registered consumer
-        (:meth:`register_consumer`) has not consumed are never removed. ``sizes`` (a
-        dict), when given, is filled with the bytes of each path, measured before it is
-        deleted. Returns the paths removed (or, with ``dry_run``, that would be).
-        """
-        from memwal_query.maintain.gc import gc
-
-        return gc(
-            self,
-            dry_run=dry_run,
-            cleanup_older_than=cleanup_older_than,
-            min_age=min_age,
-            progress=progress,
-            retain_versions_for=retain_versions_for,
-            sizes=sizes,
+        check(cat.routing_spec())
+        return self._again_on_schema_change(
+            lambda: self._routed.route(key_table, lambda w, part: w.delete(part), check)
         )
 
-    # -- change feed -------------------------------------------------------------------
-    def changes(
-        self,
-        since: Any = None,
-        writers: Sequence[RegionWriter] | None = None,
-        consistency: str = DEFAULT_CONSISTENCY,
-        max_rows: int | None = None,
-        regions: Sequence[str] | None = None,
-    ) -> Changes:
-        """Every change after ``since``: ``.table`` (rows + ``_change_type``, ``_region``,
-        ``_gen``, ``_seq``) and ``.cursor`` (pass it as ``since`` next time).
+    @property
+    def fence_retries(self) -> int:
+        """How many times :meth:`write`/:meth:`delete`/:meth:`flush` claim a region
+        again after being fenced by another writer of it (default
+        :data:`~memwal_query.write.routing.DEFAULT_FENCE_RETRIES`; exponential backoff
+        from 50 ms, at most 2 s)."""
+        return self._routed.fence_retries
 
-        ``since``: a cursor, a base version, a timestamp, or None (the earliest change
-        still available). See :mod:`memwal_query.read.changes` for the guarantees, and
-        :meth:`register_consumer` to keep GC from removing what a consumer needs.
-        Unlike :meth:`provider`, ``writers`` defaults to none.
+    @fence_retries.setter
+    def fence_retries(self, value: int) -> None:
+        self._routed.fence_retries = value
+
+    def writers(self) -> list[RegionWriter]:
+        """The writers opened by :meth:`write` (pass them as ``writers=`` to read their
+        unflushed rows elsewhere)."""
+        return self._routed.writers()
+
+    def flush(self) -> dict[str, int | None]:
+        """Flush this object's writers (those :meth:`write` opened), concurrently.
+
+        Other processes' writers are not touched (``t.maintenance.drain()`` claims every
+        region instead). A writer fenced by another writer of its region meanwhile is
+        claimed again (as :meth:`write` does): its acknowledged rows are in the WAL,
+        and the new claim replays and flushes them.
+
+        Returns
+        -------
+        dict
+            ``{region_id: generation flushed}`` (None: nothing to flush).
         """
-        from memwal_query.read.changes import changes
+        return self._routed.flush()
 
-        return changes(
-            self,
-            since,
-            consistency=consistency,
-            writers=writers,
-            regions=regions,
-            max_rows=max_rows,
-        )
+    def close(self, flush: bool = True) -> None:
+        """Close the writers opened by :meth:`write` (flushing them first by default)."""
+        self._routed.close(flush)
 
-    def register_consumer(self, name: str, cursor: Any = None) -> str:
-        """Record (or advance) consumer ``name`` at ``cursor``: GC keeps every change
-        after it. Returns the stored cursor (None: the earliest change available)."""
-        from memwal_query.read.consumers import register_consumer
+    def __enter__(self) -> MemWalTable:
+        return self
 
-        return register_consumer(self, name, cursor)
-
-    def consumers(self) -> dict[str, str]:
-        """Registered consumers and their cursors."""
-        from memwal_query.read.consumers import consumers
-
-        return {name: c.encode() for name, c in consumers(self).items()}
-
-    def drop_consumer(self, name: str) -> None:
-        """Forget a registered consumer (GC stops keeping changes for it)."""
-        from memwal_query.read.consumers import drop_consumer
-
-        drop_consumer(self, name)
-
-    def maintain(
-        self,
-        policy: MaintenancePolicy | None = None,
-        dry_run: bool = False,
-        progress: Callable[[str, int, int], None] | None = None,
-    ) -> MaintenanceReport:
-        """One maintenance pass: merge regions over the policy's thresholds, catch up
-        indexes, refresh snapshots, GC with a retention window (``memwal maintain``).
-
-        See :mod:`memwal_query.maintain.policy` for the policy defaults and why each
-        step is safe alongside writers, readers and other maintainers. ``dry_run`` only
-        reports; ``progress(step, done, total)`` is called as steps advance.
-        """
-        from memwal_query.maintain.policy import maintain
-
-        return maintain(self, policy, dry_run=dry_run, progress=progress)
-
-    def status(self) -> TableStatus:
-        """Live rows, and per region: epoch, generations flushed/merged, WAL span,
-        unflushed entries and rows, their age, whether the writer is alive, sizes (see
-        :class:`memwal_query.maintain.status.TableStatus`)."""
-        from memwal_query.maintain.status import status
-
-        return status(self)
+    def __exit__(self, *exc: object) -> None:
+        self.close(flush=exc[0] is None)
 
     # -- reading -----------------------------------------------------------------------
-    def check(self) -> list:
-        """Every problem of the table's storage, as :class:`memwal_query.maintain.fsck.Finding`s.
-
-        Reads every manifest, WAL entry, unmerged generation, bloom filter and the
-        MemWAL index; changes nothing. Empty for a healthy table (``memwal fsck``).
-        """
-        from memwal_query.maintain.fsck import check
-
-        return check(self)
-
     def provider(
         self,
         consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
+        *,
         meta_columns: bool = False,
         max_staleness: float | None = None,
         as_of: Any = None,
@@ -448,63 +645,133 @@ class MemWalTable(Catalog):
             base version not after that moment), with the generations live then
             (:func:`memwal_query.read.view.resolve_as_of`); ``VersionGoneError`` when
             GC removed what that moment needs.
+
+        Returns
+        -------
+        MemWalDataset
         """
         from memwal_query.read.provider import MemWalDataset
 
-        if writers is None:
-            writers = self._routed.writers()
         return MemWalDataset(
-            self, consistency, writers, meta_columns, max_staleness=max_staleness, as_of=as_of
+            self._catalog,
+            consistency,
+            self._default_writers(writers),
+            meta_columns,
+            max_staleness=max_staleness,
+            as_of=as_of,
         )
 
     def to_table(
         self,
         columns: Sequence[str] | None = None,
         filter: Any = None,
+        *,
         consistency: str = DEFAULT_CONSISTENCY,
         writers: Sequence[RegionWriter] | None = None,
+        as_of: Any = None,
     ) -> pa.Table:
         """The deduplicated table (newest row per key) as a pyarrow Table.
 
-        ``filter`` is a ``pyarrow.compute.Expression`` evaluated on the newest version.
+        ``filter`` is a ``pyarrow.compute.Expression`` evaluated on the newest version;
+        ``consistency``, ``writers`` and ``as_of`` are those of :meth:`provider`.
         """
-        return self.provider(consistency, writers).to_table(columns=columns, filter=filter)
+        return self.provider(consistency, writers, as_of=as_of).to_table(
+            columns=columns, filter=filter
+        )
 
-    def count_rows(self, consistency: str = DEFAULT_CONSISTENCY, writers=None) -> int:
-        """Number of live rows in the deduplicated view."""
-        return self.provider(consistency, writers).count_rows()
+    def count_rows(
+        self,
+        *,
+        consistency: str = DEFAULT_CONSISTENCY,
+        writers: Sequence[RegionWriter] | None = None,
+        as_of: Any = None,
+    ) -> int:
+        """Number of live rows in the deduplicated view (options of :meth:`provider`)."""
+        return self.provider(consistency, writers, as_of=as_of).count_rows()
+
+    def changes(
+        self,
+        since: Any = None,
+        *,
+        consistency: str = DEFAULT_CONSISTENCY,
+        writers: Sequence[RegionWriter] | None = None,
+        regions: Sequence[str] | None = None,
+        max_rows: int | None = None,
+        until: Any = None,
+    ) -> Changes:
+        """Every change after ``since``: ``.table`` (rows + ``_change_type``, ``_region``,
+        ``_gen``, ``_seq``) and ``.cursor`` (pass it as ``since`` next time).
+
+        ``since``: a cursor, a base version, a timestamp, or None (the earliest change
+        still available); ``until`` bounds it the same way. See
+        :mod:`memwal_query.read.changes` for the guarantees, and :attr:`consumers` to
+        keep GC from removing what a consumer needs. Unlike :meth:`provider`,
+        ``writers`` defaults to none.
+        """
+        from memwal_query.read.changes import changes
+
+        return changes(
+            self._catalog,
+            since,
+            consistency=consistency,
+            writers=writers,
+            regions=regions,
+            max_rows=max_rows,
+            until=until,
+        )
 
     # -- search ------------------------------------------------------------------------
     def lookup(
         self,
         keys: Any,
         columns: Sequence[str] | None = None,
+        *,
         writers: Sequence[RegionWriter] | None = None,
-        **kw: Any,
+        consistency: str = DEFAULT_CONSISTENCY,
+        as_of: Any = None,
+        debug: dict | None = None,
     ) -> pa.Table:
-        """Newest live rows of the given primary keys (see :mod:`memwal_query.search`);
-        ``as_of=`` (a base version or moment) looks them up in the past."""
+        """Newest live rows of the given primary keys.
+
+        Parameters are those of :func:`memwal_query.search.lookup`; ``writers``
+        defaults to the writers opened by :meth:`write`, ``as_of`` (a base version or
+        moment) looks the keys up in the past.
+        """
         from memwal_query.search import lookup
 
-        return lookup(self, keys, columns, self._default_writers(writers), **kw)
+        return lookup(
+            self._catalog,
+            keys,
+            columns,
+            self._default_writers(writers),
+            consistency=consistency,
+            as_of=as_of,
+            debug=debug,
+        )
 
     def vector_search(
         self,
         column: str,
         query: Any,
         k: int = 10,
+        *,
         filter: Any = None,
-        nprobes: int = 20,
-        refine_factor: int | None = 20,
+        nprobes: int = DEFAULT_NPROBES,
+        refine_factor: int | None = DEFAULT_REFINE_FACTOR,
+        columns: Sequence[str] | None = None,
         writers: Sequence[RegionWriter] | None = None,
-        **kw: Any,
+        consistency: str = DEFAULT_CONSISTENCY,
+        debug: dict | None = None,
     ) -> pa.Table:
-        """Top-k nearest rows across all LSM levels, with ``_distance`` (see
-        :func:`memwal_query.search.vector_search`; ``refine_factor`` 20 by default)."""
+        """Top-k nearest rows across all LSM levels, with ``_distance``.
+
+        Parameters are those of :func:`memwal_query.search.vector_search`; ``writers``
+        defaults to the writers opened by :meth:`write`.
+        """
         from memwal_query.search import vector_search
 
         return vector_search(
-            self,
+            self._catalog,
             column,
             query,
             k,
@@ -512,7 +779,9 @@ class MemWalTable(Catalog):
             nprobes,
             refine_factor,
             self._default_writers(writers),
-            **kw,
+            columns=columns,
+            consistency=consistency,
+            debug=debug,
         )
 
     def fts_search(
@@ -520,156 +789,482 @@ class MemWalTable(Catalog):
         column: str,
         query: str,
         k: int = 10,
+        *,
         filter: Any = None,
+        columns: Sequence[str] | None = None,
         writers: Sequence[RegionWriter] | None = None,
-        **kw: Any,
+        consistency: str = DEFAULT_CONSISTENCY,
+        debug: dict | None = None,
     ) -> pa.Table:
-        """Top-k full-text matches across all LSM levels, with globally comparable ``_score``."""
+        """Top-k full-text matches across all LSM levels, with globally comparable
+        ``_score``.
+
+        Parameters are those of :func:`memwal_query.search.fts_search`; ``writers``
+        defaults to the writers opened by :meth:`write`.
+        """
         from memwal_query.search import fts_search
 
-        return fts_search(self, column, query, k, filter, self._default_writers(writers), **kw)
+        return fts_search(
+            self._catalog,
+            column,
+            query,
+            k,
+            filter,
+            self._default_writers(writers),
+            columns=columns,
+            consistency=consistency,
+            debug=debug,
+        )
 
     def _default_writers(self, writers: Sequence[RegionWriter] | None) -> list[RegionWriter]:
         return self._routed.writers() if writers is None else list(writers)
 
-    # -- routing writes ----------------------------------------------------------------
-    def configure_writers(self, **options: Any) -> None:
-        """Options (``durable``, ``max_memtable_rows``...) for writers opened by write()."""
-        self._routed.options = dict(options)
+    def _partial_lookup(
+        self, keys: pa.Table, *, columns: Sequence[str], writers: Sequence[RegionWriter]
+    ) -> pa.Table:
+        """The :class:`~memwal_query.write.writer_state.PartialLookup` of this table's
+        writers."""
+        from memwal_query.search import lookup
 
-    def write(self, data: Any, *, partial: bool = False) -> dict[str, int]:
-        """Route rows to their regions by the region spec and put them.
+        return lookup(self._catalog, keys, columns, list(writers))
 
-        One writer per region is opened on first use and kept for later calls (close
-        them with :meth:`close`). Returns ``{region_id: rows written}``, every region
-        in it durable.
+    # -- deprecated spellings ----------------------------------------------------------
+    if not TYPE_CHECKING:  # static checks see only the documented surface
 
-        Parameters
-        ----------
-        data : table-like
-            Whole rows (every column). See :meth:`RegionWriter.put`.
-        partial : bool
-            Partial update: missing columns keep each key's current value.
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_"):
+                raise AttributeError(name)
+            moved = _MOVED.get(name)
+            if moved is not None:
+                new, get = moved
+                deprecated(f"MemWalTable.{name}", new)
+                return get(self)
+            catalog = self.__dict__.get("_catalog")
+            if catalog is not None and hasattr(catalog, name):
+                # The catalog's other names (a MemWalTable used to be a Catalog): lower-level
+                # functions handed a MemWalTable keep working for one release.
+                deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
+                return getattr(catalog, name)
+            raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
 
-        Atomicity: each region's rows are one WAL entry (all or nothing), and the
-        regions of one call are written concurrently and independently; a reader may
-        see some of them before the others. When a region fails, the others are still
-        durable: :class:`WriteIncompleteError` lists both (when none was written, the
-        region's own error is raised). Upserts and deletes are idempotent, so retrying
-        the call converges to the same table.
-
-        Another process writing the same region fences this table's writer; a fenced
-        put was never acknowledged, so the region is claimed again and the put retried
-        (``write_retries`` times, default 5, with exponential backoff): writers of one
-        region take turns, and the later acknowledged write of a key wins. When the
-        retries run out, :class:`FencedError` is raised. Rows routed to a region of a
-        spec that is no longer the current one (:meth:`set_region_spec`, here or in
-        another process) are routed again by the current spec.
-        """
-        from memwal_query.format.schema import coerce_partial_rows
-        from memwal_query.regions.spec import check_partial_sources
-
-        if partial:
-            rows, missing = coerce_partial_rows(data, self.schema, self.primary_key)
-            check_partial_sources(self.routing_spec(), missing, self.lance_schema)
-        else:
-            rows, missing = coerce_rows(data, self.schema, self.primary_key), []
-
-        def check(spec: RegionSpec) -> None:
-            check_partial_sources(spec, missing, self.lance_schema)
-
-        return self._route(rows, lambda w, part: w._put_routed(part, missing), check)
-
-    def delete(self, keys: Any) -> dict[str, int]:
-        """Route delete tombstones to their regions (the spec must read key columns only).
-
-        Same return value, atomicity and retries as :meth:`write`.
-        """
-        from memwal_query.format.schema import coerce_keys
-
-        key_table = coerce_keys(keys, self.schema, self.primary_key)
-
-        def check(spec: RegionSpec) -> None:
-            names = field_names(self.lance_schema)
-            sources = {names.get(i) for f in spec.fields for i in f.source_ids}
-            if not sources <= set(self.primary_key):
-                raise RegionSpecError(
-                    "cannot route deletes by key: the region spec reads "
-                    f"{sorted(map(str, sources))}, not only the primary key "
-                    f"{self.primary_key}; delete through the region's writer"
-                )
-
-        check(self.routing_spec())
-        return self._route(key_table, lambda w, part: w.delete(part), check)
-
-    def _route(
-        self,
-        rows: pa.Table,
-        put: Callable[[RegionWriter, pa.Table], None],
-        check: Callable[[RegionSpec], None],
-    ) -> dict[str, int]:
-        """Split ``rows`` by the current spec and ``put`` each region's part; rows whose
-        region turned out to belong to an older spec (the spec changed meanwhile,
-        :class:`SpecChangedError`) are routed again by the new one (``check`` is run on
-        it first)."""
-        written: dict[str, int] = {}
-        for attempt in range(self._routed.write_retries + 1):
-            spec = self.routing_spec()
-            if attempt:
-                check(spec)
-            parts = split_by_region(spec, rows, self.lance_schema)
-            try:
-                done = self._routed.write_parts(parts, put, spec.spec_id)
-            except SpecChangedError as e:
-                unwritten = getattr(e, "unwritten", None)
-                if unwritten is None or attempt == self._routed.write_retries:
-                    raise
-                for region_id, n in getattr(e, "written", {}).items():
-                    written[region_id] = written.get(region_id, 0) + n
-                rows = pa.concat_tables(unwritten)
-                self.index()
-                continue
-            for region_id, n in done.items():
-                written[region_id] = written.get(region_id, 0) + n
-            return written
-        raise AssertionError("unreachable")
-
-    @property
-    def write_retries(self) -> int:
-        """How many times :meth:`write`/:meth:`delete`/:meth:`flush` claim a region
-        again after being fenced by another writer of it (default 5; exponential
-        backoff from 50 ms, at most 2 s)."""
-        return self._routed.write_retries
-
-    @write_retries.setter
-    def write_retries(self, value: int) -> None:
-        self._routed.write_retries = value
-
-    def _open_routed(self, values: dict[str, Any], spec_id: int, **options: Any) -> RegionWriter:
-        return self.writer(region_values=values, spec_id=spec_id, **options)
-
-    def writers(self) -> list[RegionWriter]:
-        """Writers opened by :meth:`write`."""
-        return self._routed.writers()
-
-    def flush(self) -> dict[str, int | None]:
-        """Flush every writer opened by :meth:`write` (concurrently); ``{region_id: gen}``.
-
-        A writer fenced by another writer of its region meanwhile is claimed again (as
-        :meth:`write` does): its acknowledged rows are in the WAL, and the new claim
-        replays and flushes them.
-        """
-        return self._routed.flush()
-
-    def close(self, flush: bool = True) -> None:
-        """Close the writers opened by :meth:`write` (flushing them first by default)."""
-        self._routed.close(flush)
-
-    def __enter__(self) -> MemWalTable:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close(flush=exc[0] is None)
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "write_retries":
+            deprecated("MemWalTable.write_retries", "MemWalTable.fence_retries")
+            name = "fence_retries"
+        catalog = self.__dict__.get("_catalog")
+        if (
+            catalog is not None
+            and not name.startswith("_")
+            and not hasattr(type(self), name)
+            and hasattr(catalog, name)
+        ):
+            deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
+            setattr(catalog, name, value)
+            return
+        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         return f"MemWalTable({self.uri!r}, primary_key={self.primary_key})"
+
+
+def _complete_spec_change(catalog: Catalog) -> None:
+    """The :class:`~memwal_query.write.opening.SpecChangeCompleter` of every table."""
+    from memwal_query.maintain.specs import complete_spec_change
+
+    complete_spec_change(catalog)
+
+
+class Maintenance:
+    """Background work on a table: ``t.maintenance`` (see ``docs/maintenance.md``).
+
+    Every operation is safe alongside writers, readers and other maintainers (see
+    :mod:`memwal_query.maintain`).
+    """
+
+    def __init__(self, table: MemWalTable) -> None:
+        self._table = table
+
+    def merge(
+        self,
+        *,
+        regions: Sequence[str] | None = None,
+        max_generations: int | None = None,
+        batch_rows: int | None = None,
+    ) -> MergeReport:
+        """Merge flushed generations into the base table, each region in order.
+
+        Parameters
+        ----------
+        regions : list of str, optional
+            Only these regions (default: every region).
+        max_generations : int, optional
+            At most this many generations per region.
+        batch_rows : int, optional
+            Consecutive generations of a region totalling up to this many rows are
+            merged by one commit (default
+            :data:`memwal_query.maintain.merger.DEFAULT_BATCH_ROWS`; ``0``: one commit
+            per generation).
+
+        Returns
+        -------
+        MergeReport
+
+        Raises
+        ------
+        MergeFailedError
+            Some regions failed (every region is attempted; ``.results`` holds what was
+            merged).
+        """
+        from memwal_query.maintain.merger import (
+            DEFAULT_BATCH_ROWS,
+            DEFAULT_MAX_RETRIES,
+            MergeReport,
+            merge,
+        )
+
+        rows = DEFAULT_BATCH_ROWS if batch_rows is None else batch_rows
+        cat = self._table.catalog
+        if regions is None:
+            return MergeReport(merge(cat, None, max_generations, DEFAULT_MAX_RETRIES, rows))
+        done = []
+        for region_id in regions:
+            done.extend(merge(cat, region_id, max_generations, DEFAULT_MAX_RETRIES, rows))
+        return MergeReport(done)
+
+    def gc(
+        self,
+        *,
+        dry_run: bool = False,
+        cleanup_older_than: dt.timedelta | None = None,
+        min_age: dt.timedelta | None = None,
+        retain_versions_for: dt.timedelta | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        sizes: dict[str, int] | None = None,
+    ) -> list[str]:
+        """Delete merged, caught-up, unreferenced generations and WAL entries.
+
+        Parameters
+        ----------
+        dry_run : bool
+            Only list what would be removed.
+        cleanup_older_than : datetime.timedelta, optional
+            First remove base-table versions older than this with Lance (None: keep
+            every version).
+        min_age : datetime.timedelta, optional
+            Never remove a version that was the latest within this window (readers may
+            still use it); default ``cleanup_older_than``.
+        retain_versions_for : datetime.timedelta, optional
+            Keep every base version that was the latest within this window, so time
+            travel (``as_of``) to any moment in it works.
+        progress : callable, optional
+            ``progress(done, total)`` as paths are deleted.
+        sizes : dict, optional
+            Filled with the bytes of each path, measured before it is deleted.
+
+        Returns
+        -------
+        list of str
+            The paths removed (or that would be).
+
+        Notes
+        -----
+        See :mod:`memwal_query.maintain.gc` for the rules. Changes a registered
+        consumer has not consumed are never removed.
+        """
+        from memwal_query.maintain.gc import gc
+
+        return gc(
+            self._table.catalog,
+            dry_run=dry_run,
+            cleanup_older_than=cleanup_older_than,
+            min_age=min_age,
+            progress=progress,
+            retain_versions_for=retain_versions_for,
+            sizes=sizes,
+        )
+
+    def catch_up_indexes(self, names: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+        """Extend base indexes (``names``, default: every index) over merged data and
+        record ``index_catchup``; returns the recorded progress per index."""
+        from memwal_query.maintain.catchup import catch_up_indexes
+
+        return catch_up_indexes(self._table.catalog, None if names is None else list(names))
+
+    def refresh_snapshots(self) -> SnapshotRefresh:
+        """Write the current region states as snapshots into the MemWAL index
+        (``eventual`` readers use them; see :mod:`memwal_query.maintain.snapshots`)."""
+        from memwal_query.maintain.snapshots import SnapshotRefresh, refresh
+
+        return SnapshotRefresh.of(refresh(self._table.catalog))
+
+    def fsck(self, *, progress: Callable[[str], None] | None = None) -> FsckReport:
+        """Every problem of the table's storage (``memwal fsck``); changes nothing.
+
+        Reads every manifest, WAL entry, unmerged generation, bloom filter and the
+        MemWAL index; ``progress(region_id)`` before each region.
+
+        Returns
+        -------
+        FsckReport
+            No findings for a healthy table.
+        """
+        from memwal_query.maintain.fsck import FsckReport, check
+
+        return FsckReport(check(self._table.catalog, progress))
+
+    def status(self) -> TableStatus:
+        """Live rows, and per region: epoch, generations flushed/merged, WAL span,
+        unflushed entries and rows, their age, whether the writer is alive, sizes
+        (``memwal status``; see :class:`memwal_query.maintain.status.TableStatus`)."""
+        from memwal_query.maintain.status import status
+
+        return status(self._table.catalog)
+
+    def maintain(
+        self,
+        policy: MaintenancePolicy | None = None,
+        *,
+        dry_run: bool = False,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> MaintenanceReport:
+        """One maintenance pass: merge regions over the policy's thresholds, catch up
+        indexes, refresh snapshots, GC with a retention window (``memwal maintain``).
+
+        See :mod:`memwal_query.maintain.policy` for the policy defaults and why each
+        step is safe alongside writers, readers and other maintainers. ``dry_run`` only
+        reports; ``progress(step, done, total)`` is called as steps advance.
+        """
+        from memwal_query.maintain.policy import maintain
+
+        return maintain(self._table.catalog, policy, dry_run=dry_run, progress=progress)
+
+    def set_region_spec(
+        self, spec: RegionSpec, *, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Make ``spec`` the region spec of new writes (``memwal spec set``).
+
+        The index keeps every spec (the current one has the highest id, so
+        ``spec.spec_id`` must be above every recorded id). Keys then move to their
+        regions of the new spec: the regions of older specs are claimed (fencing their
+        writers), flushed, sealed and merged into the base table before any writer of
+        the new spec writes (see :mod:`memwal_query.maintain.specs`), so a key is never
+        unmerged in two regions. Writes routed meanwhile by the old spec are routed
+        again by :meth:`MemWalTable.write`/:meth:`MemWalTable.delete`
+        (:class:`SpecChangedError` for callers of :meth:`MemWalTable.writer`). This
+        table's own writers are closed first. ``progress(done, total)`` is called as
+        older-spec regions are sealed and merged.
+
+        Raises
+        ------
+        RegionSpecError
+            ``spec`` is not a RegionSpec, its id is not above every recorded id, or it
+            cannot evaluate the table's rows; the index is unchanged.
+        """
+        from memwal_query.maintain.specs import check_new_spec, set_region_spec
+
+        cat = self._table.catalog
+        check_new_spec(cat, spec)
+        self._table._routed.close(flush=False)  # their rows are in the WAL: drained below
+        set_region_spec(cat, spec, progress)
+
+    def drain(self, region_id: str) -> int | None:
+        """Claim a region (fencing its live writer), replay its unflushed WAL, flush it
+        as a generation and let the region go (``memwal drain``): for regions whose
+        writer is gone. Returns the generation flushed (None: nothing to flush).
+
+        Raises
+        ------
+        RegionSpecError
+            There is no such region.
+        """
+        w = self._table._opener.open(region_id)
+        try:
+            return w.flush()
+        finally:
+            w.close(flush=False)
+
+
+class Alter:
+    """Schema changes of a table: ``t.alter`` (see ``docs/schema.md``).
+
+    Safe while writers, readers and maintenance run, in any process: rows written
+    before a change read NULL for an added column everywhere (SQL, search, the change
+    feed, Spark, the merger); a writer opened before it either writes its rows ahead of
+    every row carrying the column or is refused with :class:`SchemaChangedError`
+    (never dropping a value of the column).
+    """
+
+    def __init__(self, table: MemWalTable) -> None:
+        self._table = table
+
+    def add_columns(self, fields: Any) -> pa.Schema:
+        """Add nullable columns to the table (every existing row reads NULL for them).
+
+        Parameters
+        ----------
+        fields : pyarrow.Field, list of pyarrow.Field, pyarrow.Schema or dict
+            The new columns; ``{"name": type}`` for short, with a ``pyarrow.DataType``
+            or an Arrow type name (``"string"``, ``"int64"``, ``"timestamp[us]"``).
+            Only the schema changes (Lance ``add_columns``: no data is rewritten).
+
+        Returns
+        -------
+        pyarrow.Schema
+            The table's schema afterwards (also :attr:`MemWalTable.schema`).
+
+        Raises
+        ------
+        SchemaError
+            A column exists already, is not nullable, has the NULL type or a reserved
+            name (``_tombstone``...); the table is unchanged.
+        CommitConflictError
+            Other commits of the base table (merges, index updates) kept landing first;
+            each lost race is checked again and retried (with backoff) first.
+        """
+        from memwal_query.exceptions import CommitConflictError
+        from memwal_query.format.schema import new_fields
+        from memwal_query.maintain.merger import DEFAULT_MAX_RETRIES, _backoff, _is_conflict
+
+        t = self._table
+        for attempt in range(1, DEFAULT_MAX_RETRIES + 1):
+            t._refresh_schema()
+            items = new_fields(fields, t.catalog.schema)
+            try:
+                t.catalog.dataset().add_columns(items)
+            except Exception as e:
+                if not _is_conflict(e):
+                    raise
+                # another commit (a merge, an index update) landed first: check again
+                # on the new version, then retry
+                _backoff(attempt)  # sleeps
+                continue
+            t._refresh_schema()
+            return t.catalog.schema
+        raise CommitConflictError(
+            f"{t.uri}: adding columns lost {DEFAULT_MAX_RETRIES} commit races with other "
+            "commits of the base table; try again"
+        )
+
+
+class Consumers:
+    """Change-feed consumers of a table: ``t.consumers`` (see ``docs/changes.md``).
+
+    A registered consumer's cursor keeps GC from removing the changes after it.
+    """
+
+    def __init__(self, table: MemWalTable) -> None:
+        self._table = table
+
+    def register(self, name: str, cursor: Any = None) -> str:
+        """Record (or advance) consumer ``name`` at ``cursor``: GC keeps every change
+        after it. Returns the stored cursor (None: the earliest change available)."""
+        from memwal_query.read.consumers import register_consumer
+
+        return register_consumer(self._table.catalog, name, cursor)
+
+    def list(self) -> dict[str, str]:
+        """Registered consumers and their cursors (encoded)."""
+        from memwal_query.read.consumers import consumers
+
+        return {name: c.encode() for name, c in consumers(self._table.catalog).items()}
+
+    def drop(self, name: str) -> None:
+        """Forget a registered consumer (GC stops keeping changes for it)."""
+        from memwal_query.read.consumers import drop_consumer
+
+        drop_consumer(self._table.catalog, name)
+
+    def __call__(self) -> dict[str, str]:
+        deprecated("MemWalTable.consumers()", "MemWalTable.consumers.list()")
+        return self.list()
+
+
+def _old_merge(t: MemWalTable) -> Callable[..., list[tuple[str, int]]]:
+    def merge(
+        region_id: str | None = None,
+        max_generations: int | None = None,
+        batch_rows: int | None = None,
+    ) -> list[tuple[str, int]]:
+        report = t.maintenance.merge(
+            regions=None if region_id is None else [region_id],
+            max_generations=max_generations,
+            batch_rows=batch_rows,
+        )
+        return [(r.region_id, r.generation) for r in report.merged]
+
+    return merge
+
+
+def _old_gc(t: MemWalTable) -> Callable[..., list[str]]:
+    def gc(
+        dry_run: bool = False,
+        cleanup_older_than: dt.timedelta | None = None,
+        min_age: dt.timedelta | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        retain_versions_for: dt.timedelta | None = None,
+        sizes: dict[str, int] | None = None,
+    ) -> list[str]:
+        return t.maintenance.gc(
+            dry_run=dry_run,
+            cleanup_older_than=cleanup_older_than,
+            min_age=min_age,
+            retain_versions_for=retain_versions_for,
+            progress=progress,
+            sizes=sizes,
+        )
+
+    return gc
+
+
+def _old_maintain(t: MemWalTable) -> Callable[..., MaintenanceReport]:
+    def maintain(
+        policy: MaintenancePolicy | None = None,
+        dry_run: bool = False,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> MaintenanceReport:
+        return t.maintenance.maintain(policy, dry_run=dry_run, progress=progress)
+
+    return maintain
+
+
+def _old_set_region_spec(t: MemWalTable) -> Callable[..., None]:
+    def set_region_spec(
+        spec: RegionSpec, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        t.maintenance.set_region_spec(spec, progress=progress)
+
+    return set_region_spec
+
+
+def _old_refresh_snapshots(t: MemWalTable) -> Callable[[], Any]:
+    def refresh_snapshots() -> Any:
+        t.maintenance.refresh_snapshots()
+        return t.catalog.refresh_index()
+
+    return refresh_snapshots
+
+
+def _old_check(t: MemWalTable) -> Callable[[], list[Any]]:
+    return lambda: t.maintenance.fsck().findings
+
+
+_MOVED: dict[str, tuple[str, Callable[[MemWalTable], Any]]] = {
+    "merge": ("MemWalTable.maintenance.merge(regions=[...])", _old_merge),
+    "gc": ("MemWalTable.maintenance.gc", _old_gc),
+    "catch_up_indexes": (
+        "MemWalTable.maintenance.catch_up_indexes",
+        lambda t: t.maintenance.catch_up_indexes,
+    ),
+    "refresh_snapshots": ("MemWalTable.maintenance.refresh_snapshots", _old_refresh_snapshots),
+    "check": ("MemWalTable.maintenance.fsck", _old_check),
+    "status": ("MemWalTable.maintenance.status", lambda t: t.maintenance.status),
+    "maintain": ("MemWalTable.maintenance.maintain", _old_maintain),
+    "set_region_spec": ("MemWalTable.maintenance.set_region_spec", _old_set_region_spec),
+    "register_consumer": ("MemWalTable.consumers.register", lambda t: t.consumers.register),
+    "drop_consumer": ("MemWalTable.consumers.drop", lambda t: t.consumers.drop),
+    "write_retries": ("MemWalTable.fence_retries", lambda t: t.fence_retries),
+}
+"""Deprecated spellings of :class:`MemWalTable` moved to its namespaces: ``{old name:
+(new spelling, the value the old name gives)}`` (kept for one release; each use warns).
+The catalog's names (``t.dataset()``, ``t.io``...) are found on ``t.catalog`` the same
+way (:meth:`MemWalTable.__getattr__`)."""

@@ -103,9 +103,9 @@ def worker(
         elif op == "merge":  # one region, or both (their generations share a commit)
             t.merge(regions[r] if i % 2 else None, max_generations=2)
         elif op == "catch_up":
-            t.catch_up_indexes()
+            t.maintenance.catch_up_indexes()
         elif op == "gc":
-            t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
         _log(fd, {"ack": rec})
     os._exit(0)
 
@@ -159,7 +159,7 @@ def run(
         maintained_indexes=["v_idx"],
         storage_options=storage_options,
     )
-    regions = [t0.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
+    regions = [t0.catalog.region_id_for({"p": i}) for i in range(2)]  # keys k live in region k % 2
     model = {k: 0 for k in range(KEYS)}
     rng = random.Random(seed)
     ctx = mp.get_context("forkserver")

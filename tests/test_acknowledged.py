@@ -151,7 +151,7 @@ def test_a_killed_writers_acknowledged_rows_are_read_then_recovered_and_merged(t
     policy = MaintenancePolicy(abandoned_after=dt.timedelta(seconds=0.3))
     time.sleep(0.5)
     report = t.maintain(policy)
-    assert [r.region_id for r in report.recovered] == t.region_ids()
+    assert [r.region_id for r in report.recovered] == t.catalog.region_ids()
     assert report.merged
     plain = set(lance.dataset(uri).to_table(columns=["id"])["id"].to_pylist())
     assert seen <= plain  # every acknowledged row is in the base table
@@ -237,7 +237,7 @@ def test_maintain_never_fences_a_writer_whose_heartbeat_resumes(idle_writer, res
     assert got == []
     assert decisions == ([] if resume_at == "before the maintainer reads" else [w.region_id])
     w.put(_basic_row(table, 101))  # not fenced
-    assert table.region_manifest(w.region_id).writer_epoch == w.epoch
+    assert table.catalog.region_manifest(w.region_id).writer_epoch == w.epoch
 
 
 def test_a_writer_whose_heartbeat_stays_paused_is_recovered(idle_writer):

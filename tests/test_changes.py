@@ -30,11 +30,11 @@ def _table(tmp_path, n: int = 20) -> mq.MemWalTable:
 
 def _gc_all(t: mq.MemWalTable, **kw: Any) -> list[str]:
     """GC that may remove everything merged (old base versions cleaned at once)."""
-    return t.gc(cleanup_older_than=NOW, min_age=NOW, **kw)
+    return t.maintenance.gc(cleanup_older_than=NOW, min_age=NOW, **kw)
 
 
 def _region(t: mq.MemWalTable, key: int) -> str:
-    return t.region_id_for({"p": key % 2})
+    return t.catalog.region_id_for({"p": key % 2})
 
 
 def _rows(changes: pa.Table) -> list[tuple]:
@@ -87,8 +87,8 @@ def test_since_version_timestamp_and_max_rows(tmp_path):
     t = _table(tmp_path)
     t.write(basic_rows([1, 2]))
     t.flush()
-    t.merge()
-    merged_version = t.dataset().version
+    t.maintenance.merge()
+    merged_version = t.catalog.dataset().version
     time.sleep(0.02)
     moment = dt.datetime.now()
     t.write(basic_rows([5, 6], val=[5.5, 6.5]))
@@ -114,7 +114,7 @@ def test_bad_cursors_are_typed_errors(tmp_path):
     with pytest.raises(MemWalError):
         t.changes(consistency="eventual")
     with pytest.raises(CursorError):
-        t.register_consumer("bad/name")
+        t.consumers.register("bad/name")
     t.close()
 
 
@@ -123,10 +123,10 @@ def test_gc_keeps_what_a_registered_consumer_needs(tmp_path):
     t.write(basic_rows([1, 2]))
     t.flush()
     first = t.changes()
-    t.register_consumer("etl", first.cursor)
+    t.consumers.register("etl", first.cursor)
     t.write(basic_rows([3, 4]))
     t.flush()
-    t.merge()
+    t.maintenance.merge()
     removed = _gc_all(t)
     # generation 1 (consumed) is collected, generation 2 (not consumed yet) is kept
     assert any("_gen_1" in p for p in removed) and not any("_gen_2" in p for p in removed)
@@ -134,14 +134,14 @@ def test_gc_keeps_what_a_registered_consumer_needs(tmp_path):
     assert sorted(got.table.column("id").to_pylist()) == [3, 4]
     # an unregistered consumer at the start lost what GC removed: a typed error
     with pytest.raises(ChangesGoneError) as err:
-        t.changes(since=Cursor({}, t.lineage).encode())
+        t.changes(since=Cursor({}, t.catalog.lineage).encode())
     assert err.value.position == 1 and err.value.path.endswith(".arrow")
     # the consumer commits its progress: GC may now collect generation 2
-    t.register_consumer("etl", got.cursor)
+    t.consumers.register("etl", got.cursor)
     assert any("_gen_2" in p for p in _gc_all(t))
     assert t.changes(since=got.cursor).num_rows == 0
-    t.drop_consumer("etl")
-    assert t.consumers() == {}
+    t.consumers.drop("etl")
+    assert t.consumers.list() == {}
     t.close()
 
 
@@ -149,10 +149,10 @@ def test_corrupt_consumer_record_stops_gc(tmp_path):
     t = _table(tmp_path)
     t.write(basic_rows([1]))
     t.flush()
-    t.merge()
-    t.register_consumer("etl")
+    t.maintenance.merge()
+    t.consumers.register("etl")
     path = f"{t.uri}/_mem_wal/_consumers/etl.json"
-    t.io.write(path, b"{not json")
+    t.catalog.io.write(path, b"{not json")
     with pytest.raises(CursorError, match="etl.json"):
         _gc_all(t)
     assert t.changes(since=1).num_rows == 1  # nothing was removed
@@ -204,7 +204,7 @@ class _Consumer:
 
     def __init__(self, t: mq.MemWalTable, name: str, consistency: str) -> None:
         self.t, self.name, self.consistency = t, name, consistency
-        self.cursor = t.register_consumer(name)
+        self.cursor = t.consumers.register(name)
         self.seen: dict[str, list[tuple[int, float | None]]] = {}
 
     def poll(self) -> None:
@@ -215,7 +215,7 @@ class _Consumer:
         for r, s in zip(got.table.column("_region").to_pylist(), got.table["_seq"].to_pylist()):
             assert s > seqs.get(r, -1)
             seqs[r] = s
-        self.cursor = self.t.register_consumer(self.name, got.cursor)
+        self.cursor = self.t.consumers.register(self.name, got.cursor)
 
 
 @pytest.mark.slow
@@ -227,7 +227,7 @@ def test_model_changes_and_time_travel(tmp_path):
     t = _table(tmp_path, n=10)
     model = _Model(t, {i: float(i) for i in range(10)})
     expected: dict[int, dict[int, float]] = {
-        v["version"]: dict(model.base) for v in t.dataset().versions()
+        v["version"]: dict(model.base) for v in t.catalog.dataset().versions()
     }
     latest = _Consumer(t, "latest", "latest")
     strong = _Consumer(t, "strong", "strong")
@@ -253,11 +253,11 @@ def test_model_changes_and_time_travel(tmp_path):
             moments.append((dt.datetime.now(), model.flushed_state()))
             time.sleep(0.015)
         elif op == "merge":
-            before = t.dataset().version
+            before = t.catalog.dataset().version
             time.sleep(0.015)  # manifest times and version times must not share a tick
-            t.merge()
+            t.maintenance.merge()
             time.sleep(0.015)
-            for v in range(before + 1, t.dataset().version + 1):
+            for v in range(before + 1, t.catalog.dataset().version + 1):
                 expected[v] = model.flushed_state()
         else:
             keep = dt.timedelta(hours=1) if op == "gc_keep" else None
@@ -271,11 +271,11 @@ def test_model_changes_and_time_travel(tmp_path):
         for r, s in model.seq.items():
             got = strong.seen.get(r, [])
             assert got == s[: len(got)] and len(got) >= model.flushed.get(r, 0)
-        kept = [v["version"] for v in t.dataset().versions()]
+        kept = [v["version"] for v in t.catalog.dataset().versions()]
         version = int(rng.choice(kept))
         _check_as_of(t, version, expected)
     for v in expected:
-        if v in {x["version"] for x in t.dataset().versions()}:
+        if v in {x["version"] for x in t.catalog.dataset().versions()}:
             _check_as_of(t, v, expected)
         else:
             gone_versions += 1
@@ -335,11 +335,11 @@ def test_pause_at_each_storage_access(tmp_path, registered):
         state["n"] += 1
         if state["n"] == state["k"]:
             writer.flush()
-            writer.merge()
+            writer.maintenance.merge()
             _gc_all(writer)
 
-    consumer.io = _PausingIO(consumer.io, hook)  # type: ignore[assignment]
-    cursor = consumer.register_consumer("c") if registered else consumer.changes().cursor
+    consumer.catalog.io = _PausingIO(consumer.catalog.io, hook)  # type: ignore[assignment]
+    cursor = consumer.consumers.register("c") if registered else consumer.changes().cursor
     outcomes = {"exact": 0, "gone": 0}
     k, key = 1, 100
     while True:
@@ -359,7 +359,7 @@ def test_pause_at_each_storage_access(tmp_path, registered):
             outcomes["exact"] += 1
             cursor = got.cursor
             if registered:
-                consumer.register_consumer("c", cursor)
+                consumer.consumers.register("c", cursor)
         if state["n"] < k:  # the pause point was beyond every access: all covered
             break
         k += 1

@@ -173,7 +173,7 @@ def test_init_ingest_sql_status_flush_merge_gc(tmp_path, plain_uri):
     assert all(r["merged_generation"] == 1 for r in status["regions"].values())
     gc = memwal("gc", plain_uri, "--dry-run").stdout
     assert "would remove 0 generation(s) and 0 WAL entries" in gc
-    assert memwal("flush", plain_uri, "--dry-run").returncode == 0
+    assert memwal("drain", plain_uri, "--dry-run").returncode == 0
     assert "region(s)" in memwal("refresh-snapshots", plain_uri).stdout
     assert memwal("catch-up", plain_uri, "--dry-run").returncode == 0
     # interactive prompt, fed from stdin
@@ -189,7 +189,7 @@ def test_flush_recovers_unflushed_wal(tmp_path, plain_uri):
     status = json.loads(memwal("status", plain_uri, "--json").stdout)
     (region,) = status["regions"].values()
     assert region["unflushed_rows"] == 1
-    memwal("flush", plain_uri)
+    memwal("drain", plain_uri)
     status = json.loads(memwal("status", plain_uri, "--json").stdout)
     (region,) = status["regions"].values()
     assert region["unflushed_rows"] == 0 and region["flushed_generations"] == [1]
@@ -206,7 +206,7 @@ NO_TABLE = "/nonexistent/memwal-table"
         (["sql", NO_TABLE], "TableNotFoundError"),
         (["init", NO_TABLE, "--primary-key", "id"], "no Lance table"),
         (["ingest", NO_TABLE, "x.parquet"], "TableNotFoundError"),
-        (["flush", NO_TABLE], "TableNotFoundError"),
+        (["drain", NO_TABLE], "TableNotFoundError"),
         (["merge", NO_TABLE], "TableNotFoundError"),
         (["gc", NO_TABLE], "TableNotFoundError"),
         (["catch-up", NO_TABLE], "TableNotFoundError"),
@@ -223,7 +223,7 @@ def test_errors_are_one_line(args, needle):
 
 def test_errors_on_a_table(tmp_path, plain_uri):
     # not initialized yet: every command that needs the MemWAL says so
-    for cmd in ("status", "flush", "merge", "gc", "catch-up", "refresh-snapshots"):
+    for cmd in ("status", "drain", "merge", "gc", "catch-up", "refresh-snapshots"):
         assert_one_line_error(memwal(cmd, plain_uri, check=False), "NotInitializedError")
     memwal("init", plain_uri, "--primary-key", "id")
     before = tree(plain_uri)
@@ -235,7 +235,7 @@ def test_errors_on_a_table(tmp_path, plain_uri):
     assert_one_line_error(missing, "missing.parquet")
     idx = memwal("catch-up", plain_uri, "--index", "nope", check=False)
     assert_one_line_error(idx, "nope")
-    for cmd in ("flush", "merge"):
+    for cmd in ("drain", "merge"):
         region = memwal(cmd, plain_uri, "--region", "../../etc", check=False)
         assert_one_line_error(region, "InvalidPathError")
         absent = memwal(cmd, plain_uri, "--region", str(uuid.uuid4()), check=False)
@@ -262,7 +262,7 @@ def test_rejected_init_changes_nothing(tmp_path, plain_uri):
             ["--primary-key", "id", "--expression", "no_such_fn(col0)", "--columns", "id"],
             "RegionSpecError",
         ),
-        (["--primary-key", "id", "--maintain", "no_index"], "no_index"),
+        (["--primary-key", "id", "--maintained-indexes", "no_index"], "no_index"),
     ]
     for args, needle in cases:
         assert_one_line_error(memwal("init", plain_uri, *args, check=False), needle)
@@ -335,13 +335,22 @@ def test_rejected_ingest_changes_nothing(tmp_path, plain_uri):
 
 def test_dry_runs_change_nothing(tmp_path, plain_uri):
     lance.dataset(plain_uri).create_scalar_index("name", "BTREE", name="name_idx")
-    memwal("init", plain_uri, "--primary-key", "id", "--bucket", "id:2", "--maintain", "name_idx")
+    memwal(
+        "init",
+        plain_uri,
+        "--primary-key",
+        "id",
+        "--bucket",
+        "id:2",
+        "--maintained-indexes",
+        "name_idx",
+    )
     f = tmp_path / "a.parquet"
     pq.write_table(basic_rows([1, 2, 3, 500]), f)
     memwal("ingest", plain_uri, str(f))  # flushed: generation 1 per region
     memwal("ingest", plain_uri, str(f), "--no-flush")  # unflushed WAL entries
     before = tree(plain_uri)
-    assert "would flush" in memwal("flush", plain_uri, "--dry-run").stdout
+    assert "would flush" in memwal("drain", plain_uri, "--dry-run").stdout
     assert "would merge [1]" in memwal("merge", plain_uri, "--dry-run").stdout
     catch_up = memwal("catch-up", plain_uri, "--dry-run").stdout  # nothing merged yet
     assert catch_up.startswith("nothing to do")
@@ -350,14 +359,14 @@ def test_dry_runs_change_nothing(tmp_path, plain_uri):
     assert "would remove" in memwal("gc", plain_uri, "--dry-run").stdout
     assert tree(plain_uri) == before
     # and the real runs
-    assert "generation 2" in memwal("flush", plain_uri).stdout
+    assert "generation 2" in memwal("drain", plain_uri).stdout
     assert "merged [1, 2]" in memwal("merge", plain_uri).stdout
     caught = json.loads(memwal("catch-up", plain_uri).stdout)
     assert set(caught["name_idx"].values()) == {2}
     assert "2 region(s) in the snapshot" in memwal("refresh-snapshots", plain_uri).stdout
-    would_proc = memwal("gc", plain_uri, "--dry-run", "--cleanup-older-than", "0")
+    would_proc = memwal("gc", plain_uri, "--dry-run", "--cleanup-older-than", "0s")
     would = would_proc.stdout
-    removed = memwal("gc", plain_uri, "--cleanup-older-than", "0", "--verbose").stdout
+    removed = memwal("gc", plain_uri, "--cleanup-older-than", "0s", "--verbose").stdout
     assert "would remove" in would and "note: a dry run" in would_proc.stderr
     assert "removed" in removed and "_gen_1" in removed
     status = json.loads(memwal("status", plain_uri, "--json").stdout)

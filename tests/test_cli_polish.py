@@ -162,7 +162,7 @@ def test_gc_says_what_kept_each_generation(uri):
         w.flush()
         w.put(pa.table({"id": [5], "x": [9.0], "name": ["z"], "vec": [[0.0, 0.0]]}, schema=SCHEMA))
         w.flush()
-    t.merge(max_generations=1)
+    t.maintenance.merge(max_generations=1)
     out = run("gc", uri).output  # a summary sized for a person
     assert "removed 0 generation(s) and 0 WAL entries, 0 B" in out
     assert "kept 2 generation(s): 1 kept by retained base versions" in out
@@ -172,7 +172,7 @@ def test_gc_says_what_kept_each_generation(uri):
     assert len(kept) == 2
     assert "generation 1: retained base version" in kept[0] and "--cleanup-older-than" in kept[0]
     assert "generation 2: not merged yet" in kept[1]
-    out = run("gc", uri, "--cleanup-older-than", "0").output
+    out = run("gc", uri, "--cleanup-older-than", "0s").output
     assert "_gen_1" not in out and "removed 1 generation(s) and" in out
     assert " 0 B" not in out.splitlines()[0] and "generation 1:" not in out
 

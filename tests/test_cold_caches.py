@@ -80,7 +80,7 @@ def _forget() -> None:
 
 
 def _generations(t: mq.MemWalTable) -> list[str]:
-    return [g.uri for g in view.resolve(t).generations]
+    return [g.uri for g in view.resolve(t.catalog).generations]
 
 
 def _answer(t: mq.MemWalTable, q: np.ndarray) -> tuple[list, list, list]:
@@ -97,7 +97,7 @@ def _answer(t: mq.MemWalTable, q: np.ndarray) -> tuple[list, list, list]:
 def test_the_rows_sidecar_equals_the_lance_table(tmp_path):
     t = _table(tmp_path, gens=2)
     for uri in _generations(t):
-        side = rowfile.read(t.io, uri)
+        side = rowfile.read(t.catalog.io, uri)
         assert side is not None
         lance_rows = lance.dataset(uri).to_table(with_row_address=True)
         assert side.column_names == lance_rows.column_names
@@ -184,8 +184,8 @@ def test_warm_caches_see_another_processes_flush_merge_and_gc(tmp_path):
     assert len(set(want["id"].to_pylist())) == want.num_rows
 
     other = mq.MemWalTable.open(t.uri)
-    other.merge()
-    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    other.maintenance.merge()
+    other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
     other.close()
     assert not _generations(reader)  # merged and collected
     assert reader.to_table(columns=["id", "cat"]).sort_by("id").equals(want)
@@ -199,24 +199,24 @@ def test_manifests_are_read_concurrently_and_in_region_order(tmp_path, monkeypat
     one by one."""
 
     t = _table(tmp_path, gens=1)
-    ids = t.region_ids()
+    ids = t.catalog.region_ids()
     threads: set[str] = set()
-    real = type(t).region_manifest
+    real = type(t.catalog).region_manifest
 
     def spy(self, region_id):
         threads.add(threading.current_thread().name)
         return real(self, region_id)
 
-    monkeypatch.setattr(type(t), "region_manifest", spy)
-    assert not t.io.parallel_requests
-    local = view._read_manifests(t, ids + ids + ids)
+    monkeypatch.setattr(type(t.catalog), "region_manifest", spy)
+    assert not t.catalog.io.parallel_requests
+    local = view._read_manifests(t.catalog, ids + ids + ids)
     assert threads == {threading.current_thread().name}
-    monkeypatch.setattr(t.io, "parallel_requests", True)  # as an object store
-    read = view._read_manifests(t, ids + ids + ids)  # more than two: the pool
+    monkeypatch.setattr(t.catalog.io, "parallel_requests", True)  # as an object store
+    read = view._read_manifests(t.catalog, ids + ids + ids)  # more than two: the pool
     assert any(n.startswith("memwal-manifest") for n in threads)
     assert read == local
     assert [m.region_id for m in read.values()] == ids
-    assert [read[r] for r in ids] == [t.region_manifest(r) for r in ids]
+    assert [read[r] for r in ids] == [t.catalog.region_manifest(r) for r in ids]
     gen_dir = read[ids[0]].flushed_generations[0].path
     assert view._gen_uri(t.uri, ids[0], gen_dir) == paths.generation_path(t.uri, ids[0], gen_dir)
 

@@ -46,7 +46,9 @@ def _check(t, other, writers, model, rng) -> None:
     got = ctx.sql("SELECT id, x, text FROM t ORDER BY id").to_arrow_table().to_pylist()
     assert [(r["id"], r["x"], r["text"]) for r in got] == [(k, *model[k][:2]) for k in keys]
     probe = list(range(-2, N + 25))
-    found = search.lookup(t, probe, columns=["id", "x", "text"], writers=writers).to_pylist()
+    found = search.lookup(
+        t.catalog, probe, columns=["id", "x", "text"], writers=writers
+    ).to_pylist()
     assert [(r["id"], r["x"], r["text"]) for r in found] == [(k, *model[k][:2]) for k in keys]
     # another process: no MemTables, but every acknowledged (durable) write
     latest = other.to_table(columns=["id", "x"], consistency="latest").sort_by("id")
@@ -59,12 +61,12 @@ def _check(t, other, writers, model, rng) -> None:
     mat = np.stack([model[k][2] for k in keys])
     q = rng.standard_normal(DIM).astype(np.float32)
     dist = ((mat - q) ** 2).sum(1)
-    res = search.vector_search(t, "vec", q, k=5, writers=writers, nprobes=4)
+    res = search.vector_search(t.catalog, "vec", q, k=5, writers=writers, nprobes=4)
     truth = np.array(keys)[np.argsort(dist, kind="stable")[:5]]
     assert res["id"].to_pylist() == truth.tolist()
     word = str(rng.choice(WORDS))
     match = sorted(k for k in keys if _tokens(word) & _tokens(model[k][1]))
-    full = search.fts_search(t, "text", word, k=1000, writers=writers)
+    full = search.fts_search(t.catalog, "text", word, k=1000, writers=writers)
     assert sorted(full["id"].to_pylist()) == match
 
 
@@ -106,11 +108,11 @@ def test_every_reader_equals_the_model(tmp_path, seed):
         elif op == "flush":
             w.flush()
         elif op == "merge":
-            t.merge()
+            t.maintenance.merge()
         elif op == "reindex":
-            t.dataset().optimize.optimize_indices()
+            t.catalog.dataset().optimize.optimize_indices()
         else:
-            t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         _check(t, other, writers, model, rng)
     for w in writers:
         w.close()

@@ -83,6 +83,6 @@ def test_every_block_is_run_or_says_why_not():
 
 
 def test_quick_start_runs_twice_in_a_row(tmp_path):
-    (quick,) = [b for b in blocks(ROOT / "README.md") if "initialize" in b.code]
+    (quick,) = [b for b in blocks(ROOT / "README.md") if "MemWalTable.create" in b.code]
     for attempt in (1, 2):  # the same working directory: nothing left behind gets in the way
         run(quick.code, tmp_path, f"README.md:{quick.line}, run {attempt}")

@@ -128,7 +128,7 @@ def as_rows(table: pa.Table) -> list[dict]:
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_nonkey_filter_after_dedup(lsm, engine):
     t, model = lsm
-    ds = Watched(t, writers=t.writers())
+    ds = Watched(t.catalog, writers=t.writers())
     got = ENGINES[engine](ds, "SELECT id, name FROM t WHERE x > 5 ORDER BY id")
     want = model_rows(model, lambda r: r["x"] > 5, ["id", "name"])
     assert as_rows(got) == want
@@ -158,7 +158,7 @@ def test_same_answers(lsm, engine):
         ),
     }
     for sql, want in queries.items():
-        ds = Watched(t, writers=t.writers())
+        ds = Watched(t.catalog, writers=t.writers())
         got = as_rows(ENGINES[engine](ds, sql))
         assert got == want, (engine, sql)
         if "WHERE" in sql and "LIKE" not in sql:  # DataFusion keeps LIKE to itself
@@ -168,7 +168,7 @@ def test_same_answers(lsm, engine):
 def test_engines_agree_on_full_view(lsm):
     t, model = lsm
     answers = {
-        name: as_rows(run(Watched(t, writers=t.writers()), "SELECT * FROM t ORDER BY id"))
+        name: as_rows(run(Watched(t.catalog, writers=t.writers()), "SELECT * FROM t ORDER BY id"))
         for name, run in ENGINES.items()
     }
     assert answers["datafusion"] == answers["duckdb"] == answers["polars"]

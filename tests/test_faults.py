@@ -49,7 +49,7 @@ def _six_entries(table, values=None) -> tuple[str, Wal]:
         w.put(basic_rows([1001, 1010 + i], val=[float(i), float(i)]))
     w.close(flush=False)
     rid = w.region_id
-    return rid, Wal(table.io, paths.wal_dir(table.uri, rid), rid)
+    return rid, Wal(table.catalog.io, paths.wal_dir(table.uri, rid), rid)
 
 
 def _codes(findings) -> set:
@@ -64,14 +64,14 @@ def _val(table, key):
 # -- 1. WAL gap ---------------------------------------------------------------------------
 def test_wal_gap_is_refused_then_repaired_with_accept_loss(table):
     rid, wal = _six_entries(table)
-    assert table.check() == []
+    assert table.maintenance.fsck().findings == []
     os.unlink(wal.path(3))
     before = _state(table.uri)
     with pytest.raises(WalCorruptError, match="entry 3 .* is missing") as e:
         table.writer(rid)
     assert wal.path(3) in str(e.value) and "--accept-loss" in str(e.value)
     assert _state(table.uri) == before  # not even claimed
-    assert _codes(table.check()) == {("error", "wal-gap", wal.path(3))}
+    assert _codes(table.maintenance.fsck().findings) == {("error", "wal-gap", wal.path(3))}
     # Without --accept-loss nothing lossy happens.
     runner = CliRunner()
     res = runner.invoke(cli, ["repair", table.uri, "--region", rid])
@@ -80,7 +80,7 @@ def test_wal_gap_is_refused_then_repaired_with_accept_loss(table):
     res = runner.invoke(cli, ["repair", table.uri, "--region", rid, "--accept-loss"])
     assert res.exit_code == 0, res.output
     assert f"drop WAL entry {wal.path(3)}" in res.output
-    assert table.check() == []
+    assert table.maintenance.fsck().findings == []
     w = table.writer(rid)
     assert w.stats.replayed_entries == 6  # 1, 2, the empty filler, 4, 5, 6
     w.flush()
@@ -101,8 +101,8 @@ def test_wal_bit_flip_is_refused_with_the_table_unchanged(table):
         table.writer(rid)
     assert wal.path(4) in str(e.value)
     assert _state(table.uri) == before
-    assert _codes(table.check()) == {("error", "wal-entry", wal.path(4))}
-    fsck.repair(table, rid, accept_loss=True)
+    assert _codes(table.maintenance.fsck().findings) == {("error", "wal-entry", wal.path(4))}
+    fsck.repair(table.catalog, rid, accept_loss=True)
     w = table.writer(rid)
     w.close()
     assert _val(table, 1014) == [] and _val(table, 2038) == [] and _val(table, 1001) == [6.0]
@@ -114,7 +114,7 @@ def _flushed_generation(table, values=None, keys=range(1000, 1200)) -> tuple[str
     w.put(basic_rows(keys, val=[7.0] * len(keys)))
     w.flush()
     w.close()
-    m = table.region_manifest(w.region_id)
+    m = table.catalog.region_manifest(w.region_id)
     return w.region_id, paths.generation_path(table.uri, w.region_id, m.flushed_generations[0].path)
 
 
@@ -154,12 +154,12 @@ def test_bloom_damage_is_detected_and_lookups_stay_exact(table, damage):
         os.truncate(path, os.path.getsize(path) - 32)
     else:  # 16 GiB sparse file: must be refused from its size, never read
         os.truncate(path, 16 << 30)
-    (finding,) = table.check()
+    (finding,) = table.maintenance.fsck().findings
     assert (finding.severity, finding.kind, finding.path) == ("error", "bloom", path)
     assert finding.repair.startswith("memwal repair")
     if damage != "cleared-bit-native":
         with pytest.warns(BloomFilterWarning, match=path):
-            loaded = bloom.load(table.io, gen, 200)
+            loaded = bloom.load(table.catalog.io, gen, 200)
         assert not loaded.trusted and loaded.might_contain_hashes(bloom.hash_keys(keys)).all()
         # Readers do not use it: lookups check keys exactly and stay equal to SQL.
         # (A pylance filter has no checksum to check: fsck finds it, see above.)
@@ -169,8 +169,8 @@ def test_bloom_damage_is_detected_and_lookups_stay_exact(table, damage):
         expected = t2.to_table().filter(pa.compute.is_in(t2.to_table()["id"], keys["id"]))
         assert sorted(got.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
         assert got.num_rows == 200
-    assert fsck.repair(table, rid) == [f"rebuild {path} from 200 keys"]
-    assert table.check() == []
+    assert fsck.repair(table.catalog, rid) == [f"rebuild {path} from 200 keys"]
+    assert table.maintenance.fsck().findings == []
 
 
 # -- 4. manifests and layout ----------------------------------------------------------------
@@ -197,31 +197,37 @@ def test_corrupt_manifest_is_a_typed_error_nothing_written(table, fields, match)
     w.put(basic_rows([500]))
     w.flush()
     w.close()
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     path = _commit_raw(store, **fields)
     before = _state(table.uri)
-    for attempt in (lambda: table.writer(w.region_id), lambda: table.gc(), table.status):
+    for attempt in (
+        lambda: table.writer(w.region_id),
+        lambda: table.maintenance.gc(),
+        table.status,
+    ):
         with pytest.raises(ManifestCorruptError, match=match) as e:
             attempt()
         assert path in str(e.value)
     assert _state(table.uri) == before
-    assert ("error", "manifest", path) in _codes(table.check())
+    assert ("error", "manifest", path) in _codes(table.maintenance.fsck().findings)
 
 
 def test_version_hint_1e400_falls_back_to_listing_and_fsck_warns(table):
     w = table.writer()
     w.put(basic_rows([500]))
     w.close()
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     hint = os.path.join(store.dir, HINT_FILE)
     open(hint, "w").write('{"version": 1e400}')
     assert store.latest_version() == 2  # claim + flush
-    (f,) = table.check()
+    (f,) = table.maintenance.fsck().findings
     assert (f.severity, f.kind, f.path) == ("warning", "hint", hint)
     res = CliRunner().invoke(cli, ["fsck", table.uri])
     assert res.exit_code == 0 and hint in res.output  # a warning only
-    fsck.repair(table, w.region_id)
-    assert json.loads(open(hint).read()) == {"version": 2} and table.check() == []
+    fsck.repair(table.catalog, w.region_id)
+    assert (
+        json.loads(open(hint).read()) == {"version": 2} and table.maintenance.fsck().findings == []
+    )
 
 
 def test_mem_wal_as_a_file_is_an_invalid_path(base_uri):
@@ -232,7 +238,7 @@ def test_mem_wal_as_a_file_is_an_invalid_path(base_uri):
         t.to_table()
     with pytest.raises(InvalidPathError):
         t.writer()
-    (f,) = t.check()
+    (f,) = t.maintenance.fsck().findings
     assert (f.kind, f.path) == ("layout", os.path.join(base_uri, "_mem_wal"))
     res = CliRunner().invoke(cli, ["fsck", base_uri])
     assert res.exit_code == 1 and res.output.startswith("ERROR   layout")
@@ -248,11 +254,15 @@ def test_region_directory_linked_out_of_the_table(table, tmp_path):
     shutil.move(region, outside)
     os.symlink(outside, region)
     before = _state(str(tmp_path))
-    for attempt in (lambda: table.writer(w.region_id), lambda: table.gc(), table.to_table):
+    for attempt in (
+        lambda: table.writer(w.region_id),
+        lambda: table.maintenance.gc(),
+        table.to_table,
+    ):
         with pytest.raises(InvalidPathError, match="leads out of the table"):
             attempt()
     assert _state(str(tmp_path)) == before
-    assert ("error", "layout", region) in _codes(table.check())
+    assert ("error", "layout", region) in _codes(table.maintenance.fsck().findings)
 
 
 # -- 5. GC validates before it changes --------------------------------------------------------
@@ -262,15 +272,15 @@ def test_gc_checks_everything_before_removing_base_versions(table):
         w.put(basic_rows([500 + i]))
         w.flush()
     w.close()
-    table.merge()
-    versions = len(table.dataset().versions())
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    table.maintenance.merge()
+    versions = len(table.catalog.dataset().versions())
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     path = _commit_raw(store, current_generation=2)  # below flushed generation 3
     before = _state(table.uri)
     with pytest.raises(ManifestCorruptError) as e:
-        table.gc(cleanup_older_than=dt.timedelta(0))
+        table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert path in str(e.value)
-    assert _state(table.uri) == before and len(table.dataset().versions()) == versions
+    assert _state(table.uri) == before and len(table.catalog.dataset().versions()) == versions
 
 
 # -- 6. merger against a concurrent merger + GC -------------------------------------------------
@@ -288,8 +298,8 @@ def test_merger_replans_when_its_generation_was_merged_and_collected(table):
     def prepare(t, region_id, gens, schema=None):
         if not fired:  # planned on the old version: another merger + GC land now
             fired.append(None)
-            fired[0] = merger.merge(other, batch_rows=0)
-            other.gc(cleanup_older_than=dt.timedelta(0))
+            fired[0] = merger.merge(other.catalog, batch_rows=0)
+            other.maintenance.gc(cleanup_older_than=dt.timedelta(0))
             sources.GENERATION_CACHE.clear()  # another process: nothing cached
         return real(t, region_id, gens, schema)
 
@@ -335,7 +345,7 @@ def test_fsck_names_one_corrupt_file_per_class(base_uri):
     rid, wal = _six_entries(table, {"r": 0})  # region A: unflushed WAL
     # region B: a flushed generation
     b_rid, gen = _flushed_generation(table, {"r": 1}, keys=range(1100, 1300))
-    assert table.check() == []
+    assert table.maintenance.fsck().findings == []
     res = CliRunner().invoke(cli, ["fsck", table.uri])
     assert res.exit_code == 0 and "no problems found" in res.output
     os.unlink(wal.path(2))  # WAL gap
@@ -344,7 +354,7 @@ def test_fsck_names_one_corrupt_file_per_class(base_uri):
     open(wal.path(5), "wb").write(bytes(data))
     bloom_path = os.path.join(gen, bloom.BLOOM_FILE)
     _clear_bit(bloom_path)
-    store = RegionManifestStore(table.io, table.uri, b_rid)
+    store = RegionManifestStore(table.catalog.io, table.uri, b_rid)
     manifest_path = _commit_raw(store, writer_epoch=1 << 63)
     res = CliRunner().invoke(cli, ["fsck", table.uri, "--json"])
     assert res.exit_code == 1
@@ -357,7 +367,7 @@ def test_fsck_names_one_corrupt_file_per_class(base_uri):
     # the newest manifest of B is corrupt, so its generations cannot be listed; with it
     # removed, the bloom filter is named too
     os.unlink(manifest_path)
-    assert ("error", "bloom", bloom_path) in _codes(table.check())
+    assert ("error", "bloom", bloom_path) in _codes(table.maintenance.fsck().findings)
 
 
 # -- 8. region expressions with unbounded cost --------------------------------------------------

@@ -57,8 +57,8 @@ def vtable(tmp_path):
 
 def _generations(t: mq.MemWalTable) -> list[str]:
     out = []
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         for g in sorted(m.flushed_generations, key=lambda g: g.generation):
             out.append(paths.generation_path(t.uri, rid, g.path))
     return out
@@ -69,7 +69,7 @@ def test_generation_indexes_share_base_quantization(vtable):
     with t.writer() as w:
         w.put(_rows([1000, 1001, 1002], rng.standard_normal((3, DIM))))
     (gen_uri,) = _generations(t)
-    report = genindex.read_report(t, gen_uri)
+    report = genindex.read_report(t.catalog, gen_uri)
     assert report["vec_idx"]["status"] == "built"
     assert report["vec_idx"]["built_type"] == "IVF_PQ"
     assert report["text_idx"] == {
@@ -80,7 +80,7 @@ def test_generation_indexes_share_base_quantization(vtable):
         "type": "Inverted",
     }
     assert report["x_idx"]["built_type"] == "BITMAP"
-    base = t.dataset()
+    base = t.catalog.dataset()
     gen = lance.dataset(gen_uri)
     assert {d.name for d in gen.describe_indices()} >= {"vec_idx", "text_idx", "x_idx"}
     # same IVF centroids and the same PQ codebook bytes as the base index
@@ -101,7 +101,7 @@ def test_generation_indexes_share_base_quantization(vtable):
 
 def test_same_vector_gets_the_same_pq_distance_in_base_and_generation(vtable):
     t, rng = vtable
-    base = t.dataset()
+    base = t.catalog.dataset()
     vec = base.take([5], columns=["vec"]).column("vec")[0].values.to_numpy()
     with t.writer() as w:
         w.put(_rows([2000], [vec]))
@@ -128,13 +128,13 @@ def test_tiny_and_delete_only_generations(vtable):
     w.flush()
     w.close()
     one, tombs = _generations(t)
-    r1 = genindex.read_report(t, one)
+    r1 = genindex.read_report(t.catalog, one)
     assert r1["vec_idx"]["status"] == "built"
     gen = lance.dataset(one)
     q = rng.standard_normal(DIM).astype(np.float32)
     got = gen.to_table(nearest={"column": "vec", "q": q, "k": 5, "nprobes": 8}, columns=["id"])
     assert got["id"].to_pylist() == [3000]
-    r2 = genindex.read_report(t, tombs)
+    r2 = genindex.read_report(t.catalog, tombs)
     assert r2["vec_idx"] == {
         "column": "vec",
         "kind": "vector",
@@ -147,13 +147,13 @@ def test_tiny_and_delete_only_generations(vtable):
 
 def test_missing_base_index_is_reported_not_fatal(vtable):
     t, rng = vtable
-    t.dataset().drop_index("x_idx")
-    t.index()  # refresh the cached details: x_idx is still listed as maintained
-    assert "x_idx" in t.maintained_indexes
+    t.catalog.dataset().drop_index("x_idx")
+    t.catalog.index()  # refresh the cached details: x_idx is still listed as maintained
+    assert "x_idx" in t.catalog.maintained_indexes
     with t.writer() as w:
         w.put(_rows([4000], rng.standard_normal((1, DIM))))
     (gen_uri,) = _generations(t)
-    report = genindex.read_report(t, gen_uri)
+    report = genindex.read_report(t.catalog, gen_uri)
     assert report["x_idx"] == {"status": "skipped", "reason": "no such index on the base table"}
     assert report["vec_idx"]["status"] == "built"
 
@@ -170,7 +170,7 @@ def test_unreadable_codebook_falls_back_to_ivf_flat(vtable, monkeypatch):
         w.put(_rows([5000, 5001], rng.standard_normal((2, DIM))))
     baseindex.VECTOR_MODELS.clear()
     (gen_uri,) = _generations(t)
-    report = genindex.read_report(t, gen_uri)
+    report = genindex.read_report(t.catalog, gen_uri)
     assert report["vec_idx"]["status"] == "fallback"
     assert report["vec_idx"]["built_type"] == "IVF_FLAT"
     gen = lance.dataset(gen_uri)
@@ -188,7 +188,7 @@ def test_tensor_parser_round_trip():
 
 def test_tokenize_kwargs_reproduce_the_index_tokenizer(vtable):
     t, _ = vtable
-    params = baseindex.fts_params(t.dataset(), "text_idx")
+    params = baseindex.fts_params(t.catalog.dataset(), "text_idx")
     kw = baseindex.tokenize_kwargs(params)
     assert kw["stem"] is False and kw["analyzer"] == "text"
     assert [x.text for x in lance.tokenize("Running Dogs", **kw)] == ["running", "dogs"]
@@ -211,14 +211,16 @@ def test_vector_search_with_a_base_index_lance_left_without_files(tmp_path):
     with t.writer() as w:
         w.put(_rows([7], np.zeros((1, DIM))))
     (gen_uri,) = _generations(t)
-    assert genindex.read_report(t, gen_uri)["vec_idx"]["status"] == "skipped"
+    assert genindex.read_report(t.catalog, gen_uri)["vec_idx"]["status"] == "skipped"
     assert (
-        baseindex.vector_metric(t.dataset(), baseindex.find_index(t.dataset(), "vec", "vector"))
+        baseindex.vector_metric(
+            t.catalog.dataset(), baseindex.find_index(t.catalog.dataset(), "vec", "vector")
+        )
         == "l2"
     )
     q = np.zeros(DIM, np.float32)
     dist = ((vecs - q) ** 2).sum(1)
     dist[7] = 0.0
-    got = search.vector_search(t, "vec", q, k=5)
+    got = search.vector_search(t.catalog, "vec", q, k=5)
     assert got["id"].to_pylist() == np.argsort(dist)[:5].tolist()
     t.close(flush=False)

@@ -85,7 +85,7 @@ def test_flushed_generation_has_the_key_index(tmp_path, name):
     for i in deleted:
         del model[i]
 
-    gen = t.region_manifest(w.region_id).flushed_generations[-1]
+    gen = t.catalog.region_manifest(w.region_id).flushed_generations[-1]
     gen_ds = lance.dataset(paths.generation_path(t.uri, w.region_id, gen.path))
     got_indexes = {
         d.name: list(d.field_names) for d in gen_ds.describe_indices() if d.index_type == "BTree"

@@ -74,7 +74,7 @@ def test_lookup_finds_nan_key_in_flushed_generations(tmp_path):
     w.delete(pa.table({"k": [math.nan]}))
     w.flush()
     assert t.lookup(pa.array([math.nan]), writers=[w]).num_rows == 0
-    t.merge()
+    t.maintenance.merge()
     assert t.lookup(pa.array([math.nan]), writers=[w]).num_rows == 0
     w.close()
 
@@ -262,12 +262,12 @@ def test_random_ops_every_read_path(tmp_path, kind):
         elif r < 0.75:
             t.flush()
         elif r < 0.8:
-            t.merge()
+            t.maintenance.merge()
         else:
             check()
     t.flush()
-    t.merge()
-    t.gc()
+    t.maintenance.merge()
+    t.maintenance.gc()
     check()
     t.close()
     assert _rows(lance.dataset(uri).to_table(), names) == model

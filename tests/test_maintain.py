@@ -41,7 +41,7 @@ from memwal_query.storage.io import LocalFileIO
 
 from helpers import basic_rows, parity_spec
 
-NOW = MaintenancePolicy(max_generations=0, retention=dt.timedelta(0))
+NOW = MaintenancePolicy(merge_over_generations=0, retention=dt.timedelta(0))
 """Merge everything, keep no old base version: the policy that does the most."""
 
 
@@ -84,7 +84,7 @@ def _base_state(uri: str) -> dict[int, float]:
 
 def _gen_dirs(t: mq.MemWalTable) -> set[str]:
     out = set()
-    for rid in t.region_ids():
+    for rid in t.catalog.region_ids():
         out |= {f"{rid}/{n}" for n in os.listdir(paths.region_dir(t.uri, rid)) if "_gen_" in n}
     return out
 
@@ -92,7 +92,11 @@ def _gen_dirs(t: mq.MemWalTable) -> set[str]:
 # -- policy --------------------------------------------------------------------------------
 def test_policy_defaults_and_validation() -> None:
     p = MaintenancePolicy()
-    assert (p.max_generations, p.max_rows, p.retention) == (4, 100_000, dt.timedelta(hours=1))
+    assert (p.merge_over_generations, p.merge_over_rows, p.retention) == (
+        4,
+        100_000,
+        dt.timedelta(hours=1),
+    )
     assert p.catch_up and p.refresh_snapshots and p.gc
     from memwal_query.maintain import merger
 
@@ -106,8 +110,8 @@ def test_policy_defaults_and_validation() -> None:
         and MaintenancePolicy(compact_fragments=None).compact_fragments is None
     )
     for bad in (
-        {"max_generations": -1},
-        {"max_rows": 1.5},
+        {"merge_over_generations": -1},
+        {"merge_over_rows": 1.5},
         {"max_retries": True},
         {"compact_fragments": -1},
     ):
@@ -125,27 +129,29 @@ def test_pass_merges_only_regions_over_the_policy(tmp_path: Any) -> None:
         even.flush()
     odd.put(basic_rows(range(101, 141, 2)))  # region "odd": 1 generation of 20 rows
     odd.flush()
-    policy = MaintenancePolicy(max_generations=2, max_rows=50, gc=False)
-    dry = t.maintain(policy, dry_run=True)
-    version = t.dataset().version
+    policy = MaintenancePolicy(merge_over_generations=2, merge_over_rows=50, gc=False)
+    dry = t.maintenance.maintain(policy, dry_run=True)
+    version = t.catalog.dataset().version
     assert {(r.region_id, tuple(r.generations), r.rows, r.merge) for r in dry.regions} == {
         (even.region_id, (1, 2, 3), 3, True),
         (odd.region_id, (1,), 20, False),
     }
     assert dry.merged == [] and dry.snapshots_refreshed and dry.catch_up == []
-    assert t.dataset().version == version  # a dry run commits nothing
-    assert snapshots_stale(t)
+    assert t.catalog.dataset().version == version  # a dry run commits nothing
+    assert snapshots_stale(t.catalog)
 
-    report = t.maintain(policy)
+    report = t.maintenance.maintain(policy)
     assert [(m.region_id, m.generation) for m in report.merged] == [
         (even.region_id, g) for g in (1, 2, 3)
     ]
     assert report.catch_up == ["name_idx"] and report.snapshots_refreshed
     assert report.index_catchup == {"name_idx": {even.region_id: 3}}
-    assert t.index().merged_generations() == {even.region_id: 3}
-    assert not snapshots_stale(t) and indexes_behind(t) == []
-    # Rows: the odd region is over max_rows=10.
-    report = t.maintain(MaintenancePolicy(max_generations=2, max_rows=10, gc=False))
+    assert t.catalog.index().merged_generations() == {even.region_id: 3}
+    assert not snapshots_stale(t.catalog) and indexes_behind(t.catalog) == []
+    # Rows: the odd region is over merge_over_rows=10.
+    report = t.maintenance.maintain(
+        MaintenancePolicy(merge_over_generations=2, merge_over_rows=10, gc=False)
+    )
     assert [(m.region_id, m.generation) for m in report.merged] == [(odd.region_id, 1)]
     assert "20 unmerged rows > 10" in "\n".join(report.lines())
     assert not report.collected and not any("remove" in x for x in report.lines())
@@ -160,28 +166,28 @@ def test_pass_collects_and_a_quiet_pass_commits_nothing(tmp_path: Any) -> None:
         w.put(basic_rows([2 * i], val=[100.0 + i]))
         w.flush()
     before = _state(t)
-    report = t.maintain(NOW)
+    report = t.maintenance.maintain(NOW)
     assert report.gc_paths and all(
         paths.region_dir(t.uri, w.region_id) in p for p in report.gc_paths
     )
     assert _gen_dirs(t) == set()  # merged, caught up, no old version left: all collected
     assert _state(t) == before == _base_state(t.uri)
-    version = t.dataset().version
-    quiet = t.maintain(NOW)
+    version = t.catalog.dataset().version
+    quiet = t.maintenance.maintain(NOW)
     assert (quiet.regions, quiet.merged, quiet.catch_up, quiet.gc_paths) == ([], [], [], [])
     assert not quiet.snapshots_refreshed
-    assert t.dataset().version == version  # nothing to do: nothing committed
+    assert t.catalog.dataset().version == version  # nothing to do: nothing committed
     # A generation flushed now is the only work of the next pass.
     w.put(basic_rows([1000]))
     w.flush()
-    assert [r.generations for r in t.maintain(NOW, dry_run=True).regions] == [[4]]
+    assert [r.generations for r in t.maintenance.maintain(NOW, dry_run=True).regions] == [[4]]
     w.close()
 
 
 def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -> None:
     t = _table(tmp_path)
     w = _flushed(t, 0, [2])
-    t.maintain(NOW)  # generation 1 merged, indexed, collected
+    t.maintenance.maintain(NOW)  # generation 1 merged, indexed, collected
     w.put(basic_rows([4]))
     w.flush()
     from memwal_query.maintain import catchup
@@ -191,16 +197,16 @@ def test_failed_step_does_not_stop_the_others(tmp_path: Any, monkeypatch: Any) -
 
     monkeypatch.setattr(catchup, "catch_up_indexes", broken)
     with pytest.raises(MaintenanceFailedError, match="catch up: OSError: disk on fire") as e:
-        t.maintain(NOW)
+        t.maintenance.maintain(NOW)
     report = e.value.report
     assert [m.generation for m in report.merged] == [2]  # merged before the failure
     assert report.snapshots_refreshed and not report.ok
     assert "failed: catch up: OSError: disk on fire" in report.lines()
-    assert indexes_behind(t) == ["name_idx"]
+    assert indexes_behind(t.catalog) == ["name_idx"]
     # GC ran after the failed step, and kept what the index does not cover yet.
     assert {n.rsplit("_", 1)[1] for n in _gen_dirs(t)} == {"2"}
     monkeypatch.undo()
-    assert t.maintain(NOW).catch_up == ["name_idx"]
+    assert t.maintenance.maintain(NOW).catch_up == ["name_idx"]
     assert _gen_dirs(t) == set()
     w.close()
 
@@ -329,7 +335,7 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
             # tests/test_acknowledged.py pauses it): abandoned_after=None keeps this
             # schedule of pauses on the merge, compaction, catch-up and GC steps.
             policy = dataclasses.replace(NOW, compact_fragments=0, abandoned_after=None)
-            out["report"] = maintain(paused_table, policy)
+            out["report"] = maintain(paused_table.catalog, policy)
         except BaseException as e:  # noqa: BLE001 - checked below
             out["error"] = e
         finally:
@@ -356,12 +362,12 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
         # It leaves catch-up and snapshots to the paused one, except right before the
         # paused one extends the indexes: there it catches up first.
         policy = MaintenancePolicy(
-            max_generations=0,
+            merge_over_generations=0,
             catch_up=everything,
             refresh_snapshots=everything,
             compact_fragments=0 if everything else None,
         )
-        maintain(other, policy)
+        maintain(other.catalog, policy)
         assert _state(t) == model, f"after another maintainer at access {i}"
 
     ops = [flush, read, other_maintainer]
@@ -391,10 +397,10 @@ def test_paused_maintainer_loses_nothing_and_doubles_nothing(
     assert {"DatasetOptimizer.optimize_indices", "LanceDataset.commit"} <= set(seen), seen
     assert "DatasetOptimizer.compact_files" in seen, seen
     # Everything flushed gets merged; the base table then is the model, each key once.
-    maintain(other, NOW)
+    maintain(other.catalog, NOW)
     assert _state(t) == model
     assert _base_state(t.uri) == model
-    assert indexes_behind(t) == [] and not snapshots_stale(t)
+    assert indexes_behind(t.catalog) == [] and not snapshots_stale(t.catalog)
     for w in writers:
         w.close()
 
@@ -411,46 +417,48 @@ def test_compaction_and_key_index_keep_the_answer(tmp_path: Any) -> None:
     t = _table(tmp_path)
     model = {i: float(i) for i in range(20)}
     keep = MaintenancePolicy(
-        max_generations=0, gc=False, retention=None, compact_fragments=None, catch_up=False
+        merge_over_generations=0, gc=False, retention=None, compact_fragments=None, catch_up=False
     )
     writers = [_writer(t, p) for p in (0, 1)]
     for step in range(4):
         _put(model, writers[step % 2], step)
-        assert t.maintain(keep).small_fragments == 0  # it did not look
+        assert t.maintenance.maintain(keep).small_fragments == 0  # it did not look
     before = lance.dataset(t.uri)
     pinned = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"])
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     frags = _fragments(t.uri)
     assert frags > 3
     key_index = next(d.name for d in before.describe_indices() if d.field_names == ["id"])
     assert before.stats.index_stats(key_index)["num_unindexed_rows"] > 0
 
-    compact = MaintenancePolicy(max_generations=0, gc=False, retention=None, compact_fragments=2)
-    dry = t.maintain(compact, dry_run=True)
+    compact = MaintenancePolicy(
+        merge_over_generations=0, gc=False, retention=None, compact_fragments=2
+    )
+    dry = t.maintenance.maintain(compact, dry_run=True)
     assert dry.compact_due and dry.small_fragments == frags and not dry.compacted
     assert dry.extended == [key_index] and dry.catch_up == ["name_idx"]
     assert any("would compact" in line for line in dry.lines())
     assert lance.dataset(t.uri).version == before.version  # nothing changed
 
-    report = t.maintain(compact)
+    report = t.maintenance.maintain(compact)
     assert report.compacted["fragments_removed"] == frags
     assert _fragments(t.uri) == report.compacted["fragments_added"] < frags
     assert report.extended == [key_index] and report.to_dict()["extended"] == [key_index]
     assert report.to_dict()["compact_due"] and report.to_dict()["compacted"] == report.compacted
     now = lance.dataset(t.uri)
     assert now.stats.index_stats(key_index)["num_unindexed_rows"] == 0
-    assert t.index().merged_generations() == merged  # the MemWAL index carried over
-    assert indexes_behind(t) == [] and _state(t) == model and _base_state(t.uri) == model
+    assert t.catalog.index().merged_generations() == merged  # the MemWAL index carried over
+    assert indexes_behind(t.catalog) == [] and _state(t) == model and _base_state(t.uri) == model
     # the version before compaction still reads as it did (until GC removes it)
     old = t.lookup(pa.array([0, 1, 1000], pa.int64()), columns=["id", "val"], as_of=before.version)
     assert old.sort_by("id").equals(pinned.sort_by("id"))
     # a quiet pass: few fragments, nothing unindexed, nothing committed
-    quiet = t.maintain(dataclasses.replace(compact, compact_fragments=frags))
+    quiet = t.maintenance.maintain(dataclasses.replace(compact, compact_fragments=frags))
     assert not quiet.compact_due and not quiet.extended
     assert lance.dataset(t.uri).version == now.version
     # new writes after compaction merge on top of it
     _put(model, writers[0], 7)
-    t.maintain(compact)
+    t.maintenance.maintain(compact)
     assert _state(t) == model and _base_state(t.uri) == model
     for w in writers:
         w.close()
@@ -463,21 +471,21 @@ def _segments(uri: str, name: str) -> int:
 def test_catch_up_merges_index_segments_over_the_limit(tmp_path: Any) -> None:
     t = _table(tmp_path)
     merge_only = MaintenancePolicy(
-        max_generations=0, catch_up=False, gc=False, retention=None, compact_fragments=None
+        merge_over_generations=0, catch_up=False, gc=False, retention=None, compact_fragments=None
     )
     for step in range(3):  # a delta segment per catch-up, as Lance adds to vector indexes
         _flushed(t, step % 2, [100 + step]).close()
-        t.maintain(merge_only)
+        t.maintenance.maintain(merge_only)
         ds = lance.dataset(t.uri)
         ds.optimize.optimize_indices(index_names=["name_idx"], num_indices_to_merge=0)
     many = _segments(t.uri, "name_idx")
     assert many >= 3
     _flushed(t, 0, [200]).close()
-    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=many))
+    t.maintenance.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=many))
     assert _segments(t.uri, "name_idx") >= many  # not over the limit: left as they are
     _flushed(t, 1, [201]).close()
-    t.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
-    assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t) == []
+    t.maintenance.maintain(dataclasses.replace(merge_only, catch_up=True, max_index_segments=2))
+    assert _segments(t.uri, "name_idx") == 1 and indexes_behind(t.catalog) == []
     got = lance.dataset(t.uri).to_table(filter="name = 'n201'", columns=["id"])
     assert got.column("id").to_pylist() == [201]  # through the merged index
 
@@ -487,17 +495,17 @@ def test_cli_maintain_dry_run_pass_json_and_watch(tmp_path: Any) -> None:
     t = _table(tmp_path)
     w = _flushed(t, 1, [101, 103])
     runner = CliRunner()
-    res = runner.invoke(main, ["maintain", t.uri, "--dry-run", "--max-generations", "0"])
+    res = runner.invoke(main, ["maintain", t.uri, "--dry-run", "--merge-over-generations", "0"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: would merge [1] (1 unmerged generations > 0)" in res.output
     assert "would refresh region snapshots" in res.output
-    assert t.index().merged_generations() == {}
-    res = runner.invoke(main, ["maintain", t.uri, "--max-rows", "1", "--retention-hours", "0"])
+    assert t.catalog.index().merged_generations() == {}
+    res = runner.invoke(main, ["maintain", t.uri, "--merge-over-rows", "1", "--retention", "0s"])
     assert res.exit_code == 0, res.output
     assert f"{w.region_id}: merged [1] (2 unmerged rows > 1)" in res.output
     assert "merging" not in res.output  # no progress bar when not on a terminal
     assert "catch up indexes ['name_idx']" in res.output
-    assert t.index().merged_generations() == {w.region_id: 1}
+    assert t.catalog.index().merged_generations() == {w.region_id: 1}
     res = runner.invoke(main, ["maintain", t.uri, "--watch", "0", "--max-passes", "2", "--json"])
     assert res.exit_code == 0, res.output
     passes = [json.loads(line) for line in res.output.splitlines()]
@@ -522,15 +530,15 @@ def test_cli_watch_reports_a_failed_pass_and_goes_on(tmp_path: Any, monkeypatch:
 
     real = catchup.catch_up_indexes
     monkeypatch.setattr(catchup, "catch_up_indexes", flaky)
-    args = ["maintain", t.uri, "--max-generations", "0", "--watch", "0", "--max-passes", "2"]
+    args = ["maintain", t.uri, "--merge-over-generations", "0", "--watch", "0", "--max-passes", "2"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output  # the last pass succeeded
     assert "failed: catch up: OSError: disk on fire" in res.output
     assert "catch up indexes ['name_idx']" in res.output and len(calls) == 2
-    assert indexes_behind(t) == []
+    assert indexes_behind(t.catalog) == []
     calls.clear()  # fails once more: without --watch, the exit status is 1
     w.put(basic_rows([4]))
     w.flush()
-    res = CliRunner().invoke(main, ["maintain", t.uri, "--max-generations", "0"])
+    res = CliRunner().invoke(main, ["maintain", t.uri, "--merge-over-generations", "0"])
     assert res.exit_code == 1 and "failed: catch up: OSError: disk on fire" in res.output
     w.close()

@@ -23,7 +23,7 @@ from memwal_query.maintain.policy import MaintenancePolicy
 from helpers import basic_rows, parity_spec, write_generation
 
 MERGE_ONLY = MaintenancePolicy(
-    max_generations=0,
+    merge_over_generations=0,
     gc=False,
     retention=None,
     compact_fragments=None,
@@ -86,37 +86,37 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
         _generation(t, 0, [2 * g, 300 + 2 * g], [100 + 2 * g], model)
         _generation(t, 1, [2 * g + 1, 301 + 2 * g], [101 + 2 * g], model)
     before = lance.dataset(t.uri).version
-    report = t.maintain(MERGE_ONLY)
+    report = t.maintenance.maintain(MERGE_ONLY)
     assert len(report.merged) == 6
     assert lance.dataset(t.uri).version == before + 1  # one commit for both regions
-    cost = read_cost(t)
+    cost = read_cost(t.catalog)
     assert cost.with_deletions == 1 and cost.deleted == 12  # 6 updated, 6 deleted
     assert _state(t) == model
     # the merge touched a 200-row fragment: more than 2x the 18 rows merged, left as is
     policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16)
-    report = t.maintain(policy)
-    assert not report.compact_due and read_cost(t).with_deletions == 1
+    report = t.maintenance.maintain(policy)
+    assert not report.compact_due and read_cost(t.catalog).with_deletions == 1
 
     # a bigger pass (120 keys) rewrites them: reads get back to files without deletions
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     _generation(t, 0, list(range(0, 240, 2)), [], model)
-    report = t.maintain(policy)
+    report = t.maintenance.maintain(policy)
     assert report.compact_due and "deletion files" in (report.compact_reason or "")
     assert report.compacted["fragments_removed"] >= 1
     assert any("deletion files" in line for line in report.lines())
-    cost = read_cost(t)
+    cost = read_cost(t.catalog)
     assert cost.with_deletions == 0 and cost.deleted == 0
     assert _state(t) == model and _base(t.uri) == model
-    assert t.index().merged_generations() != merged  # the merge's progress carried over
+    assert t.catalog.index().merged_generations() != merged  # the merge's progress carried over
 
 
 def test_pass_rewrites_fragments_with_many_deleted_rows(tmp_path: Any) -> None:
     t = _table(tmp_path, 100)
     model = {k: float(k) for k in range(100)}
     _generation(t, 0, [1000], list(range(0, 60, 2)), model)  # 30% of the base deleted
-    report = t.maintain(dataclasses.replace(MERGE_ONLY, compact_fragments=16))
+    report = t.maintenance.maintain(dataclasses.replace(MERGE_ONLY, compact_fragments=16))
     assert report.compact_due and "deleted rows" in (report.compact_reason or "")
-    assert read_cost(t).deleted == 0
+    assert read_cost(t.catalog).deleted == 0
     assert _state(t) == model and _base(t.uri) == model
 
 
@@ -125,16 +125,16 @@ def test_key_index_extended_by_the_pass_and_by_catch_up(tmp_path: Any) -> None:
     model = {k: float(k) for k in range(100)}
     name = _key_index(t.uri).name
     _generation(t, 0, [0, 500], [2], model)
-    t.merge()
+    t.maintenance.merge()
     ds = lance.dataset(t.uri)
     assert ds.stats.index_stats(name)["num_unindexed_rows"] > 0
-    t.catch_up_indexes()  # no names: the primary-key BTREE too
+    t.maintenance.catch_up_indexes()  # no names: the primary-key BTREE too
     ds = lance.dataset(t.uri)
     assert ds.stats.index_stats(name)["num_unindexed_rows"] == 0
     assert len(_key_index(t.uri).segments) == 2  # a delta segment for the new rows
     for g in range(5):  # segments are merged into one above the policy's limit (4)
         _generation(t, 1, [1001 + 2 * g], [], model)
-        t.maintain(dataclasses.replace(MERGE_ONLY, catch_up=True))
+        t.maintenance.maintain(dataclasses.replace(MERGE_ONLY, catch_up=True))
         assert lance.dataset(t.uri).stats.index_stats(name)["num_unindexed_rows"] == 0
         assert len(_key_index(t.uri).segments) <= 4
     got = t.lookup(pa.array([500, 1009, 2], pa.int64()), columns=["id", "val"]).to_pylist()
@@ -148,11 +148,13 @@ def test_budget_splits_regions_into_commits(tmp_path: Any, monkeypatch: Any) -> 
     _generation(t, 0, [0, 2], [4], model)
     _generation(t, 1, [1, 3], [5], model)
     sizes = {
-        g.in_memory_bytes for r in t.region_ids() for g in t.region_manifest(r).flushed_generations
+        g.in_memory_bytes
+        for r in t.catalog.region_ids()
+        for g in t.catalog.region_manifest(r).flushed_generations
     }
     assert all(sizes)
     before = lance.dataset(t.uri).version
-    merger.merge(t, batch_bytes=min(sizes))  # one region's generation per commit
+    merger.merge(t.catalog, batch_bytes=min(sizes))  # one region's generation per commit
     assert lance.dataset(t.uri).version == before + 2
     assert _state(t) == model and _base(t.uri) == model
 
@@ -167,8 +169,8 @@ def test_cli_compact_deleted_share(tmp_path: Any) -> None:
     t = _table(tmp_path, 100)
     model = {k: float(k) for k in range(100)}
     _generation(t, 0, [0], [2], model)  # 2% of the base fragment deleted
-    t.maintain(MERGE_ONLY)
-    args = ["maintain", t.uri, "--dry-run", "--json", "--max-generations", "0"]
+    t.maintenance.maintain(MERGE_ONLY)
+    args = ["maintain", t.uri, "--dry-run", "--json", "--merge-over-generations", "0"]
     quiet = json.loads(CliRunner().invoke(main, args).output)
     assert not quiet["compact_due"]
     every = CliRunner().invoke(main, [*args, "--compact-deleted-share", "0"])

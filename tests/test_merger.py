@@ -56,27 +56,27 @@ def test_merge_in_order_equals_model(table):
     assert table.merge() == []
     assert view(table) == model
     assert base_view(table) == model  # the base table alone now holds everything
-    assert table.index().merged_generations() == {region: 4}
+    assert table.catalog.index().merged_generations() == {region: 4}
 
 
 def test_gc_rules(table):
     region, model = make_generations(table, n=3)
-    m = table.region_manifest(region)
+    m = table.catalog.region_manifest(region)
     gen_dirs = [paths.generation_path(table.uri, region, g.path) for g in m.flushed_generations]
     # Nothing merged: nothing may go.
-    assert table.gc(dry_run=True) == []
-    table.merge(max_generations=2)
+    assert table.maintenance.gc(dry_run=True) == []
+    table.maintenance.merge(max_generations=2)
     # Merged, but older base versions (time travel) still need the generations.
-    assert table.gc() == []
+    assert table.maintenance.gc() == []
     assert all(os.path.isdir(d) for d in gen_dirs)
-    removed = table.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    removed = table.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert gen_dirs[0] in removed and gen_dirs[1] in removed
     assert gen_dirs[2] not in removed and os.path.isdir(gen_dirs[2])  # not merged yet
     assert not os.path.exists(gen_dirs[0])
     assert any(p.endswith(".arrow") for p in removed)
     assert view(table) == model
-    table.merge()
-    table.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    table.maintenance.merge()
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert not os.path.exists(gen_dirs[2])
     assert view(table) == model
     # A writer drops garbage-collected generations from the manifest at its next flush.
@@ -96,9 +96,9 @@ def test_gc_keeps_generation_until_indexes_caught_up(tmp_path):
     w.put(basic_rows([1, 500], name=["x", "y"]))
     w.flush()
     w.close()
-    t.merge()
-    t.refresh_snapshots()
-    t.dataset().cleanup_old_versions(older_than=dt.timedelta(seconds=0))
+    t.maintenance.merge()
+    t.maintenance.refresh_snapshots()
+    t.catalog.dataset().cleanup_old_versions(older_than=dt.timedelta(seconds=0))
     # Record "caught up to generation 0" for the region: GC must keep generation 1.
     rid_bytes = paths.region_id_to_bytes(w.region_id)
 
@@ -110,11 +110,11 @@ def test_gc_keeps_generation_until_indexes_caught_up(tmp_path):
 
     d = mwindex.pb.MemWalIndexDetails()
     behind(d)
-    record_progress(t.io, t.uri, d)
-    assert t.gc(cleanup_older_than=dt.timedelta(seconds=0)) == []
-    progress = t.catch_up_indexes()
+    record_progress(t.catalog.io, t.uri, d)
+    assert t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0)) == []
+    progress = t.maintenance.catch_up_indexes()
     assert progress == {"name_idx": {w.region_id: 1}}
-    assert t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    assert t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
 
 
 def test_orphan_generation_dir_of_failed_flush_is_collected(table):
@@ -125,7 +125,7 @@ def test_orphan_generation_dir_of_failed_flush_is_collected(table):
     os.makedirs(orphan)
     in_flight = os.path.join(paths.region_dir(table.uri, w.region_id), "cafebabe_gen_2")
     os.makedirs(in_flight)
-    removed = table.gc()
+    removed = table.maintenance.gc()
     assert orphan in removed and in_flight not in removed
     w.close(flush=False)
 
@@ -148,8 +148,8 @@ def test_details_update_keeps_concurrent_merge_progress(table):
             )
         d.num_regions = 42
 
-    mwindex.update_details(table.io, table.uri, mutate)
-    idx = table.index()
+    mwindex.update_details(table.catalog.io, table.uri, mutate)
+    idx = table.catalog.index()
     assert idx.merged_generations() == {rid: 3}
     assert idx.details.num_regions == 42
 
@@ -207,12 +207,12 @@ def test_appendix2_racing_mergers(table):
     merged = [eval(o[0].strip()) for o in outs]  # noqa: S307 - our own output
     gens = sorted(g for m in merged for _, g in m)
     assert gens == [1, 2, 3, 4]  # each generation merged exactly once, none skipped
-    assert table.index().merged_generations() == {region: 4}
+    assert table.catalog.index().merged_generations() == {region: 4}
     assert base_view(table) == model
     # Progress never went backwards across the base table's history.
     history = []
     for v in lance.dataset(table.uri).versions():
-        idx = mwindex.read_index(table.io, lance.dataset(table.uri, version=v["version"]))
+        idx = mwindex.read_index(table.catalog.io, lance.dataset(table.uri, version=v["version"]))
         history.append(0 if idx is None else idx.merged_generations().get(region, 0))
     assert history == sorted(history)
 
@@ -223,7 +223,7 @@ def test_appendix2_crash_after_commit(table):
     p = run_merger(table.uri, region, 99, crash_at="merge.after_commit")
     p.communicate(timeout=120)
     assert p.returncode != 0  # killed right after committing generation 1
-    assert table.index().merged_generations() == {region: 1}
+    assert table.catalog.index().merged_generations() == {region: 1}
     assert view(table) == model
     p = run_merger(table.uri, region, 99)
     out, err = p.communicate(timeout=120)
@@ -237,7 +237,7 @@ def test_killed_before_commit_leaves_table_correct(table):
     p = run_merger(table.uri, region, 99, crash_at="merge.before_commit")
     p.communicate(timeout=120)
     assert p.returncode != 0
-    assert table.index().merged_generations() == {}
+    assert table.catalog.index().merged_generations() == {}
     assert view(table) == model
     assert table.merge() == [(region, 1), (region, 2)]
     assert base_view(table) == model
@@ -245,10 +245,10 @@ def test_killed_before_commit_leaves_table_correct(table):
 
 def test_status(table):
     region, _ = make_generations(table, n=2)
-    table.merge(max_generations=1)
+    table.maintenance.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
-    s = table.status().to_dict()
+    s = table.maintenance.status().to_dict()
     r = s["regions"][region]
     assert r["flushed_generations"] == [1, 2]
     assert r["merged_generation"] == 1
@@ -300,7 +300,7 @@ def test_consecutive_generations_merge_in_one_commit(table, batch_rows, commits)
     """Generations 1..4 (upserts, deletes, last write wins) merged in one commit, one
     per generation, or up to a row budget: the same base table and progress."""
     region, model = make_generations(table)
-    gens = table.region_manifest(region).flushed_generations
+    gens = table.catalog.region_manifest(region).flushed_generations
     assert all(g.physical_rows for g in gens)
     if batch_rows == "two":  # exactly generations 1 and 2 fit
         batch_rows = gens[0].physical_rows + gens[1].physical_rows
@@ -308,7 +308,7 @@ def test_consecutive_generations_merge_in_one_commit(table, batch_rows, commits)
     merged = table.merge(batch_rows=batch_rows)
     assert merged == [(region, 1), (region, 2), (region, 3), (region, 4)]
     assert lance.dataset(table.uri).version == before + commits
-    assert table.index().merged_generations() == {region: 4}
+    assert table.catalog.index().merged_generations() == {region: 4}
     assert base_view(table) == model
     assert view(table) == model
     assert table.merge() == []
@@ -349,7 +349,7 @@ def test_regions_merge_together_in_one_commit(base_uri):
     merged = table.merge()
     assert sorted(merged) == sorted((r, g) for r in regions for g in (1, 2))
     assert lance.dataset(table.uri).version == before + 1
-    assert table.index().merged_generations() == {r: 2 for r in regions}
+    assert table.catalog.index().merged_generations() == {r: 2 for r in regions}
     assert base_view(table) == model
     assert view(table) == model
     assert table.merge() == []
@@ -358,7 +358,7 @@ def test_regions_merge_together_in_one_commit(base_uri):
 def test_regions_merge_together_within_limits(base_uri):
     table = expr_table(base_uri, REGIONS_SQL)
     regions, model = _regions_with_generations(table)
-    gen_rows = table.region_manifest(regions[0]).flushed_generations[0].physical_rows
+    gen_rows = table.catalog.region_manifest(regions[0]).flushed_generations[0].physical_rows
     before = lance.dataset(table.uri).version
     # max_generations applies per region: generation 1 of every region, in one commit
     assert sorted(table.merge(max_generations=1)) == sorted((r, 1) for r in regions)
@@ -367,5 +367,5 @@ def test_regions_merge_together_within_limits(base_uri):
     # a row budget of two generations: regions two by two (2 commits for 3 regions)
     table.merge(batch_rows=2 * gen_rows)
     assert lance.dataset(table.uri).version == before + 3
-    assert table.index().merged_generations() == {r: 2 for r in regions}
+    assert table.catalog.index().merged_generations() == {r: 2 for r in regions}
     assert base_view(table) == model

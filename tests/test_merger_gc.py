@@ -29,9 +29,9 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     w.flush()
     w.close()
     region = w.region_id
-    t.merge(max_generations=1)
+    t.maintenance.merge(max_generations=1)
     other = mq.MemWalTable.open(uri)
-    real = t.dataset
+    real = t.catalog.dataset
     fired = []
 
     def dataset(version=None):
@@ -40,8 +40,8 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
             fired.append(other.merge())
         return ds
 
-    t.dataset = dataset
-    progress = t.catch_up_indexes()
+    t.catalog.dataset = dataset
+    progress = t.maintenance.catch_up_indexes()
     assert fired == [[(region, 2)]]
     assert progress == {"name_idx": {region: 1}}
     # The index really covers generation 1's fragment but not generation 2's.
@@ -50,8 +50,8 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     covered = {f for s in idx.segments for f in s.fragment_ids}
     assert covered != {f.fragment_id for f in ds.get_fragments()}
     # So GC keeps generation 2 (the indexed read plan still needs it).
-    t.dataset = real
-    t.gc(cleanup_older_than=dt.timedelta(0))
+    t.catalog.dataset = real
+    t.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     gens = os.listdir(paths.region_dir(uri, region))
     assert any(g.endswith("_gen_2") for g in gens)
     assert not any(g.endswith("_gen_1") for g in gens)
@@ -60,7 +60,9 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
 # -- M6: GC never deletes WAL entries of unmerged generations ---------------------------
 def _wal_positions(table, region):
     wal = paths.wal_dir(table.uri, region)
-    return sorted(from_bit_reversed(n) for n in table.io.list(wal) if n.endswith(WAL_SUFFIX))
+    return sorted(
+        from_bit_reversed(n) for n in table.catalog.io.list(wal) if n.endswith(WAL_SUFFIX)
+    )
 
 
 def _three_stages(table):
@@ -72,8 +74,8 @@ def _three_stages(table):
     w.put(basic_rows([2001]))
     w.flush()
     w.put(basic_rows([3001]))  # unflushed MemTable, in the WAL only
-    table.merge(w.region_id, max_generations=1)
-    store = RegionManifestStore(table.io, table.uri, w.region_id)
+    table.maintenance.merge(regions=[w.region_id], max_generations=1)
+    store = RegionManifestStore(table.catalog.io, table.uri, w.region_id)
     flushed_1 = next(
         store.load(v)
         for v in range(1, store.latest_version() + 1)
@@ -85,7 +87,7 @@ def _three_stages(table):
 def test_gc_deletes_wal_of_merged_generations_only(table):
     w, store, p1 = _three_stages(table)
     before = _wal_positions(table, w.region_id)
-    table.gc(cleanup_older_than=dt.timedelta(0))
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert _wal_positions(table, w.region_id) == [p for p in before if p > p1]
     w.close(flush=False)
 
@@ -97,8 +99,8 @@ def test_gc_with_unreadable_manifest_version_keeps_unmerged_wal(table):
     version = next(
         v for v in range(1, store.latest_version() + 1) if store.load(v).current_generation == 2
     )
-    table.io.write(store.path(version), b"\x00garbage\xff" * 3)
-    table.gc(cleanup_older_than=dt.timedelta(0))
+    table.catalog.io.write(store.path(version), b"\x00garbage\xff" * 3)
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     left = _wal_positions(table, w.region_id)
     assert [p for p in before if p > p1] == [p for p in left if p > p1]  # none lost
     assert set(left) <= set(before)
@@ -131,7 +133,7 @@ def test_merge_retry_bound_is_per_generation_with_backoff(table, monkeypatch):
 
     monkeypatch.setattr(MergeInsertBuilder, "execute", racy)
     monkeypatch.setattr(merger.time, "sleep", sleeps.append)
-    done = merger.merge(table, region, max_retries=3, batch_rows=0)
+    done = merger.merge(table.catalog, region, max_retries=3, batch_rows=0)
     assert [r.generation for r in done] == [1, 2, 3]  # 9 lost races in all, 3 per generation
     assert len(sleeps) == 9 and all(0 < s <= merger.BACKOFF_MAX_SECONDS for s in sleeps)
     assert len(set(sleeps)) > 1  # jittered
@@ -146,7 +148,7 @@ def test_merge_gives_up_after_max_retries_on_one_generation(table, monkeypatch):
     monkeypatch.setattr(merger, "_commit_generation", always)
     monkeypatch.setattr(merger.time, "sleep", lambda s: None)
     with pytest.raises(CommitConflictError):
-        merger.merge(table, region, max_retries=2, batch_rows=0)
+        merger.merge(table.catalog, region, max_retries=2, batch_rows=0)
 
 
 def test_conflicts_are_recognised_by_type_first():
@@ -177,7 +179,9 @@ def test_gc_reports_progress(tmp_path):
         t.write(basic_rows([100 + i]))
         t.flush()
     t.close()
-    t.merge()
+    t.maintenance.merge()
     calls = []
-    removed = t.gc(cleanup_older_than=dt.timedelta(0), progress=lambda d, n: calls.append((d, n)))
+    removed = t.maintenance.gc(
+        cleanup_older_than=dt.timedelta(0), progress=lambda d, n: calls.append((d, n))
+    )
     assert removed and calls == [(i + 1, len(removed)) for i in range(len(removed))]

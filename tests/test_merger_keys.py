@@ -105,11 +105,11 @@ def test_generation_with_upserts_and_deletes_of_every_key_type(tmp_path, name, t
     assert t.merge() == [(region, 1)]
     base = lance.dataset(t.uri).to_table()
     assert sorted(base.column("v").to_pylist()) == [100 + i for i in keep]
-    assert t.index().merged_generations() == {region: 1}
+    assert t.catalog.index().merged_generations() == {region: 1}
     # Exactly one version carries the progress; it is the last one.
     history = []
     for v in lance.dataset(t.uri).versions():
-        idx = mwindex.read_index(t.io, lance.dataset(t.uri, version=v["version"]))
+        idx = mwindex.read_index(t.catalog.io, lance.dataset(t.uri, version=v["version"]))
         history.append(0 if idx is None else idx.merged_generations().get(region, 0))
     assert history.count(1) == 1 and history[-1] == 1
 
@@ -124,7 +124,7 @@ def test_failing_region_does_not_block_other_regions(base_uri, monkeypatch):
         w.put(basic_rows([1000 + i]))
         w.flush()
         w.close()
-    bad = sorted(table.region_ids())[0]
+    bad = sorted(table.catalog.region_ids())[0]
     real = merger.prepare_generation
 
     def broken(tbl, region_id, gen, *rest):
@@ -134,11 +134,11 @@ def test_failing_region_does_not_block_other_regions(base_uri, monkeypatch):
 
     monkeypatch.setattr(merger, "prepare_generation", broken)
     with pytest.raises(MergeFailedError) as info:
-        table.merge()
+        table.maintenance.merge()
     assert list(info.value.errors) == [bad]
     assert bad in str(info.value)
     assert isinstance(info.value.errors[bad], ValueError)
-    merged = table.index().merged_generations()
+    merged = table.catalog.index().merged_generations()
     assert set(merged) == {w.region_id for w in writers} - {bad}
     assert {r.region_id for r in info.value.results} == set(merged)
     ids = set(lance.dataset(table.uri).to_table().column("id").to_pylist())
@@ -197,7 +197,7 @@ def test_many_composite_deletes_merge_as_a_key_join(tmp_path, monkeypatch):
     w.flush()
     w.close()
     predicates = _spy_delete_predicates(monkeypatch)
-    t.merge()
+    t.maintenance.merge()
     assert predicates == []
     assert lance.dataset(uri).count_rows() == n // 2
 
@@ -213,7 +213,7 @@ def test_generation_with_upserts_and_deletes_is_one_commit(table):
     v0 = lance.dataset(table.uri).version
     assert table.merge() == [(w.region_id, 1)]
     assert lance.dataset(table.uri).version == v0 + 1  # data and progress: one commit
-    assert table.index().merged_generations() == {w.region_id: 1}
+    assert table.catalog.index().merged_generations() == {w.region_id: 1}
     base = {r["id"]: r["val"] for r in lance.dataset(table.uri).to_table().to_pylist()}
     assert sorted(base) == expected and base[1] == -1.0
 
@@ -227,7 +227,7 @@ def test_many_composite_deletes_with_upserts_merge_as_one_in_list(tmp_path, monk
     w.close()
     v0 = lance.dataset(uri).version
     predicates = _spy_delete_predicates(monkeypatch)
-    t.merge()
+    t.maintenance.merge()
     assert len(predicates) == 1
     (predicate,) = predicates
     assert predicate.startswith("concat(") and predicate.count(" IN (") == 1

@@ -111,7 +111,7 @@ def progress_history(table, region: str) -> list[int]:
     """merged_generations[region] of every base version, oldest first."""
     out = []
     for v in lance.dataset(table.uri).versions():
-        idx = mwindex.read_index(table.io, lance.dataset(table.uri, version=v["version"]))
+        idx = mwindex.read_index(table.catalog.io, lance.dataset(table.uri, version=v["version"]))
         out.append(0 if idx is None else idx.merged_generations().get(region, 0))
     return out
 
@@ -139,7 +139,7 @@ def test_appendix2_scenario1_racing_on_the_same_generation(table, tmp_path):
     gen, read_version, msg = next(x for x in loser["lost"] if x[0] == 1)
     assert read_version == v0  # it had prepared generation 1 from the same version
     assert "stale" in msg.lower() or "conflict" in msg.lower() or "concurrent" in msg.lower()
-    assert table.index().merged_generations() == {region: 3}
+    assert table.catalog.index().merged_generations() == {region: 3}
     history = progress_history(table, region)
     assert history == sorted(history)  # progress never went backwards
     # Exactly one commit per generation carried its progress (data + marker together).
@@ -161,10 +161,10 @@ def test_killed_between_data_write_and_commit_then_rerun(table, tmp_path):
     assert p.returncode == -9  # SIGKILLed
     assert data_files(table.uri) - before_files  # data really was written ...
     assert lance.dataset(table.uri).version == v0  # ... but never committed
-    assert table.index().merged_generations() == {}
+    assert table.catalog.index().merged_generations() == {}
     assert view(table) == model
     assert finish(start(table.uri, region, tmp_path))["merged"] == [1, 2]
-    assert table.index().merged_generations() == {region: 2}
+    assert table.catalog.index().merged_generations() == {region: 2}
     assert base_view(table) == model
     assert lance.dataset(table.uri).count_rows() == len(model)
     assert progress_history(table, region)[-3:] == [0, 1, 2]
@@ -194,7 +194,7 @@ def test_reads_before_during_and_after_a_running_merge_agree(table, tmp_path):
         for when in ("before_commit", "after_commit"):
             tag = f"merge.{when}.{g}"
             _wait(hold / f"at.{tag}", p)
-            merged = table.index().merged_generations().get(region, 0)
+            merged = table.catalog.index().merged_generations().get(region, 0)
             seen.append(merged)
             assert merged == (g - 1 if when == "before_commit" else g)
             assert view(table) == model, tag

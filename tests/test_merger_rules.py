@@ -44,29 +44,29 @@ def test_gc_keeps_generations_of_a_region_the_index_has_not_caught_up(
     a.put(basic_rows([1000], name=["a"]))
     a.flush()
     a.close()
-    t.merge()
-    assert t.catch_up_indexes() == {"name_idx": {a.region_id: 1}}
+    t.maintenance.merge()
+    assert t.maintenance.catch_up_indexes() == {"name_idx": {a.region_id: 1}}
     b = t.writer(region_values={"r": 2})
     b.put(basic_rows([2000], name=["b"]))
     b.flush()
     b.close()
     assert t.merge() == [(b.region_id, 1)]
-    assert t.index().index_catchup()["name_idx"].get(b.region_id, 0) == 0
+    assert t.catalog.index().index_catchup()["name_idx"].get(b.region_id, 0) == 0
     if not recorded:
         # A record that does not name region B at all (Lance adds B at 0 itself; another
         # tool's record may not): B still counts as not caught up.
         real = mwindex.MemWalIndex.index_catchup
         without_b = {"name_idx": {a.region_id: 1}}
         monkeypatch.setattr(mwindex.MemWalIndex, "index_catchup", lambda self: without_b)
-        assert t.index().index_catchup() == without_b
-    removed = t.gc(cleanup_older_than=dt.timedelta(0))
+        assert t.catalog.index().index_catchup() == without_b
+    removed = t.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     if not recorded:
         monkeypatch.setattr(mwindex.MemWalIndex, "index_catchup", real)
     assert _gen_dirs(t, a.region_id) == []  # merged and caught up: deleted
     assert len(_gen_dirs(t, b.region_id)) == 1  # merged, index behind: kept
     assert not any(b.region_id in p for p in removed)
-    assert t.catch_up_indexes() == {"name_idx": {a.region_id: 1, b.region_id: 1}}
-    assert any(b.region_id in p for p in t.gc(cleanup_older_than=dt.timedelta(0)))
+    assert t.maintenance.catch_up_indexes() == {"name_idx": {a.region_id: 1, b.region_id: 1}}
+    assert any(b.region_id in p for p in t.maintenance.gc(cleanup_older_than=dt.timedelta(0)))
     assert _gen_dirs(t, b.region_id) == []
     got = t.to_table().to_pylist()
     assert {r["id"] for r in got} == set(range(300)) | {1000, 2000}
@@ -75,11 +75,11 @@ def test_gc_keeps_generations_of_a_region_the_index_has_not_caught_up(
 def test_gc_without_maintained_indexes_needs_only_merge_and_retention(table):
     """The other two rules, keep and delete: unmerged kept, time travel kept."""
     region, model = make_generations(table, n=2)
-    table.merge(max_generations=1)
-    assert table.gc(dry_run=True) == []  # base versions before the merge are retained
-    would = table.gc(dry_run=True, cleanup_older_than=dt.timedelta(0))
+    table.maintenance.merge(max_generations=1)
+    assert table.maintenance.gc(dry_run=True) == []  # base versions before the merge are retained
+    would = table.maintenance.gc(dry_run=True, cleanup_older_than=dt.timedelta(0))
     assert would == []  # dry run: cleanup_old_versions was not run either
-    removed = table.gc(cleanup_older_than=dt.timedelta(0))
+    removed = table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     dirs = _gen_dirs(table, region)
     assert [d.endswith("_gen_2") for d in dirs] == [True]  # 1 deleted, 2 kept (unmerged)
     assert any(p.endswith("_gen_1") for p in removed)
@@ -96,7 +96,7 @@ def test_scan_planned_before_merge_and_gc_gets_rows_or_typed_error(table, warm):
         assert len(p.to_table()) == len(model)  # generation data cached by this reader
     parts = p.get_fragments()  # read plan: base version + generations 1, 2
     assert table.merge() == [(region, 1), (region, 2)]
-    assert table.gc(cleanup_older_than=dt.timedelta(0))
+    assert table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert _gen_dirs(table, region) == []
     if not warm:
         sources.GENERATION_CACHE.clear()
@@ -156,16 +156,16 @@ def test_catch_up_extends_vector_fts_and_scalar_indexes(tmp_path):
     w.close()
     rid = w.region_id
     assert t.merge() == [(rid, 1), (rid, 2)]
-    base = t.dataset()
+    base = t.catalog.dataset()
     frags = {f.fragment_id for f in base.get_fragments()}
     for name in names:
         assert _covered(base, name) != frags  # merged rows sit in unindexed fragments
-    progress = t.catch_up_indexes()
+    progress = t.maintenance.catch_up_indexes()
     assert progress == {name: {rid: 2} for name in names}
-    base = t.dataset()
+    base = t.catalog.dataset()
     for name in names:
         assert _covered(base, name) == {f.fragment_id for f in base.get_fragments()}
-    assert t.index().index_catchup() == progress  # what readers see
+    assert t.catalog.index().index_catchup() == progress  # what readers see
     # The indexed read plan is back on the base indexes: no gap generations.
     dbg: dict = {}
     # (no refine step: its KNNVectorDistance re-ranks candidates, it is not a flat scan)
@@ -175,7 +175,7 @@ def test_catch_up_extends_vector_fts_and_scalar_indexes(tmp_path):
     base_plan = dbg["base_lance_plan"]
     assert "ANNSubIndex" in base_plan  # the base index answers ...
     assert "KNNVectorDistance" not in base_plan  # ... with no flat scan of merged rows
-    assert t.catch_up_indexes(["id_idx"]) == progress  # idempotent
+    assert t.maintenance.catch_up_indexes(["id_idx"]) == progress  # idempotent
 
 
 # -- region snapshots -----------------------------------------------------------------
@@ -224,10 +224,10 @@ def test_snapshot_schema_has_region_field_columns(tmp_path):
 # -- status ---------------------------------------------------------------------------
 def test_status_fields_wal_span_and_sizes(table):
     region, _ = make_generations(table, n=2)
-    table.merge(max_generations=1)
+    table.maintenance.merge(max_generations=1)
     w = table.writer(region)
     w.put(basic_rows([77777]))
-    r = table.status().to_dict()["regions"][region]
+    r = table.maintenance.status().to_dict()["regions"][region]
     assert r["writer_epoch"] == 2 and r["manifest_version"] >= 4
     assert (r["flushed_generations"], r["merged_generation"]) == ([1, 2], 1)
     assert r["wal_first_position"] == 1
@@ -235,8 +235,8 @@ def test_status_fields_wal_span_and_sizes(table):
     assert r["wal_entries"] == r["wal_last_position"]
     assert (r["unflushed_wal_entries"], r["unflushed_rows"]) == (1, 1)
     assert r["generation_bytes"] > 0 and r["wal_bytes"] > 0
-    table.gc(cleanup_older_than=dt.timedelta(0))  # generation 1 and its WAL entries go
-    after = table.status().to_dict()["regions"][region]
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(0))  # generation 1 and its WAL entries go
+    after = table.maintenance.status().to_dict()["regions"][region]
     assert after["wal_first_position"] > 1
     assert after["wal_entries"] < r["wal_entries"]
     assert after["wal_last_position"] == r["wal_last_position"]
@@ -246,9 +246,9 @@ def test_status_fields_wal_span_and_sizes(table):
 
 def test_status_wal_span_is_empty_when_every_entry_was_collected(table):
     region, _ = make_generations(table, n=2)
-    table.merge()
-    table.gc(cleanup_older_than=dt.timedelta(0))  # every generation and WAL entry goes
-    r = table.status().to_dict()["regions"][region]
+    table.maintenance.merge()
+    table.maintenance.gc(cleanup_older_than=dt.timedelta(0))  # every generation and WAL entry goes
+    r = table.maintenance.status().to_dict()["regions"][region]
     assert r["wal_entries"] == 0 and r["wal_bytes"] == 0
     # "entries in storage; 0 when none": no span made of the replay position
     assert (r["wal_first_position"], r["wal_last_position"]) == (0, 0)

@@ -50,15 +50,15 @@ def test_eventual_reads_after_merges_and_cleanup(base_uri):
     before = table.refresh_snapshots()
     assert {5000, 6000} <= _eventual_ids(table)
     assert table.merge(writers[0].region_id) == [(writers[0].region_id, 1)]
-    after = table.index()
+    after = table.catalog.index()
     assert after.uuid != before.uuid  # Lance gave the index a new uuid
     assert after.details.num_regions == before.details.num_regions
     # The merger carried the file forward: the spec layout holds for the new version.
     assert os.path.exists(_snapshot_file(table, after.uuid))
     assert {5000, 6000} <= _eventual_ids(table)
-    table.merge(writers[1].region_id)
+    table.maintenance.merge(regions=[writers[1].region_id])
     # Old versions (and Lance's copy under their uuids) cleaned up: still readable.
-    table.dataset().cleanup_old_versions(older_than=dt.timedelta(0))
+    table.catalog.dataset().cleanup_old_versions(older_than=dt.timedelta(0))
     assert not os.path.exists(_snapshot_file(table, before.uuid))
     assert {5000, 6000} <= _eventual_ids(table)
     for w in writers:
@@ -72,8 +72,8 @@ def test_reader_finds_snapshot_when_merger_did_not_copy_it(base_uri, monkeypatch
     writers[2].put(basic_rows([7000]))  # flushed after the snapshot: not in it
     writers[2].flush()
     monkeypatch.setattr(snapshots, "carry_forward", lambda *a, **k: None)
-    table.merge(writers[0].region_id)
-    after = table.index()
+    table.maintenance.merge(regions=[writers[0].region_id])
+    after = table.catalog.index()
     assert after.uuid != before.uuid
     assert not os.path.exists(_snapshot_file(table, after.uuid))
     got = _eventual_ids(table)

@@ -31,7 +31,7 @@ CRASHING_MERGER = textwrap.dedent(
 
     merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
     t = mq.MemWalTable.open(sys.argv[1])
-    t.merge()
+    t.maintenance.merge()
     print("not killed", flush=True)
     """
 )
@@ -75,11 +75,11 @@ def test_split_commits_equal_one_commit(base_uri, split):
     merged = t.merge()
     assert sorted(merged) == sorted([(regions[0], 1), (regions[0], 2), (regions[1], 1)])
     assert lance.dataset(t.uri).version == before + 2
-    assert t.index().merged_generations() == {regions[0]: 2, regions[1]: 1}
+    assert t.catalog.index().merged_generations() == {regions[0]: 2, regions[1]: 1}
     assert base_view(t.uri) == model
     # the version between the two commits: progress not recorded, the answer the model
     middle = before + 1
-    assert t.index(lance.dataset(t.uri, version=middle)).merged_generations() == {}
+    assert t.catalog.index(lance.dataset(t.uri, version=middle)).merged_generations() == {}
     mid = base_view(t.uri, middle)  # the deletes only: 4 deleted, then written again
     assert not {0, 5, 6, 7, 10} & set(mid) and mid[4] == 4.0 and 200 not in mid
     assert view(t, as_of=middle) == model
@@ -103,7 +103,7 @@ def test_merger_killed_between_the_commits(base_uri):
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
     # The deletes are committed, the upserts and the progress are not.
     assert lance.dataset(t.uri).version == before + 1
-    assert t.index().merged_generations() == {}
+    assert t.catalog.index().merged_generations() == {}
     base = base_view(t.uri)
     assert not {3, 4, 5, 6, 8} & set(base) and 300 not in base and base[0] == 0.0
     # Every reader (fresh or reopened) answers the model from this state.
@@ -129,17 +129,17 @@ def test_split_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri, 
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
     region = _write(t, model, 0, [0, 400], [2], 1.0)
-    gens = t.region_manifest(region).flushed_generations
+    gens = t.catalog.region_manifest(region).flushed_generations
     ds = lance.dataset(t.uri)
-    prep = merger.prepare_generation(t, region, gens, ds.schema)
+    prep = merger.prepare_generation(t.catalog, region, gens, ds.schema)
     marker = [merger.CompactedSsTable(region, gens[-1].generation)]
     lance.dataset(t.uri).create_scalar_index("val", "BTREE")  # a commit of no merge
-    moved = merger._commit_split(t, ds, ["id"], prep, marker)
+    moved = merger._commit_split(t.catalog, ds, ["id"], prep, marker)
     assert moved.version == ds.version + 2 and 2 not in base_view(t.uri)
     # another merger merges the region meanwhile: the planned batch is stale
-    t.merge()
+    t.maintenance.merge()
     assert base_view(t.uri) == model
     with pytest.raises(merger._BatchMoved) as lost:
-        merger._commit_split(t, ds, ["id"], prep, marker)
+        merger._commit_split(t.catalog, ds, ["id"], prep, marker)
     assert merger._is_conflict(lost.value)
     assert base_view(t.uri) == model and view(t) == model

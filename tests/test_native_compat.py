@@ -17,8 +17,8 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.floa
 
 
 def snapshot(t: mq.MemWalTable, region_id: str) -> ShardSnapshot:
-    m = t.region_manifest(region_id)
-    merged = t.index().merged_generations().get(region_id, 0)
+    m = t.catalog.region_manifest(region_id)
+    merged = t.catalog.index().merged_generations().get(region_id, 0)
     snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)
     for g in m.flushed_generations:
         if g.generation > merged:
@@ -45,11 +45,11 @@ def test_native_written_regions_read_by_our_provider(tmp_path):
                 w.put(pa.table({"id": ids, "v": [float(i * 10 + s)] * len(ids)}, schema=SCHEMA))
             w.delete(pa.table({"id": pa.array([s, 2 + s], pa.int64())}))
     t = mq.MemWalTable.open(uri)
-    assert sorted(t.region_ids()) == sorted(shards)
+    assert sorted(t.catalog.region_ids()) == sorted(shards)
     for shard in shards:  # manifests and WAL decode with our code
-        m = RegionManifestStore(t.io, t.uri, shard).load_latest()
+        m = RegionManifestStore(t.catalog.io, t.uri, shard).load_latest()
         assert m.flushed_generations and m.writer_epoch >= 1
-        wal = Wal(t.io, f"{t.uri}/_mem_wal/{shard}/wal", shard)
+        wal = Wal(t.catalog.io, f"{t.uri}/_mem_wal/{shard}/wal", shard)
         assert all(e.writer_epoch == m.writer_epoch for e in wal.replay(0, m.writer_epoch))
     native = LsmScanner.from_snapshots(lance.dataset(uri), [snapshot(t, s) for s in shards])
     expected = rows(native.to_table())
@@ -58,7 +58,7 @@ def test_native_written_regions_read_by_our_provider(tmp_path):
     ctx = datafusion.SessionContext()
     mq.register(ctx, "strong", uri, consistency="strong")
     assert rows(ctx.sql("SELECT * FROM strong").to_arrow_table()) == expected
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     mq.register(ctx, "eventual", uri)
     assert rows(ctx.sql("SELECT * FROM eventual").to_arrow_table()) == expected
     got = ctx.sql("SELECT count(*) AS n, sum(v) AS s FROM eventual WHERE v > 5").to_arrow_table()
@@ -121,7 +121,7 @@ def test_native_unsharded_table_written_by_us(tmp_path):
     t.close()
     ours = rows(t.to_table())
     assert ours == {0: 0.0, 1: 1.0, 3: 0.0, 4: 0.0, 20: 20.0}
-    snaps = [snapshot(t, r) for r in t.region_ids()]
+    snaps = [snapshot(t, r) for r in t.catalog.region_ids()]
     assert rows(LsmScanner.from_snapshots(lance.dataset(uri), snaps).to_table()) == ours
     ctx = datafusion.SessionContext()
     mq.register(ctx, "e", uri, consistency="strong")
@@ -129,5 +129,5 @@ def test_native_unsharded_table_written_by_us(tmp_path):
         1: 1.0,
         20: 20.0,
     }
-    t.merge()
+    t.maintenance.merge()
     assert rows(lance.dataset(uri).to_table()) == ours

@@ -215,7 +215,7 @@ def test_concurrent_claims_get_distinct_epochs(backend):
     epochs: list[int] = []
 
     def claim() -> None:
-        store = RegionManifestStore(t.io, t.uri, region)
+        store = RegionManifestStore(t.catalog.io, t.uri, region)
         barrier.wait()
         epochs.append(store.claim().writer_epoch)
 
@@ -225,7 +225,7 @@ def test_concurrent_claims_get_distinct_epochs(backend):
     for th in threads:
         th.join(60)
     assert sorted(epochs) == list(range(1, n + 1))
-    assert t.region_manifest(region).writer_epoch == n
+    assert t.catalog.region_manifest(region).writer_epoch == n
 
 
 # -- writer, reader, merger, GC -------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_writer_put_delete_flush_recovery(backend):
     w.put(basic_rows([300], val=[300.0]))
     w.close(flush=False)  # 300 stays in the WAL only
     wal_dir = paths.wal_dir(t.uri, w.region_id)
-    assert t.io.list(wal_dir) == sorted(wal_entry_name(p) for p in (1, 2, 3))
+    assert t.catalog.io.list(wal_dir) == sorted(wal_entry_name(p) for p in (1, 2, 3))
     # A new writer claims the region and replays the unflushed entry.
     w2 = t.writer(w.region_id)
     assert w2.epoch == w.epoch + 1 and w2.stats.replayed_rows == 1
@@ -249,11 +249,13 @@ def test_writer_put_delete_flush_recovery(backend):
     assert live(t, [w2]) == expected
     assert w2.flush() == 2
     w2.close()
-    m = t.region_manifest(w.region_id)
+    m = t.catalog.region_manifest(w.region_id)
     assert [g.generation for g in m.flushed_generations] == [1, 2]
     for g in m.flushed_generations:
         gen_dir = paths.generation_path(t.uri, w.region_id, g.path)
-        assert t.io.is_dir(gen_dir) and t.io.exists(join(gen_dir, "bloom_filter.bin"))
+        assert t.catalog.io.is_dir(gen_dir) and t.catalog.io.exists(
+            join(gen_dir, "bloom_filter.bin")
+        )
     reopened = mq.MemWalTable.open(t.uri, storage_options=backend.storage_options)
     assert live(reopened) == expected
 
@@ -287,7 +289,7 @@ def test_reader_provider_and_sql(backend):
     assert got == {"id": [500, 99], "name": ["big", "n99"]}
     w.flush()
     w.close()
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     ctx2 = datafusion.SessionContext()
     mq.register(ctx2, "events", t.uri, storage_options=backend.storage_options)  # eventual
     got = ctx2.sql("SELECT id, val FROM events WHERE id IN (5, 6, 500) ORDER BY id").to_pydict()
@@ -305,21 +307,21 @@ def test_merger_and_gc(backend):
     w.flush()
     w.close()
     expected = live(t)
-    m = t.region_manifest(w.region_id)
+    m = t.catalog.region_manifest(w.region_id)
     gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
     assert t.merge() == [(w.region_id, 1), (w.region_id, 2)]
-    assert t.index().merged_generations() == {w.region_id: 2}
+    assert t.catalog.index().merged_generations() == {w.region_id: 2}
     base = lance.dataset(t.uri, storage_options=backend.storage_options)
     rows = {r["id"]: r["val"] for r in base.to_table().to_pylist()}
     assert rows == expected  # the base table alone now holds everything
-    assert t.gc() == []  # older base versions still need the generations
-    removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    assert t.maintenance.gc() == []  # older base versions still need the generations
+    removed = t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert set(gen_dirs) <= set(removed)
     assert any(p.endswith(".arrow") for p in removed)
     for d in gen_dirs:
-        assert not t.io.is_dir(d)
+        assert not t.catalog.io.is_dir(d)
     assert live(t) == expected
-    assert t.status().to_dict()["regions"][w.region_id]["merged_generation"] == 2
+    assert t.maintenance.status().to_dict()["regions"][w.region_id]["merged_generation"] == 2
 
 
 def test_change_feed_and_time_travel(backend):
@@ -370,7 +372,7 @@ def test_wal_entry_names_spread(backend):
     w = t.writer()
     for i in range(16):
         w.put(basic_rows([1000 + i]))
-    names = t.io.list(paths.wal_dir(t.uri, w.region_id))
+    names = t.catalog.io.list(paths.wal_dir(t.uri, w.region_id))
     w.close(flush=False)
     positions = sorted(from_bit_reversed(n) for n in names)
     assert positions == list(range(1, 17))
@@ -445,23 +447,25 @@ def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
 
     check([w])
     w.close()  # flushes the MemTable: generation 4
-    m = t.region_manifest(w.region_id)
+    m = t.catalog.region_manifest(w.region_id)
     gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
     assert len(gen_dirs) == 4
     for d in gen_dirs:  # every generation got the maintained indexes, on S3 too
-        assert {"_indices", "bloom_filter.bin"} <= set(t.io.list(d))
-    before = t.dataset().version
+        assert {"_indices", "bloom_filter.bin"} <= set(t.catalog.io.list(d))
+    before = t.catalog.dataset().version
     assert t.merge() == [(w.region_id, g) for g in (1, 2, 3, 4)]
-    assert t.dataset().version == before + 1  # four generations, one commit
-    assert t.catch_up_indexes() == {n: {w.region_id: 4} for n in ("text_idx", "vec_idx")}
+    assert t.catalog.dataset().version == before + 1  # four generations, one commit
+    assert t.maintenance.catch_up_indexes() == {
+        n: {w.region_id: 4} for n in ("text_idx", "vec_idx")
+    }
     check([])
-    removed = t.gc(cleanup_older_than=dt.timedelta(seconds=0))
+    removed = t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert set(gen_dirs) <= set(removed)
-    assert not any(t.io.is_dir(d) for d in gen_dirs)
-    assert t.io.list(paths.wal_dir(t.uri, w.region_id)) == []
-    assert "manifest" in t.io.list(join(paths.mem_wal_root(t.uri), w.region_id))
+    assert not any(t.catalog.io.is_dir(d) for d in gen_dirs)
+    assert t.catalog.io.list(paths.wal_dir(t.uri, w.region_id)) == []
+    assert "manifest" in t.catalog.io.list(join(paths.mem_wal_root(t.uri), w.region_id))
     check([])
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     reopened = mq.MemWalTable.open(uri, storage_options=backend.storage_options)
     assert reopened.count_rows(consistency="eventual") == len(model)
     region = reopened.status().to_dict()["regions"][w.region_id]
@@ -902,7 +906,7 @@ def test_cli_on_s3_from_aws_environment(s3_server, tmp_path, monkeypatch):
     (region,) = status["regions"].values()
     assert region["flushed_generations"] == [1] and region["merged_generation"] == 0
     assert "merged [1]" in memwal("merge", uri)
-    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0", "--verbose")
+    assert "_gen_1" in memwal("gc", uri, "--cleanup-older-than", "0s", "--verbose")
     assert json.loads(memwal("sql", uri, query, "--format", "json")) == expected
     status = json.loads(memwal("status", uri, "--json"))
     (region,) = status["regions"].values()
@@ -943,7 +947,7 @@ def test_conditional_put_disabled_requires_a_commit_lock(s3_server, tmp_path):
     t = mq.MemWalTable.initialize(root + "/t", storage_options=options)
     with t.writer() as w:
         w.put(basic_rows([42]))
-    t.merge()  # the index lock is the external lock here
+    t.maintenance.merge()  # the index lock is the external lock here
     assert 42 in live(t)
 
 
@@ -1024,3 +1028,26 @@ def test_put_with_unknown_outcome_stops_trying_after_the_deadline(tmp_path, monk
         assert len(calls) == 1  # without the deadline: _PUT_ATTEMPTS tries
     finally:
         server.stop()
+
+
+def test_create_from_a_frame_and_add_a_column(backend):
+    """create with storage options, its failure cleanup, and add_columns on each store."""
+    import pandas as pd
+
+    uri = backend.uri("created")
+    df = pd.DataFrame({"id": [1, 2], "val": [1.0, 2.0]})
+    with pytest.raises(mq.PrimaryKeyError, match="occurs in 2 rows"):
+        mq.MemWalTable.create(
+            uri, pd.concat([df, df]), primary_key="id", storage_options=backend.storage_options
+        )
+    t = mq.MemWalTable.create(uri, df, primary_key="id", storage_options=backend.storage_options)
+    with pytest.raises(mq.AlreadyExistsError):
+        mq.MemWalTable.create(uri, df, primary_key="id", storage_options=backend.storage_options)
+    t.write(pd.DataFrame({"id": [3], "val": [3.0], "tag": ["c"]}), schema_mode="merge")
+    t.close()
+    again = mq.MemWalTable.open(uri, backend.storage_options)
+    assert sorted(again.to_table().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "val": 1.0, "tag": None},
+        {"id": 2, "val": 2.0, "tag": None},
+        {"id": 3, "val": 3.0, "tag": "c"},
+    ]

@@ -90,14 +90,14 @@ def _answers(t: mq.MemWalTable) -> list:
 
 def test_each_generation_stores_the_postings_of_each_indexed_column(built, tmp_path):
     t = _copy(built, tmp_path)
-    tokenizers = baseindex.fts_tokenizers(t.dataset())
+    tokenizers = baseindex.fts_tokenizers(t.catalog.dataset())
     assert sorted(c for c, _ in tokenizers) == ["tags", "text"]
-    gens = [g.uri for g in view.resolve(t).generations]
+    gens = [g.uri for g in view.resolve(t.catalog).generations]
     assert len(gens) == 6
     for uri in gens:
-        rows = rowfile.read(t.io, uri)
+        rows = rowfile.read(t.catalog.io, uri)
         for column, kw in tokenizers:
-            stored = postings.read(t.io, uri, column, kw)
+            stored = postings.read(t.catalog.io, uri, column, kw)
             assert stored is not None
             want = postings.Postings.of(rows.column(column), kw)
             assert stored.doc_len.tolist() == want.doc_len.tolist()
@@ -106,7 +106,7 @@ def test_each_generation_stores_the_postings_of_each_indexed_column(built, tmp_p
                 a, b = stored.posting(word), want.posting(word)
                 assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
         # another tokenizer (the index was made again with other settings): not used
-        assert postings.read(t.io, uri, "text", {"stem": False}) is None
+        assert postings.read(t.catalog.io, uri, "text", {"stem": False}) is None
 
 
 def test_a_cold_search_reads_postings_instead_of_tokenizing(built, tmp_path, monkeypatch):
@@ -130,7 +130,7 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
     t = _copy(built, tmp_path)
     _forget()
     want = _answers(t)
-    gens = [g.uri for g in view.resolve(t).generations]
+    gens = [g.uri for g in view.resolve(t.catalog).generations]
     os.remove(os.path.join(gens[0], postings.POSTINGS_FILE))  # as pylance writes them
     path = os.path.join(gens[1], postings.POSTINGS_FILE)
     data = bytearray(open(path, "rb").read())
@@ -140,11 +140,13 @@ def test_missing_damaged_or_foreign_postings_are_tokenized_with_the_same_answers
     bad = postings.Postings(
         pa.array(["alpha"]), np.array([0, 5]), np.arange(3), np.ones(3), np.ones(2), 2
     )
-    postings.write(t.io, gens[2], [("text", baseindex.fts_tokenizers(t.dataset())[0][1], bad)])
+    postings.write(
+        t.catalog.io, gens[2], [("text", baseindex.fts_tokenizers(t.catalog.dataset())[0][1], bad)]
+    )
     # postings of another row count than the generation: ignored too
     other = postings.Postings.of(pa.array(["alpha beta"] * 3), {})
-    for column, kw in baseindex.fts_tokenizers(t.dataset()):
-        postings.write(t.io, gens[3], [(column, kw, other)])
+    for column, kw in baseindex.fts_tokenizers(t.catalog.dataset()):
+        postings.write(t.catalog.io, gens[3], [(column, kw, other)])
     _forget()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -175,10 +177,10 @@ def test_crafted_postings_that_pass_the_crc_are_checked_whole(built, tmp_path):
     another ranking, and nothing bad is cached: repaired, the file is used again."""
     t = _copy(built, tmp_path)
     want = _answers(t)
-    gen = view.resolve(t).generations[0].uri
-    kw = dict(baseindex.fts_tokenizers(t.dataset()))["text"]
+    gen = view.resolve(t.catalog).generations[0].uri
+    kw = dict(baseindex.fts_tokenizers(t.catalog.dataset()))["text"]
     key = postings.tokenizer_key(kw)
-    good = postings.read(t.io, gen, "text", kw)
+    good = postings.read(t.catalog.io, gen, "text", kw)
     assert good is not None
     n = len(good.doc_len)
     bad = {
@@ -208,7 +210,7 @@ def test_crafted_postings_that_pass_the_crc_are_checked_whole(built, tmp_path):
     other = _entry_table(good, key, column=pa.array(["other"]))
     both = pa.concat_tables([other, _entry_table(good, key)])
     open(path, "wb").write(rowfile.seal(both, postings._MAGIC))
-    got = postings.read(t.io, gen, "text", kw)
+    got = postings.read(t.catalog.io, gen, "text", kw)
     assert got is not None and got.rows.tolist() == good.rows.tolist()
 
 
@@ -225,7 +227,7 @@ def test_a_failed_postings_write_does_not_fail_the_flush(built, tmp_path, monkey
     t.flush()
     got = t.lookup(pa.array([1000, 1001], pa.int64()), columns=["id"])
     assert sorted(got["id"].to_pylist()) == [1000, 1001]
-    newest = view.resolve(t).generations[-1].uri
+    newest = view.resolve(t.catalog).generations[-1].uri
     assert not os.path.exists(os.path.join(newest, postings.POSTINGS_FILE))
 
 
@@ -239,16 +241,16 @@ def test_postings_only_for_bounded_text_and_bulk_tokenizers(built, tmp_path, mon
     rng = np.random.default_rng(2)
     t.write(_rows(range(300, 302), rng))  # a little text: stored
     t.flush()
-    small = view.resolve(t).generations[-1].uri
+    small = view.resolve(t.catalog).generations[-1].uri
     t.write(_rows(range(400, 460), rng))  # more than 200 bytes of text: not stored
     t.flush()
-    large = view.resolve(t).generations[-1].uri
-    kw = dict(baseindex.fts_tokenizers(t.dataset()))["text"]
-    assert postings.read(t.io, small, "text", kw) is not None
-    assert postings.read(t.io, large, "text", kw) is None
+    large = view.resolve(t.catalog).generations[-1].uri
+    kw = dict(baseindex.fts_tokenizers(t.catalog.dataset()))["text"]
+    assert postings.read(t.catalog.io, small, "text", kw) is not None
+    assert postings.read(t.catalog.io, large, "text", kw) is None
     _forget()
     warm = _answers(t)
-    for uri in [g.uri for g in view.resolve(t).generations]:
+    for uri in [g.uri for g in view.resolve(t.catalog).generations]:
         if os.path.exists(os.path.join(uri, postings.POSTINGS_FILE)):
             os.remove(os.path.join(uri, postings.POSTINGS_FILE))
     _forget()

@@ -191,8 +191,8 @@ def _flushed_table(tmp_path) -> tuple[mq.MemWalTable, list[str], dict]:
         t.flush()
     gens = [
         paths.generation_path(t.uri, r, g.path)
-        for r in t.region_ids()
-        for g in t.region_manifest(r).flushed_generations
+        for r in t.catalog.region_ids()
+        for g in t.catalog.region_manifest(r).flushed_generations
     ]
     return t, gens, model
 
@@ -201,7 +201,7 @@ def test_the_keys_sidecar_equals_the_lance_tables_keys(tmp_path):
     t, gens, _ = _flushed_table(tmp_path)
     assert len(gens) == 4
     for uri in gens:
-        keys = keyfile.read(t.io, uri)
+        keys = keyfile.read(t.catalog.io, uri)
         assert keys is not None
         want = lance.dataset(uri).to_table(columns=["id", "_tombstone"], with_row_address=True)
         assert keys.equals(want.cast(keys.schema))

@@ -99,9 +99,9 @@ def test_merged_generation_still_listed_gives_no_duplicates(table):
     w.flush()
     w.close()
     expected = table.to_table().sort_by("id")
-    table.merge()
+    table.maintenance.merge()
     # The generation is merged but still listed in the region manifest (no GC yet).
-    assert table.region_manifest(w.region_id).flushed_generations
+    assert table.catalog.region_manifest(w.region_id).flushed_generations
     assert table.to_table().sort_by("id").equals(expected)
 
 
@@ -167,10 +167,10 @@ def test_differential_against_model(tmp_path_factory, ops):
     for w in writers:
         w.flush()
     assert view(t.to_table()) == model
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     assert view(t.to_table(consistency="eventual")) == model
     assert view(t.to_table(filter=pc.field("val") > 10)) == expected
-    t.merge()
+    t.maintenance.merge()
     assert view(t.to_table()) == model
     for w in writers:
         w.close(flush=False)
@@ -220,7 +220,7 @@ def test_differential_regions_modes_and_writer_subsets(tmp_path_factory, ops, wi
     spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", N_BUCKETS)
     t = mq.MemWalTable.initialize(uri, region_spec=spec)
     ids = pa.table({"id": pa.array(range(61), pa.int64())})
-    buckets = spec.evaluate(ids, t.lance_schema).column(0).to_pylist()
+    buckets = spec.evaluate(ids, t.catalog.lance_schema).column(0).to_pylist()
     base = [{k: (float(k), f"n{k}") for k in base_ids if buckets[k] == b} for b in range(3)]
     gens: list[list[list]] = [[] for _ in range(N_BUCKETS)]  # ops of each flushed generation
     pending: list[list] = [[] for _ in range(N_BUCKETS)]  # ops in the MemTable / WAL
@@ -245,14 +245,14 @@ def test_differential_regions_modes_and_writer_subsets(tmp_path_factory, ops, wi
                 gens[b].append(pending[b])
                 pending[b] = []
             if value % 3 == 0:  # merge every region's flushed generations
-                t.merge()
+                t.maintenance.merge()
                 merged = [len(g) for g in gens]
         elif op == "reopen":  # a new writer replays the region's WAL
             b = value % N_BUCKETS
             writers[b].close(flush=False)
             writers[b] = t.writer(region_values={"bucket": b})
         else:
-            t.refresh_snapshots()
+            t.maintenance.refresh_snapshots()
             snap = [len(g) for g in gens]
 
     def expected(mode: str, handed: set[int]) -> dict:

@@ -42,7 +42,7 @@ def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
     ds.create_scalar_index("name", "INVERTED", name="name_idx")
     ds.create_scalar_index("id", "BTREE", name="id_idx")
     t = mq.MemWalTable.initialize(uri, maintained_indexes=["name_idx"])
-    merge = MaintenancePolicy(max_generations=0, gc=False, compact_fragments=None)
+    merge = MaintenancePolicy(merge_over_generations=0, gc=False, compact_fragments=None)
     peaks: dict[str, int] = {}
     for cycle in range(10):
         ids = list(range(cycle * 10, cycle * 10 + 10)) + [1000 + cycle]
@@ -55,7 +55,7 @@ def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
         ]
         t.flush()
         if cycle % 2:
-            t.maintain(merge)  # new base versions each time
+            t.maintenance.maintain(merge)  # new base versions each time
         use = mq.memory_usage(t)
         for k, v in use.items():
             peaks[k] = max(peaks.get(k, 0), v)

@@ -172,7 +172,7 @@ def test_query_time_error_names_type_and_path(tmp_path):
     w.close(flush=False)
     ctx = datafusion.SessionContext()
     mq.register(ctx, "t", t, consistency="strong")
-    gen = t.region_manifest(w.region_id).flushed_generations[0]
+    gen = t.catalog.region_manifest(w.region_id).flushed_generations[0]
     gen_dir = paths.generation_path(t.uri, w.region_id, gen.path)
     shutil.rmtree(gen_dir)
     from memwal_query.read.sources import GENERATION_CACHE

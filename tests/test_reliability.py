@@ -51,7 +51,7 @@ def test_region_ids_must_be_uuids(table):
             table.writer(bad)
     # stray directories under _mem_wal are ignored, not read
     os.makedirs(os.path.join(table.uri, "_mem_wal", "..evil"), exist_ok=True)
-    assert table.region_ids() == []
+    assert table.catalog.region_ids() == []
 
 
 def test_schema_evolution_old_generations_read_as_null(tmp_path):
@@ -72,7 +72,7 @@ def test_schema_evolution_old_generations_read_as_null(tmp_path):
     got = {r["id"]: r for r in t2.to_table(writers=[w2]).to_pylist()}
     assert got[11]["extra"] == 7 and got[10]["extra"] is None
     w2.flush()
-    t2.merge()
+    t2.maintenance.merge()
     assert {r["id"]: r["extra"] for r in lance.dataset(uri).to_table().to_pylist()}[11] == 7
     w2.close(flush=False)
 
@@ -110,7 +110,7 @@ def test_key_types_round_trip(tmp_path, key_type, values):
     del want[values[-1]]
     assert got == want
     w.close()
-    t.merge()
+    t.maintenance.merge()
     got = {r["k"]: r["v"] for r in lance.dataset(uri).to_table().to_pylist()}
     assert got == want
 
@@ -144,7 +144,7 @@ def test_duplicate_keys_empty_batches_nullable_values(tmp_path_factory, batches,
     got = {r["k"]: r["v"] for r in ctx.sql("SELECT * FROM t").to_arrow_table().to_pylist()}
     assert got == model
     w.flush()
-    t.merge()
+    t.maintenance.merge()
     assert {r["k"]: r["v"] for r in t.to_table().to_pylist()} == model
     w.close(flush=False)
 
@@ -299,7 +299,7 @@ def test_property_keys_values_schema_evolution(tmp_path_factory, w):
         model = {k: {"v": r["v"], "extra": None} for k, r in model.items()}
     assert view(t, [writer]) == model
     writer.close()
-    t.merge()
+    t.maintenance.merge()
     assert view(mq.MemWalTable.open(uri), None) == model
     rows = lance.dataset(uri).to_table().to_pylist()
     merged = {norm(r["k"]): r["v"] for r in rows}
@@ -320,7 +320,7 @@ def _merge_delete(tmp_path, key_type, base_key, delete_key, upsert_key=None):
     w.delete(pa.table({"k": pa.array([delete_key], key_type)}))
     expected = t.to_table(writers=[w]).num_rows  # before the merge
     w.close()
-    t.merge()
+    t.maintenance.merge()
     assert t.to_table().num_rows == expected
 
 
@@ -342,7 +342,7 @@ def test_merged_upsert_of_a_zero_replaces_the_other_signed_zero(tmp_path, base_k
     t = mq.MemWalTable.initialize(uri)
     with t.writer() as w:
         w.put(pa.table({"k": [new_key], "v": [2]}, schema))
-    t.merge()
+    t.maintenance.merge()
     rows = lance.dataset(uri).to_table().sort_by("k").to_pylist()
     assert [(r["k"], r["v"]) for r in rows] == [(0.0, 2), (1.0, 1)]  # one zero, newest
 
@@ -366,7 +366,7 @@ def test_merged_delete_of_composite_keys_with_zeros(tmp_path, with_upsert):
         if with_upsert:
             w.put(pa.table({"a": [7.0], "b": [7.0], "v": [9]}, schema))
         w.delete(pa.table({"a": [0.0, 0.0], "b": [0.0, 5.0]}, schema.remove(2)))
-    t.merge()
+    t.maintenance.merge()
     rows = lance.dataset(uri).to_table().sort_by("a").to_pylist()
     expected = [(2.0, 0.0), (7.0, 7.0)] if with_upsert else [(2.0, 0.0)]
     assert [(r["a"], r["b"]) for r in rows] == expected

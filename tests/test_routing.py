@@ -57,14 +57,14 @@ def test_write_routes_rows_to_one_writer_per_region(bucket_table):
             keys = m.to_table().column("user_id").to_pylist()
             assert all(bucket_of(k, 10) == bucket for k in keys)
     # the region id is a function of the region value
-    assert t.region_id_for({"bucket": 3}) == mq.region_id_for(1, {"bucket": 3})
-    assert t.region_id_for({"bucket": 3}) != t.region_id_for({"bucket": 4})
+    assert t.catalog.region_id_for({"bucket": 3}) == mq.region_id_for(1, {"bucket": 3})
+    assert t.catalog.region_id_for({"bucket": 3}) != t.catalog.region_id_for({"bucket": 4})
     t.flush()
     got = t.to_table().sort_by("user_id")
     assert got.column("user_id").to_pylist() == ids
     # values recorded in the manifests (pylance's region field entries)
-    for rid in t.region_ids():
-        spec_id, values = t.region_values(rid)
+    for rid in t.catalog.region_ids():
+        spec_id, values = t.catalog.region_values(rid)
         assert spec_id == 1 and 0 <= values["bucket"] < 10
 
 
@@ -114,11 +114,11 @@ def test_routed_bad_input_changes_nothing(bucket_table, bad, error):
     before = tree(t.uri)
     if error is None:  # control: a valid batch of other types does create regions
         t.write(pa.table(bad))
-        assert tree(t.uri) != before and len(t.region_ids()) > 1
+        assert tree(t.uri) != before and len(t.catalog.region_ids()) > 1
         return
     with pytest.raises(error):
         t.write(pa.table(bad))
-    assert tree(t.uri) == before and len(t.region_ids()) == 1
+    assert tree(t.uri) == before and len(t.catalog.region_ids()) == 1
 
 
 def test_two_writers_for_one_value_share_the_region(bucket_table):
@@ -126,7 +126,7 @@ def test_two_writers_for_one_value_share_the_region(bucket_table):
     a = t.writer(region_values={"bucket": 2})
     b = t.writer(region_values={"bucket": 2})  # fences a
     assert a.region_id == b.region_id and b.epoch == a.epoch + 1
-    assert len(t.region_ids()) == 1
+    assert len(t.catalog.region_ids()) == 1
     b.close()
     key = next(k for k in range(1000) if bucket_of(k, 10) == 2)
     with pytest.raises(mq.FencedError):  # b claimed after a: the put is not acknowledged
@@ -243,10 +243,10 @@ def test_concurrent_routing_processes_create_one_region_per_value(bucket_table):
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0 and "done" in out
-    regions = t.region_ids()
+    regions = t.catalog.region_ids()
     assert len(regions) == 10  # 600 keys over 10 buckets: one region per bucket value
-    values = sorted(t.region_values(r)[1]["bucket"] for r in regions)
+    values = sorted(t.catalog.region_values(r)[1]["bucket"] for r in regions)
     assert values == list(range(10))
     for r in regions:
-        m = t.region_manifest(r)
+        m = t.catalog.region_manifest(r)
         assert m.writer_epoch >= 1 and m.region_spec_id == 1

@@ -47,7 +47,7 @@ def test_flush_of_many_small_puts_writes_coalesced_batches(tmp_path, monkeypatch
         calls = _spy_write_dataset(monkeypatch)
         w.flush()
     assert calls == [[3000]]  # one batch, not 300
-    (gen,) = t.region_manifest(w.region_id).flushed_generations
+    (gen,) = t.catalog.region_manifest(w.region_id).flushed_generations
     gen_ds = lance.dataset(flush_mod.paths.generation_path(t.uri, w.region_id, gen.path))
     rows = gen_ds.to_table(columns=["id", "val"], with_row_address=True)
     assert rows.column("_rowaddr").to_pylist() == list(range(3000))  # write order kept
@@ -90,8 +90,8 @@ def test_lookup_of_many_keys_scans_the_base_keys(tmp_path, monkeypatch, key):
     with t.writer() as w:
         w.put(base.take(pa.array(updated)).set_column(len(pk), "val", pa.array(updated + 10 * n)))
         w.delete(base.take(pa.array(deleted)).select(pk))
-    t.merge()  # the base now has deleted rows and rows rewritten by the merge
-    ds = t.dataset()
+    t.maintenance.merge()  # the base now has deleted rows and rows rewritten by the merge
+    ds = t.catalog.dataset()
 
     # Many keys relative to the base rows: one key scan; few keys: filtered chunks.
     assert pointlookup._use_base_key_scan(ds, pointlookup._BASE_KEY_SCAN_MIN_KEYS)

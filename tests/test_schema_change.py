@@ -24,7 +24,7 @@ def test_merger_opened_before_add_columns_keeps_new_column_values(tmp_path):
         w.put(pa.table({"id": [2, 8], "val": [2.5, 8.0], "extra": [20, 80]}), partial=True)
     expected = {r["id"]: r for r in fresh.to_table().to_pylist()}
     assert expected[2]["extra"] == 20 and expected[8]["extra"] == 80
-    stale.merge()
+    stale.maintenance.merge()
     assert _rows(uri) == expected
 
 
@@ -39,5 +39,5 @@ def test_merger_opened_before_drop_columns_merges(tmp_path):
     lance.dataset(uri).drop_columns(["name"])
     expected = {r["id"]: r for r in mq.MemWalTable.open(uri).to_table().to_pylist()}
     assert expected[1] == {"id": 1, "val": -1.0}
-    stale.merge()
+    stale.maintenance.merge()
     assert _rows(uri) == expected

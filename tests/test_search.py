@@ -145,7 +145,7 @@ def ids(t: pa.Table) -> list[int]:
 # ----------------------------------------------------------------------------------------
 def test_lookup_every_source(layered):
     t, w = layered
-    got = search.lookup(t, [601, 11, 500, 12, 13, 502, 10, 999999, 11, 600], writers=[w])
+    got = search.lookup(t.catalog, [601, 11, 500, 12, 13, 502, 10, 999999, 11, 600], writers=[w])
     # order of first occurrence; deleted (601, 500, 12) and unknown keys are absent
     assert ids(got) == [11, 13, 502, 10, 600]
     by_id = {r["id"]: r for r in got.to_pylist()}
@@ -156,32 +156,34 @@ def test_lookup_every_source(layered):
     assert got.schema.names == ["id", "x", "text", "vec"]
     assert np.allclose(by_id[11]["vec"], near(3.5))
     # flushed rows only (strong, no writer): 500 lives in gen 2, 11 in gen 1
-    got = search.lookup(t, [500, 11, 601], columns=["text", "id"], writers=[], consistency="strong")
+    got = search.lookup(
+        t.catalog, [500, 11, 601], columns=["text", "id"], writers=[], consistency="strong"
+    )
     assert got.column_names == ["text", "id"]
     assert got.to_pydict() == {"text": ["apple cider", "common t11"], "id": [500, 11]}
-    got = search.lookup(t, [11], writers=[], consistency="strong")
+    got = search.lookup(t.catalog, [11], writers=[], consistency="strong")
     assert np.allclose(got["vec"][0].as_py(), near(0.5))
     # by default another reader sees the MemTable's acknowledged rows (its WAL entries)
-    got = search.lookup(t, [601, 11, 500], columns=["text", "id"], writers=[])
+    got = search.lookup(t.catalog, [601, 11, 500], columns=["text", "id"], writers=[])
     assert got.to_pydict() == {"text": ["grape"], "id": [11]}
 
 
 def test_lookup_within_generation_last_write_wins(layered):
     t, w = layered
-    got = search.lookup(t, pa.array([503, 501]), columns=["id", "text"], writers=[w])
+    got = search.lookup(t.catalog, pa.array([503, 501]), columns=["id", "text"], writers=[w])
     assert got.to_pydict() == {"id": [503, 501], "text": ["mango", "orange juice"]}
 
 
 def test_lookup_bloom_filters_skip_generations(layered):
     t, w = layered
     dbg: dict = {}
-    got = search.lookup(t, [13], writers=[w], debug=dbg)
+    got = search.lookup(t.catalog, [13], writers=[w], debug=dbg)
     assert ids(got) == [13]
     gens = [s for s in dbg["sources"] if s["source"].startswith("generation")]
     assert [s["bloom_hits"] for s in gens] == [0, 0]  # newest first, both skipped
     assert dbg["sources"][-1] == {"source": "base", "probed": 1, "hits": 1}
     dbg = {}
-    search.lookup(t, [502], writers=[w], debug=dbg)
+    search.lookup(t.catalog, [502], writers=[w], debug=dbg)
     gens = [s for s in dbg["sources"] if s["source"].startswith("generation")]
     assert len(gens) == 1 and gens[0]["hits"] == 1  # stops at generation 2
     assert not any(s["source"] == "base" for s in dbg["sources"])
@@ -191,12 +193,12 @@ def test_lookup_batch_matches_scan(layered):
     t, w = layered
     expected = {r["id"]: r for r in t.to_table(writers=[w]).to_pylist()}
     keys = np.arange(-5, 700)
-    got = search.lookup(t, keys, writers=[w])
+    got = search.lookup(t.catalog, keys, writers=[w])
     assert ids(got) == sorted(expected)
     for r in got.to_pylist():
         e = expected[r["id"]]
         assert (r["x"], r["text"]) == (e["x"], e["text"])
-    assert search.lookup(t, [], writers=[w]).num_rows == 0
+    assert search.lookup(t.catalog, [], writers=[w]).num_rows == 0
 
 
 def test_lookup_composite_and_string_keys(tmp_path):
@@ -218,10 +220,10 @@ def test_lookup_composite_and_string_keys(tmp_path):
     w2 = t.writer()
     w2.put(pa.table({"a": [3], "b": ["z"], "v": [30]}))
     keys = pa.table({"a": [2, 1, 3, 1, 9], "b": ["x", "y", "z", "x", "x"]})
-    got = search.lookup(t, keys, writers=[w2])
+    got = search.lookup(t.catalog, keys, writers=[w2])
     assert got.to_pydict() == {"a": [1, 3, 1], "b": ["y", "z", "x"], "v": [111, 30, 10]}
     with pytest.raises(mq.SchemaError):
-        search.lookup(t, [1, 2])
+        search.lookup(t.catalog, [1, 2])
     w2.close(flush=False)
 
 
@@ -231,7 +233,7 @@ def test_lookup_composite_and_string_keys(tmp_path):
 def test_vector_search_updates_and_deletes_in_every_source(layered):
     t, w = layered
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [600, 502, 11, 13, 501]
     assert got["_distance"].to_pylist() == pytest.approx([0.01, 6.25, 12.25, 16.0, 36.0], rel=1e-4)
     assert got.schema.names == ["id", "x", "text", "vec", "_distance"]
@@ -240,10 +242,16 @@ def test_vector_search_updates_and_deletes_in_every_source(layered):
     assert stats["base"]["stale"] >= 4  # 10, 11, 12 (deleted), 14 (deleted in MemTable)
     assert stats["generation 1"]["index"] == "vec_idx"
     # flushed rows only: 11 is at 0.25 (gen 1), 14 and 500 live, 600 unknown
-    got = search.vector_search(t, "vec", Q, k=5, writers=[], consistency="strong")
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[], consistency="strong")
     assert ids(got) == [11, 502, 13, 14, 501]
     # by default another reader sees the MemTable's acknowledged rows (its WAL entries)
-    assert ids(search.vector_search(t, "vec", Q, k=5, writers=[])) == [600, 502, 11, 13, 501]
+    assert ids(search.vector_search(t.catalog, "vec", Q, k=5, writers=[])) == [
+        600,
+        502,
+        11,
+        13,
+        501,
+    ]
 
 
 def test_vector_search_matches_brute_force_with_k_beyond_live_rows(layered):
@@ -251,7 +259,7 @@ def test_vector_search_matches_brute_force_with_k_beyond_live_rows(layered):
     live = t.to_table(writers=[w])
     mat = np.stack(live["vec"].to_numpy(zero_copy_only=False)).astype(np.float32)
     dist = ((mat - Q) ** 2).sum(1)
-    got = search.vector_search(t, "vec", Q, k=5000, writers=[w])
+    got = search.vector_search(t.catalog, "vec", Q, k=5000, writers=[w])
     assert got.num_rows == live.num_rows
     assert sorted(ids(got)) == sorted(live["id"].to_pylist())
     assert got["_distance"].to_numpy() == pytest.approx(np.sort(dist), rel=1e-4)
@@ -264,8 +272,12 @@ def test_stale_candidates_are_found_through_the_bloom_filters(layered):
     newer generation holds never reach the exact check."""
     t, w = layered
     runs = {
-        "vector": lambda dbg: search.vector_search(t, "vec", Q, k=10, writers=[w], debug=dbg),
-        "fts": lambda dbg: search.fts_search(t, "text", "apple", k=10, writers=[w], debug=dbg),
+        "vector": lambda dbg: search.vector_search(
+            t.catalog, "vec", Q, k=10, writers=[w], debug=dbg
+        ),
+        "fts": lambda dbg: search.fts_search(
+            t.catalog, "text", "apple", k=10, writers=[w], debug=dbg
+        ),
     }
     for name, run in runs.items():
         dbg: dict = {}
@@ -282,35 +294,37 @@ def test_vector_filter_applies_to_newest_version(tmp_path):
     w = t.writer()
     w.put(rows([1], [near(0.1)], x=[10]))
     w.flush()
-    t.merge()  # the base now says id=1 x=10
-    assert search.lookup(t, [1], columns=["x"]).to_pydict() == {"x": [10]}
+    t.maintenance.merge()  # the base now says id=1 x=10
+    assert search.lookup(t.catalog, [1], columns=["x"]).to_pydict() == {"x": [10]}
     w.put(rows([1], [near(0.1)], x=[0]))
     w.flush()  # generation 2 says x=0
     for flt in ("x > 5", pc.field("x") > 5):
-        got = search.vector_search(t, "vec", near(0.1), k=3, filter=flt, writers=[])
+        got = search.vector_search(t.catalog, "vec", near(0.1), k=3, filter=flt, writers=[])
         assert got.num_rows == 3 and 1 not in ids(got)
         assert all(x > 5 for x in got["x"].to_pylist())
-    got = search.vector_search(t, "vec", Q, k=3, filter="x < 5", writers=[])
+    got = search.vector_search(t.catalog, "vec", Q, k=3, filter="x < 5", writers=[])
     assert ids(got) == [1, 10, 11]
     # a MemTable version that matches again wins over generation 2
     w.put(rows([1], [near(0.1)], x=[50]))
-    got = search.vector_search(t, "vec", Q, k=2, filter="x > 5", writers=[w])
+    got = search.vector_search(t.catalog, "vec", Q, k=2, filter="x > 5", writers=[w])
     assert ids(got)[0] == 1 and got["x"][0].as_py() == 50
-    assert 1 not in ids(search.vector_search(t, "vec", Q, k=3, filter="x < 5", writers=[w]))
+    assert 1 not in ids(search.vector_search(t.catalog, "vec", Q, k=3, filter="x < 5", writers=[w]))
     # the same through full-text search
     w.put(rows([2], text=["apple strudel"], x=[9]))
     w.flush()
     w.put(rows([2], text=["apple strudel"], x=[1]))
-    assert 2 not in ids(search.fts_search(t, "text", "strudel", filter="x > 5", writers=[w]))
-    assert ids(search.fts_search(t, "text", "strudel", filter="x < 5", writers=[w])) == [2]
+    assert 2 not in ids(
+        search.fts_search(t.catalog, "text", "strudel", filter="x > 5", writers=[w])
+    )
+    assert ids(search.fts_search(t.catalog, "text", "strudel", filter="x < 5", writers=[w])) == [2]
     w.close(flush=False)
 
 
 def test_vector_filter_on_memtable_and_generation(layered):
     t, w = layered
-    got = search.vector_search(t, "vec", Q, k=4, filter="text LIKE 'apple%'", writers=[w])
+    got = search.vector_search(t.catalog, "vec", Q, k=4, filter="text LIKE 'apple%'", writers=[w])
     assert ids(got) == [600, 23]  # MemTable filtered with SQL; 21, 500, 501, 601 are not
-    got = search.vector_search(t, "vec", Q, k=3, filter=pc.field("id") >= 500, writers=[w])
+    got = search.vector_search(t.catalog, "vec", Q, k=3, filter=pc.field("id") >= 500, writers=[w])
     assert ids(got) == [600, 502, 501]
 
 
@@ -321,9 +335,9 @@ def test_vector_search_empty_generations_and_sources(tmp_path):
     assert w.flush() == 1
     w.put(rows([700], [near(0.3)]))
     w.delete(pa.table({"id": [700]}))  # a MemTable whose only row is deleted
-    got = search.vector_search(t, "vec", Q, k=3, writers=[w])
+    got = search.vector_search(t.catalog, "vec", Q, k=3, writers=[w])
     assert ids(got) == [12, 13, 14]
-    got = search.vector_search(t, "vec", Q, k=3, filter="x > 100", writers=[w])
+    got = search.vector_search(t.catalog, "vec", Q, k=3, filter="x > 100", writers=[w])
     assert got.num_rows == 0 and got.schema.names[-1] == "_distance"
     w.close(flush=False)
 
@@ -340,7 +354,7 @@ def test_vector_search_refetches_when_candidates_are_stale(tmp_path):
     with t.writer() as w:  # the 40 nearest rows move far away in generation 1
         w.put(rows(range(40), np.full((40, DIM), 50.0)))
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, debug=dbg)
     assert ids(got) == [40, 41, 42, 43, 44]
     assert got["_distance"].to_numpy() == pytest.approx(steps[40:45] ** 2, rel=1e-4)
     base_stats = next(s for s in dbg["sources"] if s["kind"] == "base")
@@ -353,7 +367,7 @@ def test_vector_search_without_maintained_indexes(tmp_path):
     with t.writer() as w:
         w.put(rows([11], [near(0.5)]))
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=2, debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=2, debug=dbg)
     assert ids(got) == [11, 10]
     gen = next(s for s in dbg["sources"] if s["kind"] == "generation")
     assert gen["index"] == "flat"
@@ -388,18 +402,18 @@ def test_search_with_string_keys_and_column_subsets(tmp_path):
     w.flush()
     w.delete(pa.table({"k": ["key-1"]}))
     w.put(table_of(["new"], [near(2.5)], ["pear pear"]))
-    got = search.vector_search(t, "vec", Q, k=2, writers=[w], columns=["k"])
+    got = search.vector_search(t.catalog, "vec", Q, k=2, writers=[w], columns=["k"])
     assert got.column_names == ["k", "_distance"]
     assert got.to_pydict() == {"k": ["new", "key-2"], "_distance": [6.25, 9.0]}
-    got = search.vector_search(t, "vec", Q, k=2, writers=[w], columns=["text"])
+    got = search.vector_search(t.catalog, "vec", Q, k=2, writers=[w], columns=["text"])
     assert got.to_pydict() == {
         "text": ["pear pear", "pear"],
         "_distance": got["_distance"].to_pylist(),
     }
-    got = search.fts_search(t, "text", "pear", writers=[w], columns=["k"])
+    got = search.fts_search(t.catalog, "text", "pear", writers=[w], columns=["k"])
     assert got["k"].to_pylist() == ["new", "key-2"]
     got = search.lookup(
-        t, ["key-2", "key-1", "new", "key-0", "zzz"], columns=["k", "text"], writers=[w]
+        t.catalog, ["key-2", "key-1", "new", "key-0", "zzz"], columns=["k", "text"], writers=[w]
     )
     assert got.to_pydict() == {
         "k": ["key-2", "new", "key-0"],
@@ -413,30 +427,32 @@ def test_search_with_string_keys_and_column_subsets(tmp_path):
 # ----------------------------------------------------------------------------------------
 def test_fts_updated_documents_stop_matching_old_words(layered):
     t, w = layered
-    got = search.fts_search(t, "text", "apple", k=10, writers=[w])
+    got = search.fts_search(t.catalog, "text", "apple", k=10, writers=[w])
     # 20, 21: updated; 22: deleted (gen 1); 500: deleted (MemTable); 501: superseded in
     # gen 1; 601: deleted in the MemTable
     assert ids(got) == [600, 23]
     assert got["_score"][0].as_py() > got["_score"][1].as_py()
-    assert ids(search.fts_search(t, "text", "cherry", writers=[w])) in ([10, 20], [20, 10])
-    assert ids(search.fts_search(t, "text", "banana", writers=[w])) == [24]
-    assert sorted(ids(search.fts_search(t, "text", "grape", writers=[w]))) == [11, 21]
-    assert ids(search.fts_search(t, "text", "juice", writers=[w])) == [501]
-    assert ids(search.fts_search(t, "text", "kiwi", writers=[w])) == []
-    assert ids(search.fts_search(t, "text", "mango", writers=[w])) == [503]
+    assert ids(search.fts_search(t.catalog, "text", "cherry", writers=[w])) in ([10, 20], [20, 10])
+    assert ids(search.fts_search(t.catalog, "text", "banana", writers=[w])) == [24]
+    assert sorted(ids(search.fts_search(t.catalog, "text", "grape", writers=[w]))) == [11, 21]
+    assert ids(search.fts_search(t.catalog, "text", "juice", writers=[w])) == [501]
+    assert ids(search.fts_search(t.catalog, "text", "kiwi", writers=[w])) == []
+    assert ids(search.fts_search(t.catalog, "text", "mango", writers=[w])) == [503]
     # flushed rows only: 21 still says "apple pie", 500 is alive in gen 2
-    got = search.fts_search(t, "text", "apple", k=10, writers=[], consistency="strong")
+    got = search.fts_search(t.catalog, "text", "apple", k=10, writers=[], consistency="strong")
     assert sorted(ids(got)) == [21, 23, 500]
     # by default another reader sees the MemTable's acknowledged rows (its WAL entries)
-    got = search.fts_search(t, "text", "apple", k=10, writers=[])
-    assert sorted(ids(got)) == sorted(ids(search.fts_search(t, "text", "apple", k=10, writers=[w])))
+    got = search.fts_search(t.catalog, "text", "apple", k=10, writers=[])
+    assert sorted(ids(got)) == sorted(
+        ids(search.fts_search(t.catalog, "text", "apple", k=10, writers=[w]))
+    )
 
 
 def test_fts_scores_equal_lance_on_the_base_table(tmp_path):
     t = make_table(tmp_path)
-    base = t.dataset()
+    base = t.catalog.dataset()
     for q in ["apple", "apple banana", "common t3 t3", "banana split pie"]:
-        ours = search.fts_search(t, "text", q, k=30)
+        ours = search.fts_search(t.catalog, "text", q, k=30)
         native = base.to_table(full_text_query=q, limit=30, columns=["id"])
         a = dict(zip(ids(ours), ours["_score"].to_pylist()))
         b = dict(zip(ids(native), native["_score"].to_pylist()))
@@ -478,7 +494,7 @@ def test_fts_scores_use_global_statistics(tmp_path):
     w.flush()
     w.put(rows(range(2000, 2010), text=["apple zeta zeta"] * 5 + ["plain words"] * 5))
     dbg: dict = {}
-    got = search.fts_search(t, "text", "apple zeta", k=25, writers=[w], debug=dbg)
+    got = search.fts_search(t.catalog, "text", "apple zeta", k=25, writers=[w], debug=dbg)
     ref = bm25_reference(t.to_table(writers=[w]), "apple zeta")
     best = sorted(ref.items(), key=lambda kv: -kv[1])[:25]
     assert got["_score"].to_numpy() == pytest.approx([s for _, s in best], rel=1e-4)
@@ -551,7 +567,7 @@ def test_fts_top_k_when_a_source_ranks_differently_from_the_global_score(tmp_pat
     gen_text = ["zebra", "zebra zebra zebra qa qb qc"] + ["qq"] * 40
     with t.writer() as w:
         w.put(rows(range(1000, 1000 + len(gen_text)), text=gen_text))
-    gen = t.region_manifest(w.region_id).flushed_generations[0]
+    gen = t.catalog.region_manifest(w.region_id).flushed_generations[0]
     gen_ds = lance.dataset(paths.generation_path(t.uri, w.region_id, gen.path))
     local = gen_ds.to_table(full_text_query="zebra", limit=1, columns=["id"])
     assert ids(local) == [1000]  # the generation's own index ranks 1000 first
@@ -559,7 +575,7 @@ def test_fts_top_k_when_a_source_ranks_differently_from_the_global_score(tmp_pat
     assert max(ref, key=ref.get) == 1001
     for k in (1, 2, 5):
         dbg: dict = {}
-        got = search.fts_search(t, "text", "zebra", k=k, debug=dbg)
+        got = search.fts_search(t.catalog, "text", "zebra", k=k, debug=dbg)
         assert ids(got) == [1001, 1000][:k]
         assert got["_score"].to_pylist() == pytest.approx([ref[1001], ref[1000]][:k], rel=1e-4)
     gen_stats = next(s for s in dbg["sources"] if s["kind"] == "generation")
@@ -581,42 +597,44 @@ def test_search_refills_when_every_first_candidate_is_deleted(tmp_path):
     with t.writer() as w:
         w.delete(pa.table({"id": list(range(40))}))
     dbg: dict = {}
-    assert ids(search.vector_search(t, "vec", Q, k=5, debug=dbg)) == [40, 41, 42, 43, 44]
+    assert ids(search.vector_search(t.catalog, "vec", Q, k=5, debug=dbg)) == [40, 41, 42, 43, 44]
     assert next(s for s in dbg["sources"] if s["kind"] == "base")["rounds"] == 2
-    assert ids(search.fts_search(t, "text", "apple", k=5)) == [40, 41, 42, 43, 44]
+    assert ids(search.fts_search(t.catalog, "text", "apple", k=5)) == [40, 41, 42, 43, 44]
     # the same with the deletes still in a MemTable, and through a filter
     w2 = t.writer()
     w2.delete(pa.table({"id": list(range(40, 80))}))
-    got = search.vector_search(t, "vec", Q, k=3, filter="x > 0", writers=[w2])
+    got = search.vector_search(t.catalog, "vec", Q, k=3, filter="x > 0", writers=[w2])
     assert ids(got) == [81, 82, 83]
-    assert ids(search.fts_search(t, "text", "apple", k=3, writers=[w2])) == [80, 81, 82]
+    assert ids(search.fts_search(t.catalog, "text", "apple", k=3, writers=[w2])) == [80, 81, 82]
     w2.close(flush=False)
 
 
 def test_fts_filter_applies_to_newest_version(layered):
     t, w = layered
     # base 23 "apple crumble" x=3; MemTable 600 "apple apple" x=0
-    assert ids(search.fts_search(t, "text", "apple", filter="x > 2", writers=[w])) == [23]
+    assert ids(search.fts_search(t.catalog, "text", "apple", filter="x > 2", writers=[w])) == [23]
     w.put(rows([23], text=["apple crumble"], x=[0]))
-    assert ids(search.fts_search(t, "text", "apple", filter="x > 2", writers=[w])) == []
-    got = search.fts_search(t, "text", "apple", filter=pc.field("x") == 0, writers=[w])
+    assert ids(search.fts_search(t.catalog, "text", "apple", filter="x > 2", writers=[w])) == []
+    got = search.fts_search(t.catalog, "text", "apple", filter=pc.field("x") == 0, writers=[w])
     assert ids(got) == [600, 23]
 
 
 def test_fts_k_beyond_matches_and_no_tokens(layered):
     t, w = layered
-    got = search.fts_search(t, "text", "common", k=10_000, writers=[w])
+    got = search.fts_search(t.catalog, "text", "common", k=10_000, writers=[w])
     live = t.to_table(writers=[w])
     expected = [r["id"] for r in live.to_pylist() if "common" in (r["text"] or "")]
     assert sorted(ids(got)) == sorted(expected)
-    assert search.fts_search(t, "text", "the of and", writers=[w]).num_rows == 0  # stop words
+    assert (
+        search.fts_search(t.catalog, "text", "the of and", writers=[w]).num_rows == 0
+    )  # stop words
 
 
 # ----------------------------------------------------------------------------------------
 # indexed read plan
 # ----------------------------------------------------------------------------------------
 def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
-    idx = t.index()
+    idx = t.catalog.index()
     details = pb.MemWalIndexDetails()
     details.CopyFrom(idx.details)
     del details.index_catchup[:]
@@ -627,8 +645,8 @@ def set_catchup(t: mq.MemWalTable, caught: dict[str, dict[str, int]]) -> None:
             m = p.caught_up_generations.add()
             m.region_id.uuid = paths.region_id_to_bytes(rid)
             m.generation = gen
-    mwindex.commit_details(t.dataset(), details, idx)
-    t.index()
+    mwindex.commit_details(t.catalog.dataset(), details, idx)
+    t.catalog.refresh_index()
 
 
 @pytest.fixture
@@ -640,7 +658,7 @@ def merged_not_reindexed(tmp_path):
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     assert w.flush() == 1
     assert t.merge() == [(w.region_id, 1)]
-    t.dataset().optimize.optimize_indices()  # the base indexes now cover generation 1
+    t.catalog.dataset().optimize.optimize_indices()  # the base indexes now cover generation 1
     w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
     w.put(rows([700], [near(0.7)], text=["zucchini bread"]))
     w.delete(pa.table({"id": [10, 23]}))
@@ -656,17 +674,17 @@ def merged_not_reindexed(tmp_path):
 def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reindexed):
     t, w = merged_not_reindexed
     rid = w.region_id
-    frags = [f.fragment_id for f in t.dataset().get_fragments()]
-    (vec_idx,) = [d for d in t.dataset().describe_indices() if d.name == "vec_idx"]
+    frags = [f.fragment_id for f in t.catalog.dataset().get_fragments()]
+    (vec_idx,) = [d for d in t.catalog.dataset().describe_indices() if d.name == "vec_idx"]
     indexed = sorted(f for s in vec_idx.segments for f in s.fragment_ids)
     assert len(frags) > len(indexed)  # generation 2's rows sit in unindexed fragments
     # Lance's optimize_indices recorded the catch-up; merging generation 2 left it behind
-    catchup = t.index().index_catchup()
+    catchup = t.catalog.index().index_catchup()
     assert catchup["vec_idx"] == {rid: 1} and catchup["text_idx"] == {rid: 1}
-    assert t.index().merged_generations() == {rid: 2}
+    assert t.catalog.index().merged_generations() == {rid: 2}
 
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]
     plan = dbg["plan"]
     assert plan.indexed_only
@@ -681,26 +699,26 @@ def test_indexed_read_plan_uses_generation_indexes_for_the_gap(merged_not_reinde
     assert gap["index"] == "vec_idx" and gap["fetched"] > 0
 
     dbg = {}
-    got = search.fts_search(t, "text", "zucchini", k=10, writers=[w], debug=dbg)
+    got = search.fts_search(t.catalog, "text", "zucchini", k=10, writers=[w], debug=dbg)
     assert sorted(ids(got)) == [13, 700, 701, 702]
     assert "FlatMatchQuery" not in dbg["base_lance_plan"]
     assert "MatchQuery" in dbg["base_lance_plan"]
     assert dbg["plan"].indexed_only
-    assert ids(search.fts_search(t, "text", "crumble", writers=[w])) == []  # 23 deleted
-    assert ids(search.fts_search(t, "text", "alpha", writers=[w])) == [12]  # indexed base
+    assert ids(search.fts_search(t.catalog, "text", "crumble", writers=[w])) == []  # 23 deleted
+    assert ids(search.fts_search(t.catalog, "text", "alpha", writers=[w])) == [12]  # indexed base
 
 
 def test_without_catchup_record_the_base_is_searched_in_full(merged_not_reindexed):
     t, w = merged_not_reindexed
     set_catchup(t, {})  # no record: the index counts as caught up (spec)
-    assert t.index().index_catchup() == {}
+    assert t.catalog.index().index_catchup() == {}
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]  # same answer ...
     assert not dbg["plan"].indexed_only
     assert "LanceScan" in dbg["base_lance_plan"]  # ... through a flat scan of new data
     dbg = {}
-    search.fts_search(t, "text", "zucchini", writers=[w], debug=dbg)
+    search.fts_search(t.catalog, "text", "zucchini", writers=[w], debug=dbg)
     assert "FlatMatchQuery" in dbg["base_lance_plan"]
 
 
@@ -708,11 +726,11 @@ def test_gap_generation_gone_falls_back_to_full_scan(merged_not_reindexed):
     t, w = merged_not_reindexed
     rid = w.region_id
     set_catchup(t, {"vec_idx": {rid: 1}})
-    gen2 = next(g for g in t.region_manifest(rid).flushed_generations if g.generation == 2)
+    gen2 = next(g for g in t.catalog.region_manifest(rid).flushed_generations if g.generation == 2)
     shutil.rmtree(paths.generation_path(t.uri, rid, gen2.path))
     search.clear_caches()
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert ids(got) == [13, 700, 701, 702, 11]
     assert not dbg["plan"].indexed_only
     assert "full base scan" in dbg["explain"]
@@ -723,11 +741,11 @@ def test_unindexed_rows_not_from_the_gap_force_a_full_scan(merged_not_reindexed)
     # a row appended to the base behind the MemWAL's back sits in an unindexed fragment
     lance.write_dataset(rows([900], [near(0.05)], text=["zucchini raw"]), t.uri, mode="append")
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=3, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=3, writers=[w], debug=dbg)
     assert ids(got) == [900, 13, 700]
     assert not dbg["plan"].indexed_only
     assert "full base scan" in dbg["explain"]
-    assert 900 in ids(search.fts_search(t, "text", "zucchini", writers=[w]))
+    assert 900 in ids(search.fts_search(t.catalog, "text", "zucchini", writers=[w]))
 
 
 def test_second_region_gap(merged_not_reindexed):
@@ -735,10 +753,10 @@ def test_second_region_gap(merged_not_reindexed):
     w2 = t.writer(region_values={"r": 1})  # a second region, merged after the last rebuild
     w2.put(rows([800], [near(0.01)], text=["zucchini fresh"]))
     assert w2.flush() == 1
-    t.merge(w2.region_id)
-    assert t.index().index_catchup()["vec_idx"] == {w.region_id: 1, w2.region_id: 0}
+    t.maintenance.merge(regions=[w2.region_id])
+    assert t.catalog.index().index_catchup()["vec_idx"] == {w.region_id: 1, w2.region_id: 0}
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=3, writers=[w, w2], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=3, writers=[w, w2], debug=dbg)
     assert ids(got) == [800, 13, 700]
     assert dbg["plan"].indexed_only
     assert [g.generation for g in dbg["plan"].regions[w2.region_id].gap] == [1]
@@ -754,9 +772,9 @@ def test_concurrent_searches_share_cached_generations(layered):
     search.clear_caches()
 
     def one(i: int) -> tuple:
-        v = ids(search.vector_search(t, "vec", Q, k=5, writers=[w]))
-        f = ids(search.fts_search(t, "text", "apple", writers=[w]))
-        lk = ids(search.lookup(t, [11, 12, 502], writers=[w]))
+        v = ids(search.vector_search(t.catalog, "vec", Q, k=5, writers=[w]))
+        f = ids(search.fts_search(t.catalog, "text", "apple", writers=[w]))
+        lk = ids(search.lookup(t.catalog, [11, 12, 502], writers=[w]))
         return v, f, lk
 
     with ThreadPoolExecutor(6) as pool:
@@ -792,13 +810,13 @@ def test_sql_table_functions(layered):
 def test_search_rejects_bad_arguments(layered):
     t, w = layered
     with pytest.raises(mq.MemWalError):
-        search.vector_search(t, "vec", Q, k=0)
+        search.vector_search(t.catalog, "vec", Q, k=0)
     with pytest.raises(mq.MemWalError):
-        search.vector_search(t, "vec", np.zeros(3), k=1)
+        search.vector_search(t.catalog, "vec", np.zeros(3), k=1)
     with pytest.raises(mq.SchemaError):
-        search.vector_search(t, "nope", Q)
+        search.vector_search(t.catalog, "nope", Q)
     with pytest.raises(mq.MemWalError):
-        search.fts_search(t, "x", "apple")  # no inverted index on x
+        search.fts_search(t.catalog, "x", "apple")  # no inverted index on x
 
 
 def test_recall_at_10_on_random_updates(tmp_path):
@@ -818,7 +836,7 @@ def test_recall_at_10_on_random_updates(tmp_path):
     for _ in range(20):
         q = rng.standard_normal(DIM).astype(np.float32)
         truth = set(live_ids[np.argsort(((mat - q) ** 2).sum(1))[:10]].tolist())
-        got = search.vector_search(t, "vec", q, k=10, writers=[w])
+        got = search.vector_search(t.catalog, "vec", q, k=10, writers=[w])
         assert len(set(ids(got))) == 10
         hits += len(truth & set(ids(got)))
     assert hits / 200 >= 0.9
@@ -834,25 +852,25 @@ def test_indexed_read_plan_after_generations_merged_in_one_commit(tmp_path):
     rid = w.region_id
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     w.flush()
-    t.merge()
-    t.dataset().optimize.optimize_indices()  # the base indexes cover generation 1
+    t.maintenance.merge()
+    t.catalog.dataset().optimize.optimize_indices()  # the base indexes cover generation 1
     w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
     w.put(rows([700], [near(0.7)], text=["zucchini bread"]))
     w.flush()
     w.put(rows([13], [near(0.31)], text=["zucchini stew"]))
     w.flush()
-    before = t.dataset().version
+    before = t.catalog.dataset().version
     assert t.merge() == [(rid, 2), (rid, 3)]
-    assert t.dataset().version == before + 1  # one commit
+    assert t.catalog.dataset().version == before + 1  # one commit
     dbg: dict = {}
-    got = search.vector_search(t, "vec", Q, k=5, writers=[w], debug=dbg)
+    got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)
     assert dbg["plan"].indexed_only and dbg["plan"].skipped_fragments
     assert [g.generation for g in dbg["plan"].regions[rid].gap] == [2, 3]
     dbg = {}
-    assert ids(search.fts_search(t, "text", "stew", writers=[w], debug=dbg)) == [13]
+    assert ids(search.fts_search(t.catalog, "text", "stew", writers=[w], debug=dbg)) == [13]
     assert dbg["plan"].indexed_only
-    assert ids(search.fts_search(t, "text", "soup", writers=[w])) == []
+    assert ids(search.fts_search(t.catalog, "text", "soup", writers=[w])) == []
     set_catchup(t, {})  # no record: the base is searched in full
     search.clear_caches()
-    assert ids(search.vector_search(t, "vec", Q, k=5, writers=[w])) == ids(got)
+    assert ids(search.vector_search(t.catalog, "vec", Q, k=5, writers=[w])) == ids(got)
     w.close(flush=False)

@@ -57,9 +57,11 @@ def test_merged_generations_leave_the_caches(tmp_path: Any) -> None:
     old = t.lookup(keys, columns=["id", "val"], as_of=moment).sort_by("id")
     assert old.equals(before)
     # the same merge progress again: nothing to do; another table's uri: untouched
-    assert forget_merged(t.uri, t.index().merged_generations()) == 0
+    assert forget_merged(t.uri, t.catalog.index().merged_generations()) == 0
     assert forget_merged(str(tmp_path / "other"), {"x": 99}) == 0
     # a maintenance pass that merges forgets what its merger read
-    t.maintain(MaintenancePolicy(max_generations=0, gc=False, compact_fragments=None))
+    t.maintenance.maintain(
+        MaintenancePolicy(merge_over_generations=0, gc=False, compact_fragments=None)
+    )
     assert _cached(t.uri) == set()
     w.close()

@@ -61,10 +61,10 @@ def collected(tmp_path):
     assert t.lookup([11, 700]).column("id").to_pylist() == [11, 700]
     assert t.vector_search("vec", Q, k=2).column("id").to_pylist() == [700, 11]
     assert sorted(t.fts_search("text", "zebra", k=5).column("id").to_pylist()) == [11, 700]
-    stale = view.resolve(t)
+    stale = view.resolve(t.catalog)
     assert [g.generation for r in stale.regions for g in r.generations] == [1]
-    t.merge()
-    assert t.gc(cleanup_older_than=dt.timedelta(0))
+    t.maintenance.merge()
+    assert t.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     return t, stale
 
 

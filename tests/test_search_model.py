@@ -93,9 +93,9 @@ def _build(tmp_path, seed: int, index_type: str, regions: int, steps: int):
             w.delete(pa.table({"id": pa.array([10**6 + wi], pa.int64())}))
             w.flush()
         elif op == "merge":
-            t.merge()
+            t.maintenance.merge()
         else:
-            t.dataset().optimize.optimize_indices()
+            t.catalog.dataset().optimize.optimize_indices()
     return t, writers, model
 
 
@@ -105,7 +105,7 @@ def _tokens(text: str) -> set[str]:
 
 def _check(t: mq.MemWalTable, writers: list, model: dict, exact: bool) -> None:
     keys = sorted(model)
-    got = search.lookup(t, list(range(-3, N + 80)), writers=writers)
+    got = search.lookup(t.catalog, list(range(-3, N + 80)), writers=writers)
     assert got["id"].to_pylist() == keys
     for r in got.to_pylist():
         assert (r["x"], r["text"]) == model[r["id"]][:2]
@@ -120,7 +120,7 @@ def _check(t: mq.MemWalTable, writers: list, model: dict, exact: bool) -> None:
         dist = ((mat - q) ** 2).sum(1)
         for flt, mask in ((None, xs >= 0), ("x > 4", xs > 4), (pc.field("x") < 3, xs < 3)):
             for k in (1, 5, 30, 1000):
-                res = search.vector_search(t, "vec", q, k=k, filter=flt, writers=writers)
+                res = search.vector_search(t.catalog, "vec", q, k=k, filter=flt, writers=writers)
                 got_ids = res["id"].to_pylist()
                 assert len(got_ids) == min(k, int(mask.sum()))
                 assert len(set(got_ids)) == len(got_ids)
@@ -136,13 +136,15 @@ def _check(t: mq.MemWalTable, writers: list, model: dict, exact: bool) -> None:
         qt = _tokens(query)
         for flt, keep in ((None, lambda x: True), ("x > 4", lambda x: x > 4)):
             match = sorted(k for k in keys if keep(model[k][0]) and qt & _tokens(model[k][1]))
-            full = search.fts_search(t, "text", query, k=10_000, filter=flt, writers=writers)
+            full = search.fts_search(
+                t.catalog, "text", query, k=10_000, filter=flt, writers=writers
+            )
             assert sorted(full["id"].to_pylist()) == match
             for r in full.to_pylist():
                 assert (r["x"], r["text"]) == model[r["id"]][:2]
             best = full["_score"].to_numpy()
             for k in (1, 3, 10):
-                part = search.fts_search(t, "text", query, k=k, filter=flt, writers=writers)
+                part = search.fts_search(t.catalog, "text", query, k=k, filter=flt, writers=writers)
                 assert part["_score"].to_numpy() == pytest.approx(best[:k], rel=1e-5)
 
     ctx = datafusion.SessionContext()
@@ -151,10 +153,10 @@ def _check(t: mq.MemWalTable, writers: list, model: dict, exact: bool) -> None:
     q = rng.standard_normal(DIM).astype(np.float32)
     qs = ", ".join(repr(float(v)) for v in q)
     sql = ctx.sql(f"SELECT id FROM vector_search('ev', 'vec', [{qs}], 7)").to_arrow_table()
-    api = search.vector_search(t, "vec", q, k=7, writers=writers)
+    api = search.vector_search(t.catalog, "vec", q, k=7, writers=writers)
     assert sql["id"].to_pylist() == api["id"].to_pylist()
     sql = ctx.sql("SELECT id, _score FROM fts_search('ev', 'text', 'kiwi', 5)").to_arrow_table()
-    api = search.fts_search(t, "text", "kiwi", k=5, writers=writers)
+    api = search.fts_search(t.catalog, "text", "kiwi", k=5, writers=writers)
     assert sql["_score"].to_pylist() == api["_score"].to_pylist()
     probe = [1, 2, 3, N + 1, N + 2, 10**6]
     sql = ctx.sql(f"SELECT id FROM lookup('ev', {probe}) ORDER BY id").to_arrow_table()

@@ -46,7 +46,7 @@ def test_soak(tmp_path, capsys):
         for b in range(REGIONS)
     }
     bucket = spec.evaluate(
-        pa.table({"id": pa.array(range(n_keys), pa.int64())}), table.lance_schema
+        pa.table({"id": pa.array(range(n_keys), pa.int64())}), table.catalog.lance_schema
     )
     bucket_of = bucket.column(0).to_pylist()
     owner = np.arange(n_keys) // KEYS_PER_THREAD  # the thread writing each key
@@ -137,7 +137,7 @@ def test_soak(tmp_path, capsys):
             while not stop.is_set() and time.monotonic() < deadline:
                 writers[rng.randrange(REGIONS)].flush()
                 counts["merges"] += len(table.merge(max_generations=2))
-                table.gc(cleanup_older_than=dt.timedelta(seconds=30))
+                table.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=30))
                 time.sleep(0.5)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
@@ -157,7 +157,7 @@ def test_soak(tmp_path, capsys):
     assert final == {k: int(acked[k]) for k in range(n_keys)}
     for w in writers.values():
         w.close()
-    table.merge()
+    table.maintenance.merge()
     final = {r["id"]: r["seq"] for r in lance.dataset(uri).to_table().to_pylist()}
     assert final == {k: int(acked[k]) for k in range(n_keys)}
     lat = np.asarray(latencies) * 1e3

@@ -113,8 +113,20 @@ def spark_rows(spark, start: int, end: int, tag: str = "s", step: int = 1):
 
 
 def view(uri: str) -> pa.Table:
-    """The deduplicated view through a fresh table (strong: region manifests)."""
-    return mq.MemWalTable.open(uri).to_table().sort_by("id")
+    """The deduplicated view through a fresh table (every acknowledged write: WAL
+    entries not yet flushed included)."""
+    return mq.MemWalTable.open(uri).to_table(consistency="latest").sort_by("id")
+
+
+def wal_tail_rows(t: mq.MemWalTable, region_id: str) -> int:
+    """Rows of the region's durable WAL entries after its flushed position."""
+    from memwal_query.format.wal import Wal
+    from memwal_query.storage import paths
+
+    manifest = t.region_manifest(region_id)
+    wal = Wal(t.io, paths.wal_dir(t.uri, region_id), region_id)
+    after = manifest.replay_after_wal_entry_position
+    return sum(e.table.num_rows for e in wal.replay(after, manifest.writer_epoch))
 
 
 def model_table(model: dict[int, tuple[float, str]]) -> pa.Table:
@@ -179,7 +191,7 @@ def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
     df = spark_rows(spark, -500, 3000, step=7)
     routed = mqs.route(df, t.uri).toArrow()
     rows = routed.select(["id", "val", "name"]).cast(BASIC_SCHEMA)
-    values = spec.evaluate(rows, t.lance_schema)
+    values = spec.evaluate(rows, t.catalog.lance_schema)
     field_ids = values.schema.names
     expected = [
         region_id_for(spec.spec_id, {f: values.column(f)[i].as_py() for f in field_ids})
@@ -188,8 +200,8 @@ def test_region_column_equals_regionspec_evaluate(spark, tmp_path):
     assert routed.column(mqs.REGION_COLUMN).to_pylist() == expected
     # ... and the same grouping as MemWalTable.write's routing
     by_split = {}
-    for vals, part in split_by_region(spec, rows, t.lance_schema):
-        by_split[t.region_id_for(vals)] = sorted(part.column("id").to_pylist())
+    for vals, part in split_by_region(spec, rows, t.catalog.lance_schema):
+        by_split[t.catalog.region_id_for(vals)] = sorted(part.column("id").to_pylist())
     by_spark: dict[str, list[int]] = {}
     for rid, i in zip(expected, rows.column("id").to_pylist()):
         by_spark.setdefault(rid, []).append(i)
@@ -211,7 +223,7 @@ def test_region_values_of_several_fields_equal_evaluate(spark, tmp_path):
     df = spark.createDataFrame(rows, "id long, val double, name string, is_delete boolean")
     routed = mqs.route(df, t.uri, delete_column="is_delete").toArrow()
     data = routed.select(["id", "val", "name"]).cast(BASIC_SCHEMA)
-    values = spec.evaluate(data, t.lance_schema)  # deletes: the key decides alone
+    values = spec.evaluate(data, t.catalog.lance_schema)  # deletes: the key decides alone
     assert values.num_rows == len(rows) and len(set(values.column("t").to_pylist())) == 5
     want = [
         region_id_for(spec.spec_id, {f: values.column(f)[i].as_py() for f in ("b", "t")})
@@ -223,9 +235,9 @@ def test_region_values_of_several_fields_equal_evaluate(spark, tmp_path):
     by_region = {}
     for rid, i in zip(want, range(values.num_rows)):
         by_region.setdefault(rid, {f: values.column(f)[i].as_py() for f in ("b", "t")})
-    assert sorted(t.region_ids()) == sorted(by_region)
+    assert sorted(t.catalog.region_ids()) == sorted(by_region)
     for rid, vals in by_region.items():
-        assert t.region_values(rid) == (spec.spec_id, vals)
+        assert t.catalog.region_values(rid) == (spec.spec_id, vals)
 
 
 def test_region_id_array_handles_nulls_and_several_fields():
@@ -267,7 +279,7 @@ def test_batch_ingest_1m_rows_16_regions(spark, tmp_path):
     assert len(res.regions) == BUCKETS
     assert len({r.region_id for r in res.regions}) == BUCKETS
     assert all(r.generation == 1 and r.attempt == 0 for r in res.regions)
-    assert sorted(t.region_ids()) == sorted(r.region_id for r in res.regions)
+    assert sorted(t.catalog.region_ids()) == sorted(r.region_id for r in res.regions)
     got = view(t.uri)
     assert got.num_rows == n
     ids = got.column("id").to_numpy()
@@ -309,12 +321,42 @@ def test_upsert_delete_column_and_order_by(spark, tmp_path):
     assert_view(t.uri, model)
 
 
+def test_write_flush_due_flushes_by_the_writer_thresholds(spark, tmp_path):
+    """``flush="due"``: repeated small writes leave their rows in the WAL (read by
+    default readers) until a region's unflushed rows pass ``max_memtable_rows``; each
+    write replays at most that many rows."""
+    t = new_table(tmp_path, buckets=2)
+    spec = t.routing_spec()
+    model = base_model(range(1000))
+    limit = 150
+    options = {"max_memtable_rows": limit, "max_memtable_age": 3600}
+    pending: dict[str, int] = {}  # the model of each region's unflushed rows
+    for n in range(5):  # ~50 rows per region each time
+        ids = range(2000 + 100 * n, 2100 + 100 * n)
+        res = mqs.write(
+            spark_rows(spark, ids.start, ids.stop), t.uri, flush="due", writer_options=options
+        )
+        upsert_model(model, ids)
+        assert_view(t.uri, model)
+        for values, part in split_by_region(spec, basic_rows(ids), t.lance_schema):
+            rid = t.region_id_for(values)
+            pending[rid] = pending.get(rid, 0) + part.num_rows
+            (done,) = [r for r in res.regions if r.region_id == rid]
+            assert (done.generation is not None) == (pending[rid] >= limit), (n, pending)
+            if pending[rid] >= limit:
+                pending[rid] = 0
+            assert wal_tail_rows(t, rid) == pending[rid]
+    assert all(len(t.region_manifest(r).flushed_generations) == 1 for r in pending)
+    with pytest.raises(mq.MemWalError, match="flush must be one of"):
+        mqs.write(spark_rows(spark, 0, 10), t.uri, flush="sometimes")
+
+
 # -- task retries and fencing ----------------------------------------------------------
 def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
     t = new_table(tmp_path)
     model = base_model(range(1000))
     arm(fault_dir, "ingest.after_put")
-    res = mqs.write(spark_rows(spark, 0, 40_000), t.uri, buffer_rows=500, num_partitions=2)
+    res = mqs.write(spark_rows(spark, 0, 40_000), t.uri, buffer_rows=500, parallelism=2)
     upsert_model(model, range(40_000))
     assert not os.path.exists(os.path.join(fault_dir, "ingest.after_put"))  # it fired
     retried = [r for r in res.regions if r.attempt == 1]
@@ -326,7 +368,7 @@ def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
     reclaimed = [r for r in retried if r.epoch == 2]
     assert len(reclaimed) == 1
     (r,) = reclaimed
-    gen = t.region_manifest(r.region_id).flushed_generations[-1]
+    gen = t.catalog.region_manifest(r.region_id).flushed_generations[-1]
     assert lance.dataset(generation_path(t.uri, r.region_id, gen.path)).count_rows() > r.upserted
     assert res.upserted == 40_000
     assert_view(t.uri, model)
@@ -339,7 +381,7 @@ def test_stale_attempt_is_fenced_by_spark_retry(spark, tmp_path):
     spec = t.region_spec
     ids = range(2000, 4000)
     rows = basic_rows(ids, val=[i * 0.5 for i in ids], name=[f"s{i}" for i in ids])
-    (values, part), *_ = split_by_region(spec, rows, t.lance_schema)
+    (values, part), *_ = split_by_region(spec, rows, t.catalog.lance_schema)
     assert part.num_rows > 20
     stale = t.writer(region_values=values)  # "attempt 0" of the region's task
     stale.put(part.slice(0, 10))
@@ -406,10 +448,10 @@ def test_attempt_of_an_ended_job_writes_nothing(spark, tmp_path, monkeypatch):
     assert f"{options['job']}.done" in os.listdir(ingest_tasks.jobs_dir(t.uri))
     mqs.write(spark_rows(spark, 5000, 6000, tag="new"), t.uri)  # a later job
     upsert_model(model, ids, "new")
-    epochs = {r: t.region_manifest(r).writer_epoch for r in t.region_ids()}
+    epochs = {r: t.catalog.region_manifest(r).writer_epoch for r in t.catalog.region_ids()}
     with pytest.raises(mqs.JobEndedError, match="already ended"):
         list(ingest.write_partition(iter(batches), options))  # the late loser
-    assert {r: t.region_manifest(r).writer_epoch for r in t.region_ids()} == epochs
+    assert {r: t.catalog.region_manifest(r).writer_epoch for r in t.catalog.region_ids()} == epochs
     assert_view(t.uri, model)
     # the race: the job ends between the loser's first check and its claim
     answers = iter([False, True] * BUCKETS)
@@ -465,7 +507,16 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     src = str(tmp_path / "in")
     ckpt = str(tmp_path / "ckpt")
     os.makedirs(src)
-    sink = mqs.sink(t.uri, delete_column="is_delete", order_by="seq", num_partitions=2)
+    # generations by size: a region flushes once 120 unflushed rows are in its WAL
+    # (~45 rows per region and micro-batch), not at every micro-batch
+    writer_options = {"max_memtable_rows": 120, "max_memtable_age": 3600}
+    sink = mqs.sink(
+        t.uri,
+        delete_column="is_delete",
+        order_by="seq",
+        parallelism=2,
+        writer_options=writer_options,
+    )
     schema = "id long, val double, name string, is_delete boolean, seq long"
 
     def run() -> None:
@@ -486,7 +537,10 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
 
     for n in range(3):
         _stream_file(src, n, _micro_batch(n, model))
+    # a write task fails after a durable put: Spark retries it, which replays that put
+    arm(fault_dir, "ingest.after_put")
     query_id = run()
+    assert not os.path.exists(os.path.join(fault_dir, "ingest.after_put"))  # it fired
     assert_view(t.uri, model)
     assert sink.committed_batches(query_id) == [0, 1, 2]
 
@@ -512,14 +566,29 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     assert sink.last_result.by_region() == written
     assert_view(t.uri, model)
 
+    # six micro-batches into 16 regions: flushed by size, each region's WAL tail below
+    # the threshold (what the next micro-batch replays)
+    regions = t.region_ids()
+    generations = sum(len(t.region_manifest(r).flushed_generations) for r in regions)
+    assert 0 < generations < len(regions) * 6 // 2, generations
+    tails = [wal_tail_rows(t, r) for r in regions]
+    assert all(n < writer_options["max_memtable_rows"] for n in tails), tails
+    assert sum(tails) > 0
+    # the tails wait for the next micro-batch: maintenance does not take them over
+    # before abandoned_after
+    from memwal_query.maintain.recover import recover_abandoned
+
+    assert recover_abandoned(t, 300.0, dry_run=True) == []
+    assert len(recover_abandoned(t, 0.0, dry_run=True)) == sum(1 for n in tails if n)
+
 
 # -- merge ---------------------------------------------------------------------------
 def assert_one_generation_per_commit(t: mq.MemWalTable, first: int, last: int) -> None:
     """Every base version in (first, last] advanced exactly one region by exactly one
     generation: none skipped, none merged twice, progress ordered."""
-    before = read_index_at(t.io, t.uri, first).merged_generations()
+    before = read_index_at(t.catalog.io, t.uri, first).merged_generations()
     for version in range(first + 1, last + 1):
-        after = read_index_at(t.io, t.uri, version).merged_generations()
+        after = read_index_at(t.catalog.io, t.uri, version).merged_generations()
         changed = {r: (before.get(r, 0), g) for r, g in after.items() if before.get(r, 0) != g}
         assert len(changed) == 1, (version, changed)
         ((_, (old, new)),) = changed.items()
@@ -554,7 +623,7 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     for gens in summary.by_region().values():
         assert gens == sorted(set(gens)) and gens[-1] == 4
     assert sum(len(g) for g in summary.by_region().values()) >= 4 * BUCKETS - 1
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     assert merged == {r: 4 for r in pending}
     assert_view(t.uri, model)
     got = spark.read.format("memwal").load(t.uri).orderBy("id").toArrow()
@@ -606,7 +675,7 @@ def read_table(spark, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reader")
     t = new_table(tmp, base_ids=range(0, 5000), buckets=4)
     mqs.write(spark_rows(spark, 4000, 7000, tag="a"), t.uri)
-    mqs.merge(spark, t.uri, regions=sorted(t.region_ids())[:2])
+    mqs.merge(spark, t.uri, regions=sorted(t.catalog.region_ids())[:2])
     mqs.write(spark_rows(spark, 0, 8000, step=3, tag="b"), t.uri)
     mqs.write(spark.range(0, 8000, 7).select("id"), t.uri, mode="delete")
     nulls = spark.createDataFrame([(i, None, None) for i in range(100, 200)], BASIC_SCHEMA_DDL)
@@ -769,7 +838,7 @@ def _non_key_filter_table(tmp_path) -> mq.MemWalTable:
     t = new_table(tmp_path, base_ids=[])
     t.write(basic_rows([1, 2, 3, 4], [10.0, 0.0, 7.0, 10.0], ["hi", "lo", "hi", "hi"]))
     t.flush()
-    t.merge()
+    t.maintenance.merge()
     t.write(basic_rows([1, 2], [0.0, 10.0], ["lo", "hi"]))
     t.delete(pa.table({"id": pa.array([4], pa.int64())}))
     t.flush()
@@ -949,7 +1018,7 @@ def test_write_bad_types_and_values_are_typed_errors(spark, tmp_path):
         mqs.write(big.withColumn("id", F.expr(f"CAST('{2**70}' AS DECIMAL(30,0))")), t.uri)
     with pytest.raises(mq.PrimaryKeyError):  # a NULL key
         mqs.write(spark.createDataFrame([(None, 1.0, "x")], BASIC_SCHEMA_DDL), t.uri)
-    assert t.region_ids() == []
+    assert t.catalog.region_ids() == []
     assert_view(t.uri, model)
 
 
@@ -967,6 +1036,20 @@ def test_write_refuses_missing_columns_unless_partial(spark, tmp_path):
     assert got[7] == (14.0, "n7")  # existing key: name kept
     assert got[12] == (24.0, None)  # new key
     assert got[2] == (2.0, "n2")  # untouched
+
+
+def test_write_schema_mode_merge_adds_columns_and_the_reader_shows_them(spark, tmp_path):
+    t = new_table(tmp_path, base_ids=range(10))
+    df = spark_rows(spark, 5, 15).withColumn("score", F.col("id") * 10)
+    with pytest.raises(mq.SchemaError, match=r"\['score'\].*schema_mode='merge'"):
+        mqs.write(df, t.uri)
+    mqs.write(df, t.uri, schema_mode="merge")
+    fresh = mq.MemWalTable.open(t.uri)
+    assert fresh.schema.field("score").type == pa.int64()
+    got = spark_sql(spark, t.uri, "SELECT id, score FROM t ORDER BY id").to_pylist()
+    assert got == [{"id": i, "score": i * 10 if i >= 5 else None} for i in range(15)]
+    feed = spark.read.format("memwal").option("changes_since", "0").load(t.uri)
+    assert "score" in feed.columns
 
 
 def test_fenced_task_claims_its_region_again(spark, tmp_path, fault_dir):
@@ -990,7 +1073,7 @@ def test_fenced_task_out_of_retries_raises_typed_error_in_driver(spark, tmp_path
             t.uri,
             buffer_rows=20,
             fence_retries=0,
-            num_partitions=1,
+            parallelism=1,
         )
 
 
@@ -1046,8 +1129,8 @@ def test_reader_differential(spark, tmp_path):
         if step % 2:
             t.flush()
         if step == 1:
-            t.merge()
-            t.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+            t.maintenance.merge()
+            t.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
         df = spark.read.format("memwal").option("consistency", "latest").load(t.uri)
         ids = sorted(model)
         assert df.where("id < 100").count() == sum(1 for i in ids if i < 100)
@@ -1074,7 +1157,7 @@ def test_maintain_merges_over_the_policy_as_tasks(tmp_path, spark):
     writers = [_writer(t, p) for p in (0, 1)]
     for i in range(3):
         _put(model, writers[i % 2], i)
-    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(max_generations=1))
+    summary = mqs.maintain(spark, t.uri, policy=MaintenancePolicy(merge_over_generations=1))
     assert summary.merge is not None
     assert summary.merge.by_region() == {writers[0].region_id: [1, 2]}  # odd: 1 generation
     assert [(m.region_id, m.generation) for m in summary.report.merged] == [
@@ -1103,7 +1186,7 @@ def test_ingest_after_a_region_spec_change(spark, tmp_path):
     t.write(basic_rows(range(140, 160), val=[1.0] * 20, name=["w"] * 20))  # unflushed
     model.update({i: (float(i), f"a{i}") for i in range(50, 150)})
     model.update({i: (1.0, "w") for i in range(140, 160)})
-    t.set_region_spec(bucket_spec(t.lance_schema, "id", 3, spec_id=2))
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 3, spec_id=2))
     cdc = spark_rows(spark, 120, 200, tag="b").withColumn("gone", F.col("id") % 9 == 0)
     mqs.write(cdc, t.uri, delete_column="gone")
     model.update({i: (i * 0.5, f"b{i}") for i in range(120, 200)})
@@ -1113,8 +1196,8 @@ def test_ingest_after_a_region_spec_change(spark, tmp_path):
     got = spark_sql(spark, t.uri, "SELECT id, val, name FROM t ORDER BY id")
     assert same(got, model_table(model))
     specs = {}
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         specs.setdefault(m.region_spec_id, []).append(m)
     assert all(m.sealed for m in specs[1]) and len(specs[2]) == 3
     assert all(m.flushed_generations for m in specs[2])  # Spark's rows are in them

@@ -35,7 +35,7 @@ def _table(tmp_path, buckets: int = 2, n: int = 200) -> mq.MemWalTable:
 
 
 def _spec2(t: mq.MemWalTable, buckets: int = 5) -> mq.RegionSpec:
-    return bucket_spec(t.lance_schema, "id", buckets, spec_id=2)
+    return bucket_spec(t.catalog.lance_schema, "id", buckets, spec_id=2)
 
 
 def _view(t: mq.MemWalTable, consistency: str = "strong") -> dict[int, tuple[float, str]]:
@@ -45,8 +45,8 @@ def _view(t: mq.MemWalTable, consistency: str = "strong") -> dict[int, tuple[flo
 
 def _regions_by_spec(t: mq.MemWalTable) -> dict[int, list]:
     out: dict[int, list] = {}
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         out.setdefault(m.region_spec_id, []).append(m)
     return out
 
@@ -87,14 +87,14 @@ def test_spec_change_under_continuous_writes_matches_model(tmp_path):
         if i % 3 == 0:
             tbl.flush()
         if i % 4 == 1:
-            tbl.merge()
+            tbl.maintenance.merge()
         check()
 
     for i in range(5):
         round_(i)
     old_keys = sorted(k for k in model if k >= 200)  # written under spec 1
     upsert(other, old_keys[:10])  # unflushed in other's writers of spec-1 regions
-    t.set_region_spec(_spec2(t))
+    t.maintenance.set_region_spec(_spec2(t))
     check()
     # keys written under spec 1 are updated and deleted under spec 2, by both objects
     upsert(other, old_keys[:20])
@@ -107,12 +107,12 @@ def test_spec_change_under_continuous_writes_matches_model(tmp_path):
     other.flush()
     by_spec = _regions_by_spec(t)
     assert set(by_spec) == {1, 2} and len(by_spec[1]) == 2 and len(by_spec[2]) == 5
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     for m in by_spec[1]:  # sealed, and every generation merged
         assert m.sealed
         last = max((g.generation for g in m.flushed_generations), default=0)
         assert merged.get(m.region_id, 0) == last
-    assert t.index().details.writer_config_defaults[SPEC_READY_KEY] == "2"
+    assert t.catalog.index().details.writer_config_defaults[SPEC_READY_KEY] == "2"
     # every reader, from a fresh object (another process)
     fresh = mq.MemWalTable.open(t.uri)
     assert _view(fresh) == model
@@ -134,7 +134,7 @@ def test_spec_change_under_continuous_writes_matches_model(tmp_path):
         else:
             replayed[i] = (v, n)
     assert replayed == model
-    t.merge()
+    t.maintenance.merge()
     assert _view(mq.MemWalTable.open(t.uri)) == model
     t.close()
     other.close()
@@ -147,28 +147,28 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     t = _table(tmp_path)
     stale = mq.MemWalTable.open(t.uri)
     values = {"bucket": 0}
-    old_region = stale.region_id_for(values)
+    old_region = stale.catalog.region_id_for(values)
     t.write(basic_rows([1, 2, 3, 4], val=[7.0] * 4))
     # the change is committed (a crash before it completed is simulated: no seal yet)
     spec2 = _spec2(t)
-    before = t.dataset().version
-    mwindex.update_details(t.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
+    before = t.catalog.dataset().version
+    mwindex.update_details(t.catalog.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
     assert stale.region_spec.spec_id == 1  # stale's cached index
     with pytest.raises(SpecChangedError) as e:
         stale.writer(region_values=values, spec_id=1)
     assert (e.value.expected, e.value.current) == (1, 2)
-    stale_index = stale._index
-    stale._index = mwindex.read_index_at(t.io, t.uri, before)  # the index before
+    stale_index = stale.catalog._index
+    stale.catalog._index = mwindex.read_index_at(t.catalog.io, t.uri, before)  # the index before
     with pytest.raises(SpecChangedError):  # claimed, then re-read the index: refused
-        RegionWriter(stale, old_region, region_values=values, region_spec_id=1)
-    stale._index = stale_index
-    assert not stale.region_manifest(old_region).sealed
+        RegionWriter(stale.catalog, old_region, region_values=values, region_spec_id=1)
+    stale.catalog._index = stale_index
+    assert not stale.catalog.region_manifest(old_region).sealed
     # the first writer of the new spec completes the change, then writes
     t2 = mq.MemWalTable.open(t.uri)
-    assert t2.spec_change_pending
+    assert t2.catalog.spec_change_pending
     t2.write(basic_rows([1, 50], val=[8.0, 8.0]))
-    assert not t2.spec_change_pending
-    assert stale.region_manifest(old_region).sealed
+    assert not t2.catalog.spec_change_pending
+    assert stale.catalog.region_manifest(old_region).sealed
     # t's own (fenced) writer of a spec-1 region: write() routes again by spec 2
     t.write(basic_rows([2, 3], val=[9.0, 9.0]))
     t.flush()
@@ -179,8 +179,8 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     with pytest.raises(mq.FencedError):
         t.writer(old_region).close()
     # a WAL entry a fenced writer wrote after the drain (never acknowledged)
-    sealed = stale.region_manifest(old_region)
-    wal = Wal(t.io, paths.wal_dir(t.uri, old_region), old_region)
+    sealed = stale.catalog.region_manifest(old_region)
+    wal = Wal(t.catalog.io, paths.wal_dir(t.uri, old_region), old_region)
     row = with_tombstone(basic_rows([777]), False).cast(storage_schema(t.schema))
     # (t's fenced put of [2, 3] above left one too: it was routed again)
     assert max(wal.positions()) > sealed.replay_after_wal_entry_position
@@ -188,17 +188,19 @@ def test_reroute_and_stale_claims_after_a_spec_change(tmp_path):
     wal.append(max(wal.positions()) + 1, row, sealed.writer_epoch - 2, sealed.current_generation)
     assert 777 not in _view(mq.MemWalTable.open(t.uri), "latest")
     assert 777 not in t.changes(consistency="latest").table.column("id").to_pylist()
-    st = t.status().to_dict()["regions"][old_region]
+    st = t.maintenance.status().to_dict()["regions"][old_region]
     assert st["sealed"] and st["region_spec_id"] == 1 and st["unflushed_rows"] == 0
     from click.testing import CliRunner
 
     from memwal_query.cli.commands import main
 
-    flushed = CliRunner().invoke(main, ["flush", t.uri])  # skips the sealed region
+    flushed = CliRunner().invoke(main, ["drain", t.uri])  # skips the sealed region
     assert flushed.exit_code == 0, flushed.output
-    assert t.check() == []  # fsck: a sealed region's stray entries are no damage
-    t.merge()
-    t.gc()  # with sealed regions (and their stray entries): the answer stays
+    assert (
+        t.maintenance.fsck().findings == []
+    )  # fsck: a sealed region's stray entries are no damage
+    t.maintenance.merge()
+    t.maintenance.gc()  # with sealed regions (and their stray entries): the answer stays
     assert _view(mq.MemWalTable.open(t.uri), "latest") == got
     assert _view(mq.MemWalTable.open(t.uri), "latest") == got
     t.close()
@@ -212,12 +214,16 @@ def test_pruning_uses_each_regions_own_spec(tmp_path):
     t.write(basic_rows(range(300, 340)))
     t.flush()
     spec2 = _spec2(t, 3)
-    mwindex.update_details(t.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
-    t.index()
-    plan = view.resolve(t, "strong", [], [("id", "=", 305)])
+    mwindex.update_details(t.catalog.io, t.uri, lambda d: d.region_specs.append(spec2.to_proto()))
+    t.catalog.refresh_index()
+    plan = view.resolve(t.catalog, "strong", [], [("id", "=", 305)])
     old = {r.region_id for r in plan.regions}
     assert len(old) == 1 and len(plan.pruned) == 3  # 1 of the 4 spec-1 regions read
-    bucket = t.spec_for(1).evaluate(basic_rows([305]), t.lance_schema).column("bucket")[0]
+    bucket = (
+        t.catalog.spec_for(1)
+        .evaluate(basic_rows([305]), t.catalog.lance_schema)
+        .column("bucket")[0]
+    )
     assert old == {mq.region_id_for(1, {"bucket": bucket.as_py()})}
     assert t.lookup([305]).to_pydict()["val"] == [305.0]
 
@@ -254,7 +260,7 @@ def test_spec_change_with_vector_and_fulltext_search(tmp_path):
     t.flush()
     t.write(rows(range(15, 25), "apple", 0.25))  # unflushed when the spec changes
     calls: list[tuple[int, int]] = []
-    t.set_region_spec(
+    t.maintenance.set_region_spec(
         expression_spec(ds, ["id"], "col0 % 3", "int64", 2, field_id="r"),
         progress=lambda done, total: calls.append((done, total)),
     )
@@ -273,15 +279,17 @@ def test_spec_change_with_vector_and_fulltext_search(tmp_path):
 
 def test_bad_spec_is_refused_with_the_index_unchanged(tmp_path):
     t = _table(tmp_path)
-    version = t.dataset().version
+    version = t.catalog.dataset().version
     with pytest.raises(RegionSpecError, match="never reused"):
-        t.set_region_spec(bucket_spec(t.lance_schema, "id", 8))  # spec id 1 again
+        t.maintenance.set_region_spec(
+            bucket_spec(t.catalog.lance_schema, "id", 8)
+        )  # spec id 1 again
     with pytest.raises(RegionSpecError, match="unknown field"):
-        t.set_region_spec(mq.RegionSpec(2, [mq.RegionField("b", [999], "identity")]))
+        t.maintenance.set_region_spec(mq.RegionSpec(2, [mq.RegionField("b", [999], "identity")]))
     with pytest.raises(RegionSpecError, match="RegionSpec"):
-        t.set_region_spec("bucket(id, 8)")  # type: ignore[arg-type]
-    assert t.dataset().version == version
-    assert [s.spec_id for s in t.index().details.region_specs] == [1]
+        t.maintenance.set_region_spec("bucket(id, 8)")  # type: ignore[arg-type]
+    assert t.catalog.dataset().version == version
+    assert [s.spec_id for s in t.catalog.index().details.region_specs] == [1]
     t.write(basic_rows([1]))  # the table still works with its spec
     t.close()
 
@@ -303,7 +311,7 @@ def test_cli_spec_set_and_show(tmp_path):
     bad = CliRunner().invoke(main, ["spec", "set", t.uri, "--bucket", "nope:4"])
     assert bad.exit_code != 0
     t2 = mq.MemWalTable.open(t.uri)
-    assert t2.region_spec.spec_id == 2 and not t2.spec_change_pending
+    assert t2.region_spec.spec_id == 2 and not t2.catalog.spec_change_pending
     assert _view(t2)[301] == (1.0, "n301")
     assert BASIC_SCHEMA.names == t2.schema.names
 
@@ -320,18 +328,18 @@ def test_pylance_reads_after_a_spec_change_and_its_writer_refuses(tmp_path):
     lance.dataset(uri).initialize_mem_wal(unsharded=True)
     t = mq.MemWalTable.open(uri)
     t.write(pa.table({"id": [1, 20], "v": [1.0, 20.0]}))
-    old = t.region_ids()[0]
-    t.set_region_spec(bucket_spec(t.lance_schema, "id", 2, spec_id=2))
+    old = t.catalog.region_ids()[0]
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=2))
     t.write(pa.table({"id": [1, 30], "v": [11.0, 30.0]}))
     t.close()
     ours = dict(zip(*t.to_table().to_pydict().values()))
     assert ours == {0: 0.0, 1: 11.0, 2: 0.0, 3: 0.0, 4: 0.0, 20: 20.0, 30: 30.0}
     details = lance.dataset(uri).mem_wal_index_details()
     assert [s["spec_id"] for s in details["sharding_specs"]] == [1, 2]
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     snaps = []
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         snap = ShardSnapshot(rid).with_current_generation(m.current_generation)
         for g in m.flushed_generations:
             if g.generation > merged.get(rid, 0):
@@ -379,7 +387,7 @@ def test_spec_change_while_another_thread_keeps_writing(tmp_path):
     thread.start()
     for _ in range(4):
         progress.acquire()
-    t.set_region_spec(_spec2(t, 4))
+    t.maintenance.set_region_spec(_spec2(t, 4))
     done.set()
     thread.join(60)
     assert not thread.is_alive() and not errors, errors
@@ -415,13 +423,13 @@ def test_spec_change_on_a_pylance_table_without_a_recorded_spec(tmp_path):
     with ds.mem_wal_writer(shard) as w:
         w.put(pa.table({"id": [1, 2, 30], "v": [1.0, 2.0, 30.0]}, schema=schema))
     t = mq.MemWalTable.open(uri)
-    assert t.region_manifest(shard).region_spec_id == 0
+    assert t.catalog.region_manifest(shard).region_spec_id == 0
     with pytest.raises(RegionSpecError, match="spec_id=2"):
-        t.set_region_spec(bucket_spec(t.lance_schema, "id", 2, spec_id=1))
-    t.set_region_spec(bucket_spec(t.lance_schema, "id", 2, spec_id=2))
+        t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=1))
+    t.maintenance.set_region_spec(bucket_spec(t.catalog.lance_schema, "id", 2, spec_id=2))
     t.write(pa.table({"id": [2, 40], "v": [22.0, 40.0]}))
     t.close()
     got = t.to_table().to_pydict()
     want = {i: 0.0 for i in range(10)} | {1: 1.0, 2: 22.0, 30: 30.0, 40: 40.0}
     assert dict(zip(got["id"], got["v"])) == want
-    assert sorted(t.region_specs) == [1, 2] and t.region_manifest(shard).sealed
+    assert sorted(t.catalog.region_specs) == [1, 2] and t.catalog.region_manifest(shard).sealed

@@ -93,7 +93,7 @@ def test_truncate_of_a_decimal_key_routes_and_prunes_in_a_real_table(tmp_path):
         keys = [D("0.50"), D("1.99"), D("-0.01"), D("2.00"), D("2.50")]
         t.write(pa.table({"id": keys, "v": list(range(5))}, schema))
         t.flush()
-        values = sorted(t.region_values(r)[1]["id_trunc"] for r in t.region_ids())
+        values = sorted(t.catalog.region_values(r)[1]["id_trunc"] for r in t.catalog.region_ids())
         assert values == [D("-1.00"), D("0.00"), D("1.00"), D("2.00")]
         p = t.provider()
         got = p.to_table(filter=pc.field("id") == pa.scalar(D("2.50"), pa.decimal128(8, 2)))
@@ -112,7 +112,7 @@ def test_truncate_of_int8_is_promoted_like_iceberg_in_a_real_table(tmp_path):
     t = mq.MemWalTable.initialize(uri, region_spec=spec)
     try:
         t.write(pa.table({"id": [-128, 127], "v": [1, 2]}, schema))  # -128 -> -129
-        values = sorted(t.region_values(r)[1]["id_trunc"] for r in t.region_ids())
+        values = sorted(t.catalog.region_values(r)[1]["id_trunc"] for r in t.catalog.region_ids())
         assert values == [-129, 126]
         assert t.to_table().sort_by("id").column("id").to_pylist() == [-128, 1, 127]
     finally:
@@ -132,7 +132,7 @@ def test_time_columns_are_accepted_by_identity_bucket_and_hour(tmp_path):
             times = [dt.time(1, 5), dt.time(13, 0), dt.time(13, 59, 59), dt.time(23, 1)]
             t.write(pa.table({"id": [1, 2, 3, 4], "at": times}, schema))
             t.flush()
-            hours = sorted(t.region_values(r)[1]["at_hour"] for r in t.region_ids())
+            hours = sorted(t.catalog.region_values(r)[1]["at_hour"] for r in t.catalog.region_ids())
             assert hours == [1, 13, 23]
             p = t.provider()
             got = p.to_table(filter=pc.field("at") >= pa.scalar(dt.time(13, 30), typ))

@@ -64,7 +64,7 @@ def contexts(tmp_path_factory):
         if i in (1, 3):
             events.flush()
         if i == 3:
-            events.merge(max_generations=1)
+            events.maintenance.merge(max_generations=1)
 
     days = [dt.date(2026, 1, d) for d in range(1, 7)]
     logs_base = pa.table(
@@ -145,7 +145,8 @@ def test_sql_example_through_the_cli(contexts, path, tmp_path):
     pq.write_table(ref.table("users").to_arrow_table(), users)
     args = ["sql", "-f", str(path), "--format", "json", "--table", f"users={users}"]
     for name, provider in providers.items():
-        provider.table.flush()  # another process sees flushed rows (not our MemTables)
+        for w in provider.writers:  # another process sees flushed rows (not our MemTables)
+            w.flush()
         args += ["--table", f"{name}={provider.table.uri}"]
     result = CliRunner().invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output

@@ -84,7 +84,7 @@ def test_wal_put_whose_answer_is_lost_is_acknowledged_once(kind, fault, store_po
         w.put(basic_rows([101], val=[-1.0]))  # its WAL put meets the fault
         assert proxy.faults == 1 and plan.seen >= 2
         w.put(basic_rows([102]))
-        entries = t.io.list(paths.wal_dir(t.uri, w.region_id))
+        entries = t.catalog.io.list(paths.wal_dir(t.uri, w.region_id))
         assert len(entries) == 3, entries  # one entry per put, none doubled or lost
         w.close(flush=False)
         rows = mq.MemWalTable.open(uri, storage_options=options).writer(w.region_id)

@@ -36,15 +36,15 @@ def _state(table: pa.Table) -> dict[int, float]:
 def _history(t: mq.MemWalTable) -> dict[str, object]:
     """v0: before any change; gen 1 flushed (id 1 -> 10, id 2 deleted); merged at v1;
     gen 2 flushed after v1 (id 1 -> 11, id 7 new) and not merged."""
-    out: dict[str, object] = {"v0": t.dataset().version}
+    out: dict[str, object] = {"v0": t.catalog.dataset().version}
     t.write(basic_rows([1], val=[10.0]))
     t.delete(pa.table({"id": pa.array([2], pa.int64())}))
     t.flush()
     time.sleep(0.02)
     out["before_merge"] = dt.datetime.now()
     time.sleep(0.02)
-    t.merge()
-    out["v1"] = t.dataset().version
+    t.maintenance.merge()
+    out["v1"] = t.catalog.dataset().version
     time.sleep(0.02)
     t.write(basic_rows([1, 7], val=[11.0, 70.0]))
     t.flush()
@@ -83,18 +83,18 @@ def test_as_of_versions_and_moments(tmp_path):
 def test_gc_retention_window_and_typed_errors(tmp_path):
     t = _table(tmp_path)
     h = _history(t)
-    t.merge()
+    t.maintenance.merge()
     # a retention window keeps every version (and what it has not merged)
-    t.gc(cleanup_older_than=NOW, min_age=NOW, retain_versions_for=dt.timedelta(hours=1))
+    t.maintenance.gc(cleanup_older_than=NOW, min_age=NOW, retain_versions_for=dt.timedelta(hours=1))
     assert _state(t.provider(as_of=h["v0"]).to_table()) == {i: float(i) for i in range(6)}
     assert 10.0 in _state(t.provider(as_of=h["before_merge"]).to_table()).values()
     # without it, old versions go: as_of them is a typed error naming the version
-    t.gc(cleanup_older_than=NOW, min_age=NOW)
+    t.maintenance.gc(cleanup_older_than=NOW, min_age=NOW)
     with pytest.raises(mq.VersionGoneError, match=f"base version {h['v0']}"):
         t.provider(as_of=h["v0"]).to_table()
     with pytest.raises(mq.VersionGoneError):
         t.provider(as_of=h["before_merge"]).to_table()
-    assert _state(t.provider(as_of=t.dataset().version).to_table()) == _state(t.to_table())
+    assert _state(t.provider(as_of=t.catalog.dataset().version).to_table()) == _state(t.to_table())
     t.close()
 
 
@@ -103,7 +103,7 @@ def test_generation_gone_is_a_typed_error(tmp_path):
     t = _table(tmp_path)
     h = _history(t)
     gen = t.provider(as_of=h["after_flush"]).check().generations[0]
-    t.io.delete_tree(gen.uri)
+    t.catalog.io.delete_tree(gen.uri)
     with pytest.raises(mq.VersionGoneError, match="generation 2"):
         t.provider(as_of=h["after_flush"]).to_table()
     t.close()
@@ -132,7 +132,7 @@ def test_sql_changes_function_and_cli(tmp_path):
     assert res.exit_code == 0, res.output
     lines = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
     assert [x["id"] for x in lines] == [1, 7]
-    assert t.consumers()["etl"] in res.stderr
+    assert t.consumers.list()["etl"] in res.stderr
     # the consumer resumes where it stopped: nothing new
     res = runner.invoke(main, ["changes", t.uri, "--consumer", "etl", "--format", "table"])
     assert res.exit_code == 0 and "upsert" not in res.stdout
@@ -216,7 +216,8 @@ t.flush()
 run_stream()  # resumes from the checkpoint: only the new changes
 assert sorted(pq.read_table(tmp / "sink")["id"].to_pylist()) == [1, 7, 9, 10, 11]
 # the registered consumer trails by at most the last batch (committed when the next starts)
-assert sorted(t.changes(since=t.consumers()["stream"]).table["id"].to_pylist()) in ([], [10, 11])
+cursor = t.consumers.list()["stream"]
+assert sorted(t.changes(since=cursor).table["id"].to_pylist()) in ([], [10, 11])
 t.close()
 print("SPARK-OK")
 """

@@ -67,7 +67,7 @@ def test_key_in_two_regions_every_reader_agrees(tmp_path):
     # library's writers get there; our writers derive one region per key. Built with the
     # writer class directly, as such a table's writers would have.
     a, b = (
-        RegionWriter(t, str(uuid.uuid4()), region_values={"bucket": 0}, region_spec_id=1)
+        RegionWriter(t.catalog, str(uuid.uuid4()), region_values={"bucket": 0}, region_spec_id=1)
         for _ in range(2)
     )
     rank = {r: i for i, r in enumerate(sorted([a.region_id, b.region_id]))}
@@ -234,11 +234,11 @@ def _template(tmp_path, external: bool, search: bool = False) -> tuple[str, str]
         old = snapshots.INLINE_THRESHOLD
         snapshots.INLINE_THRESHOLD = 0
         try:
-            t.refresh_snapshots()
+            t.maintenance.refresh_snapshots()
         finally:
             snapshots.INLINE_THRESHOLD = old
     else:
-        t.refresh_snapshots()
+        t.maintenance.refresh_snapshots()
     w.put(make(*GEN2))  # durable: in the WAL, replayed by the next writer
     return t.uri, w.region_id
 
@@ -434,7 +434,7 @@ def test_eventual_snapshot_older_than_max_staleness_reads_manifests(tmp_path):
     w = t.writer()
     w.put(_rows([1], [100]))
     w.flush()
-    t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
     w.put(_rows([2], [200]))
     w.flush()  # not in the snapshot
     fresh = mq.MemWalTable.open(t.uri)

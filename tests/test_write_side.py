@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+import types
 import uuid
 import warnings
 
@@ -69,7 +71,7 @@ def test_default_spec_is_one_region_and_pylance_sees_it(uri):
     assert t.region_spec.fields[0].transform == "unsharded"
     details = lance.dataset(uri).mem_wal_index_details()
     assert details["sharding_specs"][0]["fields"][0]["transform"] == "unsharded"
-    assert t.lineage  # a fresh lineage token
+    assert t.catalog.lineage  # a fresh lineage token
 
 
 def test_writer_without_arguments_claims_the_one_region_and_fences(uri):
@@ -108,7 +110,7 @@ def test_wrong_region_rows_refused_without_writing(tmp_path):
     u = str(tmp_path / "b")
     ds = lance.write_dataset(basic_rows(range(10)), u)
     t = mq.MemWalTable.initialize(u, region_spec=bucket_spec(ds, "id", 4))
-    values = t.region_spec.evaluate(basic_rows(range(10)), t.lance_schema).column(0)
+    values = t.region_spec.evaluate(basic_rows(range(10)), t.catalog.lance_schema).column(0)
     b0 = values[0].as_py()
     other = next(i for i in range(10) if values[i].as_py() != b0)
     w = t.writer(region_values={"bucket": b0})
@@ -313,7 +315,7 @@ def test_partial_updates_across_base_generations_and_memtables(uri):
         50: (50.0, None),  # new key
     }
     w.flush()
-    t.merge()
+    t.maintenance.merge()
     t2 = mq.MemWalTable.open(uri)
     t2.write(pa.table({"id": [1], "name": ["after merge"]}), partial=True)
     assert sql_rows(t2, writers=t2.writers())[1] == {"id": 1, "val": 10.0, "name": "after merge"}
@@ -517,8 +519,6 @@ def test_unflushed_memtables_stay_bounded(uri, held_flushes):
 
 
 def wait_for(predicate, timeout: float = 300.0) -> bool:
-    import time
-
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
@@ -546,6 +546,66 @@ def test_flush_by_age(uri):
     w.close()
 
 
+def test_flush_due_counts_the_replayed_wal_tail(uri):
+    """A writer that replays a WAL tail counts its entries and rows toward the flush
+    thresholds: writers living one batch each still flush by size."""
+    t = mq.MemWalTable.initialize(uri)
+    first = t.writer(max_wal_entries=3)
+    first.put(basic_rows([100]))
+    first.put(basic_rows([101]))
+    first.close(flush=False)
+    second = t.writer(max_wal_entries=3)
+    assert second.flush_due() is None  # two entries replayed: not due, left in the WAL
+    assert second.manifest().flushed_generations == ()
+    ids = t.to_table(consistency="latest").column("id").to_pylist()
+    assert {100, 101} <= set(ids)
+    second.put(basic_rows([102]))  # the third write: due
+    assert second.flush_due() == 1
+    assert second.manifest().replay_after_wal_entry_position == 3
+    assert second.flush_due() is None  # nothing left
+    second.close(flush=False)
+
+
+def test_flush_due_ages_replayed_rows_from_their_entry(uri, monkeypatch):
+    """Rows replayed from the WAL are as old as their entry, not as the replay."""
+    from memwal_query.format import wal as wal_mod
+
+    t = mq.MemWalTable.initialize(uri)
+    fresh = t.writer()
+    fresh.put(basic_rows([100]))
+    fresh.close(flush=False)
+    reopened = t.writer(max_memtable_age=60)
+    assert reopened.flush_due() is None  # a second-old entry: not due
+    past = time.time() - 120
+    monkeypatch.setattr(wal_mod, "time", types.SimpleNamespace(time=lambda: past))
+    reopened.put(basic_rows([101]))  # an entry written "two minutes ago"
+    reopened.close(flush=False)
+    monkeypatch.undo()
+    last = t.writer(max_memtable_age=60)
+    assert last.unflushed_rows == 2
+    assert last.flush_due() == 1  # the oldest replayed entry is 120 s old
+    last.close(flush=False)
+
+
+def test_a_handed_off_writer_is_not_recovered_before_abandoned_after(uri):
+    """``close(flush=False, handoff=True)``: the region waits for its next writer, so
+    maintenance recovers it only after ``abandoned_after``; a plain close is recovered
+    at the next pass."""
+    from memwal_query.maintain.recover import recover_abandoned
+
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(basic_rows([100]))
+    w.close(flush=False, handoff=True)
+    assert recover_abandoned(t, 300.0) == []  # its last beat is fresh
+    (got,) = recover_abandoned(t, 0.0)  # silent longer than 0 s: gone
+    assert got.region_id == w.region_id and got.generation == 1
+    w = t.writer()
+    w.put(basic_rows([101]))
+    w.close(flush=False)
+    assert [r.region_id for r in recover_abandoned(t, 300.0)] == [w.region_id]
+
+
 def test_writer_option_validation(uri):
     t = mq.MemWalTable.initialize(uri)
     for bad in ({"max_unflushed_memtables": 0}, {"max_wal_entries": 0}, {"max_memtable_age": 0}):
@@ -561,7 +621,7 @@ def bucket_table(tmp_path) -> tuple[str, list[int], list[int]]:
     u = str(tmp_path / "mb")
     ds = lance.write_dataset(basic_rows(range(20)), u)
     t = mq.MemWalTable.initialize(u, region_spec=bucket_spec(ds, "id", 2))
-    b = t.region_spec.evaluate(basic_rows(range(20)), t.lance_schema).column(0).to_pylist()
+    b = t.region_spec.evaluate(basic_rows(range(20)), t.catalog.lance_schema).column(0).to_pylist()
     return u, [k for k in range(20) if b[k] == 0], [k for k in range(20) if b[k] == 1]
 
 
@@ -569,16 +629,16 @@ def test_multi_region_write_says_which_regions_are_durable(tmp_path):
     u, in_a, in_b = bucket_table(tmp_path)
     t = mq.MemWalTable.open(u)
     t.write(basic_rows([in_a[0], in_b[0]], val=[1.0, 1.0]))
-    region_b = t.region_id_for({"bucket": 1})
+    region_b = t.catalog.region_id_for({"bucket": 1})
     intruder = mq.MemWalTable.open(u).writer(region_values={"bucket": 1})  # fences t's
-    t.write_retries = 0
+    t.fence_retries = 0
     with pytest.raises(mq.WriteIncompleteError) as err:
         t.write(basic_rows([in_a[0], in_b[0]], val=[2.0, 2.0]))
     assert list(err.value.errors) == [region_b]
     assert isinstance(err.value.errors[region_b], mq.FencedError)
-    assert list(err.value.written) == [t.region_id_for({"bucket": 0})]
+    assert list(err.value.written) == [t.catalog.region_id_for({"bucket": 0})]
     intruder.close()
-    t.write_retries = 5
+    t.fence_retries = 5
     assert sorted(t.write(basic_rows([in_a[0], in_b[0]], val=[3.0, 3.0])).values()) == [1, 1]
     t.close()
     got = sql_rows(mq.MemWalTable.open(u))
@@ -590,7 +650,7 @@ def test_single_region_failure_raises_its_own_error(tmp_path):
     t = mq.MemWalTable.open(u)
     t.write(basic_rows([in_a[0]]))
     mq.MemWalTable.open(u).writer(region_values={"bucket": 0}).close()
-    t.write_retries = 0
+    t.fence_retries = 0
     with pytest.raises(mq.FencedError):
         t.write(basic_rows([in_a[1]]))
 
@@ -620,7 +680,7 @@ def test_interrupted_ingest_reports_durable_rows_and_converges(uri, tmp_path):
     f = str(tmp_path / "big.parquet")
     pq.write_table(basic_rows(range(n)), f)
     # A real process (not CliRunner): the test sends it SIGTERM half-way through.
-    cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--batch-rows", "20"]
+    cmd = [sys.executable, "-m", "memwal_query", "ingest", uri, f, "--buffer-rows", "20"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: wal_files(uri) >= 3 or p.poll() is not None)
     p.terminate()

@@ -87,7 +87,7 @@ def test_group_commit_from_threads(table):
     # Concurrent puts shared WAL entries (group commit) ...
     assert w.stats.wal_entries < total
     # ... and every acknowledged row is in the WAL exactly once.
-    wal = Wal(table.io, paths.wal_dir(table.uri, w.region_id), w.region_id)
+    wal = Wal(table.catalog.io, paths.wal_dir(table.uri, w.region_id), w.region_id)
     ids = [i for e in wal.replay(0, w.epoch) for i in e.table.column("id").to_pylist()]
     assert sorted(ids) == list(range(1000, 1000 + total))
     w.close()
@@ -153,7 +153,7 @@ def test_non_durable_mode_and_sync(table):
     w = table.writer(durable=False, wal_flush_interval=60)
     w.put(basic_rows([900]))
     assert 900 in live(table, [w])  # visible to read-your-writes at once
-    wal = Wal(table.io, paths.wal_dir(table.uri, w.region_id), w.region_id)
+    wal = Wal(table.catalog.io, paths.wal_dir(table.uri, w.region_id), w.region_id)
     assert wal.last_position() == 0  # not yet in the WAL
     w.sync()
     assert wal.last_position() == 1
@@ -299,19 +299,19 @@ def test_appendix1_writer_fencing_example(table):
     from memwal_query.format.schema import storage_schema, with_tombstone
 
     region = default_region()  # the table's one region
-    store = RegionManifestStore(table.io, table.uri, region)
+    store = RegionManifestStore(table.catalog.io, table.uri, region)
     # Initial state: manifest v1, epoch 5, entries up to 10 flushed, 11 and 12 in the WAL.
     initial = RegionManifest(
         region,
         1,
         5,
         region_spec_id=1,
-        region_field_entries=table.field_entries({"bucket": 0}),
+        region_field_entries=table.catalog.field_entries({"bucket": 0}),
         replay_after_wal_entry_position=10,
         wal_entry_position_last_seen=12,
     )
     assert store.try_commit(initial)
-    wal = Wal(table.io, paths.wal_dir(table.uri, region), region)
+    wal = Wal(table.catalog.io, paths.wal_dir(table.uri, region), region)
     rows_schema = storage_schema(table.schema)
     for pos in (11, 12):
         wal.append(pos, with_tombstone(basic_rows([1000 + pos]), False).cast(rows_schema), 5, 1)
@@ -409,7 +409,7 @@ def test_initialize_writes_the_index_as_pylance_does(tmp_path):
         (native_spec,) = details["sharding_specs"]
         assert native_spec["fields"][0]["transform"] == "bucket"
         assert native_spec["fields"][0]["parameters"]["num_buckets"] == "4"
-        ours = mwindex.read_index(mq.MemWalTable.open(uri).io, ds)  # and so do we
+        ours = mwindex.read_index(mq.MemWalTable.open(uri).catalog.io, ds)  # and so do we
         assert list(ours.details.maintained_indexes) == ["val_idx"]
         (field,) = mq.RegionSpec.from_proto(ours.details.region_specs[0]).fields
         assert (field.transform, field.source_ids, field.parameters) == (

@@ -25,7 +25,7 @@ def live(t: mq.MemWalTable, writers=None, **kw) -> dict[int, tuple]:
 
 
 def wal_of(t: mq.MemWalTable, region_id: str) -> Wal:
-    return Wal(t.io, paths.wal_dir(t.uri, region_id), region_id)
+    return Wal(t.catalog.io, paths.wal_dir(t.uri, region_id), region_id)
 
 
 def wait_until(pred, timeout: float = 20.0) -> None:
@@ -42,7 +42,7 @@ def fail_wal_writes(monkeypatch, t: mq.MemWalTable, state: dict, store_first: bo
     ``store_first``: the object is stored, then the call fails (an in-doubt write,
     e.g. a timeout after the request reached the store).
     """
-    orig = t.io.put_if_not_exists
+    orig = t.catalog.io.put_if_not_exists
 
     def put_if_not_exists(path, data):
         if path.endswith(".arrow") and state["fail"]:
@@ -53,7 +53,7 @@ def fail_wal_writes(monkeypatch, t: mq.MemWalTable, state: dict, store_first: bo
             raise StorageError(f"{path}: injected failure")
         return orig(path, data)
 
-    monkeypatch.setattr(t.io, "put_if_not_exists", put_if_not_exists)
+    monkeypatch.setattr(t.catalog.io, "put_if_not_exists", put_if_not_exists)
 
 
 # -- W1: fencing checked before a put is acknowledged ----------------------------------------
@@ -63,8 +63,8 @@ def test_fenced_put_into_garbage_collected_wal_slot_is_not_acknowledged(table):
     b.put(basic_rows([100]))  # WAL position 1
     b.flush()  # replay_after = 1
     b.close()
-    table.merge()
-    removed = table.gc(cleanup_older_than=dt.timedelta(0))
+    table.maintenance.merge()
+    removed = table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert wal_of(table, a.region_id).path(1) in removed  # position 1 is free again
     with pytest.raises(mq.FencedError):
         a.put(basic_rows([555], val=[5.55]))  # lands at position 1: must not be acked
@@ -241,7 +241,7 @@ def test_hostile_wal_entry_on_replay_is_a_typed_error(table, case):
     w = table.writer()
     w.close()
     wal = wal_of(table, w.region_id)
-    table.io.put_if_not_exists(wal.path(1), HOSTILE[case]())
+    table.catalog.io.put_if_not_exists(wal.path(1), HOSTILE[case]())
     with pytest.raises(mq.WalCorruptError) as e:
         table.writer(w.region_id)
     assert wal.path(1) in str(e.value)
@@ -251,7 +251,7 @@ def test_hostile_wal_entry_on_replay_is_a_typed_error(table, case):
 def test_hostile_wal_entry_at_next_position_is_a_typed_error(table, case):
     w = table.writer()
     wal = wal_of(table, w.region_id)
-    table.io.put_if_not_exists(wal.path(1), HOSTILE[case]())  # "an older writer's" entry
+    table.catalog.io.put_if_not_exists(wal.path(1), HOSTILE[case]())  # "an older writer's" entry
     with pytest.raises(mq.WalCorruptError) as e:
         w.put(basic_rows([1]))
     assert wal.path(1) in str(e.value)
@@ -369,7 +369,7 @@ def test_background_fencing_keeps_the_fenced_error_type(table, monkeypatch):
 
 def gen_dirs(t: mq.MemWalTable, region_id: str) -> set[str]:
     """Generation directories present under the region directory."""
-    return {n for n in t.io.list(paths.region_dir(t.uri, region_id)) if "_gen_" in n}
+    return {n for n in t.catalog.io.list(paths.region_dir(t.uri, region_id)) if "_gen_" in n}
 
 
 def test_failed_flush_leaves_unreferenced_dir_and_retry_uses_new_prefix(table, monkeypatch):

@@ -164,17 +164,22 @@ def _open(uri: str):
     return MemWalTable.open(uri)
 
 
-def _regions(table: Any, region: str | None) -> list[str]:
-    """Every region of ``table``, or just ``region`` (a valid id of an existing region)."""
+def _regions(table: Any, region: str | tuple[str, ...] | None) -> list[str]:
+    """Every region of ``table``, or just the ``--region`` ones (valid ids of existing
+    regions; the option may be repeated)."""
     from memwal_query.storage.paths import validate_region_id
 
-    existing = table.region_ids()
-    if region is None:
+    existing = table.catalog.region_ids()
+    wanted = (region,) if isinstance(region, str) else tuple(region or ())
+    if not wanted:
         return existing
-    region = validate_region_id(region)
-    if region not in existing:
-        raise click.BadParameter(f"no region {region} in {table.uri}", param_hint="--region")
-    return [region]
+    out = []
+    for rid in wanted:
+        rid = validate_region_id(rid)
+        if rid not in existing:
+            raise click.BadParameter(f"no region {rid} in {table.uri}", param_hint="--region")
+        out.append(rid)
+    return out
 
 
 def _progress(iterable: Any = None, **kwargs: Any) -> Any:

@@ -90,7 +90,7 @@ def changes(
         except FileNotFoundError:
             since = None
     if since is None and consumer is not None:
-        since = t.consumers().get(consumer)
+        since = t.consumers.list().get(consumer)
     sink = _ArrowSink(output) if fmt == "arrow" else None
     done = rows = 0
     interrupted = False
@@ -129,7 +129,7 @@ def changes(
 
 def _commit(t: Any, cursor: str, consumer: str | None, cursor_file: str | None) -> None:
     if consumer is not None:
-        t.register_consumer(consumer, cursor)
+        t.consumers.register(consumer, cursor)
     if cursor_file is not None:
 
         def write(path: str) -> None:

@@ -1,11 +1,12 @@
 """The ``memwal`` command line: maintenance and inspection commands (``status``,
-``flush``, ``merge``, ``gc``, ``catch-up``, ``refresh-snapshots``, ``fsck``, ``repair``);
+``drain``, ``merge``, ``gc``, ``catch-up``, ``refresh-snapshots``, ``fsck``, ``repair``);
 the other commands live in :mod:`memwal_query.cli.setup` and :mod:`memwal_query.cli.sql`,
 registered on the group of :mod:`memwal_query.cli.app` when this module is imported.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 from typing import Any
@@ -16,6 +17,7 @@ from memwal_query.cli import setup as _setup  # noqa: F401  (registers its comma
 from memwal_query.cli import specs as _specs  # noqa: F401  (registers its commands)
 from memwal_query.cli import sql as _sql  # noqa: F401  (registers its commands)
 from memwal_query.cli.app import _handle_errors, _open, _progress, _regions, main, record_done
+from memwal_query.cli.options import Duration
 from memwal_query.cli.sql import _split_statements, _write_atomically  # noqa: F401
 from memwal_query.exceptions import (
     MemWalError,
@@ -30,7 +32,7 @@ from memwal_query.exceptions import (
 def status(uri: str, as_json: bool) -> None:
     """One row per region: epoch, generations, unflushed WAL entries and rows (and the
     oldest one's age), whether its writer is alive, bytes."""
-    st = _open(uri).status()
+    st = _open(uri).maintenance.status()
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2, default=str))
         return
@@ -59,18 +61,36 @@ def status(uri: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("uri")
-@click.option("--region", help="Only this region.")
-@click.option("--dry-run", is_flag=True, help="Only show what would be flushed.")
+@click.option("--region", multiple=True, help="Only this region (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only show what would be drained.")
 @_handle_errors
-def flush(uri: str, region: str | None, dry_run: bool) -> None:
-    """Replay each region's unflushed WAL and flush it as a generation.
+def drain(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
+    """Claim each region with unflushed rows, replay its WAL and flush it as a generation.
 
-    This claims each region with unflushed rows (epoch + 1): meant for regions whose
-    writer is gone; a live writer of such a region is fenced.
+    Each such region is claimed (epoch + 1): meant for regions whose writer is gone; a
+    live writer of such a region is fenced. (A table object's own ``flush()`` flushes
+    only the writers it opened.)
     """
+    _drain(uri, region, dry_run)
+
+
+@main.command(hidden=True)
+@click.argument("uri")
+@click.option("--region", multiple=True, help="Only this region (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Only show what would be drained.")
+@_handle_errors
+def flush(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
+    """Deprecated spelling of ``memwal drain``."""
+    from memwal_query.cli.options import warn
+
+    warn("memwal flush is deprecated and will be removed in the next release; use memwal drain")
+    _drain(uri, region, dry_run)
+
+
+def _drain(uri: str, region: tuple[str, ...], dry_run: bool) -> None:
     t = _open(uri)
     regions = _regions(t, region)
-    st = t.status().regions
+    st = t.maintenance.status().regions
     todo = [rid for rid in regions if rid in st and st[rid].unflushed_rows]
     if dry_run:
         for rid in todo:
@@ -80,9 +100,7 @@ def flush(uri: str, region: str | None, dry_run: bool) -> None:
     lines = []
     with _progress(todo, label="flushing") as bar:
         for rid in bar:
-            w = t.writer(rid)
-            gen = w.flush()
-            w.close(flush=False)
+            gen = t.maintenance.drain(rid)
             lines.append(f"{rid}: generation {gen}")
             record_done(f"flushed region {rid} (generation {gen})")
     for line in lines:
@@ -92,18 +110,18 @@ def flush(uri: str, region: str | None, dry_run: bool) -> None:
 
 @main.command()
 @click.argument("uri")
-@click.option("--region", help="Only this region.")
+@click.option("--region", multiple=True, help="Only this region (repeatable).")
 @click.option("--max-generations", type=click.IntRange(min=1), help="Per region.")
 @click.option("--dry-run", is_flag=True, help="Only list the generations to merge.")
 @_handle_errors
-def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bool) -> None:
+def merge(uri: str, region: tuple[str, ...], max_generations: int | None, dry_run: bool) -> None:
     """Merge flushed generations into the base table, in order."""
     t = _open(uri)
     regions = _regions(t, region)
-    merged = t.index().merged_generations()
+    merged = t.catalog.index().merged_generations()
     if dry_run:
         for rid in regions:
-            m = t.region_manifest(rid)
+            m = t.catalog.region_manifest(rid)
             todo = [
                 g.generation for g in m.flushed_generations if g.generation > merged.get(rid, 0)
             ]
@@ -112,10 +130,11 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
     lines = []
     with _progress(regions, label="merging") as bar:
         for rid in bar:
-            done = t.merge(rid, max_generations)
-            if done:
-                lines.append(f"{rid}: merged {[g for _, g in done]}")
-                record_done(f"merged region {rid} generation(s) {[g for _, g in done]}")
+            done = t.maintenance.merge(regions=[rid], max_generations=max_generations)
+            if done.merged:
+                gens = done.by_region()[rid]
+                lines.append(f"{rid}: merged {gens}")
+                record_done(f"merged region {rid} generation(s) {gens}")
     for line in lines:
         click.echo(line)
 
@@ -124,19 +143,19 @@ def merge(uri: str, region: str | None, max_generations: int | None, dry_run: bo
 @click.argument("uri")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option(
-    "--cleanup-older-than", type=float, help="First remove base versions older than N hours."
+    "--cleanup-older-than",
+    type=Duration(hours_if_bare=True),
+    help="First remove base versions older than this (e.g. 24h, 30m, 7d).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="List every path and each kept generation.")
 @_handle_errors
-def gc(uri: str, dry_run: bool, cleanup_older_than: float | None, verbose: bool) -> None:
+def gc(uri: str, dry_run: bool, cleanup_older_than: dt.timedelta | None, verbose: bool) -> None:
     """Delete merged, caught-up generations and their WAL entries; print one summary line
     (counts and bytes) and why generations were kept (--verbose: every path)."""
-    import datetime as dt
-
     from memwal_query.maintain.gcreasons import kept_generations
 
     t = _open(uri)
-    older = None if cleanup_older_than is None else dt.timedelta(hours=cleanup_older_than)
+    older = cleanup_older_than
     sizes: dict[str, int] = {}
     with _progress(length=0, label="collecting", show_pos=True) as bar:
 
@@ -144,7 +163,9 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None, verbose: bool)
             bar.length = total
             bar.update(done - bar.pos)
 
-        removed = t.gc(dry_run=dry_run, cleanup_older_than=older, progress=step, sizes=sizes)
+        removed = t.maintenance.gc(
+            dry_run=dry_run, cleanup_older_than=older, progress=step, sizes=sizes
+        )
     if dry_run and older is not None:
         click.echo(
             "note: a dry run removes no base versions, so generations that only those "
@@ -161,7 +182,7 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None, verbose: bool)
         f"{t.uri}: {verb} {gens} generation(s) and {wal} WAL entr{'y' if wal == 1 else 'ies'}"
         f", {_size_text(sum(sizes.values()))}"
     )
-    kept = kept_generations(t)
+    kept = kept_generations(t.catalog)
     if verbose:
         for k in kept:
             click.echo(f"kept {k.region_id} generation {k.generation}: {'; '.join(k.reasons)}")
@@ -170,7 +191,7 @@ def gc(uri: str, dry_run: bool, cleanup_older_than: float | None, verbose: bool)
         for k in kept:
             for r in k.reasons:
                 if r.startswith("retained base version"):  # names a version: one group
-                    r = "kept by retained base versions (memwal gc --cleanup-older-than HOURS)"
+                    r = "kept by retained base versions (memwal gc --cleanup-older-than DURATION)"
                 reasons[r] = reasons.get(r, 0) + 1
         why = "; ".join(f"{n} {r}" for r, n in reasons.items())
         click.echo(f"kept {len(kept)} generation(s): {why} (--verbose lists them)")
@@ -194,8 +215,8 @@ def _size_text(n: int) -> str:
 def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     """Extend base indexes over merged data and record index catch-up progress."""
     t = _open(uri)
-    chosen = list(names) or t.maintained_indexes
-    existing = {d.name for d in t.dataset().describe_indices()}
+    chosen = list(names) or t.catalog.maintained_indexes
+    existing = {d.name for d in t.catalog.dataset().describe_indices()}
     missing = [n for n in chosen if n not in existing]
     if missing:
         raise NotInitializedError(f"{t.uri}: no base index named {missing}")
@@ -208,14 +229,15 @@ def catch_up(uri: str, names: tuple[str, ...], dry_run: bool) -> None:
     progress: dict[str, dict[str, int]] = {}
     with _progress(chosen, label="catching up") as bar:
         for index_name in bar:
-            progress.update(t.catch_up_indexes([index_name]))
+            progress.update(t.maintenance.catch_up_indexes([index_name]))
     click.echo(json.dumps(progress, indent=2))
 
 
 def _catch_up_plan(t: Any, chosen: list[str]) -> str:
     """What ``catch-up`` would do: per index, the regions merged past its progress."""
-    merged = t.index().merged_generations()
-    progress = t.index().index_catchup()
+    index = t.catalog.index()
+    merged = index.merged_generations()
+    progress = index.index_catchup()
     lines = []
     for name in chosen:
         done = progress.get(name, {})
@@ -233,13 +255,13 @@ def refresh_snapshots(uri: str, dry_run: bool) -> None:
     """Write region snapshots into the MemWAL index (for eventual reads)."""
     t = _open(uri)
     if dry_run:
-        regions = t.region_ids()
+        regions = t.catalog.region_ids()
         for rid in regions:
             click.echo(f"would snapshot {rid}")
         click.echo(f"{len(regions)} region(s) would be in the snapshot")
         return
-    idx = t.refresh_snapshots()
-    click.echo(f"{idx.details.num_regions} region(s) in the snapshot")
+    idx = t.maintenance.refresh_snapshots()
+    click.echo(f"{idx.regions} region(s) in the snapshot")
 
 
 # -- read-only SQL, fsck and repair -----------------------------------------------------
@@ -259,11 +281,11 @@ def fsck(uri: str, as_json: bool) -> None:
 
     t = _open(uri)
     try:
-        regions = len(t.region_ids())
+        regions = len(t.catalog.region_ids())
     except MemWalError:  # a damaged layout: check() reports it
         regions = 1
     with _progress(length=max(1, regions), label="checking regions") as bar:
-        findings = check(t, progress=lambda _rid: bar.update(1))
+        findings = check(t.catalog, progress=lambda _rid: bar.update(1))
     if as_json:
         click.echo(json.dumps([f.to_dict() for f in findings], indent=2))
     else:
@@ -299,7 +321,7 @@ def repair(uri: str, region: str | None, accept_loss: bool, dry_run: bool) -> No
     t = _open(uri)
     done = 0
     for rid in _regions(t, region):
-        for action in do_repair(t, rid, accept_loss=accept_loss, dry_run=dry_run):
+        for action in do_repair(t.catalog, rid, accept_loss=accept_loss, dry_run=dry_run):
             click.echo(("would " if dry_run else "") + action)
             done += 1
     click.echo(f"{done} repair(s)" + (" (dry run)" if dry_run else ""))

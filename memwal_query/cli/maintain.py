@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress, error_text, record_done
+from memwal_query.cli.options import Duration, deprecated_option, format_duration
 from memwal_query.maintain.policy import (
     DEFAULT_ABANDONED_AFTER,
     DEFAULT_COMPACT_DELETED_SHARE,
@@ -61,7 +62,7 @@ def _policy(
     max_generations: int,
     max_rows: int,
     batch_rows: int | None,
-    retention_hours: float | None,
+    retention_window: dt.timedelta | None,
     keep_versions: bool,
     catch_up: bool,
     snapshots: bool,
@@ -74,11 +75,11 @@ def _policy(
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
         retention = None
-    elif retention_hours is not None:
-        retention = dt.timedelta(hours=retention_hours)
+    elif retention_window is not None:
+        retention = retention_window
     return MaintenancePolicy(
-        max_generations=max_generations,
-        max_rows=max_rows,
+        merge_over_generations=max_generations,
+        merge_over_rows=max_rows,
         merge_batch_rows=batch_rows,
         compact_fragments=compact_fragments,
         compact_deleted_share=compact_deleted_share,
@@ -113,19 +114,21 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Only show what a pass would do.")
 @click.option(
-    "--max-generations",
+    "--merge-over-generations",
     type=click.IntRange(min=0),
     default=DEFAULT_MAX_GENERATIONS,
     show_default=True,
     help="Merge a region with more unmerged generations than this.",
 )
+@deprecated_option("--max-generations", "--merge-over-generations", type=click.IntRange(min=0))
 @click.option(
-    "--max-rows",
+    "--merge-over-rows",
     type=click.IntRange(min=0),
     default=DEFAULT_MAX_ROWS,
     show_default=True,
     help="Merge a region with more unmerged rows than this.",
 )
+@deprecated_option("--max-rows", "--merge-over-rows", type=click.IntRange(min=0))
 @click.option(
     "--batch-rows",
     type=click.IntRange(min=0),
@@ -133,10 +136,11 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     "[default: the merger's, 1000000].",
 )
 @click.option(
-    "--retention-hours",
-    type=click.FloatRange(min=0),
-    help=f"GC retention window [default: {DEFAULT_RETENTION.total_seconds() / 3600:g}].",
+    "--retention",
+    type=Duration(),
+    help=f"GC retention window, e.g. 30m, 24h, 7d [default: {format_duration(DEFAULT_RETENTION)}].",
 )
+@deprecated_option("--retention-hours", "--retention", type=click.FloatRange(min=0))
 @click.option("--keep-versions", is_flag=True, help="GC removes no base versions.")
 @click.option(
     "--compact-fragments",
@@ -182,9 +186,12 @@ def maintain(
     uri: str,
     watch: float | None,
     dry_run: bool,
-    max_generations: int,
-    max_rows: int,
+    merge_over_generations: int,
+    max_generations: int | None,
+    merge_over_rows: int,
+    max_rows: int | None,
     batch_rows: int | None,
+    retention: dt.timedelta | None,
     retention_hours: float | None,
     keep_versions: bool,
     compact_fragments: int,
@@ -204,11 +211,17 @@ def maintain(
     failed pass is reported and the next one runs; the exit status is that of the
     last pass.
     """
+    if max_generations is not None:
+        merge_over_generations = max_generations
+    if max_rows is not None:
+        merge_over_rows = max_rows
+    if retention is None and retention_hours is not None:
+        retention = dt.timedelta(hours=retention_hours)
     policy = _policy(
-        max_generations,
-        max_rows,
+        merge_over_generations,
+        merge_over_rows,
         batch_rows,
-        retention_hours,
+        retention,
         keep_versions,
         catch_up,
         snapshots,
@@ -222,7 +235,7 @@ def maintain(
     if watch is None:
         bars = _StepBars()
         try:
-            report = t.maintain(policy, dry_run=dry_run, progress=bars)
+            report = t.maintenance.maintain(policy, dry_run=dry_run, progress=bars)
         except MaintenanceFailedError as e:
             bars.close()
             _show(e.report, as_json, stamp=False)
@@ -236,7 +249,11 @@ def maintain(
             passes += 1
             bars = _StepBars()
             try:
-                _show(t.maintain(policy, dry_run=dry_run, progress=bars), as_json, stamp=True)
+                _show(
+                    t.maintenance.maintain(policy, dry_run=dry_run, progress=bars),
+                    as_json,
+                    stamp=True,
+                )
                 failed = False
             except MaintenanceFailedError as e:
                 _show(e.report, as_json, stamp=True)

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress, main
+from memwal_query.cli.options import deprecated_option
 from memwal_query.exceptions import (
     AlreadyInitializedError,
     MemWalError,
@@ -15,6 +16,7 @@ from memwal_query.exceptions import (
     SchemaError,
     WrongRegionError,
 )
+from memwal_query.write.routing import DEFAULT_BUFFER_ROWS
 
 
 @main.command()
@@ -95,7 +97,12 @@ def spec_options(command: Any) -> Any:
 @click.argument("uri")
 @click.option("--primary-key", "primary_key", required=True, help="Comma-separated key columns.")
 @spec_options
-@click.option("--maintain", multiple=True, help="Base index to maintain in generations.")
+@click.option(
+    "--maintained-indexes",
+    multiple=True,
+    help="Base indexes to build for every flushed generation too (comma-separated, repeatable).",
+)
+@deprecated_option("--maintain", "--maintained-indexes", multiple=True)
 @click.option(
     "--reset",
     is_flag=True,
@@ -110,7 +117,8 @@ def init(
     expression,
     columns,
     result_type,
-    maintain,
+    maintained_indexes: tuple[str, ...],
+    maintain: tuple[str, ...],
     reset: bool,
 ) -> None:
     """Initialize the MemWAL on an existing Lance table at URI.
@@ -124,22 +132,27 @@ def init(
     import lance
     import pyarrow as pa
 
+    maintain = tuple(
+        name.strip()
+        for value in (*maintained_indexes, *maintain)
+        for name in value.split(",")
+        if name.strip()
+    )
+
     from memwal_query.format import index as mwindex
-    from memwal_query.format.schema import PK_METADATA_KEY, primary_key_columns
     from memwal_query.storage.factory import file_io_for
     from memwal_query.table import MemWalTable
+    from memwal_query.table_init import check_key_columns, key_names
 
     try:
         ds = lance.dataset(uri)
     except Exception as e:  # noqa: BLE001
         raise click.ClickException(f"no Lance table at {uri}: {e}") from None
-    keys = [k.strip() for k in primary_key.split(",") if k.strip()]
-    missing = [k for k in keys if ds.schema.get_field_index(k) < 0]
-    if missing:
-        raise click.BadParameter(f"no column(s) {missing} in {uri}")
+    keys = key_names(primary_key)
+    check_key_columns(ds.schema, keys, uri)
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
-    from memwal_query.catalog import check_no_leftover_regions
+    from memwal_query.table_init import check_no_leftover_regions
 
     check_no_leftover_regions(file_io_for(uri), uri, reset)
     spec = _spec_from_options(uri, bucket, identity, expression, columns, result_type)
@@ -157,25 +170,11 @@ def init(
     absent = [m for m in maintain if m not in existing]
     if absent:
         raise click.BadParameter(f"no index {absent} on {uri} (existing: {sorted(existing)})")
-    if primary_key_columns(ds.schema) != keys:
-        nullable = [k for k in keys if ds.schema.field(k).nullable]
-        if nullable:
-            nulls = ds.to_table(
-                columns=nullable, filter=" OR ".join(f"{k} IS NULL" for k in nullable)
-            )
-            if nulls.num_rows:
-                raise click.ClickException(
-                    f"primary-key column(s) {nullable} hold {nulls.num_rows} NULL value(s)"
-                )
-            for k in nullable:  # Lance requires non-nullable primary-key columns
-                ds.alter_columns({"path": k, "nullable": False})  # type: ignore[dict-item]
-            ds = lance.dataset(uri)
-        ds.update_field_metadata({k: {PK_METADATA_KEY.decode(): "true"} for k in keys})
     t = MemWalTable.initialize(
-        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset
+        uri, region_spec=spec, maintained_indexes=list(maintain), reset=reset, primary_key=keys
     )
     spec = t.region_spec
-    shown = "one region" if spec is None else spec.describe(t.lance_schema)
+    shown = "one region" if spec is None else spec.describe(t.catalog.lance_schema)
     key = ", ".join(t.primary_key)
     click.echo(f"initialized {t.uri}: primary key {key}, region spec {shown}")
 
@@ -226,26 +225,35 @@ def _read_file(path: str, schema=None):
 @click.argument("files", nargs=-1, required=True)
 @click.option("--region", help="Write every row to this region id (no routing).")
 @click.option(
-    "--batch-rows",
-    default=50_000,
+    "--buffer-rows",
+    default=DEFAULT_BUFFER_ROWS,
     show_default=True,
     type=click.IntRange(min=1),
     help="Rows per put (one durable WAL entry each).",
 )
+@deprecated_option("--batch-rows", "--buffer-rows", type=click.IntRange(min=1))
 @click.option("--flush/--no-flush", default=True, show_default=True, help="Flush at the end.")
 @click.option(
     "--partial",
     is_flag=True,
     help="Partial update: columns missing from the files keep each key's current value.",
 )
+@click.option(
+    "--schema-mode",
+    type=click.Choice(["merge"]),
+    default=None,
+    help="merge: add the files' columns the table lacks (nullable) before writing.",
+)
 @_handle_errors
 def ingest(
     uri: str,
     files: tuple[str, ...],
     region: str | None,
-    batch_rows: int,
+    buffer_rows: int,
+    batch_rows: int | None,
     flush: bool,
     partial: bool,
+    schema_mode: str | None,
 ) -> None:
     """Upsert rows from Parquet/CSV/JSON-lines/Arrow FILES (routed by the region spec).
 
@@ -255,16 +263,24 @@ def ingest(
     rows were made durable, and running it again converges to the same table (upserts
     are idempotent).
     """
-    from memwal_query.format.schema import coerce_partial_rows
+    import pyarrow as pa
+
+    from memwal_query.format.schema import coerce_partial_rows, extra_columns
     from memwal_query.storage.paths import validate_region_id
     from memwal_query.write.routing import split_by_region
 
+    if batch_rows is not None:
+        buffer_rows = batch_rows
     t = _open(uri)
     tables = []
     missing_by_file: list[list[str]] = []
+    schema = t.schema  # with the columns --schema-mode merge adds, once all files pass
     for f in files:
         try:
-            tb, missing = coerce_partial_rows(_read_file(f, t.schema), t.schema, t.primary_key)
+            raw = _read_file(f, schema)
+            if schema_mode == "merge":
+                schema = pa.schema([*schema, *extra_columns(raw.schema, schema)], schema.metadata)
+            tb, missing = coerce_partial_rows(raw, schema, t.primary_key)
         except SchemaError as e:  # name the file (PrimaryKeyError is a SchemaError)
             raise type(e)(f"{f}: {e}") from e
         if missing and not partial:
@@ -272,18 +288,22 @@ def ingest(
                 f"{f}: column(s) {missing} are missing: an upsert replaces whole rows; "
                 "give them, or pass --partial to keep their current values"
             )
-        tables.append(tb.select(t.schema.names) if not missing else tb)
+        tables.append(tb.select(schema.names) if not missing else tb)
         missing_by_file.append(missing)
+    added = [f for f in schema if t.schema.get_field_index(f.name) < 0]
+    if added:
+        t.alter.add_columns(added)
+        click.echo(f"added column(s) {', '.join(f'{f.name} {f.type}' for f in added)}", err=True)
     if region:
         region = validate_region_id(region)
         spec = t.region_spec
         if spec is not None:
             for tb in tables:
-                for values, _ in split_by_region(spec, tb, t.lance_schema):
-                    if t.region_id_for(values) != region:
+                for values, _ in split_by_region(spec, tb, t.catalog.lance_schema):
+                    if t.catalog.region_id_for(values) != region:
                         raise WrongRegionError(
                             f"rows with region value {values} belong to region "
-                            f"{t.region_id_for(values)}, not {region}"
+                            f"{t.catalog.region_id_for(values)}, not {region}"
                         )
     total = sum(tb.num_rows for tb in tables)
     writer = t.writer(region) if region else None
@@ -295,8 +315,6 @@ def ingest(
 
     import signal
 
-    import pyarrow as pa
-
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
@@ -304,7 +322,7 @@ def ingest(
     try:
         with _progress(length=total, label="ingesting", show_pos=True, item_show_func=rate) as bar:
             for tb, missing in zip(tables, missing_by_file):
-                for batch in tb.to_batches(max_chunksize=batch_rows):
+                for batch in tb.to_batches(max_chunksize=buffer_rows):
                     part = pa.Table.from_batches([batch])
                     if writer is not None:
                         writer.put(part.drop_columns(missing), partial=bool(missing))

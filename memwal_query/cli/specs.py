@@ -27,7 +27,7 @@ def spec_set(
     result_type: str,
     spec_id: int | None,
 ) -> None:
-    """Make a new region spec the spec of new writes (MemWalTable.set_region_spec).
+    """Make a new region spec the spec of new writes (t.maintenance.set_region_spec).
 
     Regions of older specs are flushed, sealed and merged into the base table first
     (their writers are fenced); the new spec's writers start after that. A rejected
@@ -35,23 +35,25 @@ def spec_set(
     """
     t = _open(uri)
     if spec_id is None:
-        spec_id = max(t.region_specs, default=0) + 1
+        spec_id = max(t.catalog.region_specs, default=0) + 1
     new = _spec_from_options(uri, bucket, identity, expression, columns, result_type, spec_id)
     if new is None:
         raise click.UsageError("give the new spec: --bucket, --identity or --expression")
-    before = set(t.region_ids())
+    before = set(t.catalog.region_ids())
     with _progress(length=max(len(before), 1), label="sealing and merging") as bar:
 
         def step(done: int, total: int) -> None:
             bar.length = total  # the regions of older specs, known once listed
             bar.update(1)
 
-        t.set_region_spec(new, step)
+        t.maintenance.set_region_spec(new, progress=step)
     sealed = [
-        rid for rid in sorted(before) if (m := t.region_manifest(rid)) is not None and m.sealed
+        rid
+        for rid in sorted(before)
+        if (m := t.catalog.region_manifest(rid)) is not None and m.sealed
     ]
     click.echo(
-        f"{t.uri}: region spec {new.spec_id} is current ({new.describe(t.lance_schema)}); "
+        f"{t.uri}: region spec {new.spec_id} is current ({new.describe(t.catalog.lance_schema)}); "
         f"{len(sealed)} region(s) of older specs sealed and merged"
     )
 
@@ -64,19 +66,19 @@ def spec_show(uri: str) -> None:
     t = _open(uri)
     current = t.region_spec
     counts: dict[int, list[int]] = {}
-    for rid in t.region_ids():
-        m = t.region_manifest(rid)
+    for rid in t.catalog.region_ids():
+        m = t.catalog.region_manifest(rid)
         if m is not None:
             c = counts.setdefault(m.region_spec_id, [0, 0])
             c[1 if m.sealed else 0] += 1
     if current is None:
         click.echo(f"{t.uri}: no region spec recorded (one region, the default spec)")
-    for spec_id, s in sorted(t.region_specs.items()):
+    for spec_id, s in sorted(t.catalog.region_specs.items()):
         live, sealed = counts.get(spec_id, [0, 0])
         mark = " (current)" if current is not None and spec_id == current.spec_id else ""
-        shown = s.describe(t.lance_schema)
+        shown = s.describe(t.catalog.lance_schema)
         click.echo(f"spec {spec_id}{mark}: {shown}; regions: {live} live, {sealed} sealed")
     if 0 in counts:
         click.echo(f"manual regions (spec 0): {counts[0][0]} live, {counts[0][1]} sealed")
-    if t.spec_change_pending:
+    if t.catalog.spec_change_pending:
         click.echo("the change to the current spec is not complete (the next writer does it)")

@@ -37,8 +37,10 @@ def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
     keys = primary_key_columns(schema)
     if not keys:
         raise PrimaryKeyError(
-            f"{where}: the table has no primary key; mark the key field(s) with metadata "
-            "'lance-schema:unenforced-primary-key': 'true'"
+            f"{where}: the table has no primary key; name it: "
+            "MemWalTable.initialize(uri, primary_key=[...]) or `memwal init URI "
+            "--primary-key COLUMNS` (it is the field metadata "
+            "'lance-schema:unenforced-primary-key': 'true')"
         )
     return keys
 
@@ -96,7 +98,7 @@ def to_table(data: Any, what: str = "input", columns: Collection[str] = ()) -> p
 
 
 def _type_family(t: pa.DataType) -> str:
-    """A coarse kind of type: casts between kinds are refused (see :func:`_cast_column`)."""
+    """A coarse kind of type: casts between kinds are refused (see :func:`cast_column`)."""
     if pa.types.is_dictionary(t):
         return _type_family(t.value_type)
     if (
@@ -138,7 +140,7 @@ def _check_vector_lengths(column: pa.ChunkedArray, field: pa.Field) -> None:
         )
 
 
-def _cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+def cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     """``column`` cast to ``field``'s type, losslessly, within one kind of type.
 
     Numbers (integers, floats, decimals, 0/1 for bool) convert among themselves, text
@@ -218,14 +220,18 @@ def coerce_partial_rows(data: Any, schema: pa.Schema, pk: list[str]) -> tuple[pa
     table = to_table(data, columns=schema.names)
     extra = [n for n in table.column_names if schema.get_field_index(n) < 0]
     if extra:
-        raise SchemaError(f"column(s) {extra} are not in the table schema {schema.names}")
+        raise SchemaError(
+            f"column(s) {extra} are not in the table schema {schema.names}; add them with "
+            "t.alter.add_columns(...), or write with schema_mode='merge' (memwal ingest "
+            "--schema-mode merge) to add them"
+        )
     if len(set(table.column_names)) != len(table.column_names):
         raise SchemaError(f"duplicate column names in input: {table.column_names}")
     columns = []
     missing = []
     for field in schema:
         if field.name in table.column_names:
-            col = _cast_column(table.column(field.name), field)
+            col = cast_column(table.column(field.name), field)
             if not field.nullable and field.name not in pk and col.null_count:
                 raise SchemaError(f"column {field.name!r} is not nullable but has NULL values")
         elif field.name in pk:
@@ -247,7 +253,7 @@ def coerce_keys(data: Any, schema: pa.Schema, pk: list[str], what: str = "delete
     missing = [k for k in pk if k not in table.column_names]
     if missing:
         raise PrimaryKeyError(f"{what} are missing primary-key column(s) {missing}")
-    columns = [_cast_column(table.column(k), schema.field(k)) for k in pk]
+    columns = [cast_column(table.column(k), schema.field(k)) for k in pk]
     out = pa.Table.from_arrays(columns, schema=pa.schema([schema.field(k) for k in pk]))
     out = normalize_keys(out, pk)
     check_keys(out, pk)
@@ -366,3 +372,80 @@ def fill_missing(
                 f"{nulls} row(s) have keys that do not exist yet; give it for new keys"
             )
     return out.cast(schema)
+
+
+RESERVED_COLUMNS = (
+    TOMBSTONE,
+    GEN_COLUMN,
+    ROWADDR_COLUMN,
+    "_change_type",
+    "_region",
+    "_seq",
+    "_distance",
+    "_score",
+    "_rowid",
+)
+"""Column names the library adds to what it stores or returns: a table column cannot
+have one of them."""
+
+SCHEMA_MODES = (None, "merge")
+"""``schema_mode`` of a write: None refuses columns the table lacks; ``"merge"`` adds
+them (nullable) first, as deltalake's ``write_deltalake(..., schema_mode="merge")``."""
+
+
+def new_fields(fields: Any, schema: pa.Schema) -> list[pa.Field]:
+    """Columns to add to a table of ``schema``: ``fields`` (a ``pyarrow.Field``, a list
+    of them, a ``pyarrow.Schema``, or ``{name: type}`` with a ``pyarrow.DataType`` or an
+    Arrow type name such as ``"string"``) checked.
+
+    Raises
+    ------
+    SchemaError
+        A field is not nullable (the existing rows have no value for it), exists
+        already, is named twice or like a column the library adds (``_tombstone``...),
+        or has the NULL type (give its type).
+    """
+    if isinstance(fields, pa.Field):
+        items = [fields]
+    elif isinstance(fields, dict):
+        items = []
+        for name, typ in fields.items():
+            if isinstance(typ, str):
+                try:
+                    typ = pa.type_for_alias(typ)
+                except ValueError:
+                    raise SchemaError(
+                        f"column {name!r}: no Arrow type named {typ!r} (e.g. 'string', "
+                        "'int64', 'float64', 'bool', 'timestamp[us]', or a pyarrow.DataType)"
+                    ) from None
+            if not isinstance(typ, pa.DataType):
+                raise SchemaError(f"column {name!r}: expected a pyarrow.DataType, got {typ!r}")
+            items.append(pa.field(name, typ))
+    else:
+        items = list(fields)
+    if not items:
+        raise SchemaError("no column to add")
+    for f in items:
+        if not isinstance(f, pa.Field):
+            raise SchemaError(f"expected pyarrow.Field(s), got {type(f).__name__}")
+        if f.name in schema.names:
+            raise SchemaError(f"column {f.name!r} exists already ({schema.field(f.name).type})")
+        if f.name in RESERVED_COLUMNS:
+            raise SchemaError(f"column name {f.name!r} is reserved (the library adds it)")
+        if not f.nullable:
+            raise SchemaError(
+                f"column {f.name!r} is not nullable, but the rows already written have no "
+                "value for it: add it nullable"
+            )
+        if pa.types.is_null(f.type):
+            raise SchemaError(f"column {f.name!r} has no type (all NULL): give its type")
+    names = [f.name for f in items]
+    if len(set(names)) != len(names):
+        raise SchemaError(f"a column is named twice: {names}")
+    return items
+
+
+def extra_columns(data_schema: pa.Schema, schema: pa.Schema) -> list[pa.Field]:
+    """Fields of ``data_schema`` (an input's) that ``schema`` (the table's) lacks,
+    nullable, in input order: what ``schema_mode="merge"`` adds."""
+    return [f.with_nullable(True) for f in data_schema if schema.get_field_index(f.name) < 0]

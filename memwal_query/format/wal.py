@@ -11,7 +11,10 @@ MemTable generation the rows belong to, as pylance writes it). Rows carry a non-
 boolean ``_tombstone`` column: ``true`` marks a delete whose non-key columns are NULL.
 We also record ``num_rows`` so a file cut exactly at a message boundary is still
 detected as truncated; entries written by pylance (no ``num_rows``) are checked for the
-end-of-stream marker only.
+end-of-stream marker only. ``written_at_ms`` (the writer's clock, epoch milliseconds)
+says how old the entry is: a writer that replays a WAL tail flushes it by its real age
+(``max_memtable_age``), not by the time of the replay. It is optional (pylance's
+entries lack it).
 
 Entries we write carry a ``checksum`` (``crc32:{8 hex}``) over their schema (fields
 and the other metadata) and every byte after the schema message (the record batches
@@ -27,6 +30,7 @@ the hole with an empty entry, see :mod:`memwal_query.maintain.fsck`).
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ TOMBSTONE = "_tombstone"
 EPOCH_KEY = b"writer_epoch"
 GENERATION_KEY = b"generation"
 NUM_ROWS_KEY = b"num_rows"
+WRITTEN_AT_KEY = b"written_at_ms"
 CHECKSUM_KEY = b"checksum"
 REPAIR_KEY = b"memwal_repair"  # set on the empty entry that fills a repaired hole
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -66,12 +71,15 @@ class WalEntry:
         MemTable generation recorded in the entry, when present.
     table : pa.Table
         The rows, including the ``_tombstone`` column.
+    written_at : float | None
+        When the entry was written (epoch seconds, the writer's clock), when recorded.
     """
 
     position: int
     writer_epoch: int
     generation: int | None
     table: pa.Table
+    written_at: float | None = None
 
 
 def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
@@ -80,6 +88,7 @@ def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
     metadata[EPOCH_KEY] = str(writer_epoch).encode()
     metadata[GENERATION_KEY] = str(generation).encode()
     metadata[NUM_ROWS_KEY] = str(table.num_rows).encode()
+    metadata[WRITTEN_AT_KEY] = str(int(time.time() * 1000)).encode()
     metadata.pop(CHECKSUM_KEY, None)
     table = table.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
@@ -89,7 +98,9 @@ def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
     # The record batches do not depend on the schema's metadata: swap in a schema
     # message carrying the checksum of everything else.
     body = data[_schema_message_end(data) :]
-    metadata[CHECKSUM_KEY] = _checksum(table.schema, body).encode()
+    # The checksum goes first: a damaged key-value count that drops trailing keys
+    # leaves it in place, so the loss is detected rather than read as "no checksum".
+    metadata = {CHECKSUM_KEY: _checksum(table.schema, body).encode(), **metadata}
     head = table.schema.with_metadata(metadata).serialize().to_pybytes()
     return head + body
 
@@ -155,6 +166,7 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
     epoch = _int_meta(path, meta, EPOCH_KEY, required=True)
     generation = _int_meta(path, meta, GENERATION_KEY, required=False)
     num_rows = _int_meta(path, meta, NUM_ROWS_KEY, required=False)
+    written_ms = _int_meta(path, meta, WRITTEN_AT_KEY, required=False)
     if num_rows is not None and num_rows != table.num_rows:
         raise WalCorruptError(
             path, f"WAL entry holds {table.num_rows} rows, its header says {num_rows}"
@@ -167,7 +179,8 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
     if tomb.null_count:
         raise WalCorruptError(path, f"WAL entry column {TOMBSTONE} holds {tomb.null_count} NULL(s)")
     assert epoch is not None
-    return WalEntry(position, epoch, generation, table)
+    written_at = None if written_ms is None else written_ms / 1000.0
+    return WalEntry(position, epoch, generation, table, written_at)
 
 
 def conform_entry(

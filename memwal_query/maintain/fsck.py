@@ -24,7 +24,7 @@ dropped are returned. Corrupt manifests and a damaged index have no automatic re
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,39 @@ class Finding:
     def __str__(self) -> str:
         fix = f"  (repair: {self.repair})" if self.repair else ""
         return f"{self.severity.upper():7} {self.kind:10} {self.path}: {self.message}{fix}"
+
+
+@dataclass(frozen=True)
+class FsckReport:
+    """What :func:`check` found (``t.maintenance.fsck()``, ``memwal fsck``).
+
+    Attributes
+    ----------
+    findings : list of Finding
+        Every problem, empty for a healthy table.
+    """
+
+    findings: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        """No finding of severity ``"error"``."""
+        return not self.errors
+
+    @property
+    def errors(self) -> list[Finding]:
+        """The findings of severity ``"error"``."""
+        return [f for f in self.findings if f.severity == ERROR]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as a dict (for JSON)."""
+        return {"ok": self.ok, "findings": [f.to_dict() for f in self.findings]}
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.findings)
+
+    def __len__(self) -> int:
+        return len(self.findings)
 
 
 def _repair_cmd(table: Catalog, region_id: str, accept_loss: bool = False) -> str:

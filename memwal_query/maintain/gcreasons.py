@@ -68,7 +68,7 @@ def kept_generations(table: Catalog) -> list[Kept]:
                     reasons.append(
                         f"retained base version {first}{_age(ts)}{more} predates its merge: "
                         "kept for time travel until old versions are cleaned up "
-                        "(memwal gc --cleanup-older-than HOURS)"
+                        "(memwal gc --cleanup-older-than DURATION, e.g. 24h)"
                     )
             for name in table.maintained_indexes:
                 done = catchup.get(name, {}).get(region_id, 0) if name in catchup else g

@@ -56,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -688,3 +688,42 @@ def _merge_across_regions(
                 done.append(MergeResult(rid, g.generation, 0, 0, 0.0))
             last = batch[-1].generation
             done.append(MergeResult(rid, last, prep.upserts.num_rows, prep.deleted, seconds))
+
+
+def generations_by_region(merged: Iterable[MergeResult | Any]) -> dict[str, list[int]]:
+    """``{region_id: [generations, ascending]}`` of merged generations (anything with
+    ``region_id`` and ``generation``), regions in id order."""
+    out: dict[str, list[int]] = {}
+    for m in merged:
+        out.setdefault(m.region_id, []).append(m.generation)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What a merge did: :meth:`memwal_query.table.Maintenance.merge`.
+
+    Attributes
+    ----------
+    merged : list of MergeResult
+        Each merged generation, per region in ascending order.
+    """
+
+    merged: list[MergeResult]
+
+    def by_region(self) -> dict[str, list[int]]:
+        """``{region_id: [generations merged, ascending]}``."""
+        return generations_by_region(self.merged)
+
+    @property
+    def upserted(self) -> int:
+        """Rows upserted into the base table."""
+        return sum(m.upserted for m in self.merged)
+
+    @property
+    def deleted(self) -> int:
+        """Keys deleted from the base table."""
+        return sum(m.deleted for m in self.merged)
+
+    def __len__(self) -> int:
+        return len(self.merged)

@@ -123,14 +123,14 @@ class MaintenancePolicy:
 
     Parameters
     ----------
-    max_generations : int
+    merge_over_generations : int
         Merge a region with **more than** this many unmerged generations (default 4;
         vector search pays ~4 ms per unmerged generation, so this bounds that cost).
         ``0`` merges every region with anything unmerged.
-    max_rows : int
+    merge_over_rows : int
         Merge a region with more than this many unmerged rows (default 100,000; counted
         from the manifest's ``physical_rows`` statistic, a generation without it counts
-        0 rows and is merged by ``max_generations``).
+        0 rows and is merged by ``merge_over_generations``).
     merge_batch_rows : int, optional
         Generations (consecutive ones of a region, and of several regions) up to this
         many rows, and :data:`~memwal_query.maintain.merger.DEFAULT_BATCH_BYTES` (256
@@ -176,10 +176,13 @@ class MaintenancePolicy:
         :mod:`memwal_query.write.liveness`) for longer than this and that has unflushed
         WAL entries: claim, replay, flush, close, then merge it (default 5 minutes,
         thirty heartbeat intervals). None: never recover.
+    max_generations, max_rows : int, optional
+        Deprecated spellings of ``merge_over_generations`` and ``merge_over_rows``
+        (``max_generations`` is the *limit* of :meth:`Maintenance.merge`).
     """
 
-    max_generations: int = DEFAULT_MAX_GENERATIONS
-    max_rows: int = DEFAULT_MAX_ROWS
+    merge_over_generations: int = DEFAULT_MAX_GENERATIONS
+    merge_over_rows: int = DEFAULT_MAX_ROWS
     merge_batch_rows: int | None = None
     max_retries: int | None = None
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS
@@ -191,9 +194,21 @@ class MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     abandoned_after: dt.timedelta | None = DEFAULT_ABANDONED_AFTER
 
+    @property
+    def max_generations(self) -> int:
+        """Deprecated spelling of ``merge_over_generations``."""
+        _deprecated_field("max_generations", "merge_over_generations")
+        return self.merge_over_generations
+
+    @property
+    def max_rows(self) -> int:
+        """Deprecated spelling of ``merge_over_rows``."""
+        _deprecated_field("max_rows", "merge_over_rows")
+        return self.merge_over_rows
+
     def __post_init__(self) -> None:
         optional = ("merge_batch_rows", "max_retries", "compact_fragments", "max_index_segments")
-        for name in ("max_generations", "max_rows", *optional):
+        for name in ("merge_over_generations", "merge_over_rows", *optional):
             value = getattr(self, name)
             if value is None and name in optional:
                 continue
@@ -229,11 +244,47 @@ class MaintenancePolicy:
 
     def wants_merge(self, generations: int, rows: int) -> str | None:
         """Why a region with this much unmerged work is merged (None: it is not)."""
-        if generations > self.max_generations:
-            return f"{generations} unmerged generations > {self.max_generations}"
-        if rows > self.max_rows:
-            return f"{rows} unmerged rows > {self.max_rows}"
+        if generations > self.merge_over_generations:
+            return f"{generations} unmerged generations > {self.merge_over_generations}"
+        if rows > self.merge_over_rows:
+            return f"{rows} unmerged rows > {self.merge_over_rows}"
         return None
+
+
+def _deprecated_field(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(
+        f"MaintenancePolicy.{old} is deprecated and will be removed in the next release; "
+        f"use MaintenancePolicy.{new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+_policy_init = MaintenancePolicy.__init__
+
+
+def _init_with_old_names(
+    self: MaintenancePolicy,
+    *args: Any,
+    max_generations: int | None = None,
+    max_rows: int | None = None,
+    **kwargs: Any,
+) -> None:
+    """The dataclass's ``__init__``, also taking the deprecated spellings
+    ``max_generations`` and ``max_rows`` (one release)."""
+    for old, new, value in (
+        ("max_generations", "merge_over_generations", max_generations),
+        ("max_rows", "merge_over_rows", max_rows),
+    ):
+        if value is not None:
+            _deprecated_field(old, new)
+            kwargs.setdefault(new, value)
+    _policy_init(self, *args, **kwargs)
+
+
+MaintenancePolicy.__init__ = _init_with_old_names  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)

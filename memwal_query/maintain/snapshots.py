@@ -23,8 +23,10 @@ Lance's ``cleanup_old_versions`` deletes ``_indices/{old uuid}/``). Therefore:
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid as uuid_mod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -81,6 +83,32 @@ def snapshot_table(table: Catalog) -> pa.Table:
         arrays.append(arr)
         fields.append(pa.field(f"region_field_{f.field_id}", arr.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+@dataclass(frozen=True)
+class SnapshotRefresh:
+    """What :func:`refresh` wrote (``t.maintenance.refresh_snapshots()``).
+
+    Attributes
+    ----------
+    dataset_version : int
+        The base-table version whose MemWAL index holds the snapshots.
+    regions : int
+        Regions in the snapshot.
+    taken_at : datetime.datetime
+        When the snapshot was taken (UTC).
+    """
+
+    dataset_version: int
+    regions: int
+    taken_at: dt.datetime
+
+    @classmethod
+    def of(cls, index: MemWalIndex) -> SnapshotRefresh:
+        """The refresh recorded in ``index``."""
+        d = index.details
+        taken = dt.datetime.fromtimestamp(d.snapshot_ts_millis / 1000, tz=dt.timezone.utc)
+        return cls(index.dataset_version, d.num_regions, taken)
 
 
 def refresh(table: Catalog) -> MemWalIndex:

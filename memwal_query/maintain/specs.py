@@ -106,7 +106,7 @@ def set_region_spec(
         details.region_specs.append(proto)
 
     mwindex.update_details(table.io, table.uri, add, table.storage_options)
-    table.index()
+    table.refresh_index()
     complete_spec_change(table, progress)
 
 
@@ -121,7 +121,7 @@ def complete_spec_change(
     from memwal_query.maintain.merger import DEFAULT_BATCH_ROWS, DEFAULT_MAX_RETRIES, merge
 
     with index_lock(table.uri, table.io):
-        table.index()
+        table.refresh_index()
         if not table.spec_change_pending:
             return []
         spec = table.region_spec
@@ -157,7 +157,7 @@ def complete_spec_change(
             details.writer_config_defaults[SPEC_READY_KEY] = str(current)
 
         mwindex.update_details(table.io, table.uri, ready, table.storage_options)
-        table.index()
+        table.refresh_index()
         return sealed
 
 

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from memwal_query.catalog import as_catalog
 from memwal_query.exceptions import MemWalError
 from memwal_query.read.view import DEFAULT_CONSISTENCY
 
 if TYPE_CHECKING:
     import datafusion
 
-    from memwal_query.catalog import Catalog
+    from memwal_query.catalog import Catalog, HasCatalog
 
 USAGE = "changes(table [, since [, consistency]])"
 
@@ -47,7 +48,7 @@ def literal_argument(expr: Any, usage: str) -> Any:
 
 
 def register_changes_function(
-    ctx: datafusion.SessionContext, tables: Mapping[str, Catalog]
+    ctx: datafusion.SessionContext, tables: Mapping[str, Catalog | HasCatalog]
 ) -> None:
     """Register ``changes`` on ``ctx``; ``tables`` (looked up at call time) maps the
     names the function accepts to their tables."""
@@ -64,7 +65,7 @@ def register_changes_function(
             raise MemWalError(f"no MemWAL table named {vals[0]!r} (known: {sorted(tables)})")
         since = vals[1] if len(vals) > 1 and vals[1] not in (None, "") else None
         consistency = str(vals[2]) if len(vals) > 2 else DEFAULT_CONSISTENCY
-        result = changes(table, since, consistency=consistency).table
+        result = changes(as_catalog(table), since, consistency=consistency).table
         import pyarrow.dataset as pads
 
         return Table(pads.dataset(result))

@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from memwal_query.catalog import as_catalog
 from memwal_query.read import sources
 from memwal_query.search import caches
 
 if TYPE_CHECKING:
-    from memwal_query.catalog import Catalog
+    from memwal_query.catalog import Catalog, HasCatalog
 
 
-def memory_usage(table: Catalog | None = None) -> dict[str, int]:
+def memory_usage(table: Catalog | HasCatalog | None = None) -> dict[str, int]:
     """Bytes and entry counts held by memwal_query's caches in this process.
 
     Keys: ``arrow_pool_bytes`` (Arrow's default memory pool: decoded columns, MemTable
@@ -42,6 +43,6 @@ def memory_usage(table: Catalog | None = None) -> dict[str, int]:
     if table is not None:
         from memwal_query.format.lancecache import cache_bounds
 
-        out["lance_cache_bytes"] = int(table.dataset().session().size_bytes())
+        out["lance_cache_bytes"] = int(as_catalog(table).dataset().session().size_bytes())
         out["lance_cache_limit_bytes"] = sum(cache_bounds())
     return out

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
+from memwal_query.catalog import as_catalog
 from memwal_query.exceptions import MemWalError
 from memwal_query.read.changes_sql import literal_argument
 from memwal_query.search.common import DEFAULT_NPROBES, DEFAULT_REFINE_FACTOR
@@ -19,6 +20,13 @@ if TYPE_CHECKING:
 
     from memwal_query.catalog import Catalog
     from memwal_query.write.writer import RegionWriter
+
+
+class WriterSource(Protocol):
+    """Something whose current writers the SQL functions read: ``writers()`` is called
+    each time a function runs (a ``MemWalTable``, or a ``RoutedWriters``)."""
+
+    def writers(self) -> Sequence[RegionWriter]: ...
 
 
 def registry(ctx: Any, attr: str = "_memwal_tables") -> dict[str, Any]:
@@ -44,6 +52,7 @@ def register_search_functions(
     tables: dict[str, Catalog] | None = None,
     writers: dict[str, Sequence[RegionWriter]] | None = None,
     default_writers: Callable[[Any], Sequence[RegionWriter]] | None = None,
+    routed: Mapping[str, WriterSource] | None = None,
 ) -> None:
     """Register the SQL table functions ``vector_search``, ``fts_search`` and ``lookup``.
 
@@ -51,16 +60,20 @@ def register_search_functions(
     ----------
     ctx : datafusion.SessionContext
     tables : dict, optional
-        ``{name: MemWalTable}`` the functions can search. Default: the tables
+        ``{name: Catalog or MemWalTable}`` the functions can search. Default: the tables
         registered on ``ctx`` with :func:`memwal_query.register` (looked up at call
         time, so tables registered later are found too).
     writers : dict, optional
         ``{name: [RegionWriter, ...]}``: writers whose MemTables the functions read
         for that table (looked up at call time).
     default_writers : callable, optional
-        ``table -> writers`` for a table not in ``writers`` (:func:`memwal_query.register`
-        passes :meth:`MemWalTable.writers`: the writers opened by ``MemWalTable.write``).
+        ``catalog -> writers`` for a table in neither ``writers`` nor ``routed``.
         Default: no MemTables.
+    routed : dict, optional
+        ``{name: WriterSource}``: for a table not in ``writers``, the MemTables of the
+        writers ``source.writers()`` returns when a function runs
+        (:func:`memwal_query.register` passes the ``MemWalTable``, whose ``writers()``
+        are the ones its ``write`` opened).
 
     Notes
     -----
@@ -86,10 +99,12 @@ def register_search_functions(
         t = tables_of.get(str(name))
         if t is None:
             raise MemWalError(f"no MemWAL table named {name!r} (known: {sorted(tables_of)})")
-        return t
+        return as_catalog(t)
 
     def writers_of(name: Any) -> Sequence[RegionWriter] | None:
         found = table_writers.get(str(name))
+        if found is None and routed is not None and str(name) in routed:
+            return routed[str(name)].writers()
         if found is None and default_writers is not None:
             return default_writers(table_of(name))
         return found

@@ -23,6 +23,9 @@ See ``docs/spark.md`` and the submodules for the guarantees:
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from memwal_query.exceptions import JobEndedError
 from memwal_query.spark._common import (
     REGION_COLUMN,
@@ -30,17 +33,59 @@ from memwal_query.spark._common import (
     default_worker_python,
     region_id_array,
 )
-from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
+
+# Submodules named like a function (merge, maintain) are imported now, so that the
+# functions, bound after them, are what the names hold; both are light.
 from memwal_query.spark.maintain import MaintainSummary, maintain
 from memwal_query.spark.merge import MergedGeneration, MergeSummary, merge, pending_generations
-from memwal_query.spark.source import (
-    MemWalDataSource,
-    changes_frame,
-    filter_expression,
-    read,
-    register_source,
+
+if TYPE_CHECKING:
+    from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
+    from memwal_query.spark.source import (
+        MemWalDataSource,
+        changes_frame,
+        filter_expression,
+        read,
+        register_source,
+    )
+    from memwal_query.spark.streaming import MemWalSink, sink
+
+# Loaded on first use: a Spark Python worker that only reads (it unpickles the data
+# source from memwal_query.spark.source) imports neither ingest nor the sink.
+_LAZY = {
+    "RegionWriteResult": "ingest",
+    "WriteResult": "ingest",
+    "route": "ingest",
+    "write": "ingest",
+    "MemWalDataSource": "source",
+    "changes_frame": "source",
+    "filter_expression": "source",
+    "read": "source",
+    "register_source": "source",
+    "MemWalSink": "streaming",
+    "sink": "streaming",
+}
+
+
+_SUBMODULES = frozenset(
+    ["changes", "ingest", "ingest_schema", "ingest_tasks", "source", "streaming"]
 )
-from memwal_query.spark.streaming import MemWalSink, sink
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"memwal_query.spark.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memwal_query.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"memwal_query.spark.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 default_worker_python()  # workers run this interpreter unless PYSPARK_PYTHON says otherwise
 

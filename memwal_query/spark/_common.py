@@ -33,6 +33,14 @@ FAULT_POINTS = (
 
 WORKER_PYTHON_ENV = "PYSPARK_PYTHON"
 
+CHANGES_SINCE = "changes_since"
+"""Data source option asking for the change feed (:mod:`memwal_query.spark.changes`)."""
+
+
+def is_changes_read(options: Any) -> bool:
+    """Whether the data source options ask for the change feed."""
+    return any(k.lower() == CHANGES_SINCE for k in options)
+
 
 def default_worker_python() -> str | None:
     """Run Spark's Python workers with this interpreter unless told otherwise.
@@ -111,7 +119,7 @@ def open_table(uri: str, storage_options: dict[str, str] | None) -> MemWalTable:
 def require_spec(table: MemWalTable) -> RegionSpec:
     """The spec Spark ingest routes rows by (:meth:`MemWalTable.routing_spec`: the
     table's spec, or the one-region default for a table whose index records none)."""
-    return table.routing_spec()
+    return table.catalog.routing_spec()
 
 
 def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.Array:
@@ -176,6 +184,27 @@ def split_by_value(column: pa.Array) -> list[tuple[Any, np.ndarray]]:
         if len(idx):
             out.append((encoded.dictionary[int(codes[idx[0]])].as_py(), idx))
     return out
+
+
+def deprecated_spelling(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is deprecated in favour of ``new`` (kept one release)."""
+    import warnings
+
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def option(options: Any, name: str, old: str | None = None, default: Any = None) -> Any:
+    """Data source option ``name`` (snake_case; Spark lower-cases option names), else
+    its deprecated spelling ``old`` (lower-cased, with a warning), else ``default``."""
+    value = options.get(name)
+    if value is None and old is not None and options.get(old) is not None:
+        deprecated_spelling(f"option({old!r})", f"option({name!r})")
+        value = options.get(old)
+    return default if value is None else value
 
 
 def _storage_options(options: Any) -> dict[str, str]:

@@ -45,6 +45,7 @@ from memwal_query.read.changes import (
 from memwal_query.read.consumers import _earliest_positions
 from memwal_query.read.view import DEFAULT_CONSISTENCY
 from memwal_query.spark._common import (
+    CHANGES_SINCE,
     _spark_compatible,
     _spark_schema,
     _storage_options,
@@ -54,13 +55,8 @@ from memwal_query.spark._common import (
 if TYPE_CHECKING:
     from memwal_query.table import MemWalTable
 
-SINCE = "changes_since"
+SINCE = CHANGES_SINCE
 UNTIL = "changes_until"
-
-
-def is_changes_read(options: Any) -> bool:
-    """Whether the data source options ask for the change feed."""
-    return any(k.lower() == SINCE for k in options)
 
 
 def spark_changes_schema(table: MemWalTable) -> StructType:
@@ -80,8 +76,8 @@ class RegionChanges(InputPartition):
 
 def _start(table: MemWalTable, since: str | None) -> Cursor:
     if since is None or since.strip().lower() in ("", "earliest"):
-        return Cursor(_earliest_positions(table), table.lineage)
-    cursor = start_cursor(table, since)
+        return Cursor(_earliest_positions(table.catalog), table.catalog.lineage)
+    cursor = start_cursor(table.catalog, since)
     assert cursor is not None
     return cursor
 
@@ -107,11 +103,11 @@ class _ChangesReading:
     def _read_region(self, part: RegionChanges) -> Iterator[pa.RecordBatch]:
         table = open_table(self.uri, self.storage_options)
         got = changes(
-            table,
-            Cursor({part.region_id: part.start}, table.lineage),
+            table.catalog,
+            Cursor({part.region_id: part.start}, table.catalog.lineage),
             consistency="latest",
             regions=[part.region_id],
-            until=Cursor({part.region_id: part.end}, table.lineage),
+            until=Cursor({part.region_id: part.end}, table.catalog.lineage),
         ).table
         fields = [pa.field(f.name, _spark_compatible(f.type), f.nullable) for f in got.schema]
         out = got.cast(pa.schema(fields))
@@ -126,7 +122,11 @@ class MemWalChangesReader(_ChangesReading, DataSourceReader):
         table = open_table(self.uri, self.storage_options)
         start = _start(table, self.options.get(SINCE))
         until = self.options.get(UNTIL)
-        end = start_cursor(table, until) if until else end_cursor(table, self.consistency)
+        end = (
+            start_cursor(table.catalog, until)
+            if until
+            else end_cursor(table.catalog, self.consistency)
+        )
         assert end is not None
         return _split(start, end)
 
@@ -148,7 +148,7 @@ class MemWalChangesStreamReader(_ChangesReading, DataSourceStreamReader):
         """The end of the feed now (PySpark's name; ``start``/``limit`` of its admission
         control are not used: every change up to the end is one batch)."""
         table = open_table(self.uri, self.storage_options)
-        return {"r": end_cursor(table, self.consistency).positions}
+        return {"r": end_cursor(table.catalog, self.consistency).positions}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """One partition per region with changes in ``(start, end]``."""
@@ -164,4 +164,4 @@ class MemWalChangesStreamReader(_ChangesReading, DataSourceStreamReader):
         name = self.options.get("consumer")
         if name:
             table = open_table(self.uri, self.storage_options)
-            table.register_consumer(name, Cursor(dict(end["r"]), table.lineage))
+            table.consumers.register(name, Cursor(dict(end["r"]), table.catalog.lineage))

@@ -14,7 +14,9 @@ One Spark job, two stages, no per-row Python:
    regions (a task may own several). The task opens one :class:`RegionWriter` per region
    it sees (claiming it: ``writer_epoch + 1``), buffers each region's rows up to
    ``buffer_rows`` and puts them as one durable WAL entry, and at the end flushes the
-   MemTable as a generation (``flush=True``) or leaves it in the WAL (``flush=False``).
+   MemTable as a generation (``flush=True``), flushes it only when the writer's flush
+   thresholds are passed (``flush="due"``, the streaming sink's default: rows replayed
+   from the region's WAL count), or leaves it in the WAL (``flush=False``).
    Only then does it yield its small result batch (region, rows, generation, epoch).
 
 Shuffling blobs rather than rows spares Spark the conversion of every row from Arrow to
@@ -77,12 +79,14 @@ from memwal_query.exceptions import (
 from memwal_query.regions.spec import check_partial_sources
 from memwal_query.spark._common import (
     REGION_COLUMN,
+    deprecated_spelling,
     open_table,
     require_spec,
 )
 from memwal_query.spark.ingest_schema import (
     DEFAULT_BUFFER_ROWS,
     DEFAULT_FENCE_RETRIES,
+    FLUSH_MODES,
     MODES,
     PACKED_DDL,
     RESULT_DDL,
@@ -112,7 +116,7 @@ class RegionWriteResult:
     upserted, deleted : int
         Rows put and keys deleted.
     generation : int or None
-        Newest generation flushed by the task (None with ``flush=False``).
+        Newest generation flushed by the task (None when it flushed none).
     epoch : int
         Writer epoch the task claimed the region with.
     partition, attempt : int
@@ -171,13 +175,15 @@ def write(
     *,
     delete_column: str | None = None,
     order_by: str | list[str] | None = None,
-    num_partitions: int | None = None,
-    flush: bool = True,
+    parallelism: int | None = None,
+    flush: bool | str = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
     storage_options: dict[str, str] | None = None,
     partial: bool = False,
     fence_retries: int = DEFAULT_FENCE_RETRIES,
+    num_partitions: int | None = None,
+    schema_mode: str | None = None,
 ) -> WriteResult:
     """Write a batch DataFrame into the table's regions (see the module docs).
 
@@ -199,14 +205,19 @@ def write(
         last) before writing them, so that among rows of one key the last in this
         order wins; the task then holds each region's rows until its end. Columns that
         are not table columns (a sequence number...) are used for sorting only.
-    num_partitions : int, optional
+    parallelism : int, optional
         Write tasks (each owns whole regions). Default: the session's default
         parallelism.
-    flush : bool
+    flush : {True, False, "due"}
         ``True`` (default): each task flushes its MemTables as generations before it
-        reports success, so the rows are visible to every reader. ``False``: the rows
-        are only durable in the WAL; the next writer of the region replays them, and
-        readers see them once that writer flushes.
+        reports success. ``"due"``: a task flushes a region only when its unflushed
+        rows (those replayed from the region's WAL included) pass the writer's
+        ``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_entries`` or
+        ``max_memtable_age`` (their defaults, or ``writer_options``); the rest stays in
+        the WAL, so repeated small writes (a stream's micro-batches) make generations
+        by size and age and each task replays at most that much. ``False``: the rows
+        stay in the WAL. Rows in the WAL are durable and every default reader sees them;
+        the next writer of the region replays them.
     buffer_rows : int
         Rows of one region buffered in a task before a durable put (one WAL entry).
     writer_options : dict, optional
@@ -221,6 +232,13 @@ def write(
         process) fences a task's writer; the fenced put was never acknowledged, so the
         task claims the region again and writes it again, up to this many times with
         exponential backoff. Then the driver raises :class:`FencedError`.
+    num_partitions : int, optional
+        Deprecated spelling of ``parallelism``.
+    schema_mode : {None, "merge"}
+        Columns of the DataFrame the table lacks: None (default) refuses them;
+        ``"merge"`` adds them (nullable, with their Arrow types) before any task runs,
+        as :meth:`MemWalTable.write` does (``order_by`` columns that are not table
+        columns stay sort-only).
 
     Returns
     -------
@@ -233,9 +251,16 @@ def write(
     MemWalError
         When the table has no region spec, or a task failed for good.
     """
-    if num_partitions is None:
-        num_partitions = max(1, df.sparkSession.sparkContext.defaultParallelism)
+    if num_partitions is not None:
+        deprecated_spelling("memwal_query.spark.write(num_partitions=)", "parallelism=")
+        parallelism = num_partitions if parallelism is None else parallelism
+    if parallelism is None:
+        parallelism = max(1, df.sparkSession.sparkContext.defaultParallelism)
     order = [order_by] if isinstance(order_by, str) else list(order_by or [])
+    if schema_mode == "merge" and (mode == "upsert" or delete_column is not None):
+        _add_columns(df, uri, storage_options, [delete_column, *order])
+    elif schema_mode is not None:
+        raise ValueError(f"schema_mode must be None or 'merge', got {schema_mode!r}")
     options = _options(
         df, uri, mode, delete_column, order, storage_options, flush, buffer_rows, writer_options
     )
@@ -246,7 +271,7 @@ def write(
         table = open_table(uri, storage_options)
         missing = [c for c in table.schema.names if c not in data]
         if partial:
-            check_partial_sources(require_spec(table), missing, table.lance_schema)
+            check_partial_sources(require_spec(table), missing, table.catalog.lance_schema)
         elif missing:
             raise SchemaError(
                 f"the DataFrame lacks column(s) {missing}: an upsert replaces whole rows; "
@@ -264,7 +289,7 @@ def write(
     try:
         rows = (
             df.mapInArrow(pack_task, PACKED_DDL)
-            .repartition(num_partitions, REGION_COLUMN)
+            .repartition(parallelism, REGION_COLUMN)
             .mapInArrow(write_task, RESULT_DDL)
             .collect()
         )
@@ -321,13 +346,15 @@ def _options(
     delete_column: str | None,
     order: list[str],
     storage_options: dict[str, str] | None,
-    flush: bool = True,
+    flush: bool | str = True,
     buffer_rows: int = DEFAULT_BUFFER_ROWS,
     writer_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Validate the request in the driver; the options the executor functions get."""
     if mode not in MODES:
         raise MemWalError(f"mode must be one of {MODES}, got {mode!r}")
+    if not any(flush is m or (isinstance(m, str) and flush == m) for m in FLUSH_MODES):
+        raise MemWalError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
     table = open_table(uri, storage_options)
     require_spec(table)
     return {
@@ -365,7 +392,10 @@ def _check_columns(
     if mode == "upsert" or delete_column is not None:
         extra = [c for c in data if table.schema.get_field_index(c) < 0]
         if extra:
-            raise SchemaError(f"column(s) {extra} are not in the table schema {table.schema.names}")
+            raise SchemaError(
+                f"column(s) {extra} are not in the table schema {table.schema.names}; add "
+                "them with t.alter.add_columns(...), or write with schema_mode='merge'"
+            )
         _check_types(df, table, data)
     else:
         _check_types(df, table, table.primary_key)
@@ -374,6 +404,27 @@ def _check_columns(
         if flag is not None and not (pa.types.is_boolean(flag) or pa.types.is_integer(flag)):
             raise SchemaError(f"delete_column {delete_column!r} must be boolean, not {flag}")
     return ignore
+
+
+def _add_columns(
+    df: DataFrame, uri: str, storage_options: dict[str, str] | None, skip: list[str | None]
+) -> None:
+    """Add the DataFrame's columns the table lacks (``schema_mode="merge"``)."""
+    from memwal_query.format.schema import extra_columns
+
+    table = open_table(uri, storage_options)
+    names = [c for c in df.columns if c not in skip and c != REGION_COLUMN]
+    fields = []
+    for c in names:
+        if table.schema.get_field_index(c) >= 0:
+            continue
+        t = _arrow_type(df.schema[c].dataType)
+        if t is None:
+            raise SchemaError(f"column {c!r}: Spark type {df.schema[c].dataType} has no Arrow type")
+        fields.append(pa.field(c, t))
+    extra = extra_columns(pa.schema(fields), table.schema)
+    if extra:
+        table.alter.add_columns(extra)
 
 
 def _arrow_type(spark_type: Any) -> pa.DataType | None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import pyarrow as pa
 
 from memwal_query.spark._common import REGION_COLUMN
+from memwal_query.write.routing import DEFAULT_BUFFER_ROWS, DEFAULT_FENCE_RETRIES
+
+__all__ = ["DEFAULT_BUFFER_ROWS", "DEFAULT_FENCE_RETRIES"]
 
 MODES = ("upsert", "delete")
-DEFAULT_BUFFER_ROWS = 200_000
-DEFAULT_FENCE_RETRIES = 5
+FLUSH_DUE = "due"
+"""``flush=`` value: flush a region's rows when the writer's flush thresholds say so."""
+FLUSH_MODES = (True, False, FLUSH_DUE)
 JOB_MARKER_TTL = 7 * 24 * 3600
 """Seconds a write job's ended-marker is kept (a task attempt outliving it is unguarded)."""
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 from memwal_query.spark.ingest_schema import (
     DEFAULT_FENCE_RETRIES,
+    FLUSH_DUE,
     JOB_MARKER_TTL,
     PACKED_SCHEMA,
     PAYLOAD_COLUMN,
@@ -155,8 +156,8 @@ def region_values(table: MemWalTable, data: pa.Table, is_delete: bool) -> pa.Rec
     else:
         # partial updates (checked on the driver) may lack columns the spec does not read
         rows, missing = coerce_partial_rows(data, table.schema, table.primary_key)
-        check_partial_sources(spec, missing, table.lance_schema)
-    return spec.evaluate(rows, table.lance_schema)
+        check_partial_sources(spec, missing, table.catalog.lance_schema)
+    return spec.evaluate(rows, table.catalog.lance_schema)
 
 
 def batch_region_ids(
@@ -302,8 +303,11 @@ class _RegionSink:
             rows = rows.sort_by([(c, "ascending") for c in self.options["order"]])
         deletes = _delete_mask(rows, self.options)
         data = _data(rows, self.options)
-        bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
         schema, pk = self.table.schema, self.table.primary_key
+        if deletes.any() and not deletes.all() and not self.options.get("partial"):
+            self._put_and_delete(data, deletes)
+            return
+        bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
         for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]):
             run = data.slice(start, end - start)
             is_delete = bool(deletes[start])
@@ -322,6 +326,28 @@ class _RegionSink:
             if armed("ingest.fence_after_put"):  # tests: another writer claims the region
                 assert self.writer is not None
                 self.table.writer(region_values=self.writer.region_values).close(flush=False)
+
+    def _put_and_delete(self, data: pa.Table, deletes: np.ndarray) -> None:
+        """Interleaved upserts and deletes as one durable write, in their order."""
+        schema, pk = self.table.schema, self.table.primary_key
+        up_idx, del_idx = np.flatnonzero(~deletes), np.flatnonzero(deletes)
+        keys = coerce_keys(data.take(pa.array(del_idx)), schema, pk)
+        full, missing = coerce_partial_rows(data.take(pa.array(up_idx)), schema, pk)
+        if missing:
+            raise SchemaError(f"column(s) {missing} are missing from the input")
+        order = pa.array(np.argsort(np.concatenate([up_idx, del_idx]), kind="stable"))
+        first = int(up_idx[0])  # claims the region by an upsert row, as a put would
+        self._retrying(
+            data.slice(first, 1),
+            False,
+            lambda w: w._put_and_delete_routed(full, keys, order),
+        )
+        self.upserted += full.num_rows
+        self.deleted += keys.num_rows
+        fault("ingest.after_put")
+        if armed("ingest.fence_after_put"):  # tests: another writer claims the region
+            assert self.writer is not None
+            self.table.writer(region_values=self.writer.region_values).close(flush=False)
 
     def _retrying(self, run: pa.Table, is_delete: bool, put: Any) -> Any:
         """``put(writer)``, claiming the region again when another writer fenced ours
@@ -345,17 +371,27 @@ class _RegionSink:
         raise AssertionError("unreachable")
 
     def finish(self) -> None:
-        """Write what is buffered, then flush (or sync the WAL) and close the writer."""
+        """Write what is buffered, then flush (always, when due, or never: see
+        :func:`memwal_query.spark.write`'s ``flush``) and close the writer."""
         self.drain()
         if self.writer is None:
             return
-        if self.options["flush"]:
+        flush = self.options["flush"]
+        if flush is True or flush == FLUSH_DUE:
             # Fenced here, the rows are still durable (acknowledged): flush them through
             # a new claim, which replays them.
             assert self._first is not None
-            self.generation = self._retrying(*self._first, lambda w: w.flush())
+            if flush is True:
+                self.generation = self._retrying(*self._first, lambda w: w.flush())
+            else:  # by the writer's thresholds; the rest stays in the WAL
+                self._retrying(*self._first, lambda w: w.flush_due())
+                assert self.writer is not None
+                flushed = self.writer.stats.flushed_generations  # while writing, too
+                self.generation = flushed[-1] if flushed else None
         assert self.writer is not None
-        self.writer.close(flush=False)  # without flush: syncs the WAL, replayed later
+        # Without flush: syncs the WAL, replayed later. Rows left in the WAL on purpose
+        # wait for the next batch's writer (handoff), not for maintenance's next pass.
+        self.writer.close(flush=False, handoff=flush is not True)
 
     def abort(self) -> None:
         """Close without flushing (the WAL keeps what was acknowledged)."""

@@ -13,13 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memwal_query.exceptions import CommitConflictError
-from memwal_query.maintain.policy import (
-    MaintenancePolicy,
-    MaintenanceReport,
-    Progress,
-    RegionPlan,
-)
-from memwal_query.maintain.policy import maintain as maintain_table
 from memwal_query.spark._common import open_table
 from memwal_query.spark.merge import MergeSummary
 from memwal_query.spark.merge import merge as spark_merge
@@ -28,6 +21,12 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from memwal_query.maintain.merger import MergeResult
+    from memwal_query.maintain.policy import (
+        MaintenancePolicy,
+        MaintenanceReport,
+        Progress,
+        RegionPlan,
+    )
 
 
 @dataclass(frozen=True)
@@ -85,6 +84,9 @@ def maintain(
         Some step failed (a region still pending after the merge rounds counts as a
         failed merge); the other steps were done.
     """
+    from memwal_query.maintain.policy import MaintenancePolicy
+    from memwal_query.maintain.policy import maintain as maintain_table
+
     policy = MaintenancePolicy() if policy is None else policy
     table = open_table(uri, storage_options)
     jobs: list[MergeSummary] = []
@@ -112,5 +114,5 @@ def maintain(
             for m in summary.merged
         ]
 
-    report = maintain_table(table, policy, dry_run=dry_run, progress=progress, merge=merge)
+    report = maintain_table(table.catalog, policy, dry_run=dry_run, progress=progress, merge=merge)
     return MaintainSummary(report, jobs[0] if jobs else None)

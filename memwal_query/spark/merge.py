@@ -92,18 +92,17 @@ class MergeSummary:
 
     def by_region(self) -> dict[str, list[int]]:
         """``{region_id: [generations merged, ascending]}``."""
-        out: dict[str, list[int]] = {}
-        for m in self.merged:
-            out.setdefault(m.region_id, []).append(m.generation)
-        return {k: sorted(v) for k, v in sorted(out.items())}
+        from memwal_query.maintain.merger import generations_by_region
+
+        return generations_by_region(self.merged)
 
 
 def pending_generations(table: MemWalTable) -> dict[str, int]:
     """``{region_id: number of flushed generations not merged yet}`` (non-zero only)."""
-    merged = table.index().merged_generations()
+    merged = table.catalog.index().merged_generations()
     out = {}
-    for region_id in table.region_ids():
-        manifest = table.region_manifest(region_id)
+    for region_id in table.catalog.region_ids():
+        manifest = table.catalog.region_manifest(region_id)
         if manifest is None:
             continue
         done = merged.get(region_id, 0)
@@ -157,7 +156,7 @@ def merge(
         "max_retries": max_retries,
     }
     summary = MergeSummary()
-    before = table.index().merged_generations()
+    before = table.catalog.index().merged_generations()
     wanted = None if regions is None else set(regions)
     todo = {r: n for r, n in pending_generations(table).items() if wanted is None or r in wanted}
     touched = set(todo)
@@ -186,7 +185,7 @@ def merge(
         slices = max(1, n // 2)
     if max_generations is None:
         summary.pending = {r: c for r, c in pending_generations(table).items() if r in touched}
-    after = table.index().merged_generations()
+    after = table.catalog.index().merged_generations()
     summary.progress = {r: (before.get(r, 0), after.get(r, 0)) for r in sorted(touched)}
     summary.merged.sort(key=lambda m: (m.region_id, m.generation))
     summary.seconds = time.perf_counter() - started
@@ -204,7 +203,7 @@ def merge_partition(region_ids: Iterator[str], options: dict[str, Any]) -> Itera
         budget = options["max_generations"]
         while budget is None or budget > 0:
             try:
-                done = merge_region(table, region_id, 1, options["max_retries"])
+                done = merge_region(table.catalog, region_id, 1, options["max_retries"])
             except CommitConflictError as e:
                 yield {"kind": "conflict", "region_id": region_id, "error": str(e)}
                 break

@@ -28,7 +28,7 @@ Each partition then reads fixed, immutable pieces:
   (whatever its filter outcome). The key set is the same view's (cached per worker
   process: generations are immutable).
 
-The partitions carry about the same number of rows (``ceil(rows / rowsPerSplit)`` of
+The partitions carry about the same number of rows (``ceil(rows / rows_per_split)`` of
 them, :func:`split_rows`): the first one holds the regions' rows and a smaller base
 range, so that the tasks of a query finish together (with a pushed filter fragments
 are not cut: Lance's offset/limit count filtered rows).
@@ -43,7 +43,7 @@ Column pruning and filter pushdown
 The Python Data Source API (PySpark 4.x) passes no required-column list to a reader, so
 Spark cannot prune columns by itself: ask for the columns with ``option("columns",
 ...)`` or a user schema, and only those (plus the key) are read.
-Filters are pushed only on request (``option("pushFilters", "true")``, PySpark >= 4.1 with
+Filters are pushed only on request (``option("push_filters", "true")``, PySpark >= 4.1 with
 ``spark.sql.python.filterPushdown.enabled``, which ``register_source(spark,
 filter_pushdown=True)`` turns on; without it Spark refuses the reader:
 ``DATA_SOURCE_PUSHDOWN_DISABLED`` naming the setting).
@@ -85,11 +85,13 @@ from pyspark.sql.types import StructType
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from memwal_query.format.lancetypes import lance_filterable
 from memwal_query.read import newer, view
-from memwal_query.spark import changes as _changes
 from memwal_query.spark._common import (
     _spark_schema,
     _storage_options,
+    deprecated_spelling,
+    is_changes_read,
     open_table,
+    option,
 )
 from memwal_query.storage.cache import LRUCache
 
@@ -377,7 +379,9 @@ class MemWalReader(DataSourceReader):
         self.schema = schema
         self.consistency = options.get("consistency", view.DEFAULT_CONSISTENCY)
         self.as_of = options.get("as_of")  # time travel (memwal_query.read.view.resolve_as_of)
-        self.rows_per_split = int(options.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
+        self.rows_per_split = int(
+            option(options, "rows_per_split", "rowspersplit", DEFAULT_ROWS_PER_SPLIT)
+        )
         self.storage_options = _storage_options(options)
         self.filters: list[Any] = []
         table = open_table(uri, self.storage_options)
@@ -402,11 +406,11 @@ class MemWalReader(DataSourceReader):
         return _combine(self.filters, self.table_schema)
 
     def partitions(self) -> list[InputPartition]:
-        """Resolve the view now: tasks of about ``rowsPerSplit`` rows each, of equal size,
+        """Resolve the view now: tasks of about ``rows_per_split`` rows each, of equal size,
         the first one reading the regions' rows too (:func:`split_rows`)."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
-        plan = view.resolve(table, self.consistency, None, preds or None, as_of=self.as_of)
+        plan = view.resolve(table.catalog, self.consistency, None, preds or None, as_of=self.as_of)
         newer = NewerPartition(plan.regions, plan.consistency) if plan.regions else None
         newer_rows = _newer_rows(plan, self.storage_options) if newer is not None else 0
         fragments = [(f.fragment_id, f.count_rows()) for f in plan.base.get_fragments()]
@@ -422,10 +426,12 @@ class MemWalReader(DataSourceReader):
         """Rows of one partition as Arrow batches of the output schema."""
         if not isinstance(partition, BasePartition):  # pragma: no cover
             raise MemWalError(f"unknown partition {partition!r}")
-        if partition.with_newer and partition.newer is not None:
-            yield from self._read_newer(partition.newer)
+        # One view of the newer rows per task: its rows and the keys masking the base.
+        newer_view = self._view(partition.newer) if partition.newer is not None else None
+        if partition.with_newer and newer_view is not None:
+            yield from self._read_newer(newer_view)
         if partition.pieces:
-            yield from self._read_base(partition)
+            yield from self._read_base(partition, newer_view)
 
     def _view(self, part: NewerPartition) -> newer.NewerView:
         return newer.newer_view(
@@ -445,12 +451,14 @@ class MemWalReader(DataSourceReader):
                 arrays.append(_to_spark_array(b.column(f.name), f.type))
             yield pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
-    def _read_newer(self, part: NewerPartition) -> Iterator[pa.RecordBatch]:
+    def _read_newer(self, newer_view: newer.NewerView) -> Iterator[pa.RecordBatch]:
         expr, _ = self._expression()
         used = [_filter_column(f) for f in self.filters]
-        yield from self._out(self._view(part).live(self.columns, expr, used))
+        yield from self._out(newer_view.live(self.columns, expr, used))
 
-    def _read_base(self, part: BasePartition) -> Iterator[pa.RecordBatch]:
+    def _read_base(
+        self, part: BasePartition, newer_view: newer.NewerView | None
+    ) -> Iterator[pa.RecordBatch]:
         try:
             ds = lance.dataset(
                 self.uri, version=part.version, storage_options=self.storage_options or None
@@ -460,7 +468,7 @@ class MemWalReader(DataSourceReader):
                 f"{self.uri}: base version {part.version} this DataFrame planned on is gone "
                 f"(load the DataFrame again): {e}"
             ) from e
-        keys = self._view(part.newer).keys if part.newer is not None else None
+        keys = newer_view.keys if newer_view is not None else None
         # Filters on columns Lance cannot filter are evaluated here, after the scan.
         in_lance = [
             f
@@ -528,8 +536,8 @@ class MemWalDataSource(DataSource):
     """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
 
     Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
-    ``consistency`` (``latest`` (default)/``strong``/``eventual``), ``rowsPerSplit`` (rows per
-    partition; partitions are balanced), ``pushFilters`` (``true`` to enable filter
+    ``consistency`` (``latest`` (default)/``strong``/``eventual``), ``rows_per_split`` (rows per
+    partition; partitions are balanced), ``push_filters`` (``true`` to enable filter
     pushdown: only for a DataFrame that runs a single query reading it once, see the
     module docs), ``as_of`` (time travel:
     a base version or ISO timestamp), ``changes_since`` (the change feed, see
@@ -559,30 +567,37 @@ class MemWalDataSource(DataSource):
             table, schema = check_read(self._uri(), self.options)
         except MemWalError as e:
             raise e.with_traceback(None) from None  # Spark prints the traceback: keep it short
-        if _changes.is_changes_read(self.options):
+        if is_changes_read(self.options):
+            from memwal_query.spark import changes as _changes
+
             return _changes.spark_changes_schema(table)
         return _spark_schema(schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader returning ``schema``'s columns."""
         options = {k.lower(): v for k, v in self.options.items()}
-        if _changes.is_changes_read(options):
+        if is_changes_read(options):
+            from memwal_query.spark import changes as _changes
+
             return _changes.MemWalChangesReader(self._uri(), options, schema)
         # Opt-in: Spark shares a pushed-down reader with later queries (module docs).
-        pushdown = options.get("pushfilters", "false").lower() == "true"
+        pushdown = str(option(options, "push_filters", "pushfilters", "false")).lower() == "true"
         cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
         return cls(self._uri(), options, schema)
 
     def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
         """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
+        from memwal_query.spark import changes as _changes
+
         return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
 
 
 def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
     """Open the table and check the read options: ``(table, schema to return)``.
 
-    Checks ``consistency``, ``rowsPerSplit``, ``pushFilters``, ``columns`` and
-    ``as_of`` (names are case-insensitive, as Spark passes them).
+    Checks ``consistency``, ``rows_per_split``, ``push_filters``, ``columns`` and
+    ``as_of`` (names are case-insensitive, as Spark passes them; ``rowsPerSplit`` and
+    ``pushFilters`` are their deprecated spellings).
 
     Raises
     ------
@@ -601,16 +616,23 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
             f"memwal data source: option consistency={consistency!r}: use one of "
             + ", ".join(CONSISTENCY_MODES)
         )
-    split = str(opts.get("rowspersplit", DEFAULT_ROWS_PER_SPLIT))
+    # an error names the option as the caller spelled it (the deprecated spelling too)
+    given = {str(k).lower(): str(k) for k in options}
+    key = "rows_per_split" if "rows_per_split" in opts else "rowspersplit"
+    split = str(opts.get(key, DEFAULT_ROWS_PER_SPLIT))
     if not split.isdigit() or int(split) <= 0:
         raise MemWalError(
-            f"memwal data source: option rowsPerSplit={split!r}: give a positive number of rows"
+            f"memwal data source: option {given.get(key, key)}={split!r}: give a positive "
+            "number of rows"
         )
-    push = str(opts.get("pushfilters", "false")).lower()
+    key = "push_filters" if "push_filters" in opts else "pushfilters"
+    push = str(opts.get(key, "false")).lower()
     if push not in ("true", "false"):
-        raise MemWalError(f"memwal data source: option pushFilters={push!r}: use true or false")
+        raise MemWalError(
+            f"memwal data source: option {given.get(key, key)}={push!r}: use true or false"
+        )
     if opts.get("as_of") is not None:
-        as_of_moment(table, opts["as_of"])  # a bad or unknown moment: its typed error
+        as_of_moment(table.catalog, opts["as_of"])  # a bad or unknown moment: its typed error
     schema = table.schema
     cols = opts.get("columns")
     if cols:
@@ -627,7 +649,7 @@ def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
 
     With ``filter_pushdown``, also turn on Spark's Python filter pushdown
     (``spark.sql.python.filterPushdown.enabled``, PySpark >= 4.1), which readers with
-    ``option("pushFilters", "true")`` need. It is left as it is otherwise: with it on,
+    ``option("push_filters", "true")`` need. It is left as it is otherwise: with it on,
     Spark runs a Python planning worker for *every* query with a filter, whatever the
     reader (a fresh plan each time, ~0.3 s per query on a loaded 2-core machine), where
     a DataFrame's queries otherwise reuse its first plan.
@@ -648,20 +670,25 @@ PUSHDOWN_WARNING = (
     "memwal: Spark filter pushdown is on. Spark (4.1-4.3) keeps ONE pushed-down reader "
     "per DataFrame: a later query on the same DataFrame, or a query reading it twice "
     "(self-union, self-join), can be answered with another query's filters, i.e. wrong "
-    "rows. Use option('pushFilters', 'true') only on a DataFrame that one query reads "
+    "rows. Use option('push_filters', 'true') only on a DataFrame that one query reads "
     "once; without it every answer is right (Spark evaluates the filters)."
 )
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
-    ``pushFilters="true"`` turns on Spark's filter pushdown, see :func:`register_source`).
+    ``push_filters="true"`` turns on Spark's filter pushdown, see :func:`register_source`).
+    ``rowsPerSplit`` and ``pushFilters`` are deprecated spellings of ``rows_per_split``
+    and ``push_filters``.
 
     The table and the options are checked first, in this process (:func:`check_read`):
     a missing table or a bad option raises its typed error here.
     """
     check_read(uri, options)  # here, in the driver: a typed error, no Spark traceback
-    push = str(options.get("pushFilters", options.get("pushfilters", ""))).lower() == "true"
+    lowered = {k.lower(): v for k, v in options.items()}
+    push = str(option(lowered, "push_filters", "pushfilters", "")).lower() == "true"
+    if "rowspersplit" in lowered and "rows_per_split" not in lowered:
+        deprecated_spelling("option('rowsPerSplit')", "option('rows_per_split')")
     register_source(spark, filter_pushdown=push)
     return spark.read.format(FORMAT).options(**options).load(uri)
 
@@ -674,12 +701,14 @@ def changes_frame(
     The end is fixed here (``changes_until``), so the DataFrame reads exactly the
     changes up to the returned cursor however often it is evaluated.
     """
+    from memwal_query.spark import changes as _changes
+
     register_source(spark)
     table = open_table(uri, _storage_options(options))
     consistency = options.get("consistency", view.DEFAULT_CONSISTENCY)
     start = _changes._start(table, None if since is None else str(since))
-    end = _changes.end_cursor(table, consistency)
-    merged = _changes.Cursor({**start.positions, **end.positions}, table.lineage)
+    end = _changes.end_cursor(table.catalog, consistency)
+    merged = _changes.Cursor({**start.positions, **end.positions}, table.catalog.lineage)
     df = (
         spark.read.format(FORMAT)
         .options(**options)

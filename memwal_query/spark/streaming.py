@@ -1,8 +1,24 @@
 """Structured Streaming sink: ``foreachBatch(mqs.sink(uri))``.
 
-Each micro-batch is written with :func:`memwal_query.spark.write` (one Spark job; each
-task flushes or syncs its regions before it succeeds). The function returns - and Spark
-then records the batch in its commit log - only once every row of the batch is durable.
+Each micro-batch is written with :func:`memwal_query.spark.write` (one Spark job). The
+function returns - and Spark then records the batch in its commit log - only once every
+row of the batch is durable.
+
+Generations by size, not by micro-batch
+---------------------------------------
+A micro-batch's rows of a region go to the region's WAL; the task flushes the region
+as a generation only when its unflushed rows - the WAL tail the task replayed when it
+claimed the region, plus the batch - pass a long-lived writer's flush thresholds
+(``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_entries``,
+``max_memtable_age``, counted from the oldest unflushed entry; ``flush="due"`` of
+:func:`memwal_query.spark.write`). Until then the rows stay in the WAL, where every
+default reader sees them. A stream of small micro-batches thus makes as many
+generations as one long-lived writer would, and what a micro-batch pays to pick up a
+region (claim, replay of the WAL tail) is bounded by the same thresholds. Pass
+``flush=True`` to flush every region at every micro-batch, or ``writer_options`` to
+change the thresholds. When the stream stops, the rows left in the WAL are flushed by
+the next writer of their region or by maintenance, which recovers regions whose writer
+is gone.
 
 Exactly-once in the deduplicated view
 -------------------------------------
@@ -40,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from memwal_query.exceptions import AlreadyExistsError, MemWalError
 from memwal_query.spark._common import SPARK_DIR, fault
 from memwal_query.spark.ingest import WriteResult, write
+from memwal_query.spark.ingest_schema import FLUSH_DUE
 from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import join, normalize_uri
 from memwal_query.storage.paths import mem_wal_root
@@ -77,7 +94,8 @@ class MemWalSink:
         Object-store options of the table.
     **write_options
         Passed to :func:`memwal_query.spark.write` (``mode``, ``delete_column``,
-        ``order_by``, ``flush``, ``num_partitions``...).
+        ``order_by``, ``flush`` (default ``"due"``), ``writer_options``,
+        ``parallelism``...).
     """
 
     def __init__(
@@ -94,7 +112,7 @@ class MemWalSink:
             markers_dir(self.uri, sink_id)  # validate early
         self.keep_markers = max(1, keep_markers)
         self.storage_options = dict(storage_options or {})
-        self.write_options = write_options
+        self.write_options = {"flush": FLUSH_DUE, **write_options}
         self.last_result: WriteResult | None = None
         self.skipped: list[int] = []
 

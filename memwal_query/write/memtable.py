@@ -114,6 +114,15 @@ class MemTable:
             self._unsynced_from = at
         self._note_position(wal_position)
 
+    def backdate(self, written_at: float) -> None:
+        """Count this MemTable's age from ``written_at`` (epoch seconds) when that is
+        earlier than its first append: rows replayed from a WAL entry are as old as the
+        entry, not as the replay."""
+        if self.first_append_at is None:
+            return
+        age = max(0.0, time.time() - written_at)
+        self.first_append_at = min(self.first_append_at, time.monotonic() - age)
+
     def adopt(self, table: pa.Table, wal_position: int) -> None:
         """Add the rows of a WAL entry written before the rows not yet in the WAL.
 

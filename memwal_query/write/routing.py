@@ -13,6 +13,7 @@ a generation (they are durable and visible before that, in the WAL).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import weakref
@@ -31,11 +32,40 @@ from memwal_query.exceptions import (
     WriteIncompleteError,
     WriterClosedError,
 )
+from memwal_query.write.opening import WriterOpener, WriterOptions
 
 if TYPE_CHECKING:
-    from memwal_query.catalog import Catalog
     from memwal_query.regions.spec import RegionSpec
     from memwal_query.write.writer import RegionWriter
+
+DEFAULT_FENCE_RETRIES = 5
+"""How many times a region is claimed again after its writer was fenced by another writer
+of it (exponential backoff from 50 ms, at most 2 s): the default everywhere (Python
+``fence_retries``, Spark ``option("fence_retries")``)."""
+
+DEFAULT_BUFFER_ROWS = 200_000
+"""Rows a bulk loader buffers per region before putting them as one durable WAL entry:
+the default everywhere (``memwal ingest --buffer-rows``, Spark ``buffer_rows``)."""
+
+
+@dataclasses.dataclass
+class PartsWritten:
+    """What :meth:`RoutedWriters.write_parts` wrote.
+
+    Attributes
+    ----------
+    written : dict
+        ``{region_id: rows written}``, every region in it durable.
+    unwritten : list of pyarrow.Table
+        Parts not written because their spec stopped being the current one (to route
+        again by the new spec); empty when everything was written.
+    spec_changed : SpecChangedError or None
+        Why ``unwritten`` is not empty.
+    """
+
+    written: dict[str, int]
+    unwritten: list[pa.Table] = dataclasses.field(default_factory=list)
+    spec_changed: SpecChangedError | None = None
 
 
 class RoutedWriters:
@@ -43,23 +73,16 @@ class RoutedWriters:
 
     Parameters
     ----------
-    catalog : Catalog
-        The table.
-    open_writer : callable
-        ``open_writer(region_values, spec_id, **options)`` claims a region of spec
-        ``spec_id`` and returns its writer (the table's
-        :meth:`~memwal_query.table.MemWalTable.writer`; :class:`SpecChangedError` when
-        that spec is no longer the current one).
+    opener : WriterOpener
+        Claims a region of a spec and returns its writer (:class:`SpecChangedError`
+        when that spec is no longer the current one).
     """
 
-    write_retries: int = 5
-    """How many times a region is claimed again after its writer was fenced by another
-    writer of it (exponential backoff from 50 ms, at most 2 s)."""
-
-    def __init__(self, catalog: Catalog, open_writer: Callable[..., RegionWriter]) -> None:
-        self.catalog = catalog
-        self._open = open_writer
-        self.options: dict[str, Any] = {}
+    def __init__(self, opener: WriterOpener) -> None:
+        self.opener = opener
+        self.catalog = opener.catalog
+        self.options = WriterOptions()
+        self.fence_retries = DEFAULT_FENCE_RETRIES
         self._writers: dict[str, RegionWriter] = {}
         # Guards opening writers: two threads routing rows to one region must share one
         # writer (a second claim would fence the first).
@@ -70,14 +93,20 @@ class RoutedWriters:
         parts: list[tuple[dict[str, Any], pa.Table]],
         put: Callable[[RegionWriter, pa.Table], None],
         spec_id: int,
-    ) -> dict[str, int]:
-        """Write each region's part (concurrently) with fencing retries; ``{region_id:
-        rows written}`` (see :meth:`MemWalTable.write` for atomicity).
+    ) -> PartsWritten:
+        """Write each region's part (concurrently) with fencing retries (see
+        :meth:`MemWalTable.write` for atomicity).
 
         ``parts`` were split by region spec ``spec_id``. When that spec stopped being
-        the current one and every failed region failed for that reason,
-        :class:`SpecChangedError` is raised with ``.unwritten`` (the parts not written,
-        to route again) and ``.written`` (``{region_id: rows}`` written before).
+        the current one and every failed region failed for that reason, the result lists
+        the parts not written (``unwritten``) instead of raising.
+
+        Raises
+        ------
+        WriteIncompleteError
+            Some regions were written, others failed (not all by a spec change).
+        FencedError, SpecChangedError, MemWalError
+            The error of the only failed region(s) when none was written.
         """
         jobs = [(region_id_for(spec_id, values), values, part) for values, part in parts]
 
@@ -99,14 +128,50 @@ class RoutedWriters:
         if errors:
             changed = [e for e in errors.values() if isinstance(e, SpecChangedError)]
             if len(changed) == len(errors):
-                e = changed[0]
-                e.unwritten = [part for rid, _, part in jobs if rid in errors]  # type: ignore[attr-defined]
-                e.written = written  # type: ignore[attr-defined]
-                raise e
+                unwritten = [part for rid, _, part in jobs if rid in errors]
+                return PartsWritten(written, unwritten, changed[0])
             if not written:
                 raise next(iter(errors.values()))
             raise WriteIncompleteError(self.catalog.uri, written, errors)
-        return written
+        return PartsWritten(written)
+
+    def route(
+        self,
+        rows: pa.Table,
+        put: Callable[[RegionWriter, pa.Table], None],
+        check: Callable[[RegionSpec], None],
+    ) -> dict[str, int]:
+        """Split ``rows`` by the current spec and ``put`` each region's part;
+        ``{region_id: rows written}``.
+
+        Rows whose region turned out to belong to an older spec (the spec changed
+        meanwhile) are routed again by the new one (``check`` is run on it first), up
+        to ``fence_retries`` times.
+
+        Raises
+        ------
+        SpecChangedError
+            The spec kept changing.
+        WriteIncompleteError, FencedError, MemWalError
+            See :meth:`write_parts`.
+        """
+        cat = self.catalog
+        written: dict[str, int] = {}
+        for attempt in range(self.fence_retries + 1):
+            spec = cat.routing_spec()
+            if attempt:
+                check(spec)
+            parts = split_by_region(spec, rows, cat.lance_schema)
+            result = self.write_parts(parts, put, spec.spec_id)
+            for region_id, n in result.written.items():
+                written[region_id] = written.get(region_id, 0) + n
+            if result.spec_changed is None:
+                return written
+            if attempt == self.fence_retries:
+                raise result.spec_changed
+            rows = pa.concat_tables(result.unwritten)
+            cat.refresh_index()
+        raise AssertionError("unreachable")
 
     def _put_region(
         self,
@@ -127,23 +192,23 @@ class RoutedWriters:
         call: Callable[[RegionWriter], Any],
     ) -> Any:
         """``call`` the region's routed writer; when another writer fenced it, drop it,
-        claim the region again (after a backoff) and call again, ``write_retries``
+        claim the region again (after a backoff) and call again, ``fence_retries``
         times. A fenced call was never acknowledged, so calling again is safe."""
         import random
         import time
 
-        for attempt in range(self.write_retries + 1):
+        for attempt in range(self.fence_retries + 1):
             w = self._routed_writer(region_id, values, spec_id)
             try:
                 return call(w)
             except FencedError as e:
                 self._drop_writer(region_id, w)
-                if isinstance(e, JobEndedError) or attempt == self.write_retries:
+                if isinstance(e, JobEndedError) or attempt == self.fence_retries:
                     raise
             except WriterClosedError:
                 # closed by another thread's drop after its fence: claim again
                 self._drop_writer(region_id, w)
-                if attempt == self.write_retries:
+                if attempt == self.fence_retries:
                     raise
             time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
@@ -168,7 +233,7 @@ class RoutedWriters:
         with self._writers_lock:
             w = self._writers.get(region_id)
             if w is None:
-                w = self._open(values, spec_id, **self.options)
+                w = self.opener.open(region_values=values, spec_id=spec_id, options=self.options)
                 self._writers[region_id] = w
                 _flush_at_exit_later(self)
             return w
@@ -257,7 +322,7 @@ def _flush_at_exit() -> None:
             log.warning("%s: writers not flushed at exit: %s", routed.catalog.uri, e)
 
 
-def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list:
+def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list[Any]:
     """``[fn(x) for x in items]`` run in threads (flushes overlap their I/O and the
     GIL-free parts of Lance and numpy); every call finishes, then the first error is
     raised."""

@@ -39,7 +39,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 from memwal_query.exceptions import (
     FencedError,
     MemWalError,
+    SchemaChangedError,
     SpecChangedError,
     WriterClosedError,
     WrongRegionError,
@@ -76,6 +77,7 @@ from memwal_query.write.writer_state import (
     DEFAULT_MAX_WAL_BUFFER_BYTES,
     DEFAULT_MAX_WAL_ENTRIES,
     DEFAULT_WAL_FLUSH_INTERVAL,
+    PartialLookup,
     WriterStats,
     _Request,
 )
@@ -127,10 +129,10 @@ class RegionWriter(_WalPath):
         Spec id recorded when the region is created (0: manual region).
     region_field_entries : tuple
         ``(field_id, value bytes)`` recorded in the manifest when the region is created.
-    lookup : callable, optional
+    lookup : PartialLookup, optional
         ``lookup(keys, columns=..., writers=[self])`` returning the keys' current rows
-        (the table's :meth:`~memwal_query.table.MemWalTable.lookup`): partial updates
-        read the columns they do not set through it. Without it they are refused.
+        (:class:`~memwal_query.write.writer_state.PartialLookup`): partial updates read
+        the columns they do not set through it. Without it they are refused.
 
     Raises
     ------
@@ -161,7 +163,7 @@ class RegionWriter(_WalPath):
         region_values: dict[str, Any] | None = None,
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
-        lookup: Callable[..., pa.Table] | None = None,
+        lookup: PartialLookup | None = None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
         self.table = table
@@ -217,6 +219,7 @@ class RegionWriter(_WalPath):
             # (the epoch bound is checked against the claimed epoch in _replay)
             entries = self._wal.replay(latest.replay_after_wal_entry_position, 1 << 64)
             early = [(e, self._conform(e)) for e in entries]
+        self._check_schema(claimed=False)
         # Alive before claiming: a maintainer never takes over a region whose heartbeat
         # is fresh, and the new claim is covered from its first moment.
         self._heartbeat_owner = liveness.new_heartbeat(0, heartbeat_interval).owner
@@ -228,6 +231,7 @@ class RegionWriter(_WalPath):
         manifest = self._store.claim(
             region_spec_id, region_field_entries=region_field_entries, lineage=table.lineage
         )
+        self._check_schema(claimed=True)
         if latest is None or (
             manifest.replay_after_wal_entry_position != latest.replay_after_wal_entry_position
         ):
@@ -252,11 +256,34 @@ class RegionWriter(_WalPath):
         self._ticker.start()
         liveness.HEARTBEATS.add(self)
 
+    def _check_schema(self, claimed: bool) -> None:
+        """SchemaChangedError (and this writer closed) when the base table has columns
+        the table's schema lacks: another process changed the schema since it was read.
+
+        Checked after the claim (and before it, to not fence a live writer for
+        nothing): a schema change committed before the claim is seen; one committed
+        after it comes with the claim of a writer that knows the new columns, which
+        fences this one. So every row of a region written after a column was added
+        either carries the column or comes before (in WAL order) every row that does.
+        """
+        changed = self.table.schema_changes()
+        if changed:
+            self._closed = True
+            self._executor.shutdown(wait=False)
+            if claimed:
+                self._beat(closed=True)  # the region is free for the next writer
+            raise SchemaChangedError(
+                f"{self.table.uri}: the table's column(s) {changed} were added or changed "
+                "after this table object read its schema; nothing was written. Open the "
+                "table again (MemWalTable.open) to write with the new schema"
+                + (" (the region was claimed)" if claimed else "")
+            )
+
     def _check_spec_after_claim(self, routed_spec_id: int) -> None:
         """SpecChangedError (and this writer closed) when the table's current region
         spec, re-read now that the region is claimed, is not the one its rows are
         routed by: see :mod:`memwal_query.maintain.specs` for why after the claim."""
-        self.table.index()
+        self.table.refresh_index()
         current = self.table.routing_spec().spec_id
         if current != routed_spec_id:
             self._closed = True
@@ -310,6 +337,8 @@ class RegionWriter(_WalPath):
 
     def _replay_one(self, entry: WalEntry, rows: pa.Table) -> None:
         self._active.append(rows, entry.position)
+        if entry.written_at is not None:
+            self._active.backdate(entry.written_at)  # max_memtable_age counts from the entry
         self._next_wal_position = entry.position + 1
         self.stats.replayed_entries += 1
         self.stats.replayed_rows += entry.table.num_rows
@@ -346,12 +375,36 @@ class RegionWriter(_WalPath):
 
     def _put_routed(self, rows: pa.Table, missing: Sequence[str] = ()) -> None:
         """Put rows already coerced and routed to this region (used by table.write);
-        ``missing``: columns of a partial update, filled from the keys' current rows."""
+        ``missing``: columns of a partial update, filled from the keys' current rows.
+        SchemaChangedError when they were coerced to another schema than this writer's
+        (the table's schema changed in between; nothing written)."""
+        if rows.schema.names != self._schema.names:
+            raise SchemaChangedError(
+                f"{self.table.uri}: the rows have columns {rows.schema.names}, this writer "
+                f"of region {self.region_id} writes {self._schema.names} (the schema "
+                "changed meanwhile); nothing was written"
+            )
         if missing:
             self._write_partial(rows, list(missing))
         else:
             self._write(with_tombstone(rows, False).cast(self._storage_schema))
         self.stats.put_rows += rows.num_rows
+
+    def _put_and_delete_routed(self, rows: pa.Table, keys: pa.Table, order: pa.Array) -> None:
+        """Upserts and deletes already coerced (full rows; key columns) and routed to
+        this region, written as ONE write (one WAL entry in durable mode): row ``i`` of
+        the write is row ``order[i]`` of the upserts followed by the deletes' tombstones,
+        so a batch of interleaved upserts and deletes keeps its order without one WAL
+        entry per run."""
+        stored = pa.concat_tables(
+            [
+                with_tombstone(rows, False).cast(self._storage_schema),
+                tombstone_rows(keys, self._schema).cast(self._storage_schema),
+            ]
+        )
+        self._write(stored.take(order))
+        self.stats.put_rows += rows.num_rows
+        self.stats.delete_rows += keys.num_rows
 
     def delete(self, keys: Any) -> None:
         """Delete rows by primary key (a table holding the primary-key column(s))."""
@@ -388,6 +441,39 @@ class RegionWriter(_WalPath):
             # attempt's to raise.
             self._flush_error = None
         self._seal(force=True)
+        return self._wait_flushed(done_before)
+
+    def flush_due(self) -> int | None:
+        """Flush the MemTable only if it is due, and wait for every pending flush.
+
+        Due means what makes a writer flush on its own: ``max_memtable_rows``,
+        ``max_memtable_bytes``, ``max_wal_entries`` or ``max_memtable_age`` passed
+        (rows replayed from the WAL count, with the age of their entries). Otherwise
+        the rows stay in the WAL, where every default reader sees them, and the next
+        writer of the region replays them. Used by writers that live for one batch of a
+        longer stream (a Spark task of a streaming micro-batch), so a stream makes
+        generations by size and age, not by batch.
+
+        Returns
+        -------
+        int or None
+            The newest generation flushed during this call, or None.
+
+        Raises
+        ------
+        FencedError
+            Another writer claimed the region.
+        """
+        self._check_open()
+        with self._cond:
+            done_before = len(self.stats.flushed_generations)
+            self._flush_error = None  # superseded by this attempt's outcome
+        self._seal(force=False)
+        return self._wait_flushed(done_before)
+
+    def _wait_flushed(self, done_before: int) -> int | None:
+        """Wait until no sealed MemTable is left (retrying failed flushes once); the
+        newest generation flushed since ``stats.flushed_generations[done_before]``."""
         with self._cond:
             while True:
                 while self._flush_active:
@@ -406,11 +492,16 @@ class RegionWriter(_WalPath):
         self._check_open()  # raises FencedError / WriterClosedError
         raise WriterClosedError(f"writer of region {self.region_id} is closed")
 
-    def close(self, flush: bool = True) -> None:
+    def close(self, flush: bool = True, *, handoff: bool = False) -> None:
         """Close the writer; with ``flush=True`` (default) flush the MemTable first.
 
         With ``flush=False`` unflushed rows stay in the WAL (durable) and the next
         writer of the region replays them.
+
+        ``handoff=True``: the region's next writer is expected soon (the next batch of a
+        stream, as the Spark sink's tasks are), so the heartbeat keeps its last beat
+        instead of saying ``closed``: maintenance recovers the region's WAL only once no
+        writer has beaten for ``abandoned_after``, not at its next pass.
         """
         if self._closed:
             return
@@ -423,7 +514,8 @@ class RegionWriter(_WalPath):
         finally:
             self._closed = True
             liveness.HEARTBEATS.discard(self)
-            self._beat(closed=True)
+            if not handoff:
+                self._beat(closed=True)
             self._executor.shutdown(wait=True)
             with self._cond:
                 self._cond.notify_all()
@@ -431,7 +523,7 @@ class RegionWriter(_WalPath):
     def __enter__(self) -> RegionWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.close()
         else:

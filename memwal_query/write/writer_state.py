@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -25,6 +25,21 @@ from memwal_query.write.memtable import MemTable
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
+
+
+class PartialLookup(Protocol):
+    """Reads the current rows of some keys for a partial update.
+
+    A writer calls it with the keys (a table of the primary-key columns), the columns to
+    return (the key columns and the missing ones) and ``writers=[that writer]``, whose
+    unflushed rows must be seen; it returns the keys' newest live rows (a key without a
+    live row has none).
+    """
+
+    def __call__(
+        self, keys: pa.Table, *, columns: Sequence[str], writers: Sequence[Any]
+    ) -> pa.Table: ...
+
 
 DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
@@ -79,7 +94,7 @@ class _WriterState:
     backpressure_timeout: float | None
     max_wal_entries: int
     max_memtable_age: float
-    _lookup: Callable[..., pa.Table] | None
+    _lookup: PartialLookup | None
     _schema: pa.Schema
     _pk: list[str]
     _storage_schema: pa.Schema
