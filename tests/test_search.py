@@ -505,6 +505,55 @@ def test_fts_scores_use_global_statistics(tmp_path):
     w.close(flush=False)
 
 
+def test_fts_scores_do_not_change_when_a_flush_moves_rows(tmp_path):
+    """The same rows give the same global statistics and scores wherever they sit: in a
+    MemTable, in a generation searched through its own index, or in the block of every
+    generation. Each step below changes only where rows sit (a flush; a flush of one
+    tombstone of an unknown key, which makes the generations one block), with
+    superseded and deleted versions among the moved rows, as a background flush
+    between two searches does."""
+    t = make_table(tmp_path)
+    w = t.writer(max_memtable_rows=10_000)
+    text = [f"apple {'zeta ' * (i % 3)}w{i % 4}" for i in range(20)]
+    w.put(rows(range(1000, 1020), text=text))
+    w.flush()
+    w.put(rows(range(1000, 1006), text=["zeta zeta apple"] * 6))  # over generation 1
+    w.delete(pa.table({"id": pa.array([1006, 7], pa.int64())}))
+    w.flush()
+
+    def memtable_changes() -> None:  # superseded versions within the MemTable too
+        w.put(rows([1010, 1011, 3], text=["apple", "zeta tail", "apple apple zeta"]))
+        w.put(rows([1010, 1001], text=["apple zeta apple", "plain"]))
+        w.delete(pa.table({"id": pa.array([1012, 1011], pa.int64())}))
+
+    def flush_unknown_tombstone() -> None:
+        w.delete(pa.table({"id": pa.array([10**6], pa.int64())}))
+        w.flush()
+
+    def searched() -> tuple[list[str], dict, dict[int, float]]:
+        dbg: dict = {}
+        got = search.fts_search(t, "text", "apple zeta", k=1000, writers=[w], debug=dbg)
+        kinds = sorted({s["kind"] for s in dbg["sources"]})
+        return kinds, dbg["stats"], dict(zip(ids(got), got["_score"].to_pylist()))
+
+    memtable_changes()
+    steps = [searched()]
+    for move in (w.flush, flush_unknown_tombstone, memtable_changes, w.flush):
+        move()
+        steps.append(searched())
+    kinds = [k for k, *_ in steps]
+    assert kinds[:3] == [
+        ["base", "generation", "memtable"],
+        ["base", "generation"],
+        ["base", "block"],
+    ]
+    assert kinds[3:] == [["base", "block", "memtable"], ["base", "block"]]
+    for before, after in [(steps[0], steps[1]), (steps[1], steps[2]), (steps[3], steps[4])]:
+        assert after[1] == before[1]
+        assert after[2] == pytest.approx(before[2], rel=1e-6)  # every match, same score
+    w.close(flush=False)
+
+
 def test_fts_top_k_when_a_source_ranks_differently_from_the_global_score(tmp_path):
     """A small generation's own BM25 (short avgdl) prefers a 1-token document; with the
     global statistics a 6-token document with tf=3 scores higher. Both the generation's

@@ -156,7 +156,8 @@ class _MemFts:
             dl = np.asarray(ti.doc_len, np.float64)
             self.doc_len[off : off + len(dl)] = dl[: rows.num_rows - off]
 
-    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+    def _held(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``rows`` holding ``token`` (live or not) and its count in each."""
         rows, tfs = [], []
         for off, ti in self.parts:
             r, t = ti.posting(token)
@@ -165,16 +166,27 @@ class _MemFts:
         r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         t = np.concatenate(tfs) if tfs else np.zeros(0)
         keep = r < len(self.live)
-        r, t = r[keep], t[keep]
+        return r[keep], t[keep]
+
+    def posting(self, token: str) -> tuple[np.ndarray, np.ndarray]:
+        """Live rows holding ``token`` and its count in each."""
+        r, t = self._held(token)
         keep = self.live[r]
         return r[keep], t[keep]
 
     def stats(self, tokens: list[str]) -> _FtsStats:
-        valid = self.live & (self.doc_len > 0)
+        """BM25 statistics of every row held here, superseded and deleted versions too.
+
+        A Lance INVERTED index counts every row it indexed, so a flushed generation (or
+        the base) counts its superseded rows; counting the same here makes the global
+        statistics of a view independent of where its rows sit: a flush moving a
+        MemTable's rows into a generation, or generations read as one block rather
+        than through their own indexes, leaves every score unchanged.
+        """
         return _FtsStats(
-            num_docs=int(valid.sum()),
-            total_tokens=int(self.doc_len[self.live].sum()),
-            df={t: len(self.posting(t)[0]) for t in set(tokens)},
+            num_docs=int(np.count_nonzero(self.doc_len > 0)),
+            total_tokens=int(self.doc_len.sum()),
+            df={t: len(self._held(t)[0]) for t in set(tokens)},
         )
 
     def match(self, tokens: list[str], filter: Any) -> tuple[np.ndarray, np.ndarray]:
