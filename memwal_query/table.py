@@ -841,8 +841,8 @@ max_memtable_age, heartbeat_interval
                 return get(self)
             catalog = self.__dict__.get("_catalog")
             if catalog is not None and hasattr(catalog, name):
-                # The catalog's other names (a MemWalTable used to be a Catalog): lower-level
-                # functions handed a MemWalTable keep working for one release.
+                # The catalog's other names, deprecated on the facade: lower-level functions
+                # handed a MemWalTable keep working for one release.
                 deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
                 return getattr(catalog, name)
             raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
