@@ -325,6 +325,23 @@ def route(
 
     The routing of :func:`write`, row by row, to inspect it: the region values come
     from :meth:`RegionSpec.evaluate` on Arrow batches, as in the writer.
+
+    Parameters
+    ----------
+    df : DataFrame
+    uri : str
+        The table.
+    mode : str
+        ``"upsert"`` or ``"delete"``, as for :func:`write`.
+    delete_column : str, optional
+        As for :func:`write`.
+    storage_options : dict, optional
+        Object-store options.
+
+    Returns
+    -------
+    DataFrame
+        ``df`` with the column ``__memwal_region``.
     """
     from pyspark.sql.types import StringType, StructField, StructType
 

@@ -98,7 +98,17 @@ class MergeSummary:
 
 
 def pending_generations(table: MemWalTable) -> dict[str, int]:
-    """``{region_id: number of flushed generations not merged yet}`` (non-zero only)."""
+    """Flushed generations not merged yet, per region.
+
+    Parameters
+    ----------
+    table : MemWalTable
+
+    Returns
+    -------
+    dict
+        ``{region_id: number of generations}``, regions with none left out.
+    """
     merged = table.catalog.index().merged_generations()
     out = {}
     for region_id in table.catalog.region_ids():

@@ -181,8 +181,26 @@ def filter_expression(
     """A Spark data source ``Filter`` as a pyarrow expression (+ pruning predicates).
 
     The expression keeps exactly the rows for which Spark's filter (or its negation)
-    is true, NULLs included. Raises ValueError for a filter that is not supported
-    (then Spark evaluates it).
+    is true, NULLs included.
+
+    Parameters
+    ----------
+    f : pyspark.sql.datasource.Filter
+    schema : pa.Schema
+        The table schema the filter's columns refer to.
+    negate : bool
+        Translate ``NOT f`` instead.
+
+    Returns
+    -------
+    tuple
+        ``(expression, pruning predicates)``: the pyarrow expression, and
+        ``(column, op, value)`` predicates that region pruning can use.
+
+    Raises
+    ------
+    ValueError
+        The filter is not supported (Spark then evaluates it).
     """
     kind = type(f).__name__
     if kind == "Not":
@@ -647,6 +665,14 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
 def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
     """Register the ``memwal`` format in ``spark``.
 
+    Parameters
+    ----------
+    spark : SparkSession
+    filter_pushdown : bool
+        Also turn on Spark's Python filter pushdown (see below).
+
+    Notes
+    -----
     With ``filter_pushdown``, also turn on Spark's Python filter pushdown
     (``spark.sql.python.filterPushdown.enabled``, PySpark >= 4.1), which readers with
     ``option("push_filters", "true")`` need. It is left as it is otherwise: with it on,
@@ -676,13 +702,34 @@ PUSHDOWN_WARNING = (
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
-    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
-    ``push_filters="true"`` turns on Spark's filter pushdown, see :func:`register_source`).
-    ``rowsPerSplit`` and ``pushFilters`` are deprecated spellings of ``rows_per_split``
-    and ``push_filters``.
+    """``spark.read.format("memwal").options(**options).load(uri)``, registering the
+    format first.
 
-    The table and the options are checked first, in this process (:func:`check_read`):
-    a missing table or a bad option raises its typed error here.
+    The table and the options are checked first, in this process (:func:`check_read`).
+
+    Parameters
+    ----------
+    spark : SparkSession
+    uri : str
+        The table.
+    **options : str
+        Reader options (``consistency``, ``rows_per_split``, ``push_filters``,
+        ``columns``, ``as_of``, storage options; see docs/spark.md).
+        ``push_filters="true"`` turns on Spark's filter pushdown (see
+        :func:`register_source`). ``rowsPerSplit`` and ``pushFilters`` are deprecated
+        spellings of ``rows_per_split`` and ``push_filters``.
+
+    Returns
+    -------
+    DataFrame
+        The deduplicated view (newest row per key).
+
+    Raises
+    ------
+    TableNotFoundError, NotInitializedError
+        No MemWAL table at ``uri``.
+    MemWalError, SchemaError
+        A bad option value (the message names the option) or an unknown column.
     """
     check_read(uri, options)  # here, in the driver: a typed error, no Spark traceback
     lowered = {k.lower(): v for k, v in options.items()}
@@ -696,10 +743,30 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
 def changes_frame(
     spark: SparkSession, uri: str, since: Any = None, **options: str
 ) -> tuple[DataFrame, str]:
-    """``(DataFrame of the changes after since, cursor to continue from)``.
+    """The changes after ``since`` as a DataFrame, and the cursor to continue from.
 
     The end is fixed here (``changes_until``), so the DataFrame reads exactly the
     changes up to the returned cursor however often it is evaluated.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    uri : str
+        The table.
+    since : str, int, datetime or None
+        As for :meth:`MemWalTable.changes`.
+    **options : str
+        Reader options of the change feed (see docs/spark.md).
+
+    Returns
+    -------
+    tuple of (DataFrame, str)
+        The changes, and the cursor to pass as ``since`` next time.
+
+    Raises
+    ------
+    CursorError, ChangesGoneError
+        As for :meth:`MemWalTable.changes`.
     """
     from memwal_query.spark import changes as _changes
 

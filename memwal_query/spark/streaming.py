@@ -183,6 +183,19 @@ def sink(uri: str, sink_id: str | None = None, **options: Any) -> MemWalSink:
         query = (stream_df.writeStream.foreachBatch(mqs.sink(uri))
                  .option("checkpointLocation", ckpt).start())
 
-    See :class:`MemWalSink` for the parameters and the module docs for the guarantees.
+    Parameters
+    ----------
+    uri : str
+        The table.
+    sink_id : str, optional
+        Names the sink's batch markers (see :class:`MemWalSink`).
+    **options
+        The other parameters of :class:`MemWalSink`.
+
+    Returns
+    -------
+    MemWalSink
+        Callable as ``(batch_df, batch_id)``; exactly-once per batch id (see
+        docs/spark.md).
     """
     return MemWalSink(uri, sink_id, **options)
