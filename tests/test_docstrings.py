@@ -46,9 +46,7 @@ def _public_callables() -> list[tuple[str, object]]:
     return out
 
 
-@pytest.mark.parametrize(
-    "name, func", [pytest.param(n, f, id=n) for n, f in _public_callables()]
-)
+@pytest.mark.parametrize("name, func", [pytest.param(n, f, id=n) for n, f in _public_callables()])
 def test_public_api_documents_parameters_and_returns(name, func):
     doc = inspect.getdoc(func) or ""
     sig = inspect.signature(func)
