@@ -43,7 +43,7 @@ def machine() -> str:
 
 
 def print_table(title: str, header: list[str], rows: list[list[object]]) -> None:
-    """Print a Markdown table (pasteable into the README and issue notes)."""
+    """Print a Markdown table (pasteable into the README and docs)."""
     print(f"\n### {title}\n")
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")

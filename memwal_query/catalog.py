@@ -87,7 +87,19 @@ def _canonical(value: Any) -> str:
 
 
 def region_id_for(spec_id: int, values: dict[str, Any]) -> str:
-    """Deterministic region id (UUID v4 layout) of a region value under a spec."""
+    """Deterministic region id (UUID v4 layout) of a region value under a spec.
+
+    Parameters
+    ----------
+    spec_id : int
+    values : dict
+        ``{region field id: value}``.
+
+    Returns
+    -------
+    str
+        The same id for the same spec id and values, in every process.
+    """
     text = f"memwal-region/{spec_id}/" + json.dumps(
         [[k, _canonical(values[k])] for k in sorted(values)], ensure_ascii=False
     )

@@ -29,22 +29,50 @@ def register(
     Also registers the SQL table functions ``vector_search``, ``fts_search`` and
     ``lookup`` (see :mod:`memwal_query.search`) and ``changes`` (the change feed, see
     :mod:`memwal_query.read.changes_sql`); for ``name`` they read the MemTables of
-    ``writers`` too. Reads every acknowledged write of every process by default
-    (``consistency="latest"``: see :mod:`memwal_query.read.view`); ``"strong"`` reads
-    flushed rows only, ``"eventual"`` the region snapshots of the MemWAL index (falling
-    back to the region manifests while no snapshot has been written, or when it is
-    older than ``max_staleness`` seconds: default
-    :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`). ``writers=`` adds the
-    in-memory rows of those writers (read-your-writes, also of non-durable writers). ``as_of`` (a
-    base version or timestamp) registers the table as it was then (time travel).
+    ``writers`` too.
 
-    Raises (before anything is registered)
-    --------------------------------------
+    Parameters
+    ----------
+    ctx : datafusion.SessionContext
+    name : str
+        The SQL table name.
+    uri : str, os.PathLike or MemWalTable
+        The table, or its location.
+    consistency : str
+        ``"latest"`` (default): every acknowledged write of every process;
+        ``"strong"``: flushed rows only; ``"eventual"``: the region snapshots of the
+        MemWAL index, falling back to the region manifests while no snapshot has been
+        written or when it is older than ``max_staleness`` (see
+        :mod:`memwal_query.read.view`).
+    writers : list of RegionWriter, optional
+        Writers whose in-memory rows are read too (read-your-writes, also of
+        non-durable writers).
+    meta_columns : bool
+        Expose ``_gen`` and ``_rowaddr``.
+    storage_options : dict, optional
+        Object-store options, when ``uri`` is a location.
+    max_staleness : float, optional
+        ``"eventual"``: seconds after which a snapshot is too old (default
+        :data:`memwal_query.read.view.DEFAULT_MAX_STALENESS`).
+    as_of : int, datetime or str, optional
+        Register the table as it was at that base version or moment (time travel).
+
+    Returns
+    -------
+    MemWalTable
+        The table registered.
+
+    Raises
+    ------
     TableNotFoundError, PrimaryKeyError, NotInitializedError
-        No Lance table at ``uri``; it has no primary key; it has no MemWAL index.
+        No Lance table at ``uri``; it has no primary key; it has no MemWAL index
+        (nothing registered).
     ManifestCorruptError, MemWalError
-        The sources cannot be resolved now (they are resolved once as a check).
+        The sources cannot be resolved now (they are resolved once as a check;
+        nothing registered).
 
+    Notes
+    -----
     Errors raised while DataFusion runs a query (e.g. a region manifest corrupted or a
     generation garbage collected after registration) reach the caller as DataFusion's
     own ``Exception``; its message carries the original type name and message (which

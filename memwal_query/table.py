@@ -65,7 +65,15 @@ if TYPE_CHECKING:
 
 
 def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
-    """Warn that spelling ``old`` is deprecated in favour of ``new`` (kept one release)."""
+    """Warn that spelling ``old`` is deprecated in favour of ``new`` (kept one release).
+
+    Parameters
+    ----------
+    old, new : str
+        The deprecated and the current spelling, as the warning names them.
+    stacklevel : int
+        Passed to :func:`warnings.warn` (the caller of the deprecated spelling).
+    """
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; use {new}",
         DeprecationWarning,
@@ -274,7 +282,25 @@ class MemWalTable:
     def open(
         cls, uri: str | os.PathLike, storage_options: dict[str, str] | None = None
     ) -> MemWalTable:
-        """Open an initialized table (see :class:`MemWalTable`)."""
+        """Open an initialized table (see :class:`MemWalTable`).
+
+        Parameters
+        ----------
+        uri : str or os.PathLike
+            The base Lance table (local path or object-store URI).
+        storage_options : dict, optional
+            Object-store options, as Lance takes them.
+
+        Returns
+        -------
+        MemWalTable
+
+        Raises
+        ------
+        TableNotFoundError, StorageError, PrimaryKeyError, NotInitializedError
+            No Lance table at ``uri``, the store cannot be read, the table has no
+            primary key or no MemWAL index.
+        """
         return cls(uri, storage_options)
 
     # -- identity ----------------------------------------------------------------------
@@ -419,9 +445,17 @@ max_memtable_age, heartbeat_interval
         max_memtable_age: float = DEFAULT_MAX_MEMTABLE_AGE,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
-        """Set the options of the writers :meth:`write` opens from now on (those
-        already open keep theirs); an option not given takes its default. The options
-        are those of :meth:`writer`."""
+        """Set the options of the writers :meth:`write` opens from now on.
+
+        Writers already open keep theirs; an option not given takes its default.
+
+        Parameters
+        ----------
+        durable, max_memtable_rows, max_memtable_bytes, max_wal_buffer_bytes, \
+wal_flush_interval, max_unflushed_memtables, backpressure_timeout, max_wal_entries, \
+max_memtable_age, heartbeat_interval
+            The writer options of :meth:`writer`, with the same meanings and defaults.
+        """
         self._routed.options = WriterOptions(
             durable=durable,
             max_memtable_rows=max_memtable_rows,
@@ -544,12 +578,27 @@ max_memtable_age, heartbeat_interval
     def delete(self, keys: Any) -> dict[str, int]:
         """Route delete tombstones to their regions (the spec must read key columns only).
 
-        Same return value, atomicity, errors and retries as :meth:`write`.
+        Same atomicity and retries as :meth:`write`.
+
+        Parameters
+        ----------
+        keys : array-like, pa.Array, pa.Table or dict
+            Primary-key values: an array (or list) for a single-column key, a table or
+            dict with the key columns otherwise.
+
+        Returns
+        -------
+        dict
+            ``{region_id: rows deleted}``, every region in it durable.
 
         Raises
         ------
         RegionSpecError
             The region spec reads columns outside the primary key.
+        PrimaryKeyError
+            The keys do not fit the table's primary key (nothing written).
+        WriteIncompleteError, FencedError
+            As for :meth:`write`.
         """
         from memwal_query.format.schema import coerce_keys
 
@@ -584,8 +633,13 @@ max_memtable_age, heartbeat_interval
         self._routed.fence_retries = value
 
     def writers(self) -> list[RegionWriter]:
-        """The writers opened by :meth:`write` (pass them as ``writers=`` to read their
-        unflushed rows elsewhere)."""
+        """The writers opened by :meth:`write`.
+
+        Returns
+        -------
+        list of RegionWriter
+            Pass them as ``writers=`` to read their unflushed rows elsewhere.
+        """
         return self._routed.writers()
 
     def flush(self) -> dict[str, int | None]:
@@ -604,7 +658,14 @@ max_memtable_age, heartbeat_interval
         return self._routed.flush()
 
     def close(self, flush: bool = True) -> None:
-        """Close the writers opened by :meth:`write` (flushing them first by default)."""
+        """Close the writers opened by :meth:`write`.
+
+        Parameters
+        ----------
+        flush : bool
+            Flush each writer's MemTables into generations first (default). Without a
+            flush, acknowledged rows stay in the WAL for the next writer to replay.
+        """
         self._routed.close(flush)
 
     def __enter__(self) -> MemWalTable:
@@ -672,8 +733,23 @@ max_memtable_age, heartbeat_interval
     ) -> pa.Table:
         """The deduplicated table (newest row per key) as a pyarrow Table.
 
-        ``filter`` is a ``pyarrow.compute.Expression`` evaluated on the newest version;
-        ``consistency``, ``writers`` and ``as_of`` are those of :meth:`provider`.
+        Parameters
+        ----------
+        columns : list of str, optional
+            Output columns (default: all table columns).
+        filter : pyarrow.compute.Expression, optional
+            Evaluated on the newest version of each key.
+        consistency, writers, as_of
+            As for :meth:`provider`.
+
+        Returns
+        -------
+        pa.Table
+
+        Raises
+        ------
+        VersionGoneError
+            ``as_of`` names a moment whose base version or generations GC removed.
         """
         return self.provider(consistency, writers, as_of=as_of).to_table(
             columns=columns, filter=filter
@@ -686,7 +762,17 @@ max_memtable_age, heartbeat_interval
         writers: Sequence[RegionWriter] | None = None,
         as_of: Any = None,
     ) -> int:
-        """Number of live rows in the deduplicated view (options of :meth:`provider`)."""
+        """Number of live rows in the deduplicated view.
+
+        Parameters
+        ----------
+        consistency, writers, as_of
+            As for :meth:`provider`.
+
+        Returns
+        -------
+        int
+        """
         return self.provider(consistency, writers, as_of=as_of).count_rows()
 
     def changes(
@@ -699,14 +785,41 @@ max_memtable_age, heartbeat_interval
         max_rows: int | None = None,
         until: Any = None,
     ) -> Changes:
-        """Every change after ``since``: ``.table`` (rows + ``_change_type``, ``_region``,
-        ``_gen``, ``_seq``) and ``.cursor`` (pass it as ``since`` next time).
+        """Every acknowledged change after ``since``, once, in per-region order.
 
-        ``since``: a cursor, a base version, a timestamp, or None (the earliest change
-        still available); ``until`` bounds it the same way. See
-        :mod:`memwal_query.read.changes` for the guarantees, and :attr:`consumers` to
-        keep GC from removing what a consumer needs. Unlike :meth:`provider`,
-        ``writers`` defaults to none.
+        Parameters
+        ----------
+        since : str, int, datetime or None
+            A cursor from an earlier call, a base version, a moment, or None (the
+            earliest change still available).
+        consistency : str
+            ``"latest"`` (default: flushed and durable unflushed WAL entries) or
+            ``"strong"`` (flushed entries only).
+        writers : list of RegionWriter, optional
+            Read these writers' regions as with ``"latest"``. Unlike :meth:`provider`,
+            defaults to none.
+        regions : list of str, optional
+            Only these region ids.
+        max_rows : int, optional
+            Stop after the WAL entry that reaches this many rows
+            (``Changes.complete`` is then False).
+        until : str, int, datetime or None
+            Upper bound, in the same forms as ``since``.
+
+        Returns
+        -------
+        Changes
+            ``.table`` (rows + ``_change_type``, ``_region``, ``_gen``, ``_seq``) and
+            ``.cursor`` (pass it as ``since`` next time).
+
+        Raises
+        ------
+        CursorError
+            ``since`` or ``until`` is not a cursor of this table, a base version or a
+            moment.
+        ChangesGoneError
+            GC removed a WAL entry the cursor needs (register a consumer with
+            :attr:`consumers` to keep them; see docs/changes.md).
         """
         from memwal_query.read.changes import changes
 
@@ -733,9 +846,19 @@ max_memtable_age, heartbeat_interval
     ) -> pa.Table:
         """Newest live rows of the given primary keys.
 
-        Parameters are those of :func:`memwal_query.search.lookup`; ``writers``
-        defaults to the writers opened by :meth:`write`, ``as_of`` (a base version or
-        moment) looks the keys up in the past.
+        Parameters
+        ----------
+        keys, columns, consistency, debug
+            As for :func:`memwal_query.search.lookup`.
+        writers : list of RegionWriter, optional
+            Defaults to the writers opened by :meth:`write`.
+        as_of : int, datetime or str, optional
+            Look the keys up in the table as it was at that base version or moment.
+
+        Returns
+        -------
+        pa.Table
+            One row per key that has a live row (absent and deleted keys are left out).
         """
         from memwal_query.search import lookup
 
@@ -765,8 +888,17 @@ max_memtable_age, heartbeat_interval
     ) -> pa.Table:
         """Top-k nearest rows across all LSM levels, with ``_distance``.
 
-        Parameters are those of :func:`memwal_query.search.vector_search`; ``writers``
-        defaults to the writers opened by :meth:`write`.
+        Parameters
+        ----------
+        column, query, k, filter, nprobes, refine_factor, columns, consistency, debug
+            As for :func:`memwal_query.search.vector_search`.
+        writers : list of RegionWriter, optional
+            Defaults to the writers opened by :meth:`write`.
+
+        Returns
+        -------
+        pa.Table
+            At most ``k`` rows, nearest first, with ``_distance``.
         """
         from memwal_query.search import vector_search
 
@@ -799,8 +931,17 @@ max_memtable_age, heartbeat_interval
         """Top-k full-text matches across all LSM levels, with globally comparable
         ``_score``.
 
-        Parameters are those of :func:`memwal_query.search.fts_search`; ``writers``
-        defaults to the writers opened by :meth:`write`.
+        Parameters
+        ----------
+        column, query, k, filter, columns, consistency, debug
+            As for :func:`memwal_query.search.fts_search`.
+        writers : list of RegionWriter, optional
+            Defaults to the writers opened by :meth:`write`.
+
+        Returns
+        -------
+        pa.Table
+            At most ``k`` rows, best first, with ``_score``.
         """
         from memwal_query.search import fts_search
 
@@ -841,8 +982,8 @@ max_memtable_age, heartbeat_interval
                 return get(self)
             catalog = self.__dict__.get("_catalog")
             if catalog is not None and hasattr(catalog, name):
-                # The catalog's other names (a MemWalTable used to be a Catalog): lower-level
-                # functions handed a MemWalTable keep working for one release.
+                # The catalog's other names, deprecated on the facade: lower-level functions
+                # handed a MemWalTable keep working for one release.
                 deprecated(f"MemWalTable.{name}", f"MemWalTable.catalog.{name}")
                 return getattr(catalog, name)
             raise AttributeError(f"'MemWalTable' object has no attribute {name!r}")
@@ -984,15 +1125,37 @@ class Maintenance:
         )
 
     def catch_up_indexes(self, names: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
-        """Extend base indexes (``names``, default: every index) over merged data and
-        record ``index_catchup``; returns the recorded progress per index."""
+        """Extend base indexes over merged data and record their catch-up progress.
+
+        Parameters
+        ----------
+        names : list of str, optional
+            Index names (default: every index).
+
+        Returns
+        -------
+        dict
+            The recorded progress per index: ``{index name: {region_id: generation}}``.
+
+        Raises
+        ------
+        NotInitializedError
+            A named index does not exist on the base table.
+        """
         from memwal_query.maintain.catchup import catch_up_indexes
 
         return catch_up_indexes(self._table.catalog, None if names is None else list(names))
 
     def refresh_snapshots(self) -> SnapshotRefresh:
-        """Write the current region states as snapshots into the MemWAL index
-        (``eventual`` readers use them; see :mod:`memwal_query.maintain.snapshots`)."""
+        """Write the current region states as snapshots into the MemWAL index.
+
+        ``consistency="eventual"`` readers use them.
+
+        Returns
+        -------
+        SnapshotRefresh
+            What the refresh wrote (see :mod:`memwal_query.maintain.snapshots`).
+        """
         from memwal_query.maintain.snapshots import SnapshotRefresh, refresh
 
         return SnapshotRefresh.of(refresh(self._table.catalog))
@@ -1001,7 +1164,12 @@ class Maintenance:
         """Every problem of the table's storage (``memwal fsck``); changes nothing.
 
         Reads every manifest, WAL entry, unmerged generation, bloom filter and the
-        MemWAL index; ``progress(region_id)`` before each region.
+        MemWAL index.
+
+        Parameters
+        ----------
+        progress : callable, optional
+            Called as ``progress(region_id)`` before each region.
 
         Returns
         -------
@@ -1013,9 +1181,15 @@ class Maintenance:
         return FsckReport(check(self._table.catalog, progress))
 
     def status(self) -> TableStatus:
-        """Live rows, and per region: epoch, generations flushed/merged, WAL span,
-        unflushed entries and rows, their age, whether the writer is alive, sizes
-        (``memwal status``; see :class:`memwal_query.maintain.status.TableStatus`)."""
+        """The table's state (``memwal status``); changes nothing.
+
+        Returns
+        -------
+        TableStatus
+            Live rows, and per region: epoch, generations flushed/merged, WAL span,
+            unflushed entries and rows, their age, whether the writer is alive, sizes
+            (see :class:`memwal_query.maintain.status.TableStatus`).
+        """
         from memwal_query.maintain.status import status
 
         return status(self._table.catalog)
@@ -1030,9 +1204,26 @@ class Maintenance:
         """One maintenance pass: merge regions over the policy's thresholds, catch up
         indexes, refresh snapshots, GC with a retention window (``memwal maintain``).
 
-        See :mod:`memwal_query.maintain.policy` for the policy defaults and why each
-        step is safe alongside writers, readers and other maintainers. ``dry_run`` only
-        reports; ``progress(step, done, total)`` is called as steps advance.
+        Parameters
+        ----------
+        policy : MaintenancePolicy, optional
+            What to do and when (default: ``MaintenancePolicy()``; the defaults and
+            why each step is safe alongside writers, readers and other maintainers are
+            in docs/maintenance.md).
+        dry_run : bool
+            Only plan and report; change nothing.
+        progress : callable, optional
+            Called as ``progress(step, done, total)`` as steps advance.
+
+        Returns
+        -------
+        MaintenanceReport
+
+        Raises
+        ------
+        MaintenanceFailedError
+            A step still failed after its retries; the other steps ran, and the error
+            carries the report.
         """
         from memwal_query.maintain.policy import maintain
 
@@ -1054,6 +1245,13 @@ class Maintenance:
         table's own writers are closed first. ``progress(done, total)`` is called as
         older-spec regions are sealed and merged.
 
+        Parameters
+        ----------
+        spec : RegionSpec
+            The new spec; its ``spec_id`` must be above every recorded id.
+        progress : callable, optional
+            Called as ``progress(done, total)`` as older-spec regions are drained.
+
         Raises
         ------
         RegionSpecError
@@ -1070,7 +1268,16 @@ class Maintenance:
     def drain(self, region_id: str) -> int | None:
         """Claim a region (fencing its live writer), replay its unflushed WAL, flush it
         as a generation and let the region go (``memwal drain``): for regions whose
-        writer is gone. Returns the generation flushed (None: nothing to flush).
+        writer is gone.
+
+        Parameters
+        ----------
+        region_id : str
+
+        Returns
+        -------
+        int or None
+            The generation flushed (None: nothing to flush).
 
         Raises
         ------
@@ -1157,19 +1364,49 @@ class Consumers:
 
     def register(self, name: str, cursor: Any = None) -> str:
         """Record (or advance) consumer ``name`` at ``cursor``: GC keeps every change
-        after it. Returns the stored cursor (None: the earliest change available)."""
+        after it.
+
+        Parameters
+        ----------
+        name : str
+            1-128 letters, digits, ``_``, ``.`` or ``-``.
+        cursor : str, int, datetime or None
+            As ``since`` of :meth:`MemWalTable.changes`; None: the earliest change still
+            available.
+
+        Returns
+        -------
+        str
+            The stored cursor.
+
+        Raises
+        ------
+        CursorError
+            A malformed name, or a cursor that is not one of this table.
+        """
         from memwal_query.read.consumers import register_consumer
 
         return register_consumer(self._table.catalog, name, cursor)
 
     def list(self) -> dict[str, str]:
-        """Registered consumers and their cursors (encoded)."""
+        """Registered consumers.
+
+        Returns
+        -------
+        dict
+            ``{name: encoded cursor}``.
+        """
         from memwal_query.read.consumers import consumers
 
         return {name: c.encode() for name, c in consumers(self._table.catalog).items()}
 
     def drop(self, name: str) -> None:
-        """Forget a registered consumer (GC stops keeping changes for it)."""
+        """Forget a registered consumer (GC stops keeping changes for it).
+
+        Parameters
+        ----------
+        name : str
+        """
         from memwal_query.read.consumers import drop_consumer
 
         drop_consumer(self._table.catalog, name)

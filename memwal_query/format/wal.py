@@ -1,31 +1,19 @@
 """The region write-ahead log: one Arrow IPC stream file per WAL entry.
 
-Entry ``N`` lives at ``_mem_wal/{region}/wal/{bit_reversed(N)}.arrow`` and is written
-with put-if-not-exists, so it is either wholly present or absent, and a second writer
-that races for the same position loses (it has been fenced). Positions start at 1, as
-pylance's native writer does: ``replay_after_wal_entry_position == 0`` means "nothing
-flushed yet", and replay starts at ``replay_after_wal_entry_position + 1``.
+Entry ``N`` (positions start at 1) lives at
+``_mem_wal/{region}/wal/{bit_reversed(N)}.arrow`` and is written put-if-not-exists.
+:func:`encode_entry` writes an entry whose schema metadata carries ``writer_epoch``,
+``generation``, ``num_rows``, ``written_at_ms`` and a ``checksum``; rows carry a
+non-null ``_tombstone`` column. :func:`decode_entry` reads one back as a
+:class:`WalEntry` (entries written by pylance, without ``num_rows``,
+``written_at_ms`` or ``checksum``, are accepted); :class:`Wal` reads, writes and
+replays a region's entries.
 
-Each entry's schema metadata carries ``writer_epoch`` (spec) and ``generation`` (the
-MemTable generation the rows belong to, as pylance writes it). Rows carry a non-null
-boolean ``_tombstone`` column: ``true`` marks a delete whose non-key columns are NULL.
-We also record ``num_rows`` so a file cut exactly at a message boundary is still
-detected as truncated; entries written by pylance (no ``num_rows``) are checked for the
-end-of-stream marker only. ``written_at_ms`` (the writer's clock, epoch milliseconds)
-says how old the entry is: a writer that replays a WAL tail flushes it by its real age
-(``max_memtable_age``), not by the time of the replay. It is optional (pylance's
-entries lack it).
+Raises :class:`~memwal_query.exceptions.WalCorruptError` naming the entry for a
+truncated or corrupted entry, and for a missing position followed by later entries
+(a hole), never a shorter replay.
 
-Entries we write carry a ``checksum`` (``crc32:{8 hex}``) over their schema (fields
-and the other metadata) and every byte after the schema message (the record batches
-and the end-of-stream marker), so a flipped bit anywhere is a
-:class:`~memwal_query.exceptions.WalCorruptError`. Entries without one (pylance's
-native writer, older versions of ours) are read without that check.
-
-Replay never stops silently at a missing entry: when position ``p`` is missing, the
-directory is listed, and any entry beyond ``p`` means acknowledged writes follow a
-hole; that is a WalCorruptError naming ``p`` (``memwal repair --accept-loss`` fills
-the hole with an empty entry, see :mod:`memwal_query.maintain.fsck`).
+Format: docs/compatibility.md; checks, holes and repair: docs/hostile-storage.md ("WAL").
 """
 
 from __future__ import annotations

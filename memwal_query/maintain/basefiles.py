@@ -1,31 +1,15 @@
 """Keeping the base table's files and indexes in shape under a stream of merges.
 
-Every merge is a Lance merge-insert: it writes the upserted rows as new fragments and
-marks their old copies deleted. Under a steady stream the base table therefore gathers
-small fragments with deletion files, and its indexes cover less and less of it (Lance
-scans unindexed fragments). Measured (``benchmarks/scale.py``'s streaming section, a
-50k-row base after 40 merges of 5,000 rows): a single-key lookup went from 9 to 59 ms
-because the primary-key BTREE covered 5% of the rows, and vector / full-text search
-took 3x longer over 33 fragments than over one. Two steps of :func:`maintain
-<memwal_query.maintain.policy.maintain>` fix that:
+- :func:`read_cost`, :func:`small_fragments` and :func:`compaction_reason` measure
+  what the base table's fragments cost readers and decide whether to compact;
+- :func:`compact_base` runs Lance ``compact_files`` under the table's index lock,
+  carrying the MemWAL index and its ``merged_generations`` over unchanged;
+- :func:`indexes_to_extend` and :func:`extend_indexes` extend the base indexes that
+  are not maintained (the primary-key BTREE among them) over unindexed rows with a
+  delta segment, merging segments above ``max_segments``.
 
-- :func:`compact_base`: Lance ``compact_files``, decided by the read cost the fragments
-  leave (:func:`read_cost`, :func:`compaction_reason`): more than a threshold of small
-  fragments (below Lance's target of 1,048,576 rows), a fragment with a large share of
-  deleted rows, or fragments with deletion files (a merge leaves them; Lance scans them
-  ~3x slower) few enough to rewrite for about the cost of the pass's merge. It runs under
-  the table's index lock, so no merge commit of memwal_query interleaves with it (Lance
-  rebases a rewrite over other commits, remapping the indexes; the MemWAL index and its
-  ``merged_generations`` are carried over unchanged, which the tests check).
-- :func:`extend_indexes`: Lance ``optimize_indices`` (a delta segment) on the base
-  indexes that are *not* maintained (maintained ones are caught up with their progress
-  record by :mod:`memwal_query.maintain.catchup`) and do not cover every row: the
-  primary-key BTREE that :meth:`MemWalTable.initialize` creates, and any other index of
-  the user's.
-
-Neither changes what a reader sees: compaction rewrites the same live rows, and index
-optimisation only adds coverage. Readers pinned to an older base version keep reading
-its files until GC removes that version (after the retention window).
+Neither changes what a reader sees. Why these steps exist and the figures behind the
+thresholds: docs/maintenance.md ("The steps", "Policy defaults").
 """
 
 from __future__ import annotations

@@ -1,54 +1,20 @@
 """The merger: flushed generations into the base table, in order, exactly once.
 
-Per region, generations above ``merged_generations[region]`` are merged strictly in
-ascending order. A contiguous run of a region's pending generations, up to
-``batch_rows`` rows in all (``batch_rows=0``: one generation), goes into ONE Lance
-``merge_insert`` commit carrying the data and the progress together:
-``mark_sstables_as_compacted([(region, last generation of the run)])`` records
-``merged_generations[region]`` in the same commit (:func:`_next_batch`); the upserts
-and the progress are never two commits (a batch's deletes may go just before them in
-a commit of their own: see below). :func:`merge` also puts several regions into one
-commit (:func:`_merge_across_regions`: a key lives in one region).
+:func:`merge_region` merges one region's generations above its
+``merged_generations`` entry in ascending order; :func:`merge_regions` and
+:func:`merge` merge several regions, packing consecutive generations into as few
+Lance ``merge_insert`` commits as :data:`DEFAULT_BATCH_ROWS` and
+:data:`DEFAULT_BATCH_BYTES` allow. Each commit carries the upserts and the progress
+marker (``merged_generations``) together; each batch is reduced to the last write per
+key first, so a deleted key is removed and a live key holds its newest row.
 
-Each batch is reduced to the last write per key (rows read in generation order, then
-by ``_rowaddr``), which splits it into *upserts* (live rows) and *deletes* (keys whose
-last write is a tombstone):
+Contract: a generation is merged once and never skipped, whichever other mergers run;
+lost commit races are retried (at most ``max_retries`` per generation) on the latest
+version; a region that fails does not stop the others, and :func:`merge` then raises
+:class:`~memwal_query.exceptions.MergeFailedError` naming the failed regions.
 
-- upserts: ``when_matched_update_all`` + ``when_not_matched_insert_all`` (a join on the
-  primary key);
-- deletes, with upserts, on a small base (below :data:`SEPARATE_DELETE_MIN_BASE_ROWS`
-  rows): ``when_not_matched_by_source_delete(<predicate>)`` in the same operation (a
-  deleted key is not among the upserts, so it is "not matched by source"). The
-  predicate matches exactly the deleted keys for every key type (nanosecond and
-  time-zoned timestamps, decimals, NaN/inf floats, times, binary, composite keys): see
-  :mod:`memwal_query.read.keypredicate`. This joins every base row and evaluates the
-  predicate on it;
-- deletes, with upserts, on a larger base: a ``when_matched_delete`` commit of the
-  deleted keys (a join, no marker) just before the upsert commit with the marker, both
-  under the index lock (:func:`_commit_split` says why that is as safe as one commit);
-- deletes only: ``when_matched_delete`` with the deleted keys as the source (a join).
-
-Lance joins float keys by their bits, while memwal_query treats ``-0.0`` and ``0.0`` as
-one key: the other-signed zero of every deleted or upserted float key is deleted too
-(:func:`_zero_twins`). Large generations join by scanning the base table's key column
-rather than through its key index (:func:`_use_key_index`).
-
-A batch holds consecutive generations of one region, or of several regions
-(:func:`merge_regions`), up to :data:`DEFAULT_BATCH_ROWS` rows and
-:data:`DEFAULT_BATCH_BYTES` bytes: a commit's fixed cost is a scan of the base table's
-keys, so a pass over many regions makes as few commits as the budgets allow.
-
-The progress-carrying commit is made with ``conflict_retries(0)``; on a conflict the
-merger re-reads the latest version and its MemWAL index and retries (bounded per
-generation, with a small jittered exponential backoff): if another merger already
-merged the generation it moves on (spec, Appendix 2, scenario 1), and a crash after a
-commit leaves progress that the next merger reads and skips (scenario 2). Lance itself
-refuses a stale progress marker (a generation not above the recorded one), so progress
-never goes backwards.
-
-:func:`merge` walks the regions one after another; a region that fails does not stop
-the others: they are merged, then :class:`~memwal_query.exceptions.MergeFailedError`
-names the failed region(s).
+How a batch is committed and why that is safe: docs/maintenance.md, "How a merge
+commits".
 """
 
 from __future__ import annotations

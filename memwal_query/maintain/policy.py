@@ -1,60 +1,16 @@
-"""Automatic maintenance: one pass of merge, index catch-up, snapshot refresh and GC.
+"""Automatic maintenance: one pass of recover, merge, compact, index catch-up, snapshot
+refresh and GC.
 
-:func:`maintain` looks at a table and does what a :class:`MaintenancePolicy` asks,
-reusing the steps of :mod:`memwal_query.maintain` (no step is reimplemented here):
+:func:`maintain` runs the steps of :data:`STEPS` that a :class:`MaintenancePolicy`
+asks for, reusing :mod:`memwal_query.maintain` (no step is reimplemented here), and
+returns a :class:`MaintenanceReport`. A step with nothing to do commits nothing, so a
+pass over a quiet table writes nothing. A step that fails because the table moved is
+retried on the newer state; a failure that remains does not stop the other steps, and
+:func:`maintain` then raises :class:`MaintenanceFailedError` carrying the report.
 
-0. **recover** (:func:`memwal_query.maintain.recover.recover_abandoned`): every region
-   with unflushed WAL entries whose writer has shown no sign of life for longer than
-   ``abandoned_after`` is claimed, replayed, flushed and closed (a writer whose
-   heartbeat is fresh is never fenced), and merged by step 1 whatever the thresholds;
-1. **merge** (:func:`memwal_query.maintain.merger.merge_region`): every region with more
-   than ``max_generations`` unmerged generations, or more than ``max_rows`` unmerged
-   rows, is merged, at most as many generations as the pass found unmerged (so a pass
-   is bounded even under a fast writer: what it leaves waits for the next pass);
-2. **compact** (:func:`memwal_query.maintain.basefiles.compact_base`): Lance
-   ``compact_files``, decided by the read cost the merge left
-   (:func:`memwal_query.maintain.basefiles.compaction_reason`): fragments with deletion
-   files that can be rewritten for about the cost of the merge (Lance scans them ~3x
-   slower), a fragment with more than ``compact_deleted_share`` deleted rows, or more
-   than ``compact_fragments`` small fragments (each merge adds some);
-3. **catch up indexes** (:func:`memwal_query.maintain.catchup.catch_up_indexes`): the
-   maintained base indexes whose recorded catch-up is behind ``merged_generations``;
-   then the other base indexes that leave rows unindexed (the primary-key BTREE among
-   them) are extended by a delta segment (:func:`memwal_query.maintain.basefiles.extend_indexes`),
-   so the merged rows are found through the key index right after the pass;
-4. **refresh snapshots** (:func:`memwal_query.maintain.snapshots.refresh`): when the
-   region snapshots in the MemWAL index no longer list what the region manifests list
-   (a region or a flushed generation is missing);
-5. **garbage collect** (:func:`memwal_query.maintain.gc.gc`) with a retention window:
-   base versions older than ``retention`` are removed with Lance, except those that were
-   the latest within ``retention`` (readers may still use them), then every generation
-   and WAL entry that the remaining versions and indexes no longer need.
-
-Steps that have nothing to do commit nothing, so a pass over a quiet table writes
-nothing and ``memwal maintain --watch`` does not grow the base table's version history.
-
-Running alongside writers, readers and other maintainers
---------------------------------------------------------
-No step needs a lock of its own; each is safe by the rules of the step it reuses:
-
-- a merge is one Lance commit carrying the data and the progress marker, taken under
-  the table's index lock with ``conflict_retries(0)``; a merger that loses a race (or
-  finds the base table moved under it) re-reads ``merged_generations`` and continues
-  from there, so a generation is never merged twice nor skipped, whoever else merges;
-- catch-up records only the merge progress of the version it indexed (never more than
-  the index covers) and its record only ever rises (put-if-not-exists versions);
-- a snapshot refresh re-reads the latest MemWAL index inside the index lock and keeps
-  any merge progress committed meanwhile;
-- GC deletes a generation only when every retained base version merged it and every
-  maintained index caught up to it, after reading (and validating) everything first; a
-  generation being flushed is never below the manifest's ``current_generation`` it
-  reads, and a pinned reader's base version stays retained for ``retention``.
-
-A step that fails (a lost race beyond the merger's retries, a base version cleaned up
-under a slow catch-up by another maintainer's GC) is retried once on the newer state
-when the table moved meanwhile; a failure that remains does not stop the other steps
-(a failed merge still lets GC run, which is always safe), and :func:`maintain` raises
-:class:`MaintenanceFailedError` carrying the report at the end.
+What each step does, the defaults and why the pass is safe alongside writers, readers
+and other maintainers: docs/maintenance.md ("The steps", "Policy defaults", "Running
+alongside writers, readers and other maintainers").
 """
 
 from __future__ import annotations

@@ -1,41 +1,17 @@
 """Region spec evolution: adding a region spec, and moving keys to their new regions.
 
-A MemWAL index keeps every region spec it was given (``region_specs``, each with its
-``spec_id``; ids are never reused); the *current* spec is the one with the highest id
-(the index has no other "current" field, so pylance reads it the same way). Each region
-records the spec it was created with (``region_spec_id`` in its manifest) and keeps it.
+:func:`check_new_spec` validates a spec before anything changes;
+:func:`set_region_spec` commits it as the current spec (the highest ``spec_id``) and
+:func:`complete_spec_change` drains the regions of older specs: each is claimed
+(fencing its writer), replayed, flushed, sealed and merged, then the change is
+recorded complete in ``writer_config_defaults["memwal_query.spec_ready"]``.
 
-How a key moves to its new region
----------------------------------
-A key must live in exactly one region at a time: readers and the merger order two rows
-of one key by ``_gen`` (then by region), which says nothing about a row written under
-the old spec in region A and a later one written under the new spec in region B (B's
-generation numbers start again at 1). So a key moves like this
-(:func:`set_region_spec`, then :func:`complete_spec_change`):
+Contract: a key is never unmerged in two regions. Writers of the new spec's regions
+are claimed only once the change is complete, and a writer whose region's spec is no
+longer current refuses rows with :class:`~memwal_query.exceptions.SpecChangedError`.
+Readers are never blocked.
 
-1. The new spec is committed to the index (it is now the current spec: routing,
-   :meth:`MemWalTable.write` and new claims use it).
-2. Every region of an older spec is claimed (fencing its writer: the writer's next
-   write fails its fencing check and is not acknowledged), its WAL is replayed and
-   flushed, and the region is **sealed** (``status = SEALED`` in a new manifest
-   version, epoch + 1): it takes no more claims, so a WAL entry written after the
-   replay by a fenced writer, which was never acknowledged, is never replayed or read.
-3. Every generation of those regions is merged into the base table.
-4. ``writer_config_defaults["memwal_query.spec_ready"]`` is set to the new spec id.
-
-Writers of the new spec's regions are claimed only after step 4
-(:meth:`MemWalTable.writer` runs steps 2-4 itself when it finds them not done, e.g.
-after a crash in the middle), so every row of an older-spec region is in the base
-table (generation 0) before any row of a new-spec region is written: B's rows are
-newer than A's by ``_gen`` alone, and no reader or merger ever sees the key unmerged
-in two regions. A writer re-reads the index *after* claiming its region and refuses
-rows (:class:`SpecChangedError`) when the region's spec is no longer the current one,
-so a process that routed with a stale spec cannot write into a region that step 2
-missed: either its claim came before step 2 listed the regions (then step 2 drains it)
-or its re-read sees the new spec.
-
-Cost: steps 2-3 flush and merge what the older-spec regions hold; writers of the new
-spec wait for them (once per spec change). Readers are never blocked.
+The protocol and why it is correct: docs/regions.md, "Region spec evolution".
 """
 
 from __future__ import annotations

@@ -1,44 +1,20 @@
 """The change feed: every acknowledged change of a MemWAL table, once, in per-region order.
 
-Every put and delete is a row of a WAL entry before it is acknowledged, and WAL entries
-are numbered per region (positions 1, 2, ...; put-if-not-exists, so a position holds
-one write forever). The feed reads them in position order:
+:func:`changes` returns a :class:`Changes` batch: one row per put or delete read from
+the regions' WAL entries, with ``_region``, ``_seq`` (``position * 2**32 + row``,
+increasing within a region in write order), ``_change_type`` (``"upsert"`` or
+``"delete"``; a delete's non-key columns are NULL) and ``_gen``, plus a
+:class:`Cursor` that, passed back as ``since``, returns exactly what follows. Regions
+of older region specs come first. :func:`start_cursor` reads ``since`` (a cursor
+string, a base version or a moment), :func:`version_cursor` gives the cursor of a base
+version and :func:`end_cursor` the cursor of everything acknowledged so far.
 
-- a change is identified by its region (``_region``) and ``_seq = position * 2**32 +
-  row``: ``row`` is the row's index inside its WAL entry, so ``_seq`` increases within a
-  region, in the order the writes were applied (the order replay and flushes use);
-- ``_change_type`` is ``"upsert"`` or ``"delete"`` (a delete's key columns are set, the
-  others NULL); ``_gen`` is the generation the change was flushed into (for a change
-  not flushed yet: the generation its writer assigned it);
-- a :class:`Cursor` holds, per region, the last position returned. Passing it as
-  ``since`` returns what follows, so repeated calls see every change exactly once;
-- regions come one after another, those of older region specs first: a key that moved
-  to a region of a newer spec (:mod:`memwal_query.maintain.specs`) has every change of
-  its old region before those of its new one, in time and in the feed's row order. A
-  sealed region's changes end at its flush position (later WAL entries there were
-  never acknowledged).
+Raises :class:`~memwal_query.exceptions.ChangesGoneError` naming a WAL entry a cursor
+needs that GC removed, never a shorter answer, and
+:class:`~memwal_query.exceptions.CursorError` for a ``since`` that is not a cursor of
+this table, a base version or a moment.
 
-Which changes are read (the reader's consistency modes)
--------------------------------------------------------
-``"latest"`` (default, as for every reader): per region, the entries up to the region
-manifest's ``replay_after_wal_entry_position`` (flushed into generations) and the
-durable entries not flushed yet (up to the first missing position); ``"strong"``: only
-the flushed ones; ``writers=[...]``:
-the regions of those writers as with ``"latest"`` (their acknowledged writes; rows of a
-non-durable writer that have not reached the WAL yet have no position and are not
-included). A region's manifest is read before its entries, so every entry up to the
-flush position exists unless GC removed it.
-
-Retention
----------
-GC deletes a region's WAL entries together with the generations they were flushed into,
-once those are merged into every retained base version (see
-:mod:`memwal_query.maintain.gc`), so the feed can serve a change as long as its
-generation exists. An entry a cursor needs that is gone raises
-:class:`~memwal_query.exceptions.ChangesGoneError` naming it, never a shorter answer.
-A *registered consumer* (:func:`memwal_query.read.consumers.register_consumer`, stored in
-``_mem_wal/_consumers/{name}.json``) holds GC back: GC keeps every generation and
-WAL entry after the consumer's cursor (see :mod:`memwal_query.read.consumers`).
+Consistency modes, cursor format, retention and registered consumers: docs/changes.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Exact SQL predicates matching a set of primary keys, for Lance's filter dialect.
 
-A merge of a generation that both upserts and deletes keys is ONE Lance ``merge_insert``:
-the upserts are the source, and the deleted keys are removed with
-``when_not_matched_by_source_delete(<predicate>)``. The predicate must match exactly
-the deleted keys, for every key type, so each key value is written as a literal whose
-meaning is unambiguous:
+:func:`key_predicate` returns a filter that matches exactly the given keys (one
+column or several) for every key type memwal_query accepts, including nanosecond and
+time-zoned timestamps, decimals, NaN/inf/-0.0 floats, times, durations and binary;
+:func:`quote_identifier` quotes a column name. Literal lists are built with pyarrow
+compute, never row by row in Python.
 
-- integers and booleans: the value itself (``k IN (1, 2)``; uint64 above 2^63 too;
-  int64's minimum as ``(-9223372036854775807 - 1)``);
-- temporal types (timestamp of any unit and zone, date32/64, time32/64, duration): the
-  stored integer, compared with ``arrow_cast(k, 'Int64')`` (no time-zone or sub-
-  microsecond rounding of a ``TIMESTAMP '...'`` literal);
-- strings: single-quoted with ``'`` doubled; binary: ``X'<hex>'``;
-- decimals: compared as text, ``arrow_cast(k, 'Utf8')`` against pyarrow's rendering
-  (both print the declared scale: ``'1.10'``);
-- floats: ``arrow_cast('<shortest repr>', 'Float64')`` (NaN, +-inf included; -0.0 and 0.0
-  are one key, as everywhere in memwal_query).
-
-Composite keys compare one string per row, ``concat`` of each component's text form
-(strings length-prefixed, so no separator can be forged), against the same strings
-computed here with pyarrow; keys with a float component use an ``OR`` of ``AND`` terms
-instead (exact, slower for many keys). Every literal list is built with pyarrow compute,
-never row by row in Python.
+How each type is written as a literal: docs/maintenance.md, "Key predicates".
 """
 
 from __future__ import annotations

@@ -617,6 +617,21 @@ class MemWalDataset(pads.Dataset):
         method only for the projected schema). The partitions are read concurrently, as
         DataFusion would (:func:`memwal_query.read.parallel.concurrent_streams`: a thread
         each, a few batches ahead), and returned one after the other.
+
+        Parameters
+        ----------
+        columns : list of str, optional
+            Output columns (default: all).
+        filter : pyarrow.compute.Expression, optional
+            Evaluated on the newest version of each key.
+        **_
+            Other ``pyarrow.dataset`` scanner options, accepted and ignored.
+
+        Returns
+        -------
+        Scanner
+            Has ``projected_schema``, ``to_reader()``, ``to_batches()``,
+            ``to_table()`` and ``count_rows()``, as a ``pyarrow.dataset.Scanner``.
         """
         out_schema = _output_schema(self._schema, columns)
 
@@ -630,8 +645,19 @@ class MemWalDataset(pads.Dataset):
         return _Scanner(out_schema, batches())
 
     def check(self) -> view.ReadPlan:
-        """Resolve the sources now and return the plan: raises the typed error (e.g.
-        ManifestCorruptError) that a query would otherwise surface wrapped by DataFusion."""
+        """Resolve the sources now and return the plan.
+
+        Returns
+        -------
+        ReadPlan
+            The regions, generations and base version a query would read.
+
+        Raises
+        ------
+        MemWalError
+            The typed error (e.g. ``ManifestCorruptError``) that a query would
+            otherwise surface wrapped by DataFusion.
+        """
         plan = view.resolve(
             self.table,
             self.consistency,
@@ -643,7 +669,19 @@ class MemWalDataset(pads.Dataset):
         return plan
 
     def get_fragments(self, filter: pc.Expression | None = None) -> list[Any]:
-        """Resolve the sources now and split the work into partitions."""
+        """Resolve the sources now and split the work into partitions.
+
+        Parameters
+        ----------
+        filter : pyarrow.compute.Expression, optional
+            Evaluated on the newest version of each key.
+
+        Returns
+        -------
+        list
+            Partitions, each scannable on its own; together they hold each live row
+            once.
+        """
         state = _QueryState(self, filter)
         self.last_plan = state.plan
         lance_frags = state.plan.base.get_fragments()
@@ -665,6 +703,19 @@ class MemWalDataset(pads.Dataset):
         newer rows are taken from their deduplicated view; otherwise the partitions are
         scanned as DataFusion would (:meth:`scanner`). Base rows come first, then the
         newer ones (the order of base fragments may differ between the two routes).
+
+        Parameters
+        ----------
+        columns : list of str, optional
+            Output columns (default: all).
+        filter : pyarrow.compute.Expression, optional
+            Evaluated on the newest version of each key.
+        **_
+            Other ``pyarrow.dataset`` options, accepted and ignored.
+
+        Returns
+        -------
+        pa.Table
         """
         out_schema = _output_schema(self._schema, columns)
         if _as_expression(filter) is None and set(out_schema.names) - {GEN_COLUMN, ROWADDR_COLUMN}:
@@ -689,7 +740,19 @@ class MemWalDataset(pads.Dataset):
 
     def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:
         """Number of live rows (without a filter: no row read, see
-        :meth:`_QueryState.count`)."""
+        :meth:`_QueryState.count`).
+
+        Parameters
+        ----------
+        filter : pyarrow.compute.Expression, optional
+            Count only the live rows it keeps.
+        **_
+            Other ``pyarrow.dataset`` options, accepted and ignored.
+
+        Returns
+        -------
+        int
+        """
         if _as_expression(filter) is not None:
             return self.to_table(columns=[], filter=filter).num_rows
         state = _QueryState(self, None)

@@ -556,6 +556,16 @@ def unsharded_spec(spec_id: int = 1, field_id: str = "bucket") -> RegionSpec:
     pylance's ``initialize_mem_wal(unsharded=True)`` records (spec id 1, field
     ``"bucket"``, transform ``unsharded``, result ``int32``), so either library routes
     every key of such a table to the same single region.
+
+    Parameters
+    ----------
+    spec_id : int
+    field_id : str
+        The region field's id.
+
+    Returns
+    -------
+    RegionSpec
     """
     return RegionSpec(
         spec_id,

@@ -25,14 +25,23 @@ if TYPE_CHECKING:
 def memory_usage(table: Catalog | HasCatalog | None = None) -> dict[str, int]:
     """Bytes and entry counts held by memwal_query's caches in this process.
 
-    Keys: ``arrow_pool_bytes`` (Arrow's default memory pool: decoded columns, MemTable
-    batches, query results still referenced), ``generation_columns_bytes`` and
-    ``generation_columns_entries`` (decoded columns of flushed generations),
-    ``open_generations`` (opened generation handles: a Lance dataset, its bloom filter
-    and key index each), ``generation_token_indexes``, ``memtable_token_indexes``,
-    ``memtable_key_indexes``, ``index_stats_entries`` and ``generation_blocks``; with
-    ``table``, ``lance_cache_bytes`` (its base dataset's Lance index and metadata
-    caches) and ``lance_cache_limit_bytes`` (their bound).
+    Parameters
+    ----------
+    table : Catalog or MemWalTable, optional
+        Also report this table's Lance caches.
+
+    Returns
+    -------
+    dict
+        ``arrow_pool_bytes`` (Arrow's default memory pool: decoded columns, MemTable
+        batches, query results still referenced), ``generation_columns_bytes`` and
+        ``generation_columns_entries`` (decoded columns of flushed generations),
+        ``open_generations`` (opened generation handles: a Lance dataset, its bloom
+        filter and key index each), ``generation_token_indexes``,
+        ``memtable_token_indexes``, ``memtable_key_indexes``, ``index_stats_entries``
+        and ``generation_blocks``; with ``table``, ``lance_cache_bytes`` (its base
+        dataset's Lance index and metadata caches) and ``lance_cache_limit_bytes``
+        (their bound).
     """
     out = {
         "arrow_pool_bytes": int(pa.total_allocated_bytes()),

@@ -125,9 +125,19 @@ def require_spec(table: MemWalTable) -> RegionSpec:
 def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.Array:
     """Derived region id (``region_id_for``) of every row of evaluated region values.
 
-    ``values`` is :meth:`RegionSpec.evaluate`'s output (one column per region field).
     Vectorised: each distinct combination of values is hashed once; NULL is a value of
     its own, as it is a region of its own.
+
+    Parameters
+    ----------
+    spec : RegionSpec
+    values : pa.RecordBatch or pa.Table
+        :meth:`RegionSpec.evaluate`'s output (one column per region field).
+
+    Returns
+    -------
+    pa.Array
+        One region id (string) per row.
     """
     from memwal_query.table import region_id_for
 

@@ -1,62 +1,21 @@
 """Batch ingest of a Spark DataFrame into the regions of a MemWAL table.
 
-One Spark job, two stages, no per-row Python:
+:func:`write` routes every row to its region with the region spec (the same
+:meth:`RegionSpec.evaluate` as :meth:`MemWalTable.write`, in a ``mapInArrow`` stage),
+shuffles each region's rows to one task, and writes them there through one
+:class:`RegionWriter` per region as durable WAL entries, flushing them as generations
+per ``flush``. It returns a :class:`WriteResult` once every row is durable.
+:func:`route` gives the region id of every row, to inspect the routing.
 
-1. **Route** (``mapInArrow``, narrow): each Arrow batch is coerced to the table schema
-   and :meth:`RegionSpec.evaluate` computes the region values of its rows - the very
-   function :meth:`MemWalTable.write` and :class:`RegionWriter` use, so the values are
-   identical - then the derived region id (:func:`memwal_query.table.region_id_for`,
-   hashed once per distinct value). The batch's rows of each region leave the stage as
-   one Arrow IPC blob: ``(__memwal_region, payload)``. (:func:`route` gives the same
-   region ids row by row, to inspect them.)
-2. **Write** (``repartition(n, "__memwal_region")`` then ``mapInArrow``): hash
-   partitioning sends all blobs of a region to one partition, so each task owns whole
-   regions (a task may own several). The task opens one :class:`RegionWriter` per region
-   it sees (claiming it: ``writer_epoch + 1``), buffers each region's rows up to
-   ``buffer_rows`` and puts them as one durable WAL entry, and at the end flushes the
-   MemTable as a generation (``flush=True``), flushes it only when the writer's flush
-   thresholds are passed (``flush="due"``, the streaming sink's default: rows replayed
-   from the region's WAL count), or leaves it in the WAL (``flush=False``).
-   Only then does it yield its small result batch (region, rows, generation, epoch).
+Contract: a retried or speculative task attempt fences the earlier one and writes the
+same rows again, so the deduplicated view neither loses nor doubles rows; an attempt
+that outlives its job (the job's end marker under ``_mem_wal/_spark/jobs/``) writes
+nothing and fails with :class:`~memwal_query.spark.JobEndedError`. Rows of one key
+within one call are applied in ``order_by`` order when given (otherwise in the order
+they reach the task); across calls, in call order. A job that fails for good may
+leave part of its rows written; running it again converges to the same view.
 
-Shuffling blobs rather than rows spares Spark the conversion of every row from Arrow to
-its row format and back; the shuffle moves a few records per input batch.
-
-Task retries and speculative attempts
--------------------------------------
-A second attempt of a task opens the same regions again, which *claims* them with a
-higher epoch: from then on the earlier attempt is fenced (its next WAL entry or manifest
-commit raises :class:`~memwal_query.exceptions.FencedError`). The new writer replays the
-earlier attempt's durable WAL entries (or adopts one written concurrently, spec
-Appendix 1) and then writes the whole partition again. The rows written twice are the
-same rows in the same order, and the view keeps the newest row per key, so nothing is
-lost and nothing is doubled in reads.
-
-Ordering
---------
-Within one call, rows of one key are applied in the order they reach the write task,
-which after a shuffle is not the input order (the rows of one input batch do keep their
-order): give ``order_by`` (e.g. an event time or a sequence number) and each task sorts
-every region's rows by it (ascending, stable, NULLs last) before writing them - it then
-holds the region's rows until the end of the task - or write unique keys. Across calls
-(and streaming micro-batches) order is the call order.
-
-Spark does not stop the losing attempt of a speculative pair at once: it may still be
-running - and could open a region it has not opened yet - after the job ended and a
-later job (the next micro-batch...) wrote newer rows. To keep such a late claim from
-writing old rows over newer ones, every call is a *write job* with an id, and the driver
-marks the job ended (``{table}/_mem_wal/_spark/jobs/{job}.done``, put-if-not-exists)
-as soon as Spark returns, whether the job succeeded or failed. A task attempt checks the
-marker before claiming each region (so as not to fence a later job's writer) and again
-right after: if the job has ended it writes nothing and fails with
-:class:`~memwal_query.spark.JobEndedError` (a ``FencedError``). A claim made before the
-marker exists is safe: any later job claims the region afterwards, which orders the late
-attempt's durable entries before its own rows and fences the rest. Markers are pruned
-after :data:`JOB_MARKER_TTL` seconds.
-
-A job that fails for good (retries exhausted) may leave part of its rows written, as
-any non-transactional sink does; running the same write again converges to the same
-view (upserts and deletes by key are idempotent).
+Stages, retries, markers and ordering: docs/spark.md ("Ingest: one job, two stages").
 """
 
 from __future__ import annotations
@@ -325,6 +284,23 @@ def route(
 
     The routing of :func:`write`, row by row, to inspect it: the region values come
     from :meth:`RegionSpec.evaluate` on Arrow batches, as in the writer.
+
+    Parameters
+    ----------
+    df : DataFrame
+    uri : str
+        The table.
+    mode : str
+        ``"upsert"`` or ``"delete"``, as for :func:`write`.
+    delete_column : str, optional
+        As for :func:`write`.
+    storage_options : dict, optional
+        Object-store options.
+
+    Returns
+    -------
+    DataFrame
+        ``df`` with the column ``__memwal_region``.
     """
     from pyspark.sql.types import StringType, StructField, StructType
 

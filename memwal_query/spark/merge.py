@@ -1,37 +1,19 @@
 """Merging flushed generations into the base table as Spark tasks.
 
-The driver lists the regions with unmerged generations (region manifest vs. the MemWAL
-index's ``merged_generations``) and runs one Spark task per region, in parallel. A task
-runs :func:`memwal_query.maintain.merger.merge_region` for its region, which merges the
-region's generations strictly in ascending order, one generation per Lance commit.
+:func:`merge` runs one Spark task per region with unmerged generations
+(:func:`pending_generations`), each calling
+:func:`memwal_query.maintain.merger.merge_region`, and returns a
+:class:`MergeSummary`. Regions whose task kept losing commit races are run again in
+further rounds with fewer tasks, until every region is merged or a round makes no
+progress (``summary.pending``).
 
-How commits to the one base table are coordinated
--------------------------------------------------
-No coordinator task and no driver-side commit: each task commits its own generations,
-and three mechanisms of the merger keep the one base table consistent.
+Contract: each generation is merged once, in order, never skipped, whatever the
+interleaving of tasks, retries and speculative copies: every commit carries its
+progress marker, is taken under the table's index lock with ``conflict_retries(0)``,
+and a task resumes from the committed progress.
 
-- **One transaction per generation.** A generation is ONE Lance ``merge_insert``
-  commit carrying both the data and the progress marker (``mark_sstables_as_compacted``:
-  ``merged_generations[region] = generation`` in the MemWAL index). Data and progress
-  never diverge.
-- **The table's index lock** (:mod:`memwal_query.storage.locking`: ``flock`` on
-  ``_mem_wal/.index.lock`` for local tables, a lease object on object stores) is held
-  around each commit, so the tasks' commits to the base table are serialized, and no
-  memwal_query commit can overwrite another's merge progress. Reading and deduplicating
-  the generations runs in parallel across tasks, outside the lock.
-- **Optimistic concurrency as the safety net.** The commit is made with
-  ``conflict_retries(0)``; on a conflict (a writer that does not take the lock, or a
-  retried or speculative copy of the same region's task) the task re-reads the newest
-  version and index and starts again from ``merged_generations[region] + 1``: a
-  generation already recorded is skipped, and Lance rejects a progress marker that is
-  not above the recorded one. So a generation is never merged twice nor skipped,
-  whatever the interleaving (spec, Appendix 2).
-
-A task that keeps losing races (``CommitConflictError`` after ``max_retries``) reports it
-instead of failing the job; the driver runs such regions again in a following round,
-with fewer tasks, until every region is merged or no round makes progress. A retried
-task (after a crash between generations, or a speculative copy) only continues where
-the region's committed progress stands.
+How the commits are coordinated: docs/spark.md ("Merge as Spark jobs") and
+docs/maintenance.md ("How a merge commits").
 """
 
 from __future__ import annotations
@@ -98,7 +80,17 @@ class MergeSummary:
 
 
 def pending_generations(table: MemWalTable) -> dict[str, int]:
-    """``{region_id: number of flushed generations not merged yet}`` (non-zero only)."""
+    """Flushed generations not merged yet, per region.
+
+    Parameters
+    ----------
+    table : MemWalTable
+
+    Returns
+    -------
+    dict
+        ``{region_id: number of generations}``, regions with none left out.
+    """
     merged = table.catalog.index().merged_generations()
     out = {}
     for region_id in table.catalog.region_ids():

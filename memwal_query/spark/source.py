@@ -6,64 +6,19 @@ Register once per session with :func:`register_source`, then::
     df = spark.read.format("memwal").option("columns", "id,val").load(uri)
     df = spark.read.format("memwal").schema("id long, val double").load(uri)
 
-It returns the same rows as the DataFusion provider (:meth:`MemWalTable.provider`) with
-the same consistency (``option("consistency", "latest" | "strong" | "eventual")``,
-default ``latest``): the newest version of every key, deletes applied. Unflushed
-MemTables live in their writer's process; ``latest`` reads their durable WAL entries,
-so every acknowledged write is read.
+Contract: the same rows as the DataFusion provider (:meth:`MemWalTable.provider`)
+with the same ``consistency`` (``latest`` by default: every acknowledged write), read
+from a view pinned when Spark plans the query and kept for later queries of the same
+DataFrame. Partitions hold about ``rows_per_split`` rows each and together each live
+row once. Pieces of the pinned view that GC removed raise
+:class:`~memwal_query.exceptions.BaseVersionGoneError` or
+:class:`~memwal_query.exceptions.GenerationGoneError` (load the DataFrame again).
+Options are checked in the caller's process (:func:`check_read`). Filter pushdown is
+opt-in (``option("push_filters", "true")``; :class:`PushdownWarning`): pushed filters
+are evaluated exactly, on the newest version of each key.
 
-Partitions (planned by Spark's planning worker)
------------------------------------------------
-The pinned view is resolved at planning time (:func:`memwal_query.read.view.resolve`): the
-base table version, its merge progress, and the unmerged flushed generations of each
-region (plus, with ``consistency="latest"``, the durable WAL entries not yet flushed).
-Each partition then reads fixed, immutable pieces:
-
-- **the regions' rows** (in the first partition): the newest row of every key among the
-  generations, by :func:`memwal_query.read.newer.newer_view` (the code and the rule of
-  the DataFusion provider, :func:`memwal_query.read.dedup.newest_indices`), tombstones
-  removed, then filtered;
-- **base-table pieces**: fragments of the pinned base version, or row ranges of them,
-  read by Lance's scanner, minus the rows whose key appears in any planned generation
-  (whatever its filter outcome). The key set is the same view's (cached per worker
-  process: generations are immutable).
-
-The partitions carry about the same number of rows (``ceil(rows / rows_per_split)`` of
-them, :func:`split_rows`): the first one holds the regions' rows and a smaller base
-range, so that the tasks of a query finish together (with a pushed filter fragments
-are not cut: Lance's offset/limit count filtered rows).
-
-Spark keeps the partitions a query planned for later queries of the same DataFrame
-(see below): those read the same pinned view. A view whose pieces were garbage
-collected meanwhile raises :class:`~memwal_query.exceptions.BaseVersionGoneError` or
-:class:`~memwal_query.exceptions.GenerationGoneError`: load the DataFrame again.
-
-Column pruning and filter pushdown
-----------------------------------
-The Python Data Source API (PySpark 4.x) passes no required-column list to a reader, so
-Spark cannot prune columns by itself: ask for the columns with ``option("columns",
-...)`` or a user schema, and only those (plus the key) are read.
-Filters are pushed only on request (``option("push_filters", "true")``, PySpark >= 4.1 with
-``spark.sql.python.filterPushdown.enabled``, which ``register_source(spark,
-filter_pushdown=True)`` turns on; without it Spark refuses the reader:
-``DATA_SOURCE_PUSHDOWN_DISABLED`` naming the setting).
-**Off by default**: Spark (4.1 to 4.3 at least) keeps the read function and partitions
-planned by a filter pushdown on the *relation*, shared by every later query of the same
-DataFrame (or temporary view); a query without a pushable filter then reuses the
-previous query's reader and its filters (``df.where("cat = 7").count()`` followed by
-``df.count()`` returned the filtered count). The same holds *within* one query that
-reads the DataFrame twice: every branch reads the last branch's pushed filters
-(``df.where("cat = 7").union(df.where("cat = 8")).count()`` counted ``cat = 8`` twice).
-Without pushdown every reader is identical (Spark evaluates all filters), so a reused
-reader is only a reused *view* (see "Pinning" in ``docs/spark.md``). Enable it only for
-a DataFrame that runs one query reading it once (turning it on warns, with
-:class:`PushdownWarning`, on the driver). When enabled:
-``=``, ``<``, ``<=``, ``>``, ``>=``, ``IN``, ``IS [NOT] NULL``, ``NOT``,
-``LIKE 'a%'/'%a'/'%a%'`` on integer, string, boolean, date, decimal and binary columns
-are evaluated exactly here (Lance pushdown on the base table, after deduplication on
-the regions) and prune regions whose region value cannot match; other filters (floats
-with NaN semantics, timestamps with session time zones, nested fields) stay in Spark.
-A pushed filter is evaluated on the newest version of a key only, as in the provider.
+Partitions, column pruning, why pushdown is off by default: docs/spark.md ("Reader:
+``spark.read.format("memwal")``").
 """
 
 from __future__ import annotations
@@ -181,8 +136,26 @@ def filter_expression(
     """A Spark data source ``Filter`` as a pyarrow expression (+ pruning predicates).
 
     The expression keeps exactly the rows for which Spark's filter (or its negation)
-    is true, NULLs included. Raises ValueError for a filter that is not supported
-    (then Spark evaluates it).
+    is true, NULLs included.
+
+    Parameters
+    ----------
+    f : pyspark.sql.datasource.Filter
+    schema : pa.Schema
+        The table schema the filter's columns refer to.
+    negate : bool
+        Translate ``NOT f`` instead.
+
+    Returns
+    -------
+    tuple
+        ``(expression, pruning predicates)``: the pyarrow expression, and
+        ``(column, op, value)`` predicates that region pruning can use.
+
+    Raises
+    ------
+    ValueError
+        The filter is not supported (Spark then evaluates it).
     """
     kind = type(f).__name__
     if kind == "Not":
@@ -647,6 +620,14 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
 def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
     """Register the ``memwal`` format in ``spark``.
 
+    Parameters
+    ----------
+    spark : SparkSession
+    filter_pushdown : bool
+        Also turn on Spark's Python filter pushdown (see below).
+
+    Notes
+    -----
     With ``filter_pushdown``, also turn on Spark's Python filter pushdown
     (``spark.sql.python.filterPushdown.enabled``, PySpark >= 4.1), which readers with
     ``option("push_filters", "true")`` need. It is left as it is otherwise: with it on,
@@ -676,13 +657,34 @@ PUSHDOWN_WARNING = (
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
-    """``spark.read.format("memwal").options(**options).load(uri)`` (registers first;
-    ``push_filters="true"`` turns on Spark's filter pushdown, see :func:`register_source`).
-    ``rowsPerSplit`` and ``pushFilters`` are deprecated spellings of ``rows_per_split``
-    and ``push_filters``.
+    """``spark.read.format("memwal").options(**options).load(uri)``, registering the
+    format first.
 
-    The table and the options are checked first, in this process (:func:`check_read`):
-    a missing table or a bad option raises its typed error here.
+    The table and the options are checked first, in this process (:func:`check_read`).
+
+    Parameters
+    ----------
+    spark : SparkSession
+    uri : str
+        The table.
+    **options : str
+        Reader options (``consistency``, ``rows_per_split``, ``push_filters``,
+        ``columns``, ``as_of``, storage options; see docs/spark.md).
+        ``push_filters="true"`` turns on Spark's filter pushdown (see
+        :func:`register_source`). ``rowsPerSplit`` and ``pushFilters`` are deprecated
+        spellings of ``rows_per_split`` and ``push_filters``.
+
+    Returns
+    -------
+    DataFrame
+        The deduplicated view (newest row per key).
+
+    Raises
+    ------
+    TableNotFoundError, NotInitializedError
+        No MemWAL table at ``uri``.
+    MemWalError, SchemaError
+        A bad option value (the message names the option) or an unknown column.
     """
     check_read(uri, options)  # here, in the driver: a typed error, no Spark traceback
     lowered = {k.lower(): v for k, v in options.items()}
@@ -696,10 +698,30 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
 def changes_frame(
     spark: SparkSession, uri: str, since: Any = None, **options: str
 ) -> tuple[DataFrame, str]:
-    """``(DataFrame of the changes after since, cursor to continue from)``.
+    """The changes after ``since`` as a DataFrame, and the cursor to continue from.
 
     The end is fixed here (``changes_until``), so the DataFrame reads exactly the
     changes up to the returned cursor however often it is evaluated.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    uri : str
+        The table.
+    since : str, int, datetime or None
+        As for :meth:`MemWalTable.changes`.
+    **options : str
+        Reader options of the change feed (see docs/spark.md).
+
+    Returns
+    -------
+    tuple of (DataFrame, str)
+        The changes, and the cursor to pass as ``since`` next time.
+
+    Raises
+    ------
+    CursorError, ChangesGoneError
+        As for :meth:`MemWalTable.changes`.
     """
     from memwal_query.spark import changes as _changes
 

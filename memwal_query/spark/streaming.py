@@ -1,49 +1,19 @@
 """Structured Streaming sink: ``foreachBatch(mqs.sink(uri))``.
 
-Each micro-batch is written with :func:`memwal_query.spark.write` (one Spark job). The
-function returns - and Spark then records the batch in its commit log - only once every
-row of the batch is durable.
+:func:`sink` returns a :class:`MemWalSink` that writes each micro-batch with
+:func:`memwal_query.spark.write` (``flush="due"`` by default: a region becomes a
+generation when its unflushed rows pass a long-lived writer's thresholds) and returns
+only once every row of the batch is durable.
 
-Generations by size, not by micro-batch
----------------------------------------
-A micro-batch's rows of a region go to the region's WAL; the task flushes the region
-as a generation only when its unflushed rows - the WAL tail the task replayed when it
-claimed the region, plus the batch - pass a long-lived writer's flush thresholds
-(``max_memtable_rows``, ``max_memtable_bytes``, ``max_wal_entries``,
-``max_memtable_age``, counted from the oldest unflushed entry; ``flush="due"`` of
-:func:`memwal_query.spark.write`). Until then the rows stay in the WAL, where every
-default reader sees them. A stream of small micro-batches thus makes as many
-generations as one long-lived writer would, and what a micro-batch pays to pick up a
-region (claim, replay of the WAL tail) is bounded by the same thresholds. Pass
-``flush=True`` to flush every region at every micro-batch, or ``writer_options`` to
-change the thresholds. When the stream stops, the rows left in the WAL are flushed by
-the next writer of their region or by maintenance, which recovers regions whose writer
-is gone.
+Contract: exactly once in the deduplicated view. A marker per committed batch
+(``_mem_wal/_spark/sinks/{sink_id}/{batch_id:020d}.json``, put-if-not-exists after the
+batch's rows are durable) makes a replayed batch whose id is not above the newest
+marker a no-op; a batch replayed before its marker is written again, which is
+idempotent. ``sink_id`` defaults to the streaming query's id (kept in the checkpoint);
+the newest ``keep_markers`` markers are kept.
 
-Exactly-once in the deduplicated view
--------------------------------------
-Spark replays a micro-batch after a restart when the query stopped after the batch was
-planned (offsets log) but before it was committed (commit log); the replay has the same
-``batch_id`` and the same rows. The sink keeps a *marker* per committed batch:
-``{table}/_mem_wal/_spark/sinks/{sink_id}/{batch_id:020d}.json``, written with
-put-if-not-exists **after** the batch's rows are durable. A batch whose id is not above
-the newest marker is skipped. Hence:
-
-- crash before the rows are durable: no marker, Spark replays the batch, it is written
-  again; rows an earlier attempt made durable are written a second time, which is
-  harmless - the same rows in the same order, newest-per-key reads the same view;
-- crash after the rows are durable but before the marker: same as above (the batch is
-  applied twice in a row, and applying a batch is idempotent: the last write per key
-  is the same, deletes delete the same keys);
-- crash after the marker but before Spark's commit: the replay is skipped.
-
-Batches are never applied out of order (Spark runs batch ``n + 1`` only after ``n``
-committed), so a replay can never overwrite a later batch's rows.
-
-``sink_id`` defaults to the streaming query's id, which Spark keeps in the checkpoint:
-a query restarted from its checkpoint finds its markers; a new query (new checkpoint)
-starts afresh. Pass an explicit ``sink_id`` only if it is unique per checkpoint. Old
-markers are removed, keeping the newest ``keep_markers``.
+The crash cases and the flush policy: docs/spark.md ("Streaming sink: exactly-once in
+the deduplicated view").
 """
 
 from __future__ import annotations
@@ -183,6 +153,19 @@ def sink(uri: str, sink_id: str | None = None, **options: Any) -> MemWalSink:
         query = (stream_df.writeStream.foreachBatch(mqs.sink(uri))
                  .option("checkpointLocation", ckpt).start())
 
-    See :class:`MemWalSink` for the parameters and the module docs for the guarantees.
+    Parameters
+    ----------
+    uri : str
+        The table.
+    sink_id : str, optional
+        Names the sink's batch markers (see :class:`MemWalSink`).
+    **options
+        The other parameters of :class:`MemWalSink`.
+
+    Returns
+    -------
+    MemWalSink
+        Callable as ``(batch_df, batch_id)``; exactly-once per batch id (see
+        docs/spark.md).
     """
     return MemWalSink(uri, sink_id, **options)

@@ -352,16 +352,24 @@ class RegionWriter(_WalPath):
     def put(self, data: Any, partial: bool = False) -> None:
         """Upsert rows.
 
-        Accepts a pyarrow Table / RecordBatch / RecordBatchReader or pandas DataFrame.
-        An upsert replaces whole rows, so every column must be given (NULL explicitly
-        where meant); a missing column is a :class:`SchemaError`. With
-        ``partial=True`` missing columns keep the key's current value instead (NULL, or
-        an error for a non-nullable column, when the key does not exist yet), as
-        Apache Paimon's ``partial-update`` merge engine does; it costs one lookup of the
-        written keys per put, and such puts are serialized with the others of this
-        writer. Raises SchemaError / PrimaryKeyError / WrongRegionError without writing
-        anything. An error of earlier background work (a flush, or a non-durable WAL
-        write) is raised once, also before anything is written.
+        Parameters
+        ----------
+        data : pa.Table, pa.RecordBatch, pa.RecordBatchReader or pandas.DataFrame
+            Whole rows: every column must be given (NULL explicitly where meant).
+        partial : bool
+            Missing columns keep the key's current value instead (NULL, or an error
+            for a non-nullable column, when the key does not exist yet), as Apache
+            Paimon's ``partial-update`` merge engine does; it costs one lookup of the
+            written keys per put, and such puts are serialized with the others of
+            this writer.
+
+        Raises
+        ------
+        SchemaError, PrimaryKeyError, WrongRegionError
+            The rows do not fit the table or this region (nothing written).
+        MemWalError
+            An error of earlier background work (a flush, or a non-durable WAL
+            write), raised once, also before anything is written.
         """
         if partial:
             from memwal_query.regions.spec import check_partial_sources
@@ -407,7 +415,13 @@ class RegionWriter(_WalPath):
         self.stats.delete_rows += keys.num_rows
 
     def delete(self, keys: Any) -> None:
-        """Delete rows by primary key (a table holding the primary-key column(s))."""
+        """Delete rows by primary key.
+
+        Parameters
+        ----------
+        keys : array-like, pa.Table or dict
+            The primary-key column(s).
+        """
         key_table = coerce_keys(keys, self._schema, self._pk)
         self._check_region(key_table)
         self._write(tombstone_rows(key_table, self._schema).cast(self._storage_schema))
@@ -493,15 +507,18 @@ class RegionWriter(_WalPath):
         raise WriterClosedError(f"writer of region {self.region_id} is closed")
 
     def close(self, flush: bool = True, *, handoff: bool = False) -> None:
-        """Close the writer; with ``flush=True`` (default) flush the MemTable first.
+        """Close the writer.
 
-        With ``flush=False`` unflushed rows stay in the WAL (durable) and the next
-        writer of the region replays them.
-
-        ``handoff=True``: the region's next writer is expected soon (the next batch of a
-        stream, as the Spark sink's tasks are), so the heartbeat keeps its last beat
-        instead of saying ``closed``: maintenance recovers the region's WAL only once no
-        writer has beaten for ``abandoned_after``, not at its next pass.
+        Parameters
+        ----------
+        flush : bool
+            Flush the MemTable first (default). With False, unflushed rows stay in
+            the WAL (durable) and the next writer of the region replays them.
+        handoff : bool
+            The region's next writer is expected soon (the next batch of a stream, as
+            the Spark sink's tasks are), so the heartbeat keeps its last beat instead
+            of saying ``closed``: maintenance recovers the region's WAL only once no
+            writer has beaten for ``abandoned_after``, not at its next pass.
         """
         if self._closed:
             return
