@@ -224,6 +224,14 @@ class Heartbeats:
                 self._thread.start()
         self._wake.set()
 
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's writers (their copies must not beat
+        the parent's heartbeats) and its thread (not running in the child)."""
+        self._writers = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+
     def discard(self, writer: RegionWriter) -> None:
         with self._lock:
             self._writers.discard(writer)
@@ -252,6 +260,8 @@ class Heartbeats:
 
 HEARTBEATS = Heartbeats()
 """The process's :class:`Heartbeats`."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=HEARTBEATS._after_fork)
 
 
 def new_heartbeat(epoch: int, interval: float, recovering: bool = False) -> Heartbeat:
