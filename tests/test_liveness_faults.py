@@ -94,3 +94,27 @@ def test_a_forked_child_does_not_beat_its_parents_writers(table):
     w.put(basic_rows([101]))
     w.close(flush=False)
     assert sorted(mq.MemWalTable.open(table.uri).to_table()["id"].to_pylist())[-2:] == [100, 101]
+
+
+def test_an_error_escaping_one_refresh_does_not_stop_the_heartbeat_thread(table):
+    # One thread refreshes every writer of the process: an error escaping one refresh
+    # must neither end it (every writer would then look gone) nor skip the others.
+    w = table.writer(heartbeat_interval=0.02)
+    raised = threading.Event()
+
+    def hook(_w) -> None:
+        if not raised.is_set():
+            raised.set()
+            raise RuntimeError("an unexpected error in a refresh")
+
+    liveness.HEARTBEATS.hook = hook
+    try:
+        assert raised.wait(10)
+        before = w._last_beat
+        deadline = time.monotonic() + 10
+        while w._last_beat == before:
+            assert time.monotonic() < deadline, "the heartbeat thread stopped"
+            time.sleep(0.01)
+    finally:
+        liveness.HEARTBEATS.hook = None
+    w.close(flush=False)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -43,6 +44,8 @@ from memwal_query.storage.io import FileIO, LocalFileIO, join
 
 if TYPE_CHECKING:
     from memwal_query.write.writer import RegionWriter
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_NAME = "heartbeat.json"
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
@@ -252,9 +255,12 @@ class Heartbeats:
         now = time.time()
         for w in writers:
             if now - w._last_beat >= w.heartbeat_interval:
-                if self.hook is not None:
-                    self.hook(w)
-                w._beat()
+                try:
+                    if self.hook is not None:
+                        self.hook(w)
+                    w._beat()
+                except Exception:  # the thread refreshes every writer: it never ends
+                    log.exception("heartbeat of region %s not refreshed", w.region_id)
         return min([0.5] + [w.heartbeat_interval / 4 for w in writers])
 
 
