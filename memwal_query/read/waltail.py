@@ -221,7 +221,8 @@ def tail(
     probe: Future[_Entry | None] | None = None,
 ) -> list[MemTableSnapshot]:
     """Durable WAL entries after the manifest's replay position, as MemTable snapshots
-    (one per generation recorded in the entries), oldest first.
+    (one per generation recorded in the entries, none below the manifest's
+    ``current_generation``), oldest first.
 
     Parameters
     ----------
@@ -240,7 +241,10 @@ def tail(
     first = probe.result() if probe is not None else region.entry(position)
     by_gen: dict[int, list[pa.Table]] = {}
     for gen, rows in _entries(region, position, first, table.io.parallel_requests):
-        gen = gen if gen is not None else manifest.current_generation
+        # Above the replay position every entry belongs to the current generation or a
+        # later one, as a replaying writer puts it: an entry recording an older one (a
+        # fenced writer's late write) must not rank below the flushed generations.
+        gen = manifest.current_generation if gen is None else max(gen, manifest.current_generation)
         by_gen.setdefault(gen, []).append(rows)
     out = []
     for gen, tables in sorted(by_gen.items()):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -43,6 +44,8 @@ from memwal_query.storage.io import FileIO, LocalFileIO, join
 
 if TYPE_CHECKING:
     from memwal_query.write.writer import RegionWriter
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_NAME = "heartbeat.json"
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
@@ -224,6 +227,14 @@ class Heartbeats:
                 self._thread.start()
         self._wake.set()
 
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's writers (their copies must not beat
+        the parent's heartbeats) and its thread (not running in the child)."""
+        self._writers = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+
     def discard(self, writer: RegionWriter) -> None:
         with self._lock:
             self._writers.discard(writer)
@@ -244,14 +255,19 @@ class Heartbeats:
         now = time.time()
         for w in writers:
             if now - w._last_beat >= w.heartbeat_interval:
-                if self.hook is not None:
-                    self.hook(w)
-                w._beat()
+                try:
+                    if self.hook is not None:
+                        self.hook(w)
+                    w._beat()
+                except Exception:  # the thread refreshes every writer: it never ends
+                    log.exception("heartbeat of region %s not refreshed", w.region_id)
         return min([0.5] + [w.heartbeat_interval / 4 for w in writers])
 
 
 HEARTBEATS = Heartbeats()
 """The process's :class:`Heartbeats`."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=HEARTBEATS._after_fork)
 
 
 def new_heartbeat(epoch: int, interval: float, recovering: bool = False) -> Heartbeat:

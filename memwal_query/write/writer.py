@@ -310,6 +310,8 @@ class RegionWriter(_WalPath):
             new = liveness.swap(
                 self.table.io, self.table.uri, self.region_id, seen, self._new_beat(now, closed)
             )
+            if new is None:
+                new = self._own_beat_landed(now, closed)
         except Exception:  # noqa: BLE001 - transient: the next beat tries again
             self.stats.heartbeat_errors += 1
             return
@@ -319,6 +321,18 @@ class RegionWriter(_WalPath):
             liveness.HEARTBEATS.discard(self)
             return
         self._last_beat = now
+
+    def _own_beat_landed(self, now: float, closed: bool) -> liveness.Observed | None:
+        """After a failed compare-and-swap: when the stored heartbeat is this writer's own
+        (an earlier write applied although it was reported failed, e.g. a lost answer or a
+        retried conditional put), swap from it; None when another owner (a maintainer)
+        wrote it or it is gone."""
+        io, uri = self.table.io, self.table.uri
+        current = liveness.read(io, uri, self.region_id)
+        hb = current.heartbeat
+        if hb is None or hb.owner != self._heartbeat_owner or hb.recovering:
+            return None
+        return liveness.swap(io, uri, self.region_id, current, self._new_beat(now, closed))
 
     # -- recovery --------------------------------------------------------------------
     def _replay(
