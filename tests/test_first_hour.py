@@ -88,6 +88,11 @@ def test_region_specs_print_as_people_write_them(tmp_path, uri):
     code, out, err = run("spec", "set", uri, "--identity", "id")
     assert code == 0, err
     assert "region spec 2 is current (identity(id))" in out
+    code, out, err = run("status", uri, "--json")
+    assert code == 0, err
+    assert json.loads(out)["region_spec"] == "identity(id)"
+    code, out, err = run("status", plain)
+    assert out.splitlines()[0].endswith("region spec bucket(id, 8)"), out
 
 
 def test_json_output_is_valid_json_with_nan_as_null(uri):

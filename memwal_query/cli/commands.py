@@ -38,7 +38,8 @@ def status(uri: str, as_json: bool) -> None:
         return
     click.echo(
         f"{st.uri}  base version {st.base_version}  {st.live_rows:,} rows "
-        f"({st.unflushed_rows:,} unflushed)  primary key {', '.join(st.primary_key)}"
+        f"({st.unflushed_rows:,} unflushed)  primary key {', '.join(st.primary_key)}  "
+        f"region spec {st.region_spec}"
     )
     header = (
         f"{'region':36}  {'values':>14}  epoch  cur  flushed        merged  wal_span   "
