@@ -4,7 +4,11 @@ deprecated spelling: it still works, and warns naming the new one."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import lance
@@ -247,6 +251,30 @@ def test_cli_deprecated_options_warn(tmp_path, base_uri):
     assert m.exit_code == 0 and "deprecated" not in m.stderr
     bad = _cli("maintain", base_uri, "--dry-run", "--retention", "2 hours")
     assert bad.exit_code != 0 and "not a duration" in bad.output
+
+
+def test_cli_abandoned_after_is_a_duration(table):
+    # a writer process that acknowledged a put and died without flushing
+    code = (
+        "import os, sys\n"
+        "import memwal_query as mq\n"
+        "from helpers import basic_rows\n"
+        "mq.MemWalTable.open(sys.argv[1]).write(basic_rows([7]))\n"
+        "os._exit(0)\n"
+    )
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(API_DOC.parent.parent), tests])}
+    subprocess.run([sys.executable, "-c", code, table.uri], env=env, check=True, timeout=120)
+    kept = _cli("maintain", table.uri, "--json")  # the default, 5m: its writer may be alive
+    assert kept.exit_code == 0 and json.loads(kept.stdout)["recovered"] == [], kept.output
+    assert "[default: 5m]" in _cli("maintain", "--help").stdout
+    bare = _cli("maintain", table.uri, "--dry-run", "--abandoned-after", "0")
+    assert bare.exit_code == 0, bare.output
+    assert "a bare number of seconds for --abandoned-after is deprecated; write 0s" in bare.stderr
+    done = _cli("maintain", table.uri, "--json", "--abandoned-after", "0s")
+    assert done.exit_code == 0 and "deprecated" not in done.stderr, done.output
+    assert json.loads(done.stdout)["recovered"] != []
+    assert table.lookup([7])["id"].to_pylist() == [7]
 
 
 def test_durations():

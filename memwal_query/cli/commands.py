@@ -145,7 +145,7 @@ def merge(uri: str, region: tuple[str, ...], max_generations: int | None, dry_ru
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option(
     "--cleanup-older-than",
-    type=Duration(hours_if_bare=True),
+    type=Duration(bare_unit="h"),
     help="First remove base versions older than this (e.g. 24h, 30m, 7d).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="List every path and each kept generation.")

@@ -71,7 +71,7 @@ def _policy(
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS,
     max_index_segments: int = DEFAULT_MAX_INDEX_SEGMENTS,
     compact_deleted_share: float | None = DEFAULT_COMPACT_DELETED_SHARE,
-    abandoned_after: float | None = DEFAULT_ABANDONED_AFTER.total_seconds(),
+    abandoned_after: dt.timedelta | None = DEFAULT_ABANDONED_AFTER,
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -89,7 +89,7 @@ def _policy(
         refresh_snapshots=snapshots,
         gc=gc,
         retention=retention,
-        abandoned_after=None if abandoned_after is None else dt.timedelta(seconds=abandoned_after),
+        abandoned_after=abandoned_after,
     )
 
 
@@ -172,11 +172,11 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
 @click.option("--gc/--no-gc", default=True, show_default=True, help="Garbage collect.")
 @click.option(
     "--abandoned-after",
-    type=click.FloatRange(min=0),
-    default=DEFAULT_ABANDONED_AFTER.total_seconds(),
+    type=Duration(bare_unit="s"),
+    default=format_duration(DEFAULT_ABANDONED_AFTER),
     show_default=True,
     help="Recover (flush, then merge) a region with unflushed WAL entries whose writer "
-    "has shown no sign of life for this many seconds.",
+    "has shown no sign of life for this long, e.g. 90s, 5m.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
 @click.option(
@@ -202,7 +202,7 @@ def maintain(
     catch_up: bool,
     snapshots: bool,
     gc: bool,
-    abandoned_after: float,
+    abandoned_after: dt.timedelta,
     as_json: bool,
     max_passes: int | None,
 ) -> None:
