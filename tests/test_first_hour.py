@@ -181,6 +181,20 @@ def test_every_hint_names_a_command_and_options_that_exist():
     assert not bad, "\n".join(bad)
 
 
+def test_every_help_reads_as_text_not_restructured_text():
+    def commands(group, path=()):
+        for name, cmd in group.commands.items():
+            yield (*path, name)
+            if hasattr(cmd, "commands"):
+                yield from commands(cmd, (*path, name))
+
+    paths = list(commands(main))
+    assert len(paths) > 15
+    for path in [(), *paths]:
+        code, out, err = run(*path, "--help")
+        assert code == 0 and "``" not in out, (path, out)
+
+
 def test_bloom_filter_warning_names_a_repair_that_exists(tmp_path):
     from memwal_query.exceptions import BloomFilterWarning
     from memwal_query.format import bloom
