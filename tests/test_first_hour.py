@@ -75,6 +75,15 @@ def test_uninitialized_table_names_the_command(tmp_path):
     code, _, err = run("status", uri)
     line = one_error_line(code, err, "NotInitializedError")
     assert "memwal init URI --primary-key" in line
+    for declared in (False, True):  # without, then with a primary key
+        code, _, err = run("sql", uri, "SELECT count(*) AS n FROM plain")
+        kind = "NotInitializedError" if declared else "PrimaryKeyError"
+        line = one_error_line(code, err, kind)
+        assert line.endswith(f"to query it as a plain Lance table: --table plain={uri}"), line
+        code, out, err = run("sql", "--table", f"plain={uri}", "SELECT count(*) AS n FROM plain")
+        assert code == 0 and out.split() == ["n", "1"], err
+        schema = pa.schema([pa.field("id", pa.int64(), False, PK)])
+        lance.write_dataset(pa.table({"id": [1]}, schema=schema), uri, mode="overwrite")
 
 
 def test_region_specs_print_as_people_write_them(tmp_path, uri):
