@@ -129,7 +129,7 @@ def test_gc_and_catch_up_say_it_briefly(uri):
     for i in range(3):
         t.write(pa.table({"id": [10 + i, 20 + i], "x": [0.0, 1.0]}, schema=SCHEMA))
         t.flush()
-    t.merge()
+    t.maintenance.merge()
     t.close()
     code, out, err = run("gc", uri, "--cleanup-older-than", "0")
     assert code == 0, err
