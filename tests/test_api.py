@@ -4,7 +4,11 @@ deprecated spelling: it still works, and warns naming the new one."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import lance
@@ -249,18 +253,28 @@ def test_cli_deprecated_options_warn(tmp_path, base_uri):
     assert bad.exit_code != 0 and "not a duration" in bad.output
 
 
-def test_cli_ages_are_durations(base_uri):
-    """Every age or window option of the CLI takes the duration notation, the maintenance
-    recovery age included: the value reaches the policy as a timedelta."""
-    _cli("init", base_uri, "--primary-key", "id")
-    m = _cli("maintain", base_uri, "--dry-run", "--json", "--abandoned-after", "90s")
-    assert m.exit_code == 0, m.output
-    bad = _cli("maintain", base_uri, "--dry-run", "--abandoned-after", "300")
-    assert bad.exit_code == 2 and "not a duration" in bad.output
-    from memwal_query.cli.maintain import _policy
-
-    policy = _policy(8, 1000, None, None, False, True, True, True)
-    assert policy.abandoned_after == dt.timedelta(minutes=5)
+def test_cli_abandoned_after_is_a_duration(table):
+    # a writer process that acknowledged a put and died without flushing
+    code = (
+        "import os, sys\n"
+        "import memwal_query as mq\n"
+        "from helpers import basic_rows\n"
+        "mq.MemWalTable.open(sys.argv[1]).write(basic_rows([7]))\n"
+        "os._exit(0)\n"
+    )
+    tests = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(API_DOC.parent.parent), tests])}
+    subprocess.run([sys.executable, "-c", code, table.uri], env=env, check=True, timeout=120)
+    kept = _cli("maintain", table.uri, "--json")  # the default, 5m: its writer may be alive
+    assert kept.exit_code == 0 and json.loads(kept.stdout)["recovered"] == [], kept.output
+    assert "[default: 5m]" in _cli("maintain", "--help").stdout
+    bare = _cli("maintain", table.uri, "--dry-run", "--abandoned-after", "0")
+    assert bare.exit_code == 0, bare.output
+    assert "a bare number of seconds for --abandoned-after is deprecated; write 0s" in bare.stderr
+    done = _cli("maintain", table.uri, "--json", "--abandoned-after", "0s")
+    assert done.exit_code == 0 and "deprecated" not in done.stderr, done.output
+    assert json.loads(done.stdout)["recovered"] != []
+    assert table.lookup([7])["id"].to_pylist() == [7]
 
 
 def test_durations():

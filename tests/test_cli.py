@@ -252,6 +252,8 @@ def test_errors_on_a_table(tmp_path, plain_uri):
 def test_rejected_init_changes_nothing(tmp_path, plain_uri):
     before = tree(plain_uri)
     cases = [
+        ([], "no primary key"),  # the table declares none: name it
+        (["--reset"], "no primary key"),
         (["--primary-key", "nope"], "nope"),
         (["--primary-key", "id", "--bucket", "id:x"], "--bucket"),
         (["--primary-key", "id", "--bucket", "nope:4"], "nope"),
@@ -270,6 +272,11 @@ def test_rejected_init_changes_nothing(tmp_path, plain_uri):
     memwal("init", plain_uri, "--primary-key", "id", "--expression", "col0 % 4", "--columns", "id")
     again = memwal("init", plain_uri, "--primary-key", "id", check=False)
     assert_one_line_error(again, "already")
+
+
+def test_init_takes_the_key_the_table_declares(base_uri):
+    out = memwal("init", base_uri).stdout  # no --primary-key: the declared one
+    assert out.strip().endswith("primary key id, region spec one region"), out
 
 
 def test_ingest_formats_region_and_progress(tmp_path, plain_uri):

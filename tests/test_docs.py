@@ -6,7 +6,8 @@ may use what an earlier one of the same page made). A block right after an HTML 
 ``<!-- test: spark -->`` needs PySpark (it runs in the slow lane, on its own: such blocks
 start their own session); ``<!-- test: s3 -->`` needs an S3 store (its credentials are
 placeholders: skipped). ``<!-- test: skip REASON -->`` skips a block that only sketches
-(e.g. a fragment of a larger program).
+(e.g. a fragment of a larger program). A block that runs must also print no Lance ERROR
+or WARN log line and no ``DeprecationWarning`` on stderr.
 """
 
 from __future__ import annotations
@@ -45,12 +46,21 @@ def blocks(page: pathlib.Path) -> list[Block]:
     return out
 
 
+# What a reader of the docs must not meet when an example runs as written: Lance's log
+# lines (an example asking for more IVF partitions than its rows can train warns) and
+# deprecated spellings.
+_NOISE = re.compile(r"^\[\S+ (ERROR|WARN) |DeprecationWarning", re.MULTILINE)
+
+
 def run(code: str, cwd: pathlib.Path, what: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in os.environ.items() if k != "LANCE_LOG"}  # the user's default
+    env["PYTHONPATH"] = str(ROOT)
     p = subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
     assert p.returncode == 0, f"{what} failed:\n{p.stderr[-3000:]}"
+    noise = [line for line in p.stderr.splitlines() if _NOISE.search(line)]
+    assert not noise, f"{what} printed:\n" + "\n".join(noise[:10])
 
 
 def _script(bs: list[Block]) -> str:
@@ -86,3 +96,22 @@ def test_quick_start_runs_twice_in_a_row(tmp_path):
     (quick,) = [b for b in blocks(ROOT / "README.md") if "MemWalTable.create" in b.code]
     for attempt in (1, 2):  # the same working directory: nothing left behind gets in the way
         run(quick.code, tmp_path, f"README.md:{quick.line}, run {attempt}")
+
+
+# The spellings docs/api.md lists as deprecated, written as a user would call them.
+_DEPRECATED = re.compile(
+    r"\bt\.(maintain|gc|merge|status|check|refresh_snapshots|catch_up_indexes|"
+    r"set_region_spec|register_consumer|drop_consumer|write_retries|lance_schema|"
+    r"region_specs|maintained_indexes)\b(?!\.)|\bt\.(dataset|index|consumers)\(\)"
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_pages_use_the_current_spellings(page):
+    lines = page.read_text().splitlines()
+    if page.name == "api.md":  # its table of deprecated spellings names them on purpose
+        lines = [line for line in lines if not line.startswith("| `t.")]
+    found = [
+        f"{page.name}:{i}: {line}" for i, line in enumerate(lines, 1) if _DEPRECATED.search(line)
+    ]
+    assert not found, "\n".join(found)

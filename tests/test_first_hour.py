@@ -75,6 +75,15 @@ def test_uninitialized_table_names_the_command(tmp_path):
     code, _, err = run("status", uri)
     line = one_error_line(code, err, "NotInitializedError")
     assert "memwal init URI --primary-key" in line
+    for declared in (False, True):  # without, then with a primary key
+        code, _, err = run("sql", uri, "SELECT count(*) AS n FROM plain")
+        kind = "NotInitializedError" if declared else "PrimaryKeyError"
+        line = one_error_line(code, err, kind)
+        assert line.endswith(f"to query it as a plain Lance table: --table plain={uri}"), line
+        code, out, err = run("sql", "--table", f"plain={uri}", "SELECT count(*) AS n FROM plain")
+        assert code == 0 and out.split() == ["n", "1"], err
+        schema = pa.schema([pa.field("id", pa.int64(), False, PK)])
+        lance.write_dataset(pa.table({"id": [1]}, schema=schema), uri, mode="overwrite")
 
 
 def test_region_specs_print_as_people_write_them(tmp_path, uri):
@@ -88,6 +97,11 @@ def test_region_specs_print_as_people_write_them(tmp_path, uri):
     code, out, err = run("spec", "set", uri, "--identity", "id")
     assert code == 0, err
     assert "region spec 2 is current (identity(id))" in out
+    code, out, err = run("status", uri, "--json")
+    assert code == 0, err
+    assert json.loads(out)["region_spec"] == "identity(id)"
+    code, out, err = run("status", plain)
+    assert out.splitlines()[0].endswith("region spec bucket(id, 8)"), out
 
 
 def test_json_output_is_valid_json_with_nan_as_null(uri):
@@ -115,7 +129,7 @@ def test_gc_and_catch_up_say_it_briefly(uri):
     for i in range(3):
         t.write(pa.table({"id": [10 + i, 20 + i], "x": [0.0, 1.0]}, schema=SCHEMA))
         t.flush()
-    t.merge()
+    t.maintenance.merge()
     t.close()
     code, out, err = run("gc", uri, "--cleanup-older-than", "0")
     assert code == 0, err
@@ -174,6 +188,20 @@ def test_every_hint_names_a_command_and_options_that_exist():
             if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", helps[key]):
                 bad.append(f"{where}: memwal {hint}: {' '.join(path)} has no {option}")
     assert not bad, "\n".join(bad)
+
+
+def test_every_help_reads_as_text_not_restructured_text():
+    def commands(group, path=()):
+        for name, cmd in group.commands.items():
+            yield (*path, name)
+            if hasattr(cmd, "commands"):
+                yield from commands(cmd, (*path, name))
+
+    paths = list(commands(main))
+    assert len(paths) > 15
+    for path in [(), *paths]:
+        code, out, err = run(*path, "--help")
+        assert code == 0 and "``" not in out, (path, out)
 
 
 def test_bloom_filter_warning_names_a_repair_that_exists(tmp_path):

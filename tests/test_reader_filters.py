@@ -247,3 +247,16 @@ def test_decode_round_trips_pushed_expressions():
         assert node is not None, e
         assert exprtree.encode(node).equals(e), e
     assert exprtree.fields_of(exprtree.decode(exprs[1])) == {"s", "f"}
+
+
+def test_sql_text_filter_on_a_table_read_is_a_typed_error_naming_it(tmp_path):
+    # Lance's to_table takes SQL text; a table read takes an Expression and says so
+    # (searches take both), instead of pyarrow's error deep inside the scan.
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("x", pa.int64())])
+    t, w = _lsm(
+        tmp_path, schema, {"id": [1, 2], "x": [1, 2]}, {"id": [2], "x": [7]}, {"id": [1], "x": [5]}
+    )
+    for read in (t.to_table, t.provider(writers=[w]).to_table):
+        with pytest.raises(mq.SchemaError, match=r"filter 'x = 7'.*pc\.field"):
+            read(filter="x = 7")
+    assert t.to_table(filter=pc.field("x") == 7)["id"].to_pylist() == [2]

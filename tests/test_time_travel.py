@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import sys
 import time
 
@@ -94,6 +95,10 @@ def test_gc_retention_window_and_typed_errors(tmp_path):
         t.provider(as_of=h["v0"]).to_table()
     with pytest.raises(mq.VersionGoneError):
         t.provider(as_of=h["before_merge"]).to_table()
+    # the change feed from such a version says the same, with the versions kept
+    kept = [v["version"] for v in t.catalog.dataset().versions()]
+    with pytest.raises(mq.VersionGoneError, match=re.escape(f"versions kept: {kept}")):
+        t.changes(since=h["v0"])
     assert _state(t.provider(as_of=t.catalog.dataset().version).to_table()) == _state(t.to_table())
     t.close()
 

@@ -86,13 +86,27 @@ def _handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+class _Command(click.Command):
+    """A command whose ``--help`` shows its docstring without reST's double backticks
+    (the docstring is written for the API docs too: ``--region`` reads --region)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = self.help.replace("``", "")
+
+
 class _OneLineErrorGroup(click.Group):
     """A command group whose usage errors also print one line and exit non-zero.
 
     Click's own rendering of a usage error (bad option value, unknown command, missing
     argument) is three lines; here it is ``error: <message> (see 'memwal CMD -h')`` on
     stderr with click's exit status (2). ``memwal`` without a command prints the help.
+    Its commands are :class:`_Command`, its subgroups of this class.
     """
+
+    command_class = _Command
+    group_class = type
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         """Run the command line; exit with its status (see the class docs).

@@ -38,7 +38,8 @@ def status(uri: str, as_json: bool) -> None:
         return
     click.echo(
         f"{st.uri}  base version {st.base_version}  {st.live_rows:,} rows "
-        f"({st.unflushed_rows:,} unflushed)  primary key {', '.join(st.primary_key)}"
+        f"({st.unflushed_rows:,} unflushed)  primary key {', '.join(st.primary_key)}  "
+        f"region spec {st.region_spec}"
     )
     header = (
         f"{'region':36}  {'values':>14}  epoch  cur  flushed        merged  wal_span   "
@@ -144,7 +145,7 @@ def merge(uri: str, region: tuple[str, ...], max_generations: int | None, dry_ru
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
 @click.option(
     "--cleanup-older-than",
-    type=Duration(hours_if_bare=True),
+    type=Duration(bare_unit="h"),
     help="First remove base versions older than this (e.g. 24h, 30m, 7d).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="List every path and each kept generation.")

@@ -18,6 +18,7 @@ import click
 
 from memwal_query.cli.app import _handle_errors, _open, _progress, error_text, record_done
 from memwal_query.cli.options import Duration, deprecated_option, format_duration
+from memwal_query.maintain.merger import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS
 from memwal_query.maintain.policy import (
     DEFAULT_ABANDONED_AFTER,
     DEFAULT_COMPACT_DELETED_SHARE,
@@ -133,7 +134,7 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     "--batch-rows",
     type=click.IntRange(min=0),
     help="Rows of consecutive generations merged per commit (0: one per generation) "
-    "[default: the merger's, 1000000].",
+    f"[default: {DEFAULT_BATCH_ROWS}, and at most {DEFAULT_BATCH_BYTES >> 20} MiB].",
 )
 @click.option(
     "--retention",
@@ -171,11 +172,11 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
 @click.option("--gc/--no-gc", default=True, show_default=True, help="Garbage collect.")
 @click.option(
     "--abandoned-after",
-    type=Duration(),
+    type=Duration(bare_unit="s"),
     default=format_duration(DEFAULT_ABANDONED_AFTER),
     show_default=True,
     help="Recover (flush, then merge) a region with unflushed WAL entries whose writer "
-    "has shown no sign of life this long (e.g. 90s, 5m, 1h).",
+    "has shown no sign of life for this long, e.g. 90s, 5m.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
 @click.option(

@@ -43,27 +43,30 @@ def format_duration(value: dt.timedelta) -> str:
 
 
 class Duration(click.ParamType):
-    """A click option type for :func:`parse_duration`. ``hours_if_bare``: a bare number
-    is read as hours, with a deprecation warning (the older spelling)."""
+    """A click option type for :func:`parse_duration`. ``bare_unit`` (``"h"``, ``"s"``):
+    a bare number is read in that unit, with a deprecation warning (the option's older
+    spelling); without it a bare number is refused."""
 
     name = "duration"
 
-    def __init__(self, hours_if_bare: bool = False) -> None:
-        self.hours_if_bare = hours_if_bare
+    def __init__(self, bare_unit: str | None = None) -> None:
+        self.bare_unit = bare_unit
 
     def convert(self, value: Any, param: Any, ctx: Any) -> dt.timedelta:
         if isinstance(value, dt.timedelta):
             return value
         text = str(value)
-        if self.hours_if_bare:
+        if self.bare_unit is not None:
             try:
-                hours = float(text)
+                number = float(text)
             except ValueError:
                 pass
             else:
                 name = param.opts[0] if param is not None else "the option"
-                warn(f"a bare number of hours for {name} is deprecated; write {text}h")
-                return dt.timedelta(hours=hours)
+                unit = {"h": "hours", "s": "seconds"}[self.bare_unit]
+                spelled = f"{text}{self.bare_unit}"
+                warn(f"a bare number of {unit} for {name} is deprecated; write {spelled}")
+                return dt.timedelta(seconds=number * _UNITS[self.bare_unit])
         try:
             return parse_duration(text)
         except ValueError as e:

@@ -95,7 +95,11 @@ def spec_options(command: Any) -> Any:
 
 @main.command()
 @click.argument("uri")
-@click.option("--primary-key", "primary_key", required=True, help="Comma-separated key columns.")
+@click.option(
+    "--primary-key",
+    "primary_key",
+    help="Comma-separated key columns (default: the key the Lance table declares).",
+)
 @spec_options
 @click.option(
     "--maintained-indexes",
@@ -111,7 +115,7 @@ def spec_options(command: Any) -> Any:
 @_handle_errors
 def init(
     uri: str,
-    primary_key: str,
+    primary_key: str | None,
     bucket,
     identity,
     expression,
@@ -140,6 +144,7 @@ def init(
     )
 
     from memwal_query.format import index as mwindex
+    from memwal_query.format.schema import require_primary_key
     from memwal_query.storage.factory import file_io_for
     from memwal_query.table import MemWalTable
     from memwal_query.table_init import check_key_columns, key_names
@@ -148,8 +153,11 @@ def init(
         ds = lance.dataset(uri)
     except Exception as e:  # noqa: BLE001
         raise click.ClickException(f"no Lance table at {uri}: {e}") from None
-    keys = key_names(primary_key)
-    check_key_columns(ds.schema, keys, uri)
+    if primary_key is None:
+        keys = require_primary_key(ds.schema, uri)
+    else:
+        keys = key_names(primary_key)
+        check_key_columns(ds.schema, keys, uri)
     if mwindex.read_index(file_io_for(uri), ds) is not None:
         raise AlreadyInitializedError(f"{uri}: the table already has a MemWAL index")
     from memwal_query.table_init import check_no_leftover_regions

@@ -234,7 +234,11 @@ def sql(
     if uri is not None:
         names = [name] if name else _default_sql_names(uri)
         for n in names:
-            register(ctx, n, uri, consistency=consistency, as_of=as_of)
+            try:
+                register(ctx, n, uri, consistency=consistency, as_of=as_of)
+            except (NotInitializedError, PrimaryKeyError) as e:
+                hint = f"; to query it as a plain Lance table: --table {n}={uri}"
+                raise type(e)(f"{e}{hint}") from e
     names += [_register_extra(ctx, spec, consistency) for spec in tables]
     if not allow_write:
         ctx = _ReadOnlySql(ctx)  # type: ignore[assignment]  # same .sql() surface

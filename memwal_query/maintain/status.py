@@ -94,7 +94,8 @@ class TableStatus:
     base_rows : int
         Rows of the base table's latest version (what plain Lance reads).
     primary_key : list of str
-    region_spec : str or None
+    region_spec : str
+        The current region spec as people write it (``bucket(id, 4)``, ``one region``).
     maintained_indexes : list of str
     index_catchup : dict
     snapshot_regions : int
@@ -106,7 +107,7 @@ class TableStatus:
     live_rows: int
     base_rows: int
     primary_key: list[str]
-    region_spec: str | None
+    region_spec: str
     maintained_indexes: list[str]
     index_catchup: dict[str, dict[str, int]]
     snapshot_regions: int
@@ -197,7 +198,9 @@ def status(
         live_rows=MemWalDataset(table).count_rows(),
         base_rows=ds.count_rows(),
         primary_key=list(table.primary_key),
-        region_spec=None if table.region_spec is None else repr(table.region_spec),
+        region_spec="one region"
+        if table.region_spec is None
+        else table.region_spec.describe(table.lance_schema),
         maintained_indexes=list(table.maintained_indexes),
         index_catchup=index.index_catchup(),
         snapshot_regions=index.details.num_regions,

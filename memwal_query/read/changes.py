@@ -249,7 +249,11 @@ def version_cursor(table: Catalog, version: int) -> Cursor:
     try:
         base = table.dataset(version=version)
     except (ValueError, OSError, RuntimeError) as e:
-        raise VersionGoneError(f"{table.uri}: base version {version} is not available: {e}") from e
+        kept = sorted(v["version"] for v in table.dataset().versions())
+        raise VersionGoneError(
+            f"{table.uri}: base version {version} is not available (cleaned up, or never "
+            f"written); versions kept: {kept}"
+        ) from e
     from memwal_query.format.index import read_index
 
     index = read_index(table.io, base)  # None: from before initialize, nothing merged

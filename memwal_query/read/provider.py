@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from memwal_query.exceptions import SchemaError
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
 from memwal_query.read import exprtree, newer, parallel, pruning, sources, view
@@ -48,6 +49,11 @@ def _as_expression(expr: Any) -> pc.Expression | None:
     Lance's scanner rejects."""
     if expr is None or isinstance(expr, pc.Expression):
         return expr
+    if isinstance(expr, str):
+        raise SchemaError(
+            f"filter {expr!r}: a table read takes a pyarrow.compute.Expression "
+            "(pc.field('cat') == 7); SQL text: mq.register(ctx, name, uri) and ctx.sql(...)"
+        )
     return pc.scalar(expr)
 
 
