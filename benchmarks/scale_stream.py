@@ -684,7 +684,7 @@ def flush_wal_tails(t: mq.MemWalTable) -> int:
     """Flush every region's unflushed WAL entries (the Spark sink leaves the last ones
     there); returns the generations made."""
     made = 0
-    for region_id in t.region_ids():
+    for region_id in t.catalog.region_ids():
         with t.writer(region_id=region_id) as w:
             made += w.flush() is not None
     return made
@@ -833,7 +833,7 @@ def scale_main(args: argparse.Namespace) -> bool:
     ok &= verify(got, model, "reopened") == "ok"
     made = flush_wal_tails(reopened)
     print(f"  WAL tails flushed: {made} generation(s)")
-    reopened.maintain(MaintenancePolicy(max_generations=0, max_rows=0))
+    reopened.maintenance.maintain(MaintenancePolicy(merge_over_generations=0, merge_over_rows=0))
     base_now = lance.dataset(uri).to_table(columns=["id", "seq"])
     ok &= verify(base_now, model, "base table after a full merge") == "ok"
     if not args.keep and not args.root:

@@ -101,7 +101,7 @@ def worker(
         elif op == "flush":
             writers[r].flush()
         elif op == "merge":  # one region, or both (their generations share a commit)
-            t.merge(regions[r] if i % 2 else None, max_generations=2)
+            t.maintenance.merge(regions=[regions[r]] if i % 2 else None, max_generations=2)
         elif op == "catch_up":
             t.maintenance.catch_up_indexes()
         elif op == "gc":

@@ -189,9 +189,9 @@ def run(
             elif op == "flush":
                 attempt("flush", w.flush)
             elif op == "merge":
-                attempt("merge", t.merge)
+                attempt("merge", t.maintenance.merge)
             elif op == "gc":
-                attempt("gc", lambda: t.gc(cleanup_older_than=dt.timedelta(seconds=0)))
+                attempt("gc", lambda: t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0)))
             else:
                 ok, got = attempt("read", lambda w=w: t.to_table(writers=[w]))
                 if ok:
@@ -210,10 +210,10 @@ def run(
         recovered.close()
         final = mq.MemWalTable.open(uri, storage_options=options)
         figures["rows_checked"] += model.check(final.to_table(), "after recovery, reopened")
-        errors = [f for f in final.check() if f.severity == "error"]
+        errors = [f for f in final.maintenance.fsck().findings if f.severity == "error"]
         if errors:
             raise CampaignFailure(f"fsck after the campaign: {errors}")
-        figures["fsck_findings"] = len(final.check())
+        figures["fsck_findings"] = len(final.maintenance.fsck().findings)
     finally:
         proxy.stop()
         store_log.removeHandler(resolved)

@@ -122,7 +122,7 @@ def test_a_process_that_exits_without_close_is_read_by_every_default_reader(tmp_
     # and the exit flushed them: flushed rows only (strong) has them too
     t = mq.MemWalTable.open(uri)
     assert sorted(t.to_table(consistency="strong")["id"].to_pylist()) == want
-    assert t.status().unflushed_rows == 0
+    assert t.maintenance.status().unflushed_rows == 0
 
 
 @pytest.mark.slow  # a writer process
@@ -143,19 +143,19 @@ def test_a_killed_writers_acknowledged_rows_are_read_then_recovered_and_merged(t
     t = mq.MemWalTable.open(uri)
     seen = set(t.to_table(columns=["id"])["id"].to_pylist())
     assert set(acked) <= seen and set(BASE) <= seen
-    st = t.status()
+    st = t.maintenance.status()
     (region,) = st.regions.values()
     assert region.unflushed_rows > 0 and region.oldest_unflushed_age is not None
     assert st.live_rows == len(seen)
     # one maintenance pass, once the writer has been silent for abandoned_after
     policy = MaintenancePolicy(abandoned_after=dt.timedelta(seconds=0.3))
     time.sleep(0.5)
-    report = t.maintain(policy)
+    report = t.maintenance.maintain(policy)
     assert [r.region_id for r in report.recovered] == t.catalog.region_ids()
     assert report.merged
     plain = set(lance.dataset(uri).to_table(columns=["id"])["id"].to_pylist())
     assert seen <= plain  # every acknowledged row is in the base table
-    after = t.status()
+    after = t.maintenance.status()
     (region,) = after.regions.values()
     assert region.unflushed_rows == 0 and not region.writer_alive
     assert after.live_rows == len(plain)

@@ -203,7 +203,7 @@ def test_corrupt_manifest_is_a_typed_error_nothing_written(table, fields, match)
     for attempt in (
         lambda: table.writer(w.region_id),
         lambda: table.maintenance.gc(),
-        table.status,
+        table.maintenance.status,
     ):
         with pytest.raises(ManifestCorruptError, match=match) as e:
             attempt()
@@ -305,11 +305,11 @@ def test_merger_replans_when_its_generation_was_merged_and_collected(table):
 
     merger.prepare_generation = prepare
     try:
-        got = table.merge(batch_rows=0)
+        got = table.maintenance.merge(batch_rows=0)
     finally:
         merger.prepare_generation = real
     assert [r.generation for r in fired[0]] == [1, 2]
-    assert got == []  # re-planned: nothing left to merge
+    assert got.merged == []  # re-planned: nothing left to merge
     rows = lance.dataset(table.uri).to_table().to_pydict()
     vals = dict(zip(rows["id"], rows["val"]))
     assert vals[700] == 2.0 and vals[701] == 1.0 and len(rows["id"]) == 102

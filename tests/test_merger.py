@@ -50,10 +50,10 @@ def make_generations(t, n=4):
 def test_merge_in_order_equals_model(table):
     region, model = make_generations(table)
     assert view(table) == model
-    assert table.merge(max_generations=1) == [(region, 1)]
+    assert table.maintenance.merge(max_generations=1).by_region() == {region: [1]}
     assert view(table) == model  # reading during a partial merge
-    assert table.merge() == [(region, 2), (region, 3), (region, 4)]
-    assert table.merge() == []
+    assert table.maintenance.merge().by_region() == {region: [2, 3, 4]}
+    assert table.maintenance.merge().merged == []
     assert view(table) == model
     assert base_view(table) == model  # the base table alone now holds everything
     assert table.catalog.index().merged_generations() == {region: 4}
@@ -163,7 +163,8 @@ def test_snapshots_switch_to_external_file(base_uri):
     w0 = writers[0]
     w0.put(basic_rows([5100]))
     w0.flush()
-    idx = table.refresh_snapshots()
+    table.maintenance.refresh_snapshots()
+    idx = table.catalog.refresh_index()
     assert idx.details.num_regions == 150
     assert not idx.details.HasField("inline_snapshots")
     assert os.path.exists(os.path.join(table.uri, "_indices", idx.uuid, "index.lance"))
@@ -180,7 +181,10 @@ MERGER = textwrap.dedent(
     import os, sys
     import memwal_query as mq
     t = mq.MemWalTable.open(sys.argv[1])
-    print(t.merge(sys.argv[2], max_generations=int(sys.argv[3]), batch_rows=0), flush=True)
+    report = t.maintenance.merge(
+        regions=[sys.argv[2]], max_generations=int(sys.argv[3]), batch_rows=0
+    )
+    print([(m.region_id, m.generation) for m in report.merged], flush=True)
     """
 )
 
@@ -239,7 +243,7 @@ def test_killed_before_commit_leaves_table_correct(table):
     assert p.returncode != 0
     assert table.catalog.index().merged_generations() == {}
     assert view(table) == model
-    assert table.merge() == [(region, 1), (region, 2)]
+    assert table.maintenance.merge().by_region() == {region: [1, 2]}
     assert base_view(table) == model
 
 
@@ -260,7 +264,7 @@ def test_status(table):
 
 @pytest.mark.parametrize("n", [1])
 def test_merge_unknown_region_is_noop(table, n):
-    assert table.merge(str(uuid.uuid4()), max_generations=n) == []
+    assert table.maintenance.merge(regions=[str(uuid.uuid4())], max_generations=n).merged == []
 
 
 def test_large_generation_merges_into_a_key_indexed_base_with_vectors(tmp_path):
@@ -287,7 +291,7 @@ def test_large_generation_merges_into_a_key_indexed_base_with_vectors(tmp_path):
     with t.writer(max_memtable_rows=10**9, max_memtable_bytes=1 << 40) as w:
         w.put(rows(updates))  # upserts only: with deletes Lance never joins by index
         w.flush()
-    assert [g for _, g in t.merge()] == [1]
+    assert [m.generation for m in t.maintenance.merge().merged] == [1]
     base = lance.dataset(uri).to_table(columns=["id", "val"])
     assert base.num_rows == 200_000
     ids = base.column("id").to_numpy()
@@ -305,13 +309,13 @@ def test_consecutive_generations_merge_in_one_commit(table, batch_rows, commits)
     if batch_rows == "two":  # exactly generations 1 and 2 fit
         batch_rows = gens[0].physical_rows + gens[1].physical_rows
     before = lance.dataset(table.uri).version
-    merged = table.merge(batch_rows=batch_rows)
-    assert merged == [(region, 1), (region, 2), (region, 3), (region, 4)]
+    merged = table.maintenance.merge(batch_rows=batch_rows)
+    assert merged.by_region() == {region: [1, 2, 3, 4]}
     assert lance.dataset(table.uri).version == before + commits
     assert table.catalog.index().merged_generations() == {region: 4}
     assert base_view(table) == model
     assert view(table) == model
-    assert table.merge() == []
+    assert table.maintenance.merge().merged == []
 
 
 # region r holds keys 20r..20r+19 and 1000+10r..1000+10r+9
@@ -346,13 +350,13 @@ def test_regions_merge_together_in_one_commit(base_uri):
     table = expr_table(base_uri, REGIONS_SQL)
     regions, model = _regions_with_generations(table)
     before = lance.dataset(table.uri).version
-    merged = table.merge()
-    assert sorted(merged) == sorted((r, g) for r in regions for g in (1, 2))
+    merged = table.maintenance.merge()
+    assert merged.by_region() == {r: [1, 2] for r in regions}
     assert lance.dataset(table.uri).version == before + 1
     assert table.catalog.index().merged_generations() == {r: 2 for r in regions}
     assert base_view(table) == model
     assert view(table) == model
-    assert table.merge() == []
+    assert table.maintenance.merge().merged == []
 
 
 def test_regions_merge_together_within_limits(base_uri):
@@ -361,11 +365,11 @@ def test_regions_merge_together_within_limits(base_uri):
     gen_rows = table.catalog.region_manifest(regions[0]).flushed_generations[0].physical_rows
     before = lance.dataset(table.uri).version
     # max_generations applies per region: generation 1 of every region, in one commit
-    assert sorted(table.merge(max_generations=1)) == sorted((r, 1) for r in regions)
+    assert table.maintenance.merge(max_generations=1).by_region() == {r: [1] for r in regions}
     assert lance.dataset(table.uri).version == before + 1
     assert view(table) == model
     # a row budget of two generations: regions two by two (2 commits for 3 regions)
-    table.merge(batch_rows=2 * gen_rows)
+    table.maintenance.merge(batch_rows=2 * gen_rows)
     assert lance.dataset(table.uri).version == before + 3
     assert table.catalog.index().merged_generations() == {r: 2 for r in regions}
     assert base_view(table) == model

@@ -82,7 +82,7 @@ def test_deletes_are_merged_exactly_for_every_key_type(tmp_path, name, types, ro
     w.close()
     expected = sorted(set(range(len(rows))) - set(dels))
     assert sorted(t.to_table().column("v").to_pylist()) == expected
-    assert len(t.merge()) == 1
+    assert len(t.maintenance.merge().merged) == 1
     assert sorted(lance.dataset(t.uri).to_table().column("v").to_pylist()) == expected
 
 
@@ -102,7 +102,7 @@ def test_generation_with_upserts_and_deletes_of_every_key_type(tmp_path, name, t
     w.flush()
     w.close()
     region = w.region_id
-    assert t.merge() == [(region, 1)]
+    assert t.maintenance.merge().by_region() == {region: [1]}
     base = lance.dataset(t.uri).to_table()
     assert sorted(base.column("v").to_pylist()) == [100 + i for i in keep]
     assert t.catalog.index().merged_generations() == {region: 1}
@@ -144,7 +144,7 @@ def test_failing_region_does_not_block_other_regions(base_uri, monkeypatch):
     ids = set(lance.dataset(table.uri).to_table().column("id").to_pylist())
     assert {1000 + i for i, w in enumerate(writers) if w.region_id != bad} <= ids
     monkeypatch.setattr(merger, "prepare_generation", real)
-    assert table.merge() == [(bad, 1)]
+    assert table.maintenance.merge().by_region() == {bad: [1]}
 
 
 def _composite_base_with_deletes(tmp_path, n=20_000):
@@ -211,7 +211,7 @@ def test_generation_with_upserts_and_deletes_is_one_commit(table):
     w.close()
     expected = sorted(set(range(100)) - {2, 3} | {500})
     v0 = lance.dataset(table.uri).version
-    assert table.merge() == [(w.region_id, 1)]
+    assert table.maintenance.merge().by_region() == {w.region_id: [1]}
     assert lance.dataset(table.uri).version == v0 + 1  # data and progress: one commit
     assert table.catalog.index().merged_generations() == {w.region_id: 1}
     base = {r["id"]: r["val"] for r in lance.dataset(table.uri).to_table().to_pylist()}

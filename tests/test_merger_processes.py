@@ -1,6 +1,6 @@
 """Mergers in real processes: Appendix 2 races, kills, reads during a merge.
 
-Each merger runs ``t.merge(region)`` in its own Python process. Hooks installed in that
+Each merger runs ``t.maintenance.merge(regions=[region])`` in its own Python process. Hooks installed in that
 process only (never in the library) make the interleavings deterministic:
 
 - ``--barrier N``: every merger stops right before its first commit until ``N``
@@ -84,7 +84,7 @@ MERGER = textwrap.dedent(
 
         MergeInsertBuilder.execute = execute
     t = mq.MemWalTable.open(uri)
-    done = [g for _, g in t.merge(region, batch_rows=0)]  # one commit per generation
+    done = [m.generation for m in t.maintenance.merge(regions=[region], batch_rows=0).merged]  # one commit per generation
     print(json.dumps({"merged": done, "lost": lost}), flush=True)
     """
 )
@@ -227,7 +227,7 @@ def test_last_write_of_a_key_wins_within_one_generation(table):
     expected.update({1: 11.0, 3: 33.0, 4: 44.0, 500: 5.0, 502: 55.0})
     got = {r["id"]: r["val"] for r in table.to_table().to_pylist()}
     assert got == expected
-    assert table.merge() == [(w.region_id, 1)]
+    assert table.maintenance.merge().by_region() == {w.region_id: [1]}
     base = {r["id"]: r["val"] for r in lance.dataset(table.uri).to_table().to_pylist()}
     assert base == expected
     assert lance.dataset(table.uri).count_rows() == len(expected)  # no duplicate keys

@@ -50,7 +50,7 @@ def test_gc_keeps_generations_of_a_region_the_index_has_not_caught_up(
     b.put(basic_rows([2000], name=["b"]))
     b.flush()
     b.close()
-    assert t.merge() == [(b.region_id, 1)]
+    assert t.maintenance.merge().by_region() == {b.region_id: [1]}
     assert t.catalog.index().index_catchup()["name_idx"].get(b.region_id, 0) == 0
     if not recorded:
         # A record that does not name region B at all (Lance adds B at 0 itself; another
@@ -95,7 +95,7 @@ def test_scan_planned_before_merge_and_gc_gets_rows_or_typed_error(table, warm):
     if warm:
         assert len(p.to_table()) == len(model)  # generation data cached by this reader
     parts = p.get_fragments()  # read plan: base version + generations 1, 2
-    assert table.merge() == [(region, 1), (region, 2)]
+    assert table.maintenance.merge().by_region() == {region: [1, 2]}
     assert table.maintenance.gc(cleanup_older_than=dt.timedelta(0))
     assert _gen_dirs(table, region) == []
     if not warm:
@@ -155,7 +155,7 @@ def test_catch_up_extends_vector_fts_and_scalar_indexes(tmp_path):
     w.flush()
     w.close()
     rid = w.region_id
-    assert t.merge() == [(rid, 1), (rid, 2)]
+    assert t.maintenance.merge().by_region() == {rid: [1, 2]}
     base = t.catalog.dataset()
     frags = {f.fragment_id for f in base.get_fragments()}
     for name in names:
@@ -185,7 +185,8 @@ def test_snapshots_inline_up_to_the_threshold(base_uri):
     writers = [table.writer(region_values={"r": (5000 + r) % n}) for r in range(n)]
     writers[0].put(basic_rows([5000]))
     writers[0].flush()
-    idx = table.refresh_snapshots()
+    table.maintenance.refresh_snapshots()
+    idx = table.catalog.refresh_index()
     assert idx.details.num_regions == snapshots.INLINE_THRESHOLD
     assert idx.details.HasField("inline_snapshots")
     assert not os.path.exists(os.path.join(table.uri, "_indices", idx.uuid, "index.lance"))
@@ -208,7 +209,8 @@ def test_snapshot_schema_has_region_field_columns(tmp_path):
     t = mq.MemWalTable.initialize(uri, region_spec=spec)
     t.write(pa.table({"id": list(range(1, 30)), "v": list(range(1, 30))}, schema=schema))
     t.flush()
-    idx = t.refresh_snapshots()
+    t.maintenance.refresh_snapshots()
+    idx = t.catalog.refresh_index()
     snap = fsnap.from_lance_bytes(idx.details.inline_snapshots, "inline")
     assert snap.schema.names == [f.name for f in snapshots.BASE_FIELDS] + ["region_field_b"]
     assert snap.schema.field("region_field_b").type == pa.int32()

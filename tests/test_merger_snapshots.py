@@ -38,7 +38,8 @@ def _snapshot_file(table, uuid):
 
 def test_fresh_snapshot_uses_spec_layout(base_uri):
     table, writers = _regions(base_uri)
-    idx = table.refresh_snapshots()
+    table.maintenance.refresh_snapshots()
+    idx = table.catalog.refresh_index()
     assert not idx.details.HasField("inline_snapshots")
     assert os.path.exists(_snapshot_file(table, idx.uuid))
     for w in writers:
@@ -47,9 +48,11 @@ def test_fresh_snapshot_uses_spec_layout(base_uri):
 
 def test_eventual_reads_after_merges_and_cleanup(base_uri):
     table, writers = _regions(base_uri)
-    before = table.refresh_snapshots()
+    table.maintenance.refresh_snapshots()
+    before = table.catalog.refresh_index()
     assert {5000, 6000} <= _eventual_ids(table)
-    assert table.merge(writers[0].region_id) == [(writers[0].region_id, 1)]
+    merged = table.maintenance.merge(regions=[writers[0].region_id])
+    assert merged.by_region() == {writers[0].region_id: [1]}
     after = table.catalog.index()
     assert after.uuid != before.uuid  # Lance gave the index a new uuid
     assert after.details.num_regions == before.details.num_regions
@@ -68,7 +71,8 @@ def test_eventual_reads_after_merges_and_cleanup(base_uri):
 def test_reader_finds_snapshot_when_merger_did_not_copy_it(base_uri, monkeypatch):
     """A merge committed by another merger (no copy): found under the refresh's uuid."""
     table, writers = _regions(base_uri)
-    before = table.refresh_snapshots()
+    table.maintenance.refresh_snapshots()
+    before = table.catalog.refresh_index()
     writers[2].put(basic_rows([7000]))  # flushed after the snapshot: not in it
     writers[2].flush()
     monkeypatch.setattr(snapshots, "carry_forward", lambda *a, **k: None)

@@ -72,8 +72,8 @@ def test_split_commits_equal_one_commit(base_uri, split):
     ]
     _write(t, model, 0, [4, 8], [0, 10], 2.0)  # deleted key written again, and the reverse
     before = lance.dataset(t.uri).version
-    merged = t.merge()
-    assert sorted(merged) == sorted([(regions[0], 1), (regions[0], 2), (regions[1], 1)])
+    merged = t.maintenance.merge()
+    assert merged.by_region() == {regions[0]: [1, 2], regions[1]: [1]}
     assert lance.dataset(t.uri).version == before + 2
     assert t.catalog.index().merged_generations() == {regions[0]: 2, regions[1]: 1}
     assert base_view(t.uri) == model
@@ -116,11 +116,13 @@ def test_merger_killed_between_the_commits(base_uri):
     assert view(t) == model
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
-        merged = mq.MemWalTable.open(t.uri).merge(batch_rows=0)  # generation by generation
-    assert (region, 1) in merged and (region, 2) in merged
+        merged = mq.MemWalTable.open(t.uri).maintenance.merge(
+            batch_rows=0
+        )  # generation by generation
+    assert {1, 2} <= set(merged.by_region()[region])
     assert base_view(t.uri) == model  # each delete once: key 4 is back, once
     assert view(t) == model
-    assert t.merge() == []
+    assert t.maintenance.merge().merged == []
 
 
 def test_split_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri, split):

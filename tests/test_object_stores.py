@@ -309,7 +309,7 @@ def test_merger_and_gc(backend):
     expected = live(t)
     m = t.catalog.region_manifest(w.region_id)
     gen_dirs = [paths.generation_path(t.uri, w.region_id, g.path) for g in m.flushed_generations]
-    assert t.merge() == [(w.region_id, 1), (w.region_id, 2)]
+    assert t.maintenance.merge().by_region() == {w.region_id: [1, 2]}
     assert t.catalog.index().merged_generations() == {w.region_id: 2}
     base = lance.dataset(t.uri, storage_options=backend.storage_options)
     rows = {r["id"]: r["val"] for r in base.to_table().to_pylist()}
@@ -360,7 +360,7 @@ def test_abfss_uri_names_the_same_objects_as_az(store_pool):
     t = mq.MemWalTable.initialize(uri, storage_options=opts)
     with t.writer() as w:
         w.put(basic_rows([100], val=[-1.0]))
-    assert t.merge() == [(w.region_id, 1)]
+    assert t.maintenance.merge().by_region() == {w.region_id: [1]}
     same = mq.MemWalTable.open(f"az://{BUCKET}/{prefix}/t", storage_options=opts)
     assert live(same) == live(t) and live(same)[100] == -1.0
 
@@ -453,7 +453,7 @@ def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
     for d in gen_dirs:  # every generation got the maintained indexes, on S3 too
         assert {"_indices", "bloom_filter.bin"} <= set(t.catalog.io.list(d))
     before = t.catalog.dataset().version
-    assert t.merge() == [(w.region_id, g) for g in (1, 2, 3, 4)]
+    assert t.maintenance.merge().by_region() == {w.region_id: [1, 2, 3, 4]}
     assert t.catalog.dataset().version == before + 1  # four generations, one commit
     assert t.maintenance.catch_up_indexes() == {
         n: {w.region_id: 4} for n in ("text_idx", "vec_idx")
@@ -468,7 +468,7 @@ def test_search_merge_catch_up_gc_snapshots_match_a_model(backend):
     t.maintenance.refresh_snapshots()
     reopened = mq.MemWalTable.open(uri, storage_options=backend.storage_options)
     assert reopened.count_rows(consistency="eventual") == len(model)
-    region = reopened.status().to_dict()["regions"][w.region_id]
+    region = reopened.maintenance.status().to_dict()["regions"][w.region_id]
     assert region["merged_generation"] == 4 and region["unflushed_rows"] == 0
     # generations GC removed are not listed (the manifest still names them)
     assert region["flushed_generations"] == [] and region["wal_entries"] == 0

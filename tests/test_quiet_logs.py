@@ -36,7 +36,7 @@ t.write(rows(np.arange(3)))
 t.flush()  # a 3-row generation indexed with the base's 4 partitions: some are empty
 assert t.fts_search("text", "hello", k=3).num_rows == 3
 assert t.vector_search("vec", rng.random(8), k=3).num_rows == 3
-t.merge()
+t.maintenance.merge()
 t.close()
 """
 

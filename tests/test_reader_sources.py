@@ -72,7 +72,7 @@ def test_eventual_with_writer_reads_that_region_as_of_its_manifest(tmp_path):
     w = t.writer(region_values={"r": 0})
     w.put(pa.table({"id": [1], "x": [1]}))
     w.flush()  # generation 1
-    t.refresh_snapshots()  # the snapshot lists generation 1 of both regions
+    t.maintenance.refresh_snapshots()  # the snapshot lists generation 1 of both regions
     w.delete(pa.table({"id": pa.array([1], pa.int64())}))
     w.flush()  # generation 2: id 1 deleted, not in the snapshot
     w.put(pa.table({"id": [2], "x": [2]}))  # generation 3, in memory

@@ -657,13 +657,13 @@ def merged_not_reindexed(tmp_path):
     w = t.writer(region_values={"r": 0})
     w.put(rows([12], rng=np.random.default_rng(5), text=["alpha"]))
     assert w.flush() == 1
-    assert t.merge() == [(w.region_id, 1)]
+    assert t.maintenance.merge().by_region() == {w.region_id: [1]}
     t.catalog.dataset().optimize.optimize_indices()  # the base indexes now cover generation 1
     w.put(rows([13], [near(0.3)], text=["zucchini soup"]))
     w.put(rows([700], [near(0.7)], text=["zucchini bread"]))
     w.delete(pa.table({"id": [10, 23]}))
     assert w.flush() == 2
-    assert t.merge() == [(w.region_id, 2)]  # ... but not generation 2
+    assert t.maintenance.merge().by_region() == {w.region_id: [2]}  # ... but not generation 2
     w.put(rows([701], [near(0.8)], text=["zucchini cake"]))
     assert w.flush() == 3  # not merged
     w.put(rows([702], [near(0.9)], text=["zucchini pie"]))  # MemTable
@@ -860,7 +860,7 @@ def test_indexed_read_plan_after_generations_merged_in_one_commit(tmp_path):
     w.put(rows([13], [near(0.31)], text=["zucchini stew"]))
     w.flush()
     before = t.catalog.dataset().version
-    assert t.merge() == [(rid, 2), (rid, 3)]
+    assert t.maintenance.merge().by_region() == {rid: [2, 3]}
     assert t.catalog.dataset().version == before + 1  # one commit
     dbg: dict = {}
     got = search.vector_search(t.catalog, "vec", Q, k=5, writers=[w], debug=dbg)

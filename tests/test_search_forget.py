@@ -48,7 +48,7 @@ def test_merged_generations_leave_the_caches(tmp_path: Any) -> None:
     time.sleep(0.01)
     moment = dt.datetime.now(dt.timezone.utc)
     time.sleep(0.01)
-    assert t.merge(max_generations=2)  # generations 1 and 2
+    assert t.maintenance.merge(max_generations=2).merged  # generations 1 and 2
     after = t.lookup(keys, columns=["id", "val"]).sort_by("id")
     assert after.equals(before)
     left = {k.rsplit("/", 1)[1] for k in _cached(t.uri)}

@@ -136,7 +136,7 @@ def test_soak(tmp_path, capsys):
             rng = random.Random(7)
             while not stop.is_set() and time.monotonic() < deadline:
                 writers[rng.randrange(REGIONS)].flush()
-                counts["merges"] += len(table.merge(max_generations=2))
+                counts["merges"] += len(table.maintenance.merge(max_generations=2))
                 table.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=30))
                 time.sleep(0.5)
         except BaseException as e:  # noqa: BLE001

@@ -68,7 +68,7 @@ def spark(fault_dir):
     )
     session.sparkContext.setLogLevel("ERROR")
     with pytest.warns(source.PushdownWarning, match="wrong"):  # driver-side warning
-        mqs.register_source(session, filter_pushdown=True)  # the pushFilters tests need it
+        mqs.register_source(session, filter_pushdown=True)  # the push_filters tests need it
     yield session
     session.stop()
     for k, v in old.items():
@@ -123,8 +123,8 @@ def wal_tail_rows(t: mq.MemWalTable, region_id: str) -> int:
     from memwal_query.format.wal import Wal
     from memwal_query.storage import paths
 
-    manifest = t.region_manifest(region_id)
-    wal = Wal(t.io, paths.wal_dir(t.uri, region_id), region_id)
+    manifest = t.catalog.region_manifest(region_id)
+    wal = Wal(t.catalog.io, paths.wal_dir(t.uri, region_id), region_id)
     after = manifest.replay_after_wal_entry_position
     return sum(e.table.num_rows for e in wal.replay(after, manifest.writer_epoch))
 
@@ -326,7 +326,7 @@ def test_write_flush_due_flushes_by_the_writer_thresholds(spark, tmp_path):
     default readers) until a region's unflushed rows pass ``max_memtable_rows``; each
     write replays at most that many rows."""
     t = new_table(tmp_path, buckets=2)
-    spec = t.routing_spec()
+    spec = t.catalog.routing_spec()
     model = base_model(range(1000))
     limit = 150
     options = {"max_memtable_rows": limit, "max_memtable_age": 3600}
@@ -338,7 +338,7 @@ def test_write_flush_due_flushes_by_the_writer_thresholds(spark, tmp_path):
         )
         upsert_model(model, ids)
         assert_view(t.uri, model)
-        for values, part in split_by_region(spec, basic_rows(ids), t.lance_schema):
+        for values, part in split_by_region(spec, basic_rows(ids), t.catalog.lance_schema):
             rid = t.region_id_for(values)
             pending[rid] = pending.get(rid, 0) + part.num_rows
             (done,) = [r for r in res.regions if r.region_id == rid]
@@ -346,7 +346,7 @@ def test_write_flush_due_flushes_by_the_writer_thresholds(spark, tmp_path):
             if pending[rid] >= limit:
                 pending[rid] = 0
             assert wal_tail_rows(t, rid) == pending[rid]
-    assert all(len(t.region_manifest(r).flushed_generations) == 1 for r in pending)
+    assert all(len(t.catalog.region_manifest(r).flushed_generations) == 1 for r in pending)
     with pytest.raises(mq.MemWalError, match="flush must be one of"):
         mqs.write(spark_rows(spark, 0, 10), t.uri, flush="sometimes")
 
@@ -568,8 +568,8 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
 
     # six micro-batches into 16 regions: flushed by size, each region's WAL tail below
     # the threshold (what the next micro-batch replays)
-    regions = t.region_ids()
-    generations = sum(len(t.region_manifest(r).flushed_generations) for r in regions)
+    regions = t.catalog.region_ids()
+    generations = sum(len(t.catalog.region_manifest(r).flushed_generations) for r in regions)
     assert 0 < generations < len(regions) * 6 // 2, generations
     tails = [wal_tail_rows(t, r) for r in regions]
     assert all(n < writer_options["max_memtable_rows"] for n in tails), tails
@@ -712,13 +712,13 @@ def test_reader_equals_datafusion(spark, read_table):
     assert want.num_rows > 5000
     assert same(got, want)
     df = spark.read.format("memwal").load(uri)
-    assert df.rdd.getNumPartitions() == 1  # < rowsPerSplit rows: one task, regions and base
+    assert df.rdd.getNumPartitions() == 1  # < rows_per_split rows: one task, regions and base
     # smaller splits: more partitions of about equal rows, the same answer
-    got = spark_sql(spark, uri, sql, rowsPerSplit="1000")
+    got = spark_sql(spark, uri, sql, rows_per_split="1000")
     assert same(got, want)
     # fragments larger than a split are read in row ranges by several partitions
-    assert same(spark_sql(spark, uri, sql, rowsPerSplit="150"), want)
-    parts = spark.read.format("memwal").option("rowsPerSplit", "1000").load(uri)
+    assert same(spark_sql(spark, uri, sql, rows_per_split="150"), want)
+    parts = spark.read.format("memwal").option("rows_per_split", "1000").load(uri)
     assert parts.rdd.getNumPartitions() > 5
 
 
@@ -792,7 +792,7 @@ def test_reader_projection(spark, read_table):
 
 def test_reader_filters_pushed_by_spark(spark, read_table, capsys):
     """Spark hands the source the filters it can evaluate and keeps only the others."""
-    reader = spark.read.format("memwal").option("pushFilters", "true")
+    reader = spark.read.format("memwal").option("push_filters", "true")
     df = reader.load(read_table.uri).where("id = 4003 AND val > 1.0")
     df.explain("formatted")
     plan = capsys.readouterr().out
@@ -801,7 +801,7 @@ def test_reader_filters_pushed_by_spark(spark, read_table, capsys):
     assert "val" in condition and "id" not in condition  # id = 4003 is not re-evaluated
     assert [r.asDict() for r in df.collect()] == [{"id": 4003, "val": 2001.5, "name": "a4003"}]
     for off in (
-        spark.read.format("memwal").option("pushFilters", "false").load(read_table.uri),
+        spark.read.format("memwal").option("push_filters", "false").load(read_table.uri),
         spark.read.format("memwal").load(read_table.uri),  # the default
     ):
         off.where("id = 4003").explain("formatted")
@@ -813,7 +813,7 @@ def test_reader_pushdown_prunes_regions(read_table):
     from pyspark.sql.datasource import EqualTo, GreaterThan, In, Not, StringStartsWith
 
     uri = read_table.uri
-    ds = source.MemWalDataSource({"path": uri, "pushFilters": "true"})
+    ds = source.MemWalDataSource({"path": uri, "push_filters": "true"})
     schema = ds.schema()
     reader = ds.reader(schema)
     filters = [
@@ -853,7 +853,7 @@ def test_pushed_non_key_filter_sees_the_newest_version_only(tmp_path):
     from pyspark.sql.datasource import EqualTo
 
     t = _non_key_filter_table(tmp_path)
-    ds = source.MemWalDataSource({"path": t.uri, "pushFilters": "true"})
+    ds = source.MemWalDataSource({"path": t.uri, "push_filters": "true"})
     for value, want in (("hi", [2, 3]), ("lo", [1])):
         reader = ds.reader(ds.schema())
         assert list(reader.pushFilters([EqualTo(("name",), value)])) == []
@@ -872,7 +872,7 @@ def test_register_source_leaves_pushdown_off_and_queries_answer_for_themselves(s
         spark.conf.set(source.PUSHDOWN_CONF, "false")
         mqs.register_source(spark)
         assert spark.conf.get(source.PUSHDOWN_CONF) == "false"
-        df = spark.read.format("memwal").option("pushFilters", "true").load(t.uri)
+        df = spark.read.format("memwal").option("push_filters", "true").load(t.uri)
         with pytest.raises(Exception, match="filterPushdown.enabled"):
             df.count()  # Spark refuses a pushFilters reader with the setting off
         for conf in ("false", "true"):
@@ -979,7 +979,7 @@ def test_reader_types_spark_lacks_and_lance_cannot_filter(spark, tmp_path):
     ]:
         sql = f"SELECT id FROM t WHERE {where} ORDER BY id"
         assert spark_sql(spark, uri, sql).column("id").to_pylist() == want, where
-        off = spark_sql(spark, uri, sql, pushFilters="false")
+        off = spark_sql(spark, uri, sql, push_filters="false")
         assert off.column("id").to_pylist() == want, where
 
 
@@ -1261,4 +1261,4 @@ def test_ingest_merge_and_read_on_each_object_store(spark, store_pool, kind):
     assert same(got, model_table(model))
     fresh = mq.MemWalTable.open(uri, storage_options=options).to_table().sort_by("id")
     assert same(fresh.select(["id", "val", "name"]), model_table(model))
-    assert t.check() == []
+    assert t.maintenance.fsck().findings == []

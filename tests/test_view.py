@@ -339,8 +339,8 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=Non
 
 def _merge_gc_flush(uri: str, w) -> None:
     other = mq.MemWalTable.open(uri)
-    assert other.merge()
-    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert other.maintenance.merge().merged
+    other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
     assert w.flush() is not None
 
 
@@ -349,9 +349,9 @@ def _flush_merge_gc(uri: str, w) -> None:
     garbage: the WAL entries the paused reader is reading are deleted."""
     assert w.flush() is not None
     other = mq.MemWalTable.open(uri)
-    assert other.merge()
-    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
-    region = other.status().regions[w.region_id]
+    assert other.maintenance.merge().merged
+    other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    region = other.maintenance.status().regions[w.region_id]
     assert region.wal_entries == 0 and region.merged_generation == 2
 
 
@@ -458,9 +458,9 @@ def test_a_warm_default_reader_reads_entries_after_a_collected_gap(tmp_path):
     assert _sql(reader)[2] == 20.0 and _lookup(reader, [2]) == {2: 20.0}
     w.flush()
     other = mq.MemWalTable.open(t.uri)
-    assert other.merge()
-    other.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
-    assert other.status().regions[w.region_id].wal_entries == 0
+    assert other.maintenance.merge().merged
+    other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert other.maintenance.status().regions[w.region_id].wal_entries == 0
     w.put(_rows([3], [30]))
     waltail.ENTRIES.clear()  # entry 2 as another process sees it: gone, not cached
     assert _sql(reader)[3] == 30.0
