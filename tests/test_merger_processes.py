@@ -1,7 +1,7 @@
 """Mergers in real processes: Appendix 2 races, kills, reads during a merge.
 
-Each merger runs ``t.maintenance.merge(regions=[region])`` in its own Python process. Hooks installed in that
-process only (never in the library) make the interleavings deterministic:
+Each merger runs ``t.maintenance.merge(regions=[region])`` in its own Python process.
+Hooks installed in that process only (never in the library) make the interleavings deterministic:
 
 - ``--barrier N``: every merger stops right before its first commit until ``N``
   mergers got there (so they prepared the same generation from the same version);
@@ -84,7 +84,8 @@ MERGER = textwrap.dedent(
 
         MergeInsertBuilder.execute = execute
     t = mq.MemWalTable.open(uri)
-    done = [m.generation for m in t.maintenance.merge(regions=[region], batch_rows=0).merged]  # one commit per generation
+    report = t.maintenance.merge(regions=[region], batch_rows=0)  # one commit per generation
+    done = [m.generation for m in report.merged]
     print(json.dumps({"merged": done, "lost": lost}), flush=True)
     """
 )
