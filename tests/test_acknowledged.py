@@ -233,7 +233,7 @@ def test_maintain_never_fences_a_writer_whose_heartbeat_resumes(idle_writer, res
             decisions.append(region_id)
             paused.resume()  # the writer's refresh lands before the take-over
 
-        got = recover_abandoned(other, ABANDONED_AFTER, decided=decided)
+        got = recover_abandoned(other.catalog, ABANDONED_AFTER, decided=decided)
     assert got == []
     assert decisions == ([] if resume_at == "before the maintainer reads" else [w.region_id])
     w.put(_basic_row(table, 101))  # not fenced
@@ -246,7 +246,7 @@ def test_a_writer_whose_heartbeat_stays_paused_is_recovered(idle_writer):
     other = mq.MemWalTable.open(table.uri)
     with _PausedHeartbeat(w) as paused:
         _stale(paused)
-        got = recover_abandoned(other, ABANDONED_AFTER)
+        got = recover_abandoned(other.catalog, ABANDONED_AFTER)
         assert [r.region_id for r in got] == [w.region_id] and got[0].generation == 1
         with pytest.raises(mq.FencedError):
             w.put(_basic_row(table, 101))
@@ -260,7 +260,9 @@ def test_a_table_fenced_by_recovery_claims_again_on_its_next_write(table):
     other = mq.MemWalTable.open(table.uri)
     with _PausedHeartbeat(w) as paused:
         _stale(paused)
-        assert [r.region_id for r in recover_abandoned(other, ABANDONED_AFTER)] == [w.region_id]
+        assert [r.region_id for r in recover_abandoned(other.catalog, ABANDONED_AFTER)] == [
+            w.region_id
+        ]
     table.write(_basic_row(table, 101))  # fenced: claims the region again, as after any fence
     assert table.writers()[0] is not w
     ids = other.to_table()["id"].to_pylist()

@@ -37,12 +37,12 @@ def test_catch_up_does_not_record_a_merge_it_did_not_index(tmp_path):
     def dataset(version=None):
         ds = real(version)
         if version is None and not fired:  # catch-up's read; then another merger lands
-            fired.append(other.merge())
+            fired.append(other.maintenance.merge().by_region())
         return ds
 
     t.catalog.dataset = dataset
     progress = t.maintenance.catch_up_indexes()
-    assert fired == [[(region, 2)]]
+    assert fired == [{region: [2]}]
     assert progress == {"name_idx": {region: 1}}
     # The index really covers generation 1's fragment but not generation 2's.
     ds = lance.dataset(uri)

@@ -532,7 +532,7 @@ def test_fts_scores_do_not_change_when_a_flush_moves_rows(tmp_path):
 
     def searched() -> tuple[list[str], dict, dict[int, float]]:
         dbg: dict = {}
-        got = search.fts_search(t, "text", "apple zeta", k=1000, writers=[w], debug=dbg)
+        got = search.fts_search(t.catalog, "text", "apple zeta", k=1000, writers=[w], debug=dbg)
         kinds = sorted({s["kind"] for s in dbg["sources"]})
         return kinds, dbg["stats"], dict(zip(ids(got), got["_score"].to_pylist()))
 

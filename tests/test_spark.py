@@ -578,8 +578,8 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     # before abandoned_after
     from memwal_query.maintain.recover import recover_abandoned
 
-    assert recover_abandoned(t, 300.0, dry_run=True) == []
-    assert len(recover_abandoned(t, 0.0, dry_run=True)) == sum(1 for n in tails if n)
+    assert recover_abandoned(t.catalog, 300.0, dry_run=True) == []
+    assert len(recover_abandoned(t.catalog, 0.0, dry_run=True)) == sum(1 for n in tails if n)
 
 
 # -- merge ---------------------------------------------------------------------------

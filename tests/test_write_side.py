@@ -597,13 +597,13 @@ def test_a_handed_off_writer_is_not_recovered_before_abandoned_after(uri):
     w = t.writer()
     w.put(basic_rows([100]))
     w.close(flush=False, handoff=True)
-    assert recover_abandoned(t, 300.0) == []  # its last beat is fresh
-    (got,) = recover_abandoned(t, 0.0)  # silent longer than 0 s: gone
+    assert recover_abandoned(t.catalog, 300.0) == []  # its last beat is fresh
+    (got,) = recover_abandoned(t.catalog, 0.0)  # silent longer than 0 s: gone
     assert got.region_id == w.region_id and got.generation == 1
     w = t.writer()
     w.put(basic_rows([101]))
     w.close(flush=False)
-    assert [r.region_id for r in recover_abandoned(t, 300.0)] == [w.region_id]
+    assert [r.region_id for r in recover_abandoned(t.catalog, 300.0)] == [w.region_id]
 
 
 def test_writer_option_validation(uri):
