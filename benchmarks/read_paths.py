@@ -289,7 +289,7 @@ def consistency_case(uri: str, options: dict, regions: int, repeat: int, delay=N
     t.write(rows(rng.choice(CONSISTENCY_ROWS, 20_000, replace=False), rng))
     t.close()  # flushed: nothing unflushed
     reader = mq.MemWalTable.open(uri, storage_options=options or None)
-    assert len(reader.region_ids()) == regions
+    assert len(reader.catalog.region_ids()) == regions
     ctx = datafusion.SessionContext()
     ctx.register_table("d", reader.provider())
     ctx.register_table("s", reader.provider(consistency="strong"))

@@ -168,14 +168,14 @@ def test_warm_caches_see_another_processes_flush_merge_and_gc(tmp_path):
     q = np.zeros(DIM, np.float32)
     before = reader.vector_search("vec", q, k=3, columns=["id", "cat"])
     assert 1000 not in before["id"].to_pylist()
-    manifests = {r: reader.region_manifest(r).version for r in reader.region_ids()}
+    manifests = {r: reader.catalog.region_manifest(r).version for r in reader.catalog.region_ids()}
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", _OTHER_PROCESS, t.uri], check=True, env=env)
     # the reader's cached manifests are behind now; its next query finds the new ones
     got = reader.vector_search("vec", q, k=2, columns=["id", "cat"])
     assert sorted(got["id"].to_pylist()) == [3, 1000] and got["cat"].to_pylist() == [9, 9]
-    assert any(reader.region_manifest(r).version > v for r, v in manifests.items())
+    assert any(reader.catalog.region_manifest(r).version > v for r, v in manifests.items())
     filtered = reader.vector_search("vec", q, k=50, filter="cat = 9", columns=["id"])
     assert sorted(filtered["id"].to_pylist()) == [3, 1000]
     stale = reader.vector_search("vec", q, k=200, filter="cat != 9", columns=["id"])
