@@ -187,7 +187,7 @@ def gen_dirs(uri: str) -> int:
 
 def unmerged(t: mq.MemWalTable) -> int:
     """Unmerged flushed generations over all regions."""
-    return sum(len(p.generations) for p in plan_regions(t, MaintenancePolicy()))
+    return sum(len(p.generations) for p in plan_regions(t.catalog, MaintenancePolicy()))
 
 
 def verify(seq: pa.Table, model: np.ndarray, what: str) -> str:
