@@ -181,8 +181,8 @@ def test_a_table_passed_to_a_lower_layer_still_works_with_a_warning(table):
 
     with pytest.warns(DeprecationWarning, match="MemWalTable.catalog"):
         w = RegionWriter(table, default_region(), region_values={"bucket": 0}, region_spec_id=1)
-    w.put(basic_rows([5]))
-    w.close()
+        w.put(basic_rows([5]))  # the writer holds the table: each catalog name it uses warns
+        w.close()
     assert table.lookup([5])["val"].to_pylist() == [5.0]
 
 
