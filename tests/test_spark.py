@@ -339,7 +339,7 @@ def test_write_flush_due_flushes_by_the_writer_thresholds(spark, tmp_path):
         upsert_model(model, ids)
         assert_view(t.uri, model)
         for values, part in split_by_region(spec, basic_rows(ids), t.catalog.lance_schema):
-            rid = t.region_id_for(values)
+            rid = t.catalog.region_id_for(values)
             pending[rid] = pending.get(rid, 0) + part.num_rows
             (done,) = [r for r in res.regions if r.region_id == rid]
             assert (done.generation is not None) == (pending[rid] >= limit), (n, pending)
