@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from memwal_query.exceptions import (
     WriteIncompleteError,
     WriterClosedError,
 )
+from memwal_query.write.background import exit_deadline, wait_for_runners, warn_unflushed
 from memwal_query.write.opening import WriterOpener, WriterOptions
 
 if TYPE_CHECKING:
@@ -289,10 +291,8 @@ _hooked = False
 def _flush_at_exit_later(routed: RoutedWriters) -> None:
     """Have ``routed``'s writers flushed and closed when the interpreter exits.
 
-    The hook is a *threading* exit hook, registered after ``concurrent.futures``
-    registered its own: those run in reverse order before the interpreter joins its
-    threads, so ours runs while thread pools (the flush executors, :func:`concurrently`)
-    still accept work; an ``atexit`` hook would run after they stopped.
+    The hook is a *threading* exit hook: those run before the interpreter joins its
+    threads, while new threads may still start (an ``atexit`` hook runs after that).
     """
     global _hooked
     _OPEN.add(routed)
@@ -300,7 +300,6 @@ def _flush_at_exit_later(routed: RoutedWriters) -> None:
         if _hooked:
             return
         import atexit
-        import concurrent.futures.thread  # noqa: F401  (registers its hook first)
 
         register = getattr(threading, "_register_atexit", None)
         try:
@@ -313,9 +312,31 @@ def _flush_at_exit_later(routed: RoutedWriters) -> None:
 
 
 def _flush_at_exit() -> None:
-    """Flush and close every table's writers opened by ``MemWalTable.write``; a failure
-    is logged (the rows stay durable in the WAL for the next writer or maintainer)."""
-    for routed in list(_OPEN):
+    """Flush and close every table's writers opened by ``MemWalTable.write``, and let
+    the writers' background flushes finish, until
+    :func:`~memwal_query.write.background.exit_deadline`.
+
+    The work runs on daemon threads (this hook's, :func:`concurrently`'s and the
+    writers' :class:`~memwal_query.write.background.DaemonRunner`), which the
+    interpreter does not join: past the deadline one warning names the regions left
+    unflushed, and the interpreter exits.
+    Their rows stay durable in the WAL, as do those of a flush that failed (logged).
+    """
+    deadline = exit_deadline()
+    tables = [(routed, routed.writers()) for routed in list(_OPEN)]
+    closing = threading.Thread(target=_close_all, args=(tables,), name="memwal-exit-flush")
+    closing.daemon = True
+    closing.start()
+    closing.join(max(deadline - time.monotonic(), 0.0))
+    left = set(wait_for_runners(deadline))
+    if closing.is_alive():
+        left.update(w.region_id for _, writers in tables for w in writers if not w._closed)
+        left.update(w.region_id for routed, _ in tables for w in routed.writers())
+    warn_unflushed(left)
+
+
+def _close_all(tables: list[tuple[RoutedWriters, list[RegionWriter]]]) -> None:
+    for routed, _ in tables:
         try:
             routed.close(flush=True)
         except Exception as e:  # noqa: BLE001 - exiting: report, never raise
@@ -325,19 +346,42 @@ def _flush_at_exit() -> None:
 def concurrently(fn: Callable[[Any], Any], items: Iterable[Any], max_workers: int = 8) -> list[Any]:
     """``[fn(x) for x in items]`` run in threads (flushes overlap their I/O and the
     GIL-free parts of Lance and numpy); every call finishes, then the first error is
-    raised."""
+    raised.
+
+    The threads are daemon threads: a call blocked in storage at interpreter exit
+    (the exit flush, :func:`_flush_at_exit`) does not hold the interpreter's exit.
+    """
     items = list(items)
     if len(items) <= 1:
         return [fn(x) for x in items]
-    from concurrent.futures import ThreadPoolExecutor
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException | None] = [None] * len(items)
+    todo = iter(range(len(items)))
+    taking = threading.Lock()
 
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-        futures = [pool.submit(fn, x) for x in items]
-    errors = [f.exception() for f in futures]
+    def work() -> None:
+        while True:
+            with taking:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as e:  # noqa: BLE001 - raised by the caller below
+                errors[i] = e
+
+    threads = [
+        threading.Thread(target=work, name="memwal-concurrently", daemon=True)
+        for _ in range(min(max_workers, len(items)))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     for e in errors:
         if e is not None:
             raise e
-    return [f.result() for f in futures]
+    return results
 
 
 def split_by_region(

@@ -40,7 +40,6 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -66,6 +65,7 @@ from memwal_query.format.schema import (
 from memwal_query.format.wal import Wal, WalEntry
 from memwal_query.storage import paths
 from memwal_query.write import liveness
+from memwal_query.write.background import DaemonRunner
 from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
 from memwal_query.write.memtable import MemTable, MemTableSnapshot
 from memwal_query.write.walpath import _WalPath
@@ -209,7 +209,7 @@ class RegionWriter(_WalPath):
         self._wal_error: BaseException | None = None
         self._failed: BaseException | None = None
         self._closed = False
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"memwal-flush-{region_id[:8]}")
+        self._executor = DaemonRunner(f"memwal-flush-{region_id[:8]}", region_id)
 
         # The WAL to replay is read and checked before the claim: a hole or a corrupt
         # entry (WalCorruptError) is refused with the table unchanged.

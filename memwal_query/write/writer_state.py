@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +20,7 @@ from memwal_query.exceptions import (
 from memwal_query.format.manifest import RegionManifest, RegionManifestStore
 from memwal_query.format.wal import Wal, WalEntry, conform_entry
 from memwal_query.storage import paths
+from memwal_query.write.background import DaemonRunner
 from memwal_query.write.memtable import MemTable
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class _WriterState:
     _wal_error: BaseException | None
     _failed: BaseException | None
     _closed: bool
-    _executor: ThreadPoolExecutor
+    _executor: DaemonRunner
     _known_version: int
     _active: MemTable
     _next_wal_position: int
