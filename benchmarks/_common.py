@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,44 @@ def make_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
         },
         schema=SCHEMA,
     )
+
+
+# -- the lineitem-like rows of the 10M-row benchmarks (cold_read, maintain_scale) --
+PK = {"lance-schema:unenforced-primary-key": "true"}
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), False, PK),
+        pa.field("quantity", pa.int32()),
+        pa.field("partkey", pa.int32()),
+        pa.field("price", pa.float64()),
+        pa.field("discount", pa.float64()),
+        pa.field("comment", pa.string()),
+    ]
+)
+WORDS = np.array([f"{a} {b}" for a in ("quick", "slow", "pending", "final") for b in range(64)])
+
+
+def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    """Rows of :data:`SCHEMA` for keys ``ids`` (vectorised)."""
+    n = len(ids)
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "quantity": pa.array(rng.integers(1, 50, n, dtype=np.int32)),
+            "partkey": pa.array(rng.integers(0, 200_000, n, dtype=np.int32)),
+            "price": pa.array(rng.random(n) * 1e4),
+            "discount": pa.array(rng.integers(0, 11, n) / 100.0),
+            "comment": pa.array(WORDS[rng.integers(0, len(WORDS), n)]),
+        },
+        schema=SCHEMA,
+    )
+
+
+def uptime() -> str:
+    try:
+        return "load " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load ?"
 
 
 def local_spark(app: str, cores: int = 2) -> Any:
