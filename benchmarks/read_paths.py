@@ -327,7 +327,7 @@ def unflushed_cost(uri: str, options: dict, repeat: int, entries: int = 50, dela
         return ctx.sql(CONSISTENCY_QUERY.format("d")).to_arrow_table()
 
     def cold():
-        waltail.ENTRIES.clear()
+        waltail.forget()
         return query()
 
     w = t.writer()

@@ -462,7 +462,7 @@ def test_a_warm_default_reader_reads_entries_after_a_collected_gap(tmp_path):
     other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
     assert other.maintenance.status().regions[w.region_id].wal_entries == 0
     w.put(_rows([3], [30]))
-    waltail.ENTRIES.clear()  # entry 2 as another process sees it: gone, not cached
+    waltail.forget()  # entry 2 as another process sees it: gone, not cached
     assert _sql(reader)[3] == 30.0
     assert _lookup(mq.MemWalTable.open(t.uri), [3]) == {3: 30.0}
     reader2 = mq.MemWalTable.open(t.uri)

@@ -67,13 +67,89 @@ if TYPE_CHECKING:
 CACHE_BYTES = 256 << 20
 """Most bytes of decoded WAL entries kept between queries (per process)."""
 
-_Entry = tuple[int | None, pa.Table]
-ENTRIES: LRUCache[tuple[str, str], tuple[pa.Schema, _Entry]] = LRUCache(
-    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[1][1].nbytes
+_Batches = tuple[pa.RecordBatch, ...]
+_Entry = tuple[int | None, _Batches]
+ENTRIES: LRUCache[tuple[str, str], tuple[pa.Schema, _Entry, int]] = LRUCache(
+    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[2]
 )
 """Decoded WAL entries: ``(lineage, path) -> (storage schema they were conformed to,
-(generation recorded in the entry or None, rows))``; an entry conformed to another
-schema (the table's changed) is read again."""
+(generation recorded in the entry or None, its rows as record batches), bytes)``; an
+entry conformed to another schema (the table's changed) is read again. The batches
+are the same objects every time an entry is read: what readers build on them (a
+MemTable view, a key index) is keyed by their identity and extended, not rebuilt."""
+
+
+class _Tail:
+    """What one region's tail held when it was last read: the entries from ``start``
+    (the replay position + 1 of the manifest it was read for) up to ``end``
+    (exclusive; the first position found missing), by generation. Immutable: a read
+    that finds more builds a new one (:meth:`extended`)."""
+
+    __slots__ = ("start", "current_generation", "schema", "end", "by_gen", "nbytes")
+
+    def __init__(
+        self,
+        start: int,
+        current_generation: int,
+        schema: pa.Schema,
+        end: int,
+        by_gen: dict[int, _Batches],
+        nbytes: int,
+    ) -> None:
+        self.start = start
+        self.current_generation = current_generation
+        self.schema = schema
+        self.end = end
+        self.by_gen = by_gen
+        self.nbytes = nbytes
+
+    def fits(self, manifest: RegionManifest, schema: pa.Schema) -> bool:
+        """Whether this tail was read after ``manifest``'s replay position, with its
+        generation numbering, conformed to ``schema``."""
+        return (
+            self.start == manifest.replay_after_wal_entry_position + 1
+            and self.current_generation == manifest.current_generation
+            and (self.schema is schema or self.schema.equals(schema))
+        )
+
+    def extended(self, found: list[_Entry], nbytes: int) -> _Tail:
+        """This tail and the entries ``found`` at ``end``, ``end + 1``, ..."""
+        by_gen: dict[int, list[pa.RecordBatch]] = {}
+        for gen, batches in found:
+            # Above the replay position every entry belongs to the current generation
+            # or a later one, as a replaying writer puts it: an entry recording an older
+            # one (a fenced writer's late write) must not rank below the flushed ones.
+            g = self.current_generation if gen is None else max(gen, self.current_generation)
+            by_gen.setdefault(g, []).extend(batches)
+        merged = dict(self.by_gen)
+        for g, added in by_gen.items():
+            merged[g] = merged.get(g, ()) + tuple(added)
+        return _Tail(
+            self.start,
+            self.current_generation,
+            self.schema,
+            self.end + len(found),
+            merged,
+            self.nbytes + nbytes,
+        )
+
+
+TAILS: LRUCache[tuple[str, str], _Tail] = LRUCache(
+    1 << 12, max_bytes=CACHE_BYTES, sizeof=lambda t: t.nbytes
+)
+"""Per region, ``(lineage, WAL directory) -> _Tail`` read last: the next read of the
+same tail (same manifest) reads only the positions from its ``end`` on. Entries are
+immutable, so the entries it holds are what reading them again would return (the
+same argument as :data:`ENTRIES`'; a gap GC made below ``end`` is caught the same way,
+by :func:`memwal_query.read.view._check_tails`)."""
+
+
+def forget() -> None:
+    """Forget every cached WAL entry and tail (the next read reads them from storage,
+    as another process would)."""
+    ENTRIES.clear()
+    TAILS.clear()
+
 
 _SCHEMAS: LRUCache[int, tuple[pa.Schema, pa.Schema]] = LRUCache(64)
 
@@ -118,23 +194,34 @@ class _Region:
     def entry(self, position: int) -> _Entry | None:
         """The entry at ``position`` (from the cache when read before), None when
         missing; WalCorruptError when damaged."""
+        found = self.sized_entry(position)
+        return None if found is None else found[0]
+
+    def sized_entry(self, position: int) -> tuple[_Entry, int] | None:
+        """:meth:`entry` and its bytes."""
         path = _entry_path(self.wal_dir, position)
         key = (self.lineage, path)
         hit = ENTRIES.get(key)
         if hit is not None and (hit[0] is self.schema or hit[0].equals(self.schema)):
-            return hit[1]
+            return hit[1], hit[2]
         try:
             data = self.io.read(path)
         except ObjectNotFoundError:
             return None
         entry = decode_entry(path, position, data)
         rows = conform_entry(path, entry.table, self.schema, self.primary_key)
-        return ENTRIES.put(key, (self.schema, (entry.generation, rows)))[1]
+        batches = tuple(rows.to_batches())
+        nbytes = sum(b.get_total_buffer_size() for b in batches)
+        ENTRIES.put(key, (self.schema, (entry.generation, batches), nbytes))
+        return (entry.generation, batches), nbytes
 
 
-def _done(fn: Callable[[int], _Entry | None], position: int) -> Future[_Entry | None]:
+_Sized = tuple[_Entry, int] | None
+
+
+def _done(fn: Callable[[int], _Sized], position: int) -> Future[_Sized]:
     """``fn(position)`` run now, as a completed future."""
-    out: Future[_Entry | None] = Future()
+    out: Future[_Sized] = Future()
     try:
         out.set_result(fn(position))
     except BaseException as e:  # noqa: BLE001 - raised by .result()
@@ -142,9 +229,16 @@ def _done(fn: Callable[[int], _Entry | None], position: int) -> Future[_Entry | 
     return out
 
 
+def _cached_tail(table: Catalog, wal_dir: str) -> _Tail | None:
+    return TAILS.get((table.lineage, wal_dir))
+
+
 class Probes:
     """Reads of each region's first unflushed position after the manifest read last
     time (see the module docs), all at once on an object store.
+
+    A region whose tail after that manifest was read before and held entries needs no
+    read: the entry at that position exists (entries are immutable).
 
     Parameters
     ----------
@@ -155,7 +249,7 @@ class Probes:
 
     def __init__(self, table: Catalog, region_ids: Sequence[str]) -> None:
         self.schema = _storage_schema(table.schema)
-        self._started: dict[str, tuple[RegionManifest, int, Future[_Entry | None]]] = {}
+        self._started: dict[str, tuple[RegionManifest, int, Future[_Sized]]] = {}
         at_once = table.io.parallel_requests and len(region_ids) > 1
         for region_id in region_ids:
             known = table.known_region_manifest(region_id)
@@ -163,9 +257,13 @@ class Probes:
                 continue
             position = known.replay_after_wal_entry_position + 1
             region = _Region(table, region_id, self.schema)
-            probe = (
-                _PROBES.submit(region.entry, position) if at_once else _done(region.entry, position)
-            )
+            cached = _cached_tail(table, region.wal_dir)
+            if cached is not None and cached.fits(known, self.schema) and cached.end > position:
+                probe = _done(lambda _: _PRESENT, position)
+            elif at_once:
+                probe = _PROBES.submit(region.sized_entry, position)
+            else:
+                probe = _done(region.sized_entry, position)
             self._started[region_id] = (known, position, probe)
 
     def unchanged(self) -> dict[str, RegionManifest]:
@@ -178,7 +276,7 @@ class Probes:
                 del self._started[region_id]
         return out
 
-    def take(self, region_id: str, position: int) -> Future[_Entry | None] | None:
+    def take(self, region_id: str, position: int) -> Future[_Sized] | None:
         """The probe of ``position`` of a region, if one was started at that position."""
         started = self._started.pop(region_id, None)
         if started is None or started[1] != position:
@@ -186,24 +284,31 @@ class Probes:
         return started[2]
 
 
+_PRESENT: _Sized = ((None, ()), 0)
+"""A probe's answer for an entry known to exist (its tail is cached): never read as
+rows (:func:`tail` continues its cached tail instead)."""
+
 READ_AHEAD = 8
 """On an object store, the WAL positions read at once after an entry was found."""
 
 
 def _entries(
-    region: _Region, position: int, first: _Entry | None, at_once: bool
-) -> Iterator[_Entry]:
-    """``first`` (the entry at ``position``) and the entries after it, up to the first
-    missing position; on an object store :data:`READ_AHEAD` positions are read at once
-    (positions after the first missing one are ignored: written later, or not at all)."""
+    region: _Region, position: int, first: _Sized, at_once: bool
+) -> Iterator[tuple[_Entry, int]]:
+    """``first`` (the entry at ``position`` and its bytes) and the entries after it, up
+    to the first missing position; on an object store :data:`READ_AHEAD` positions are
+    read at once (positions after the first missing one are ignored: written later, or
+    not at all)."""
     found = first
     while found is not None:
         yield found
         position += 1
         if not at_once:
-            found = region.entry(position)
+            found = region.sized_entry(position)
             continue
-        batch = [_PROBES.submit(region.entry, q) for q in range(position, position + READ_AHEAD)]
+        batch = [
+            _PROBES.submit(region.sized_entry, q) for q in range(position, position + READ_AHEAD)
+        ]
         for read in batch[:-1]:
             found = read.result()
             if found is None:
@@ -218,11 +323,15 @@ def tail(
     region_id: str,
     manifest: RegionManifest,
     schema: pa.Schema,
-    probe: Future[_Entry | None] | None = None,
+    probe: Future[_Sized] | None = None,
 ) -> list[MemTableSnapshot]:
     """Durable WAL entries after the manifest's replay position, as MemTable snapshots
     (one per generation recorded in the entries, none below the manifest's
     ``current_generation``), oldest first.
+
+    The tail read last for the same manifest (:data:`TAILS`) is continued: only the
+    positions after its end are read. The snapshots' batches are the same objects in
+    every read of the same entries.
 
     Parameters
     ----------
@@ -237,20 +346,25 @@ def tail(
         The store failed (not a missing entry, which ends the tail).
     """
     region = _Region(table, region_id, schema)
-    position = manifest.replay_after_wal_entry_position + 1
-    first = probe.result() if probe is not None else region.entry(position)
-    by_gen: dict[int, list[pa.Table]] = {}
-    for gen, rows in _entries(region, position, first, table.io.parallel_requests):
-        # Above the replay position every entry belongs to the current generation or a
-        # later one, as a replaying writer puts it: an entry recording an older one (a
-        # fenced writer's late write) must not rank below the flushed generations.
-        gen = manifest.current_generation if gen is None else max(gen, manifest.current_generation)
-        by_gen.setdefault(gen, []).append(rows)
-    out = []
-    for gen, tables in sorted(by_gen.items()):
-        batches = tuple(b for t in tables for b in t.to_batches())
-        out.append(MemTableSnapshot(region_id, gen, batches, schema))
-    return out
+    start = manifest.replay_after_wal_entry_position + 1
+    key = (table.lineage, region.wal_dir)
+    known = TAILS.get(key)
+    if known is None or not known.fits(manifest, region.schema):
+        known = _Tail(start, manifest.current_generation, region.schema, start, {}, 0)
+    if known.end == start and probe is not None:
+        first = probe.result()
+        if first is _PRESENT:  # the cached tail it stood for is gone: read it
+            first = region.sized_entry(start)
+    else:
+        first = region.sized_entry(known.end)
+    found = list(_entries(region, known.end, first, table.io.parallel_requests))
+    if found:
+        known = known.extended([e for e, _ in found], sum(n for _, n in found))
+        TAILS.put(key, known)
+    return [
+        MemTableSnapshot(region_id, gen, batches, schema)
+        for gen, batches in sorted(known.by_gen.items())
+    ]
 
 
 def tails(
