@@ -143,6 +143,16 @@ class KeySet:
     def __len__(self) -> int:
         return self.size
 
+    def distinct(self) -> int:
+        """How many distinct keys the set holds (counted: O(set size))."""
+        if self._dense is not None:
+            return int(np.count_nonzero(self._dense))
+        if self._sorted is not None:
+            return len(self._sorted)
+        if self._table is None:
+            return 0
+        return self._table.group_by(self.pk).aggregate([]).num_rows
+
     def contains(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
         """Boolean mask: which rows of ``keys`` (same columns) are in the set."""
         n = keys.num_rows

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_query.format.schema import GEN_COLUMN, TOMBSTONE
-from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
+from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
+from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, int_runs, newest_indices
 from memwal_query.read.sources import (
     GENERATION_CACHE,
     conform,
@@ -245,11 +245,183 @@ def _flushed_view(
     return FLUSHED_VIEWS.put(key, view)
 
 
+class _RegionRows:
+    """The MemTable rows of one region (its snapshots, oldest generation first) with
+    the newest row of each of their keys; extended as the snapshots grow.
+
+    Attributes
+    ----------
+    parts : tuple
+        ``(generation, batch count, last batch)`` of each snapshot: identifies the rows.
+    rows : pa.Table
+        The rows (:func:`conform`-ed, with ``_gen`` and ``_rowaddr``).
+    keys : np.ndarray
+        Their integer keys.
+    winners : np.ndarray
+        Sorted indices of the last row of each key.
+    """
+
+    __slots__ = ("parts", "batches", "rows", "keys", "winners", "gens")
+
+    def __init__(
+        self,
+        parts: tuple[tuple[int, int, pa.RecordBatch], ...],
+        batches: tuple[tuple[pa.RecordBatch, ...], ...],
+        rows: pa.Table,
+        keys: np.ndarray,
+        winners: np.ndarray,
+        gens: np.ndarray,
+    ) -> None:
+        self.parts = parts
+        self.batches = batches
+        self.rows = rows
+        self.keys = keys
+        self.winners = winners
+        self.gens = gens  # _gen of each winner
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.winners.nbytes + self.gens.nbytes
+
+
+def _parts(mems: list[MemTableSnapshot]) -> tuple[tuple[int, int, pa.RecordBatch], ...]:
+    return tuple((m.generation, len(m.batches), m.batches[-1]) for m in mems if m.batches)
+
+
+def _region_delta(
+    mems: list[MemTableSnapshot], known: _RegionRows
+) -> list[tuple[int, int, tuple[pa.RecordBatch, ...]]] | None:
+    """The batches ``mems`` hold beyond ``known``, as ``(generation, first row index in
+    that snapshot, batches)``, or None when ``mems`` do not extend ``known`` (rows
+    anywhere but at the end: rebuild)."""
+    live = [m for m in mems if m.batches]
+    old = known.parts
+    if len(live) < len(old):
+        return None
+    for i, (gen, count, last) in enumerate(old):
+        m = live[i]
+        if m.generation != gen or len(m.batches) < count or m.batches[count - 1] is not last:
+            return None
+        if m.batches[:count] != known.batches[i]:  # identical objects: no comparison
+            return None
+        if len(m.batches) > count and i != len(old) - 1:
+            return None  # an older snapshot grew: its rows do not come last
+    out = []
+    for i, m in enumerate(live):
+        if i < len(old):
+            gen, count, _ = old[i]
+            if len(m.batches) > count:
+                before = sum(b.num_rows for b in known.batches[i])
+                out.append((m.generation, before, m.batches[count:]))
+        else:
+            out.append((m.generation, 0, m.batches))
+    return out
+
+
+def _conformed(
+    gen: int, first_row: int, batches: Sequence[pa.RecordBatch], schema: pa.Schema
+) -> pa.Table:
+    """MemTable batches as read rows: ``_gen`` and ``_rowaddr`` (row index in their
+    snapshot, from ``first_row``), conformed to ``schema``."""
+    t = pa.Table.from_batches(list(batches))
+    n = t.num_rows
+    addr = pa.array(np.arange(first_row, first_row + n, dtype=np.uint64))
+    t = t.append_column(GEN_COLUMN, pa.repeat(pa.scalar(gen, pa.uint64()), n))
+    return conform(t.append_column(ROWADDR_COLUMN, addr), schema)
+
+
+def _region_rows(
+    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], known: _RegionRows | None
+) -> _RegionRows | None:
+    """:class:`_RegionRows` of one region's snapshots, extending ``known`` when they
+    extend it; None when the key is not a single integer column."""
+    delta = _region_delta(mems, known) if known is not None else None
+    base = known if delta is not None else None
+    if delta is None:
+        delta = [(m.generation, 0, m.batches) for m in mems if m.batches]
+    if not delta and base is not None:
+        return base
+    if len(pk) != 1:
+        return None
+    tables = [_conformed(g, first, b, schema) for g, first, b in delta]
+    added = pa.concat_tables(tables) if tables else _empty(schema)
+    ints = _int_keys(added.column(pk[0]))
+    if ints is None:
+        return None
+    lasts, _ = int_runs(ints)
+    lasts = np.sort(lasts)
+    gen_added = np.repeat(
+        np.array([g for g, _, _ in delta], np.int64), [t.num_rows for t in tables]
+    )
+    if base is None:
+        rows, keys, winners, gens = added, ints, lasts, gen_added[lasts]
+    else:
+        n = base.rows.num_rows
+        new_keys = np.unique(ints)
+        stale = in_sorted(base.keys[base.winners], new_keys)
+        winners = np.concatenate([base.winners[~stale], lasts + n])
+        gens = np.concatenate([base.gens[~stale], gen_added[lasts]])
+        rows = pa.concat_tables([base.rows, added])
+        keys = np.concatenate([base.keys, ints])
+    batches = tuple(m.batches for m in mems if m.batches)
+    return _RegionRows(_parts(mems), batches, rows, keys, winners, gens)
+
+
+def _int_keys(col: pa.ChunkedArray) -> np.ndarray | None:
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_temporal(t):
+        return as_int64(col.combine_chunks()).to_numpy(zero_copy_only=False)
+    return None
+
+
+_REGION_ROWS: LRUCache[str, _RegionRows] = LRUCache(
+    1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes
+)
+"""Per region id, the :class:`_RegionRows` of its MemTable snapshots read last (a later
+read whose snapshots extend them adds only the new rows; told apart by the
+snapshots' batch objects, which the WAL tail cache and the writers keep the same)."""
+
+
 def _memtable_view(
     mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
 ) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
     """Rows, newest indices, keys, and region rank and ``_gen`` of the newest rows of
-    MemTable snapshots (cached: they only grow)."""
+    MemTable snapshots.
+
+    With a single integer key, built region by region from each region's rows read
+    before plus the rows added since (:data:`_REGION_ROWS`); the regions' newest rows
+    are combined as they are unless a key has rows in two regions (then, and for other
+    keys, every row is deduplicated at once: :func:`_memtable_view_whole`)."""
+    by_region: dict[str, list[MemTableSnapshot]] = {}
+    for m in mems:
+        by_region.setdefault(m.region_id, []).append(m)
+    parts: list[_RegionRows] = []
+    for region_id, ms in sorted(by_region.items(), key=lambda kv: ranks[kv[0]]):
+        ms = sorted(ms, key=lambda m: m.generation)
+        got = _region_rows(ms, schema, pk, _REGION_ROWS.get(region_id))
+        if got is None:
+            return _memtable_view_whole(mems, schema, pk, ranks)
+        parts.append(_REGION_ROWS.put(region_id, got))
+    regions_sorted = sorted(by_region, key=lambda r: ranks[r])
+    offsets = np.cumsum([0] + [p.rows.num_rows for p in parts])
+    winners = np.concatenate([p.winners + off for p, off in zip(parts, offsets)])
+    win_keys = np.concatenate([p.keys[p.winners] for p in parts])
+    keys = KeySet(pa.table({pk[0]: win_keys}))
+    if len(parts) > 1 and keys.distinct() != len(win_keys):
+        return _memtable_view_whole(mems, schema, pk, ranks)
+    rows_m = pa.concat_tables([p.rows for p in parts])
+    reg = np.repeat(
+        np.array([ranks[r] for r in regions_sorted], np.int64), [len(p.winners) for p in parts]
+    )
+    gens = np.concatenate([p.gens for p in parts])
+    return rows_m, winners, keys, reg, gens
+
+
+def _memtable_view_whole(
+    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
+) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
+    """:func:`_memtable_view` with every row deduplicated at once (cached: they only
+    grow)."""
     key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
     lasts = tuple(m.batches[-1] for m in mems)
     hit = _MEMTABLE_VIEWS.get(key)
