@@ -1,0 +1,219 @@
+"""What a default reader keeps between queries of a table being written: each region's
+WAL tail (continued from where the last read stopped) and each region's deduplicated
+MemTable rows (extended by the rows added since). Every answer equals a reader that
+starts cold, after puts, deletes, flushes, merges and garbage collection of the cached
+pieces."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import memwal_query as mq
+from memwal_query.read import newer, view, waltail
+from memwal_query.storage.io import LocalFileIO
+
+from helpers import basic_rows, parity_spec
+
+
+@pytest.fixture(autouse=True)
+def _cold_caches():
+    waltail.forget()
+    newer._REGION_ROWS.clear()
+    newer._MEMTABLE_VIEWS.clear()
+    yield
+
+
+def _table(tmp_path) -> mq.MemWalTable:
+    uri = str(tmp_path / "t")
+    ds = lance.write_dataset(basic_rows(range(20)), uri)
+    return mq.MemWalTable.initialize(uri, region_spec=parity_spec(ds))
+
+
+def _rows(ids, val) -> pa.Table:
+    return basic_rows(ids, [float(val)] * len(ids), [f"v{val}"] * len(ids))
+
+
+def _answer(t: mq.MemWalTable) -> dict[int, float]:
+    got = t.to_table(columns=["id", "val"])
+    return dict(zip(got.column("id").to_pylist(), got.column("val").to_pylist()))
+
+
+def _cold_answer(uri: str) -> dict[int, float]:
+    """What a reader with no cached tail or MemTable rows answers (another process)."""
+    saved = (dict(waltail.TAILS._items), dict(newer._REGION_ROWS._items))
+    waltail.forget()
+    newer._REGION_ROWS.clear()
+    try:
+        return _answer(mq.MemWalTable.open(uri))
+    finally:
+        for k, v in saved[0].items():
+            waltail.TAILS.put(k, v)
+        for k, v in saved[1].items():
+            newer._REGION_ROWS.put(k, v)
+
+
+class _CountingReads:
+    """Counts the WAL entry reads of every FileIO (``paths``)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.paths: list[str] = []
+        real = LocalFileIO.read
+
+        def read(io, path, *a, **kw):
+            if "/wal/" in path:
+                self.paths.append(path)
+            return real(io, path, *a, **kw)
+
+        monkeypatch.setattr(LocalFileIO, "read", read)
+
+
+def test_a_tail_read_again_reads_only_the_entries_written_since(tmp_path, monkeypatch):
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    reads = _CountingReads(monkeypatch)
+    model = {i: float(i) for i in range(20)}
+    for step in range(1, 6):
+        ids = list(range(step * 3, step * 3 + 6))
+        w.write(_rows(ids, 100 + step))
+        model.update({i: 100.0 + step for i in ids})
+        reads.paths.clear()
+        assert _answer(reader) == model
+        # one new entry per region, then the probe of the next (missing) position
+        assert len(reads.paths) == 2 * 2, reads.paths
+    w.close()
+
+
+def test_entries_keep_their_batches_across_reads(tmp_path):
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    w.write(_rows([1, 2, 3], 7))
+    first = view.resolve(t.catalog, "latest")
+    w.write(_rows([4], 8))
+    second = view.resolve(t.catalog, "latest")
+    for a, b in zip(first.regions, second.regions):
+        old = [x for m in a.memtables for x in m.batches]
+        new = [x for m in b.memtables for x in m.batches]
+        assert len(new) >= len(old) and all(x is y for x, y in zip(old, new))
+    w.close()
+
+
+def test_the_cached_tail_after_a_flush_merge_and_collection(tmp_path):
+    # The reader caches a tail; the writer flushes it, a maintainer merges it and
+    # collects its WAL entries, more rows are acknowledged: the answer is the newest.
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    model = {i: float(i) for i in range(20)}
+    w.write(_rows([1, 2, 3, 4], 50))
+    model.update({i: 50.0 for i in [1, 2, 3, 4]})
+    assert _answer(reader) == model
+    cached = dict(waltail.TAILS._items)
+    assert cached and all(tail.end > tail.start for tail in cached.values())
+    w.flush()
+    assert _answer(reader) == model
+    other = mq.MemWalTable.open(t.uri)
+    assert other.maintenance.merge().merged
+    other.maintenance.gc(cleanup_older_than=dt.timedelta(0), min_age=dt.timedelta(0))
+    assert all(r.wal_entries == 0 for r in other.maintenance.status().regions.values())
+    w.write(_rows([3, 30, 31], 60))
+    w.delete(pa.table({"id": pa.array([4], pa.int64())}))
+    model.update({3: 60.0, 30: 60.0, 31: 60.0})
+    del model[4]
+    assert _answer(reader) == model
+    assert _answer(reader) == model == _cold_answer(t.uri)
+    w.close()
+
+
+def test_a_stale_cached_tail_of_an_old_manifest_is_not_read(tmp_path):
+    # The region's tail is cached for manifest M; the writer flushes (replay position
+    # moves past it) and writes again: the cached entries are below the new replay
+    # position and must not be read again as unflushed rows (they are in a generation).
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    w.write(_rows([2, 4], 1))
+    assert _answer(reader)[2] == 1.0
+    w.flush()
+    w.write(_rows([2], 2))
+    got = reader.to_table(columns=["id", "val"])
+    assert got.num_rows == 20
+    assert _answer(reader)[2] == 2.0 and _answer(reader)[4] == 1.0
+    # the tail itself holds only the entry written after the flush
+    cat = reader.catalog
+    schema = waltail.Probes(cat, []).schema
+    for region_id in cat.region_ids():
+        m = cat.region_manifest(region_id)
+        rows = sum(s.num_rows for s in waltail.tail(cat, region_id, m, schema))
+        assert rows == (1 if region_id == cat.region_id_for({"p": 0}) else 0)
+    w.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_region_rows_built_step_by_step_equal_a_whole_build(tmp_path, seed):
+    # Random puts and deletes into two regions, flushes now and then (the oldest
+    # generation of a region's tail leaves it), a reader after every step: the
+    # incrementally built MemTable view equals the one built from every row at once,
+    # and the answer equals a cold reader's.
+    rng = np.random.default_rng(seed)
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    schema, pk = t.catalog.schema, t.catalog.primary_key
+    for step in range(12):
+        ids = sorted({int(i) for i in rng.integers(0, 40, int(rng.integers(1, 8)))})
+        w.write(_rows(ids, step))
+        if rng.random() < 0.3:
+            gone = [int(i) for i in rng.integers(0, 40, 2)]
+            w.delete(pa.table({"id": pa.array(gone, pa.int64())}))
+        if rng.random() < 0.25:
+            w.flush()
+        plan = view.resolve(t.catalog, "latest")
+        mems = [m for r in plan.regions for m in r.memtables]
+        if mems:
+            ranks = newer._ranks(plan)
+            got = newer._memtable_view(mems, schema, pk, ranks)
+            newer._MEMTABLE_VIEWS.clear()
+            want = newer._memtable_view_whole(mems, schema, pk, ranks)
+            for name, a, b in zip(("rows", "winners"), got[:2], want[:2]):
+                if name == "rows":
+                    assert a.equals(b)
+                else:
+                    assert np.array_equal(a, b)
+            assert np.array_equal(got[3], want[3]) and np.array_equal(got[4], want[4])
+        assert _answer(reader) == _cold_answer(t.uri)
+    w.close()
+
+
+def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
+    # A cached region whose snapshots changed other than by appending (here: another
+    # table's snapshots with the same region id) is built again, not extended.
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    w.write(_rows([2, 4, 6], 1))
+    plan = view.resolve(t.catalog, "latest")
+    mems = [m for r in plan.regions for m in r.memtables]
+    ranks = newer._ranks(plan)
+    schema, pk = t.catalog.schema, t.catalog.primary_key
+    newer._memtable_view(mems, schema, pk, ranks)
+    from memwal_query.write.memtable import MemTableSnapshot
+
+    other = [
+        MemTableSnapshot(
+            m.region_id,
+            m.generation,
+            tuple(pa.Table.from_batches(list(m.batches)).slice(0, 1).to_batches()),
+            m.schema,
+        )
+        for m in mems
+    ]
+    got = newer._memtable_view(other, schema, pk, ranks)
+    newer._MEMTABLE_VIEWS.clear()
+    want = newer._memtable_view_whole(other, schema, pk, ranks)
+    assert got[0].equals(want[0]) and np.array_equal(got[1], want[1])
+    w.close()
