@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from memwal_query.format.schema import (
     TOMBSTONE,
+    as_int64,
 )
 from memwal_query.search.caches import MEMTABLE_KEY_INDEXES
 from memwal_query.search.keys import _conform_keys, _index_hashes, _match_keys
@@ -66,6 +67,9 @@ class _MemKeyIndex:
 
     The index holds weak references to the batches only: once one is garbage collected
     (the MemTable is gone), ids may be reused and the index is never used again.
+
+    A single integer key is its own hash (:func:`_value_hashes`: exact, and no hashing
+    of every row appended); other keys are hashed with :func:`_index_hashes`.
     """
 
     def __init__(self, pk: list[str], batch_keys: pa.Schema, key_schema: pa.Schema) -> None:
@@ -78,6 +82,7 @@ class _MemKeyIndex:
         self._dead = [False]
         self.offsets = np.zeros(1, np.int64)  # first row of each batch, then the total
         self.runs: list[_MemKeyRun] = []
+        self.by_value = _by_value(key_schema)
 
     @property
     def dead(self) -> bool:
@@ -102,7 +107,7 @@ class _MemKeyIndex:
             return
         keys = pa.Table.from_batches([b.select(self.pk) for b in new], schema=self.batch_keys)
         keys = _conform_keys(keys, self.key_schema).combine_chunks()
-        hashes = _index_hashes(keys)
+        hashes = _value_hashes(keys) if self.by_value else _index_hashes(keys)
         order = np.argsort(hashes, kind="stable")
         self.runs.append(_MemKeyRun(start, hashes[order], order.astype(np.int64), keys))
         while len(self.runs) > 1 and len(self.runs[-2].hashes) <= 2 * len(self.runs[-1].hashes):
@@ -154,6 +159,16 @@ class _MemKeyIndex:
         return p, rows
 
 
+def _by_value(key_schema: pa.Schema) -> bool:
+    """Whether keys of ``key_schema`` are indexed by value (one integer column)."""
+    return len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type)
+
+
+def _value_hashes(keys: pa.Table) -> np.ndarray:
+    """One integer key column's values as uint64 (distinct keys, distinct values)."""
+    return as_int64(keys.column(0).combine_chunks()).to_numpy(zero_copy_only=False).view(np.uint64)
+
+
 def _memtable_find(
     table: Catalog, m: MemTableSnapshot, probe: pa.Table, hashes: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,6 +181,8 @@ def _memtable_find(
     before unsynced rows, or another MemTable) rebuilds it.
     """
     pk = list(probe.column_names)
+    if _by_value(probe.schema):
+        hashes = _value_hashes(probe)
     key = (table.uri, m.region_id, m.generation, tuple(pk))
     batches = m.batches
     ids = tuple(map(id, batches))
