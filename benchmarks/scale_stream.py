@@ -28,15 +28,17 @@ base table itself after a final full merge.
 
 Run on its own (``python benchmarks/scale_stream.py``) it is the at-scale stream: a
 10,000,000-row base (``--rows``; 20,000,000 with ``--large``) in 32 bucket regions
-(``--regions``), a sustained stream of upserts (a tenth of them new keys) and deletes
-(one value in 50) for ``--minutes`` (default 30) with ``memwal maintain URI --watch``
-alongside as a real process, and a reader process (this one) that runs ``count(*)``, a
-filtered aggregate and a 10-key lookup every ``--query-every`` seconds (default 5).
+(``--regions``), a sustained stream of upserts (one value in 50 a new key) and deletes
+(one value in 50, so the table keeps its size and a query's cost stays comparable
+from the first minute to the last) for ``--minutes`` (default 30) with
+``memwal maintain URI --watch`` alongside as a real process, and a reader process (this
+one) that runs ``count(*)``, a filtered aggregate and a 10-key lookup every
+``--query-every`` seconds (default 5).
 The writer is a separate process: Python :meth:`MemWalTable.write` (default), or
 Spark Structured Streaming with ``--spark`` (a rate source, ``foreachBatch(mqs.sink(uri,
 delete_column=..., order_by="seq"))``, micro-batches every ``--trigger-seconds``). The
-stream's value ``v`` (0, 1, 2, ...) decides its row: key ``base + v // 10`` when
-``v % 10 == 0`` (a new key), else ``v * 1000003 mod base`` (an update), a delete when
+stream's value ``v`` (0, 1, 2, ...) decides its row: key ``base + v // 50`` when
+``v % 50 == 0`` (a new key), else ``v * 1000003 mod base`` (an update), a delete when
 ``v % 50 == 7``, ``seq = v``; so the model of the table after ``N`` values is computed
 at the end, whichever writer wrote them.
 
@@ -471,7 +473,7 @@ def _short(c: object) -> str:
 
 # -- the at-scale stream (run as a script) -----------------------------------------------
 KEY_PRIME = 1_000_003
-NEW_EVERY = 10
+NEW_EVERY = 50
 DELETE_EVERY, DELETE_AT = 50, 7
 SCALE_SCHEMA = pa.schema(
     [
@@ -661,11 +663,15 @@ def scale_base(uri: str, rows: int, regions: int) -> mq.MemWalTable:
 
 def scale_queries(
     r: mq.MemWalTable, rng: np.random.Generator, keys: int, lat: dict[str, list[float]]
-) -> None:
+) -> int:
+    """The queries of one tick, their seconds into ``lat``; returns the unflushed WAL
+    rows (all regions) the ``count(*)`` read."""
     import datafusion
 
     ctx = datafusion.SessionContext()
-    ctx.register_table("t", r.provider(consistency="latest"))
+    provider = r.provider(consistency="latest")
+    ctx.register_table("t", provider)
+    tail = 0
     for name, sql in (
         ("count", "SELECT count(*) FROM t"),
         ("filtered", "SELECT count(*), sum(val) FROM t WHERE cat = 7"),
@@ -673,11 +679,14 @@ def scale_queries(
         s = time.perf_counter()
         ctx.sql(sql).to_arrow_table()
         lat[name].append(time.perf_counter() - s)
+        if name == "count" and provider.last_plan is not None:
+            tail = sum(m.num_rows for g in provider.last_plan.regions for m in g.memtables)
     s = time.perf_counter()
     r.lookup(
         pa.table({"id": pa.array(rng.integers(0, keys, 10), pa.int64())}), consistency="latest"
     )
     lat["lookup"].append(time.perf_counter() - s)
+    return tail
 
 
 def flush_wal_tails(t: mq.MemWalTable) -> int:
@@ -720,10 +729,12 @@ def scale_main(args: argparse.Namespace) -> bool:
         "rows/s",
         "unmerged gens (mean)",
         "(max)",
+        "WAL-tail rows (mean)",
         "count(*) p50 ms",
         "filtered p50 ms",
         "lookup p50 ms",
         "reader MB",
+        "reader Arrow MB",
         "maintainer MB",
         "writer MB",
         "passes",
@@ -733,6 +744,7 @@ def scale_main(args: argparse.Namespace) -> bool:
     out: list[list[object]] = []
     lat: dict[str, list[float]] = {"count": [], "filtered": [], "lookup": []}
     samples: list[int] = []
+    tails: list[int] = []
     seen = [0]
     rng = np.random.default_rng(3)
     ok = True
@@ -757,7 +769,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             tick = time.perf_counter()
             state = read_progress(progress)
             keys = args.rows + int(state.get("acked", 0)) // NEW_EVERY
-            scale_queries(r, rng, keys, lat)
+            tails.append(scale_queries(r, rng, keys, lat))
             samples.append(unmerged(r))
             if writer.poll() is not None:
                 raise RuntimeError(f"the writer exited with {writer.returncode}")
@@ -770,10 +782,12 @@ def scale_main(args: argparse.Namespace) -> bool:
                     (acked - acked0) / (now - minute_start),
                     float(np.mean(samples)),
                     max(samples),
+                    int(np.mean(tails)),
                     pct(lat["count"], 50) * 1e3,
                     pct(lat["filtered"], 50) * 1e3,
                     pct(lat["lookup"], 50) * 1e3,
                     rss_mb(os.getpid()),
+                    pa.total_allocated_bytes() / 2**20,
                     rss_mb(maint.pid),
                     rss_mb(writer.pid),
                     *passes(f"{root}/maintain.log", seen)[:2],
@@ -784,7 +798,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                 if maint.poll() is not None:
                     raise RuntimeError(f"the maintainer exited with {maint.returncode}")
                 lat = {k: [] for k in lat}
-                samples, acked0, minute_start, minute = [], acked, now, minute + 1
+                samples, tails, acked0, minute_start, minute = [], [], acked, now, minute + 1
             time.sleep(max(0.0, args.query_every - (time.perf_counter() - tick)))
         elapsed = time.perf_counter() - t0
     finally:
@@ -809,7 +823,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             "last minute / first minute: "
             + ", ".join(
                 f"{header[i]} {float(last[i]) / float(first[i]):.2f}x"
-                for i in (2, 3, 5, 6, 7, 8, 9)
+                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11)
                 if float(first[i])
             )
         )
