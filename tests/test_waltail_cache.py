@@ -24,6 +24,7 @@ from helpers import basic_rows, parity_spec
 def _cold_caches():
     waltail.forget()
     newer._REGION_ROWS.clear()
+    newer._REGION_FLUSHED.clear()
     newer._MEMTABLE_VIEWS.clear()
     yield
 
@@ -45,16 +46,16 @@ def _answer(t: mq.MemWalTable) -> dict[int, float]:
 
 def _cold_answer(uri: str) -> dict[int, float]:
     """What a reader with no cached tail or MemTable rows answers (another process)."""
-    saved = (dict(waltail.TAILS._items), dict(newer._REGION_ROWS._items))
-    waltail.forget()
-    newer._REGION_ROWS.clear()
+    caches = (waltail.TAILS, newer._REGION_ROWS, newer._REGION_FLUSHED, newer.FLUSHED_VIEWS)
+    saved = [dict(c._items) for c in caches]
+    for c in caches:
+        c.clear()
     try:
         return _answer(mq.MemWalTable.open(uri))
     finally:
-        for k, v in saved[0].items():
-            waltail.TAILS.put(k, v)
-        for k, v in saved[1].items():
-            newer._REGION_ROWS.put(k, v)
+        for c, items in zip(caches, saved):
+            for k, v in items.items():
+                c.put(k, v)
 
 
 class _CountingReads:
@@ -157,23 +158,38 @@ def test_a_stale_cached_tail_of_an_old_manifest_is_not_read(tmp_path):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_region_rows_built_step_by_step_equal_a_whole_build(tmp_path, seed):
     # Random puts and deletes into two regions, flushes now and then (the oldest
-    # generation of a region's tail leaves it), a reader after every step: the
-    # incrementally built MemTable view equals the one built from every row at once,
-    # and the answer equals a cold reader's.
+    # generation of a region's tail leaves it), merges of some regions (their oldest
+    # generations leave the view), a reader after every step: the incrementally built
+    # MemTable and flushed views equal the ones built from every row at once, and the
+    # answer equals a cold reader's.
     rng = np.random.default_rng(seed)
     t = _table(tmp_path)
     w = mq.MemWalTable.open(t.uri)
     reader = mq.MemWalTable.open(t.uri)
     schema, pk = t.catalog.schema, t.catalog.primary_key
-    for step in range(12):
+    for step in range(16):
         ids = sorted({int(i) for i in rng.integers(0, 40, int(rng.integers(1, 8)))})
         w.write(_rows(ids, step))
         if rng.random() < 0.3:
             gone = [int(i) for i in rng.integers(0, 40, 2)]
             w.delete(pa.table({"id": pa.array(gone, pa.int64())}))
-        if rng.random() < 0.25:
+        if rng.random() < 0.4:
             w.flush()
+        if rng.random() < 0.3:  # the oldest generation of each region, or all of them
+            most = 1 if rng.random() < 0.7 else None
+            mq.MemWalTable.open(t.uri).maintenance.merge(max_generations=most)
         plan = view.resolve(t.catalog, "latest")
+        got_f = newer._flushed_view(plan, schema, pk, None)
+        newer.FLUSHED_VIEWS.clear()
+        want_f = newer._flushed_view_whole(
+            plan, schema, pk, None, None, [*pk, "_gen", "_tombstone"]
+        )
+        assert got_f[0] == want_f[0]
+        for a, b in zip(got_f[1:], want_f[1:]):
+            if isinstance(a, np.ndarray):
+                assert np.array_equal(a, b)
+            else:
+                assert a.distinct() == b.distinct()
         mems = [m for r in plan.regions for m in r.memtables]
         if mems:
             ranks = newer._ranks(plan)

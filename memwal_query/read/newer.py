@@ -24,7 +24,7 @@ from memwal_query.read.sources import (
     read_generations,
     read_schema,
 )
-from memwal_query.read.view import ReadPlan
+from memwal_query.read.view import GenerationRef, ReadPlan
 from memwal_query.storage.cache import LRUCache
 from memwal_query.write.memtable import MemTableSnapshot
 
@@ -215,16 +215,67 @@ def _flushed_view(
 ) -> _FlushedView:
     """(row count, newest indices, key set, region rank, ``_gen`` and tombstone flag of
     the newest rows) of the plan's generations (cached). Reads the generations' key
-    columns, ``_gen`` and ``_tombstone`` only (their keys sidecars)."""
+    columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
+
+    With a single integer key, built region by region (:func:`_region_flushed`: a
+    region's generations read before, less those merged since, plus those flushed
+    since), the regions combined as they are unless a key is in two regions; otherwise
+    every row at once (:func:`_flushed_view_whole`)."""
     key = (tuple(g.uri for g in plan.generations), schema)
     hit = FLUSHED_VIEWS.get(key)
     if hit is not None:
         return hit
     ranks = _ranks(plan)
     cols = [*pk, GEN_COLUMN, TOMBSTONE]
-    parts = read_generations(
-        plan.generations, schema, storage_options, None if whole_rows else cols
+    read_cols = None if whole_rows else cols
+    parts: list[_RegionFlushed] = []
+    if len(pk) == 1:
+        for region in plan.regions:
+            if not region.generations:
+                continue
+            got = _region_flushed(
+                region.generations, schema, pk[0], storage_options, read_cols, cols
+            )
+            if got is None:
+                parts = []
+                break
+            parts.append(got)
+    if len(pk) != 1 or (plan.generations and not parts):
+        return FLUSHED_VIEWS.put(
+            key, _flushed_view_whole(plan, schema, pk, storage_options, read_cols, cols)
+        )
+    offsets = np.cumsum([0] + [p.num_rows for p in parts])
+    win_keys = np.concatenate([p.keys for p in parts]) if parts else np.zeros(0, np.int64)
+    keys = KeySet(pa.table({pk[0]: win_keys}))
+    if len(parts) > 1 and keys.distinct() != len(win_keys):
+        return FLUSHED_VIEWS.put(
+            key, _flushed_view_whole(plan, schema, pk, storage_options, read_cols, cols)
+        )
+    rank_of = [ranks[p.region_id] for p in parts]
+    view = (
+        int(offsets[-1]),
+        np.concatenate([p.winners + off for p, off in zip(parts, offsets)])
+        if parts
+        else np.zeros(0, np.int64),
+        keys,
+        np.repeat(np.array(rank_of, np.int64), [len(p.winners) for p in parts]),
+        np.concatenate([p.gens for p in parts]) if parts else np.zeros(0, np.int64),
+        np.concatenate([p.tombstones for p in parts]) if parts else np.zeros(0, bool),
     )
+    return FLUSHED_VIEWS.put(key, view)
+
+
+def _flushed_view_whole(
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    read_cols: list[str] | None,
+    cols: list[str],
+) -> _FlushedView:
+    """:func:`_flushed_view` with every row deduplicated at once."""
+    ranks = _ranks(plan)
+    parts = read_generations(plan.generations, schema, storage_options, read_cols)
     keys = pa.concat_tables(parts).select(cols) if parts else _empty(schema).select(cols)
     regions = np.repeat(
         np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
@@ -234,7 +285,7 @@ def _flushed_view(
     winners = newest_indices(keys, pk, regions, gens)
     tomb = pc.fill_null(keys.column(TOMBSTONE).take(pa.array(winners)), False)
     tombstones = tomb.to_numpy(zero_copy_only=False).astype(bool, copy=False)
-    view = (
+    return (
         keys.num_rows,
         winners,
         KeySet(keys.select(pk)),
@@ -242,7 +293,112 @@ def _flushed_view(
         gens[winners],
         tombstones,
     )
-    return FLUSHED_VIEWS.put(key, view)
+
+
+class _RegionFlushed:
+    """The newest row of each key among one region's flushed generations (oldest
+    first): ``winners`` (sorted indices into their rows), and the key, ``_gen`` and
+    tombstone flag of each."""
+
+    __slots__ = ("region_id", "uris", "sizes", "winners", "keys", "gens", "tombstones")
+
+    def __init__(
+        self,
+        region_id: str,
+        uris: tuple[str, ...],
+        sizes: tuple[int, ...],
+        winners: np.ndarray,
+        keys: np.ndarray,
+        gens: np.ndarray,
+        tombstones: np.ndarray,
+    ) -> None:
+        self.region_id = region_id
+        self.uris = uris
+        self.sizes = sizes
+        self.winners = winners
+        self.keys = keys
+        self.gens = gens
+        self.tombstones = tombstones
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.winners.nbytes + self.keys.nbytes + self.gens.nbytes + self.tombstones.nbytes
+
+
+_REGION_FLUSHED: LRUCache[tuple[str, pa.Schema], _RegionFlushed] = LRUCache(
+    1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes
+)
+"""Per region id and schema, the :class:`_RegionFlushed` of the generations read last
+(an immutable generation is identified by its directory)."""
+
+
+def _region_flushed(
+    refs: list[GenerationRef],
+    schema: pa.Schema,
+    key: str,
+    storage_options: dict[str, str] | None,
+    read_cols: list[str] | None,
+    cols: list[str],
+) -> _RegionFlushed | None:
+    """:class:`_RegionFlushed` of one region's generations ``refs`` (oldest first), from
+    the one read last when ``refs`` are its generations less some oldest ones (merged
+    since: their newest rows go, no other row was newer) plus newer ones (flushed since:
+    read, and the older newest rows of their keys go); None when the key column is not
+    an integer column."""
+    region_id = refs[0].region_id
+    uris = tuple(r.uri for r in refs)
+    known = _REGION_FLUSHED.get((region_id, schema))
+    keep = 0
+    if known is not None:
+        if known.uris == uris:
+            return known
+        # the longest suffix of the known generations that begins ``uris``
+        for drop in range(len(known.uris)):
+            tail = known.uris[drop:]
+            if uris[: len(tail)] == tail:
+                keep = len(tail)
+                break
+        if keep == 0:
+            known = None
+    if known is not None:
+        dropped = len(known.uris) - keep
+        shift = sum(known.sizes[:dropped])
+        stay = known.winners >= shift
+        winners = known.winners[stay] - shift
+        keys, gens = known.keys[stay], known.gens[stay]
+        tombstones = known.tombstones[stay]
+        sizes = known.sizes[dropped:]
+    else:
+        winners = np.zeros(0, np.int64)
+        keys, gens = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        tombstones = np.zeros(0, bool)
+        sizes = ()
+    added = refs[keep:]
+    if added:
+        parts = read_generations(added, schema, storage_options, read_cols)
+        rows = pa.concat_tables([p.select(cols) for p in parts])
+        ints = _int_keys(rows.column(key))
+        if ints is None:
+            return None
+        lasts, _ = int_runs(ints)
+        lasts = np.sort(lasts)
+        n = sum(sizes)
+        stale = in_sorted(keys, np.unique(ints))
+        tomb = pc.fill_null(rows.column(TOMBSTONE).take(pa.array(lasts)), False)
+        new_gens = rows.column(GEN_COLUMN).to_numpy().astype(np.int64)[lasts]
+        winners = np.concatenate([winners[~stale], lasts + n])
+        keys = np.concatenate([keys[~stale], ints[lasts]])
+        gens = np.concatenate([gens[~stale], new_gens])
+        tombstones = np.concatenate(
+            [tombstones[~stale], tomb.to_numpy(zero_copy_only=False).astype(bool)]
+        )
+        sizes = tuple(sizes) + tuple(p.num_rows for p in parts)
+    out = _RegionFlushed(region_id, uris, tuple(sizes), winners, keys, gens, tombstones)
+    return _REGION_FLUSHED.put((region_id, schema), out)
 
 
 class _RegionRows:
