@@ -712,7 +712,7 @@ def scale_main(args: argparse.Namespace) -> bool:
         flush=True,
     )
     cmd = [sys.executable, "-m", "memwal_query", "maintain", uri, "--watch", str(args.watch)]
-    cmd += ["--retention-hours", "0.05", "--json"]
+    cmd += ["--retention", "3m", "--json"]
     log = open(f"{root}/maintain.log", "w")  # noqa: SIM115 - closed below
     maint = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     progress = f"{root}/progress.json"
