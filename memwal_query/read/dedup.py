@@ -143,6 +143,17 @@ class KeySet:
     def __len__(self) -> int:
         return self.size
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the set holds (its table, and the base addresses cached on it)."""
+        held = sum(a.nbytes for a in self._addresses.values())
+        for part in (self._dense, self._sorted):
+            if part is not None:
+                held += part.nbytes
+        if self._table is not None:
+            held += self._table.nbytes
+        return held
+
     def distinct(self) -> int:
         """How many distinct keys the set holds (counted: O(set size))."""
         if self._dense is not None:

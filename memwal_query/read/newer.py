@@ -133,9 +133,19 @@ class NewerView:
 
 
 _FlushedView = tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray, np.ndarray]
-FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(8)
+
+
+def _flushed_view_nbytes(view: _FlushedView) -> int:
+    return view[2].nbytes + sum(a.nbytes for a in (view[1], *view[3:]))
+
+
+FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(
+    8, max_bytes=256 << 20, sizeof=_flushed_view_nbytes
+)
 """Row count, newest indices, key set, and region ranks, ``_gen`` and tombstone flags of
-the newest rows of a set of flushed generations, per (generation directories, schema)."""
+the newest rows of a set of flushed generations, per (generation directories, schema);
+bounded by bytes (default 256 MiB: under a stream every flush and merge makes a new
+set, and a reader needs the newest one)."""
 _MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(8)
 """The same of a set of MemTable snapshots, per (region, generation, batch count), with
 the snapshots' last batches to tell a snapshot from another of the same size."""
