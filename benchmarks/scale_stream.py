@@ -770,7 +770,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             )
         t0 = minute_start = time.perf_counter()
         acked0 = int(state.get("acked", 0))
-        minute = 1
+        minute = 1 - args.warmup
         while minute <= args.minutes:
             tick = time.perf_counter()
             state = read_progress(progress)
@@ -783,7 +783,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             if now - minute_start >= 60:
                 acked = int(state.get("acked", 0))
                 row = [
-                    minute,
+                    minute if minute > 0 else f"warm-up {minute + args.warmup}",
                     int(state.get("rate", 0)),
                     (acked - acked0) / (now - minute_start),
                     float(np.mean(samples)),
@@ -824,7 +824,7 @@ def scale_main(args: argparse.Namespace) -> bool:
         out,
     )
     if len(out) >= 2:
-        first, last = out[0], out[-1]
+        first, last = out[min(args.warmup, len(out) - 2)], out[-1]
         print(
             "last minute / first minute: "
             + ", ".join(
@@ -867,6 +867,13 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="a 20,000,000-row base")
     parser.add_argument("--regions", type=int, default=32)
     parser.add_argument("--minutes", type=int, default=30)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="minutes streamed and printed before minute 1 (the ratios compare minute 1 "
+        "and the last: the caches, unmerged generations and WAL tails filled)",
+    )
     parser.add_argument("--rate", type=int, default=0, help="rows/s (0: calibrate)")
     parser.add_argument("--rate-share", type=float, default=0.6)
     parser.add_argument("--calibrate-seconds", type=float, default=20.0)
