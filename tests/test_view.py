@@ -296,7 +296,9 @@ def _race(tmp_path, pauser, template, region_id, mode, op, target, meanwhile=Non
     uri = str(tmp_path / f"run{target}")
     shutil.copytree(template, uri)
     writer_table = mq.MemWalTable.open(uri)
-    w = writer_table.writer(region_id)  # replays generation 2 into its MemTable
+    # replays generation 2 into its MemTable; flushes on the test's clock only (on a
+    # loaded machine the replayed rows could otherwise pass the default age meanwhile)
+    w = writer_table.writer(region_id, max_memtable_age=3600.0)
     reader = mq.MemWalTable.open(uri)
     consistency = {"ryw": "strong", "eventual_external": "eventual"}.get(mode, mode)
     kw = {"consistency": consistency, "writers": [w] if mode == "ryw" else []}
