@@ -17,7 +17,9 @@ Each query is timed (median of ``--repeat`` runs after one warm-up) over:
 - ``merge``: a copy of them after ``t.maintenance.merge()``;
 - ``maintain``: another copy after one maintenance pass, ``t.maintenance.maintain()``
   with the default policy except ``merge_over_generations=1`` (so that the pass merges
-  these few rounds; compaction and every other decision are the defaults).
+  these few rounds; compaction and every other decision are the defaults);
+- ``compact``: a third copy after ``t.maintenance.merge()`` and a compaction that
+  rewrites every fragment with a deletion file (the reference: a clean base).
 
 Every answer is checked against the ``arrow`` answer of the same query (sorted,
 floats to a relative 1e-9): a wrong answer stops the run. Printed: per-query ms,
@@ -47,47 +49,11 @@ import pyarrow as pa  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tpch_data as td  # noqa: E402
 from _common import machine, median, print_table, uptime  # noqa: E402
+from tpch_data import LSM_TABLES, build, context  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
+from memwal_query.maintain.basefiles import compact_base  # noqa: E402
 from memwal_query.maintain.policy import MaintenancePolicy  # noqa: E402
-
-LSM_TABLES = {"orders": "o_orderkey", "lineitem": "l_orderkey"}
-REGIONS = 4
-
-
-def build(root: str, tables: dict[str, pa.Table], rounds: list[td.Round]) -> dict[str, str]:
-    """The LSM tables under ``root`` with every round written and flushed."""
-    uris = {}
-    for name, bucket_col in LSM_TABLES.items():
-        uri = f"{root}/{name}"
-        lance.write_dataset(tables[name], uri)
-        spec = mq.bucket_spec(lance.dataset(uri).lance_schema, bucket_col, REGIONS)
-        t = mq.MemWalTable.initialize(uri, region_spec=spec)
-        for r in rounds:
-            t.write(getattr(r, name))
-            t.delete(getattr(r, f"{name}_deleted"))
-            t.flush()
-        t.close()
-        uris[name] = uri
-    return uris
-
-
-def partitions(table: pa.Table, n: int) -> list[list[pa.RecordBatch]]:
-    """``table`` in ``n`` partitions of about equal rows (DataFusion scans each on its
-    own thread)."""
-    step = -(-table.num_rows // n)
-    return [table.slice(i * step, step).to_batches() for i in range(n)]
-
-
-def context(arrow: dict[str, pa.Table], uris: dict[str, str] | None) -> datafusion.SessionContext:
-    """A session with the Arrow tables, ``orders``/``lineitem`` from ``uris`` if given."""
-    ctx = datafusion.SessionContext()
-    for name, table in arrow.items():
-        if uris is None or name not in uris:
-            ctx.register_record_batches(name, partitions(table, os.cpu_count() or 1))
-    for name, uri in (uris or {}).items():
-        mq.register(ctx, name, uri)
-    return ctx
 
 
 def run_queries(
@@ -169,7 +135,7 @@ def main() -> None:
         started = time.perf_counter()
         uris = {"before": build(f"{root}/before", tables, rounds)}
         notes.append(f"writes and flushes: {time.perf_counter() - started:.1f} s")
-        for stage in ("merge", "maintain"):
+        for stage in ("merge", "maintain", "compact"):
             shutil.copytree(f"{root}/before", f"{root}/{stage}")
             uris[stage] = {n: f"{root}/{stage}/{n}" for n in LSM_TABLES}
 
@@ -188,6 +154,16 @@ def main() -> None:
             f"maintain {time.perf_counter() - started:.1f} s; {fragments(uris['maintain'])}"
         )
 
+        started = time.perf_counter()
+        for uri in uris["compact"].values():
+            t = mq.MemWalTable.open(uri)
+            t.maintenance.merge()
+            compact_base(t.catalog, deleted_share=0.0)
+        notes.append(
+            f"merge + compaction {time.perf_counter() - started:.1f} s; "
+            f"{fragments(uris['compact'])}"
+        )
+
         contexts = {"arrow": context(final, None)}
         contexts.update({stage: context(final, u) for stage, u in uris.items()})
         print(f"queries ({uptime()})", flush=True)
@@ -200,22 +176,22 @@ def main() -> None:
 
 def print_report(times: dict[str, dict[int, float]], notes: list[str]) -> None:
     arrow, before = times["arrow"], times["before"]
+    lsm = [s for s in times if s != "arrow"]
+    after = [s for s in lsm if s != "before"]
     rows: list[list[object]] = []
     for q in arrow:
         rows.append(
-            [f"Q{q}", arrow[q], before[q], times["merge"][q], times["maintain"][q]]
-            + [times[s][q] / arrow[q] for s in ("before", "merge", "maintain")]
-            + [times[s][q] / before[q] for s in ("merge", "maintain")]
+            [f"Q{q}"]
+            + [times[s][q] for s in times]
+            + [times[s][q] / arrow[q] for s in lsm]
+            + [times[s][q] / before[q] for s in after]
         )
-    geo = ["geo-mean", "", "", "", ""]
-    for s in ("before", "merge", "maintain"):
-        geo.append(td.geomean([times[s][q] / arrow[q] for q in arrow]))
-    for s in ("merge", "maintain"):
-        geo.append(td.geomean([times[s][q] / before[q] for q in arrow]))
+    geo: list[object] = ["geo-mean"] + [""] * len(times)
+    geo += [td.geomean([times[s][q] / arrow[q] for q in arrow]) for s in lsm]
+    geo += [td.geomean([times[s][q] / before[q] for q in arrow]) for s in after]
     rows.append(geo)
-    header = ["query", "arrow ms", "before ms", "merge ms", "maintain ms"]
-    header += ["before/arrow", "merge/arrow", "maintain/arrow"]
-    header += ["merge/before", "maintain/before"]
+    header = ["query"] + [f"{s} ms" for s in times]
+    header += [f"{s}/arrow" for s in lsm] + [f"{s}/before" for s in after]
     print_table(f"TPC-H, median ms ({uptime()})", header, rows)
     print()
     for n in notes:

@@ -1,5 +1,5 @@
-"""TPC-H data, change rounds, queries Q1-Q19 and answer comparison, shared by
-``benchmarks/tpch.py`` and ``tests/test_tpch.py``.
+"""TPC-H data, change rounds, the LSM tables, queries Q1-Q19 and answer comparison,
+shared by ``benchmarks/tpch.py`` and ``tests/test_tpch.py``.
 
 The generator is vectorised numpy with TPC-H's schema (prices and dates as float64 and
 date32) and value distributions close to the specification's (dbgen's): the same key
@@ -20,11 +20,16 @@ orders deleted with their lines, new orders inserted in the key gaps dbgen leave
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
+import datafusion
+import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+import memwal_query as mq
 
 PK = {"lance-schema:unenforced-primary-key": "true"}
 ORDERS_KEY = ["o_orderkey"]
@@ -57,7 +62,7 @@ NATIONS = [
     ("UNITED KINGDOM", 3),
     ("UNITED STATES", 1),
 ]
-REGIONS = ["AFRICA", "AMERICA", "ASIA", "EUROPE", "MIDDLE EAST"]
+REGION_NAMES = ["AFRICA", "AMERICA", "ASIA", "EUROPE", "MIDDLE EAST"]
 COLORS = (
     "almond antique aquamarine azure beige bisque black blanched blue blush brown "
     "burlywood burnished chartreuse chiffon chocolate coral cornflower cornsilk cream "
@@ -166,11 +171,11 @@ class Scale:
 
     @property
     def suppliers(self) -> int:
-        return max(20, round(10_000 * self.sf))
+        return max(100, round(10_000 * self.sf))
 
     @property
     def parts(self) -> int:
-        return max(100, round(200_000 * self.sf))
+        return max(2_000, round(200_000 * self.sf))
 
     @property
     def customers(self) -> int:
@@ -208,7 +213,7 @@ def generate(sf: float, seed: int = 0) -> dict[str, pa.Table]:
     region = pa.table(
         {
             "r_regionkey": pa.array(np.arange(5), pa.int64()),
-            "r_name": pa.array(REGIONS),
+            "r_name": pa.array(REGION_NAMES),
             "r_comment": _text(rng, 5, 6),
         }
     )
@@ -301,9 +306,7 @@ def generate(sf: float, seed: int = 0) -> dict[str, pa.Table]:
     }
 
 
-def order_rows(
-    keys: np.ndarray, s: Scale, rng: np.random.Generator
-) -> tuple[pa.Table, pa.Table]:
+def order_rows(keys: np.ndarray, s: Scale, rng: np.random.Generator) -> tuple[pa.Table, pa.Table]:
     """Orders with keys ``keys`` and their 1-7 lineitems each (new random values)."""
     n = len(keys)
     k = rng.integers(0, s.customers * 2 // 3, n)
@@ -424,6 +427,56 @@ def change_rounds(
         lineitem = pa.concat_tables([_without(lineitem, "l_orderkey", touched), l_rows])
     final = dict(tables, orders=orders.combine_chunks(), lineitem=lineitem.combine_chunks())
     return out, final
+
+
+LSM_TABLES = {"orders": "o_orderkey", "lineitem": "l_orderkey"}
+"""The tables stored as LSM tables, and the column of their bucket regions (an order
+and its lines share a region number)."""
+LSM_REGIONS = 4
+
+
+def build(
+    root: str, tables: dict[str, pa.Table], rounds: list[Round], unflushed: int = 0
+) -> dict[str, str]:
+    """``orders`` and ``lineitem`` as LSM tables under ``root`` (:data:`LSM_REGIONS` bucket
+    regions each) with every round written through ``t.write`` and ``t.delete`` and
+    flushed, except the last ``unflushed`` rounds (left in the WAL, which readers
+    see). Returns ``{name: uri}``."""
+    uris = {}
+    for name, bucket_col in LSM_TABLES.items():
+        uri = f"{root}/{name}"
+        lance.write_dataset(tables[name], uri)
+        spec = mq.bucket_spec(lance.dataset(uri).lance_schema, bucket_col, LSM_REGIONS)
+        t = mq.MemWalTable.initialize(uri, region_spec=spec)
+        for i, r in enumerate(rounds):
+            t.write(getattr(r, name))
+            t.delete(getattr(r, f"{name}_deleted"))
+            if i < len(rounds) - unflushed:
+                t.flush()
+        t.close(flush=unflushed == 0)
+        uris[name] = uri
+    return uris
+
+
+def partitions(table: pa.Table, n: int) -> list[list[pa.RecordBatch]]:
+    """``table`` in ``n`` partitions of about equal rows (DataFusion scans each on its
+    own thread)."""
+    step = max(1, -(-table.num_rows // n))
+    return [table.slice(i * step, step).to_batches() for i in range(n)]
+
+
+def context(
+    arrow: dict[str, pa.Table], uris: dict[str, str] | None = None
+) -> datafusion.SessionContext:
+    """A DataFusion session with the Arrow tables ``arrow`` (partitioned by the cores),
+    the ones named in ``uris`` registered from those LSM tables instead."""
+    ctx = datafusion.SessionContext()
+    for name, table in arrow.items():
+        if uris is None or name not in uris:
+            ctx.register_record_batches(name, partitions(table, os.cpu_count() or 1))
+    for name, uri in (uris or {}).items():
+        mq.register(ctx, name, uri)
+    return ctx
 
 
 def queries(sf: float) -> dict[int, str]:
