@@ -206,6 +206,23 @@ def gap_key(i: np.ndarray) -> np.ndarray:
     return (i // 24) * 32 + 8 + i % 24 + 1
 
 
+def _party(rng: np.random.Generator, p: str, prefix: str, n: int) -> pa.Table:
+    """The columns suppliers and customers share: key, name, address, nation, phone,
+    account balance (``p``: the column prefix)."""
+    keys = np.arange(1, n + 1)
+    nation = rng.integers(0, 25, n)
+    return pa.table(
+        {
+            f"{p}_{'suppkey' if p == 's' else 'custkey'}": pa.array(keys, pa.int64()),
+            f"{p}_name": _numbered(prefix, keys, 9),
+            f"{p}_address": _text(rng, n, 2),
+            f"{p}_nationkey": pa.array(nation, pa.int64()),
+            f"{p}_phone": _phone(rng, nation),
+            f"{p}_acctbal": pa.array(_money(rng, n, -999.99, 9999.99)),
+        }
+    )
+
+
 def generate(sf: float, seed: int = 0) -> dict[str, pa.Table]:
     """The eight TPC-H tables at scale factor ``sf``."""
     rng = np.random.default_rng(seed)
@@ -225,22 +242,11 @@ def generate(sf: float, seed: int = 0) -> dict[str, pa.Table]:
             "n_comment": _text(rng, 25, 6),
         }
     )
-    sk = np.arange(1, s.suppliers + 1)
-    s_nation = rng.integers(0, 25, len(sk))
-    s_comment = _text(rng, len(sk), 6).to_pylist()
-    for j in rng.choice(len(sk), max(1, len(sk) // 100), replace=False):
+    s_comment = _text(rng, s.suppliers, 6).to_pylist()
+    for j in rng.choice(s.suppliers, max(1, s.suppliers // 100), replace=False):
         s_comment[j] = f"carefully Customer final {WORDS[j % len(WORDS)]} Complaints"
-    supplier = pa.table(
-        {
-            "s_suppkey": pa.array(sk, pa.int64()),
-            "s_name": _numbered("Supplier#", sk, 9),
-            "s_address": _text(rng, len(sk), 2),
-            "s_nationkey": pa.array(s_nation, pa.int64()),
-            "s_phone": _phone(rng, s_nation),
-            "s_acctbal": pa.array(_money(rng, len(sk), -999.99, 9999.99)),
-            "s_comment": pa.array(s_comment, pa.string()),
-        }
-    )
+    supplier = _party(rng, "s", "Supplier#", s.suppliers)
+    supplier = supplier.append_column("s_comment", pa.array(s_comment, pa.string()))
     pk = np.arange(1, s.parts + 1)
     n = len(pk)
     mfgr = rng.integers(1, 6, n)
@@ -279,20 +285,11 @@ def generate(sf: float, seed: int = 0) -> dict[str, pa.Table]:
             "ps_comment": _text(rng, len(ps_part), 8),
         }
     )
-    ck = np.arange(1, s.customers + 1)
-    c_nation = rng.integers(0, 25, len(ck))
-    customer = pa.table(
-        {
-            "c_custkey": pa.array(ck, pa.int64()),
-            "c_name": _numbered("Customer#", ck, 9),
-            "c_address": _text(rng, len(ck), 2),
-            "c_nationkey": pa.array(c_nation, pa.int64()),
-            "c_phone": _phone(rng, c_nation),
-            "c_acctbal": pa.array(_money(rng, len(ck), -999.99, 9999.99)),
-            "c_mktsegment": _pick(SEGMENTS, rng.integers(0, 5, len(ck))),
-            "c_comment": _text(rng, len(ck), 6),
-        }
+    customer = _party(rng, "c", "Customer#", s.customers)
+    customer = customer.append_column(
+        "c_mktsegment", _pick(SEGMENTS, rng.integers(0, 5, s.customers))
     )
+    customer = customer.append_column("c_comment", _text(rng, s.customers, 6))
     orders, lineitem = order_rows(order_key(np.arange(s.orders)), s, rng)
     return {
         "region": region,
