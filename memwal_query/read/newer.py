@@ -15,11 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_query.format.schema import GEN_COLUMN, TOMBSTONE
+from memwal_query.format.schema import TOMBSTONE
 from memwal_query.read.dedup import KeySet, KeySetUnion, newest_indices
 from memwal_query.read.sources import (
     GENERATION_CACHE,
     conform,
+    generation_columns,
     memtable_rows,
     read_generations,
     read_schema,
@@ -27,11 +28,6 @@ from memwal_query.read.sources import (
 from memwal_query.read.view import ReadPlan
 from memwal_query.storage.cache import LRUCache
 from memwal_query.write.memtable import MemTableSnapshot
-
-
-def _empty(schema: pa.Schema) -> pa.Table:
-    return conform(schema.empty_table(), schema)
-
 
 _POS = "__memwal_pos"
 
@@ -155,10 +151,7 @@ def _flushed_rows(
     storage_options: dict[str, str] | None,
 ) -> pa.Table:
     """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
-    parts = read_generations(plan.generations, schema, storage_options, columns)
-    if parts:
-        return pa.concat_tables(parts)
-    return _empty(schema).select(list(columns))
+    return generation_columns(plan.generations, schema, columns, storage_options)[0]
 
 
 def _column_nbytes(entry: tuple[np.ndarray, pa.ChunkedArray]) -> int:
@@ -196,9 +189,12 @@ def _flushed_newest(
     missing = [n for n in names if n not in got]
     if missing:
         rows = winners if live is None else winners[live]
-        taken = _flushed_rows(plan, schema, missing, storage_options).take(pa.array(rows))
+        flushed = _flushed_rows(plan, schema, missing, storage_options)
+        at = pa.array(rows)
         for name in missing:
-            col = taken.column(name).combine_chunks()
+            # one column at a time, its chunks (one per generation) joined first: a
+            # take across thousands of chunks costs several times more
+            col = flushed.column(name).combine_chunks().take(at)
             got[name] = pa.chunked_array([col], col.type)
             NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
@@ -221,16 +217,12 @@ def _flushed_view(
     if hit is not None:
         return hit
     ranks = _ranks(plan)
-    cols = [*pk, GEN_COLUMN, TOMBSTONE]
-    parts = read_generations(
-        plan.generations, schema, storage_options, None if whole_rows else cols
-    )
-    keys = pa.concat_tables(parts).select(cols) if parts else _empty(schema).select(cols)
-    regions = np.repeat(
-        np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
-        [p.num_rows for p in parts],
-    )
-    gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
+    refs = plan.generations
+    if whole_rows:  # read whole (rows sidecars): the full read needs the other columns next
+        read_generations(refs, schema, storage_options)
+    keys, sizes = generation_columns(refs, schema, [*pk, TOMBSTONE], storage_options)
+    regions = np.repeat(np.array([ranks[g.region_id] for g in refs], np.int64), sizes)
+    gens = np.repeat(np.array([g.generation for g in refs], np.int64), sizes)
     winners = newest_indices(keys, pk, regions, gens)
     tomb = pc.fill_null(keys.column(TOMBSTONE).take(pa.array(winners)), False)
     tombstones = tomb.to_numpy(zero_copy_only=False).astype(bool, copy=False)
