@@ -253,7 +253,8 @@ def generation_columns(
     The same table as ``pa.concat_tables(read_generations(refs, schema, ..., names))``
     at a fraction of its per-generation cost (a cold first query reads generations by
     the thousand): a cached generation costs a dictionary lookup, and when ``names``
-    are key and meta columns only, one not cached yet costs one keys sidecar read
+    are key and meta columns only, the generations not cached yet are read from their
+    region's keys file (one read per region) or their own keys sidecar
     (:mod:`memwal_query.format.keyfile`). The others (and generations without a
     readable keys sidecar) are read by :func:`read_generations` (rows sidecar, then
     Lance table). Raises GenerationGoneError when a generation is missing.
@@ -273,7 +274,14 @@ def generation_columns(
         cached = GENERATION_CACHE.get(ref.uri)
         found.append(cached if cached is not None and all(c in cached for c in wanted) else None)
     todo = [i for i, cols in enumerate(found) if cols is None]
-    if keys_only and todo:  # keys sidecars: concurrently on an object store
+    if keys_only and todo:  # region keys files, keys sidecars (concurrently on a store)
+        unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
+        _region_keys(unread, storage_options, target, wanted)
+        for i in todo:
+            cached = GENERATION_CACHE.get(refs[i].uri)
+            if cached is not None and all(c in cached for c in wanted):
+                found[i] = cached
+        todo = [i for i, cols in enumerate(found) if cols is None]
         unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
         if len(unread) > 1 and parallel_reads(unread[0].uri, storage_options):
             keys = in_chunks(_GENERATION_READERS, from_keys, unread, READ_TASKS)
@@ -345,10 +353,58 @@ def _keys_sidecar(
     from memwal_query.format import keyfile
 
     t = _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
-    if t is None:
-        return None
+    return None if t is None else _key_columns(t, target)
+
+
+def _key_columns(t: pa.Table, target: pa.Schema) -> dict[str, pa.ChunkedArray]:
+    """The columns of a keys sidecar's table ``t`` (``_tombstone`` false when absent)."""
     names = [c for c in t.column_names if c in target.names]
     return _conformed_columns(t, target, list(dict.fromkeys([*names, TOMBSTONE])))
+
+
+REGION_FILES_WITHOUT_KEYS: LRUCache[str, bool] = LRUCache(1 << 16)
+"""Generation directories known to have no (readable) region keys file."""
+
+
+def _region_keys(
+    refs: Sequence[GenerationRef],
+    storage_options: dict[str, str] | None,
+    target: pa.Schema,
+    wanted: Sequence[str],
+) -> None:
+    """Cache (:data:`GENERATION_CACHE`) the keys of the generations of ``refs`` that
+    their region's keys file covers (:func:`memwal_query.format.keyfile.read_region`):
+    per region, the file of its newest generation among ``refs``, one read for all of
+    them. Only parts whose generation number and directory both match a generation of
+    ``refs`` are taken; the others are read from their own sidecars by the caller."""
+    from memwal_query.format import keyfile
+
+    by_region: dict[str, list[GenerationRef]] = {}
+    for ref in refs:
+        by_region.setdefault(ref.region_id, []).append(ref)
+
+    def read(group: list[GenerationRef]) -> None:
+        newest = max(group, key=lambda g: g.generation)
+        if REGION_FILES_WITHOUT_KEYS.get(newest.uri):
+            return
+        parts = keyfile.read_region(file_io(newest.uri, storage_options), newest.uri)
+        if parts is None:
+            REGION_FILES_WITHOUT_KEYS.put(newest.uri, True)
+            return
+        by_flush = {(p.generation, p.path): p for p in parts}
+        for ref in group:
+            part = by_flush.get((ref.generation, ref.uri.rstrip("/").rsplit("/", 1)[-1]))
+            if part is not None:
+                cols = _key_columns(part.keys, target)
+                if all(c in cols for c in wanted):
+                    GENERATION_CACHE.add(ref.uri, cols)
+
+    groups = [g for g in by_region.values() if len(g) > 1]  # one generation: its sidecar
+    if len(groups) > 1 and parallel_reads(groups[0][0].uri, storage_options):
+        in_chunks(_GENERATION_READERS, read, groups, READ_TASKS)
+    else:
+        for group in groups:
+            read(group)
 
 
 def _keys_only(schema: pa.Schema, names: Sequence[str]) -> bool:
