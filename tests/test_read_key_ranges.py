@@ -89,6 +89,7 @@ def _clear_caches() -> None:
         sources.GENERATION_CACHE,
         sources.GENERATIONS_WITHOUT_SIDECAR,
         sources.GENERATIONS_WITHOUT_KEYS,
+        sources.REGION_FILES_WITHOUT_KEYS,
         newer.FLUSHED_VIEWS,
         newer.NEWEST_COLUMNS,
     ):
@@ -214,6 +215,8 @@ def test_a_missing_or_damaged_keys_sidecar_reads_the_rows(tmp_path):
     either (the Lance table)."""
     t, gens, model = _flushed_table(tmp_path)
     t.close()
+    for uri in gens:  # the region keys files would stand in for the keys sidecars
+        os.remove(os.path.join(uri, keyfile.REGION_KEYS_FILE))
     os.remove(os.path.join(gens[0], keyfile.KEYS_FILE))
     path = os.path.join(gens[1], keyfile.KEYS_FILE)
     data = bytearray(open(path, "rb").read())
