@@ -268,7 +268,10 @@ def int_runs(ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return last[seen], first[seen]
     bits = n.bit_length()
     if span < (1 << (63 - bits)):
-        packed = ((ints - lo) << bits) | pos  # offsets are >= 0 and below 2**(63-bits)
+        packed = ints - lo  # offsets are >= 0 and below 2**(63-bits)
+        packed <<= bits  # in place: one array of the keys' size, not three
+        packed |= pos
+        del pos
         packed.sort()
         values = packed >> bits
         starts = run_starts(values)
