@@ -13,9 +13,11 @@ filter keeps its semantics: ``docs/architecture.md``, "The DataFusion provider".
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -467,7 +469,8 @@ class _BaseFragment:
                 row_addr_blocklist=blocklist,
             )
             batches = scanner.to_batches()
-        for i, batch in enumerate(batches):
+
+        def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
             if overwritten is not None:
                 ids = batch.column(ROWID_COLUMN).to_numpy()
                 batch = _drop(batch, overwritten.contains(ids))
@@ -488,7 +491,38 @@ class _BaseFragment:
                     gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
                     batch = batch.append_column(GEN_COLUMN, gen)
                 batch = batch.filter(local)
-            yield _project(batch, out_schema, generation=0)
+            return _project(batch, out_schema, generation=0)
+
+        if not (overwritten is not None or int_sets or hashed or local is not None):
+            yield from (kept(i, b) for i, b in enumerate(batches))  # nothing to drop
+            return
+        yield from _ahead(kept, batches)
+
+
+KEEP_AHEAD = 2
+"""Base batches whose overwritten rows are dropped while the consumer takes the one
+before them (:func:`_ahead`)."""
+_KEEPERS = ThreadPoolExecutor(KEEP_AHEAD, thread_name_prefix="memwal-base-batches")
+
+
+def _ahead(
+    fn: Callable[[int, pa.RecordBatch], pa.RecordBatch], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``fn(i, batch)`` of every batch, in order, computed on :data:`_KEEPERS` up to
+    :data:`KEEP_AHEAD` batches ahead of the consumer (the copy of the kept rows and the
+    membership tests release the GIL: they overlap with Lance decoding the next batches
+    and with the consumer). Bounded memory: that many batches in flight."""
+    pending: collections.deque[Future[pa.RecordBatch]] = collections.deque()
+    try:
+        for i, batch in enumerate(batches):
+            pending.append(_KEEPERS.submit(fn, i, batch))
+            if len(pending) > KEEP_AHEAD:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for left in pending:  # the consumer stopped early or a batch failed
+            left.cancel()
 
 
 _KEPT_ROWS_POOL = pa.system_memory_pool()
