@@ -91,9 +91,11 @@ def read(io: FileIO, gen_uri: str) -> pa.Table | None:
 REGION_KEYS_FILE = "memwal_region_keys.bin"
 _REGION_MAGIC = b"MWG1"
 _PARTS_KEY = b"memwal.generations"
-REGION_KEYS_MAX_ROWS = 1 << 22
+REGION_KEYS_MAX_ROWS = 1 << 18
 """Most rows a region keys file holds (its oldest generations leave first): a flush
-rewrites the file, so this bounds what each flush writes (~70 MB of int64 keys)."""
+rewrites the file, so this bounds what each flush writes on top of its generation
+(~4 MB with int64 keys; measured 0.5-0.8 s for 1M keys, fsync included, on a loaded
+2-core machine)."""
 
 
 @dataclass(frozen=True)
