@@ -22,31 +22,15 @@ import pytest
 
 import memwal_query as mq
 from memwal_query.format import keyfile
-from memwal_query.read import newer, sources
-from memwal_query.search import caches
 from memwal_query.storage import paths
 
-from helpers import PK
+from helpers import PK, clear_read_caches
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
 
 
 def _rows(keys: list[int], v: int) -> pa.Table:
     return pa.table({"id": keys, "v": [v] * len(keys)}, schema=SCHEMA)
-
-
-def _clear_caches() -> None:
-    """Forget every decoded generation and view (as a new process would start)."""
-    for cache in (
-        sources.GENERATION_CACHE,
-        sources.GENERATIONS_WITHOUT_SIDECAR,
-        sources.GENERATIONS_WITHOUT_KEYS,
-        sources.REGION_FILES_WITHOUT_KEYS,
-        newer.FLUSHED_VIEWS,
-        newer.NEWEST_COLUMNS,
-    ):
-        cache.clear()
-    caches.clear_caches()
 
 
 def _round(t: mq.MemWalTable, model: dict, step: int) -> None:
@@ -89,15 +73,15 @@ def _generations(t: mq.MemWalTable) -> dict[str, list[tuple[int, str]]]:
 
 def _answers(uri: str, model: dict) -> None:
     """A cold reader's count, full read and lookups equal the model."""
-    _clear_caches()
+    clear_read_caches()
     other = mq.MemWalTable.open(uri)
     assert other.count_rows() == len(model)
     got = other.to_table().to_pydict()
     assert dict(zip(got["id"], got["v"])) == model
-    _clear_caches()
+    clear_read_caches()
     found = other.lookup(pa.array(list(range(-5, 460)), pa.int64())).to_pydict()
     assert dict(zip(found["id"], found["v"])) == model
-    _clear_caches()
+    clear_read_caches()
     assert mq.MemWalTable.open(uri).count_rows() == len(model)
 
 
@@ -133,7 +117,7 @@ def test_a_cold_count_reads_one_file_per_region(tmp_path, monkeypatch):
     t, model = _table(tmp_path)
     t.close()
     seen = _keys_sidecar_reads(monkeypatch)
-    _clear_caches()
+    clear_read_caches()
     assert mq.MemWalTable.open(t.uri).count_rows() == len(model)
     assert seen == []  # every generation's keys came from its region's file
     _answers(t.uri, model)
@@ -165,7 +149,7 @@ def test_a_missing_damaged_or_stale_file_gives_the_same_answers(tmp_path, monkey
     seen = _keys_sidecar_reads(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _clear_caches()
+        clear_read_caches()
         assert mq.MemWalTable.open(t.uri).count_rows() == len(model)
         by_count = list(seen)
         _answers(t.uri, model)
