@@ -192,3 +192,29 @@ def test_the_row_bound_keeps_the_newest_generations(tmp_path, monkeypatch):
         assert 1 <= len(parts) < len(gens)
         assert [p.generation for p in parts] == [g for g, _ in gens][-len(parts) :]
     _answers(t.uri, model)
+
+
+def test_a_failed_write_of_the_file_does_not_fail_the_flush(tmp_path, monkeypatch):
+    real = keyfile.write_region
+    calls = []
+
+    def fails_once(io, uri, parts):
+        calls.append(uri)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(io, uri, parts)
+
+    monkeypatch.setattr(keyfile, "write_region", fails_once)
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(list(range(0, 400, 2)), 0), uri)
+    t = mq.MemWalTable.initialize(uri)
+    model = dict.fromkeys(range(0, 400, 2), 0)
+    for step in range(4):
+        _round(t, model, step)
+    t.close()
+    gens = list(_generations(t).values())[0]
+    assert len(gens) == 4 and len(calls) == 4
+    assert not os.path.exists(os.path.join(gens[1][1], keyfile.REGION_KEYS_FILE))
+    parts = keyfile.read_region(t.catalog.io, gens[-1][1])
+    assert parts is not None and [p.generation for p in parts] == [3, 4]  # afresh after it
+    _answers(t.uri, model)

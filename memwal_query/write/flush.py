@@ -92,7 +92,11 @@ def write_generation(
         stored = keyfile.write(table.io, uri, data, list(table.primary_key), addresses)
         if region_keys is not None:
             part = keyfile.RegionKeysPart(memtable.generation, gen_dir, stored)
-            region_keys[:] = keyfile.write_region(table.io, uri, [*region_keys, part])
+            try:
+                region_keys[:] = keyfile.write_region(table.io, uri, [*region_keys, part])
+            except Exception as e:  # noqa: BLE001 - an optimisation never fails a flush
+                LOG.warning("generation %s: no region keys file: %s", uri, e)
+                region_keys.clear()  # the next flush's file starts afresh
         _write_postings(table, uri, data, base)
     if pk_index_names(keys.schema):
         build_pk_indexes(ds, keys.schema)

@@ -232,7 +232,10 @@ class _FlushPath(_WriterState):
         generations the manifest still lists)."""
         if self._region_keys is None:
             self._region_keys = []
-            manifest = self._store.load_latest()
+            try:
+                manifest = self._store.load_latest()
+            except Exception:  # noqa: BLE001 - an optimisation: the commit reports it
+                return self._region_keys
             listed = (
                 {(g.generation, g.path) for g in manifest.flushed_generations}
                 if manifest
