@@ -407,14 +407,17 @@ class _BaseFragment:
         The overwritten rows are dropped batch by batch as Lance decodes them (by key,
         by Lance's blocklist, or by row id: :meth:`_batches`), never by a filter over
         the whole base read first: the peak memory is the answer plus a batch."""
-        state = self.state
-        data_cols = [c for c in out_schema.names if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-        if not data_cols:
-            return None
-        if any(state.key_sets()) and state.base_rows() > ADDRESS_DEDUP_MAX_ROWS:
+        if not self.can_be_whole(out_schema):
             return None
         batches = list(self._guarded(out_schema, None, BASE_BATCH_ROWS))
         return pa.Table.from_batches(batches, schema=out_schema)
+
+    def can_be_whole(self, out_schema: pa.Schema) -> bool:
+        """Whether :meth:`whole` applies (computes the newer sources' view)."""
+        state = self.state
+        if not [c for c in out_schema.names if c not in (GEN_COLUMN, ROWADDR_COLUMN)]:
+            return False
+        return not (any(state.key_sets()) and state.base_rows() > ADDRESS_DEDUP_MAX_ROWS)
 
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
@@ -505,6 +508,8 @@ KEEP_AHEAD = 2
 """Base batches whose overwritten rows are dropped while the consumer takes the one
 before them (:func:`_ahead`)."""
 _KEEPERS = ThreadPoolExecutor(KEEP_AHEAD, thread_name_prefix="memwal-base-batches")
+_NEWER_ROWS = ThreadPoolExecutor(1, thread_name_prefix="memwal-newer-rows")
+"""Takes the newer sources' rows of a full read while its base is scanned."""
 
 
 def _ahead(
@@ -774,10 +779,15 @@ class MemWalDataset(pads.Dataset):
         self.last_plan = state.plan
         pk = self.table.primary_key
         state.whole_rows = any(c not in pk for c in out_schema.names)
-        base = _BaseFragment(state, None).whole(out_schema)
-        if base is None:
+        base_part = _BaseFragment(state, None)
+        if not base_part.can_be_whole(out_schema):
             return None
-        newer = _NewerFragment(state).scanner(columns=out_schema.names).to_table()
+        # the newer rows are taken on another thread while the base is scanned
+        newer_part = _NewerFragment(state).scanner(columns=out_schema.names)
+        newer_rows = _NEWER_ROWS.submit(newer_part.to_table)
+        base = base_part.whole(out_schema)
+        newer = newer_rows.result()
+        assert base is not None  # can_be_whole
         return pa.concat_tables([base, newer]) if newer.num_rows else base
 
     def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:
