@@ -260,6 +260,7 @@ def generation_columns(
     Lance table). Raises GenerationGoneError when a generation is missing.
     """
     target = read_schema(schema)
+    names = [c for c in names if c in target.names]  # as read_generation's columns
     wanted = list(dict.fromkeys([*(c for c in names if c != GEN_COLUMN), ROWADDR_COLUMN]))
     keys_only = _keys_only(schema, names)
 
