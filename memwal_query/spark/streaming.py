@@ -115,7 +115,11 @@ class MemWalSink:
             return
         started = time.time()
         result = write(
-            batch_df, self.uri, storage_options=self.storage_options, **self.write_options
+            batch_df,
+            self.uri,
+            storage_options=self.storage_options,
+            stream_batch=(sink_id, batch_id),
+            **self.write_options,
         )
         self.last_result = result
         fault("sink.before_marker")

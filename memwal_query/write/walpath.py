@@ -13,6 +13,7 @@ from memwal_query.exceptions import (
     AlreadyExistsError,
     BackpressureError,
     FencedError,
+    MemWalError,
     SchemaError,
 )
 from memwal_query.format.schema import (
@@ -40,13 +41,14 @@ class _WalPath(_FlushPath):
                 self._wal_busy = False
                 self._cond.notify_all()
 
-    def _append_wal(self, rows: pa.Table) -> int:
-        """Write ``rows`` as the next WAL entry (caller holds the WAL token).
+    def _append_wal(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> int:
+        """Write ``rows`` as the next WAL entry (caller holds the WAL token), recording
+        ``batch`` (see :meth:`RegionWriter.applied_batch`).
 
         Returns its position once it is written and this writer is known not to be
         fenced; only then may the rows be acknowledged.
         """
-        data = encode_entry(rows, self.epoch, self._active.generation)
+        data = encode_entry(rows, self.epoch, self._active.generation, batch)
         while True:
             position = self._next_wal_position
             try:
@@ -77,6 +79,7 @@ class _WalPath(_FlushPath):
         table = self._conform(entry)
         with self._cond:
             self._active.adopt(table, position)
+            self._active.note_batch(entry.batch)
         self._next_wal_position = position + 1
         self.stats.adopted_entries += 1
 
@@ -124,16 +127,18 @@ class _WalPath(_FlushPath):
         self._check_open()
         self._raise_background_error()
 
-    def _write(self, rows: pa.Table) -> None:
+    def _write(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> None:
         self._check_open()
         self._raise_background_error()
         if rows.num_rows == 0:
             return
         self._wait_for_room()
         if self.durable:
-            self._durable_write(rows)
+            self._durable_write(rows, batch)
             self._seal(force=False)
             return
+        if batch is not None:
+            raise MemWalError("a write of a stream's batch needs a durable writer")
         with self._cond:
             while self._partial_busy:
                 self._cond.wait()
@@ -155,7 +160,9 @@ class _WalPath(_FlushPath):
                 self._wal_error = e
             self.stats.wal_write_errors += 1
 
-    def _write_partial(self, rows: pa.Table, missing: list[str]) -> None:
+    def _write_partial(
+        self, rows: pa.Table, missing: list[str], batch: tuple[str, int] | None = None
+    ) -> None:
         """A partial update: fill ``missing`` columns from the keys' current rows, then
         write. The WAL token is held from the lookup to the write, so no other put of
         this writer comes between them; a put of another writer fences this one first
@@ -181,9 +188,12 @@ class _WalPath(_FlushPath):
                 full = fill_missing(rows, missing, current, self._pk, self._schema)
                 stored = with_tombstone(full, False).cast(self._storage_schema)
                 if self.durable:
-                    position = self._append_wal(stored)
+                    position = self._append_wal(stored, batch)
                     with self._cond:
                         self._active.append(stored, position)
+                        self._active.note_batch(batch)
+                elif batch is not None:
+                    raise MemWalError("a write of a stream's batch needs a durable writer")
                 else:
                     with self._cond:
                         self._active.append(stored, None)
@@ -195,8 +205,8 @@ class _WalPath(_FlushPath):
                     self._cond.notify_all()
         self._seal(force=False)
 
-    def _durable_write(self, rows: pa.Table) -> None:
-        req = _Request(rows)
+    def _durable_write(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> None:
+        req = _Request(rows, batch)
         with self._cond:
             self._pending.append(req)
             while not req.done and self._wal_busy:
@@ -206,13 +216,16 @@ class _WalPath(_FlushPath):
                     raise req.error
                 return
             self._wal_busy = True  # leader
-            group, self._pending = self._pending, []
+            # One entry records one batch: the leader takes the writes of its own batch.
+            group = [r for r in self._pending if r.batch == batch]
+            self._pending = [r for r in self._pending if r.batch != batch]
         error: BaseException | None = None
         try:
             table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
-            position = self._append_wal(table)
+            position = self._append_wal(table, batch)
             with self._cond:
                 self._active.append(table, position)
+                self._active.note_batch(batch)
         except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
             error = e
         with self._cond:
