@@ -77,6 +77,29 @@ def test_group_commit_writes_one_batch_per_entry(tmp_path):
         assert all(dict(puts)[i] == entry.batch for i in ids), (ids, entry.batch)
 
 
+def test_a_racing_attempt_of_the_same_batch_is_adopted_not_written_again(tmp_path):
+    """Attempt B claims the region before attempt A's entry lands (so B's replay does
+    not see it), then A writes it at B's next position and is fenced: B's put of the
+    same batch adopts A's entry and writes nothing; a put of another batch adopts and
+    writes its own entry after it."""
+    t = new_table(tmp_path)
+    t.writer().close(flush=False)  # the region exists
+    a = t.writer()
+    b = t.writer()  # fences a; replays nothing
+    with pytest.raises(mq.FencedError):
+        a._put_routed(basic_rows([1, 2]), batch=("q", 5))  # durable, not acknowledged
+    assert b.applied_batch("q") is None  # b cannot know yet
+    b._put_routed(basic_rows([1, 2]), batch=("q", 5))
+    assert b.stats.adopted_entries == 1 and b.stats.wal_entries == 0
+    assert b.applied_batch("q") == 5 and b.unflushed_rows == 2
+    b._put_routed(basic_rows([3]), batch=("q", 6))
+    assert b.stats.wal_entries == 1
+    b.close()
+    assert wal_batches(t, b.region_id) == [("q", 5), ("q", 6)]
+    (gen,) = t.catalog.region_manifest(b.region_id).flushed_generations
+    assert gen.physical_rows == 3  # each row stored once
+
+
 def test_stream_batches_are_bounded_newest_streams_kept():
     recorded: tuple = ()
     for i in range(MAX_STREAM_BATCHES + 6):

@@ -41,12 +41,15 @@ class _WalPath(_FlushPath):
                 self._wal_busy = False
                 self._cond.notify_all()
 
-    def _append_wal(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> int:
+    def _append_wal(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> int | None:
         """Write ``rows`` as the next WAL entry (caller holds the WAL token), recording
         ``batch`` (see :meth:`RegionWriter.applied_batch`).
 
         Returns its position once it is written and this writer is known not to be
-        fenced; only then may the rows be acknowledged.
+        fenced; only then may the rows be acknowledged. None (only with a ``batch``):
+        an entry of the same batch was found at the next position and adopted (another
+        attempt of the batch wrote it): the rows are durable there, and neither written
+        again nor to be added to the MemTable.
         """
         data = encode_entry(rows, self.epoch, self._active.generation, batch)
         while True:
@@ -54,7 +57,9 @@ class _WalPath(_FlushPath):
             try:
                 self._wal.write_encoded(position, data)
             except AlreadyExistsError:
-                self._adopt(position)
+                if self._adopt(position) == batch and batch is not None:
+                    self._check_superseded()
+                    return None
                 continue
             # Not advancing _next_wal_position before the check passes: if the check
             # fails for another reason (storage error), the next write finds this entry
@@ -65,13 +70,14 @@ class _WalPath(_FlushPath):
             self.stats.wal_bytes += len(data)
             return position
 
-    def _adopt(self, position: int) -> None:
+    def _adopt(self, position: int) -> tuple[str, int] | None:
         """Take over the entry someone already wrote at our next position.
 
         Written by an older (fenced) writer, or by this writer in a write whose outcome
         was unknown (it raised, e.g. a timeout, but the object was stored): the entry
         will be replayed after a crash, so it must be in the MemTable too, in WAL order
         (before rows not yet in the WAL). Written by a newer writer: we are fenced.
+        Returns the entry's ``(stream, batch)``, if it records one.
         """
         entry = self._wal.read(position)
         if entry.writer_epoch > self.epoch:
@@ -82,6 +88,7 @@ class _WalPath(_FlushPath):
             self._active.note_batch(entry.batch)
         self._next_wal_position = position + 1
         self.stats.adopted_entries += 1
+        return entry.batch
 
     def _check_superseded(self) -> None:
         """FencedError if another writer claimed the region since this writer's newest
@@ -189,9 +196,10 @@ class _WalPath(_FlushPath):
                 stored = with_tombstone(full, False).cast(self._storage_schema)
                 if self.durable:
                     position = self._append_wal(stored, batch)
-                    with self._cond:
-                        self._active.append(stored, position)
-                        self._active.note_batch(batch)
+                    if position is not None:  # None: the batch's entry was adopted
+                        with self._cond:
+                            self._active.append(stored, position)
+                            self._active.note_batch(batch)
                 elif batch is not None:
                     raise MemWalError("a write of a stream's batch needs a durable writer")
                 else:
@@ -223,9 +231,10 @@ class _WalPath(_FlushPath):
         try:
             table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
             position = self._append_wal(table, batch)
-            with self._cond:
-                self._active.append(table, position)
-                self._active.note_batch(batch)
+            if position is not None:  # None: the batch's entry was adopted
+                with self._cond:
+                    self._active.append(table, position)
+                    self._active.note_batch(batch)
         except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
             error = e
         with self._cond:
