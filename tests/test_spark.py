@@ -857,6 +857,14 @@ def test_reader_projection(spark, read_table):
     assert same(got.toArrow(), want)
     got = spark.read.format("memwal").schema("id long, name string").load(uri)
     assert same(got.where("id < 500").orderBy("id").select("name", "id").toArrow(), want)
+    # mqs.read hands Spark the schema computed in the driver: the same columns and types
+    # as the data source's own schema(), and the same rows
+    for options in ({}, {"columns": "name, id"}):
+        given = mqs.read(spark, uri, **options)
+        asked = spark.read.format("memwal").options(**options).load(uri)
+        assert given.schema == asked.schema
+        got = given.where("id < 500").orderBy("id").select("name", "id").toArrow()
+        assert same(got, want)
     with pytest.raises(Exception, match="not in the table"):
         spark.read.format("memwal").option("columns", "id,nope").load(uri).collect()
 
