@@ -600,7 +600,10 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     """``spark.read.format("memwal").options(**options).load(uri)``, registering the
     format first.
 
-    The table and the options are checked first, in this process (:func:`check_read`).
+    The table and the options are checked first, in this process (:func:`check_read`),
+    and the schema found there is handed to Spark (``.schema(...)``), so Spark's
+    ``.load()`` process does not open the table nor import lance (a change-feed read
+    lets the data source compute its schema).
 
     Parameters
     ----------
