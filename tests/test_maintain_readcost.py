@@ -93,7 +93,8 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     assert cost.with_deletions == 1 and cost.deleted == 12  # 6 updated, 6 deleted
     assert _state(t) == model
     # the merge touched a 200-row fragment: more than 2x the 18 rows merged, left as is
-    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16)
+    # at Lance's deleted share (the default share rewrites it: see the test below)
+    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16, compact_deleted_share=0.1)
     report = t.maintenance.maintain(policy)
     assert not report.compact_due and read_cost(t.catalog).with_deletions == 1
 
@@ -110,12 +111,33 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     assert t.catalog.index().merged_generations() != merged  # the merge's progress carried over
 
 
+def test_default_pass_leaves_no_deletion_file(tmp_path: Any) -> None:
+    # one updated and one deleted key of a 200-row fragment: 1% deleted rows, which
+    # Lance's filtered scans already pay ~2x for; the default pass rewrites it
+    t = _table(tmp_path, 200)
+    model = {k: float(k) for k in range(200)}
+    _generation(t, 0, [4, 500], [6], model)
+    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16)
+    assert policy.compact_deleted_share == 0.0
+    report = t.maintenance.maintain(policy)
+    assert report.merged and report.compact_due
+    assert "1 fragment(s) with deletion files (2 deleted of 200 rows)" in (
+        report.compact_reason or ""
+    )
+    cost = read_cost(t.catalog)
+    assert cost.with_deletions == 0 and cost.deleted == 0
+    assert _state(t) == model and _base(t.uri) == model
+    # nothing left to rewrite: the next pass does not compact again
+    assert not t.maintenance.maintain(policy).compact_due
+
+
 def test_pass_rewrites_fragments_with_many_deleted_rows(tmp_path: Any) -> None:
     t = _table(tmp_path, 100)
     model = {k: float(k) for k in range(100)}
     _generation(t, 0, [1000], list(range(0, 60, 2)), model)  # 30% of the base deleted
-    report = t.maintenance.maintain(dataclasses.replace(MERGE_ONLY, compact_fragments=16))
-    assert report.compact_due and "deleted rows" in (report.compact_reason or "")
+    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16, compact_deleted_share=0.1)
+    report = t.maintenance.maintain(policy)
+    assert report.compact_due and "30% deleted rows > 10%" in (report.compact_reason or "")
     assert read_cost(t.catalog).deleted == 0
     assert _state(t) == model and _base(t.uri) == model
 
@@ -171,9 +193,11 @@ def test_cli_compact_deleted_share(tmp_path: Any) -> None:
     _generation(t, 0, [0], [2], model)  # 2% of the base fragment deleted
     t.maintenance.maintain(MERGE_ONLY)
     args = ["maintain", t.uri, "--dry-run", "--json", "--merge-over-generations", "0"]
-    quiet = json.loads(CliRunner().invoke(main, args).output)
+    quiet = json.loads(CliRunner().invoke(main, [*args, "--compact-deleted-share", "0.1"]).output)
     assert not quiet["compact_due"]
-    every = CliRunner().invoke(main, [*args, "--compact-deleted-share", "0"])
-    report = json.loads(every.output)
-    assert report["compact_due"] and "deleted rows > 0%" in report["compact_reason"]
+    every = json.loads(CliRunner().invoke(main, args).output)  # default: 0.0
+    assert every["compact_due"] and "with deletion files" in every["compact_reason"]
+    half = CliRunner().invoke(main, [*args, "--compact-deleted-share", "0.01"])
+    report = json.loads(half.output)
+    assert report["compact_due"] and "2% deleted rows > 1%" in report["compact_reason"]
     assert CliRunner().invoke(main, [*args, "--compact-deleted-share", "2"]).exit_code == 2

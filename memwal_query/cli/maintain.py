@@ -155,7 +155,8 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     type=click.FloatRange(min=0, max=1),
     default=DEFAULT_COMPACT_DELETED_SHARE,
     show_default=True,
-    help="Rewrite the base fragments with more than this share of deleted rows.",
+    help="Rewrite the base fragments with more than this share of deleted rows "
+    "(0: every fragment with a deletion file; 0.1: Lance's own threshold).",
 )
 @click.option("--no-compact", is_flag=True, help="Never compact the base table's files.")
 @click.option(
