@@ -289,6 +289,24 @@ def _keys_sidecar(
     return _conformed_columns(t, target, list(dict.fromkeys([*names, TOMBSTONE])))
 
 
+def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
+    """A generation's keys sidecar as stored (key columns, ``_tombstone`` when written,
+    ``_rowaddr``; rows in write order), not cached; None when it has none or a damaged
+    one (then the caller reads :func:`read_generation`)."""
+    from memwal_query.format import keyfile
+
+    return _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
+
+
+def read_rows_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
+    """A generation's rows sidecar as stored (the columns of the schema it was written
+    with, ``_tombstone``, ``_rowaddr``; rows in write order), not cached; None when it
+    has none or a damaged one (then the caller reads :func:`read_generation`)."""
+    from memwal_query.format import rowfile
+
+    return _read_sidecar(uri, storage_options, rowfile.read, GENERATIONS_WITHOUT_SIDECAR)
+
+
 def _keys_only(schema: pa.Schema, names: Sequence[str]) -> bool:
     """Whether ``names`` are primary-key columns of ``schema`` and meta columns only
     (what a keys sidecar holds)."""
