@@ -36,13 +36,14 @@ from lance.commit import CommitConflictError as LanceCommitConflictError
 from lance.mem_wal import CompactedSsTable
 
 from memwal_query.exceptions import CommitConflictError, CorruptFileError, MergeFailedError
+from memwal_query.format.keyfile import KEYS_FILE
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.format.schema import TOMBSTONE
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
 from memwal_query.read.keypredicate import key_predicate
 from memwal_query.storage import crashpoints
-from memwal_query.storage.io import in_chunks
+from memwal_query.storage.io import in_chunks, join
 from memwal_query.storage.locking import index_lock
 
 if TYPE_CHECKING:
@@ -215,6 +216,13 @@ def prepare_generation(
         return t
 
     parts = sources.map_generations(keys_of, refs, so)
+    for g, ref, part in zip(gens, refs, parts, strict=True):
+        if g.physical_rows is not None and part.num_rows != g.physical_rows:
+            raise CorruptFileError(
+                join(ref.uri, KEYS_FILE),
+                f"{part.num_rows} keys of generation {g.generation} of region {region_id}, "
+                f"whose manifest records {g.physical_rows} rows",
+            )
     keys = _concat_conformed(parts, key_fields)
     counts = [p.num_rows for p in parts]
     newest = newest_indices(keys, pk)
@@ -466,8 +474,8 @@ def _commit_once(
             except Exception:  # noqa: BLE001 - best effort: readers find it anyway
                 pass
     except OSError as e:
-        if not _is_conflict(e):
-            raise
+        if not _is_conflict(e) or prepared.failure() is not None:
+            raise  # a failed read of the rows is not a lost race, whatever its text
         if attempts + 1 > max_retries:
             raise CommitConflictError(
                 f"{table.uri}: merging {what} lost {attempts + 1} commit races"
