@@ -239,9 +239,7 @@ def prepare_generation(
         unmatched = deletes
     built: tuple[Future[pa.Table], ...] = ()
     if len(live):
-        built = (
-            _ROW_READERS.submit(_upsert_rows, table, refs, schema, counts, live, key_cols),
-        )
+        built = (_ROW_READERS.submit(_upsert_rows, table, refs, schema, counts, live, key_cols),)
     return _Prepared(gens[-1].generation, schema, built, len(live), deletes, unmatched, deleted)
 
 
@@ -599,9 +597,7 @@ def _merge_region_into(
         for g in batch[:-1]:  # merged by the same commit: its figures are on the last
             done.append(MergeResult(region_id, g.generation, 0, 0, 0.0))
         done.append(
-            MergeResult(
-                region_id, gen.generation, prepared.upsert_rows, prepared.deleted, seconds
-            )
+            MergeResult(region_id, gen.generation, prepared.upsert_rows, prepared.deleted, seconds)
         )
 
 
