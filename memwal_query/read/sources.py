@@ -268,9 +268,7 @@ def _sidecar(
     """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
     rowfile`; columns added to the table after the generation was written as NULL), or
     None when it has none or a damaged one (then the Lance table is read)."""
-    from memwal_query.format import rowfile
-
-    t = _read_sidecar(uri, storage_options, rowfile.read, GENERATIONS_WITHOUT_SIDECAR)
+    t = read_rows_sidecar(uri, storage_options)
     return None if t is None else _conformed_columns(t, target, target.names)
 
 
@@ -280,9 +278,7 @@ def _keys_sidecar(
     """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
     sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
     one (then the rows sidecar or the Lance table is read)."""
-    from memwal_query.format import keyfile
-
-    t = _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
+    t = read_keys_sidecar(uri, storage_options)
     if t is None:
         return None
     names = [c for c in t.column_names if c in target.names]
