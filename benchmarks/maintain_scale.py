@@ -44,7 +44,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, print_table, rows, uptime  # noqa: E402
+from _common import lineitem_rows as rows  # noqa: E402
+from _common import machine, print_table, uptime  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 from memwal_query.maintain.policy import MaintenancePolicy  # noqa: E402

@@ -17,7 +17,11 @@ from memwal_query.exceptions import (
     MemWalError,
     WriterClosedError,
 )
-from memwal_query.format.manifest import RegionManifest, RegionManifestStore
+from memwal_query.format.manifest import (
+    RegionManifest,
+    RegionManifestStore,
+    merged_stream_batches,
+)
 from memwal_query.format.wal import Wal, WalEntry, conform_entry
 from memwal_query.storage import paths
 from memwal_query.write.background import DaemonRunner
@@ -53,6 +57,7 @@ DEFAULT_MAX_MEMTABLE_AGE = 60.0
 @dataclass
 class _Request:
     rows: pa.Table
+    batch: tuple[str, int] | None = None
     done: bool = False
     error: BaseException | None = None
 
@@ -116,6 +121,7 @@ class _WriterState:
     _known_version: int
     _active: MemTable
     _next_wal_position: int
+    _stream_batches: dict[str, int]
 
     def _check_open(self) -> None:
         failed = self._failed
@@ -253,10 +259,12 @@ class _FlushPath(_WriterState):
                 wal_entry_position_last_seen=max(
                     current.wal_entry_position_last_seen, self._next_wal_position - 1
                 ),
+                stream_batches=merged_stream_batches(current.stream_batches, memtable.batches),
             )
 
         committed = self._store.commit_update(self.epoch, update)
         with self._cond:
+            self._stream_batches = dict(committed.stream_batches)
             self._known_version = max(self._known_version, committed.version)
             self._sealed.pop(0)
             self._cond.notify_all()  # puts waiting for room (backpressure)
