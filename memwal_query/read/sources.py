@@ -339,9 +339,7 @@ def _sidecar(
     """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
     rowfile`; columns added to the table after the generation was written as NULL), or
     None when it has none or a damaged one (then the Lance table is read)."""
-    from memwal_query.format import rowfile
-
-    t = _read_sidecar(uri, storage_options, rowfile.read, GENERATIONS_WITHOUT_SIDECAR)
+    t = read_rows_sidecar(uri, storage_options)
     return None if t is None else _conformed_columns(t, target, target.names)
 
 
@@ -351,9 +349,7 @@ def _keys_sidecar(
     """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
     sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
     one (then the rows sidecar or the Lance table is read)."""
-    from memwal_query.format import keyfile
-
-    t = _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
+    t = read_keys_sidecar(uri, storage_options)
     return None if t is None else _key_columns(t, target)
 
 
@@ -406,6 +402,24 @@ def _region_keys(
     else:
         for group in groups:
             read(group)
+
+
+def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
+    """A generation's keys sidecar as stored (key columns, ``_tombstone`` when written,
+    ``_rowaddr``; rows in write order), not cached; None when it has none or a damaged
+    one (then the caller reads :func:`read_generation`)."""
+    from memwal_query.format import keyfile
+
+    return _read_sidecar(uri, storage_options, keyfile.read, GENERATIONS_WITHOUT_KEYS)
+
+
+def read_rows_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
+    """A generation's rows sidecar as stored (the columns of the schema it was written
+    with, ``_tombstone``, ``_rowaddr``; rows in write order), not cached; None when it
+    has none or a damaged one (then the caller reads :func:`read_generation`)."""
+    from memwal_query.format import rowfile
+
+    return _read_sidecar(uri, storage_options, rowfile.read, GENERATIONS_WITHOUT_SIDECAR)
 
 
 def _keys_only(schema: pa.Schema, names: Sequence[str]) -> bool:
