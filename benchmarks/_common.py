@@ -86,8 +86,7 @@ def make_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 # -- the lineitem-like rows of the 10M-row benchmarks (cold_read, maintain_scale) --
-PK = {"lance-schema:unenforced-primary-key": "true"}
-SCHEMA = pa.schema(
+LINEITEM_SCHEMA = pa.schema(
     [
         pa.field("id", pa.int64(), False, PK),
         pa.field("quantity", pa.int32()),
@@ -100,8 +99,8 @@ SCHEMA = pa.schema(
 WORDS = np.array([f"{a} {b}" for a in ("quick", "slow", "pending", "final") for b in range(64)])
 
 
-def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
-    """Rows of :data:`SCHEMA` for keys ``ids`` (vectorised)."""
+def lineitem_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    """Rows of :data:`LINEITEM_SCHEMA` for keys ``ids`` (vectorised)."""
     n = len(ids)
     return pa.table(
         {
@@ -112,7 +111,7 @@ def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
             "discount": pa.array(rng.integers(0, 11, n) / 100.0),
             "comment": pa.array(WORDS[rng.integers(0, len(WORDS), n)]),
         },
-        schema=SCHEMA,
+        schema=LINEITEM_SCHEMA,
     )
 
 

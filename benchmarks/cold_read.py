@@ -45,7 +45,8 @@ import pyarrow as pa  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import machine, print_table, rows, uptime  # noqa: E402
+from _common import lineitem_rows as rows  # noqa: E402
+from _common import machine, print_table, uptime  # noqa: E402
 
 _CHILD = r"""
 import json, os, resource, sys, time

@@ -68,3 +68,21 @@ def write_generation(t, model: dict, region_values: dict, puts, deletes, val: fl
     w.flush()
     w.close()
     return w.region_id
+
+
+def clear_read_caches() -> None:
+    """Forget every decoded generation, sidecar verdict and view (as a new process
+    would start)."""
+    from memwal_query.read import newer, sources
+    from memwal_query.search import caches
+
+    for cache in (
+        sources.GENERATION_CACHE,
+        sources.GENERATIONS_WITHOUT_SIDECAR,
+        sources.GENERATIONS_WITHOUT_KEYS,
+        sources.REGION_FILES_WITHOUT_KEYS,
+        newer.FLUSHED_VIEWS,
+        newer.NEWEST_COLUMNS,
+    ):
+        cache.clear()
+    caches.clear_caches()

@@ -67,9 +67,15 @@ def test_a_forked_child_does_not_beat_its_parents_writers(table):
     w = table.writer(heartbeat_interval=0.001)
     w.put(basic_rows([100]))
     gate = threading.Event()
-    liveness.HEARTBEATS.hook = lambda _w: gate.wait(60)  # the parent's thread waits
+    held = threading.Event()
+
+    def hold(_w) -> None:  # the parent's thread waits here, between two refreshes
+        held.set()
+        gate.wait(60)
+
+    liveness.HEARTBEATS.hook = hold
     try:
-        time.sleep(0.05)  # the parent's thread is held in the hook
+        assert held.wait(30)
         seen = _stored(table, w)
         pid = os.fork()
         if pid == 0:  # the child: a refresh pass of its own heartbeat thread
@@ -86,11 +92,13 @@ def test_a_forked_child_does_not_beat_its_parents_writers(table):
     finally:
         liveness.HEARTBEATS.hook = None
         gate.set()
-    before = w._last_beat
-    time.sleep(0.01)
-    w._beat()
-    assert w._last_beat > before and _stored(table, w).beat_at == w._last_beat
+    # The parent's own thread goes on beating: its compare-and-swap still succeeds.
+    deadline = time.monotonic() + 30
+    while _stored(table, w).beat_at <= seen.beat_at:
+        assert time.monotonic() < deadline, "the parent's writer stopped beating"
+        time.sleep(0.005)
     assert _stored(table, w).owner == w._heartbeat_owner
+    assert w in set(liveness.HEARTBEATS._writers)
     w.put(basic_rows([101]))
     w.close(flush=False)
     assert sorted(mq.MemWalTable.open(table.uri).to_table()["id"].to_pylist())[-2:] == [100, 101]

@@ -109,11 +109,14 @@ def test_policy_defaults_and_validation() -> None:
         p.compact_fragments == 16
         and MaintenancePolicy(compact_fragments=None).compact_fragments is None
     )
+    assert (p.compact_deleted_share, p.compact_rewrite_rows) == (0.1, 2_000_000)
+    assert MaintenancePolicy(compact_rewrite_rows=None).compact_rewrite_rows is None
     for bad in (
         {"merge_over_generations": -1},
         {"merge_over_rows": 1.5},
         {"max_retries": True},
         {"compact_fragments": -1},
+        {"compact_rewrite_rows": -1},
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             MaintenancePolicy(**bad)  # type: ignore[arg-type]

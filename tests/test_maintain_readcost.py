@@ -71,10 +71,24 @@ def test_rule_by_read_cost() -> None:
     assert compaction_reason(worn, 16, 0.1, 10) == (compaction_reason(worn, 16, 0.1, 10)[0], 0.1)
     assert "30%" in (compaction_reason(worn, 16, 0.1, 10)[0] or "")
     assert compaction_reason(worn, 16, None, 10)[0] is None
+    # the floor: fragments with deletion files holding at most rewrite_rows rows are
+    # rewritten whatever the pass merged; 0 and None leave only the rule by merged rows
+    reason, share = compaction_reason(touched, 16, 0.1, 10, 2_000_000)
+    assert reason == (
+        "2 fragment(s) with deletion files, 2000000 row(s) <= compact_rewrite_rows 2000000"
+    )
+    assert share == 0.0
+    assert compaction_reason(touched, 16, 0.1, 10, 1_999_999)[0] is None
+    assert compaction_reason(touched, 16, 0.1, 10, 0)[0] is None
+    assert compaction_reason(touched, 16, 0.1, 10, None)[0] is None
+    assert "2 x 1000000 merged" in (compaction_reason(touched, 16, 0.1, 1_000_000, 10)[0] or "")
     small = ReadCost(20, 17, 20_000, 0, 0, 0, 0.0)
     assert "17 small" in (compaction_reason(small, 16, 0.1, 0)[0] or "")
     with pytest.raises(ValueError, match="compact_deleted_share"):
         MaintenancePolicy(compact_deleted_share=1.5)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="compact_rewrite_rows"):
+            MaintenancePolicy(compact_rewrite_rows=bad)  # type: ignore[arg-type]
 
 
 def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
@@ -93,8 +107,8 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     assert cost.with_deletions == 1 and cost.deleted == 12  # 6 updated, 6 deleted
     assert _state(t) == model
     # the merge touched a 200-row fragment: more than 2x the 18 rows merged, left as is
-    # at Lance's deleted share (the default share rewrites it: see the test below)
-    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16, compact_deleted_share=0.1)
+    # by the rule by merged rows alone (the default floor rewrites it: see below)
+    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16, compact_rewrite_rows=None)
     report = t.maintenance.maintain(policy)
     assert not report.compact_due and read_cost(t.catalog).with_deletions == 1
 
@@ -111,31 +125,50 @@ def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     assert t.catalog.index().merged_generations() != merged  # the merge's progress carried over
 
 
-def test_default_pass_leaves_no_deletion_file(tmp_path: Any) -> None:
-    # one updated and one deleted key of a 200-row fragment: 1% deleted rows, which
-    # Lance's filtered scans already pay ~2x for; the default pass rewrites it
+def _touched(tmp_path: Any, policy: MaintenancePolicy) -> tuple[mq.MemWalTable, Any]:
+    # one updated and one deleted key of a 200-row fragment: 1% deleted rows (below
+    # Lance's 10%, which Lance's filtered scans already pay ~2x for), 200 rows in the
+    # fragment, more than twice the 3 rows merged
     t = _table(tmp_path, 200)
     model = {k: float(k) for k in range(200)}
     _generation(t, 0, [4, 500], [6], model)
-    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16)
-    assert policy.compact_deleted_share == 0.0
     report = t.maintenance.maintain(policy)
-    assert report.merged and report.compact_due
-    assert "1 fragment(s) with deletion files (2 deleted of 200 rows)" in (
-        report.compact_reason or ""
+    assert report.merged and _state(t) == model and _base(t.uri) == model
+    return t, report
+
+
+def test_default_pass_rewrites_deletion_files_below_the_floor(tmp_path: Any) -> None:
+    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16)
+    assert (policy.compact_deleted_share, policy.compact_rewrite_rows) == (0.1, 2_000_000)
+    t, report = _touched(tmp_path / "default", policy)
+    assert report.compact_due
+    assert report.compact_reason == (
+        "1 fragment(s) with deletion files, 200 row(s) <= compact_rewrite_rows 2000000"
     )
     cost = read_cost(t.catalog)
     assert cost.with_deletions == 0 and cost.deleted == 0
-    assert _state(t) == model and _base(t.uri) == model
     # nothing left to rewrite: the next pass does not compact again
     assert not t.maintenance.maintain(policy).compact_due
+
+    # without the floor the same pass leaves the deletion file (1% < 10%, 200 > 2 x 3)
+    for rows in (None, 0, 199):
+        none = dataclasses.replace(policy, compact_rewrite_rows=rows)
+        t, report = _touched(tmp_path / f"floor{rows}", none)
+        assert not report.compact_due and read_cost(t.catalog).with_deletions == 1
+    # with compact_deleted_share=0.0 every fragment with a deletion file, any size
+    zero = dataclasses.replace(policy, compact_deleted_share=0.0, compact_rewrite_rows=None)
+    t, report = _touched(tmp_path / "zero", zero)
+    assert report.compact_due and read_cost(t.catalog).with_deletions == 0
+    assert "1 fragment(s) with deletion files (2 deleted of 200 rows)" in (
+        report.compact_reason or ""
+    )
 
 
 def test_pass_rewrites_fragments_with_many_deleted_rows(tmp_path: Any) -> None:
     t = _table(tmp_path, 100)
     model = {k: float(k) for k in range(100)}
     _generation(t, 0, [1000], list(range(0, 60, 2)), model)  # 30% of the base deleted
-    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16, compact_deleted_share=0.1)
+    policy = dataclasses.replace(MERGE_ONLY, compact_fragments=16, compact_rewrite_rows=None)
     report = t.maintenance.maintain(policy)
     assert report.compact_due and "30% deleted rows > 10%" in (report.compact_reason or "")
     assert read_cost(t.catalog).deleted == 0
@@ -181,7 +214,7 @@ def test_budget_splits_regions_into_commits(tmp_path: Any, monkeypatch: Any) -> 
     assert _state(t) == model and _base(t.uri) == model
 
 
-def test_cli_compact_deleted_share(tmp_path: Any) -> None:
+def test_cli_compact_deleted_share_and_rewrite_rows(tmp_path: Any) -> None:
     import json
 
     from click.testing import CliRunner
@@ -193,11 +226,21 @@ def test_cli_compact_deleted_share(tmp_path: Any) -> None:
     _generation(t, 0, [0], [2], model)  # 2% of the base fragment deleted
     t.maintenance.maintain(MERGE_ONLY)
     args = ["maintain", t.uri, "--dry-run", "--json", "--merge-over-generations", "0"]
-    quiet = json.loads(CliRunner().invoke(main, [*args, "--compact-deleted-share", "0.1"]).output)
-    assert not quiet["compact_due"]
-    every = json.loads(CliRunner().invoke(main, args).output)  # default: 0.0
-    assert every["compact_due"] and "with deletion files" in every["compact_reason"]
-    half = CliRunner().invoke(main, [*args, "--compact-deleted-share", "0.01"])
-    report = json.loads(half.output)
-    assert report["compact_due"] and "2% deleted rows > 1%" in report["compact_reason"]
+
+    def report(*more: str) -> dict[str, Any]:
+        out = CliRunner().invoke(main, [*args, *more])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)
+
+    default = report()  # the 100-row fragment is below the default floor
+    assert default["compact_due"]
+    assert "100 row(s) <= compact_rewrite_rows 2000000" in default["compact_reason"]
+    assert report("--compact-rewrite-rows", "100")["compact_due"]
+    assert not report("--compact-rewrite-rows", "99")["compact_due"]
+    assert not report("--compact-rewrite-rows", "0")["compact_due"]  # 2% < 10%
+    every = report("--compact-rewrite-rows", "0", "--compact-deleted-share", "0")
+    assert every["compact_due"] and "with deletion files (" in every["compact_reason"]
+    half = report("--compact-rewrite-rows", "0", "--compact-deleted-share", "0.01")
+    assert half["compact_due"] and "2% deleted rows > 1%" in half["compact_reason"]
     assert CliRunner().invoke(main, [*args, "--compact-deleted-share", "2"]).exit_code == 2
+    assert CliRunner().invoke(main, [*args, "--compact-rewrite-rows", "-1"]).exit_code == 2

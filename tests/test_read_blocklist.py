@@ -175,8 +175,17 @@ def test_to_table_reads_the_base_in_one_lance_scan(tmp_path, monkeypatch, column
     assert ds.count_rows() == len(model)
     assert not wholes  # a filter, or no column: the partition scan
     monkeypatch.setattr(provider, "ADDRESS_DEDUP_MAX_ROWS", 10)  # no blocklist
+    decided: list[bool] = []
+    can = provider._BaseFragment.can_be_whole
+
+    def asked(self, out_schema):
+        decided.append(can(self, out_schema))
+        return decided[-1]
+
+    monkeypatch.setattr(provider._BaseFragment, "can_be_whole", asked)
     again = ds.to_table(columns=columns)
-    assert wholes == [None] and again.sort_by(order).equals(got.sort_by(order))
+    assert decided == [False] and not wholes  # the partition scan
+    assert again.sort_by(order).equals(got.sort_by(order))
     w.close(flush=False)
 
 

@@ -23,11 +23,10 @@ import pytest
 
 import memwal_query as mq
 from memwal_query.format import keyfile, rowfile
-from memwal_query.read import dedup, newer, sources
-from memwal_query.search import caches
+from memwal_query.read import dedup
 from memwal_query.storage import paths
 
-from helpers import PK
+from helpers import PK, clear_read_caches
 
 I64 = np.iinfo(np.int64)
 U64 = np.iinfo(np.uint64)
@@ -83,19 +82,6 @@ def _as_model(kind: str, table: pa.Table) -> dict:
     return dict(zip(keys, d["v"]))
 
 
-def _clear_caches() -> None:
-    """Forget every decoded generation and view (as a new process would start)."""
-    for cache in (
-        sources.GENERATION_CACHE,
-        sources.GENERATIONS_WITHOUT_SIDECAR,
-        sources.GENERATIONS_WITHOUT_KEYS,
-        newer.FLUSHED_VIEWS,
-        newer.NEWEST_COLUMNS,
-    ):
-        cache.clear()
-    caches.clear_caches()
-
-
 @pytest.mark.parametrize(
     "kind", ["int64-extremes", "int64-wide", "uint64-high", "string", "composite"]
 )
@@ -126,7 +112,7 @@ def test_readers_equal_the_model_whatever_the_key_range(tmp_path, kind):
             t.flush()
         _check(t, kind, schema, model, pool)
     t.flush()
-    _clear_caches()
+    clear_read_caches()
     other = mq.MemWalTable.open(uri)  # no writers: the flushed generations, read cold
     assert other.count_rows() == len(model)
     assert _as_model(kind, other.to_table()) == model
@@ -214,6 +200,8 @@ def test_a_missing_or_damaged_keys_sidecar_reads_the_rows(tmp_path):
     either (the Lance table)."""
     t, gens, model = _flushed_table(tmp_path)
     t.close()
+    for uri in gens:  # the region keys files would stand in for the keys sidecars
+        os.remove(os.path.join(uri, keyfile.REGION_KEYS_FILE))
     os.remove(os.path.join(gens[0], keyfile.KEYS_FILE))
     path = os.path.join(gens[1], keyfile.KEYS_FILE)
     data = bytearray(open(path, "rb").read())
@@ -223,7 +211,7 @@ def test_a_missing_or_damaged_keys_sidecar_reads_the_rows(tmp_path):
     open(path, "wb").write(open(path, "rb").read()[:100])
     os.remove(os.path.join(gens[3], keyfile.KEYS_FILE))
     os.remove(os.path.join(gens[3], rowfile.ROWS_FILE))
-    _clear_caches()
+    clear_read_caches()
     schema = _schema("int64-wide")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -25,6 +25,7 @@ from memwal_query.format.index import read_index_at
 from memwal_query.storage.paths import generation_path
 from memwal_query.table import region_id_for
 from memwal_query.write.routing import concurrently, split_by_region
+from memwal_query.write.writer import RegionWriter
 
 from helpers import BASIC_SCHEMA, basic_rows
 
@@ -127,6 +128,16 @@ def wal_tail_rows(t: mq.MemWalTable, region_id: str) -> int:
     wal = Wal(t.catalog.io, paths.wal_dir(t.uri, region_id), region_id)
     after = manifest.replay_after_wal_entry_position
     return sum(e.table.num_rows for e in wal.replay(after, manifest.writer_epoch))
+
+
+def stored_rows(t: mq.MemWalTable) -> int:
+    """Rows physically stored: the base, every flushed generation, every WAL tail."""
+    n = lance.dataset(t.uri).count_rows()
+    for region_id in t.catalog.region_ids():
+        manifest = t.catalog.region_manifest(region_id)
+        n += sum(g.physical_rows for g in manifest.flushed_generations)
+        n += wal_tail_rows(t, region_id)
+    return n
 
 
 def model_table(model: dict[int, tuple[float, str]]) -> pa.Table:
@@ -535,18 +546,26 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
             q.stop()
         return q.id
 
+    sent = 0  # rows sent: each is stored once (no merge runs here)
     for n in range(3):
-        _stream_file(src, n, _micro_batch(n, model))
-    # a write task fails after a durable put: Spark retries it, which replays that put
+        rows = _micro_batch(n, model)
+        sent += len(rows)
+        _stream_file(src, n, rows)
+    # a write task fails after a durable put: Spark retries it, and the retry writes
+    # nothing into the regions that already hold the batch
     arm(fault_dir, "ingest.after_put")
     query_id = run()
     assert not os.path.exists(os.path.join(fault_dir, "ingest.after_put"))  # it fired
     assert_view(t.uri, model)
     assert sink.committed_batches(query_id) == [0, 1, 2]
+    assert stored_rows(t) == 1000 + sent
 
-    # crash after batch 3 is durable but before its marker: replayed and rewritten
+    # crash after batch 3 is durable but before its marker: replayed, and the replay
+    # writes nothing into any region (each holds the batch already)
     for n in (3, 4):
-        _stream_file(src, n, _micro_batch(n, model))
+        rows = _micro_batch(n, model)
+        sent += len(rows)
+        _stream_file(src, n, rows)
     arm(fault_dir, "sink.before_marker")
     with pytest.raises(Exception, match="injected fault"):
         run()
@@ -554,9 +573,12 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     assert run() == query_id  # restarted from the checkpoint: same query id
     assert sink.committed_batches(query_id) == [0, 1, 2, 3, 4]
     assert_view(t.uri, model)
+    assert stored_rows(t) == 1000 + sent
 
     # crash after the marker, before Spark's commit: the replay is skipped
-    _stream_file(src, 5, _micro_batch(5, model))
+    rows = _micro_batch(5, model)
+    sent += len(rows)
+    _stream_file(src, 5, rows)
     arm(fault_dir, "sink.after_marker")
     with pytest.raises(Exception, match="injected fault"):
         run()
@@ -565,6 +587,7 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
     assert sink.skipped == [5]
     assert sink.last_result.by_region() == written
     assert_view(t.uri, model)
+    assert stored_rows(t) == 1000 + sent
 
     # six micro-batches into 16 regions: flushed by size, each region's WAL tail below
     # the threshold (what the next micro-batch replays)
@@ -580,6 +603,54 @@ def test_streaming_sink_restarts(spark, tmp_path, fault_dir):
 
     assert recover_abandoned(t.catalog, 300.0, dry_run=True) == []
     assert len(recover_abandoned(t.catalog, 0.0, dry_run=True)) == sum(1 for n in tails if n)
+
+
+def dying(regions: set[str]):
+    """``RegionWriter._put_routed`` raising InjectedFault for ``regions``."""
+    put = RegionWriter._put_routed
+
+    def put_or_die(self, *args, **kwargs):
+        if self.region_id in regions:
+            raise mqs.InjectedFault(f"task died at region {self.region_id}")
+        return put(self, *args, **kwargs)
+
+    return put_or_die
+
+
+def test_replayed_stream_batch_stores_each_row_once(tmp_path, monkeypatch):
+    """A write task of a stream batch fails after some regions' entries are durable;
+    the batch is written again, twice: no row is stored twice (counted in the WAL
+    tails, the generations and the base), in the WAL (flush=False) and after flushes."""
+    t = new_table(tmp_path)
+    model = base_model(range(1000))
+    sent = 0
+    for number, flush, ids in ((7, False, range(500, 1300)), (8, True, range(900, 1700, 2))):
+        job = ingest.new_job()
+        options = task_options(t, flush=flush, stream_batch=("q", number), job=job)
+        batches = packed(t, ids, f"b{number}-", options)
+        routed = sorted({r for b in batches for r in b.column("__memwal_region").to_pylist()})
+        # the task dies at every other region's put: the others' entries are durable
+        with monkeypatch.context() as m:
+            m.setattr(RegionWriter, "_put_routed", dying(set(routed[::2])))
+            with pytest.raises(mqs.InjectedFault):
+                list(ingest.write_partition(iter(batches), options))
+        durable = stored_rows(t) - 1000 - sent
+        assert 0 < durable < len(ids)  # some regions hold the batch, not all
+        results = []
+        for _ in range(2):  # the retry, then a replay of the whole batch
+            (out,) = ingest.write_partition(iter(batches), options)
+            results.append(out.to_pydict())
+        upsert_model(model, ids, f"b{number}-")
+        sent += len(ids)
+        assert stored_rows(t) == 1000 + sent
+        assert_view(t.uri, model)
+        done_before = sum(results[0]["already_written"])
+        assert 0 < done_before < len(results[0]["region_id"])
+        assert all(results[1]["already_written"])
+        assert sum(results[0]["upserted"]) == sum(results[1]["upserted"]) == len(ids)
+    # batch 8 flushed every region: the manifests remember it
+    regions = t.catalog.region_ids()
+    assert {t.catalog.region_manifest(r).stream_batch("q") for r in regions} == {8}
 
 
 # -- merge ---------------------------------------------------------------------------
@@ -786,6 +857,14 @@ def test_reader_projection(spark, read_table):
     assert same(got.toArrow(), want)
     got = spark.read.format("memwal").schema("id long, name string").load(uri)
     assert same(got.where("id < 500").orderBy("id").select("name", "id").toArrow(), want)
+    # mqs.read hands Spark the schema computed in the driver: the same columns and types
+    # as the data source's own schema(), and the same rows
+    for options in ({}, {"columns": "name, id"}):
+        given = mqs.read(spark, uri, **options)
+        asked = spark.read.format("memwal").options(**options).load(uri)
+        assert given.schema == asked.schema
+        got = given.where("id < 500").orderBy("id").select("name", "id").toArrow()
+        assert same(got, want)
     with pytest.raises(Exception, match="not in the table"):
         spark.read.format("memwal").option("columns", "id,nope").load(uri).collect()
 

@@ -23,6 +23,7 @@ from memwal_query.maintain.policy import (
     DEFAULT_ABANDONED_AFTER,
     DEFAULT_COMPACT_DELETED_SHARE,
     DEFAULT_COMPACT_FRAGMENTS,
+    DEFAULT_COMPACT_REWRITE_ROWS,
     DEFAULT_MAX_GENERATIONS,
     DEFAULT_MAX_INDEX_SEGMENTS,
     DEFAULT_MAX_ROWS,
@@ -72,6 +73,7 @@ def _policy(
     max_index_segments: int = DEFAULT_MAX_INDEX_SEGMENTS,
     compact_deleted_share: float | None = DEFAULT_COMPACT_DELETED_SHARE,
     abandoned_after: dt.timedelta | None = DEFAULT_ABANDONED_AFTER,
+    compact_rewrite_rows: int | None = DEFAULT_COMPACT_REWRITE_ROWS,
 ) -> MaintenancePolicy:
     retention: dt.timedelta | None = DEFAULT_RETENTION
     if keep_versions:
@@ -84,6 +86,7 @@ def _policy(
         merge_batch_rows=batch_rows,
         compact_fragments=compact_fragments,
         compact_deleted_share=compact_deleted_share,
+        compact_rewrite_rows=compact_rewrite_rows,
         max_index_segments=max_index_segments,
         catch_up=catch_up,
         refresh_snapshots=snapshots,
@@ -156,7 +159,15 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     default=DEFAULT_COMPACT_DELETED_SHARE,
     show_default=True,
     help="Rewrite the base fragments with more than this share of deleted rows "
-    "(0: every fragment with a deletion file; 0.1: Lance's own threshold).",
+    "(0.1: Lance's own threshold; 0: every fragment with a deletion file, each pass).",
+)
+@click.option(
+    "--compact-rewrite-rows",
+    type=click.IntRange(min=0),
+    default=DEFAULT_COMPACT_REWRITE_ROWS,
+    show_default=True,
+    help="Rewrite every base fragment with a deletion file when they hold at most this "
+    "many rows, or at most twice the rows the pass merged (0: only the latter).",
 )
 @click.option("--no-compact", is_flag=True, help="Never compact the base table's files.")
 @click.option(
@@ -198,6 +209,7 @@ def maintain(
     keep_versions: bool,
     compact_fragments: int,
     compact_deleted_share: float,
+    compact_rewrite_rows: int,
     no_compact: bool,
     max_index_segments: int,
     catch_up: bool,
@@ -232,6 +244,7 @@ def maintain(
         max_index_segments,
         compact_deleted_share,
         abandoned_after,
+        compact_rewrite_rows,
     )
     t = _open(uri)
     if watch is None:

@@ -11,13 +11,30 @@ request.
 Like the rows sidecar it is an optimisation only: a generation without one (older
 writers, pylance's native MemWAL, a flush that died before writing it) or with a
 damaged one (a warning) is read from its rows sidecar or its Lance table instead.
+
+A first query reads these sidecars by the thousand (one per unmerged generation), so
+the flush also writes ``memwal_region_keys.bin`` into the new generation's directory:
+the keys sidecars of the region's unmerged generations up to this one (the writer
+keeps them in memory; within :data:`REGION_KEYS_MAX_ROWS` rows), concatenated, framed
+the same way (magic ``MWG1``), with the ``(generation, directory, rows)`` of each part
+in the Arrow schema metadata. A reader reads the file of a region's newest generation
+in its view and takes the parts whose generation *and* directory match a generation it
+reads (a part of a generation merged since, or of another flush of the same number, is
+ignored); the generations it does not cover are read from their own keys sidecars.
+Missing or damaged (a warning), it is not used.
 """
 
 from __future__ import annotations
 
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
+from memwal_query.exceptions import ObjectNotFoundError, StorageError
 from memwal_query.format.rowfile import read_sealed, seal, unseal
 from memwal_query.format.schema import ROWADDR_COLUMN, TOMBSTONE
 from memwal_query.storage.io import FileIO, join
@@ -26,14 +43,18 @@ KEYS_FILE = "memwal_keys.bin"
 _MAGIC = b"MWK1"
 
 
-def encode(rows: pa.Table, primary_key: list[str], addresses: np.ndarray) -> bytes:
-    """The sidecar bytes of ``rows``' key columns and ``_tombstone`` (when present) with
-    their row ``addresses``."""
+def key_columns(rows: pa.Table, primary_key: list[str], addresses: np.ndarray) -> pa.Table:
+    """What the sidecar holds: ``rows``' key columns and ``_tombstone`` (when present)
+    with their row ``addresses``."""
     if len(addresses) != rows.num_rows:
         raise ValueError(f"{len(addresses)} row addresses for {rows.num_rows} rows")
     names = [*primary_key, *([TOMBSTONE] if TOMBSTONE in rows.column_names else [])]
-    keys = rows.select(names).append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64()))
-    return seal(keys, _MAGIC)
+    return rows.select(names).append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64()))
+
+
+def encode(rows: pa.Table, primary_key: list[str], addresses: np.ndarray) -> bytes:
+    """The sidecar bytes of :func:`key_columns`."""
+    return seal(key_columns(rows, primary_key, addresses), _MAGIC)
 
 
 def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
@@ -47,10 +68,12 @@ def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
 
 def write(
     io: FileIO, gen_uri: str, rows: pa.Table, primary_key: list[str], addresses: np.ndarray
-) -> None:
+) -> pa.Table:
     """Write the keys sidecar of the generation at ``gen_uri`` (before its manifest
-    commit)."""
-    io.write(join(gen_uri, KEYS_FILE), encode(rows, primary_key, addresses))
+    commit); returns what it holds (:func:`key_columns`)."""
+    keys = key_columns(rows, primary_key, addresses)
+    io.write(join(gen_uri, KEYS_FILE), seal(keys, _MAGIC))
+    return keys
 
 
 def read(io: FileIO, gen_uri: str) -> pa.Table | None:
@@ -62,3 +85,99 @@ def read(io: FileIO, gen_uri: str) -> pa.Table | None:
     if t is not None and ROWADDR_COLUMN not in t.column_names:
         return None
     return t
+
+
+# -- the region's keys: every unmerged generation's keys sidecar in one file ----------
+REGION_KEYS_FILE = "memwal_region_keys.bin"
+_REGION_MAGIC = b"MWG1"
+_PARTS_KEY = b"memwal.generations"
+REGION_KEYS_MAX_ROWS = 1 << 18
+"""Most rows a region keys file holds (its oldest generations leave first): a flush
+rewrites the file, so this bounds what each flush writes on top of its generation
+(~4 MB with int64 keys; measured 0.5-0.8 s for 1M keys, fsync included, on a loaded
+2-core machine)."""
+
+
+@dataclass(frozen=True)
+class RegionKeysPart:
+    """One generation's keys in a region keys file.
+
+    Attributes
+    ----------
+    generation : int
+    path : str
+        The generation's directory name (``{8 hex}_gen_{n}``): with the number, what
+        identifies the flush the keys come from.
+    keys : pa.Table
+        Its keys sidecar's columns (key columns, ``_tombstone``, ``_rowaddr``).
+    """
+
+    generation: int
+    path: str
+    keys: pa.Table
+
+
+def encode_region(parts: Sequence[RegionKeysPart]) -> bytes:
+    """The region keys file of ``parts`` (oldest generation first): their keys
+    concatenated, and which rows belong to which generation in the schema metadata."""
+    if not parts:
+        raise ValueError("a region keys file of no generation")
+    layout = [[p.generation, p.path, p.keys.num_rows] for p in parts]
+    t = pa.concat_tables([p.keys for p in parts])
+    t = t.replace_schema_metadata({_PARTS_KEY: json.dumps(layout).encode()})
+    return seal(t, _REGION_MAGIC)
+
+
+def decode_region(data: bytes | pa.Buffer, path: str) -> list[RegionKeysPart]:
+    """The parts of region keys file bytes (zero-copy slices); ValueError naming
+    ``path`` when the framing, the CRC, the Arrow data or the layout is wrong."""
+    t = unseal(data, path, _REGION_MAGIC, "a region keys file")
+    try:
+        layout = json.loads((t.schema.metadata or {})[_PARTS_KEY])
+        parts, start = [], 0
+        for generation, gen_dir, rows in layout:
+            if not (isinstance(generation, int) and isinstance(gen_dir, str)):
+                raise TypeError(f"generation {generation!r} at {gen_dir!r}")
+            if not isinstance(rows, int) or rows < 0:
+                raise TypeError(f"{rows!r} rows")
+            parts.append(RegionKeysPart(generation, gen_dir, t.slice(start, rows)))
+            start += rows
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable layout: {e}") from e
+    if start != t.num_rows or ROWADDR_COLUMN not in t.column_names:
+        raise ValueError(f"{path}: layout of {start} rows for {t.num_rows} rows")
+    return parts
+
+
+def write_region(io: FileIO, gen_uri: str, parts: Sequence[RegionKeysPart]) -> list[RegionKeysPart]:
+    """Write the region keys file into the directory of the newest generation of
+    ``parts`` (``gen_uri``, before its manifest commit), keeping its newest generations
+    within :data:`REGION_KEYS_MAX_ROWS` rows; returns the parts written."""
+    kept = list(parts)
+    while len(kept) > 1 and sum(p.keys.num_rows for p in kept) > REGION_KEYS_MAX_ROWS:
+        kept.pop(0)
+    io.write(join(gen_uri, REGION_KEYS_FILE), encode_region(kept))
+    return kept
+
+
+def read_region(io: FileIO, gen_uri: str) -> list[RegionKeysPart] | None:
+    """The parts of the region keys file in the generation directory ``gen_uri``, or
+    None when there is none or it is damaged (a warning then; the caller reads each
+    generation's keys sidecar instead)."""
+    path = join(gen_uri, REGION_KEYS_FILE)
+    try:
+        data = io.read_buffer(path)
+    except ObjectNotFoundError:
+        return None
+    except StorageError as e:
+        warnings.warn(
+            f"{path}: not used ({e}); reading each generation's keys instead",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    try:
+        return decode_region(data, path)
+    except ValueError as e:
+        warnings.warn(f"{e}; reading each generation's keys instead", RuntimeWarning, stacklevel=2)
+        return None

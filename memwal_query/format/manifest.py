@@ -76,7 +76,9 @@ class FlushedGeneration:
 class RegionManifest:
     """Decoded region manifest (one immutable version).
 
-    Mirrors the ``RegionManifest`` protobuf message of the spec.
+    Mirrors the ``RegionManifest`` protobuf message of the spec, plus memwal_query's
+    ``lineage`` and ``stream_batches`` (``(stream, batch)``: the newest batch of each
+    stream whose rows the flushed generations hold; see :func:`merged_stream_batches`).
     """
 
     region_id: str
@@ -90,6 +92,7 @@ class RegionManifest:
     region_field_entries: tuple[tuple[str, bytes], ...] = ()
     sealed: bool = False
     lineage: str = ""
+    stream_batches: tuple[tuple[str, int], ...] = ()
 
     def to_proto(self) -> pb.RegionManifest:
         """The protobuf message for this manifest."""
@@ -116,6 +119,7 @@ class RegionManifest:
             ],
             status=pb.SEALED if self.sealed else pb.ACTIVE,
             lineage=self.lineage,
+            stream_batches=[pb.StreamBatch(stream=k, batch=v) for k, v in self.stream_batches],
         )
 
     def to_bytes(self) -> bytes:
@@ -170,11 +174,34 @@ class RegionManifest:
             region_field_entries=tuple((e.field_id, e.value) for e in msg.region_field_entries),
             sealed=msg.status == pb.SEALED,
             lineage=msg.lineage,
+            stream_batches=tuple((b.stream, b.batch) for b in msg.stream_batches),
         )
+
+    def stream_batch(self, stream: str) -> int | None:
+        """The newest batch of ``stream`` the flushed generations hold, or None."""
+        return dict(self.stream_batches).get(stream)
 
     def replace(self, **changes: Any) -> RegionManifest:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+MAX_STREAM_BATCHES = 64
+"""Streams a region manifest remembers (:attr:`RegionManifest.stream_batches`); the
+least recently written ones are forgotten first."""
+
+
+def merged_stream_batches(
+    recorded: tuple[tuple[str, int], ...], new: dict[str, int]
+) -> tuple[tuple[str, int], ...]:
+    """``recorded`` with the batches of ``new`` (the newest batch per stream kept), the
+    streams just written last, at most :data:`MAX_STREAM_BATCHES` of them."""
+    if not new:
+        return recorded
+    old = dict(recorded)
+    kept = [(k, v) for k, v in recorded if k not in new]
+    kept += [(k, max(v, old.get(k, v))) for k, v in new.items()]
+    return tuple(kept[-MAX_STREAM_BATCHES:])
 
 
 class RegionManifestStore:

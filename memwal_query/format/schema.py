@@ -309,6 +309,8 @@ def as_int64(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     mapping is one-to-one over the full range, so key equality holds, but order does not.
     """
     t = col.type
+    if pa.types.is_int64(t):
+        return col
     if pa.types.is_uint64(t):
         if isinstance(col, pa.ChunkedArray):
             return pa.chunked_array([c.view(pa.int64()) for c in col.chunks], pa.int64())

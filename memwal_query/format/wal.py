@@ -3,7 +3,9 @@
 Entry ``N`` (positions start at 1) lives at
 ``_mem_wal/{region}/wal/{bit_reversed(N)}.arrow`` and is written put-if-not-exists.
 :func:`encode_entry` writes an entry whose schema metadata carries ``writer_epoch``,
-``generation``, ``num_rows``, ``written_at_ms`` and a ``checksum``; rows carry a
+``generation``, ``num_rows``, ``written_at_ms``, a ``checksum`` and, for a write of
+one batch of a stream (a Spark streaming sink's micro-batch), ``memwal_batch``
+(``{stream}:{batch}``); rows carry a
 non-null ``_tombstone`` column. :func:`decode_entry` reads one back as a
 :class:`WalEntry` (entries written by pylance, without ``num_rows``,
 ``written_at_ms`` or ``checksum``, are accepted); :class:`Wal` reads, writes and
@@ -40,6 +42,7 @@ EPOCH_KEY = b"writer_epoch"
 GENERATION_KEY = b"generation"
 NUM_ROWS_KEY = b"num_rows"
 WRITTEN_AT_KEY = b"written_at_ms"
+BATCH_KEY = b"memwal_batch"
 CHECKSUM_KEY = b"checksum"
 REPAIR_KEY = b"memwal_repair"  # set on the empty entry that fills a repaired hole
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -61,6 +64,8 @@ class WalEntry:
         The rows, including the ``_tombstone`` column.
     written_at : float | None
         When the entry was written (epoch seconds, the writer's clock), when recorded.
+    batch : tuple[str, int] | None
+        ``(stream, batch)`` of a write of one batch of a stream, when recorded.
     """
 
     position: int
@@ -68,16 +73,23 @@ class WalEntry:
     generation: int | None
     table: pa.Table
     written_at: float | None = None
+    batch: tuple[str, int] | None = None
 
 
-def encode_entry(table: pa.Table, writer_epoch: int, generation: int) -> bytes:
-    """Serialize rows (with ``_tombstone``) as an Arrow IPC stream with epoch metadata."""
+def encode_entry(
+    table: pa.Table, writer_epoch: int, generation: int, batch: tuple[str, int] | None = None
+) -> bytes:
+    """Serialize rows (with ``_tombstone``) as an Arrow IPC stream with epoch metadata;
+    ``batch``: the ``(stream, batch)`` whose rows these are, recorded as ``memwal_batch``."""
     metadata = dict(table.schema.metadata or {})
     metadata[EPOCH_KEY] = str(writer_epoch).encode()
     metadata[GENERATION_KEY] = str(generation).encode()
     metadata[NUM_ROWS_KEY] = str(table.num_rows).encode()
     metadata[WRITTEN_AT_KEY] = str(int(time.time() * 1000)).encode()
     metadata.pop(CHECKSUM_KEY, None)
+    metadata.pop(BATCH_KEY, None)
+    if batch is not None:
+        metadata[BATCH_KEY] = f"{batch[0]}:{int(batch[1])}".encode()
     table = table.replace_schema_metadata(metadata)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -168,7 +180,21 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
         raise WalCorruptError(path, f"WAL entry column {TOMBSTONE} holds {tomb.null_count} NULL(s)")
     assert epoch is not None
     written_at = None if written_ms is None else written_ms / 1000.0
-    return WalEntry(position, epoch, generation, table, written_at)
+    return WalEntry(position, epoch, generation, table, written_at, _batch(path, meta))
+
+
+def _batch(path: str, meta: dict[bytes, bytes]) -> tuple[str, int] | None:
+    """The entry's ``memwal_batch`` as ``(stream, batch)``, or None."""
+    raw = meta.get(BATCH_KEY)
+    if raw is None:
+        return None
+    stream, _, number = raw.rpartition(b":")
+    if not stream or not number.isdigit() or len(number) > 20:
+        raise WalCorruptError(path, f"WAL entry metadata {BATCH_KEY.decode()}={raw!r} is malformed")
+    try:
+        return stream.decode(), int(number)
+    except UnicodeDecodeError as e:
+        raise WalCorruptError(path, f"WAL entry metadata {BATCH_KEY.decode()} is not UTF-8") from e
 
 
 def conform_entry(

@@ -88,8 +88,9 @@ def small_fragments(table: Catalog, target_rows: int = TARGET_ROWS_PER_FRAGMENT)
 
 REWRITE_ROWS_PER_MERGED_ROW = 2
 """A pass rewrites every fragment with a deletion file when they hold at most this many
-rows per row the pass merged: a rewrite costs about what merging as many rows does, so
-the pass stays within ~2x of its merge, and reads get back their speed at once."""
+rows per row the pass merged (or at most the policy's ``compact_rewrite_rows``): a
+rewrite costs about what merging as many rows does, so the pass stays within ~2x of its
+merge, and reads get back their speed at once."""
 
 
 def compaction_reason(
@@ -97,6 +98,7 @@ def compaction_reason(
     small_limit: int,
     deleted_share: float | None,
     merged_rows: int,
+    rewrite_rows: int | None = None,
 ) -> tuple[str | None, float]:
     """Whether the base table is compacted, and Lance's ``materialize_deletions_threshold``.
 
@@ -110,8 +112,11 @@ def compaction_reason(
         Rewrite the fragments whose share of deleted rows is above this (None: only
         for the other reasons).
     merged_rows : int
-        Rows the pass merged: fragments with deletion files holding at most
-        :data:`REWRITE_ROWS_PER_MERGED_ROW` times as many rows are rewritten.
+        Rows the pass merged.
+    rewrite_rows : int or None
+        Every fragment with a deletion file is rewritten when they hold at most
+        ``max(rewrite_rows, REWRITE_ROWS_PER_MERGED_ROW * merged_rows)`` rows (None:
+        at most :data:`REWRITE_ROWS_PER_MERGED_ROW` times ``merged_rows``).
 
     Returns
     -------
@@ -120,12 +125,16 @@ def compaction_reason(
         ``compact_files`` rewrites a fragment (0.0: every fragment with a deletion file).
     """
     threshold = 0.1 if deleted_share is None else deleted_share  # Lance's default
-    budget = REWRITE_ROWS_PER_MERGED_ROW * merged_rows
-    if cost.with_deletions and cost.rows_with_deletions <= budget:
+    by_merge = REWRITE_ROWS_PER_MERGED_ROW * merged_rows
+    if cost.with_deletions and cost.rows_with_deletions <= max(rewrite_rows or 0, by_merge):
+        bound = (
+            f"{REWRITE_ROWS_PER_MERGED_ROW} x {merged_rows} merged"
+            if rewrite_rows is None or by_merge >= rewrite_rows
+            else f"compact_rewrite_rows {rewrite_rows}"
+        )
         return (
             f"{cost.with_deletions} fragment(s) with deletion files, "
-            f"{cost.rows_with_deletions} row(s) <= {REWRITE_ROWS_PER_MERGED_ROW} x "
-            f"{merged_rows} merged",
+            f"{cost.rows_with_deletions} row(s) <= {bound}",
             0.0,
         )
     if deleted_share is not None and cost.worst_deleted_share > deleted_share:

@@ -22,25 +22,28 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance.commit import CommitConflictError as LanceCommitConflictError
 from lance.mem_wal import CompactedSsTable
 
-from memwal_query.exceptions import CommitConflictError, MergeFailedError
+from memwal_query.exceptions import CommitConflictError, CorruptFileError, MergeFailedError
+from memwal_query.format.keyfile import KEYS_FILE
 from memwal_query.format.manifest import FlushedGeneration
-from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE
+from memwal_query.format.schema import TOMBSTONE
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
 from memwal_query.read.keypredicate import key_predicate
 from memwal_query.storage import crashpoints
-from memwal_query.storage.io import in_chunks
+from memwal_query.storage.io import in_chunks, join
 from memwal_query.storage.locking import index_lock
 
 if TYPE_CHECKING:
@@ -78,6 +81,10 @@ INDEX_JOIN_BASE_ROWS_PER_SOURCE_ROW = 2_000
 # group-by, take and cast release the GIL).
 PREPARE_TASKS = 2
 _PREPARERS = ThreadPoolExecutor(PREPARE_TASKS, thread_name_prefix="memwal-merge-prepare")
+# The winning rows of prepared batches are read by one task, region after region in the
+# order they were prepared, while the keys of the next regions are reduced and the
+# deletes commit (see :class:`_Prepared`).
+_ROW_READERS = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-rows")
 BACKOFF_BASE_SECONDS = 0.01
 BACKOFF_MAX_SECONDS = 0.5
 
@@ -95,18 +102,48 @@ class MergeResult:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A generation reduced to its last write per key.
+    """Generations reduced to the last write per key.
 
-    ``deletes`` holds the deleted keys plus their other-signed float zeros, and
-    ``unmatched_deletes`` adds the other-signed zeros of upserted keys (see
-    :func:`_zero_twins`).
+    The deleted keys are known when it is made (from the generations' keys); the upsert
+    rows are built in the background (``parts``, one per region, in region order) while
+    the deletes commit, and stream into the upsert commit as they are ready
+    (:meth:`upsert_source`). ``deletes`` holds the deleted keys plus their other-signed
+    float zeros, and ``unmatched_deletes`` adds the other-signed zeros of upserted keys
+    (see :func:`_zero_twins`).
     """
 
     generation: int
-    upserts: pa.Table
+    schema: pa.Schema
+    parts: tuple[Future[pa.Table], ...]
+    upsert_rows: int  # rows of all ``parts``
     deletes: pa.Table
     unmatched_deletes: pa.Table
-    deleted: int  # keys the generation deletes
+    deleted: int  # keys the generations delete
+
+    @property
+    def upserts(self) -> pa.Table:
+        """Every upsert row (waits for the parts)."""
+        tables = [f.result() for f in self.parts]
+        return pa.concat_tables(tables) if tables else self.schema.empty_table()
+
+    def upsert_source(self) -> pa.Table | pa.RecordBatchReader:
+        """The upsert rows for a ``merge_insert``: a reader yielding each part's batches
+        as soon as it is built (the table when all are)."""
+        if all(f.done() for f in self.parts):
+            return self.upserts
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for f in self.parts:
+                yield from f.result().to_batches()
+
+        return pa.RecordBatchReader.from_batches(self.schema, batches())
+
+    def failure(self) -> BaseException | None:
+        """The error of a part that failed to build (None: none failed so far)."""
+        for f in self.parts:
+            if f.done() and f.exception() is not None:
+                return f.exception()
+        return None
 
 
 # Text of the errors a lost commit race produces when pylance raises a plain OSError
@@ -146,10 +183,20 @@ def prepare_generation(
     them one after another would leave the base table. The result carries the last
     generation's number (the progress marker).
 
+    The keys (each generation's keys sidecar, or its rows) decide which rows win and
+    which keys are deleted; the winning rows' columns are then read in the background
+    (:func:`_upsert_rows`), so the caller may commit the deletes meanwhile.
+
     ``schema`` is the schema of the base version the rows will be merged into (default:
     ``table.schema``, the schema when ``table`` was opened). The merger passes the
     current one: columns added since ``table`` was opened must reach the base table
     (merging with the older schema would set them to NULL), and dropped ones must not.
+
+    Raises
+    ------
+    GenerationGoneError
+        A generation is missing or unreadable (from the keys here; from the rows when
+        the upserts are used).
     """
     schema = table.schema if schema is None else schema
     gens = [gen] if isinstance(gen, FlushedGeneration) else list(gen)
@@ -157,24 +204,109 @@ def prepare_generation(
         view.GenerationRef(region_id, g.generation, table_generation_uri(table, region_id, g.path))
         for g in gens
     ]
-    parts = sources.read_generations(refs, schema, table.storage_options)
-    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    gen = gens[-1]
     pk = list(table.primary_key)
-    # One take per output (the newest live rows; the deleted keys), no copy in between.
-    newest = newest_indices(rows, pk)
-    tomb = pc.fill_null(rows.column(TOMBSTONE), False).to_numpy()[newest]
-    data = rows.drop_columns([TOMBSTONE, GEN_COLUMN, ROWADDR_COLUMN])
-    live = newest[~tomb]
-    upserts = data if len(live) == data.num_rows else data.take(pa.array(live))
-    upserts = upserts.cast(schema)  # chunks as read: Lance streams them (no copy here)
     key_schema = pa.schema([schema.field(k) for k in pk])
-    gone = pa.array(newest[tomb])
-    deletes = data.select(pk).take(gone).cast(key_schema).combine_chunks()
+    key_fields = [*key_schema, pa.field(TOMBSTONE, pa.bool_())]
+    so = table.storage_options
+
+    def keys_of(ref: view.GenerationRef) -> pa.Table:
+        t = sources.read_keys_sidecar(ref.uri, so)
+        if t is None:
+            t = sources.read_generation(ref, schema, so, [*pk, TOMBSTONE])
+        return t
+
+    parts = sources.map_generations(keys_of, refs, so)
+    for g, ref, part in zip(gens, refs, parts, strict=True):
+        if g.physical_rows is not None and part.num_rows != g.physical_rows:
+            raise CorruptFileError(
+                join(ref.uri, KEYS_FILE),
+                f"{part.num_rows} keys of generation {g.generation} of region {region_id}, "
+                f"whose manifest records {g.physical_rows} rows",
+            )
+    keys = _concat_conformed(parts, key_fields)
+    counts = [p.num_rows for p in parts]
+    newest = newest_indices(keys, pk)
+    tomb = keys.column(TOMBSTONE).combine_chunks().to_numpy(zero_copy_only=False)[newest]
+    live = newest[~tomb]
+    key_cols = keys.select(pk)
+    deletes = key_cols.take(pa.array(newest[tomb])).cast(key_schema).combine_chunks()
     deleted = deletes.num_rows
     deletes = pa.concat_tables([deletes, _zero_twins(deletes)]).combine_chunks()
-    unmatched = pa.concat_tables([deletes, _zero_twins(upserts.select(pk))]).combine_chunks()
-    return _Prepared(gen.generation, upserts, deletes, unmatched, deleted)
+    if any(pa.types.is_floating(f.type) for f in key_schema):
+        upserted = key_cols.take(pa.array(live)).cast(key_schema)
+        unmatched = pa.concat_tables([deletes, _zero_twins(upserted)]).combine_chunks()
+    else:
+        unmatched = deletes
+    built: tuple[Future[pa.Table], ...] = ()
+    if len(live):
+        built = (_ROW_READERS.submit(_upsert_rows, table, refs, schema, counts, live, key_cols),)
+    return _Prepared(gens[-1].generation, schema, built, len(live), deletes, unmatched, deleted)
+
+
+def _concat_conformed(parts: Sequence[pa.Table], fields: Sequence[pa.Field]) -> pa.Table:
+    """``parts`` (generations' columns as stored, oldest first) as one table of
+    ``fields``: columns a generation lacks (added to the table after it was written)
+    NULL, a missing ``_tombstone`` false, other columns dropped."""
+    names = [f.name for f in fields]
+    if parts and all(p.schema.equals(parts[0].schema) for p in parts):
+        parts = [pa.concat_tables(parts)]  # as usual: one schema, conformed once
+    out = []
+    for t in parts:
+        arrays = []
+        for f in fields:
+            if f.name in t.column_names:
+                c = t.column(f.name)
+                if f.name == TOMBSTONE and c.null_count:
+                    c = pc.fill_null(c, False)
+            else:
+                value = pa.scalar(False) if f.name == TOMBSTONE else pa.scalar(None, f.type)
+                c = pa.chunked_array([pa.repeat(value, t.num_rows)], f.type)
+            arrays.append(c if c.type == f.type else c.cast(f.type))
+        out.append(pa.Table.from_arrays(arrays, names=names))
+    return pa.concat_tables(out) if out else pa.schema(fields).empty_table()
+
+
+def _upsert_rows(
+    table: Catalog,
+    refs: Sequence[view.GenerationRef],
+    schema: pa.Schema,
+    counts: Sequence[int],
+    live: np.ndarray,
+    keys: pa.Table,
+) -> pa.Table:
+    """The winning rows ``live`` (indices into the generations' rows, in order) of the
+    generations ``refs``, in ``schema``. ``counts`` and ``keys`` are the generations' row
+    counts and key columns as the keys were read: the rows must agree with them."""
+    so = table.storage_options
+
+    def rows_of(ref: view.GenerationRef) -> pa.Table:
+        t = sources.read_rows_sidecar(ref.uri, so)
+        if t is None:
+            t = sources.read_generation(ref, schema, so)
+        return t
+
+    parts = sources.map_generations(rows_of, refs, so)
+    for ref, part, n in zip(refs, parts, counts, strict=True):
+        if part.num_rows != n:
+            raise CorruptFileError(
+                ref.uri,
+                f"generation {ref.generation} of region {ref.region_id} has "
+                f"{part.num_rows} rows, but its keys list {n}",
+            )
+    rows = _concat_conformed(parts, list(sources.read_schema(schema))[: len(schema)])
+    if len(live) != rows.num_rows:
+        rows = rows.take(pa.array(live))
+        keys = keys.take(pa.array(live))
+    for name in keys.column_names:
+        if pa.types.is_floating(keys.schema.field(name).type):
+            continue  # NaN keys compare unequal to themselves
+        if not rows.column(name).equals(keys.column(name).cast(rows.schema.field(name).type)):
+            raise CorruptFileError(
+                refs[0].uri,
+                f"generations {refs[0].generation}-{refs[-1].generation} of region "
+                f"{refs[0].region_id}: their rows and keys disagree on {name!r}",
+            )
+    return rows.cast(schema)  # chunks as read: Lance streams them (no copy here)
 
 
 def _zero_twins(keys: pa.Table) -> pa.Table:
@@ -236,7 +368,7 @@ def _commit_generation(
         marker = [CompactedSsTable(region_id, prep.generation)]
     else:
         marker = list(region_id)
-    if prep.deletes.num_rows and not prep.upserts.num_rows:
+    if prep.deletes.num_rows and not prep.upsert_rows:
         _delete_keys(ds, pk, prep.deletes, marker)
         return
     predicate = None
@@ -248,13 +380,20 @@ def _commit_generation(
             predicate = key_predicate(prep.unmatched_deletes)
     builder = (
         ds.merge_insert(pk)
-        .use_index(_use_key_index(ds, prep.upserts.num_rows))
+        .use_index(_use_key_index(ds, prep.upsert_rows))
         .when_matched_update_all()
         .when_not_matched_insert_all()
     )
     if predicate is not None:
         builder = builder.when_not_matched_by_source_delete(predicate)
-    builder.mark_sstables_as_compacted(marker).conflict_retries(0).execute(prep.upserts)
+    builder = builder.mark_sstables_as_compacted(marker).conflict_retries(0)
+    try:
+        builder.execute(prep.upsert_source())
+    except Exception:
+        failed = prep.failure()  # Lance reports a failed part as an OSError of its text
+        if failed is not None:
+            raise failed from None
+        raise
 
 
 def _delete_keys(
@@ -333,8 +472,8 @@ def _commit_once(
             except Exception:  # noqa: BLE001 - best effort: readers find it anyway
                 pass
     except OSError as e:
-        if not _is_conflict(e):
-            raise
+        if not _is_conflict(e) or prepared.failure() is not None:
+            raise  # a failed read of the rows is not a lost race, whatever its text
         if attempts + 1 > max_retries:
             raise CommitConflictError(
                 f"{table.uri}: merging {what} lost {attempts + 1} commit races"
@@ -458,9 +597,7 @@ def _merge_region_into(
         for g in batch[:-1]:  # merged by the same commit: its figures are on the last
             done.append(MergeResult(region_id, g.generation, 0, 0, 0.0))
         done.append(
-            MergeResult(
-                region_id, gen.generation, prepared.upserts.num_rows, prepared.deleted, seconds
-            )
+            MergeResult(region_id, gen.generation, prepared.upsert_rows, prepared.deleted, seconds)
         )
 
 
@@ -545,8 +682,9 @@ def merge_regions(
             _merge_across_regions(table, rooms, max_retries, batch_rows, batch_bytes, out)
         except Exception:  # noqa: BLE001 - isolated region by region just below
             pass
+    counts = Counter(r.region_id for r in out)
     for rid, limit in rooms.items():
-        room = _room(limit, rid, out)
+        room = _room(limit, rid, counts)
         if room is not None and room <= 0:
             continue
         try:
@@ -571,11 +709,12 @@ def _forget_merged(table: Catalog, done: list[MergeResult]) -> None:
         forget_merged_blocks(table.uri, table.index().merged_generations())
 
 
-def _room(limit: int | None, region_id: str, done: list[MergeResult]) -> int | None:
-    """How many more generations of the region may be merged (None: no limit)."""
+def _room(limit: int | None, region_id: str, merged: Mapping[str, int]) -> int | None:
+    """How many more generations of the region may be merged (None: no limit), given
+    how many of each region's were ``merged`` so far."""
     if limit is None:
         return None
-    return limit - sum(r.region_id == region_id for r in done)
+    return limit - merged.get(region_id, 0)
 
 
 def _merge_across_regions(
@@ -598,13 +737,16 @@ def _merge_across_regions(
 
     attempts = 0
     while True:
+        counts = Counter(r.region_id for r in done)
+        if all(limit is not None and limit <= counts[rid] for rid, limit in rooms.items()):
+            return  # every region merged as far as asked: nothing to read again
         ds = table.dataset()
         index = table.index(ds)
         merged = index.merged_generations()
         groups: list[tuple[str, list[FlushedGeneration]]] = []
         rows_left, bytes_left = batch_rows, batch_bytes
         for rid, limit in rooms.items():
-            room = _room(limit, rid, done)
+            room = _room(limit, rid, counts)
             if room is not None and room <= 0:
                 continue
             manifest = table.region_manifest(rid)
@@ -637,7 +779,9 @@ def _merge_across_regions(
         parts = [(rid, b, p) for (rid, b), p in zip(groups, preps, strict=True)]
         combined = _Prepared(
             0,
-            pa.concat_tables([p.upserts for _, _, p in parts]),
+            schema,
+            tuple(f for _, _, p in parts for f in p.parts),
+            sum(p.upsert_rows for _, _, p in parts),
             pa.concat_tables([p.deletes for _, _, p in parts]).combine_chunks(),
             pa.concat_tables([p.unmatched_deletes for _, _, p in parts]).combine_chunks(),
             sum(p.deleted for _, _, p in parts),
@@ -653,7 +797,7 @@ def _merge_across_regions(
             for g in batch[:-1]:
                 done.append(MergeResult(rid, g.generation, 0, 0, 0.0))
             last = batch[-1].generation
-            done.append(MergeResult(rid, last, prep.upserts.num_rows, prep.deleted, seconds))
+            done.append(MergeResult(rid, last, prep.upsert_rows, prep.deleted, seconds))
 
 
 def generations_by_region(merged: Iterable[MergeResult | Any]) -> dict[str, list[int]]:

@@ -50,7 +50,8 @@ DEFAULT_MAX_GENERATIONS = 4
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_RETENTION = dt.timedelta(hours=1)
 DEFAULT_COMPACT_FRAGMENTS = 16
-DEFAULT_COMPACT_DELETED_SHARE = 0.0
+DEFAULT_COMPACT_DELETED_SHARE = 0.1
+DEFAULT_COMPACT_REWRITE_ROWS = 2_000_000
 DEFAULT_MAX_INDEX_SEGMENTS = 4
 DEFAULT_ABANDONED_AFTER = dt.timedelta(minutes=5)
 
@@ -102,15 +103,22 @@ class MaintenancePolicy:
         when **more than** this many of its fragments are smaller than Lance's target
         of 1,048,576 rows (default 16; every merge adds small fragments, and searches
         and scans pay per fragment). A pass also compacts for the other read costs a
-        merge leaves (``compact_deleted_share``, and fragments with deletion files that
-        hold at most twice the rows the pass merged). None: never compact.
+        merge leaves (``compact_deleted_share``, ``compact_rewrite_rows``). None: never
+        compact.
     compact_deleted_share : float, optional
-        Rewrite the base fragments whose share of deleted rows is above this. Default
-        0.0: every fragment with a deletion file (a merge leaves one on each fragment
+        Rewrite the base fragments whose share of deleted rows is above this (default
+        0.1, Lance's own ``materialize_deletions_threshold``). 0.0: every fragment with
+        a deletion file, each pass (reads as fast as a clean base, at the cost of
+        rewriting every fragment a merge touched). None: only for the other reasons.
+    compact_rewrite_rows : int, optional
+        Rewrite every fragment with a deletion file (a merge leaves one on each fragment
         holding an updated or deleted key, and Lance's filtered scans of such a fragment
-        are ~1.6-2x slower already at 0.2% deleted rows), so that reads after a pass
-        are as fast as a clean base. 0.1 is Lance's own threshold: cheaper passes on
-        large bases, slower reads in between. None: only for the other reasons.
+        are ~1.6-2x slower already at 0.2% deleted rows) when those fragments hold at
+        most this many rows, or at most
+        :data:`~memwal_query.maintain.basefiles.REWRITE_ROWS_PER_MERGED_ROW` times the
+        rows the pass merged (default 2,000,000: a bounded rewrite per pass that keeps
+        small and mid-size tables as fast to read after a pass as a clean base). None:
+        only the rule by merged rows.
     max_index_segments : int, optional
         When catch-up finds a maintained index with more than this many segments (Lance
         adds a delta segment to a vector index per catch-up, and a search probes every
@@ -146,6 +154,7 @@ class MaintenancePolicy:
     max_retries: int | None = None
     compact_fragments: int | None = DEFAULT_COMPACT_FRAGMENTS
     compact_deleted_share: float | None = DEFAULT_COMPACT_DELETED_SHARE
+    compact_rewrite_rows: int | None = DEFAULT_COMPACT_REWRITE_ROWS
     max_index_segments: int | None = DEFAULT_MAX_INDEX_SEGMENTS
     catch_up: bool = True
     refresh_snapshots: bool = True
@@ -166,7 +175,13 @@ class MaintenancePolicy:
         return self.merge_over_rows
 
     def __post_init__(self) -> None:
-        optional = ("merge_batch_rows", "max_retries", "compact_fragments", "max_index_segments")
+        optional = (
+            "merge_batch_rows",
+            "max_retries",
+            "compact_fragments",
+            "compact_rewrite_rows",
+            "max_index_segments",
+        )
         for name in ("merge_over_generations", "merge_over_rows", *optional):
             value = getattr(self, name)
             if value is None and name in optional:
@@ -573,7 +588,9 @@ def _compact_step(
     else:
         merged_rows = sum(m.upserted + m.deleted for m in report.merged)
     limit = policy.compact_fragments if policy.compact_fragments is not None else cost.fragments
-    reason, share = compaction_reason(cost, limit, policy.compact_deleted_share, merged_rows)
+    reason, share = compaction_reason(
+        cost, limit, policy.compact_deleted_share, merged_rows, policy.compact_rewrite_rows
+    )
     report.compact_due, report.compact_reason = reason is not None, reason
     if reason is not None and not dry_run:
         report.compacted = _retrying(

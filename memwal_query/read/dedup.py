@@ -289,7 +289,10 @@ def int_runs(ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return last[seen], first[seen]
     bits = n.bit_length()
     if span < (1 << (63 - bits)):
-        packed = ((ints - lo) << bits) | pos  # offsets are >= 0 and below 2**(63-bits)
+        packed = ints - lo  # offsets are >= 0 and below 2**(63-bits)
+        packed <<= bits  # in place: one array of the keys' size, not three
+        packed |= pos
+        del pos
         packed.sort()
         values = packed >> bits
         starts = run_starts(values)
@@ -314,9 +317,10 @@ def _across_regions(
     are decided by (``_gen``, region rank, row order)."""
     if generations is None:
         raise ValueError("newest_indices: regions given without generations")
-    # Rows grouped by region (non-decreasing ranks): a key spans regions iff its first
-    # and last rows differ in region. Otherwise compare every row with its key's last.
-    if (regions[firsts] == regions[lasts]).all() and (np.diff(regions) >= 0).all():
+    # Rows grouped by region (each region's rows contiguous, in any region order): a
+    # key spans regions iff its first and last rows differ in region. Otherwise compare
+    # every row with its key's last.
+    if (regions[firsts] == regions[lasts]).all() and _grouped(regions):
         return np.sort(lasts)
     key_last = _key_last_index(rows, pk, lasts)
     odd_rows = regions[key_last] != regions
@@ -329,6 +333,13 @@ def _across_regions(
     ordered = idx[order]
     winners = ordered[newest_indices(rows.select(pk).take(pa.array(ordered)), pk)]
     return np.sort(np.concatenate([lasts[~mark[lasts]], winners]))
+
+
+def _grouped(regions: np.ndarray) -> bool:
+    """Whether each value of ``regions`` occupies one contiguous run."""
+    changes = np.flatnonzero(regions[1:] != regions[:-1])
+    run_values = regions[np.concatenate([[0], changes + 1])]
+    return len(np.unique(run_values)) == len(run_values)
 
 
 def _key_last_index(rows: pa.Table, pk: list[str], lasts: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, int_runs, ne
 from memwal_query.read.sources import (
     GENERATION_CACHE,
     conform,
+    generation_columns,
     memtable_rows,
     read_generations,
     read_schema,
@@ -27,11 +28,6 @@ from memwal_query.read.sources import (
 from memwal_query.read.view import GenerationRef, ReadPlan
 from memwal_query.storage.cache import LRUCache
 from memwal_query.write.memtable import MemTableSnapshot
-
-
-def _empty(schema: pa.Schema) -> pa.Table:
-    return conform(schema.empty_table(), schema)
-
 
 _POS = "__memwal_pos"
 
@@ -165,10 +161,7 @@ def _flushed_rows(
     storage_options: dict[str, str] | None,
 ) -> pa.Table:
     """The plan's generations, oldest first, only ``columns`` (zero-copy concatenation)."""
-    parts = read_generations(plan.generations, schema, storage_options, columns)
-    if parts:
-        return pa.concat_tables(parts)
-    return _empty(schema).select(list(columns))
+    return generation_columns(plan.generations, schema, columns, storage_options)[0]
 
 
 def _column_nbytes(entry: tuple[np.ndarray, pa.ChunkedArray]) -> int:
@@ -206,9 +199,12 @@ def _flushed_newest(
     missing = [n for n in names if n not in got]
     if missing:
         rows = winners if live is None else winners[live]
-        taken = _flushed_rows(plan, schema, missing, storage_options).take(pa.array(rows))
+        flushed = _flushed_rows(plan, schema, missing, storage_options)
+        at = pa.array(rows)
         for name in missing:
-            col = taken.column(name).combine_chunks()
+            # one column at a time, its chunks (one per generation) joined first: a
+            # take across thousands of chunks costs several times more
+            col = flushed.column(name).combine_chunks().take(at)
             got[name] = pa.chunked_array([col], col.type)
             NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
@@ -236,31 +232,25 @@ def _flushed_view(
     if hit is not None:
         return hit
     ranks = _ranks(plan)
-    cols = [*pk, GEN_COLUMN, TOMBSTONE]
-    read_cols = None if whole_rows else cols
+    if whole_rows:  # read whole (rows sidecars): the full read needs the other columns next
+        read_generations(plan.generations, schema, storage_options)
     parts: list[_RegionFlushed] = []
     if len(pk) == 1:
         for region in plan.regions:
             if not region.generations:
                 continue
-            got = _region_flushed(
-                region.generations, schema, pk[0], storage_options, read_cols, cols
-            )
+            got = _region_flushed(region.generations, schema, pk[0], storage_options)
             if got is None:
                 parts = []
                 break
             parts.append(got)
     if len(pk) != 1 or (plan.generations and not parts):
-        return FLUSHED_VIEWS.put(
-            key, _flushed_view_whole(plan, schema, pk, storage_options, read_cols, cols)
-        )
+        return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
     offsets = np.cumsum([0] + [p.num_rows for p in parts])
     win_keys = np.concatenate([p.keys for p in parts]) if parts else np.zeros(0, np.int64)
     keys = KeySet(pa.table({pk[0]: win_keys}))
     if len(parts) > 1 and keys.distinct() != len(win_keys):
-        return FLUSHED_VIEWS.put(
-            key, _flushed_view_whole(plan, schema, pk, storage_options, read_cols, cols)
-        )
+        return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
     rank_of = [ranks[p.region_id] for p in parts]
     view = (
         int(offsets[-1]),
@@ -276,22 +266,14 @@ def _flushed_view(
 
 
 def _flushed_view_whole(
-    plan: ReadPlan,
-    schema: pa.Schema,
-    pk: list[str],
-    storage_options: dict[str, str] | None,
-    read_cols: list[str] | None,
-    cols: list[str],
+    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None
 ) -> _FlushedView:
     """:func:`_flushed_view` with every row deduplicated at once."""
     ranks = _ranks(plan)
-    parts = read_generations(plan.generations, schema, storage_options, read_cols)
-    keys = pa.concat_tables(parts).select(cols) if parts else _empty(schema).select(cols)
-    regions = np.repeat(
-        np.array([ranks[g.region_id] for g in plan.generations], dtype=np.int64),
-        [p.num_rows for p in parts],
-    )
-    gens = keys.column(GEN_COLUMN).to_numpy().astype(np.int64) if parts else np.zeros(0, np.int64)
+    refs = plan.generations
+    keys, sizes = generation_columns(refs, schema, [*pk, TOMBSTONE], storage_options)
+    regions = np.repeat(np.array([ranks[g.region_id] for g in refs], np.int64), sizes)
+    gens = np.repeat(np.array([g.generation for g in refs], np.int64), sizes)
     winners = newest_indices(keys, pk, regions, gens)
     tomb = pc.fill_null(keys.column(TOMBSTONE).take(pa.array(winners)), False)
     tombstones = tomb.to_numpy(zero_copy_only=False).astype(bool, copy=False)
@@ -351,8 +333,6 @@ def _region_flushed(
     schema: pa.Schema,
     key: str,
     storage_options: dict[str, str] | None,
-    read_cols: list[str] | None,
-    cols: list[str],
 ) -> _RegionFlushed | None:
     """:class:`_RegionFlushed` of one region's generations ``refs`` (oldest first), from
     the one read last when ``refs`` are its generations less some oldest ones (merged
@@ -389,8 +369,7 @@ def _region_flushed(
         sizes = ()
     added = refs[keep:]
     if added:
-        parts = read_generations(added, schema, storage_options, read_cols)
-        rows = pa.concat_tables([p.select(cols) for p in parts])
+        rows, counts = generation_columns(added, schema, [key, TOMBSTONE], storage_options)
         ints = _int_keys(rows.column(key))
         if ints is None:
             return None
@@ -399,14 +378,14 @@ def _region_flushed(
         n = sum(sizes)
         stale = in_sorted(keys, np.unique(ints))
         tomb = pc.fill_null(rows.column(TOMBSTONE).take(pa.array(lasts)), False)
-        new_gens = rows.column(GEN_COLUMN).to_numpy().astype(np.int64)[lasts]
+        new_gens = np.repeat(np.array([g.generation for g in added], np.int64), counts)[lasts]
         winners = np.concatenate([winners[~stale], lasts + n])
         keys = np.concatenate([keys[~stale], ints[lasts]])
         gens = np.concatenate([gens[~stale], new_gens])
         tombstones = np.concatenate(
             [tombstones[~stale], tomb.to_numpy(zero_copy_only=False).astype(bool)]
         )
-        sizes = tuple(sizes) + tuple(p.num_rows for p in parts)
+        sizes = tuple(sizes) + tuple(int(c) for c in counts)
     out = _RegionFlushed(region_id, uris, tuple(sizes), winners, keys, gens, tombstones)
     return _REGION_FLUSHED.put((region_id, schema), out)
 
@@ -510,7 +489,7 @@ def _region_rows(
     if len(pk) != 1:
         return None
     tables = [_conformed(g, first, b, schema) for g, first, b in delta]
-    added = pa.concat_tables(tables) if tables else _empty(schema)
+    added = pa.concat_tables(tables) if tables else conform(schema.empty_table(), schema)
     ints = _int_keys(added.column(pk[0]))
     if ints is None:
         return None

@@ -13,9 +13,11 @@ filter keeps its semantics: ``docs/architecture.md``, "The DataFusion provider".
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -328,7 +330,9 @@ def _overwritten_count(base: Any, sets: list[KeySet]) -> int:
     # hashed sets build their hash set per test: few large batches; integer sets
     # gather: small batches (less memory in flight)
     size = 1 << 20 if any(s.hashed for s in sets) else BASE_BATCH_ROWS
-    for batch in base.scanner(columns=pk, batch_size=size).to_batches():
+    # one fragment at a time: ~15 MB less at the peak of a cold count, no slower
+    scan = base.scanner(columns=pk, batch_size=size, fragment_readahead=1)
+    for batch in scan.to_batches():
         mask = np.zeros(batch.num_rows, dtype=bool)  # a row counts once, whatever its sets
         for s in sets:
             mask |= s.contains(batch)
@@ -403,14 +407,17 @@ class _BaseFragment:
         The overwritten rows are dropped batch by batch as Lance decodes them (by key,
         by Lance's blocklist, or by row id: :meth:`_batches`), never by a filter over
         the whole base read first: the peak memory is the answer plus a batch."""
-        state = self.state
-        data_cols = [c for c in out_schema.names if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-        if not data_cols:
-            return None
-        if any(state.key_sets()) and state.base_rows() > ADDRESS_DEDUP_MAX_ROWS:
+        if not self.can_be_whole(out_schema):
             return None
         batches = list(self._guarded(out_schema, None, BASE_BATCH_ROWS))
         return pa.Table.from_batches(batches, schema=out_schema)
+
+    def can_be_whole(self, out_schema: pa.Schema) -> bool:
+        """Whether :meth:`whole` applies (computes the newer sources' view)."""
+        state = self.state
+        if not [c for c in out_schema.names if c not in (GEN_COLUMN, ROWADDR_COLUMN)]:
+            return False
+        return not (any(state.key_sets()) and state.base_rows() > ADDRESS_DEDUP_MAX_ROWS)
 
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
@@ -467,7 +474,8 @@ class _BaseFragment:
                 row_addr_blocklist=blocklist,
             )
             batches = scanner.to_batches()
-        for i, batch in enumerate(batches):
+
+        def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
             if overwritten is not None:
                 ids = batch.column(ROWID_COLUMN).to_numpy()
                 batch = _drop(batch, overwritten.contains(ids))
@@ -488,7 +496,40 @@ class _BaseFragment:
                     gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
                     batch = batch.append_column(GEN_COLUMN, gen)
                 batch = batch.filter(local)
-            yield _project(batch, out_schema, generation=0)
+            return _project(batch, out_schema, generation=0)
+
+        if not (overwritten is not None or int_sets or hashed or local is not None):
+            yield from (kept(i, b) for i, b in enumerate(batches))  # nothing to drop
+            return
+        yield from _ahead(kept, batches)
+
+
+KEEP_AHEAD = 2
+"""Base batches whose overwritten rows are dropped while the consumer takes the one
+before them (:func:`_ahead`)."""
+_KEEPERS = ThreadPoolExecutor(KEEP_AHEAD, thread_name_prefix="memwal-base-batches")
+_NEWER_ROWS = ThreadPoolExecutor(1, thread_name_prefix="memwal-newer-rows")
+"""Takes the newer sources' rows of a full read while its base is scanned."""
+
+
+def _ahead(
+    fn: Callable[[int, pa.RecordBatch], pa.RecordBatch], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``fn(i, batch)`` of every batch, in order, computed on :data:`_KEEPERS` up to
+    :data:`KEEP_AHEAD` batches ahead of the consumer (the copy of the kept rows and the
+    membership tests release the GIL: they overlap with Lance decoding the next batches
+    and with the consumer). Bounded memory: that many batches in flight."""
+    pending: collections.deque[Future[pa.RecordBatch]] = collections.deque()
+    try:
+        for i, batch in enumerate(batches):
+            pending.append(_KEEPERS.submit(fn, i, batch))
+            if len(pending) > KEEP_AHEAD:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for left in pending:  # the consumer stopped early or a batch failed
+            left.cancel()
 
 
 _KEPT_ROWS_POOL = pa.system_memory_pool()
@@ -738,10 +779,15 @@ class MemWalDataset(pads.Dataset):
         self.last_plan = state.plan
         pk = self.table.primary_key
         state.whole_rows = any(c not in pk for c in out_schema.names)
-        base = _BaseFragment(state, None).whole(out_schema)
-        if base is None:
+        base_part = _BaseFragment(state, None)
+        if not base_part.can_be_whole(out_schema):
             return None
-        newer = _NewerFragment(state).scanner(columns=out_schema.names).to_table()
+        # the newer rows are taken on another thread while the base is scanned
+        newer_part = _NewerFragment(state).scanner(columns=out_schema.names)
+        newer_rows = _NEWER_ROWS.submit(newer_part.to_table)
+        base = base_part.whole(out_schema)
+        newer = newer_rows.result()
+        assert base is not None  # can_be_whole
         return pa.concat_tables([base, newer]) if newer.num_rows else base
 
     def count_rows(self, filter: pc.Expression | None = None, **_: Any) -> int:

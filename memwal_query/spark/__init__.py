@@ -40,9 +40,9 @@ from memwal_query.spark.maintain import MaintainSummary, maintain
 from memwal_query.spark.merge import MergedGeneration, MergeSummary, merge, pending_generations
 
 if TYPE_CHECKING:
+    from memwal_query.spark.datasource import MemWalDataSource
     from memwal_query.spark.ingest import RegionWriteResult, WriteResult, route, write
     from memwal_query.spark.source import (
-        MemWalDataSource,
         changes_frame,
         filter_expression,
         read,
@@ -57,7 +57,7 @@ _LAZY = {
     "WriteResult": "ingest",
     "route": "ingest",
     "write": "ingest",
-    "MemWalDataSource": "source",
+    "MemWalDataSource": "datasource",
     "changes_frame": "source",
     "filter_expression": "source",
     "read": "source",
@@ -68,7 +68,7 @@ _LAZY = {
 
 
 _SUBMODULES = frozenset(
-    ["changes", "ingest", "ingest_schema", "ingest_tasks", "source", "streaming"]
+    ["changes", "datasource", "ingest", "ingest_schema", "ingest_tasks", "source", "streaming"]
 )
 
 

@@ -1,4 +1,8 @@
-"""Helpers shared by the Spark ingest, sink, merge and reader (driver and executors)."""
+"""Helpers shared by the Spark ingest, sink, merge and reader (driver and executors).
+
+Imports neither numpy nor pyarrow at module level: the ``.load()`` planner process of
+:class:`~memwal_query.spark.datasource.MemWalDataSource` imports this package only.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
     from pyspark.sql.types import StructType
 
     from memwal_query.regions.spec import RegionSpec
@@ -139,6 +141,10 @@ def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.A
     pa.Array
         One region id (string) per row.
     """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from memwal_query.table import region_id_for
 
     n = values.num_rows
@@ -183,6 +189,10 @@ def region_id_array(spec: RegionSpec, values: pa.RecordBatch | pa.Table) -> pa.A
 
 def split_by_value(column: pa.Array) -> list[tuple[Any, np.ndarray]]:
     """``[(value, row indices in order), ...]`` for each distinct value of ``column``."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     encoded = pc.dictionary_encode(column)
@@ -229,6 +239,8 @@ def _spark_compatible(t: pa.DataType) -> pa.DataType:
     Unsigned integers widen to the next signed type (``uint64`` to ``decimal(20, 0)``),
     ``float16`` to ``float32`` and ``date64`` to ``date32``: every value is kept.
     """
+    import pyarrow as pa
+
     if pa.types.is_unsigned_integer(t):
         return {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}.get(
             t.bit_width, pa.decimal128(20, 0)
@@ -251,6 +263,7 @@ def _spark_compatible(t: pa.DataType) -> pa.DataType:
 
 def _spark_schema(schema: pa.Schema) -> StructType:
     """The Spark schema of ``schema`` (types Spark lacks widened: :func:`_spark_compatible`)."""
+    import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
     plain = pa.schema([pa.field(f.name, _spark_compatible(f.type), f.nullable) for f in schema])

@@ -80,6 +80,9 @@ class RegionWriteResult:
         Writer epoch the task claimed the region with.
     partition, attempt : int
         Spark partition id and attempt number of the task.
+    already_written : bool
+        The region already held this write's ``stream_batch`` durably (an earlier
+        attempt of the batch wrote it): the rows are counted, nothing was written again.
     """
 
     region_id: str
@@ -89,6 +92,7 @@ class RegionWriteResult:
     epoch: int
     partition: int
     attempt: int
+    already_written: bool = False
 
 
 @dataclass
@@ -143,6 +147,7 @@ def write(
     fence_retries: int = DEFAULT_FENCE_RETRIES,
     num_partitions: int | None = None,
     schema_mode: str | None = None,
+    stream_batch: tuple[str, int] | None = None,
 ) -> WriteResult:
     """Write a batch DataFrame into the table's regions (see the module docs).
 
@@ -198,6 +203,13 @@ def write(
         ``"merge"`` adds them (nullable, with their Arrow types) before any task runs,
         as :meth:`MemWalTable.write` does (``order_by`` columns that are not table
         columns stay sort-only).
+    stream_batch : tuple of (str, int), optional
+        ``(stream id, batch id)``: this write is that batch of a stream (the streaming
+        sink passes its sink id and Spark's batch id; batch ids of a stream grow). Each
+        task holds a region's rows to its end and writes them as one WAL entry that
+        records the batch; a task writing the batch again (a retried task, a replayed
+        micro-batch) writes nothing into a region that already holds it durably (see
+        docs/spark.md, "Exactly-once, physically").
 
     Returns
     -------
@@ -225,6 +237,11 @@ def write(
     )
     options["partial"] = bool(partial)
     options["fence_retries"] = max(0, int(fence_retries))
+    if stream_batch is not None:
+        stream, number = stream_batch
+        if not isinstance(stream, str) or not stream or int(number) < 0:
+            raise MemWalError(f"stream_batch={stream_batch!r}: give (stream id, batch id >= 0)")
+        options["stream_batch"] = (stream, int(number))
     if mode == "upsert" or delete_column is not None:
         data = [c for c in df.columns if c not in options["ignore"]]
         table = open_table(uri, storage_options)

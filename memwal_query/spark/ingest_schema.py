@@ -25,6 +25,7 @@ RESULT_SCHEMA = pa.schema(
         pa.field("epoch", pa.int64()),
         pa.field("partition", pa.int32()),
         pa.field("attempt", pa.int32()),
+        pa.field("already_written", pa.bool_()),
     ]
 )
 PAYLOAD_COLUMN = "__memwal_payload"
@@ -37,5 +38,5 @@ PACKED_SCHEMA = pa.schema(
 PACKED_DDL = f"{REGION_COLUMN} string not null, {PAYLOAD_COLUMN} binary not null"
 RESULT_DDL = (
     "region_id string, upserted long, deleted long, generation long, epoch long, "
-    "partition int, attempt int"
+    "partition int, attempt int, already_written boolean"
 )

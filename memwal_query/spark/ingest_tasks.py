@@ -252,6 +252,8 @@ class _RegionSink:
         self.upserted = 0
         self.deleted = 0
         self.generation: int | None = None
+        # The region already held this write's stream batch: nothing was written again.
+        self.skipped = False
         # A row of the region and whether it was a delete (to claim the region again).
         self._first: tuple[pa.Table, bool] | None = None
 
@@ -286,15 +288,28 @@ class _RegionSink:
     def add(self, rows: pa.Table) -> None:
         """Buffer ``rows`` (input columns); write when ``buffer_rows`` are buffered.
 
-        With ``order_by`` everything is kept until :meth:`finish`, which sorts it.
+        With ``order_by`` or ``stream_batch`` everything is kept until :meth:`finish`
+        (sorted, and written as one WAL entry recording the batch).
         """
         self.buffer.append(rows)
         self.buffered += rows.num_rows
-        if not self.options["order"] and self.buffered >= self.options["buffer_rows"]:
+        held = self.options["order"] or self.options.get("stream_batch")
+        if not held and self.buffered >= self.options["buffer_rows"]:
             self.drain()
 
+    def _applied(self, writer: RegionWriter) -> bool:
+        """Whether the region already holds this write's stream batch durably (an earlier
+        attempt of the same batch got that far): then nothing is written again."""
+        batch = self.options.get("stream_batch")
+        if batch is None:
+            return False
+        if writer.applied_batch(batch[0]) == batch[1]:
+            self.skipped = True
+        return self.skipped
+
     def drain(self) -> None:
-        """Write the buffer: one durable put/delete per run of upserts or deletes."""
+        """Write the buffer: one durable put/delete per run of upserts or deletes (the
+        last one records the stream batch, if any)."""
         if not self.buffer:
             return
         rows = pa.concat_tables(self.buffer, promote_options="default")
@@ -304,31 +319,45 @@ class _RegionSink:
         deletes = _delete_mask(rows, self.options)
         data = _data(rows, self.options)
         schema, pk = self.table.schema, self.table.primary_key
+        batch = self.options.get("stream_batch")
         if deletes.any() and not deletes.all() and not self.options.get("partial"):
-            self._put_and_delete(data, deletes)
+            self._put_and_delete(data, deletes, batch)
             return
         bounds = np.flatnonzero(np.diff(deletes.astype(np.int8))) + 1
-        for start, end in zip([0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]):
+        starts, ends = [0, *bounds.tolist()], [*bounds.tolist(), rows.num_rows]
+        for i, (start, end) in enumerate(zip(starts, ends)):
             run = data.slice(start, end - start)
             is_delete = bool(deletes[start])
+            tag = batch if i == len(starts) - 1 else None
             if is_delete:
                 keys = coerce_keys(run, schema, pk)
-                self._retrying(run, is_delete, lambda w, k=keys: w.delete(k))
+                self._retrying(
+                    run,
+                    is_delete,
+                    lambda w, k=keys, b=tag: self._applied(w) or w._delete_routed(k, b),
+                )
                 self.deleted += keys.num_rows
             else:
                 # Routed with spec.evaluate on these coerced rows: put without re-checking.
                 full, missing = coerce_partial_rows(run, schema, pk)
                 if missing and not self.options.get("partial"):
                     raise SchemaError(f"column(s) {missing} are missing from the input")
-                self._retrying(run, is_delete, lambda w, f=full, m=missing: w._put_routed(f, m))
+                self._retrying(
+                    run,
+                    is_delete,
+                    lambda w, f=full, m=missing, b=tag: self._applied(w) or w._put_routed(f, m, b),
+                )
                 self.upserted += run.num_rows
             fault("ingest.after_put")
             if armed("ingest.fence_after_put"):  # tests: another writer claims the region
                 assert self.writer is not None
                 self.table.writer(region_values=self.writer.region_values).close(flush=False)
 
-    def _put_and_delete(self, data: pa.Table, deletes: np.ndarray) -> None:
-        """Interleaved upserts and deletes as one durable write, in their order."""
+    def _put_and_delete(
+        self, data: pa.Table, deletes: np.ndarray, batch: tuple[str, int] | None
+    ) -> None:
+        """Interleaved upserts and deletes as one durable write, in their order,
+        recording ``batch``."""
         schema, pk = self.table.schema, self.table.primary_key
         up_idx, del_idx = np.flatnonzero(~deletes), np.flatnonzero(deletes)
         keys = coerce_keys(data.take(pa.array(del_idx)), schema, pk)
@@ -340,7 +369,7 @@ class _RegionSink:
         self._retrying(
             data.slice(first, 1),
             False,
-            lambda w: w._put_and_delete_routed(full, keys, order),
+            lambda w: self._applied(w) or w._put_and_delete_routed(full, keys, order, batch),
         )
         self.upserted += full.num_rows
         self.deleted += keys.num_rows
@@ -449,5 +478,6 @@ def write_partition(
         out["epoch"].append(sink.writer.epoch if sink.writer is not None else None)
         out["partition"].append(partition)
         out["attempt"].append(attempt)
+        out["already_written"].append(sink.skipped)
     if sinks:
         yield pa.RecordBatch.from_pydict(out, schema=RESULT_SCHEMA)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -48,6 +48,7 @@ from memwal_query.spark._common import (
     open_table,
     option,
 )
+from memwal_query.spark.datasource import FORMAT, MemWalDataSource
 from memwal_query.storage.cache import LRUCache
 
 try:  # PySpark >= 4.1
@@ -79,7 +80,6 @@ if TYPE_CHECKING:
 
     from memwal_query.table import MemWalTable
 
-FORMAT = "memwal"
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 DEFAULT_ROWS_PER_SPLIT = 1_000_000
 
@@ -505,66 +505,6 @@ class MemWalPushdownReader(MemWalReader):
             self.filters.append(f)
 
 
-class MemWalDataSource(DataSource):
-    """The ``memwal`` data source (``spark.read.format("memwal").load(uri)``).
-
-    Options: ``path`` (the ``load`` argument), ``columns`` (comma-separated subset),
-    ``consistency`` (``latest`` (default)/``strong``/``eventual``), ``rows_per_split`` (rows per
-    partition; partitions are balanced), ``push_filters`` (``true`` to enable filter
-    pushdown: only for a DataFrame that runs a single query reading it once, see the
-    module docs), ``as_of`` (time travel:
-    a base version or ISO timestamp), ``changes_since`` (the change feed, see
-    :mod:`memwal_query.spark.changes`; also a Structured Streaming source),
-    ``storage.<key>`` (object-store options; Spark passes option names lower-cased).
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        """Format name: ``memwal``."""
-        return FORMAT
-
-    def _uri(self) -> str:
-        uri = self.options.get("path")
-        if not uri:
-            raise MemWalError('memwal data source: give the table URI: .load("/path")')
-        return uri
-
-    def schema(self) -> StructType:
-        """The table schema (or the ``columns`` option's subset), as Spark types.
-
-        Spark asks for it at ``.load()``: the table and the options are checked here
-        (:func:`check_read`), so a bad option or a missing table fails at ``.load()``,
-        with a one-frame traceback ending in the typed error.
-        """
-        try:
-            table, schema = check_read(self._uri(), self.options)
-        except MemWalError as e:
-            raise e.with_traceback(None) from None  # Spark prints the traceback: keep it short
-        if is_changes_read(self.options):
-            from memwal_query.spark import changes as _changes
-
-            return _changes.spark_changes_schema(table)
-        return _spark_schema(schema)
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        """A reader returning ``schema``'s columns."""
-        options = {k.lower(): v for k, v in self.options.items()}
-        if is_changes_read(options):
-            from memwal_query.spark import changes as _changes
-
-            return _changes.MemWalChangesReader(self._uri(), options, schema)
-        # Opt-in: Spark shares a pushed-down reader with later queries (module docs).
-        pushdown = str(option(options, "push_filters", "pushfilters", "false")).lower() == "true"
-        cls = MemWalPushdownReader if pushdown and _FILTERS else MemWalReader
-        return cls(self._uri(), options, schema)
-
-    def streamReader(self, schema: StructType) -> Any:  # noqa: N802 - PySpark's name
-        """Structured Streaming source of the change feed (:mod:`memwal_query.spark.changes`)."""
-        from memwal_query.spark import changes as _changes
-
-        return _changes.MemWalChangesStreamReader(self._uri(), dict(self.options), schema)
-
-
 def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
     """Open the table and check the read options: ``(table, schema to return)``.
 
@@ -660,7 +600,10 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     """``spark.read.format("memwal").options(**options).load(uri)``, registering the
     format first.
 
-    The table and the options are checked first, in this process (:func:`check_read`).
+    The table and the options are checked first, in this process (:func:`check_read`),
+    and the schema found there is handed to Spark (``.schema(...)``), so Spark's
+    ``.load()`` process does not open the table nor import lance (a change-feed read
+    lets the data source compute its schema).
 
     Parameters
     ----------
@@ -686,13 +629,18 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     MemWalError, SchemaError
         A bad option value (the message names the option) or an unknown column.
     """
-    check_read(uri, options)  # here, in the driver: a typed error, no Spark traceback
+    _, schema = check_read(uri, options)  # here, in the driver: a typed error, no traceback
     lowered = {k.lower(): v for k, v in options.items()}
     push = str(option(lowered, "push_filters", "pushfilters", "")).lower() == "true"
     if "rowspersplit" in lowered and "rows_per_split" not in lowered:
         deprecated_spelling("option('rowsPerSplit')", "option('rows_per_split')")
     register_source(spark, filter_pushdown=push)
-    return spark.read.format(FORMAT).options(**options).load(uri)
+    reader = spark.read.format(FORMAT).options(**options)
+    if not is_changes_read(lowered):
+        # The schema just computed: Spark's .load() process then neither opens the
+        # table nor imports lance (memwal_query.spark.datasource).
+        reader = reader.schema(_spark_schema(schema))
+    return reader.load(uri)
 
 
 def changes_frame(

@@ -5,15 +5,18 @@
 generation when its unflushed rows pass a long-lived writer's thresholds) and returns
 only once every row of the batch is durable.
 
-Contract: exactly once in the deduplicated view. A marker per committed batch
-(``_mem_wal/_spark/sinks/{sink_id}/{batch_id:020d}.json``, put-if-not-exists after the
-batch's rows are durable) makes a replayed batch whose id is not above the newest
-marker a no-op; a batch replayed before its marker is written again, which is
-idempotent. ``sink_id`` defaults to the streaming query's id (kept in the checkpoint);
-the newest ``keep_markers`` markers are kept.
+Contract: exactly once, in the deduplicated view and in storage. A marker per
+committed batch (``_mem_wal/_spark/sinks/{sink_id}/{batch_id:020d}.json``,
+put-if-not-exists after the batch's rows are durable) makes a replayed batch whose id
+is not above the newest marker a no-op. A batch replayed before its marker is written
+again with ``stream_batch=(sink_id, batch_id)``: each region's rows of a batch are one
+WAL entry recording the batch, and a region that already holds the batch (in its WAL
+tail or, once flushed, in its manifest) is skipped, so no row is stored twice.
+``sink_id`` defaults to the streaming query's id (kept in the checkpoint); the newest
+``keep_markers`` markers are kept.
 
-The crash cases and the flush policy: docs/spark.md ("Streaming sink: exactly-once in
-the deduplicated view").
+The crash cases, the exceptions and the flush policy: docs/spark.md ("Streaming sink:
+exactly-once, in the view and in storage").
 """
 
 from __future__ import annotations
@@ -115,7 +118,11 @@ class MemWalSink:
             return
         started = time.time()
         result = write(
-            batch_df, self.uri, storage_options=self.storage_options, **self.write_options
+            batch_df,
+            self.uri,
+            storage_options=self.storage_options,
+            stream_batch=(sink_id, batch_id),
+            **self.write_options,
         )
         self.last_result = result
         fault("sink.before_marker")

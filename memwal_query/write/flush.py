@@ -9,7 +9,10 @@
   (see :mod:`memwal_query.format.rowfile`: a first query reads it in one request
   instead of opening the Lance table);
 - ``memwal_keys.bin``, the key columns, ``_tombstone`` and row addresses alone (see
-  :mod:`memwal_query.format.keyfile`: deduplication and key indexes read only those);
+  :mod:`memwal_query.format.keyfile`: deduplication and key indexes read only those),
+  and ``memwal_region_keys.bin``, the same of every unmerged generation of the region
+  up to this one (a first query reads one file per region instead of one per
+  generation);
 - ``memwal_postings.bin``, the full-text postings of each column with an INVERTED
   index on the base table (see :mod:`memwal_query.format.postings`: a first full-text
   search reads them instead of tokenizing);
@@ -51,9 +54,19 @@ COALESCE_ROWS = 1 << 16  # rows per batch handed to Lance (see ``coalesced_batch
 
 
 def write_generation(
-    table: Catalog, region_id: str, gen_dir: str, memtable: MemTable
+    table: Catalog,
+    region_id: str,
+    gen_dir: str,
+    memtable: MemTable,
+    region_keys: list[keyfile.RegionKeysPart] | None = None,
 ) -> FlushedGeneration:
-    """Write ``memtable`` as generation ``memtable.generation`` into ``gen_dir``."""
+    """Write ``memtable`` as generation ``memtable.generation`` into ``gen_dir``.
+
+    ``region_keys``: the keys of the region's unmerged generations before this one
+    (the writer's, oldest first); this generation's are appended and the list (within
+    :data:`memwal_query.format.keyfile.REGION_KEYS_MAX_ROWS` rows) is written as its
+    ``memwal_region_keys.bin``, and left as written (the caller keeps it for the next
+    flush). Without it, or when the generation gets no keys sidecar, no such file."""
     uri = paths.generation_path(table.uri, region_id, gen_dir)
     data = memtable.to_table()
     ds = lance.write_dataset(
@@ -76,7 +89,14 @@ def write_generation(
     if sum(n for _, n in fragments) == data.num_rows:  # else: readers use Lance only
         addresses = rowfile.row_addresses(fragments)
         rowfile.write(table.io, uri, data, addresses)
-        keyfile.write(table.io, uri, data, list(table.primary_key), addresses)
+        stored = keyfile.write(table.io, uri, data, list(table.primary_key), addresses)
+        if region_keys is not None:
+            part = keyfile.RegionKeysPart(memtable.generation, gen_dir, stored)
+            try:
+                region_keys[:] = keyfile.write_region(table.io, uri, [*region_keys, part])
+            except Exception as e:  # noqa: BLE001 - an optimisation never fails a flush
+                LOG.warning("generation %s: no region keys file: %s", uri, e)
+                region_keys.clear()  # the next flush's file starts afresh
         _write_postings(table, uri, data, base)
     if pk_index_names(keys.schema):
         build_pk_indexes(ds, keys.schema)

@@ -80,10 +80,20 @@ class MemTable:
         self.first_append_at: float | None = None
         self.first_wal_position: int | None = None
         self.last_wal_position: int | None = None
+        # Per stream, the newest batch whose rows this MemTable holds (WAL entries
+        # recording ``memwal_batch``): its flush records them in the region manifest.
+        self.batches: dict[str, int] = {}
         # Index of the first batch not yet in the WAL (None: every batch is), and, while
         # a sync writes them, the end of the batches that sync covers.
         self._unsynced_from: int | None = None
         self._sync_end: int | None = None
+
+    def note_batch(self, batch: tuple[str, int] | None) -> None:
+        """The rows just added are batch ``batch[1]`` of stream ``batch[0]`` (None: no
+        batch recorded)."""
+        if batch is not None:
+            stream, number = batch
+            self.batches[stream] = max(number, self.batches.get(stream, number))
 
     def _note_position(self, wal_position: int | None) -> None:
         if wal_position is None:

@@ -13,6 +13,7 @@ from memwal_query.exceptions import (
     AlreadyExistsError,
     BackpressureError,
     FencedError,
+    MemWalError,
     SchemaError,
 )
 from memwal_query.format.schema import (
@@ -40,19 +41,25 @@ class _WalPath(_FlushPath):
                 self._wal_busy = False
                 self._cond.notify_all()
 
-    def _append_wal(self, rows: pa.Table) -> int:
-        """Write ``rows`` as the next WAL entry (caller holds the WAL token).
+    def _append_wal(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> int | None:
+        """Write ``rows`` as the next WAL entry (caller holds the WAL token), recording
+        ``batch`` (see :meth:`RegionWriter.applied_batch`).
 
         Returns its position once it is written and this writer is known not to be
-        fenced; only then may the rows be acknowledged.
+        fenced; only then may the rows be acknowledged. None (only with a ``batch``):
+        an entry of the same batch was found at the next position and adopted (another
+        attempt of the batch wrote it): the rows are durable there, and neither written
+        again nor to be added to the MemTable.
         """
-        data = encode_entry(rows, self.epoch, self._active.generation)
+        data = encode_entry(rows, self.epoch, self._active.generation, batch)
         while True:
             position = self._next_wal_position
             try:
                 self._wal.write_encoded(position, data)
             except AlreadyExistsError:
-                self._adopt(position)
+                if self._adopt(position) == batch and batch is not None:
+                    self._check_superseded()
+                    return None
                 continue
             # Not advancing _next_wal_position before the check passes: if the check
             # fails for another reason (storage error), the next write finds this entry
@@ -63,13 +70,14 @@ class _WalPath(_FlushPath):
             self.stats.wal_bytes += len(data)
             return position
 
-    def _adopt(self, position: int) -> None:
+    def _adopt(self, position: int) -> tuple[str, int] | None:
         """Take over the entry someone already wrote at our next position.
 
         Written by an older (fenced) writer, or by this writer in a write whose outcome
         was unknown (it raised, e.g. a timeout, but the object was stored): the entry
         will be replayed after a crash, so it must be in the MemTable too, in WAL order
         (before rows not yet in the WAL). Written by a newer writer: we are fenced.
+        Returns the entry's ``(stream, batch)``, if it records one.
         """
         entry = self._wal.read(position)
         if entry.writer_epoch > self.epoch:
@@ -77,8 +85,10 @@ class _WalPath(_FlushPath):
         table = self._conform(entry)
         with self._cond:
             self._active.adopt(table, position)
+            self._active.note_batch(entry.batch)
         self._next_wal_position = position + 1
         self.stats.adopted_entries += 1
+        return entry.batch
 
     def _check_superseded(self) -> None:
         """FencedError if another writer claimed the region since this writer's newest
@@ -124,16 +134,18 @@ class _WalPath(_FlushPath):
         self._check_open()
         self._raise_background_error()
 
-    def _write(self, rows: pa.Table) -> None:
+    def _write(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> None:
         self._check_open()
         self._raise_background_error()
         if rows.num_rows == 0:
             return
         self._wait_for_room()
         if self.durable:
-            self._durable_write(rows)
+            self._durable_write(rows, batch)
             self._seal(force=False)
             return
+        if batch is not None:
+            raise MemWalError("a write of a stream's batch needs a durable writer")
         with self._cond:
             while self._partial_busy:
                 self._cond.wait()
@@ -155,7 +167,9 @@ class _WalPath(_FlushPath):
                 self._wal_error = e
             self.stats.wal_write_errors += 1
 
-    def _write_partial(self, rows: pa.Table, missing: list[str]) -> None:
+    def _write_partial(
+        self, rows: pa.Table, missing: list[str], batch: tuple[str, int] | None = None
+    ) -> None:
         """A partial update: fill ``missing`` columns from the keys' current rows, then
         write. The WAL token is held from the lookup to the write, so no other put of
         this writer comes between them; a put of another writer fences this one first
@@ -181,9 +195,13 @@ class _WalPath(_FlushPath):
                 full = fill_missing(rows, missing, current, self._pk, self._schema)
                 stored = with_tombstone(full, False).cast(self._storage_schema)
                 if self.durable:
-                    position = self._append_wal(stored)
-                    with self._cond:
-                        self._active.append(stored, position)
+                    position = self._append_wal(stored, batch)
+                    if position is not None:  # None: the batch's entry was adopted
+                        with self._cond:
+                            self._active.append(stored, position)
+                            self._active.note_batch(batch)
+                elif batch is not None:
+                    raise MemWalError("a write of a stream's batch needs a durable writer")
                 else:
                     with self._cond:
                         self._active.append(stored, None)
@@ -195,8 +213,8 @@ class _WalPath(_FlushPath):
                     self._cond.notify_all()
         self._seal(force=False)
 
-    def _durable_write(self, rows: pa.Table) -> None:
-        req = _Request(rows)
+    def _durable_write(self, rows: pa.Table, batch: tuple[str, int] | None = None) -> None:
+        req = _Request(rows, batch)
         with self._cond:
             self._pending.append(req)
             while not req.done and self._wal_busy:
@@ -206,13 +224,17 @@ class _WalPath(_FlushPath):
                     raise req.error
                 return
             self._wal_busy = True  # leader
-            group, self._pending = self._pending, []
+            # One entry records one batch: the leader takes the writes of its own batch.
+            group = [r for r in self._pending if r.batch == batch]
+            self._pending = [r for r in self._pending if r.batch != batch]
         error: BaseException | None = None
         try:
             table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
-            position = self._append_wal(table)
-            with self._cond:
-                self._active.append(table, position)
+            position = self._append_wal(table, batch)
+            if position is not None:  # None: the batch's entry was adopted
+                with self._cond:
+                    self._active.append(table, position)
+                    self._active.note_batch(batch)
         except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
             error = e
         with self._cond:

@@ -237,6 +237,7 @@ class RegionWriter(_WalPath):
         ):
             early = []  # flushed meanwhile: replay from the claimed manifest
         self.epoch = manifest.writer_epoch
+        self._stream_batches = dict(manifest.stream_batches)
         # Newest region manifest version known to be this writer's (its claim, then its
         # flushes): the fencing check after each WAL write HEADs the version after it.
         self._known_version = manifest.version
@@ -351,6 +352,7 @@ class RegionWriter(_WalPath):
 
     def _replay_one(self, entry: WalEntry, rows: pa.Table) -> None:
         self._active.append(rows, entry.position)
+        self._active.note_batch(entry.batch)
         if entry.written_at is not None:
             self._active.backdate(entry.written_at)  # max_memtable_age counts from the entry
         self._next_wal_position = entry.position + 1
@@ -395,9 +397,15 @@ class RegionWriter(_WalPath):
         self._check_region(rows)
         self._put_routed(rows, missing)
 
-    def _put_routed(self, rows: pa.Table, missing: Sequence[str] = ()) -> None:
+    def _put_routed(
+        self,
+        rows: pa.Table,
+        missing: Sequence[str] = (),
+        batch: tuple[str, int] | None = None,
+    ) -> None:
         """Put rows already coerced and routed to this region (used by table.write);
-        ``missing``: columns of a partial update, filled from the keys' current rows.
+        ``missing``: columns of a partial update, filled from the keys' current rows;
+        ``batch``: the ``(stream, batch)`` these rows are (:meth:`applied_batch`).
         SchemaChangedError when they were coerced to another schema than this writer's
         (the table's schema changed in between; nothing written)."""
         if rows.schema.names != self._schema.names:
@@ -407,24 +415,30 @@ class RegionWriter(_WalPath):
                 "changed meanwhile); nothing was written"
             )
         if missing:
-            self._write_partial(rows, list(missing))
+            self._write_partial(rows, list(missing), batch)
         else:
-            self._write(with_tombstone(rows, False).cast(self._storage_schema))
+            self._write(with_tombstone(rows, False).cast(self._storage_schema), batch)
         self.stats.put_rows += rows.num_rows
 
-    def _put_and_delete_routed(self, rows: pa.Table, keys: pa.Table, order: pa.Array) -> None:
+    def _put_and_delete_routed(
+        self,
+        rows: pa.Table,
+        keys: pa.Table,
+        order: pa.Array,
+        batch: tuple[str, int] | None = None,
+    ) -> None:
         """Upserts and deletes already coerced (full rows; key columns) and routed to
         this region, written as ONE write (one WAL entry in durable mode): row ``i`` of
         the write is row ``order[i]`` of the upserts followed by the deletes' tombstones,
         so a batch of interleaved upserts and deletes keeps its order without one WAL
-        entry per run."""
+        entry per run; ``batch`` as for :meth:`_put_routed`."""
         stored = pa.concat_tables(
             [
                 with_tombstone(rows, False).cast(self._storage_schema),
                 tombstone_rows(keys, self._schema).cast(self._storage_schema),
             ]
         )
-        self._write(stored.take(order))
+        self._write(stored.take(order), batch)
         self.stats.put_rows += rows.num_rows
         self.stats.delete_rows += keys.num_rows
 
@@ -438,8 +452,30 @@ class RegionWriter(_WalPath):
         """
         key_table = coerce_keys(keys, self._schema, self._pk)
         self._check_region(key_table)
-        self._write(tombstone_rows(key_table, self._schema).cast(self._storage_schema))
-        self.stats.delete_rows += key_table.num_rows
+        self._delete_routed(key_table)
+
+    def _delete_routed(self, keys: pa.Table, batch: tuple[str, int] | None = None) -> None:
+        """Delete keys already coerced and routed to this region; ``batch`` as for
+        :meth:`_put_routed`."""
+        self._write(tombstone_rows(keys, self._schema).cast(self._storage_schema), batch)
+        self.stats.delete_rows += keys.num_rows
+
+    def applied_batch(self, stream: str) -> int | None:
+        """The newest batch of ``stream`` whose rows are durable in this region, or None.
+
+        A write given ``batch=(stream, n)`` records it in its WAL entry, and a flush
+        records the newest batch per stream of the flushed rows in the region manifest.
+        So this covers the rows replayed when the writer claimed the region, the rows
+        it wrote, and the generations flushed before: a writer replaying batch ``n``
+        of a stream (a retried Spark task, a restarted streaming query) skips a region
+        where ``applied_batch(stream) == n``. Only the last write of a batch should
+        carry it (a batch written as several writes is otherwise applied in part).
+        """
+        with self._cond:
+            found = [self._stream_batches.get(stream)]
+            found += [m.batches.get(stream) for m in (*self._sealed, self._active)]
+        numbers = [n for n in found if n is not None]
+        return max(numbers) if numbers else None
 
     def sync(self) -> None:
         """Write every buffered row to the WAL now (non-durable mode); no-op otherwise.

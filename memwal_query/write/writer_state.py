@@ -17,7 +17,13 @@ from memwal_query.exceptions import (
     MemWalError,
     WriterClosedError,
 )
-from memwal_query.format.manifest import RegionManifest, RegionManifestStore
+from memwal_query.format import keyfile
+from memwal_query.format.keyfile import RegionKeysPart
+from memwal_query.format.manifest import (
+    RegionManifest,
+    RegionManifestStore,
+    merged_stream_batches,
+)
 from memwal_query.format.wal import Wal, WalEntry, conform_entry
 from memwal_query.storage import paths
 from memwal_query.write.background import DaemonRunner
@@ -53,6 +59,7 @@ DEFAULT_MAX_MEMTABLE_AGE = 60.0
 @dataclass
 class _Request:
     rows: pa.Table
+    batch: tuple[str, int] | None = None
     done: bool = False
     error: BaseException | None = None
 
@@ -116,6 +123,8 @@ class _WriterState:
     _known_version: int
     _active: MemTable
     _next_wal_position: int
+    _stream_batches: dict[str, int]
+    _region_keys: list[RegionKeysPart] | None = None  # see _unmerged_keys
 
     def _check_open(self) -> None:
         failed = self._failed
@@ -222,15 +231,39 @@ class _FlushPath(_WriterState):
                 self._flush_active = False
                 self._cond.notify_all()
 
+    def _unmerged_keys(self) -> list[RegionKeysPart]:
+        """The keys of the region's generations flushed before (oldest first, as the
+        last flush wrote them in its region keys file; on a writer's first flush, read
+        from the file of the newest generation its manifest lists: those of the
+        generations the manifest still lists)."""
+        if self._region_keys is None:
+            self._region_keys = []
+            try:
+                manifest = self._store.load_latest()
+            except Exception:  # noqa: BLE001 - an optimisation: the commit reports it
+                return self._region_keys
+            listed = (
+                {(g.generation, g.path) for g in manifest.flushed_generations}
+                if manifest
+                else set()
+            )
+            if listed:
+                newest = max(listed)
+                uri = paths.generation_path(self.table.uri, self.region_id, newest[1])
+                parts = keyfile.read_region(self.table.io, uri) or []
+                self._region_keys = [p for p in parts if (p.generation, p.path) in listed]
+        return self._region_keys
+
     def _flush_one(self, memtable: MemTable) -> None:
         """Flush the oldest sealed MemTable and commit the region manifest."""
         from memwal_query.write.flush import write_generation
 
         started = time.perf_counter()
         gen_dir = paths.new_generation_dir(memtable.generation)
-        flushed = write_generation(self.table, self.region_id, gen_dir, memtable)
-
         merged = self.table.index().merged_generations().get(self.region_id, 0)
+        region_keys = [p for p in self._unmerged_keys() if p.generation > merged]
+        flushed = write_generation(self.table, self.region_id, gen_dir, memtable, region_keys)
+
         region_dir = paths.region_dir(self.table.uri, self.region_id)
 
         def update(current: RegionManifest) -> RegionManifest:
@@ -253,10 +286,13 @@ class _FlushPath(_WriterState):
                 wal_entry_position_last_seen=max(
                     current.wal_entry_position_last_seen, self._next_wal_position - 1
                 ),
+                stream_batches=merged_stream_batches(current.stream_batches, memtable.batches),
             )
 
         committed = self._store.commit_update(self.epoch, update)
+        self._region_keys = region_keys
         with self._cond:
+            self._stream_batches = dict(committed.stream_batches)
             self._known_version = max(self._known_version, committed.version)
             self._sealed.pop(0)
             self._cond.notify_all()  # puts waiting for room (backpressure)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cmemwal.proto\x12\x0blance.table\"\x14\n\x04UUID\x12\x0c\n\x04uuid\x18\x01 \x01(\x0c\"\xcb\x01\n\x11\x46lushedGeneration\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x1c\n\x0fin_memory_bytes\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\rphysical_rows\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x1e\n\x11primary_key_bytes\x18\x05 \x01(\x04H\x02\x88\x01\x01\x42\x12\n\x10_in_memory_bytesB\x10\n\x0e_physical_rowsB\x14\n\x12_primary_key_bytes\"3\n\x10RegionFieldEntry\x12\x10\n\x08\x66ield_id\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x97\x03\n\x0eRegionManifest\x12$\n\tregion_id\x18\x0b \x01(\x0b\x32\x11.lance.table.UUID\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x16\n\x0eregion_spec_id\x18\n \x01(\r\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12\'\n\x1freplay_after_wal_entry_position\x18\x03 \x01(\x04\x12$\n\x1cwal_entry_position_last_seen\x18\x04 \x01(\x04\x12\x1a\n\x12\x63urrent_generation\x18\x06 \x01(\x04\x12;\n\x13\x66lushed_generations\x18\x08 \x03(\x0b\x32\x1e.lance.table.FlushedGeneration\x12;\n\x14region_field_entries\x18\x0e \x03(\x0b\x32\x1d.lance.table.RegionFieldEntry\x12)\n\x06status\x18\x0f \x01(\x0e\x32\x19.lance.table.RegionStatus\x12\x10\n\x07lineage\x18\xe9\x07 \x01(\t\"L\n\x10MergedGeneration\x12$\n\tregion_id\x18\x01 \x01(\x0b\x32\x11.lance.table.UUID\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"h\n\x14IndexCatchupProgress\x12\x12\n\nindex_name\x18\x01 \x01(\t\x12<\n\x15\x63\x61ught_up_generations\x18\x02 \x03(\x0b\x32\x1d.lance.table.MergedGeneration\"\x87\x02\n\x0bRegionField\x12\x10\n\x08\x66ield_id\x18\x01 \x01(\t\x12\x12\n\nsource_ids\x18\x02 \x03(\x05\x12\x16\n\ttransform\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nexpression\x18\x04 \x01(\tH\x01\x88\x01\x01\x12\x13\n\x0bresult_type\x18\x05 \x01(\t\x12<\n\nparameters\x18\x06 \x03(\x0b\x32(.lance.table.RegionField.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0c\n\n_transformB\r\n\x0b_expression\"G\n\nRegionSpec\x12\x0f\n\x07spec_id\x18\x01 \x01(\r\x12(\n\x06\x66ields\x18\x02 \x03(\x0b\x32\x18.lance.table.RegionField\"\xd1\x03\n\x12MemWalIndexDetails\x12\x1a\n\x12snapshot_ts_millis\x18\x01 \x01(\x03\x12\x13\n\x0bnum_regions\x18\x02 \x01(\r\x12\x1d\n\x10inline_snapshots\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12-\n\x0cregion_specs\x18\x07 \x03(\x0b\x32\x17.lance.table.RegionSpec\x12\x1a\n\x12maintained_indexes\x18\x08 \x03(\t\x12\x39\n\x12merged_generations\x18\t \x03(\x0b\x32\x1d.lance.table.MergedGeneration\x12\x38\n\rindex_catchup\x18\n \x03(\x0b\x32!.lance.table.IndexCatchupProgress\x12Y\n\x16writer_config_defaults\x18\x0b \x03(\x0b\x32\x39.lance.table.MemWalIndexDetails.WriterConfigDefaultsEntry\x1a;\n\x19WriterConfigDefaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_inline_snapshots*&\n\x0cRegionStatus\x12\n\n\x06\x41\x43TIVE\x10\x00\x12\n\n\x06SEALED\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cmemwal.proto\x12\x0blance.table\"\x14\n\x04UUID\x12\x0c\n\x04uuid\x18\x01 \x01(\x0c\"\xcb\x01\n\x11\x46lushedGeneration\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x1c\n\x0fin_memory_bytes\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\rphysical_rows\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x1e\n\x11primary_key_bytes\x18\x05 \x01(\x04H\x02\x88\x01\x01\x42\x12\n\x10_in_memory_bytesB\x10\n\x0e_physical_rowsB\x14\n\x12_primary_key_bytes\"3\n\x10RegionFieldEntry\x12\x10\n\x08\x66ield_id\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xca\x03\n\x0eRegionManifest\x12$\n\tregion_id\x18\x0b \x01(\x0b\x32\x11.lance.table.UUID\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x16\n\x0eregion_spec_id\x18\n \x01(\r\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\x12\'\n\x1freplay_after_wal_entry_position\x18\x03 \x01(\x04\x12$\n\x1cwal_entry_position_last_seen\x18\x04 \x01(\x04\x12\x1a\n\x12\x63urrent_generation\x18\x06 \x01(\x04\x12;\n\x13\x66lushed_generations\x18\x08 \x03(\x0b\x32\x1e.lance.table.FlushedGeneration\x12;\n\x14region_field_entries\x18\x0e \x03(\x0b\x32\x1d.lance.table.RegionFieldEntry\x12)\n\x06status\x18\x0f \x01(\x0e\x32\x19.lance.table.RegionStatus\x12\x10\n\x07lineage\x18\xe9\x07 \x01(\t\x12\x31\n\x0estream_batches\x18\xea\x07 \x03(\x0b\x32\x18.lance.table.StreamBatch\",\n\x0bStreamBatch\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x02 \x01(\x04\"L\n\x10MergedGeneration\x12$\n\tregion_id\x18\x01 \x01(\x0b\x32\x11.lance.table.UUID\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"h\n\x14IndexCatchupProgress\x12\x12\n\nindex_name\x18\x01 \x01(\t\x12<\n\x15\x63\x61ught_up_generations\x18\x02 \x03(\x0b\x32\x1d.lance.table.MergedGeneration\"\x87\x02\n\x0bRegionField\x12\x10\n\x08\x66ield_id\x18\x01 \x01(\t\x12\x12\n\nsource_ids\x18\x02 \x03(\x05\x12\x16\n\ttransform\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x17\n\nexpression\x18\x04 \x01(\tH\x01\x88\x01\x01\x12\x13\n\x0bresult_type\x18\x05 \x01(\t\x12<\n\nparameters\x18\x06 \x03(\x0b\x32(.lance.table.RegionField.ParametersEntry\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0c\n\n_transformB\r\n\x0b_expression\"G\n\nRegionSpec\x12\x0f\n\x07spec_id\x18\x01 \x01(\r\x12(\n\x06\x66ields\x18\x02 \x03(\x0b\x32\x18.lance.table.RegionField\"\xd1\x03\n\x12MemWalIndexDetails\x12\x1a\n\x12snapshot_ts_millis\x18\x01 \x01(\x03\x12\x13\n\x0bnum_regions\x18\x02 \x01(\r\x12\x1d\n\x10inline_snapshots\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12-\n\x0cregion_specs\x18\x07 \x03(\x0b\x32\x17.lance.table.RegionSpec\x12\x1a\n\x12maintained_indexes\x18\x08 \x03(\t\x12\x39\n\x12merged_generations\x18\t \x03(\x0b\x32\x1d.lance.table.MergedGeneration\x12\x38\n\rindex_catchup\x18\n \x03(\x0b\x32!.lance.table.IndexCatchupProgress\x12Y\n\x16writer_config_defaults\x18\x0b \x03(\x0b\x32\x39.lance.table.MemWalIndexDetails.WriterConfigDefaultsEntry\x1a;\n\x19WriterConfigDefaultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x13\n\x11_inline_snapshots*&\n\x0cRegionStatus\x12\n\n\x06\x41\x43TIVE\x10\x00\x12\n\n\x06SEALED\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGIONFIELD_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_MEMWALINDEXDETAILS_WRITERCONFIGDEFAULTSENTRY']._loaded_options = None
   _globals['_MEMWALINDEXDETAILS_WRITERCONFIGDEFAULTSENTRY']._serialized_options = b'8\001'
-  _globals['_REGIONSTATUS']._serialized_start=1711
-  _globals['_REGIONSTATUS']._serialized_end=1749
+  _globals['_REGIONSTATUS']._serialized_start=1808
+  _globals['_REGIONSTATUS']._serialized_end=1846
   _globals['_UUID']._serialized_start=29
   _globals['_UUID']._serialized_end=49
   _globals['_FLUSHEDGENERATION']._serialized_start=52
@@ -44,19 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGIONFIELDENTRY']._serialized_start=257
   _globals['_REGIONFIELDENTRY']._serialized_end=308
   _globals['_REGIONMANIFEST']._serialized_start=311
-  _globals['_REGIONMANIFEST']._serialized_end=718
-  _globals['_MERGEDGENERATION']._serialized_start=720
-  _globals['_MERGEDGENERATION']._serialized_end=796
-  _globals['_INDEXCATCHUPPROGRESS']._serialized_start=798
-  _globals['_INDEXCATCHUPPROGRESS']._serialized_end=902
-  _globals['_REGIONFIELD']._serialized_start=905
-  _globals['_REGIONFIELD']._serialized_end=1168
-  _globals['_REGIONFIELD_PARAMETERSENTRY']._serialized_start=1090
-  _globals['_REGIONFIELD_PARAMETERSENTRY']._serialized_end=1139
-  _globals['_REGIONSPEC']._serialized_start=1170
-  _globals['_REGIONSPEC']._serialized_end=1241
-  _globals['_MEMWALINDEXDETAILS']._serialized_start=1244
-  _globals['_MEMWALINDEXDETAILS']._serialized_end=1709
-  _globals['_MEMWALINDEXDETAILS_WRITERCONFIGDEFAULTSENTRY']._serialized_start=1629
-  _globals['_MEMWALINDEXDETAILS_WRITERCONFIGDEFAULTSENTRY']._serialized_end=1688
+  _globals['_REGIONMANIFEST']._serialized_end=769
+  _globals['_STREAMBATCH']._serialized_start=771
+  _globals['_STREAMBATCH']._serialized_end=815
+  _globals['_MERGEDGENERATION']._serialized_start=817
+  _globals['_MERGEDGENERATION']._serialized_end=893
+  _globals['_INDEXCATCHUPPROGRESS']._serialized_start=895
+  _globals['_INDEXCATCHUPPROGRESS']._serialized_end=999
+  _globals['_REGIONFIELD']._serialized_start=1002
+  _globals['_REGIONFIELD']._serialized_end=1265
+  _globals['_REGIONFIELD_PARAMETERSENTRY']._serialized_start=1187
+  _globals['_REGIONFIELD_PARAMETERSENTRY']._serialized_end=1236
+  _globals['_REGIONSPEC']._serialized_start=1267
+  _globals['_REGIONSPEC']._serialized_end=1338
+  _globals['_MEMWALINDEXDETAILS']._serialized_start=1341
+  _globals['_MEMWALINDEXDETAILS']._serialized_end=1806
+  _globals['_MEMWALINDEXDETAILS_WRITERCONFIGDEFAULTSENTRY']._serialized_start=1726
+  _globals['_MEMWALINDEXDETAILS_WRITERCONFIGDEFAULTSENTRY']._serialized_end=1785
 # @@protoc_insertion_point(module_scope)

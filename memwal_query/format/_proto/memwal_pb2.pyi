@@ -43,7 +43,7 @@ class RegionFieldEntry(_message.Message):
     def __init__(self, field_id: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class RegionManifest(_message.Message):
-    __slots__ = ("region_id", "version", "region_spec_id", "writer_epoch", "replay_after_wal_entry_position", "wal_entry_position_last_seen", "current_generation", "flushed_generations", "region_field_entries", "status", "lineage")
+    __slots__ = ("region_id", "version", "region_spec_id", "writer_epoch", "replay_after_wal_entry_position", "wal_entry_position_last_seen", "current_generation", "flushed_generations", "region_field_entries", "status", "lineage", "stream_batches")
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REGION_SPEC_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class RegionManifest(_message.Message):
     REGION_FIELD_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     region_id: UUID
     version: int
     region_spec_id: int
@@ -66,7 +67,16 @@ class RegionManifest(_message.Message):
     region_field_entries: _containers.RepeatedCompositeFieldContainer[RegionFieldEntry]
     status: RegionStatus
     lineage: str
-    def __init__(self, region_id: _Optional[_Union[UUID, _Mapping]] = ..., version: _Optional[int] = ..., region_spec_id: _Optional[int] = ..., writer_epoch: _Optional[int] = ..., replay_after_wal_entry_position: _Optional[int] = ..., wal_entry_position_last_seen: _Optional[int] = ..., current_generation: _Optional[int] = ..., flushed_generations: _Optional[_Iterable[_Union[FlushedGeneration, _Mapping]]] = ..., region_field_entries: _Optional[_Iterable[_Union[RegionFieldEntry, _Mapping]]] = ..., status: _Optional[_Union[RegionStatus, str]] = ..., lineage: _Optional[str] = ...) -> None: ...
+    stream_batches: _containers.RepeatedCompositeFieldContainer[StreamBatch]
+    def __init__(self, region_id: _Optional[_Union[UUID, _Mapping]] = ..., version: _Optional[int] = ..., region_spec_id: _Optional[int] = ..., writer_epoch: _Optional[int] = ..., replay_after_wal_entry_position: _Optional[int] = ..., wal_entry_position_last_seen: _Optional[int] = ..., current_generation: _Optional[int] = ..., flushed_generations: _Optional[_Iterable[_Union[FlushedGeneration, _Mapping]]] = ..., region_field_entries: _Optional[_Iterable[_Union[RegionFieldEntry, _Mapping]]] = ..., status: _Optional[_Union[RegionStatus, str]] = ..., lineage: _Optional[str] = ..., stream_batches: _Optional[_Iterable[_Union[StreamBatch, _Mapping]]] = ...) -> None: ...
+
+class StreamBatch(_message.Message):
+    __slots__ = ("stream", "batch")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    batch: int
+    def __init__(self, stream: _Optional[str] = ..., batch: _Optional[int] = ...) -> None: ...
 
 class MergedGeneration(_message.Message):
     __slots__ = ("region_id", "generation")

@@ -1,0 +1,189 @@
+"""The merger reads keys first, then the winning rows in the background.
+
+A batch's deletes and winners are decided from the generations' keys (their keys
+sidecars); the winning rows are read from the rows sidecars while the deletes commit,
+and stream into the upsert commit. These tests prove the shortcut never changes what a
+merge leaves: missing or damaged sidecars fall back to the Lance tables; sidecars that
+disagree with the manifest or with each other are a typed error before anything is
+committed; a failure while the rows are read is that failure, never a lost commit race,
+and leaves a state every reader answers correctly, which the next merge completes.
+"""
+
+import os
+import warnings
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from memwal_query.exceptions import CorruptFileError, MergeFailedError
+from memwal_query.format import keyfile, rowfile
+from memwal_query.maintain import merger
+from memwal_query.storage import paths
+
+from helpers import expr_table, write_generation
+
+
+def view(t):
+    rows = t.provider().to_table().to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key twice"
+    return {r["id"]: r["val"] for r in rows}
+
+
+def base_view(uri):
+    rows = lance.dataset(uri).to_table(columns=["id", "val"]).to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key twice in the base table"
+    return {r["id"]: r["val"] for r in rows}
+
+
+def _generation_dirs(t, region):
+    manifest = t.catalog.region_manifest(region)
+    return [
+        paths.generation_path(t.uri, region, g.path).removeprefix("file://")
+        for g in manifest.flushed_generations
+    ]
+
+
+def _two_regions(base_uri):
+    t = expr_table(base_uri)
+    model = {k: float(k) for k in range(100)}
+    region = write_generation(t, model, {"r": 0}, [0, 2, 200], [4, 6], 1.0)
+    write_generation(t, model, {"r": 0}, [4, 8, 202], [0, 10], 2.0)
+    write_generation(t, model, {"r": 0}, [12, 204], [14], 3.0)
+    write_generation(t, model, {"r": 0}, [16, 206], [18], 4.0)
+    write_generation(t, model, {"r": 1}, [1, 3, 201], [5, 7], 1.0)
+    return t, model, region
+
+
+@pytest.fixture(params=[0, 10**12], ids=["split", "one-commit"])
+def separate_deletes(request, monkeypatch):
+    """Both commit forms: deletes in a commit of their own, or with the upserts."""
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", request.param)
+    return request.param == 0
+
+
+def test_missing_or_damaged_sidecars_merge_from_the_lance_tables(base_uri, separate_deletes):
+    t, model, region = _two_regions(base_uri)
+    gens = _generation_dirs(t, region)
+    os.remove(os.path.join(gens[0], keyfile.KEYS_FILE))  # as written by pylance
+    path = os.path.join(gens[1], keyfile.KEYS_FILE)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # a flipped bit: the CRC catches it
+    open(path, "wb").write(bytes(data))
+    os.remove(os.path.join(gens[2], rowfile.ROWS_FILE))
+    path = os.path.join(gens[3], rowfile.ROWS_FILE)
+    open(path, "wb").write(open(path, "rb").read()[:100])  # truncated
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t.maintenance.merge()
+    damaged = " ".join(str(w.message) for w in seen)
+    assert keyfile.KEYS_FILE in damaged and rowfile.ROWS_FILE in damaged
+    assert base_view(t.uri) == model and view(t) == model
+    assert t.maintenance.merge().merged == []
+
+
+def _rewrite_keys(gen_dir, change):
+    """Replace a generation's keys sidecar by a valid one holding ``change(keys)``."""
+    from memwal_query.storage.factory import file_io_for
+
+    io = file_io_for(gen_dir, None)
+    keys = keyfile.read(io, gen_dir)
+    keys = change(keys)
+    addresses = keys.column("_rowaddr").to_numpy()
+    keyfile.write(io, gen_dir, keys.drop_columns(["_rowaddr"]), ["id"], addresses)
+
+
+def test_keys_that_disagree_with_the_manifest_commit_nothing(base_uri, separate_deletes):
+    """A keys sidecar listing fewer rows than the manifest records is a typed error
+    naming the generation, raised before the deletes commit."""
+    t, model, region = _two_regions(base_uri)
+    _rewrite_keys(_generation_dirs(t, region)[1], lambda k: k.slice(1))
+    before = lance.dataset(t.uri).version
+    with pytest.raises(MergeFailedError) as info:
+        t.maintenance.merge()
+    err = info.value.errors[region]
+    assert isinstance(err, CorruptFileError) and keyfile.KEYS_FILE in str(err)
+    assert region not in t.catalog.index().merged_generations()
+    # the other region merged on its own (deletes and upserts); this one committed nothing
+    assert lance.dataset(t.uri).version == before + (2 if separate_deletes else 1)
+
+
+def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatch):
+    """Keys and rows of a generation that differ (a valid keys sidecar with other keys)
+    stop the merge with a typed error; in one commit, nothing is committed."""
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 10**12)
+    t, model, region = _two_regions(base_uri)
+
+    def shifted(keys):
+        ids = keys.column("id").to_numpy() + 1000
+        return keys.set_column(0, keys.schema.field("id"), pa.array(ids, pa.int64()))
+
+    _rewrite_keys(_generation_dirs(t, region)[0], shifted)
+    before = lance.dataset(t.uri).version
+    with pytest.raises(MergeFailedError) as info:
+        t.maintenance.merge()
+    err = info.value.errors[region]
+    assert isinstance(err, CorruptFileError) and "disagree" in str(err)
+    assert region not in t.catalog.index().merged_generations()
+    assert lance.dataset(t.uri).version == before + 1  # the other region only
+
+
+def test_a_failure_reading_the_rows_is_that_failure(base_uri, separate_deletes, monkeypatch):
+    """The rows read in the background fail (with the text of a lost race): the merge
+    reports that error, no progress is recorded, every reader answers the model, and
+    the next merge applies each delete once."""
+    t, model, region = _two_regions(base_uri)
+    before = lance.dataset(t.uri).version
+
+    def failing(*args, **kwargs):
+        raise OSError("storage went away (not a concurrent writer conflict)")
+
+    monkeypatch.setattr(merger, "_upsert_rows", failing)
+    with pytest.raises(MergeFailedError) as info:
+        t.maintenance.merge()
+    assert set(info.value.errors) == set(t.catalog.region_ids())
+    assert all("storage went away" in str(e) for e in info.value.errors.values())
+    assert t.catalog.index().merged_generations() == {}
+    # the split form may have committed deletes (as a merger killed between its
+    # commits does); the one-commit form committed nothing
+    assert (lance.dataset(t.uri).version > before) == separate_deletes
+    assert view(t) == model
+    monkeypatch.undo()
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0 if separate_deletes else 10**12)
+    write_generation(t, model, {"r": 0}, [4, 6], [], 5.0)  # deleted keys written again
+    t.maintenance.merge()
+    assert base_view(t.uri) == model and view(t) == model
+
+
+def test_streamed_upserts_equal_the_table(base_uri, monkeypatch):
+    """Upserts that stream into the commit while they are read (a slow reader) leave
+    the same base as the materialised table."""
+    import time
+
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
+    t, model, region = _two_regions(base_uri)
+    real = merger._upsert_rows
+    streamed = []
+
+    def slow(*args, **kwargs):
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    real_source = merger._Prepared.upsert_source
+
+    def source(self):
+        got = real_source(self)
+        streamed.append(isinstance(got, pa.RecordBatchReader))
+        return got
+
+    monkeypatch.setattr(merger, "_upsert_rows", slow)
+    monkeypatch.setattr(merger._Prepared, "upsert_source", source)
+    merged = t.maintenance.merge()
+    assert streamed == [True]
+    assert merged.upserted == len({2, 200, 4, 8, 202, 12, 204, 16, 206, 1, 3, 201})
+    assert base_view(t.uri) == model and view(t) == model
+    ids = np.sort(lance.dataset(t.uri).to_table(columns=["id"]).column("id").to_numpy())
+    assert (np.diff(ids) > 0).all()
