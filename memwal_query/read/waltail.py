@@ -17,8 +17,9 @@ snapshots (:func:`tails`). What that costs:
   once. An entry is immutable (written once with put-if-not-exists,
   never rewritten), so decoded and conformed entries are kept in a process-wide cache
   keyed by the table's lineage, the entry's path and the schema
-  (:data:`ENTRIES`, bounded by :data:`CACHE_BYTES`); a query reads only the entries
-  written since the previous one, plus the probe of the next position.
+  (:data:`ENTRIES`, bounded by :data:`CACHE_BYTES`), and each region's tail as read
+  last (:data:`TAILS`): a query reads only the entries written since the previous
+  one, plus the probe of the next position.
 
 Why a missing position ends the tail: entries are written at consecutive positions, one
 at a time, so an entry acknowledged before the query started has every position before
@@ -191,14 +192,9 @@ class _Region:
         self.schema = schema
         self.wal_dir = _wal_dir(table.uri, region_id)
 
-    def entry(self, position: int) -> _Entry | None:
-        """The entry at ``position`` (from the cache when read before), None when
-        missing; WalCorruptError when damaged."""
-        found = self.sized_entry(position)
-        return None if found is None else found[0]
-
     def sized_entry(self, position: int) -> tuple[_Entry, int] | None:
-        """:meth:`entry` and its bytes."""
+        """The entry at ``position`` (from the cache when read before) and its bytes,
+        None when missing; WalCorruptError when damaged."""
         path = _entry_path(self.wal_dir, position)
         key = (self.lineage, path)
         hit = ENTRIES.get(key)
