@@ -298,15 +298,26 @@ def _upsert_rows(
         rows = rows.take(pa.array(live))
         keys = keys.take(pa.array(live))
     for name in keys.column_names:
-        if pa.types.is_floating(keys.schema.field(name).type):
-            continue  # NaN keys compare unequal to themselves
-        if not rows.column(name).equals(keys.column(name).cast(rows.schema.field(name).type)):
+        if not _same_keys(rows.column(name), keys.column(name).cast(rows.schema.field(name).type)):
             raise CorruptFileError(
                 refs[0].uri,
                 f"generations {refs[0].generation}-{refs[-1].generation} of region "
                 f"{refs[0].region_id}: their rows and keys disagree on {name!r}",
             )
     return rows.cast(schema)  # chunks as read: Lance streams them (no copy here)
+
+
+def _same_keys(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """Whether two key columns of one type hold the same keys in the same order (float
+    keys: NaN equals NaN, and ``-0.0`` equals ``0.0``, as the deduplication has it)."""
+    if not pa.types.is_floating(a.type):
+        return a.equals(b)
+    if len(a) != len(b):
+        return False
+    if not len(a):
+        return True
+    same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return bool(pc.all(pc.fill_null(same, False)).as_py())
 
 
 def _zero_twins(keys: pa.Table) -> pa.Table:
