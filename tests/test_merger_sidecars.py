@@ -219,3 +219,35 @@ def test_float_keyed_rows_that_disagree_with_the_keys_are_a_typed_error(tmp_path
     err = info.value.errors[region]
     assert isinstance(err, CorruptFileError) and "disagree" in str(err)
     assert lance.dataset(uri).version == before
+
+
+def test_a_failure_after_its_own_delete_commit_is_not_taken_for_another_merger(
+    base_uri, monkeypatch
+):
+    """Split form: a batch's rows fail to read after its deletes committed. That commit
+    is the batch's own, not another merger's: the failure is reported after one
+    attempt per batch, not re-planned ``max_retries`` times (each committing the deletes
+    again as a new base version)."""
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
+    t, model, region = _two_regions(base_uri)
+    before = lance.dataset(t.uri).version
+    reads = []
+
+    def failing(*args, **kwargs):
+        reads.append(1)
+        raise OSError("storage went away")
+
+    monkeypatch.setattr(merger, "_upsert_rows", failing)
+    with pytest.raises(MergeFailedError) as info:
+        t.maintenance.merge()
+    assert all("storage went away" in str(e) for e in info.value.errors.values())
+    regions = len(t.catalog.region_ids())
+    # a few tries (across the regions, then region by region), not max_retries (20)
+    # re-plans per region, each a delete commit
+    assert len(reads) <= 2 * regions
+    assert lance.dataset(t.uri).version - before <= 2 * regions
+    assert t.catalog.index().merged_generations() == {}
+    assert view(t) == model
+    monkeypatch.undo()
+    t.maintenance.merge()
+    assert base_view(t.uri) == model and view(t) == model
