@@ -187,3 +187,67 @@ def test_streamed_upserts_equal_the_table(base_uri, monkeypatch):
     assert base_view(t.uri) == model and view(t) == model
     ids = np.sort(lance.dataset(t.uri).to_table(columns=["id"]).column("id").to_numpy())
     assert (np.diff(ids) > 0).all()
+
+
+def test_float_keyed_rows_that_disagree_with_the_keys_are_a_typed_error(tmp_path, monkeypatch):
+    """A float primary key: a valid rows sidecar whose rows are in another order than
+    the keys sidecar (each key given another key's values) stops the merge with a
+    typed error too (NaN keys compare as equal to each other); nothing is committed."""
+    import memwal_query as mq
+    from memwal_query.storage.factory import file_io_for
+
+    from helpers import PK
+
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 10**12)
+    schema = pa.schema([pa.field("id", pa.float64(), False, PK), pa.field("val", pa.float64())])
+    uri = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"id": [0.5, 1.5], "val": [0.0, 0.0]}, schema=schema), uri)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(pa.table({"id": [1.5, 2.5, float("nan"), 3.5], "val": [1.0, 2.0, 3.0, 4.0]}))
+    w.flush()
+    w.close()
+    (region,) = t.catalog.region_ids()
+    (gen_dir,) = _generation_dirs(t, region)
+    io = file_io_for(gen_dir, None)
+    rows = rowfile.read(io, gen_dir)
+    swapped = rows.take([1, 0, 2, 3])  # keys 1.5 and 2.5 swap their rows
+    rowfile.write(io, gen_dir, swapped.drop_columns(["_rowaddr"]), np.arange(4, dtype=np.uint64))
+    before = lance.dataset(uri).version
+    with pytest.raises(MergeFailedError) as info:
+        t.maintenance.merge()
+    err = info.value.errors[region]
+    assert isinstance(err, CorruptFileError) and "disagree" in str(err)
+    assert lance.dataset(uri).version == before
+
+
+def test_a_failure_after_its_own_delete_commit_is_not_taken_for_another_merger(
+    base_uri, monkeypatch
+):
+    """Split form: a batch's rows fail to read after its deletes committed. That commit
+    is the batch's own, not another merger's: the failure is reported after one
+    attempt per batch, not re-planned ``max_retries`` times (each committing the deletes
+    again as a new base version)."""
+    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
+    t, model, region = _two_regions(base_uri)
+    before = lance.dataset(t.uri).version
+    reads = []
+
+    def failing(*args, **kwargs):
+        reads.append(1)
+        raise OSError("storage went away")
+
+    monkeypatch.setattr(merger, "_upsert_rows", failing)
+    with pytest.raises(MergeFailedError) as info:
+        t.maintenance.merge()
+    assert all("storage went away" in str(e) for e in info.value.errors.values())
+    regions = len(t.catalog.region_ids())
+    # a few tries (across the regions, then region by region), not max_retries (20)
+    # re-plans per region, each a delete commit
+    assert len(reads) <= 2 * regions
+    assert lance.dataset(t.uri).version - before <= 2 * regions
+    assert t.catalog.index().merged_generations() == {}
+    assert view(t) == model
+    monkeypatch.undo()
+    t.maintenance.merge()
+    assert base_view(t.uri) == model and view(t) == model

@@ -124,3 +124,55 @@ def test_malformed_batch_metadata_is_a_typed_error():
         with pytest.raises(WalCorruptError, match="memwal_batch"):
             decode_entry("e", 1, sink.getvalue().to_pybytes())
     assert BASIC_SCHEMA.names == ["id", "val", "name"]
+
+
+def test_a_racing_attempt_of_a_batch_written_as_several_entries_keeps_its_order(
+    tmp_path, monkeypatch
+):
+    """A batch written to a region as several entries (``partial=True`` with upserts
+    then deletes: one entry per run, the last records the batch). Attempt B claims the
+    region between attempt A's two entries, so B replays A's upsert only; A's delete
+    entry then lands (A is fenced). B's upsert run finds A's delete entry at its
+    position, adopts it (so the region now holds the batch) and writes its upsert after
+    it: B must then write its delete run too (stored twice), never skip it (the key
+    would stay upserted: the batch's delete lost)."""
+    from memwal_query.spark.ingest_tasks import _RegionSink
+    from memwal_query.write.writer import RegionWriter
+
+    t = new_table(tmp_path)
+    t.writer().close(flush=False)  # the region exists
+    (region,) = t.catalog.region_ids()
+    options = {
+        "uri": t.uri,
+        "storage_options": {},
+        "mode": "upsert",
+        "delete_column": "gone",
+        "order": [],
+        "ignore": ["gone"],
+        "flush": True,
+        "buffer_rows": 20,
+        "writer_options": {},
+        "partial": True,
+        "stream_batch": ("q", 4),
+    }
+    rows = basic_rows([1, 2, 3, 1]).append_column(
+        "gone", pa.array([False, False, False, True])
+    )  # upsert 1..3, then delete 1
+    attempt_b = _RegionSink(t, region, options)
+    delete = RegionWriter._delete_routed
+
+    def b_claims_first(self, *args, **kwargs):  # A, between its upsert and its delete
+        if attempt_b.writer is None:
+            attempt_b.writer = attempt_b._open(rows.slice(0, 1).drop_columns("gone"), False)
+        return delete(self, *args, **kwargs)
+
+    attempt_a = _RegionSink(t, region, options)
+    with monkeypatch.context() as m:
+        m.setattr(RegionWriter, "_delete_routed", b_claims_first)
+        attempt_a.add(rows)
+        attempt_a.drain()  # its delete is fenced, claims again, finds the batch: skips
+    attempt_a.abort()
+    attempt_b.add(rows)
+    attempt_b.finish()
+    got = {r["id"] for r in mq.MemWalTable.open(t.uri).to_table().to_pylist()}
+    assert got == set(range(10)) - {1}

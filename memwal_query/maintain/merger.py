@@ -20,6 +20,7 @@ commits".
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -119,6 +120,9 @@ class _Prepared:
     deletes: pa.Table
     unmatched_deletes: pa.Table
     deleted: int  # keys the generations delete
+    # Base versions this batch's own delete commits made (see :func:`_commit_split`):
+    # not "another merger moved the table" when a later step of the batch fails.
+    own_versions: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def upserts(self) -> pa.Table:
@@ -298,15 +302,26 @@ def _upsert_rows(
         rows = rows.take(pa.array(live))
         keys = keys.take(pa.array(live))
     for name in keys.column_names:
-        if pa.types.is_floating(keys.schema.field(name).type):
-            continue  # NaN keys compare unequal to themselves
-        if not rows.column(name).equals(keys.column(name).cast(rows.schema.field(name).type)):
+        if not _same_keys(rows.column(name), keys.column(name).cast(rows.schema.field(name).type)):
             raise CorruptFileError(
                 refs[0].uri,
                 f"generations {refs[0].generation}-{refs[-1].generation} of region "
                 f"{refs[0].region_id}: their rows and keys disagree on {name!r}",
             )
     return rows.cast(schema)  # chunks as read: Lance streams them (no copy here)
+
+
+def _same_keys(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
+    """Whether two key columns of one type hold the same keys in the same order (float
+    keys: NaN equals NaN, and ``-0.0`` equals ``0.0``, as the deduplication has it)."""
+    if not pa.types.is_floating(a.type):
+        return a.equals(b)
+    if len(a) != len(b):
+        return False
+    if not len(a):
+        return True
+    same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_nan(a), pc.is_nan(b)))
+    return bool(pc.all(pc.fill_null(same, False)).as_py())
 
 
 def _zero_twins(keys: pa.Table) -> pa.Table:
@@ -444,6 +459,7 @@ def _commit_split(
         if not latest.schema.equals(ds.schema):
             raise _BatchMoved(f"{table.uri}: conflict: the schema changed meanwhile")
     _delete_keys(latest, pk, prep.unmatched_deletes, None)
+    prep.own_versions.append(latest.version)  # the commit's version (updated in place)
     crashpoints.point("merge.between_commits")
     return table.dataset()
 
@@ -583,7 +599,8 @@ def _merge_region_into(
                 table, ds, index, region_id, prepared, attempts, max_retries, what
             )
         except Exception:
-            if attempts >= max_retries or not _table_moved(table, ds):
+            own = prepared.own_versions if prepared is not None else []
+            if attempts >= max_retries or not _table_moved(table, ds, own):
                 raise
             # Another merger committed (and GC may have collected what we were reading):
             # re-plan from the new ``merged_generations``.
@@ -601,8 +618,9 @@ def _merge_region_into(
         )
 
 
-def _table_moved(table: Catalog, ds: lance.LanceDataset) -> bool:
-    """Whether the base table has a newer version than ``ds`` (the merge was planned on).
+def _table_moved(table: Catalog, ds: lance.LanceDataset, own: Sequence[int] = ()) -> bool:
+    """Whether the base table has a newer version than ``ds`` (the merge was planned on)
+    that is not one of ``own`` (versions the failed batch committed itself: its deletes).
 
     A merge that fails (a generation "Not found", a data file gone) while another
     merger committed and the garbage collector ran is re-planned from the newer
@@ -610,7 +628,7 @@ def _table_moved(table: Catalog, ds: lance.LanceDataset) -> bool:
     with no newer version is a real one and propagates.
     """
     try:
-        return table.dataset().version != ds.version
+        return table.dataset().version not in (ds.version, *own)
     except Exception:  # noqa: BLE001 - cannot tell: report the original failure
         return False
 

@@ -254,6 +254,9 @@ class _RegionSink:
         self.generation: int | None = None
         # The region already held this write's stream batch: nothing was written again.
         self.skipped = False
+        # A run of the batch other than its last was (maybe) written: every later run is
+        # then written too (see _applied).
+        self._wrote_part = False
         # A row of the region and whether it was a delete (to claim the region again).
         self._first: tuple[pa.Table, bool] | None = None
 
@@ -299,13 +302,28 @@ class _RegionSink:
 
     def _applied(self, writer: RegionWriter) -> bool:
         """Whether the region already holds this write's stream batch durably (an earlier
-        attempt of the same batch got that far): then nothing is written again."""
+        attempt of the same batch got that far): then nothing is written again.
+
+        Only decided before this attempt wrote (or tried to write) a run of the batch
+        that does not record it: a racing attempt's entry recording the batch may have
+        been adopted during that write, and the run stored after it; skipping the later
+        runs would leave that run's rows over the batch's later ones (a delete lost).
+        Such an attempt writes every run (rows stored twice, the batch's order kept)."""
         batch = self.options.get("stream_batch")
-        if batch is None:
+        if batch is None or (self._wrote_part and not self.skipped):
             return False
         if writer.applied_batch(batch[0]) == batch[1]:
             self.skipped = True
         return self.skipped
+
+    def _run(self, writer: RegionWriter, tag: tuple[str, int] | None, write: Any) -> Any:
+        """``write()`` one run of the buffer unless the region already holds the batch
+        (:meth:`_applied`); ``tag``: the batch the run records (None: not the last)."""
+        if self._applied(writer):
+            return True
+        if tag is None and self.options.get("stream_batch") is not None:
+            self._wrote_part = True  # before the write: it may land even if it raises
+        return write()
 
     def drain(self) -> None:
         """Write the buffer: one durable put/delete per run of upserts or deletes (the
@@ -334,7 +352,7 @@ class _RegionSink:
                 self._retrying(
                     run,
                     is_delete,
-                    lambda w, k=keys, b=tag: self._applied(w) or w._delete_routed(k, b),
+                    lambda w, k=keys, b=tag: self._run(w, b, lambda: w._delete_routed(k, b)),
                 )
                 self.deleted += keys.num_rows
             else:
@@ -345,7 +363,9 @@ class _RegionSink:
                 self._retrying(
                     run,
                     is_delete,
-                    lambda w, f=full, m=missing, b=tag: self._applied(w) or w._put_routed(f, m, b),
+                    lambda w, f=full, m=missing, b=tag: self._run(
+                        w, b, lambda: w._put_routed(f, m, b)
+                    ),
                 )
                 self.upserted += run.num_rows
             fault("ingest.after_put")
