@@ -2,8 +2,9 @@
 
 - :func:`read_cost`, :func:`small_fragments` and :func:`compaction_reason` measure
   what the base table's fragments cost readers and decide whether to compact;
-- :func:`compact_base` runs Lance ``compact_files`` under the table's index lock,
-  carrying the MemWAL index and its ``merged_generations`` over unchanged;
+- :func:`compact_base` runs Lance's compaction under the table's index lock, all of
+  it or the most deleted-heavy tasks of its plan within a row budget, carrying the
+  MemWAL index and its ``merged_generations`` over unchanged;
 - :func:`indexes_to_extend` and :func:`extend_indexes` extend the base indexes that
   are not maintained (the primary-key BTREE among them) over unindexed rows with a
   delta segment, merging segments above ``max_segments``.
@@ -153,26 +154,86 @@ def compaction_reason(
     return None, threshold
 
 
+def _deleted_share(task: Any) -> float:
+    """The largest share of deleted rows in one fragment of a Lance compaction task."""
+    worst = 0.0
+    for meta in task.fragments:
+        gone = meta.deletion_file.num_deleted_rows if meta.deletion_file is not None else 0
+        worst = max(worst, gone / max(meta.physical_rows or 0, 1))
+    return worst
+
+
+def _physical_rows(task: Any) -> int:
+    return sum(meta.physical_rows or 0 for meta in task.fragments)
+
+
 def compact_base(
     table: Catalog,
     target_rows: int = TARGET_ROWS_PER_FRAGMENT,
     deleted_share: float = 0.1,
+    budget_rows: int | None = None,
 ) -> dict[str, int]:
-    """Compact the base table (Lance ``compact_files``, indexes remapped) under the
-    table's index lock: small fragments are merged, and fragments whose share of
-    deleted rows is above ``deleted_share`` are rewritten without them (0.0: every
-    fragment with a deletion file). Returns the compaction metrics as a dict."""
-    with index_lock(table.uri, table.io):
-        metrics = table.dataset().optimize.compact_files(
-            target_rows_per_fragment=target_rows,
-            materialize_deletions_threshold=deleted_share,
-        )
-    return {
-        "fragments_removed": metrics.fragments_removed,
-        "fragments_added": metrics.fragments_added,
-        "files_removed": metrics.files_removed,
-        "files_added": metrics.files_added,
+    """Compact the base table (Lance compaction, indexes remapped) under the table's
+    index lock: small fragments are merged, and fragments whose share of deleted rows
+    is above ``deleted_share`` are rewritten without them (0.0: every fragment with a
+    deletion file).
+
+    Parameters
+    ----------
+    table : Catalog
+    target_rows : int
+        Lance's ``target_rows_per_fragment``.
+    deleted_share : float
+        Lance's ``materialize_deletions_threshold``.
+    budget_rows : int or None
+        None: every task of Lance's plan (one ``compact_files``). Otherwise the plan's
+        tasks run in order of their largest deleted-row share (the small-fragment
+        groups last), while the physical rows they read stay within ``budget_rows``
+        (the first task always runs, so every pass makes progress), and their results
+        are committed as one Lance compaction; the other tasks are left to the next
+        pass.
+
+    Returns
+    -------
+    dict
+        Lance's compaction metrics (``fragments_removed``, ``fragments_added``,
+        ``files_removed``, ``files_added``), and ``fragments_left``: fragments of the
+        plan left for the next pass (0 when unbounded).
+
+    Raises
+    ------
+    Exception
+        Lance's commit conflict when another process changed the rewritten fragments
+        meanwhile (nothing is committed; the caller retries on the newer version).
+    """
+    from lance.optimize import Compaction
+
+    options: Any = {
+        "target_rows_per_fragment": target_rows,
+        "materialize_deletions_threshold": deleted_share,
     }
+    left = 0
+    with index_lock(table.uri, table.io):
+        ds = table.dataset()
+        if budget_rows is None:
+            metrics = ds.optimize.compact_files(**options)
+        else:
+            tasks = sorted(Compaction.plan(ds, options).tasks, key=_deleted_share, reverse=True)
+            chosen, rows = 0, 0
+            for task in tasks:
+                rows += _physical_rows(task)
+                if chosen and rows > budget_rows:
+                    break
+                chosen += 1
+            left = sum(len(task.fragments) for task in tasks[chosen:])
+            if not chosen:
+                return dict.fromkeys(_METRICS, 0) | {"fragments_left": 0}
+            results = [task.execute(ds) for task in tasks[:chosen]]
+            metrics = Compaction.commit(ds, results, options)
+    return {name: getattr(metrics, name) for name in _METRICS} | {"fragments_left": left}
+
+
+_METRICS = ("fragments_removed", "fragments_added", "files_removed", "files_added")
 
 
 def indexes_to_extend(table: Catalog) -> list[str]:

@@ -118,7 +118,9 @@ class MaintenancePolicy:
         :data:`~memwal_query.maintain.basefiles.REWRITE_ROWS_PER_MERGED_ROW` times the
         rows the pass merged (default 2,000,000: a bounded rewrite per pass that keeps
         small and mid-size tables as fast to read after a pass as a clean base). None:
-        only the rule by merged rows.
+        only the rule by merged rows. The same bound caps what any compaction of a pass
+        rewrites (Lance's plan, the fragments with the largest deleted share first;
+        the rest waits for the next pass), except with ``compact_deleted_share=0.0``.
     max_index_segments : int, optional
         When catch-up finds a maintained index with more than this many segments (Lance
         adds a delta segment to a vector index per catch-up, and a search probes every
@@ -297,7 +299,8 @@ class MaintenanceReport:
     compact_reason : str or None
         Why (see :func:`memwal_query.maintain.basefiles.compaction_reason`).
     compacted : dict
-        Lance's compaction metrics (``fragments_removed``...; empty when none ran).
+        Lance's compaction metrics (``fragments_removed``...; empty when none ran) and
+        ``fragments_left``, fragments left for the next pass by the row bound.
     catch_up : list of str
         Maintained indexes that were behind (caught up, or would be).
     extended : list of str
@@ -578,8 +581,14 @@ def _compact_step(
 ) -> None:
     """Compact the base table when the read cost its fragments leave calls for it
     (:func:`memwal_query.maintain.basefiles.compaction_reason`), so a read after the
-    pass is not slower than before it."""
-    from memwal_query.maintain.basefiles import compact_base, compaction_reason, read_cost
+    pass is not slower than before it; at most ``max(compact_rewrite_rows, 2 x merged
+    rows)`` rows are rewritten (all with ``compact_deleted_share=0.0``)."""
+    from memwal_query.maintain.basefiles import (
+        REWRITE_ROWS_PER_MERGED_ROW,
+        compact_base,
+        compaction_reason,
+        read_cost,
+    )
 
     cost = read_cost(table)
     report.small_fragments = cost.small
@@ -592,9 +601,22 @@ def _compact_step(
         cost, limit, policy.compact_deleted_share, merged_rows, policy.compact_rewrite_rows
     )
     report.compact_due, report.compact_reason = reason is not None, reason
-    if reason is not None and not dry_run:
-        report.compacted = _retrying(
-            table, lambda: compact_base(table, deleted_share=share), attempts
+    if reason is None or dry_run:
+        return
+    # A pass rewrites at most this many rows (share 0.0: everything, each pass).
+    budget = (
+        None
+        if policy.compact_deleted_share == 0.0
+        else max(policy.compact_rewrite_rows or 0, REWRITE_ROWS_PER_MERGED_ROW * merged_rows)
+    )
+    report.compacted = _retrying(
+        table, lambda: compact_base(table, deleted_share=share, budget_rows=budget), attempts
+    )
+    left = report.compacted.get("fragments_left", 0)
+    if left:
+        report.compact_reason = (
+            f"{reason}; {report.compacted['fragments_removed']} fragment(s) rewritten "
+            f"within {budget} row(s), {left} left for the next pass"
         )
 
 
