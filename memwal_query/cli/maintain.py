@@ -167,7 +167,8 @@ def _show(report: MaintenanceReport, as_json: bool, stamp: bool) -> None:
     default=DEFAULT_COMPACT_REWRITE_ROWS,
     show_default=True,
     help="Rewrite every base fragment with a deletion file when they hold at most this "
-    "many rows, or at most twice the rows the pass merged (0: only the latter).",
+    "many rows, or at most twice the rows the pass merged (0: only the latter); a "
+    "pass's compaction rewrites at most that many rows, the rest waits for the next.",
 )
 @click.option("--no-compact", is_flag=True, help="Never compact the base table's files.")
 @click.option(
