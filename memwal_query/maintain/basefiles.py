@@ -163,8 +163,12 @@ def _deleted_share(task: Any) -> float:
     return worst
 
 
-def _physical_rows(task: Any) -> int:
-    return sum(meta.physical_rows or 0 for meta in task.fragments)
+def _budget_rows(task: Any) -> int:
+    """What a compaction task counts against a pass's budget: the physical rows of its
+    fragments with a deletion file (the rows :func:`compaction_reason` bounds), or of
+    all its fragments when none has one (a group of small fragments)."""
+    worn = [m.physical_rows or 0 for m in task.fragments if m.deletion_file is not None]
+    return sum(worn) if worn else sum(m.physical_rows or 0 for m in task.fragments)
 
 
 def compact_base(
@@ -188,10 +192,11 @@ def compact_base(
     budget_rows : int or None
         None: every task of Lance's plan (one ``compact_files``). Otherwise the plan's
         tasks run in order of their largest deleted-row share (the small-fragment
-        groups last), while the physical rows they read stay within ``budget_rows``
-        (the first task always runs, so every pass makes progress), and their results
-        are committed as one Lance compaction; the other tasks are left to the next
-        pass.
+        groups last) while their rows stay within ``budget_rows`` (a task counts the
+        physical rows of its fragments with a deletion file, or of all its fragments
+        when none has one; the first task always runs, so every pass makes progress),
+        and their results are committed as one Lance compaction; the other tasks are
+        left to the next pass.
 
     Returns
     -------
@@ -221,7 +226,7 @@ def compact_base(
             tasks = sorted(Compaction.plan(ds, options).tasks, key=_deleted_share, reverse=True)
             chosen, rows = 0, 0
             for task in tasks:
-                rows += _physical_rows(task)
+                rows += _budget_rows(task)
                 if chosen and rows > budget_rows:
                     break
                 chosen += 1
