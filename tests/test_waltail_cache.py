@@ -231,3 +231,40 @@ def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
     want = newer._memtable_view_whole(other, schema, pk, ranks)
     assert got[0].equals(want[0]) and np.array_equal(got[1], want[1])
     w.close()
+
+
+def test_a_claiming_writer_s_rows_rank_above_the_sealed_generation_it_replayed(
+    tmp_path, monkeypatch
+):
+    # Writer a seals generation 1 (its flush waits) and writes key 1 into generation 2;
+    # writer b claims the region, replays both into generation 1 and writes key 1 again,
+    # recording generation 1 in its entry. b's row is the newest: later in the WAL.
+    import threading
+
+    from memwal_query.write import flush as flush_mod
+
+    go = threading.Event()
+    real = flush_mod.write_generation
+
+    def paused(*args, **kwargs):
+        go.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flush_mod, "write_generation", paused)
+    t = _table(tmp_path)
+    a = t.writer(region_values={"p": 1}, max_memtable_rows=3)
+    a.put(_rows([1, 3, 5], 10))  # full: sealed as generation 1, its flush waits
+    a.put(_rows([1], 20))
+    assert a.generation == 2
+    b = t.writer(a.region_id, max_memtable_rows=100)
+    assert b.generation == 1
+    b.put(_rows([1], 30))
+    reader = mq.MemWalTable.open(t.uri)
+    assert _answer(reader)[1] == 30.0
+    b.put(_rows([3], 40))  # read again: the cached tail is continued
+    assert _answer(reader)[1] == 30.0 and _answer(reader)[3] == 40.0
+    assert _cold_answer(t.uri) == _answer(reader)
+    go.set()
+    b.close(flush=False)
+    with pytest.raises(mq.FencedError):
+        a.close()
