@@ -268,3 +268,30 @@ def test_a_claiming_writer_s_rows_rank_above_the_sealed_generation_it_replayed(
     b.close(flush=False)
     with pytest.raises(mq.FencedError):
         a.close()
+
+
+@pytest.mark.parametrize("key", [["id"], ["name"]], ids=["int key", "string key"])
+def test_the_memtable_rows_kept_between_queries_are_counted_and_bounded(tmp_path, monkeypatch, key):
+    # What a reader keeps of the unflushed rows (per region for an integer key, per
+    # set of snapshots otherwise) is counted by the rows it holds, not only its keys,
+    # and is evicted beyond its bound.
+    monkeypatch.setattr(newer._REGION_ROWS, "max_bytes", 1 << 20)
+    monkeypatch.setattr(newer._MEMTABLE_VIEWS, "max_bytes", 1 << 20)
+    wide = "x" * 4096
+
+    def rows(ids) -> pa.Table:  # ~400 KB a hundred
+        return pa.table({"id": ids, "name": [f"{i}{wide}" for i in ids]})
+
+    uri = str(tmp_path / "t")
+    lance.write_dataset(rows([-1]), uri)
+    t = mq.MemWalTable.initialize(uri, primary_key=key)
+    for step in range(4):
+        t.write(rows(list(range(step * 100, step * 100 + 100))))
+        assert t.to_table(columns=["id"]).num_rows == 1 + 100 * (step + 1)
+    region_rows = [r.rows.nbytes for r in newer._REGION_ROWS._items.values()]
+    whole_rows = [v[1].nbytes for v in newer._MEMTABLE_VIEWS._items.values()]
+    for cache, held in ((newer._REGION_ROWS, region_rows), (newer._MEMTABLE_VIEWS, whole_rows)):
+        assert sum(held) <= cache.nbytes
+        assert len(held) <= 1 or cache.nbytes <= 1 << 20
+    assert region_rows if key == ["id"] else whole_rows
+    t.close()
