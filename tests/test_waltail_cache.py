@@ -260,6 +260,7 @@ def test_a_claiming_writer_s_rows_rank_above_the_sealed_generation_it_replayed(
     assert b.generation == 1
     b.put(_rows([1], 30))
     reader = mq.MemWalTable.open(t.uri)
+    assert reader.lookup(pa.table({"id": [1]}), ["val"]).column("val").to_pylist() == [30.0]
     assert _answer(reader)[1] == 30.0
     b.put(_rows([3], 40))  # read again: the cached tail is continued
     assert _answer(reader)[1] == 30.0 and _answer(reader)[3] == 40.0
