@@ -296,3 +296,19 @@ def test_the_memtable_rows_kept_between_queries_are_counted_and_bounded(tmp_path
         assert len(held) <= 1 or cache.nbytes <= 1 << 20
     assert region_rows if key == ["id"] else whole_rows
     t.close()
+
+
+def test_memtable_rows_kept_for_one_schema_are_not_read_with_another(tmp_path):
+    # Two table objects in one process, one opened before a column was added: the
+    # rows kept for the older one's query are not extended for the newer one's.
+    uri = str(tmp_path / "t")
+    ds = lance.write_dataset(basic_rows(range(20)), uri)
+    older = mq.MemWalTable.initialize(uri, region_spec=parity_spec(ds))
+    newer_t = mq.MemWalTable.open(uri)
+    newer_t.alter.add_columns({"extra": "string"})
+    w = newer_t.writer(region_values={"p": 1})
+    w.put(pa.table({"id": [1, 3], "val": [5.0, 6.0], "name": ["a", "b"], "extra": ["e", "f"]}))
+    assert older.to_table(writers=[w], columns=["id", "val"]).num_rows == 20
+    got = newer_t.to_table(writers=[w], columns=["id", "extra"]).to_pydict()
+    assert sorted(e for e in got["extra"] if e is not None) == ["e", "f"]
+    w.close()

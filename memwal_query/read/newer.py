@@ -408,6 +408,9 @@ class _RegionRows:
     ----------
     parts : tuple
         ``(generation, batch count, last batch)`` of each snapshot: identifies the rows.
+    schema : pa.Schema
+        The table schema the rows were conformed to (only a read with that schema
+        extends them).
     rows : pa.Table
         The rows (:func:`conform`-ed, with ``_gen`` and ``_rowaddr``).
     keys : np.ndarray
@@ -416,12 +419,13 @@ class _RegionRows:
         Sorted indices of the last row of each key.
     """
 
-    __slots__ = ("parts", "batches", "rows", "keys", "winners", "gens", "rows_nbytes")
+    __slots__ = ("parts", "batches", "schema", "rows", "keys", "winners", "gens", "rows_nbytes")
 
     def __init__(
         self,
         parts: tuple[tuple[int, int, pa.RecordBatch], ...],
         batches: tuple[tuple[pa.RecordBatch, ...], ...],
+        schema: pa.Schema,
         rows: pa.Table,
         keys: np.ndarray,
         winners: np.ndarray,
@@ -430,6 +434,7 @@ class _RegionRows:
     ) -> None:
         self.parts = parts
         self.batches = batches
+        self.schema = schema
         self.rows = rows
         self.keys = keys
         self.winners = winners
@@ -494,6 +499,8 @@ def _region_rows(
 ) -> _RegionRows | None:
     """:class:`_RegionRows` of one region's snapshots, extending ``known`` when they
     extend it; None when the key is not a single integer column."""
+    if known is not None and not (known.schema is schema or known.schema.equals(schema)):
+        known = None  # conformed to another schema (another table object's)
     delta = _region_delta(mems, known) if known is not None else None
     base = known if delta is not None else None
     if delta is None:
@@ -525,7 +532,7 @@ def _region_rows(
         rows_nbytes = base.rows_nbytes + added.nbytes
         keys = np.concatenate([base.keys, ints])
     batches = tuple(m.batches for m in mems if m.batches)
-    return _RegionRows(_parts(mems), batches, rows, keys, winners, gens, rows_nbytes)
+    return _RegionRows(_parts(mems), batches, schema, rows, keys, winners, gens, rows_nbytes)
 
 
 def _int_keys(col: pa.ChunkedArray) -> np.ndarray | None:
