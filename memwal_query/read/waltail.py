@@ -326,8 +326,9 @@ def tail(
     probe: Future[_Sized] | None = None,
 ) -> list[MemTableSnapshot]:
     """Durable WAL entries after the manifest's replay position, as MemTable snapshots
-    (one per generation recorded in the entries, none below the manifest's
-    ``current_generation``), oldest first.
+    (one per generation recorded in the entries, oldest first). An entry ranks in the
+    highest generation recorded at or before its position, and never below the
+    manifest's ``current_generation``: a later position is a newer write.
 
     The tail read last for the same manifest (:data:`TAILS`) is continued: only the
     positions after its end are read. The snapshots' batches are the same objects in
