@@ -71,9 +71,10 @@ def write_generation(t, model: dict, region_values: dict, puts, deletes, val: fl
 
 
 def clear_read_caches() -> None:
-    """Forget every decoded generation, sidecar verdict and view (as a new process
-    would start)."""
-    from memwal_query.read import newer, sources
+    """Forget every decoded generation, sidecar verdict, view, WAL entry and tail, and
+    the per-region rows and winners kept between queries (as a new process would
+    start)."""
+    from memwal_query.read import newer, sources, waltail
     from memwal_query.search import caches
 
     for cache in (
@@ -83,6 +84,10 @@ def clear_read_caches() -> None:
         sources.REGION_FILES_WITHOUT_KEYS,
         newer.FLUSHED_VIEWS,
         newer.NEWEST_COLUMNS,
+        newer._REGION_FLUSHED,
+        newer._REGION_ROWS,
+        newer._MEMTABLE_VIEWS,
     ):
         cache.clear()
+    waltail.forget()
     caches.clear_caches()

@@ -231,3 +231,84 @@ def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
     want = newer._memtable_view_whole(other, schema, pk, ranks)
     assert got[0].equals(want[0]) and np.array_equal(got[1], want[1])
     w.close()
+
+
+def test_a_claiming_writer_s_rows_rank_above_the_sealed_generation_it_replayed(
+    tmp_path, monkeypatch
+):
+    # Writer a seals generation 1 (its flush waits) and writes key 1 into generation 2;
+    # writer b claims the region, replays both into generation 1 and writes key 1 again,
+    # recording generation 1 in its entry. b's row is the newest: later in the WAL.
+    import threading
+
+    from memwal_query.write import flush as flush_mod
+
+    go = threading.Event()
+    real = flush_mod.write_generation
+
+    def paused(*args, **kwargs):
+        go.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flush_mod, "write_generation", paused)
+    t = _table(tmp_path)
+    a = t.writer(region_values={"p": 1}, max_memtable_rows=3)
+    a.put(_rows([1, 3, 5], 10))  # full: sealed as generation 1, its flush waits
+    a.put(_rows([1], 20))
+    assert a.generation == 2
+    b = t.writer(a.region_id, max_memtable_rows=100)
+    assert b.generation == 1
+    b.put(_rows([1], 30))
+    reader = mq.MemWalTable.open(t.uri)
+    assert reader.lookup(pa.table({"id": [1]}), ["val"]).column("val").to_pylist() == [30.0]
+    assert _answer(reader)[1] == 30.0
+    b.put(_rows([3], 40))  # read again: the cached tail is continued
+    assert _answer(reader)[1] == 30.0 and _answer(reader)[3] == 40.0
+    assert _cold_answer(t.uri) == _answer(reader)
+    go.set()
+    b.close(flush=False)
+    with pytest.raises(mq.FencedError):
+        a.close()
+
+
+@pytest.mark.parametrize("key", [["id"], ["name"]], ids=["int key", "string key"])
+def test_the_memtable_rows_kept_between_queries_are_counted_and_bounded(tmp_path, monkeypatch, key):
+    # What a reader keeps of the unflushed rows (per region for an integer key, per
+    # set of snapshots otherwise) is counted by the rows it holds, not only its keys,
+    # and is evicted beyond its bound.
+    monkeypatch.setattr(newer._REGION_ROWS, "max_bytes", 1 << 20)
+    monkeypatch.setattr(newer._MEMTABLE_VIEWS, "max_bytes", 1 << 20)
+    wide = "x" * 4096
+
+    def rows(ids) -> pa.Table:  # ~400 KB a hundred
+        return pa.table({"id": ids, "name": [f"{i}{wide}" for i in ids]})
+
+    uri = str(tmp_path / "t")
+    lance.write_dataset(rows([-1]), uri)
+    t = mq.MemWalTable.initialize(uri, primary_key=key)
+    for step in range(4):
+        t.write(rows(list(range(step * 100, step * 100 + 100))))
+        assert t.to_table(columns=["id"]).num_rows == 1 + 100 * (step + 1)
+    region_rows = [r.rows.nbytes for r in newer._REGION_ROWS._items.values()]
+    whole_rows = [v[1].nbytes for v in newer._MEMTABLE_VIEWS._items.values()]
+    for cache, held in ((newer._REGION_ROWS, region_rows), (newer._MEMTABLE_VIEWS, whole_rows)):
+        assert sum(held) <= cache.nbytes
+        assert len(held) <= 1 or cache.nbytes <= 1 << 20
+    assert region_rows if key == ["id"] else whole_rows
+    t.close()
+
+
+def test_memtable_rows_kept_for_one_schema_are_not_read_with_another(tmp_path):
+    # Two table objects in one process, one opened before a column was added: the
+    # rows kept for the older one's query are not extended for the newer one's.
+    uri = str(tmp_path / "t")
+    ds = lance.write_dataset(basic_rows(range(20)), uri)
+    older = mq.MemWalTable.initialize(uri, region_spec=parity_spec(ds))
+    newer_t = mq.MemWalTable.open(uri)
+    newer_t.alter.add_columns({"extra": "string"})
+    w = newer_t.writer(region_values={"p": 1})
+    w.put(pa.table({"id": [1, 3], "val": [5.0, 6.0], "name": ["a", "b"], "extra": ["e", "f"]}))
+    assert older.to_table(writers=[w], columns=["id", "val"]).num_rows == 20
+    got = newer_t.to_table(writers=[w], columns=["id", "extra"]).to_pydict()
+    assert sorted(e for e in got["extra"] if e is not None) == ["e", "f"]
+    w.close()

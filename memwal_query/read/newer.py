@@ -142,9 +142,19 @@ FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(
 the newest rows of a set of flushed generations, per (generation directories, schema);
 bounded by bytes (default 256 MiB: under a stream every flush and merge makes a new
 set, and a reader needs the newest one)."""
-_MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(8)
+
+
+def _memtable_view_nbytes(entry: tuple[Any, ...]) -> int:
+    rows, winners, keys, regions, gens = entry[1:6]
+    return int(rows.nbytes + winners.nbytes + keys.nbytes + regions.nbytes + gens.nbytes)
+
+
+_MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(
+    8, max_bytes=256 << 20, sizeof=_memtable_view_nbytes
+)
 """The same of a set of MemTable snapshots, per (region, generation, batch count), with
-the snapshots' last batches to tell a snapshot from another of the same size."""
+the snapshots' last batches to tell a snapshot from another of the same size; bounded
+by bytes (default 256 MiB: the rows are held)."""
 
 
 def _ranks(plan: ReadPlan) -> dict[str, int]:
@@ -398,6 +408,9 @@ class _RegionRows:
     ----------
     parts : tuple
         ``(generation, batch count, last batch)`` of each snapshot: identifies the rows.
+    schema : pa.Schema
+        The table schema the rows were conformed to (only a read with that schema
+        extends them).
     rows : pa.Table
         The rows (:func:`conform`-ed, with ``_gen`` and ``_rowaddr``).
     keys : np.ndarray
@@ -406,27 +419,33 @@ class _RegionRows:
         Sorted indices of the last row of each key.
     """
 
-    __slots__ = ("parts", "batches", "rows", "keys", "winners", "gens")
+    __slots__ = ("parts", "batches", "schema", "rows", "keys", "winners", "gens", "rows_nbytes")
 
     def __init__(
         self,
         parts: tuple[tuple[int, int, pa.RecordBatch], ...],
         batches: tuple[tuple[pa.RecordBatch, ...], ...],
+        schema: pa.Schema,
         rows: pa.Table,
         keys: np.ndarray,
         winners: np.ndarray,
         gens: np.ndarray,
+        rows_nbytes: int,
     ) -> None:
         self.parts = parts
         self.batches = batches
+        self.schema = schema
         self.rows = rows
         self.keys = keys
         self.winners = winners
         self.gens = gens  # _gen of each winner
+        self.rows_nbytes = rows_nbytes  # bytes of ``rows`` (counted as they are added)
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.winners.nbytes + self.gens.nbytes
+        """Bytes held: the rows (and the snapshots' batches they keep), the keys and
+        the winners."""
+        return self.rows_nbytes + self.keys.nbytes + self.winners.nbytes + self.gens.nbytes
 
 
 def _parts(mems: list[MemTableSnapshot]) -> tuple[tuple[int, int, pa.RecordBatch], ...]:
@@ -480,6 +499,8 @@ def _region_rows(
 ) -> _RegionRows | None:
     """:class:`_RegionRows` of one region's snapshots, extending ``known`` when they
     extend it; None when the key is not a single integer column."""
+    if known is not None and not (known.schema is schema or known.schema.equals(schema)):
+        known = None  # conformed to another schema (another table object's)
     delta = _region_delta(mems, known) if known is not None else None
     base = known if delta is not None else None
     if delta is None:
@@ -500,6 +521,7 @@ def _region_rows(
     )
     if base is None:
         rows, keys, winners, gens = added, ints, lasts, gen_added[lasts]
+        rows_nbytes = added.nbytes
     else:
         n = base.rows.num_rows
         new_keys = np.unique(ints)
@@ -507,9 +529,10 @@ def _region_rows(
         winners = np.concatenate([base.winners[~stale], lasts + n])
         gens = np.concatenate([base.gens[~stale], gen_added[lasts]])
         rows = pa.concat_tables([base.rows, added])
+        rows_nbytes = base.rows_nbytes + added.nbytes
         keys = np.concatenate([base.keys, ints])
     batches = tuple(m.batches for m in mems if m.batches)
-    return _RegionRows(_parts(mems), batches, rows, keys, winners, gens)
+    return _RegionRows(_parts(mems), batches, schema, rows, keys, winners, gens, rows_nbytes)
 
 
 def _int_keys(col: pa.ChunkedArray) -> np.ndarray | None:

@@ -116,12 +116,16 @@ class _Tail:
     def extended(self, found: list[_Entry], nbytes: int) -> _Tail:
         """This tail and the entries ``found`` at ``end``, ``end + 1``, ..."""
         by_gen: dict[int, list[pa.RecordBatch]] = {}
+        # A later position is a newer write, so an entry's generation is at least that
+        # of every entry before it in the tail, and at least the manifest's current
+        # one. A writer that claimed the region replays the whole tail into the
+        # current generation and records that number in its entries, below one a
+        # previous writer had sealed and recorded (not flushed); a fenced writer's
+        # late write records an older one. Neither may rank below an older write.
+        top = max(self.by_gen, default=self.current_generation)
         for gen, batches in found:
-            # Above the replay position every entry belongs to the current generation
-            # or a later one, as a replaying writer puts it: an entry recording an older
-            # one (a fenced writer's late write) must not rank below the flushed ones.
-            g = self.current_generation if gen is None else max(gen, self.current_generation)
-            by_gen.setdefault(g, []).extend(batches)
+            top = max(top, self.current_generation if gen is None else gen)
+            by_gen.setdefault(top, []).extend(batches)
         merged = dict(self.by_gen)
         for g, added in by_gen.items():
             merged[g] = merged.get(g, ()) + tuple(added)
@@ -322,8 +326,9 @@ def tail(
     probe: Future[_Sized] | None = None,
 ) -> list[MemTableSnapshot]:
     """Durable WAL entries after the manifest's replay position, as MemTable snapshots
-    (one per generation recorded in the entries, none below the manifest's
-    ``current_generation``), oldest first.
+    (one per generation recorded in the entries, oldest first). An entry ranks in the
+    highest generation recorded at or before its position, and never below the
+    manifest's ``current_generation``: a later position is a newer write.
 
     The tail read last for the same manifest (:data:`TAILS`) is continued: only the
     positions after its end are read. The snapshots' batches are the same objects in
