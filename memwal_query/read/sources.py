@@ -21,9 +21,11 @@ import pyarrow as pa
 
 from memwal_query.exceptions import (
     BaseVersionGoneError,
+    CorruptFileError,
     GenerationGoneError,
     MemWalError,
     ObjectNotFoundError,
+    without_source_locations,
 )
 from memwal_query.format.index import manifest_path
 from memwal_query.format.schema import (
@@ -54,20 +56,63 @@ def base_version_gone(table: Catalog, version: int) -> bool:
 
 @contextlib.contextmanager
 def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
-    """Turn an error reading ``base`` into :class:`BaseVersionGoneError` when that version
-    was cleaned up meanwhile (Lance reports the deleted data file as a plain OSError or
-    ArrowInvalid "Not found"); any other error propagates unchanged."""
+    """Turn an error reading ``base`` into a typed one.
+
+    :class:`BaseVersionGoneError` when that version was cleaned up meanwhile (Lance
+    reports the deleted data file as a plain OSError or ArrowInvalid "Not found");
+    :class:`ObjectNotFoundError` or :class:`CorruptFileError` naming the file when a
+    fragment's deletion file is missing or cannot be decoded
+    (:func:`deletion_file_error`); any other error propagates unchanged.
+
+    Raises
+    ------
+    BaseVersionGoneError, ObjectNotFoundError, CorruptFileError
+    """
     try:
         yield
     except MemWalError:
         raise
     except Exception as e:
         if not base_version_gone(table, base.version):
-            raise
+            typed = deletion_file_error(base, e)
+            if typed is None:
+                raise
+            raise typed from e
         raise BaseVersionGoneError(
             f"{table.uri}: base version {base.version} was cleaned up while it was read "
             f"(run the read again): {e}"
         ) from e
+
+
+def deletion_file_error(base: lance.LanceDataset, error: Exception) -> MemWalError | None:
+    """The typed error for ``error``, raised by Lance while reading ``base``, when a
+    fragment's deletion file is at fault: :class:`ObjectNotFoundError` when it is
+    missing, :class:`CorruptFileError` when it cannot be decoded, each naming the file
+    and its fragment; None when no deletion file is at fault.
+
+    Lance names a missing file and a damaged bitmap file in its message, not a damaged
+    Arrow IPC one: when the message is about deletions but names no file, each
+    fragment's deletion file is read again on its own (only on this error path) to
+    find the one that fails."""
+    text = str(error)
+    if "_deletions/" not in text and "deletion" not in text:
+        return None
+    for fragment in base.get_fragments():
+        path = fragment.deletion_file()
+        if path is None:
+            continue
+        if path not in text:
+            try:  # opening the fragment reads its deletion vector, no data
+                fragment.scanner(columns=[], with_row_id=True, limit=1).to_table()
+                continue
+            except Exception as probe:  # noqa: BLE001 - the probe's failure is the answer
+                text = str(probe)
+        where = f"{base.uri.rstrip('/')}/{path}"
+        what = f"deletion file of fragment {fragment.fragment_id} (base version {base.version})"
+        if "Not found" in text or "not found" in text:
+            return ObjectNotFoundError(f"{where}: {what} is missing")
+        return CorruptFileError(where, f"{what} cannot be read: {without_source_locations(text)}")
+    return None
 
 
 # -- reading flushed generations ---------------------------------------------------------

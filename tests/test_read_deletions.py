@@ -1,0 +1,301 @@
+"""Reading a base whose fragments carry deletion files (what a merge leaves behind).
+
+The reader asks Lance for the deleted rows too and drops them with its own mask
+(:mod:`memwal_query.read.deletions`). Every answer here is compared with plain Lance's
+own answer on the same table (its scan applies the deletion vectors itself): fragments
+with and without deletion files, both deletion file formats (Arrow IPC up to 5,000
+deleted rows in a fragment, a Roaring bitmap above), scattered and contiguous deletes,
+a fragment mostly deleted, integer and string keys, filters Lance evaluates and filters
+it cannot, newer sources on top, and a real merge. A deletion file that is missing or
+damaged is a typed error naming it, never a longer or shorter answer.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import datafusion
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import memwal_query as mq
+from memwal_query.exceptions import CorruptFileError, ObjectNotFoundError
+from memwal_query.read import deletions, provider
+
+from helpers import PK, clear_read_caches
+
+SIZES = [3_000, 20_000, 3_000, 3_000, 3_000]  # one fragment each
+N = sum(SIZES)
+
+
+def _schema(key_type: pa.DataType) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", key_type, False, PK),
+            pa.field("v", pa.int64()),
+            pa.field("s", pa.string()),
+            pa.field("vec", pa.list_(pa.float32(), 4)),
+        ]
+    )
+
+
+def _rows(ids: np.ndarray, schema: pa.Schema, v_offset: int = 0) -> pa.Table:
+    ids = np.asarray(ids, dtype=np.int64)
+    text = pa.types.is_string(schema.field("id").type)
+    keys = pa.array(ids.astype(str)) if text else pa.array(ids)
+    vec = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.repeat(ids, 4).astype(np.float32) + v_offset), 4
+    )
+    return pa.table(
+        [keys, pa.array(ids * 7 % 1000 + v_offset), pa.array([f"s{i % 97}" for i in ids]), vec],
+        schema=schema,
+    )
+
+
+def _key(i: int, text: bool) -> str:
+    return f"'{i}'" if text else str(i)
+
+
+def _base(tmp_path, key_type: pa.DataType | None = None) -> str:
+    """Five fragments (ids 0..31,999 in order): no deletions; a third deleted at random
+    in a 20,000-row fragment (a bitmap file); a few scattered (an Arrow file); 70%
+    deleted; a contiguous run deleted."""
+    key_type = pa.int64() if key_type is None else key_type
+    schema = _schema(key_type)
+    uri = str(tmp_path / "t")
+    start = 0
+    for size in SIZES:
+        lance.write_dataset(
+            _rows(np.arange(start, start + size), schema), uri, mode="append" if start else "create"
+        )
+        start += size
+    ds = lance.dataset(uri)
+    rng = np.random.default_rng(5)
+    gone = np.concatenate(
+        [
+            rng.choice(np.arange(3_000, 23_000), 6_700, replace=False),
+            np.arange(23_000, 26_000, 17),
+            rng.choice(np.arange(26_000, 29_000), 2_100, replace=False),
+            np.arange(29_500, 30_000),
+        ]
+    )
+    text = pa.types.is_string(key_type)
+    keys = pa.array(gone.astype(str)) if text else pa.array(gone)
+    ds.merge_insert("id").when_matched_delete().execute(pa.table({"id": keys}))
+    kinds = [f.metadata.deletion_file for f in lance.dataset(uri).get_fragments()]
+    assert kinds[0] is None
+    assert {k.file_type for k in kinds[1:]} == {"bitmap", "array"}  # both formats under test
+    return uri
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    return table.sort_by([(c, "ascending") for c in table.column_names if c != "vec"])
+
+
+def _spy(monkeypatch) -> list[bool]:
+    """Record what each base scan decided (whether it read the deleted rows)."""
+    seen: list[bool] = []
+    decide = deletions.reads_deleted
+
+    def spy(fragments):
+        seen.append(decide(fragments))
+        return seen[-1]
+
+    monkeypatch.setattr(deletions, "reads_deleted", spy)
+    return seen
+
+
+QUERIES = [
+    "SELECT * FROM {t}",
+    "SELECT id, s FROM {t}",
+    "SELECT count(*) AS n, sum(v) AS v FROM {t}",
+    "SELECT id, v FROM {t} WHERE v < 100",
+    "SELECT id FROM {t} WHERE s LIKE 's1%' AND v >= 500",
+    "SELECT id, v FROM {t} WHERE id IN ({keys})",
+    "SELECT id, vec FROM {t} WHERE v = 3",  # a vector column: Lance's own path
+    "SELECT s, count(*) AS n FROM {t} GROUP BY s",
+]
+
+
+def _compare(ctx: datafusion.SessionContext, text: bool) -> None:
+    """Every query over ``t`` (ours) equals the same query over ``plain`` (Lance's rows)."""
+    keys = ", ".join(_key(i, text) for i in [0, 3_001, 3_002, 23_017, 26_500, 29_600, 31_999])
+    for q in QUERIES:
+        got = ctx.sql(q.format(t="t", keys=keys)).to_arrow_table()
+        want = ctx.sql(q.format(t="plain", keys=keys)).to_arrow_table()
+        assert got.num_rows == want.num_rows, q
+        assert _sorted(got).equals(_sorted(want)), q
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int", "string"])
+def test_base_with_deletion_files_reads_as_plain_lance(tmp_path, monkeypatch, key_type):
+    """No newer source: the full read, DataFusion queries with and without filters, and
+    the count equal plain Lance's answers on the same table; the scans read the deleted
+    rows and dropped them."""
+    uri = _base(tmp_path, key_type)
+    text = pa.types.is_string(key_type)
+    seen = _spy(monkeypatch)
+    t = mq.MemWalTable.initialize(uri)
+    plain = lance.dataset(uri).to_table()
+    assert plain.num_rows == N - 6_700 - 177 - 2_100 - 500
+    got = t.to_table()
+    assert seen and all(seen)
+    assert got.num_rows == plain.num_rows
+    assert _sorted(got).equals(_sorted(plain))
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider())
+    ctx.from_arrow(plain, name="plain")
+    _compare(ctx, text)
+    assert t.count_rows() == plain.num_rows
+    low = pc.field("v") < 100
+    assert _sorted(t.to_table(filter=low)).equals(_sorted(plain.filter(low)))
+
+
+def test_the_deleted_rows_would_be_read_without_the_mask(tmp_path, monkeypatch):
+    """The scans really hold the deleted rows (the mask is what drops them): without it
+    the answer is longer by exactly the deleted rows."""
+    uri = _base(tmp_path)
+    t = mq.MemWalTable.initialize(uri)
+    monkeypatch.setattr(deletions, "deleted_rows", lambda batch: None)
+    assert t.to_table().num_rows == N
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int", "string"])
+def test_newer_sources_over_deletion_files(tmp_path, monkeypatch, key_type):
+    """Upserts and deletes in a flushed generation and in the MemTable, over base rows
+    with and without deletion files (deleted keys written again, overwritten rows in
+    every fragment): ours equals plain Lance applying the same changes to a copy
+    (``merge_insert``, then a delete). Then a real merge: ours equals plain Lance reading
+    the merged table, and the model."""
+    uri = _base(tmp_path, key_type)
+    text = pa.types.is_string(key_type)
+    schema = _schema(key_type)
+    copy = str(tmp_path / "plain")
+    lance.write_dataset(lance.dataset(uri).to_table(), copy)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    rng = np.random.default_rng(11)
+    first = np.unique(rng.choice(N + 1_000, 4_000, replace=False))  # some new keys too
+    second = np.concatenate([np.arange(29_400, 29_700), np.arange(3_000, 3_050)])
+    dead = np.unique(rng.choice(N, 900, replace=False))
+
+    def key_table(ids):
+        return pa.table({"id": _rows(ids, schema).column("id")})
+
+    w.put(_rows(first, schema, 10_000))
+    w.delete(key_table(dead))
+    w.flush()
+    w.put(_rows(second, schema, 20_000))
+    plain = lance.dataset(copy)
+    for rows in (_rows(first, schema, 10_000), _rows(second, schema, 20_000)):
+        plain.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
+            rows
+        )
+    # the generation's deletes came before the second puts, which may write them again
+    lance.dataset(copy).merge_insert("id").when_matched_delete().execute(
+        key_table(np.setdiff1d(dead, second))
+    )
+    want = lance.dataset(copy).to_table()
+    seen = _spy(monkeypatch)
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider(writers=[w]))
+    ctx.from_arrow(want, name="plain")
+    _compare(ctx, text)
+    assert any(seen)
+    got = t.provider(writers=[w]).to_table()
+    assert _sorted(got.select(want.column_names)).equals(_sorted(want))
+    assert t.provider(writers=[w]).count_rows() == want.num_rows
+    w.close()  # flushes the MemTable
+
+    t.maintenance.merge()
+    merged = lance.dataset(uri)
+    assert sum(f.metadata.deletion_file is not None for f in merged.get_fragments()) >= 4
+    clear_read_caches()
+    t = mq.MemWalTable.open(uri)
+    got = t.to_table()
+    assert _sorted(got).equals(_sorted(merged.to_table()))
+    assert _sorted(got).equals(_sorted(want))
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider())
+    ctx.from_arrow(want, name="plain")
+    _compare(ctx, text)
+
+
+def test_mostly_deleted_fragments_keep_lances_path(tmp_path, monkeypatch):
+    """Fragments mostly deleted: decoding their deleted rows would cost more than
+    Lance's ranges save, so the scan leaves them to Lance; same answer."""
+    schema = _schema(pa.int64())
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(np.arange(4_000), schema), uri, max_rows_per_file=2_000)
+    lance.dataset(uri).delete("id % 10 <> 0")
+    seen = _spy(monkeypatch)
+    t = mq.MemWalTable.initialize(uri)
+    got = t.to_table()
+    assert seen and not any(seen)
+    assert _sorted(got).equals(_sorted(lance.dataset(uri).to_table()))
+    assert got.num_rows == 400
+    assert deletions.reads_deleted(lance.dataset(uri).get_fragments()) is False
+    monkeypatch.setattr(deletions, "READ_DELETED_MAX_SHARE", 0.95)
+    assert deletions.reads_deleted(lance.dataset(uri).get_fragments()) is True
+
+
+@pytest.mark.parametrize("kind", ["bitmap", "array"])
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated"])
+def test_a_bad_deletion_file_is_a_typed_error_naming_it(tmp_path, kind, damage):
+    """A deletion file that is missing, garbage or truncated: every read (full read,
+    filtered SQL, filtered count) raises a typed error naming that file, never an
+    answer."""
+    uri = _base(tmp_path)
+    t = mq.MemWalTable.initialize(uri)
+    fragment = next(
+        f
+        for f in lance.dataset(uri).get_fragments()
+        if f.metadata.deletion_file is not None and f.metadata.deletion_file.file_type == kind
+    )
+    name = fragment.deletion_file()
+    path = os.path.join(uri, name)
+    assert glob.glob(path)
+    if damage == "missing":
+        os.remove(path)
+    elif damage == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"not a deletion file" * 4)
+    else:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    clear_read_caches()
+    expected = ObjectNotFoundError if damage == "missing" else CorruptFileError
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider())
+    reads = [
+        lambda: t.to_table(),
+        lambda: t.to_table(filter=pc.field("v") < 100),
+        lambda: t.to_table(columns=["id", "vec"], filter=pc.field("v") == 3),
+    ]
+    for read in reads:
+        with pytest.raises(expected) as err:
+            read()
+        assert name in str(err.value)
+    with pytest.raises(Exception, match=name.replace(".", r"\.")):  # DataFusion wraps it
+        ctx.sql("SELECT count(*) FROM t WHERE v < 500").to_arrow_table()
+
+
+def test_reads_deleted_counts_only_fragments_with_deletion_files(tmp_path):
+    """The share is of the fragments with deletion files: a clean fragment next to a
+    mostly deleted one does not dilute it."""
+    schema = _schema(pa.int64())
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(np.arange(10_000), schema), uri, max_rows_per_file=5_000)
+    assert not deletions.reads_deleted(lance.dataset(uri).get_fragments())
+    lance.dataset(uri).delete("id < 5000 AND id % 10 <> 0")
+    assert not deletions.reads_deleted(lance.dataset(uri).get_fragments())
+    lance.dataset(uri).delete("id >= 5000 AND id % 10 = 0")  # a lightly deleted one too
+    frags = lance.dataset(uri).get_fragments()
+    assert [f.num_deletions for f in frags] == [4_500, 500]
+    assert deletions.reads_deleted(frags)  # 5,000 of 10,000
+    assert not deletions.reads_deleted(frags[:1])
+    assert provider.ROWID_COLUMN == deletions.ROWID_COLUMN
