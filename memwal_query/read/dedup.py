@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from memwal_query.format.rowaddrs import run_starts
 from memwal_query.format.schema import as_int64, normalize_keys
+from memwal_query.read import deletions
 
 if TYPE_CHECKING:
     import lance
@@ -125,15 +126,19 @@ class KeySet:
             if hit is not None:
                 return hit
             parts = [np.zeros(0, dtype=np.uint64)]
-            scan = base.scanner(
-                columns=self.pk,
+            scan = deletions.scan(
+                base,
+                self.pk,
                 with_row_address=not row_ids,
                 with_row_id=row_ids,
                 batch_size=1 << 20,
             )
-            for batch in scan.to_batches():  # bounded memory: one batch of keys at a time
-                addr = batch.column(column).to_numpy().astype(np.uint64, copy=False)
-                parts.append(addr[self.contains(batch.select(self.pk))])
+            for batch, gone in scan:  # bounded memory: one batch of keys at a time
+                addr = deletions.live_values(batch, column)
+                found = self.contains(batch.select(self.pk))
+                if gone is not None:
+                    found &= ~gone
+                parts.append(addr[found])
             found = np.sort(np.concatenate(parts))
             if len(self._addresses) >= 4:
                 self._addresses.pop(next(iter(self._addresses)))

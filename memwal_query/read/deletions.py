@@ -15,7 +15,7 @@ damaged one is an error, never a longer answer. Measurements: ``docs/architectur
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -61,3 +61,17 @@ def live_values(batch: pa.RecordBatch, column: str) -> np.ndarray:
     if values.null_count:
         values = values.fill_null(0)
     return values.to_numpy().astype(np.uint64, copy=False)
+
+
+def scan(
+    base: Any, columns: list[str], **options: Any
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+    """The batches of a scan of ``base`` (a Lance dataset) reading ``columns`` with
+    Lance scanner ``options``, each with the mask of its deleted rows (None when it
+    holds none): when :func:`reads_deleted` says so, the deleted rows are read and
+    the caller drops them (by the mask), else Lance leaves them out itself."""
+    with_deleted = reads_deleted(base.get_fragments())
+    if with_deleted:
+        options = {**options, "with_row_id": True, "include_deleted_rows": True}
+    for batch in base.scanner(columns=columns, **options).to_batches():
+        yield batch, deleted_rows(batch) if with_deleted else None

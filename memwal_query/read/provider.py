@@ -331,11 +331,14 @@ def _overwritten_count(base: Any, sets: list[KeySet]) -> int:
     # gather: small batches (less memory in flight)
     size = 1 << 20 if any(s.hashed for s in sets) else BASE_BATCH_ROWS
     # one fragment at a time: ~15 MB less at the peak of a cold count, no slower
-    scan = base.scanner(columns=pk, batch_size=size, fragment_readahead=1)
-    for batch in scan.to_batches():
+    scan = deletions.scan(base, pk, batch_size=size, fragment_readahead=1)
+    for batch, gone in scan:
         mask = np.zeros(batch.num_rows, dtype=bool)  # a row counts once, whatever its sets
+        keys = batch.select(pk)
         for s in sets:
-            mask |= s.contains(batch)
+            mask |= s.contains(keys)
+        if gone is not None:
+            mask &= ~gone
         found += int(mask.sum())
     _OVERWRITTEN_BASE_COUNTS.put(key, (list(sets), found))
     return found
