@@ -461,26 +461,35 @@ class _BaseFragment:
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
-            try:
+            def lance_scan(deleted: bool) -> Iterator[pa.RecordBatch]:
                 scanner = state.plan.base.scanner(
                     columns=list(dict.fromkeys(data_cols + key_cols)),
                     filter=f.base,
                     fragments=self.lance_fragments,
                     with_row_address=want_addr or by_address,
-                    with_row_id=overwritten is not None or with_deleted,
+                    with_row_id=overwritten is not None or deleted,
                     batch_size=size,
                     row_addr_blocklist=None if overwritten is not None else blocklist,
-                    include_deleted_rows=with_deleted or None,
-                    late_materialization=False if with_deleted and f.expr is not None else None,
+                    include_deleted_rows=deleted or None,
+                    late_materialization=False if deleted and f.expr is not None else None,
                 )
                 it = iter(scanner.to_batches())
                 first = next(it, None)
+                return it if first is None else itertools.chain([first], it)
+
+            try:
+                try:
+                    batches = lance_scan(with_deleted)
+                except _LANCE_REFUSALS:
+                    if not (with_deleted and f.expr is not None):
+                        raise
+                    # a plan Lance does not run with deleted rows: its own way
+                    with_deleted = False
+                    batches = lance_scan(with_deleted)
             except _LANCE_REFUSALS:
                 if f.expr is None:
                     raise
                 f.lance = False  # the other partitions need not ask again
-            else:
-                batches = it if first is None else itertools.chain([first], it)
         local = None
         if batches is None:
             # Lance refused the filter (or it reads _rowaddr): read its columns too, and
@@ -499,6 +508,8 @@ class _BaseFragment:
             )
             batches = scanner.to_batches()
 
+        needed = set(out_schema.names) | (set(f.columns) if local is not None else set())
+
         def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
             # one mask of the rows to drop (deleted, overwritten), one copy of the rest
             mask = deletions.deleted_rows(batch) if with_deleted else None
@@ -514,6 +525,10 @@ class _BaseFragment:
                 for s in hashed:
                     mask = _either(mask, s.contains(batch.select(pk)))
             if mask is not None and mask.any():
+                # copy only what is returned or filtered on (not _rowid, unread keys)
+                names = batch.schema.names
+                if len(names) > len(needed) or any(n not in needed for n in names):
+                    batch = batch.select([n for n in names if n in needed])
                 batch = _drop(batch, mask)
             if local is not None:
                 if GEN_COLUMN in f.columns:
