@@ -299,3 +299,29 @@ def test_reads_deleted_counts_only_fragments_with_deletion_files(tmp_path):
     assert deletions.reads_deleted(frags)  # 5,000 of 10,000
     assert not deletions.reads_deleted(frags[:1])
     assert provider.ROWID_COLUMN == deletions.ROWID_COLUMN
+
+
+def test_a_plan_lance_refuses_with_deleted_rows_keeps_lances_filter(tmp_path, monkeypatch):
+    """Should Lance refuse a filtered plan with deleted rows, the scan asks again without
+    them (Lance's own deletion path, its filter and indexes), never falling back to
+    reading every row and filtering in pyarrow; same answer."""
+    uri = _base(tmp_path)
+    t = mq.MemWalTable.initialize(uri)
+    real = lance.LanceDataset.scanner
+    asked: list[tuple[bool, bool]] = []
+
+    def scanner(self, *args, **kwargs):
+        deleted = bool(kwargs.get("include_deleted_rows"))
+        filtered = kwargs.get("filter") is not None
+        asked.append((deleted, filtered))
+        if deleted and filtered:
+            raise ValueError("with_deleted_rows is not supported here (an input plan)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    low, columns = pc.field("v") < 100, ["id", "v", "s"]  # narrow columns: deleted rows read
+    got = t.to_table(columns=columns, filter=low)
+    want = lance.dataset(uri).to_table(columns=columns, filter=low)
+    assert _sorted(got).equals(_sorted(want))
+    assert (True, True) in asked and (False, True) in asked
+    assert all(filtered for _, filtered in asked)  # no unfiltered scan: Lance filtered
