@@ -19,7 +19,11 @@ flushed (every region gets a generation per round). Then, side by side in one ru
   ``merge_insert`` (all threads) are printed too, a figure the load disturbs less;
 - the answer: our table after the pass equals the plain Lance table, row for row;
 - single-key lookup p50 (``t.lookup``) and full read (``t.to_table()``) right before and
-  right after the pass, with plain Lance's own figures on its copy for reference.
+  right after the pass, with plain Lance's own figures on its copy for reference; the
+  reads after the pass (full, and filtered on ``quantity < 5``) run in turns with the
+  same reads on Lance's own deletion path (the reader told to leave fragments with
+  deletion files to Lance's scan instead of reading their deleted rows and masking
+  them) and with plain Lance's reads of its copy, medians of ``--repeat``.
 
 ``uptime`` is printed with the figures: the machine is shared, quote the ratios.
 """

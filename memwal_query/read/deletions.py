@@ -9,8 +9,8 @@ deleted rows as well (``include_deleted_rows``), Lance decodes every fragment as
 range and marks the deleted rows with a null ``_rowid``; the reader drops them with
 the same boolean mask (and the same copy) that drops the base rows newer sources
 overwrote. Lance still reads every deletion file to mark the rows, so a missing or
-damaged one is an error, never a longer answer. Measurements: ``docs/architecture.md``,
-"Deletion files".
+damaged one is an error, never a longer answer. Measurements: ``docs/architecture.md``
+(the DataFusion provider, deletion files).
 """
 
 from __future__ import annotations
