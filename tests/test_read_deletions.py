@@ -325,3 +325,39 @@ def test_a_plan_lance_refuses_with_deleted_rows_keeps_lances_filter(tmp_path, mo
     assert _sorted(got).equals(_sorted(want))
     assert (True, True) in asked and (False, True) in asked
     assert all(filtered for _, filtered in asked)  # no unfiltered scan: Lance filtered
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int", "string"])
+def test_stable_row_ids_with_deletion_files(tmp_path, key_type):
+    """A base with stable row ids (its ``_rowid`` no longer its address after a
+    compaction) and deletion files, newer keys on top: Lance matches the blocklist
+    against row ids and marks deleted rows by a null one; same answer as the model."""
+    schema = _schema(key_type)
+    uri = str(tmp_path / "t")
+    lance.write_dataset(
+        _rows(np.arange(6_000), schema), uri, max_rows_per_file=1_000, enable_stable_row_ids=True
+    )
+    lance.dataset(uri).delete("v < 300")  # ~30% of each fragment, then compacted
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=2_000)
+    lance.dataset(uri).delete("v >= 990")  # new deletion files on the compacted fragments
+    ds = lance.dataset(uri)
+    x = ds.to_table(columns=["id"], with_row_id=True, with_row_address=True)
+    assert x.column("_rowid") != x.column("_rowaddr")
+    assert all(f.num_deletions for f in ds.get_fragments())
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    w.put(_rows(np.arange(5_000, 7_000), schema, 20_000))
+    w.flush()
+    w.close()
+    base = ds.to_table(columns=["id", "v"])
+    want = dict(zip(base.column("id").to_pylist(), base.column("v").to_pylist()))
+    ids = _rows(np.arange(5_000, 7_000), schema, 20_000)
+    want.update(zip(ids.column("id").to_pylist(), ids.column("v").to_pylist()))
+    got = t.to_table(columns=["id", "v"])
+    assert got.num_rows == len(want)
+    assert dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist())) == want
+    sql = datafusion.SessionContext()
+    sql.register_table("t", t.provider())
+    n = sql.sql("SELECT count(*) AS n, sum(v) AS v FROM t").to_arrow_table().to_pylist()[0]
+    assert n == {"n": len(want), "v": sum(want.values())}
+    assert t.count_rows() == len(want)
