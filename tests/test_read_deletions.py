@@ -113,6 +113,8 @@ QUERIES = [
     "SELECT * FROM {t}",
     "SELECT id, s FROM {t}",
     "SELECT count(*) AS n, sum(v) AS v FROM {t}",
+    "SELECT count(*) AS n FROM {t}",
+    "SELECT count(*) AS n FROM {t} WHERE v < 500",
     "SELECT id, v FROM {t} WHERE v < 100",
     "SELECT id FROM {t} WHERE s LIKE 's1%' AND v >= 500",
     "SELECT id, v FROM {t} WHERE id IN ({keys})",
