@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import struct
 
 import datafusion
 import lance
@@ -24,6 +25,7 @@ import pytest
 
 import memwal_query as mq
 from memwal_query.exceptions import CorruptFileError, ObjectNotFoundError
+from memwal_query.format.rowaddrs import _roaring32, roaring32_runs
 from memwal_query.read import deletions, provider
 
 from helpers import PK, clear_read_caches
@@ -101,8 +103,8 @@ def _spy(monkeypatch) -> list[bool]:
     seen: list[bool] = []
     decide = deletions.reads_deleted
 
-    def spy(fragments):
-        seen.append(decide(fragments))
+    def spy(fragments, *args):
+        seen.append(decide(fragments, *args))
         return seen[-1]
 
     monkeypatch.setattr(deletions, "reads_deleted", spy)
@@ -227,22 +229,89 @@ def test_newer_sources_over_deletion_files(tmp_path, monkeypatch, key_type):
     _compare(ctx, text)
 
 
-def test_mostly_deleted_fragments_keep_lances_path(tmp_path, monkeypatch):
-    """Fragments mostly deleted: decoding their deleted rows would cost more than
-    Lance's ranges save, so the scan leaves them to Lance; same answer."""
+@pytest.mark.parametrize(
+    ("predicate", "masked"),
+    [
+        ("id % 2000 < 1500", False),  # a range per fragment: 2 ranges, Lance's path
+        ("id % 10 <> 0", True),  # 90% at random: a range per kept row, masked
+        ("id >= 300 AND id < 310", False),  # one short run: Lance's path
+    ],
+)
+def test_the_runs_of_deleted_rows_choose_the_path(tmp_path, monkeypatch, predicate, masked):
+    """Range deletes leave few runs of deleted rows, which Lance's ranges read cheaply:
+    the scan leaves them to Lance; scattered deletes (however many) are read and
+    masked. Same answer either way."""
     schema = _schema(pa.int64())
     uri = str(tmp_path / "t")
     lance.write_dataset(_rows(np.arange(4_000), schema), uri, max_rows_per_file=2_000)
-    lance.dataset(uri).delete("id % 10 <> 0")
+    lance.dataset(uri).delete(predicate)
     seen = _spy(monkeypatch)
     t = mq.MemWalTable.initialize(uri)
     got = t.to_table()
-    assert seen and not any(seen)
+    assert seen and all(s is masked for s in seen)
     assert _sorted(got).equals(_sorted(lance.dataset(uri).to_table()))
-    assert got.num_rows == 400
-    assert deletions.reads_deleted(lance.dataset(uri).get_fragments()) is False
-    monkeypatch.setattr(deletions, "READ_DELETED_MAX_SHARE", 0.95)
-    assert deletions.reads_deleted(lance.dataset(uri).get_fragments()) is True
+    frags = lance.dataset(uri).get_fragments()
+    share = sum(f.num_deletions for f in frags) / sum(f.physical_rows for f in frags)
+    assert deletions.reads_deleted(frags) is (share <= 0.5)  # without the files: the share
+
+
+def test_unreadable_deletion_file_leaves_the_scan_to_lance(tmp_path, monkeypatch):
+    """A deletion file the run count cannot read leaves the scan to Lance (which reads
+    it, or reports it), never a guess."""
+    uri = _base(tmp_path)
+    frags = lance.dataset(uri).get_fragments()
+
+    def read(path):
+        raise OSError(f"{path}: unreachable")
+
+    def files(path):
+        with open(os.path.join(uri, path), "rb") as f:
+            return f.read()
+
+    monkeypatch.setattr(deletions, "_RUNS", type(deletions._RUNS)(16))
+    assert not deletions.reads_deleted(frags, read)
+    assert not deletions.reads_deleted(frags, read)  # a failure is not remembered
+    assert deletions.reads_deleted(frags, files)
+    assert deletions.reads_deleted(frags, read)  # the runs read are
+
+
+def _with_runs(chunks: list[list[tuple[int, int]]]) -> bytes:
+    """A portable Roaring bitmap with only run containers: per 65536-value chunk (key i)
+    its runs as (start, length)."""
+    n = len(chunks)
+    out = [struct.pack("<I", 12347 | (n - 1) << 16), bytes([0xFF]) * ((n + 7) // 8)]
+    for key, runs in enumerate(chunks):
+        out.append(struct.pack("<HH", key, sum(length for _, length in runs) - 1))
+    if n >= 4:
+        out.append(b"\0" * 4 * n)  # offsets (not used to read in order)
+    for runs in chunks:
+        out.append(struct.pack("<H", len(runs)))
+        for start, length in runs:
+            out.append(struct.pack("<HH", start, length - 1))
+    return b"".join(out)
+
+
+def test_roaring_runs():
+    """Values and runs of portable Roaring bitmaps: array and bitmap containers (as
+    written by the blocklist encoder) and run containers (built by hand)."""
+    rng = np.random.default_rng(4)
+    cases = [
+        np.array([1, 2, 3, 10, 11, 65_535], dtype=np.uint32),
+        np.sort(rng.choice(1 << 20, 200_000, replace=False)).astype(np.uint32),
+        np.arange(5, 70_000, dtype=np.uint32),  # crosses a chunk: counted once per chunk
+    ]
+    for values in cases:
+        starts = np.count_nonzero(np.diff(values.astype(np.int64)) != 1) + 1
+        chunks = len(np.unique(values >> 16))
+        got_values, got_runs = roaring32_runs(_roaring32(values))
+        assert got_values == len(values)
+        assert starts <= got_runs <= starts + chunks - 1
+    assert roaring32_runs(_with_runs([[(0, 10), (100, 5)], [(7, 1)]])) == (16, 3)
+    many = _with_runs([[(0, 3)]] * 5)  # five containers: offsets present
+    assert roaring32_runs(many) == (15, 5)
+    for bad in [b"", b"\x00" * 12, _roaring32(cases[1])[:-100], _with_runs([[(0, 3)]])[:-2]]:
+        with pytest.raises(ValueError):
+            roaring32_runs(bad)
 
 
 @pytest.mark.parametrize("kind", ["bitmap", "array"])

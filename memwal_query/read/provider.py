@@ -382,6 +382,11 @@ class _BaseFragment:
         self.state = state
         self.lance_fragments = lance_fragments
 
+    def _read_table_file(self, path: str) -> bytes:
+        """A file of the base table (``path`` relative to its directory)."""
+        table = self.state.dataset.table
+        return table.io.read(f"{table.uri.rstrip('/')}/{path}")
+
     def fragments(self) -> list[Any]:
         """The Lance fragments this part scans."""
         if self.lance_fragments is not None:
@@ -454,7 +459,7 @@ class _BaseFragment:
         # memwal_query.read.deletions). A filtered scan then reads its columns whole
         # (no late materialization, which Lance refuses with deleted rows), so only
         # when they are narrow.
-        has_deleted = deletions.reads_deleted(self.fragments())
+        has_deleted = deletions.reads_deleted(self.fragments(), self._read_table_file)
         with_deleted = has_deleted and (
             f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
         )
