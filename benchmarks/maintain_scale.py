@@ -84,11 +84,10 @@ class lance_deletion_path:
     (range by range) instead of reading their deleted rows and masking them."""
 
     def __enter__(self) -> None:
-        self.share = deletions.READ_DELETED_MAX_SHARE
-        deletions.READ_DELETED_MAX_SHARE = 0.0
+        deletions.READ_DELETED_ROWS = False
 
     def __exit__(self, *exc: object) -> None:
-        deletions.READ_DELETED_MAX_SHARE = self.share
+        deletions.READ_DELETED_ROWS = True
 
 
 def masked_path(fn):

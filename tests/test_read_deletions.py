@@ -166,6 +166,8 @@ def test_the_deleted_rows_would_be_read_without_the_mask(tmp_path, monkeypatch):
     t = mq.MemWalTable.initialize(uri)
     monkeypatch.setattr(deletions, "deleted_rows", lambda batch: None)
     assert t.to_table().num_rows == N
+    monkeypatch.setattr(deletions, "READ_DELETED_ROWS", False)  # Lance's own path
+    assert _sorted(t.to_table()).equals(_sorted(lance.dataset(uri).to_table()))
 
 
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int", "string"])

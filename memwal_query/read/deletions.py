@@ -29,6 +29,10 @@ ROWID_COLUMN = "_rowid"
 """The row-id column Lance adds (``with_row_id``); null on a deleted row when the scan
 includes deleted rows."""
 
+READ_DELETED_ROWS = True
+"""False: every scan leaves fragments with deletion files to Lance's own path (what the
+benchmarks compare against)."""
+
 READ_DELETED_MAX_SHARE = 0.5
 """Without the deletion files' contents (:func:`reads_deleted` given no reader): a scan
 reads the deleted rows of its fragments when they are at most this share of the
@@ -67,6 +71,8 @@ def reads_deleted(fragments: Iterable[Any], read: Callable[[str], bytes] | None 
     bool
         False when no fragment has a deletion file.
     """
+    if not READ_DELETED_ROWS:
+        return False
     deleted = physical = runs = 0
     for fragment in fragments:
         n = fragment.num_deletions
