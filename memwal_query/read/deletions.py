@@ -44,10 +44,12 @@ RANGE_ROWS = 32
 
 _RUNS: LRUCache[str, int] = LRUCache(4096)
 """Runs of deleted rows per deletion file read (deletion files are immutable: keyed by
-their path relative to the table)."""
+table URI and path)."""
 
 
-def reads_deleted(fragments: Iterable[Any], read: Callable[[str], bytes] | None = None) -> bool:
+def reads_deleted(
+    fragments: Iterable[Any], read: Callable[[str], bytes] | None = None, table: str = ""
+) -> bool:
     """Whether a scan of ``fragments`` (Lance fragments) should include their deleted rows
     and drop them itself.
 
@@ -65,6 +67,9 @@ def reads_deleted(fragments: Iterable[Any], read: Callable[[str], bytes] | None 
         cannot read or decode leaves the scan to Lance (which reports it). Without
         ``read``, only the metadata: the deleted rows are at most
         :data:`READ_DELETED_MAX_SHARE` of the fragments with deletion files.
+    table : str
+        The table's URI (with ``read``: what the runs read are cached under, with the
+        file's path).
 
     Returns
     -------
@@ -81,7 +86,7 @@ def reads_deleted(fragments: Iterable[Any], read: Callable[[str], bytes] | None 
         deleted += n
         physical += fragment.physical_rows
         if read is not None:
-            found = _runs(fragment.deletion_file(), read)
+            found = _runs(table, fragment.deletion_file(), read)
             if found is None:
                 return False
             runs += found
@@ -92,24 +97,26 @@ def reads_deleted(fragments: Iterable[Any], read: Callable[[str], bytes] | None 
     return runs * RANGE_ROWS > deleted + (physical - deleted) // 2
 
 
-def _runs(path: str | None, read: Callable[[str], bytes]) -> int | None:
-    """Runs of consecutive deleted rows in the deletion file ``path`` (a Roaring bitmap
-    or an Arrow IPC file of row offsets), or None when it cannot be read or decoded."""
+def _runs(table: str, path: str | None, read: Callable[[str], bytes]) -> int | None:
+    """Runs of consecutive deleted rows in the deletion file ``path`` of ``table`` (a
+    Roaring bitmap or an Arrow IPC file of row offsets), or None when it cannot be read
+    or decoded."""
     if path is None:
         return None
-    hit = _RUNS.get(path)
+    key = f"{table}\x00{path}"
+    hit = _RUNS.get(key)
     if hit is None:
         try:
             data = read(path)
             if path.endswith(".arrow"):
-                table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-                offsets = np.sort(table.column(0).to_numpy().astype(np.int64))
+                rows = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+                offsets = np.sort(rows.column(0).to_numpy().astype(np.int64))
                 hit = int(len(offsets) > 0) + int(np.count_nonzero(np.diff(offsets) != 1))
             else:
                 hit = roaring32_runs(data)[1]
         except Exception:  # noqa: BLE001 - Lance's own read reports a bad file, typed
             return None  # not cached: the next scan asks again
-        _RUNS.put(path, hit)
+        _RUNS.put(key, hit)
     return hit
 
 

@@ -32,6 +32,7 @@ from memwal_query.read import deletions, exprtree, newer, parallel, pruning, sou
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 from memwal_query.read.filtersemantics import datafusion_semantics
 from memwal_query.storage.cache import LRUCache
+from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -385,7 +386,7 @@ class _BaseFragment:
     def _read_table_file(self, path: str) -> bytes:
         """A file of the base table (``path`` relative to its directory)."""
         table = self.state.dataset.table
-        return table.io.read(f"{table.uri.rstrip('/')}/{path}")
+        return table.io.read(join(table.uri, path))
 
     def fragments(self) -> list[Any]:
         """The Lance fragments this part scans."""
@@ -459,7 +460,9 @@ class _BaseFragment:
         # memwal_query.read.deletions). A filtered scan then reads its columns whole
         # (no late materialization, which Lance refuses with deleted rows), so only
         # when they are narrow.
-        has_deleted = deletions.reads_deleted(self.fragments(), self._read_table_file)
+        has_deleted = deletions.reads_deleted(
+            self.fragments(), self._read_table_file, state.dataset.table.uri
+        )
         with_deleted = has_deleted and (
             f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
         )
