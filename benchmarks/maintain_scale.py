@@ -21,9 +21,10 @@ flushed (every region gets a generation per round). Then, side by side in one ru
 - single-key lookup p50 (``t.lookup``) and full read (``t.to_table()``) right before and
   right after the pass, with plain Lance's own figures on its copy for reference; the
   reads after the pass (full, and filtered on ``quantity < 5``) run in turns with the
-  same reads on Lance's own deletion path (the reader told to leave fragments with
-  deletion files to Lance's scan instead of reading their deleted rows and masking
-  them) and with plain Lance's reads of its copy, medians of ``--repeat``.
+  same reads of a copy of the table taken before the pass, on Lance's own deletion
+  path (the reader told to leave fragments with deletion files to Lance's scan
+  instead of reading their deleted rows and masking them) and with plain Lance's reads
+  of its copy, medians of ``--repeat``.
 
 ``uptime`` is printed with the figures: the machine is shared, quote the ratios.
 """
@@ -218,12 +219,10 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     )
     reader = mq.MemWalTable.open(ours)
     reader.to_table()  # warm: the first read of a process
-    before = paired(
-        {"full": lambda: reader.to_table(), "filtered": lambda: reader.to_table(filter=FILTER)},
-        args.repeat,
-    )
-    scan_before, filtered_before = before["full"], before["filtered"]
     look_before = lookup_p50(lambda k: reader.lookup(pa.array([k], pa.int64())), keys)
+    # the table as it is before the pass, read in turns with the one after it
+    pre = f"{root}/pre{regions}"
+    shutil.copytree(ours, pre)
 
     print(f"  {regions} regions: {gens} generations written; maintain ({uptime()})", flush=True)
     first, first_cpu = plain_merge(plain, live, dead)
@@ -269,8 +268,12 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     def filtered() -> None:
         reader.to_table(filter=FILTER)
 
+    unmerged = mq.MemWalTable.open(pre)
+    unmerged.to_table()
     after = paired(
         {
+            "full, before the pass": lambda: unmerged.to_table(),
+            "filtered, before the pass": lambda: unmerged.to_table(filter=FILTER),
             "full": full,
             "full, Lance's deletion path": masked_path(full),
             "full, plain Lance": lambda: lance.dataset(plain).to_table(),
@@ -281,6 +284,9 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
         args.repeat,
     )
     scan_after, plain_scan = after["full"], after["full, plain Lance"]
+    scan_before = after["full, before the pass"]
+    filtered_before = after["filtered, before the pass"]
+    shutil.rmtree(pre)
     look_after = lookup_p50(lambda k: reader.lookup(pa.array([k], pa.int64())), keys)
     pds = lance.dataset(plain)
     plain_look = lookup_p50(lambda k: pds.to_table(filter=f"id = {k}"), keys)
