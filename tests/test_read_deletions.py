@@ -434,3 +434,154 @@ def test_stable_row_ids_with_deletion_files(tmp_path, key_type):
     n = sql.sql("SELECT count(*) AS n, sum(v) AS v FROM t").to_arrow_table().to_pylist()[0]
     assert n == {"n": len(want), "v": sum(want.values())}
     assert t.count_rows() == len(want)
+
+
+def _record_scans(monkeypatch) -> list[dict]:
+    """Record the options of every Lance scan of a dataset (the real scan runs)."""
+    real = lance.LanceDataset.scanner
+    asked: list[dict] = []
+
+    def scanner(self, *args, **kwargs):
+        asked.append(kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    return asked
+
+
+@pytest.mark.parametrize("stable", [False, True], ids=["addresses", "stable-row-ids"])
+def test_blocklisted_rows_over_deletion_files(tmp_path, monkeypatch, stable):
+    """String keys, a few of them newer (under the share that masks by row id): Lance
+    drops the overwritten base rows by its blocklist inside the same scan that reads the
+    deleted rows. Deleted keys written again come back once, with their new values;
+    overwritten rows in fragments with deletion files are dropped; the answer equals
+    plain Lance applying the same upserts to a copy, and the model."""
+    schema = _schema(pa.string())
+    uri = str(tmp_path / "t")
+    lance.write_dataset(
+        _rows(np.arange(20_000), schema),
+        uri,
+        max_rows_per_file=10_000,
+        enable_stable_row_ids=stable,
+    )
+    lance.dataset(uri).delete("v % 3 = 0")  # scattered: a third of every fragment
+    if stable:  # row ids no longer addresses, then new deletion files
+        lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=20_000)
+        lance.dataset(uri).delete("v % 5 = 1")  # scattered too
+    copy = str(tmp_path / "plain")
+    lance.write_dataset(lance.dataset(uri).to_table(), copy)
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    ids = np.unique(np.random.default_rng(3).choice(20_000, 300, replace=False))
+    new = _rows(ids, schema, 50_000)  # about a third of them deleted in the base
+    w.put(new)
+    lance.dataset(copy).merge_insert(
+        "id"
+    ).when_matched_update_all().when_not_matched_insert_all().execute(new)
+    want = lance.dataset(copy).to_table()
+    for flushed in (False, True):
+        if flushed:
+            w.flush()
+        clear_read_caches()
+        asked = _record_scans(monkeypatch)
+        got = t.provider(writers=[w]).to_table()
+        assert any(
+            a.get("row_addr_blocklist") is not None and a.get("include_deleted_rows") for a in asked
+        ), "the blocklist and the deleted rows in one scan"
+        monkeypatch.undo()
+        assert got.num_rows == want.num_rows
+        assert _sorted(got).equals(_sorted(want))
+        ctx = datafusion.SessionContext()
+        ctx.register_table("t", t.provider(writers=[w]))
+        ctx.from_arrow(want, name="plain")
+        _compare(ctx, text=True)
+        assert t.provider(writers=[w]).count_rows() == want.num_rows
+    w.close()
+
+
+@pytest.mark.parametrize("stable", [False, True], ids=["addresses", "stable-row-ids"])
+def test_indexed_filters_over_deletion_files(tmp_path, monkeypatch, stable):
+    """Scalar indexes (BTREE, BITMAP) built before the deletes, a fragment appended after
+    them (not indexed): filters Lance answers from the indexes, read with the deleted
+    rows and masked, equal plain Lance's answers on the same table."""
+    schema = _schema(pa.int64())
+    uri = str(tmp_path / "t")
+    lance.write_dataset(
+        _rows(np.arange(20_000), schema),
+        uri,
+        max_rows_per_file=10_000,
+        enable_stable_row_ids=stable,
+    )
+    ds = lance.dataset(uri)
+    ds.create_scalar_index("id", "BTREE")
+    ds.create_scalar_index("v", "BTREE")
+    ds.create_scalar_index("s", "BITMAP")
+    lance.write_dataset(_rows(np.arange(20_000, 25_000), schema), uri, mode="append")
+    lance.dataset(uri).delete("id % 3 = 0 OR (id >= 5000 AND id < 6000)")
+    if stable:
+        lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=8_000)
+        lance.dataset(uri).delete("id % 7 = 0")
+    assert all(f.num_deletions for f in lance.dataset(uri).get_fragments())
+    t = mq.MemWalTable.initialize(uri)
+    plain = lance.dataset(uri).to_table()
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider())
+    ctx.from_arrow(plain, name="plain")
+    asked = _record_scans(monkeypatch)
+    for where in [
+        "id = 3",  # deleted
+        "id = 4",
+        "id IN (3, 4, 5001, 6001, 20001, 20003, 24999)",
+        "id >= 4990 AND id < 6010",
+        "v = 7",
+        "s = 's5'",
+        "s IN ('s1', 's2') AND v < 300",
+        "v = 7 OR s = 's3'",
+        "id > 19990",  # the fragment appended after the indexes
+    ]:
+        for q in [
+            "SELECT id, v, s FROM {t} WHERE " + where,
+            "SELECT count(*) AS n FROM {t} WHERE " + where,
+        ]:
+            got = ctx.sql(q.format(t="t")).to_arrow_table()
+            want = ctx.sql(q.format(t="plain")).to_arrow_table()
+            assert _sorted(got).equals(_sorted(want)), q
+    assert any(a.get("include_deleted_rows") and a.get("filter") is not None for a in asked)
+
+
+def test_limits_over_deletion_files(tmp_path):
+    """LIMIT and OFFSET through DataFusion, DuckDB and Polars over fragments with deletion
+    files: never a shorter answer (no limit reaches a scan before the deleted rows are
+    dropped), the same rows as plain Lance's."""
+    import duckdb
+    import polars as pl
+
+    uri = _base(tmp_path)
+    t = mq.MemWalTable.initialize(uri)
+    plain = lance.dataset(uri).to_table()
+    n = plain.num_rows
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider())
+    ctx.from_arrow(plain, name="plain")
+    for q in [
+        "SELECT count(*) AS n FROM (SELECT id FROM {t} LIMIT %d)" % (n - 5),
+        "SELECT count(*) AS n FROM (SELECT id FROM {t} WHERE v < 500 LIMIT 9000)",
+        "SELECT id FROM {t} ORDER BY id LIMIT 20 OFFSET 3000",
+        "SELECT id FROM {t} WHERE v < 500 ORDER BY id LIMIT 20 OFFSET 9000",
+    ]:
+        got = ctx.sql(q.format(t="t")).to_arrow_table()
+        assert got.equals(ctx.sql(q.format(t="plain")).to_arrow_table()), q
+    ds = t.provider()
+    con = duckdb.connect()
+    con.register("ds", ds)
+    con.register("plain", plain)
+    for q in [
+        "SELECT count(*) FROM (SELECT * FROM {t} LIMIT %d)" % (n - 5),
+        "SELECT count(*) FROM (SELECT * FROM {t} WHERE v < 500 LIMIT 9000)",
+        "SELECT id FROM {t} ORDER BY id LIMIT 20 OFFSET 3000",
+    ]:
+        assert con.sql(q.format(t="ds")).fetchall() == con.sql(q.format(t="plain")).fetchall(), q
+    lazy = pl.scan_pyarrow_dataset(ds)
+    assert lazy.head(n - 5).collect().height == n - 5
+    assert lazy.filter(pl.col("v") < 500).head(9_000).collect().height == 9_000
+    assert lazy.select(pl.len()).collect().item() == n
