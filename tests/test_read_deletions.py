@@ -564,7 +564,7 @@ def test_limits_over_deletion_files(tmp_path):
     ctx.register_table("t", t.provider())
     ctx.from_arrow(plain, name="plain")
     for q in [
-        "SELECT count(*) AS n FROM (SELECT id FROM {t} LIMIT %d)" % (n - 5),
+        "SELECT count(*) AS n FROM (SELECT id FROM {t} LIMIT " + str(n - 5) + ")",
         "SELECT count(*) AS n FROM (SELECT id FROM {t} WHERE v < 500 LIMIT 9000)",
         "SELECT id FROM {t} ORDER BY id LIMIT 20 OFFSET 3000",
         "SELECT id FROM {t} WHERE v < 500 ORDER BY id LIMIT 20 OFFSET 9000",
@@ -576,7 +576,7 @@ def test_limits_over_deletion_files(tmp_path):
     con.register("ds", ds)
     con.register("plain", plain)
     for q in [
-        "SELECT count(*) FROM (SELECT * FROM {t} LIMIT %d)" % (n - 5),
+        "SELECT count(*) FROM (SELECT * FROM {t} LIMIT " + str(n - 5) + ")",
         "SELECT count(*) FROM (SELECT * FROM {t} WHERE v < 500 LIMIT 9000)",
         "SELECT id FROM {t} ORDER BY id LIMIT 20 OFFSET 3000",
     ]:
@@ -585,3 +585,65 @@ def test_limits_over_deletion_files(tmp_path):
     assert lazy.head(n - 5).collect().height == n - 5
     assert lazy.filter(pl.col("v") < 500).head(9_000).collect().height == 9_000
     assert lazy.select(pl.len()).collect().item() == n
+
+
+class _FailingGets:
+    """A fault plan: every GET of a path containing ``marker`` answers ``kind`` while
+    ``on`` (nothing else is faulted)."""
+
+    def __init__(self, marker: str, kind: str) -> None:
+        self.marker, self.kind, self.on = marker, kind, False
+
+    def __call__(self, method: str, path: str):
+        if self.on and method == "GET" and self.marker in path:
+            return (self.kind, "before")
+        return None
+
+
+@pytest.mark.parametrize(
+    ("fault", "filtered"),
+    [
+        ("503", False),
+        pytest.param("drop", True, marks=pytest.mark.slow),
+    ],  # ~5 s each, waiting on Lance retrying the reads
+)
+def test_an_unreachable_deletion_file_is_a_storage_error(tmp_path, store_pool, fault, filtered):
+    """The store fails every read of the deletion files (503 SlowDown past the client's
+    retries, or dropped connections): a :class:`StorageError` naming the object, never a
+    :class:`CorruptFileError` (the file is intact; the read may be run again)."""
+    pytest.importorskip("moto")
+    import uuid
+
+    from faultproxy import FaultProxy
+
+    from memwal_query.exceptions import StorageError
+
+    server = store_pool.get("s3")
+    plan = _FailingGets("_deletions", fault)
+    with FaultProxy(server.upstream, plan=plan) as proxy:
+        options = server.storage_options(
+            endpoint=proxy.endpoint,
+            timeout="2s",
+            connect_timeout="2s",
+            client_max_retries="1",
+            client_retry_timeout="2",
+        )
+        uri = f"{server.root(store_pool.BUCKET)}/{uuid.uuid4().hex}/t"
+        schema = _schema(pa.int64())
+        lance.write_dataset(
+            _rows(np.arange(6_000), schema),
+            uri,
+            max_rows_per_file=3_000,
+            storage_options=options,
+        )
+        lance.dataset(uri, storage_options=options).delete("v % 3 = 0")
+        t = mq.MemWalTable.initialize(uri, storage_options=options)
+        want = lance.dataset(uri, storage_options=options).to_table()
+        clear_read_caches()
+        plan.on = True
+        with pytest.raises(StorageError) as err:
+            t.to_table(filter=pc.field("v") < 100) if filtered else t.to_table()
+        assert "_deletions/" in str(err.value)
+        assert not isinstance(err.value, CorruptFileError)
+        plan.on = False
+        assert _sorted(t.to_table()).equals(_sorted(want))  # the same read, run again

@@ -25,6 +25,7 @@ from memwal_query.exceptions import (
     GenerationGoneError,
     MemWalError,
     ObjectNotFoundError,
+    StorageError,
     without_source_locations,
 )
 from memwal_query.format.index import manifest_path
@@ -36,6 +37,7 @@ from memwal_query.format.schema import (
 )
 from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
+from memwal_query.storage.errors import store_error
 from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
 
@@ -60,13 +62,14 @@ def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
 
     :class:`BaseVersionGoneError` when that version was cleaned up meanwhile (Lance
     reports the deleted data file as a plain OSError or ArrowInvalid "Not found");
-    :class:`ObjectNotFoundError` or :class:`CorruptFileError` naming the file when a
-    fragment's deletion file is missing or cannot be decoded
-    (:func:`deletion_file_error`); any other error propagates unchanged.
+    :class:`ObjectNotFoundError`, :class:`StorageError` or :class:`CorruptFileError`
+    naming the file when a fragment's deletion file is missing, cannot be fetched from
+    the store or cannot be decoded (:func:`deletion_file_error`); any other error
+    propagates unchanged.
 
     Raises
     ------
-    BaseVersionGoneError, ObjectNotFoundError, CorruptFileError
+    BaseVersionGoneError, ObjectNotFoundError, StorageError, CorruptFileError
     """
     try:
         yield
@@ -87,8 +90,11 @@ def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
 def deletion_file_error(base: lance.LanceDataset, error: Exception) -> MemWalError | None:
     """The typed error for ``error``, raised by Lance while reading ``base``, when a
     fragment's deletion file is at fault: :class:`ObjectNotFoundError` when it is
-    missing, :class:`CorruptFileError` when it cannot be decoded, each naming the file
-    and its fragment; None when no deletion file is at fault.
+    missing, :class:`StorageError` when the store fails to serve it (5xx answers or
+    dropped connections past the client's retries, denied credentials: the file may
+    well be intact, the read can be run again), :class:`CorruptFileError` when it
+    cannot be decoded, each naming the file and its fragment; None when no deletion
+    file is at fault.
 
     Lance names a missing file and a damaged bitmap file in its message, not a damaged
     Arrow IPC one: when the message is about deletions but names no file, each
@@ -111,6 +117,9 @@ def deletion_file_error(base: lance.LanceDataset, error: Exception) -> MemWalErr
         what = f"deletion file of fragment {fragment.fragment_id} (base version {base.version})"
         if "Not found" in text or "not found" in text:
             return ObjectNotFoundError(f"{where}: {what} is missing")
+        if "LanceError(IO)" in text and "corrupt" not in text:  # the store, not the file
+            reason = store_error(without_source_locations(text).removeprefix("External error: "))
+            return StorageError(f"{where}: {what} cannot be fetched: {reason}")
         return CorruptFileError(where, f"{what} cannot be read: {without_source_locations(text)}")
     return None
 
