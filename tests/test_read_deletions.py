@@ -647,3 +647,42 @@ def test_an_unreachable_deletion_file_is_a_storage_error(tmp_path, store_pool, f
         assert not isinstance(err.value, CorruptFileError)
         plan.on = False
         assert _sorted(t.to_table()).equals(_sorted(want))  # the same read, run again
+
+
+def test_a_filter_that_fails_on_deleted_values_is_not_evaluated_on_them(tmp_path, monkeypatch):
+    """Deleted rows hold values a filter cannot evaluate (a division by their zero): the
+    filter is never evaluated on them, so the answer is plain Lance's (which never reads
+    them), through the pyarrow API and Polars, wherever the bad values are (here in the
+    last fragment, read after the first batches were returned); simple comparisons are
+    still read with the deleted rows."""
+    import polars as pl
+
+    schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
+    uri = str(tmp_path / "t")
+
+    def rows(start: int, stop: int, zero_when_deleted: bool) -> pa.Table:
+        ids = np.arange(start, stop)
+        v = ids % 100 + 1
+        if zero_when_deleted:
+            v = np.where(ids % 5 == 0, 0, v)
+        return pa.table([pa.array(ids), pa.array(v)], schema=schema)
+
+    lance.write_dataset(rows(0, 150_000, False), uri, max_rows_per_file=50_000)
+    lance.write_dataset(rows(150_000, 151_000, True), uri, mode="append")
+    lance.dataset(uri).delete("id % 5 = 0")  # scattered: read with the deleted rows
+    t = mq.MemWalTable.initialize(uri)
+    plain = lance.dataset(uri).to_table()
+    for expr in [
+        pc.divide(pc.scalar(100), pc.field("v")) > pc.scalar(3),
+        pc.divide_checked(pc.scalar(100), pc.field("v")) == pc.scalar(4),
+        (pc.field("v") < 90) & (pc.divide(pc.scalar(100), pc.field("v")) > pc.scalar(3)),
+    ]:
+        want = lance.dataset(uri).to_table(filter=expr)
+        assert _sorted(t.to_table(filter=expr)).equals(_sorted(want)), str(expr)
+    div = (100 // pl.col("v")) > 3
+    got = pl.scan_pyarrow_dataset(t.provider()).filter(div).select(pl.len()).collect().item()
+    assert got == pl.from_arrow(plain).filter(div).height
+    asked = _record_scans(monkeypatch)
+    low = pc.field("v") < 30
+    assert _sorted(t.to_table(filter=low)).equals(_sorted(plain.filter(low)))
+    assert any(a.get("include_deleted_rows") and a.get("filter") is not None for a in asked)

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.format.rowaddrs import roaring32_runs
+from memwal_query.read import exprtree
 from memwal_query.storage.cache import LRUCache
 
 ROWID_COLUMN = "_rowid"
@@ -118,6 +119,70 @@ def _runs(table: str, path: str | None, read: Callable[[str], bytes]) -> int | N
             return None  # not cached: the next scan asks again
         _RUNS.put(key, hit)
     return hit
+
+
+# Calls that evaluate without error whatever the values of their arguments (comparisons,
+# boolean logic, set and pattern tests); any other call (arithmetic, casts of columns,
+# functions) may fail on a value only a deleted row holds.
+_TOTAL_CALLS = frozenset(
+    {
+        "equal",
+        "not_equal",
+        "less",
+        "less_equal",
+        "greater",
+        "greater_equal",
+        "and",
+        "and_kleene",
+        "and_not",
+        "and_not_kleene",
+        "or",
+        "or_kleene",
+        "xor",
+        "invert",
+        "is_in",
+        "is_null",
+        "is_valid",
+        "is_nan",
+        "is_finite",
+        "is_inf",
+        "true_unless_null",
+        "match_like",
+        "match_substring",
+        "match_substring_regex",
+        "starts_with",
+        "ends_with",
+    }
+)
+
+
+def total_filter(expr: Any) -> bool:
+    """Whether the filter ``expr`` (a ``pyarrow.compute.Expression``) evaluates without
+    error on any row: only comparisons, boolean logic, set and pattern tests of columns
+    and literals (casts of literals too). A scan evaluating another filter never reads
+    the deleted rows, which may hold values it fails on (a division by zero, a cast out
+    of range) while the live rows do not.
+
+    Parameters
+    ----------
+    expr : pyarrow.compute.Expression
+
+    Returns
+    -------
+    bool
+        False for an expression whose tree cannot be read.
+    """
+    node = exprtree.decode(expr)
+    return node is not None and _total(node)
+
+
+def _total(node: exprtree.Node) -> bool:
+    if node[0] != "call":
+        return True  # a field or a literal
+    _, name, args, _ = node
+    if name == "cast":
+        return not exprtree.fields_of(node)
+    return name in _TOTAL_CALLS and all(_total(a) for a in args)
 
 
 def deleted_rows(batch: pa.RecordBatch) -> np.ndarray | None:

@@ -459,12 +459,17 @@ class _BaseFragment:
         # the mask below (Lance's own scan of them decodes range by range, see
         # memwal_query.read.deletions). A filtered scan then reads its columns whole
         # (no late materialization, which Lance refuses with deleted rows), so only
-        # when they are narrow.
+        # when they are narrow, and only with a filter that cannot fail on a value a
+        # deleted row holds.
         has_deleted = deletions.reads_deleted(
             self.fragments(), self._read_table_file, state.dataset.table.uri
         )
         with_deleted = has_deleted and (
-            f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
+            f.expr is None
+            or (
+                _narrow(state.dataset.schema, data_cols + f.data_columns())
+                and deletions.total_filter(f.base)  # never evaluated on deleted rows
+            )
         )
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
