@@ -213,23 +213,30 @@ def prepare_generation(
     key_fields = [*key_schema, pa.field(TOMBSTONE, pa.bool_())]
     so = table.storage_options
 
+    # One region keys file per region where it covers the generations (generation
+    # number and directory checked), each generation's own keys sidecar otherwise.
+    covered = sources.region_keys_parts(refs, so)
+
     def keys_of(ref: view.GenerationRef) -> pa.Table:
         t = sources.read_keys_sidecar(ref.uri, so)
         if t is None:
             t = sources.read_generation(ref, schema, so, [*pk, TOMBSTONE])
         return t
 
-    parts = sources.map_generations(keys_of, refs, so)
+    todo = [ref for ref in refs if ref.uri not in covered]
+    read = dict(zip([ref.uri for ref in todo], sources.map_generations(keys_of, todo, so)))
+    parts = [covered[ref.uri][0] if ref.uri in covered else read[ref.uri] for ref in refs]
     for g, ref, part in zip(gens, refs, parts, strict=True):
         if g.physical_rows is not None and part.num_rows != g.physical_rows:
+            path = covered[ref.uri][1] if ref.uri in covered else join(ref.uri, KEYS_FILE)
             raise CorruptFileError(
-                join(ref.uri, KEYS_FILE),
+                path,
                 f"{part.num_rows} keys of generation {g.generation} of region {region_id}, "
                 f"whose manifest records {g.physical_rows} rows",
             )
     keys = _concat_conformed(parts, key_fields)
     counts = [p.num_rows for p in parts]
-    newest = newest_indices(keys, pk)
+    newest = newest_indices(keys, pk, key_order=True)  # upserts in key order: see there
     tomb = keys.column(TOMBSTONE).combine_chunks().to_numpy(zero_copy_only=False)[newest]
     live = newest[~tomb]
     key_cols = keys.select(pk)
