@@ -187,9 +187,12 @@ def prepare_generation(
     them one after another would leave the base table. The result carries the last
     generation's number (the progress marker).
 
-    The keys (each generation's keys sidecar, or its rows) decide which rows win and
-    which keys are deleted; the winning rows' columns are then read in the background
-    (:func:`_upsert_rows`), so the caller may commit the deletes meanwhile.
+    The keys decide which rows win and which keys are deleted: from the region keys
+    file of the newest generation where its parts match the generations by number and
+    directory (:func:`~memwal_query.read.sources.region_keys_parts`), else from each
+    generation's keys sidecar, else from its rows. The winning rows' columns are then
+    read in the background (:func:`_upsert_rows`; in key order for a single integer
+    key), so the caller may commit the deletes meanwhile.
 
     ``schema`` is the schema of the base version the rows will be merged into (default:
     ``table.schema``, the schema when ``table`` was opened). The merger passes the
@@ -201,6 +204,9 @@ def prepare_generation(
     GenerationGoneError
         A generation is missing or unreadable (from the keys here; from the rows when
         the upserts are used).
+    CorruptFileError
+        The keys of a generation (from whichever file) are not as many as its manifest
+        records (here); its rows disagree with its keys (when the upserts are used).
     """
     schema = table.schema if schema is None else schema
     gens = [gen] if isinstance(gen, FlushedGeneration) else list(gen)
