@@ -108,34 +108,72 @@ def _rewrite_keys(gen_dir, change):
     keyfile.write(io, gen_dir, keys.drop_columns(["_rowaddr"]), ["id"], addresses)
 
 
-def test_keys_that_disagree_with_the_manifest_commit_nothing(base_uri, separate_deletes):
-    """A keys sidecar listing fewer rows than the manifest records is a typed error
-    naming the generation, raised before the deletes commit."""
+def _region_file(t, region):
+    """The region keys file of the region's newest generation."""
+    return os.path.join(_generation_dirs(t, region)[-1], keyfile.REGION_KEYS_FILE)
+
+
+def _rewrite_region_file(t, region, change):
+    """Replace the newest generation's region keys file by a valid one (CRC and
+    layout right) of ``change(parts)``."""
+    from memwal_query.storage.factory import file_io_for
+
+    newest = _generation_dirs(t, region)[-1]
+    io = file_io_for(newest, None)
+    parts = keyfile.read_region(io, newest)
+    assert parts is not None and len(parts) == 4
+    io.write(_region_file(t, region), keyfile.encode_region(change(parts)))
+
+
+def _shifted(keys):
+    """``keys`` with every key moved by 1000 (valid, but not the generation's keys)."""
+    ids = keys.column("id").to_numpy() + 1000
+    return keys.set_column(0, keys.schema.field("id"), pa.array(ids, pa.int64()))
+
+
+def _change_keys(t, region, i, change, where):
+    """Replace generation ``i``'s keys by ``change(keys)`` in a valid file ``where``:
+    its own keys sidecar (the region keys files removed) or the region keys file."""
+    if where == keyfile.KEYS_FILE:
+        _drop_region_files(t, region)
+        _rewrite_keys(_generation_dirs(t, region)[i], change)
+        return
+    _rewrite_region_file(
+        t,
+        region,
+        lambda parts: [
+            keyfile.RegionKeysPart(p.generation, p.path, change(p.keys)) if j == i else p
+            for j, p in enumerate(parts)
+        ],
+    )
+
+
+@pytest.mark.parametrize("where", [keyfile.KEYS_FILE, keyfile.REGION_KEYS_FILE])
+def test_keys_that_disagree_with_the_manifest_commit_nothing(base_uri, separate_deletes, where):
+    """A keys sidecar, or a (valid) region keys file's part, listing fewer rows than the
+    manifest records is a typed error naming that file, raised before the deletes
+    commit."""
     t, model, region = _two_regions(base_uri)
-    _drop_region_files(t, region)
-    _rewrite_keys(_generation_dirs(t, region)[1], lambda k: k.slice(1))
+    _change_keys(t, region, 1, lambda k: k.slice(1), where)
     before = lance.dataset(t.uri).version
     with pytest.raises(MergeFailedError) as info:
         t.maintenance.merge()
     err = info.value.errors[region]
-    assert isinstance(err, CorruptFileError) and keyfile.KEYS_FILE in str(err)
+    assert isinstance(err, CorruptFileError) and where in str(err)
     assert region not in t.catalog.index().merged_generations()
     # the other region merged on its own (deletes and upserts); this one committed nothing
     assert lance.dataset(t.uri).version == before + (2 if separate_deletes else 1)
+    assert view(t) == model
 
 
-def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatch):
-    """Keys and rows of a generation that differ (a valid keys sidecar with other keys)
-    stop the merge with a typed error; in one commit, nothing is committed."""
+@pytest.mark.parametrize("where", [keyfile.KEYS_FILE, keyfile.REGION_KEYS_FILE])
+def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatch, where):
+    """Keys and rows of a generation that differ (a valid keys sidecar or region keys
+    file with other keys, counts right) stop the merge with a typed error; in one
+    commit, nothing is committed."""
     monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 10**12)
     t, model, region = _two_regions(base_uri)
-
-    def shifted(keys):
-        ids = keys.column("id").to_numpy() + 1000
-        return keys.set_column(0, keys.schema.field("id"), pa.array(ids, pa.int64()))
-
-    _drop_region_files(t, region)
-    _rewrite_keys(_generation_dirs(t, region)[0], shifted)
+    _change_keys(t, region, 0, _shifted, where)
     before = lance.dataset(t.uri).version
     with pytest.raises(MergeFailedError) as info:
         t.maintenance.merge()
@@ -143,6 +181,7 @@ def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatc
     assert isinstance(err, CorruptFileError) and "disagree" in str(err)
     assert region not in t.catalog.index().merged_generations()
     assert lance.dataset(t.uri).version == before + 1  # the other region only
+    assert view(t) == model
 
 
 def test_a_failure_reading_the_rows_is_that_failure(base_uri, separate_deletes, monkeypatch):
@@ -268,23 +307,6 @@ def test_a_failure_after_its_own_delete_commit_is_not_taken_for_another_merger(
 
 
 # -- the region keys file: one read per region, used only where it matches -----------
-def _region_file(t, region):
-    """The region keys file of the region's newest generation."""
-    return os.path.join(_generation_dirs(t, region)[-1], keyfile.REGION_KEYS_FILE)
-
-
-def _rewrite_region_file(t, region, change):
-    """Replace the newest generation's region keys file by a valid one (CRC and
-    layout right) of ``change(parts)``."""
-    from memwal_query.storage.factory import file_io_for
-
-    newest = _generation_dirs(t, region)[-1]
-    io = file_io_for(newest, None)
-    parts = keyfile.read_region(io, newest)
-    assert parts is not None and len(parts) == 4
-    io.write(_region_file(t, region), keyfile.encode_region(change(parts)))
-
-
 def _keys_sidecar_reads(monkeypatch):
     """Record the generation directories whose own keys sidecar is read."""
     seen = []
@@ -296,13 +318,6 @@ def _keys_sidecar_reads(monkeypatch):
 
     monkeypatch.setattr(keyfile, "read", counted)
     return seen
-
-
-def _shifted(part):
-    """``part`` with every key moved by 1000 (valid, but not the generation's keys)."""
-    ids = part.keys.column("id").to_numpy() + 1000
-    keys = part.keys.set_column(0, part.keys.schema.field("id"), pa.array(ids, pa.int64()))
-    return keyfile.RegionKeysPart(part.generation, part.path, keys)
 
 
 def test_the_merger_reads_one_region_keys_file_per_region(base_uri, separate_deletes, monkeypatch):
@@ -345,7 +360,7 @@ def test_a_missing_damaged_or_stale_region_file_merges_the_same(
             t,
             region,
             lambda parts: [
-                keyfile.RegionKeysPart(p.generation, "00000000_gen_3", _shifted(p).keys)
+                keyfile.RegionKeysPart(p.generation, "00000000_gen_3", _shifted(p.keys))
                 if i == 2
                 else p
                 for i, p in enumerate(parts)
@@ -368,44 +383,3 @@ def test_a_missing_damaged_or_stale_region_file_merges_the_same(
     assert bool(named) == (damage == "flipped")
     assert base_view(t.uri) == model and view(t) == model
     assert t.maintenance.merge().merged == []
-
-
-def test_region_keys_that_disagree_with_the_manifest_commit_nothing(base_uri, separate_deletes):
-    """A valid region keys file whose part lists fewer keys than the generation's
-    manifest records: a typed error naming that file, before anything of the region
-    is committed."""
-    t, model, region = _two_regions(base_uri)
-    _rewrite_region_file(
-        t,
-        region,
-        lambda parts: [
-            keyfile.RegionKeysPart(p.generation, p.path, p.keys.slice(1)) if i == 1 else p
-            for i, p in enumerate(parts)
-        ],
-    )
-    before = lance.dataset(t.uri).version
-    with pytest.raises(MergeFailedError) as info:
-        t.maintenance.merge()
-    err = info.value.errors[region]
-    assert isinstance(err, CorruptFileError) and keyfile.REGION_KEYS_FILE in str(err)
-    assert region not in t.catalog.index().merged_generations()
-    assert lance.dataset(t.uri).version == before + (2 if separate_deletes else 1)
-    assert view(t) == model
-
-
-def test_region_keys_that_disagree_with_the_rows_are_a_typed_error(base_uri, monkeypatch):
-    """A valid region keys file holding other keys than the generation's rows (counts
-    right): the rows check stops the merge; in one commit, nothing is committed."""
-    monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 10**12)
-    t, model, region = _two_regions(base_uri)
-    _rewrite_region_file(
-        t, region, lambda parts: [_shifted(p) if i == 0 else p for i, p in enumerate(parts)]
-    )
-    before = lance.dataset(t.uri).version
-    with pytest.raises(MergeFailedError) as info:
-        t.maintenance.merge()
-    err = info.value.errors[region]
-    assert isinstance(err, CorruptFileError) and "disagree" in str(err)
-    assert region not in t.catalog.index().merged_generations()
-    assert lance.dataset(t.uri).version == before + 1  # the other region only
-    assert view(t) == model
