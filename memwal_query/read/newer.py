@@ -383,10 +383,10 @@ def _region_flushed(
         ints = _int_keys(rows.column(key))
         if ints is None:
             return None
-        lasts, _ = int_runs(ints)
+        lasts, _ = int_runs(ints)  # ordered by key: ints[lasts] is sorted and distinct
+        stale = in_sorted(keys, ints[lasts]) if len(keys) else np.zeros(0, bool)
         lasts = np.sort(lasts)
         n = sum(sizes)
-        stale = in_sorted(keys, np.unique(ints))
         tomb = pc.fill_null(rows.column(TOMBSTONE).take(pa.array(lasts)), False)
         new_gens = np.repeat(np.array([g.generation for g in added], np.int64), counts)[lasts]
         winners = np.concatenate([winners[~stale], lasts + n])
@@ -514,7 +514,8 @@ def _region_rows(
     ints = _int_keys(added.column(pk[0]))
     if ints is None:
         return None
-    lasts, _ = int_runs(ints)
+    lasts, _ = int_runs(ints)  # ordered by key: ints[lasts] is sorted and distinct
+    new_keys = ints[lasts]
     lasts = np.sort(lasts)
     gen_added = np.repeat(
         np.array([g for g, _, _ in delta], np.int64), [t.num_rows for t in tables]
@@ -524,7 +525,6 @@ def _region_rows(
         rows_nbytes = added.nbytes
     else:
         n = base.rows.num_rows
-        new_keys = np.unique(ints)
         stale = in_sorted(base.keys[base.winners], new_keys)
         winners = np.concatenate([base.winners[~stale], lasts + n])
         gens = np.concatenate([base.gens[~stale], gen_added[lasts]])
