@@ -86,16 +86,44 @@ class KeySet:
         if self.size == 0:
             return
         if ints is not None:
-            lo, hi = int(ints.min()), int(ints.max())
-            if hi - lo < _DENSE_LIMIT:
-                dense = np.zeros(hi - lo + 1, dtype=bool)
-                dense[ints - lo] = True
-                self._dense, self._lo, self._hi = dense, lo, hi
-            else:
-                ordered = np.sort(ints)
-                self._sorted = ordered[run_starts(ordered)]
+            self._set_ints([ints])
         else:
             self._table = normalize_keys(keys, self.pk).combine_chunks()
+
+    @classmethod
+    def of_ints(cls, name: str, parts: list[np.ndarray]) -> KeySet:
+        """The set of the keys of ``parts`` (one int64 key column ``name``), built part
+        by part: the parts are not concatenated when their range is compact.
+
+        Parameters
+        ----------
+        name : str
+            The primary-key column.
+        parts : list of np.ndarray
+            int64 keys.
+
+        Returns
+        -------
+        KeySet
+        """
+        out = cls(pa.table({name: pa.array([], pa.int64())}))
+        parts = [p for p in parts if len(p)]
+        out.size = sum(len(p) for p in parts)
+        if parts:
+            out._set_ints(parts)
+        return out
+
+    def _set_ints(self, parts: list[np.ndarray]) -> None:
+        lo = min(int(p.min()) for p in parts)
+        hi = max(int(p.max()) for p in parts)
+        if hi - lo < _DENSE_LIMIT:
+            dense = np.zeros(hi - lo + 1, dtype=bool)
+            for p in parts:
+                dense[p - lo] = True
+            self._dense, self._lo, self._hi = dense, lo, hi
+        else:
+            ordered = np.sort(np.concatenate(parts))
+            self._sorted = ordered[run_starts(ordered)]
 
     @property
     def hashed(self) -> bool:

@@ -8,6 +8,7 @@ MemTable rows are combined per query.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,19 +58,42 @@ class NewerView:
         self,
         rows: Callable[[Sequence[str]], pa.Table],
         names: Sequence[str],
-        winners: np.ndarray,
+        winners: np.ndarray | None,
         keys: KeySet | KeySetUnion,
         newest: Callable[[Sequence[str]], pa.Table] | None = None,
         tombstones: np.ndarray | None = None,
         newest_live: Callable[[Sequence[str]], pa.Table] | None = None,
+        flushed: _FlushedView | None = None,
     ) -> None:
         self._rows = rows
         self._names = list(names)
-        self.winners = winners
+        self._winners = winners
         self.keys = keys
         self._newest = newest
-        self.tombstones = tombstones
+        self._tombstones = tombstones
         self._newest_live = newest_live
+        self._flushed = flushed  # winners and tombstones from there when not given
+
+    @property
+    def winners(self) -> np.ndarray:
+        if self._winners is None and self._flushed is not None:
+            return self._flushed.winners
+        assert self._winners is not None
+        return self._winners
+
+    @property
+    def tombstones(self) -> np.ndarray | None:
+        if self._tombstones is None and self._flushed is not None:
+            return self._flushed.tombstones
+        return self._tombstones
+
+    def _live_known(self) -> int | None:
+        """How many newest rows are live when known without reading or concatenating."""
+        if self._winners is None and self._flushed is not None:
+            return self._flushed.live
+        if self.tombstones is not None:
+            return len(self.winners) - int(self.tombstones.sum())
+        return None
 
     def columns(self, names: Sequence[str] | None = None) -> pa.Table:
         """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
@@ -92,9 +116,10 @@ class NewerView:
         ``filter_columns`` first; the output columns are then taken for matches only.
         """
         cols = list(self._names if columns is None else columns)
-        if filter is None and self.tombstones is not None:
+        if filter is None and (self._flushed is not None or self._tombstones is not None):
             if not cols:
-                n = len(self.winners) - int(self.tombstones.sum())
+                n = self._live_known()
+                assert n is not None
                 return pa.table({_POS: pa.nulls(n)}).select([])
             if self._newest_live is not None:
                 return self._newest_live(cols)
@@ -113,10 +138,11 @@ class NewerView:
 
     def live_count(self) -> int:
         """How many newest rows are live (not tombstones): reads ``_tombstone`` only."""
+        known = self._live_known()
+        if known is not None:
+            return known
         if len(self.winners) == 0:
             return 0
-        if self.tombstones is not None:
-            return len(self.winners) - int(self.tombstones.sum())
         tomb = pc.fill_null(self.newest([TOMBSTONE]).column(TOMBSTONE), False)
         return len(self.winners) - int(pc.sum(tomb.cast(pa.int64())).as_py() or 0)
 
@@ -128,11 +154,83 @@ class NewerView:
         return self.columns(names).take(pa.array(self.winners))
 
 
-_FlushedView = tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray, np.ndarray]
+class _FlushedView:
+    """The newest row of each key among a set of flushed generations: their row count
+    (``num_rows``), the key set (``keys``), how many newest rows are live (``live``),
+    and the newest rows' indices (``winners``, sorted), region rank (``regions``),
+    ``_gen`` (``gens``) and tombstone flag (``tombstones``).
+
+    Built from the regions' :class:`_RegionFlushed` (``parts``, oldest region rank
+    first, which the region cache holds too), the four arrays are concatenated when
+    first used: a ``count(*)`` uses none of them."""
+
+    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_lock")
+
+    def __init__(
+        self,
+        num_rows: int,
+        keys: KeySet,
+        parts: list[tuple[int, _RegionFlushed]] | None = None,
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        self.num_rows = num_rows
+        self.keys = keys
+        self._parts = parts or []
+        self._arrays = arrays
+        self._lock = threading.Lock()
+        if arrays is not None:
+            self.live = len(arrays[0]) - int(np.count_nonzero(arrays[3]))
+        else:
+            self.live = sum(
+                len(p.winners) - int(np.count_nonzero(p.tombstones)) for _, p in self._parts
+            )
+
+    def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._arrays is None:
+                parts = self._parts
+                offsets = np.cumsum([0] + [p.num_rows for _, p in parts])
+                self._arrays = (
+                    _joined([p.winners + off for (_, p), off in zip(parts, offsets)], np.int64),
+                    np.repeat(
+                        np.array([rank for rank, _ in parts], np.int64),
+                        [len(p.winners) for _, p in parts],
+                    ),
+                    _joined([p.gens for _, p in parts], np.int64),
+                    _joined([p.tombstones for _, p in parts], bool),
+                )
+            return self._arrays
+
+    @property
+    def winners(self) -> np.ndarray:
+        return self._all()[0]
+
+    @property
+    def regions(self) -> np.ndarray:
+        return self._all()[1]
+
+    @property
+    def gens(self) -> np.ndarray:
+        return self._all()[2]
+
+    @property
+    def tombstones(self) -> np.ndarray:
+        return self._all()[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (the region parts counted here too, though the region cache
+        shares them)."""
+        held = self.keys.nbytes + sum(p.nbytes for _, p in self._parts)
+        return held + sum(a.nbytes for a in self._arrays or ())
+
+
+def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype)
 
 
 def _flushed_view_nbytes(view: _FlushedView) -> int:
-    return view[2].nbytes + sum(a.nbytes for a in (view[1], *view[3:]))
+    return view.nbytes
 
 
 FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(
@@ -229,9 +327,8 @@ def _flushed_view(
     storage_options: dict[str, str] | None,
     whole_rows: bool = False,
 ) -> _FlushedView:
-    """(row count, newest indices, key set, region rank, ``_gen`` and tombstone flag of
-    the newest rows) of the plan's generations (cached). Reads the generations' key
-    columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
+    """The :class:`_FlushedView` of the plan's generations (cached). Reads the
+    generations' key columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
 
     With a single integer key, built region by region (:func:`_region_flushed`: a
     region's generations read before, less those merged since, plus those flushed
@@ -256,22 +353,11 @@ def _flushed_view(
             parts.append(got)
     if len(pk) != 1 or (plan.generations and not parts):
         return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
-    offsets = np.cumsum([0] + [p.num_rows for p in parts])
-    win_keys = np.concatenate([p.keys for p in parts]) if parts else np.zeros(0, np.int64)
-    keys = KeySet(pa.table({pk[0]: win_keys}))
-    if len(parts) > 1 and keys.distinct() != len(win_keys):
+    keys = KeySet.of_ints(pk[0], [p.keys for p in parts])
+    if len(parts) > 1 and keys.distinct() != len(keys):
         return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
-    rank_of = [ranks[p.region_id] for p in parts]
-    view = (
-        int(offsets[-1]),
-        np.concatenate([p.winners + off for p, off in zip(parts, offsets)])
-        if parts
-        else np.zeros(0, np.int64),
-        keys,
-        np.repeat(np.array(rank_of, np.int64), [len(p.winners) for p in parts]),
-        np.concatenate([p.gens for p in parts]) if parts else np.zeros(0, np.int64),
-        np.concatenate([p.tombstones for p in parts]) if parts else np.zeros(0, bool),
-    )
+    rows = sum(p.num_rows for p in parts)
+    view = _FlushedView(rows, keys, [(ranks[p.region_id], p) for p in parts])
     return FLUSHED_VIEWS.put(key, view)
 
 
@@ -287,14 +373,8 @@ def _flushed_view_whole(
     winners = newest_indices(keys, pk, regions, gens)
     tomb = pc.fill_null(keys.column(TOMBSTONE).take(pa.array(winners)), False)
     tombstones = tomb.to_numpy(zero_copy_only=False).astype(bool, copy=False)
-    return (
-        keys.num_rows,
-        winners,
-        KeySet(keys.select(pk)),
-        regions[winners],
-        gens[winners],
-        tombstones,
-    )
+    arrays = (winners, regions[winners], gens[winners], tombstones)
+    return _FlushedView(keys.num_rows, KeySet(keys.select(pk)), arrays=arrays)
 
 
 class _RegionFlushed:
@@ -618,21 +698,23 @@ def newer_view(
     ``whole_rows``: the caller reads other columns than the keys next (a full read),
     so generations not cached yet are read whole at once (their rows sidecars) rather
     than their keys first and their rows afterwards."""
-    n_f, win_f, keys_f, reg_f, gen_f, tomb_f = _flushed_view(
-        plan, schema, pk, storage_options, whole_rows
-    )
+    fv = _flushed_view(plan, schema, pk, storage_options, whole_rows)
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:
         return NewerView(
             lambda cols: _flushed_rows(plan, schema, cols, storage_options),
             names,
-            win_f,
-            keys_f,
-            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options),
-            tomb_f,
-            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options, ~tomb_f),
+            None,
+            fv.keys,
+            lambda cols: _flushed_newest(plan, schema, cols, fv.winners, storage_options),
+            None,
+            lambda cols: _flushed_newest(
+                plan, schema, cols, fv.winners, storage_options, ~fv.tombstones
+            ),
+            flushed=fv,
         )
+    n_f, win_f, keys_f, reg_f, gen_f = fv.num_rows, fv.winners, fv.keys, fv.regions, fv.gens
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
     winners = win_m + n_f
     if len(win_f):
