@@ -379,27 +379,27 @@ def _flushed_view_whole(
 
 class _RegionFlushed:
     """The newest row of each key among one region's flushed generations (oldest
-    first): ``winners`` (sorted indices into their rows), and the key, ``_gen`` and
-    tombstone flag of each."""
+    first): ``winners`` (sorted indices into their rows), and the key and tombstone
+    flag of each (their ``_gen``, :attr:`gens`, follows from the generations' sizes)."""
 
-    __slots__ = ("region_id", "uris", "sizes", "winners", "keys", "gens", "tombstones")
+    __slots__ = ("region_id", "uris", "generations", "sizes", "winners", "keys", "tombstones")
 
     def __init__(
         self,
         region_id: str,
         uris: tuple[str, ...],
+        generations: tuple[int, ...],
         sizes: tuple[int, ...],
         winners: np.ndarray,
         keys: np.ndarray,
-        gens: np.ndarray,
         tombstones: np.ndarray,
     ) -> None:
         self.region_id = region_id
         self.uris = uris
+        self.generations = generations
         self.sizes = sizes
         self.winners = winners
         self.keys = keys
-        self.gens = gens
         self.tombstones = tombstones
 
     @property
@@ -407,8 +407,15 @@ class _RegionFlushed:
         return sum(self.sizes)
 
     @property
+    def gens(self) -> np.ndarray:
+        """``_gen`` of each winner (the generation its row index falls in)."""
+        ends = np.cumsum(np.array(self.sizes, np.int64))
+        at = np.searchsorted(ends, self.winners, side="right")
+        return np.array(self.generations, np.int64)[at]
+
+    @property
     def nbytes(self) -> int:
-        return self.winners.nbytes + self.keys.nbytes + self.gens.nbytes + self.tombstones.nbytes
+        return self.winners.nbytes + self.keys.nbytes + self.tombstones.nbytes
 
 
 _REGION_FLUSHED: LRUCache[tuple[str, pa.Schema], _RegionFlushed] = LRUCache(
@@ -449,12 +456,10 @@ def _region_flushed(
         shift = sum(known.sizes[:dropped])
         stay = known.winners >= shift
         winners = known.winners[stay] - shift
-        keys, gens = known.keys[stay], known.gens[stay]
-        tombstones = known.tombstones[stay]
+        keys, tombstones = known.keys[stay], known.tombstones[stay]
         sizes = known.sizes[dropped:]
     else:
-        winners = np.zeros(0, np.int64)
-        keys, gens = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        winners, keys = np.zeros(0, np.int64), np.zeros(0, np.int64)
         tombstones = np.zeros(0, bool)
         sizes = ()
     added = refs[keep:]
@@ -468,15 +473,14 @@ def _region_flushed(
         lasts = np.sort(lasts)
         n = sum(sizes)
         tomb = pc.fill_null(rows.column(TOMBSTONE).take(pa.array(lasts)), False)
-        new_gens = np.repeat(np.array([g.generation for g in added], np.int64), counts)[lasts]
         winners = np.concatenate([winners[~stale], lasts + n])
         keys = np.concatenate([keys[~stale], ints[lasts]])
-        gens = np.concatenate([gens[~stale], new_gens])
         tombstones = np.concatenate(
             [tombstones[~stale], tomb.to_numpy(zero_copy_only=False).astype(bool)]
         )
         sizes = tuple(sizes) + tuple(int(c) for c in counts)
-    out = _RegionFlushed(region_id, uris, tuple(sizes), winners, keys, gens, tombstones)
+    generations = tuple(r.generation for r in refs)
+    out = _RegionFlushed(region_id, uris, generations, tuple(sizes), winners, keys, tombstones)
     return _REGION_FLUSHED.put((region_id, schema), out)
 
 
