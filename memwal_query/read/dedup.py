@@ -171,6 +171,19 @@ class KeySet:
     def __len__(self) -> int:
         return self.size
 
+    def sorted_ints(self) -> np.ndarray | None:
+        """The distinct keys of an integer key set as int64, ascending (None for a
+        hashed set)."""
+        if self._dense is not None:
+            out = np.flatnonzero(self._dense).astype(np.int64, copy=False)
+            out += np.int64(self._lo)  # in place: one array of the keys' size
+            return out
+        if self._sorted is not None:
+            return self._sorted
+        if self._table is not None:
+            return None
+        return np.zeros(0, np.int64)
+
     @property
     def nbytes(self) -> int:
         """Bytes the set holds (its table, and the base addresses cached on it)."""
