@@ -201,3 +201,21 @@ def test_runs_of_keys():
     assert basekeys.runs(np.array([*range(15), 20], np.int64)) is None  # 2 runs in 16 keys
     assert basekeys.runs(np.array([*range(31), 40], np.int64)) is not None
     assert basekeys.summary_path("memory://t", "../x.lance") is None
+
+
+@pytest.mark.parametrize("loop_max", [4096, 0])
+@pytest.mark.parametrize("spread", [1_000, 1 << 40])  # a dense table; a sorted array
+def test_keys_counted_in_ranges(monkeypatch, loop_max, spread):
+    from memwal_query.read import dedup
+
+    monkeypatch.setattr(dedup, "_RANGE_LOOP_MAX", loop_max)
+    rng = np.random.default_rng(spread % 97 + loop_max)
+    keys = rng.integers(-spread, spread, 300)
+    s = dedup.KeySet(pa.table({"id": pa.array(keys, pa.int64())}))
+    first = rng.integers(-2 * spread, 2 * spread, 50)
+    last = first + rng.integers(0, spread, 50)
+    distinct = np.unique(keys)
+    want = sum(int(((distinct >= a) & (distinct <= b)).sum()) for a, b in zip(first, last))
+    assert s.count_in_ranges(first, last) == want
+    strings = dedup.KeySet(pa.table({"id": pa.array(["a"])}))
+    assert strings.count_in_ranges(first, last) is None

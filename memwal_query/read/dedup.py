@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 _IDX = "__memwal_idx"
 _DENSE_LIMIT = 1 << 26
+_RANGE_LOOP_MAX = 4096  # ranges counted one slice each (more: a binary search of all)
 
 
 def newest_per_key(rows: pa.Table, pk: list[str]) -> pa.Table:
@@ -183,6 +184,24 @@ class KeySet:
         if self._table is not None:
             return None
         return np.zeros(0, np.int64)
+
+    def count_in_ranges(self, first: np.ndarray, last: np.ndarray) -> int | None:
+        """How many distinct keys of an integer key set lie in each range ``first[i] ..
+        last[i]`` (int64, inclusive), summed over the ranges; None for a hashed set."""
+        if self._dense is not None and len(first) <= _RANGE_LOOP_MAX:
+            # slices of the dense table: no array of the keys
+            lo, hi = self._lo, self._hi
+            total = 0
+            for a, b in zip(first.tolist(), last.tolist()):
+                a, b = max(a, lo), min(b, hi)
+                if a <= b:
+                    total += int(np.count_nonzero(self._dense[a - lo : b - lo + 1]))
+            return total
+        keys = self.sorted_ints()
+        if keys is None:
+            return None
+        inside = np.searchsorted(keys, last, side="right") - np.searchsorted(keys, first)
+        return int(inside.sum())
 
     @property
     def nbytes(self) -> int:

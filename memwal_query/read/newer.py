@@ -205,6 +205,13 @@ class _FlushedView:
     def winners(self) -> np.ndarray:
         return self._all()[0]
 
+    def winner_keys(self) -> np.ndarray | None:
+        """The int64 key of each winner (built region by region: a single integer
+        key), or None (then read from the generations)."""
+        if self._arrays is not None and not self._parts:
+            return None
+        return _joined([p.keys for _, p in self._parts], np.int64)
+
     @property
     def regions(self) -> np.ndarray:
         return self._all()[1]
@@ -464,7 +471,10 @@ def _region_flushed(
         sizes = ()
     added = refs[keep:]
     if added:
-        rows, counts = generation_columns(added, schema, [key, TOMBSTONE], storage_options)
+        # not cached: what this region keeps of them is its newest rows' keys and flags
+        rows, counts = generation_columns(
+            added, schema, [key, TOMBSTONE], storage_options, keep=False
+        )
         ints = _int_keys(rows.column(key))
         if ints is None:
             return None
@@ -722,7 +732,13 @@ def newer_view(
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
     winners = win_m + n_f
     if len(win_f):
-        winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
+        ints = fv.winner_keys()
+        mem_key_cols = rows_m.select(pk)
+        if ints is not None:  # as int64: the MemTables' keys are compared as int64 too
+            winners_f = pa.table({pk[0]: pa.array(ints, pa.int64())})
+            mem_key_cols = pa.table({pk[0]: as_int64(mem_key_cols.column(0))})
+        else:
+            winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
         hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
         ranks = np.concatenate([reg_f, reg_m])
         if not hit.any() or ranks.min() == ranks.max():
@@ -732,7 +748,7 @@ def newer_view(
             # Keys in MemTables and in another region's generations: the one rule
             # (dedup.newest_indices: _gen, then region rank) decides those keys only.
             keys_hit = winners_f.filter(pa.array(hit))
-            mem_keys = rows_m.select(pk).take(pa.array(win_m))
+            mem_keys = mem_key_cols.take(pa.array(win_m))
             mem_hit = KeySet(keys_hit).contains(mem_keys)
             both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
             keep = newest_indices(

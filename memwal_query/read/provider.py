@@ -374,6 +374,10 @@ def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[in
         return covered, 0
     first = np.concatenate(starts)
     last = first + (np.concatenate(lengths) - 1)  # never past the int64 range
+    if len(sets) == 1:
+        found = sets[0].count_in_ranges(first, last)
+        assert found is not None  # an integer set
+        return covered, found
     newer = _distinct_ints(sets)
     inside = np.searchsorted(newer, last, side="right") - np.searchsorted(newer, first)
     return covered, int(inside.sum())

@@ -246,6 +246,7 @@ def generation_columns(
     schema: pa.Schema,
     names: Sequence[str],
     storage_options: dict[str, str] | None = None,
+    keep: bool = True,
 ) -> tuple[pa.Table, np.ndarray]:
     """Columns ``names`` (of :func:`read_schema`) of every generation of ``refs``,
     concatenated in that order (zero-copy), and each generation's row count.
@@ -258,6 +259,10 @@ def generation_columns(
     (:mod:`memwal_query.format.keyfile`). The others (and generations without a
     readable keys sidecar) are read by :func:`read_generations` (rows sidecar, then
     Lance table). Raises GenerationGoneError when a generation is missing.
+
+    ``keep=False``: keys read from a region keys file or a keys sidecar are not added
+    to :data:`GENERATION_CACHE` (a caller that keeps what it derives from them: each
+    region's file is then released as soon as its region is done).
     """
     target = read_schema(schema)
     names = [c for c in names if c in target.names]  # as read_generation's columns
@@ -268,7 +273,7 @@ def generation_columns(
         keys = _keys_sidecar(ref.uri, storage_options, target)
         if keys is None or not all(c in keys for c in wanted):
             return None  # none, damaged, or of other key columns: read the rows instead
-        return GENERATION_CACHE.add(ref.uri, keys)
+        return GENERATION_CACHE.add(ref.uri, keys) if keep else keys
 
     found: list[dict[str, pa.ChunkedArray] | None] = []
     for ref in refs:
@@ -277,9 +282,9 @@ def generation_columns(
     todo = [i for i, cols in enumerate(found) if cols is None]
     if keys_only and todo:  # region keys files, keys sidecars (concurrently on a store)
         unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
-        _region_keys(unread, storage_options, target, wanted)
+        parts = _region_keys(unread, storage_options, target, wanted, keep)
         for i in todo:
-            cached = GENERATION_CACHE.get(refs[i].uri)
+            cached = parts.get(refs[i].uri) or GENERATION_CACHE.get(refs[i].uri)
             if cached is not None and all(c in cached for c in wanted):
                 found[i] = cached
         todo = [i for i, cols in enumerate(found) if cols is None]
@@ -368,17 +373,20 @@ def _region_keys(
     storage_options: dict[str, str] | None,
     target: pa.Schema,
     wanted: Sequence[str],
-) -> None:
-    """Cache (:data:`GENERATION_CACHE`) the keys of the generations of ``refs`` that
-    their region's keys file covers (:func:`memwal_query.format.keyfile.read_region`):
-    per region, the file of its newest generation among ``refs``, one read for all of
-    them. Only parts whose generation number and directory both match a generation of
-    ``refs`` are taken; the others are read from their own sidecars by the caller."""
+    keep: bool = True,
+) -> dict[str, dict[str, pa.ChunkedArray]]:
+    """The keys of the generations of ``refs`` that their region's keys file covers
+    (:func:`memwal_query.format.keyfile.read_region`), per generation directory, also
+    cached (:data:`GENERATION_CACHE`) with ``keep``: per region, the file of its newest
+    generation among ``refs``, one read for all of them. Only parts whose generation
+    number and directory both match a generation of ``refs`` are taken; the others are
+    read from their own sidecars by the caller."""
     from memwal_query.format import keyfile
 
     by_region: dict[str, list[GenerationRef]] = {}
     for ref in refs:
         by_region.setdefault(ref.region_id, []).append(ref)
+    out: dict[str, dict[str, pa.ChunkedArray]] = {}
 
     def read(group: list[GenerationRef]) -> None:
         newest = max(group, key=lambda g: g.generation)
@@ -394,7 +402,7 @@ def _region_keys(
             if part is not None:
                 cols = _key_columns(part.keys, target)
                 if all(c in cols for c in wanted):
-                    GENERATION_CACHE.add(ref.uri, cols)
+                    out[ref.uri] = GENERATION_CACHE.add(ref.uri, cols) if keep else cols
 
     groups = [g for g in by_region.values() if len(g) > 1]  # one generation: its sidecar
     if len(groups) > 1 and parallel_reads(groups[0][0].uri, storage_options):
@@ -402,6 +410,7 @@ def _region_keys(
     else:
         for group in groups:
             read(group)
+    return out
 
 
 def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
