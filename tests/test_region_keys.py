@@ -218,3 +218,27 @@ def test_a_failed_write_of_the_file_does_not_fail_the_flush(tmp_path, monkeypatc
     parts = keyfile.read_region(t.catalog.io, gens[-1][1])
     assert parts is not None and [p.generation for p in parts] == [3, 4]  # afresh after it
     _answers(t.uri, model)
+
+
+def test_a_part_of_another_flush_of_the_same_number_is_not_taken(tmp_path, monkeypatch):
+    """A file whose newest part names the generation's number but another directory
+    (a flush that failed and was retried) holding other keys: the region's file is not
+    taken as a whole, and that part not at all."""
+    t, model = _table(tmp_path)
+    t.close()
+    gens = list(_generations(t).values())[0]
+    newest = gens[-1][1]
+    parts = keyfile.read_region(t.catalog.io, newest)
+    assert parts is not None and len(parts) == len(gens)
+    last = parts[-1]
+    bogus = last.keys.set_column(
+        0, last.keys.schema.field(0), pa.compute.add(last.keys.column(0), 100_000)
+    )
+    retried = keyfile.RegionKeysPart(last.generation, "0badf00d_gen_4", bogus)
+    data = keyfile.encode_region([*parts[:-1], retried])
+    open(os.path.join(newest, keyfile.REGION_KEYS_FILE), "wb").write(data)
+    seen = _keys_sidecar_reads(monkeypatch)
+    clear_read_caches()
+    assert mq.MemWalTable.open(t.uri).count_rows() == len(model)
+    assert seen == [newest]  # that generation's own keys sidecar
+    _answers(t.uri, model)

@@ -131,6 +131,12 @@ def encode_region(parts: Sequence[RegionKeysPart]) -> bytes:
 def decode_region(data: bytes | pa.Buffer, path: str) -> list[RegionKeysPart]:
     """The parts of region keys file bytes (zero-copy slices); ValueError naming
     ``path`` when the framing, the CRC, the Arrow data or the layout is wrong."""
+    return _decode_region(data, path)[1]
+
+
+def _decode_region(data: bytes | pa.Buffer, path: str) -> tuple[pa.Table, list[RegionKeysPart]]:
+    """The whole table and the parts of region keys file bytes (see
+    :func:`decode_region`)."""
     t = unseal(data, path, _REGION_MAGIC, "a region keys file")
     try:
         layout = json.loads((t.schema.metadata or {})[_PARTS_KEY])
@@ -146,7 +152,7 @@ def decode_region(data: bytes | pa.Buffer, path: str) -> list[RegionKeysPart]:
         raise ValueError(f"{path}: unreadable layout: {e}") from e
     if start != t.num_rows or ROWADDR_COLUMN not in t.column_names:
         raise ValueError(f"{path}: layout of {start} rows for {t.num_rows} rows")
-    return parts
+    return t, parts
 
 
 def write_region(io: FileIO, gen_uri: str, parts: Sequence[RegionKeysPart]) -> list[RegionKeysPart]:
@@ -164,6 +170,12 @@ def read_region(io: FileIO, gen_uri: str) -> list[RegionKeysPart] | None:
     """The parts of the region keys file in the generation directory ``gen_uri``, or
     None when there is none or it is damaged (a warning then; the caller reads each
     generation's keys sidecar instead)."""
+    got = read_region_table(io, gen_uri)
+    return None if got is None else got[1]
+
+
+def read_region_table(io: FileIO, gen_uri: str) -> tuple[pa.Table, list[RegionKeysPart]] | None:
+    """:func:`read_region` with the file's whole table (the parts' rows, in order)."""
     path = join(gen_uri, REGION_KEYS_FILE)
     try:
         data = io.read_buffer(path)
@@ -177,7 +189,7 @@ def read_region(io: FileIO, gen_uri: str) -> list[RegionKeysPart] | None:
         )
         return None
     try:
-        return decode_region(data, path)
+        return _decode_region(data, path)
     except ValueError as e:
         warnings.warn(f"{e}; reading each generation's keys instead", RuntimeWarning, stacklevel=2)
         return None

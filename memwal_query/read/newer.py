@@ -25,6 +25,7 @@ from memwal_query.read.sources import (
     memtable_rows,
     read_generations,
     read_schema,
+    region_key_columns,
 )
 from memwal_query.read.view import GenerationRef, ReadPlan
 from memwal_query.storage.cache import LRUCache
@@ -472,7 +473,10 @@ def _region_flushed(
     added = refs[keep:]
     if added:
         # not cached: what this region keeps of them is its newest rows' keys and flags
-        rows, counts = generation_columns(
+        whole = None
+        if keep == 0 and len(added) > 1:  # the region keys file as one table
+            whole = region_key_columns(added, schema, [key, TOMBSTONE], storage_options)
+        rows, counts = whole or generation_columns(
             added, schema, [key, TOMBSTONE], storage_options, keep=False
         )
         ints = _int_keys(rows.column(key))

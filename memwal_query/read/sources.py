@@ -413,6 +413,42 @@ def _region_keys(
     return out
 
 
+def region_key_columns(
+    refs: Sequence[GenerationRef],
+    schema: pa.Schema,
+    names: Sequence[str],
+    storage_options: dict[str, str] | None = None,
+) -> tuple[pa.Table, np.ndarray] | None:
+    """:func:`generation_columns` of one region's generations ``refs`` (oldest first;
+    ``names``: key columns and ``_tombstone``) from the region keys file of the newest
+    one as one table, when that file holds exactly those generations (numbers and
+    directories, in that order; nothing cached); None otherwise (then
+    :func:`generation_columns`)."""
+    from memwal_query.format import keyfile
+
+    newest = refs[-1]
+    if REGION_FILES_WITHOUT_KEYS.get(newest.uri):
+        return None
+    got = keyfile.read_region_table(file_io(newest.uri, storage_options), newest.uri)
+    if got is None:
+        REGION_FILES_WITHOUT_KEYS.put(newest.uri, True)
+        return None
+    t, parts = got
+    held = [(p.generation, p.path) for p in parts]
+    if held != [(r.generation, r.uri.rstrip("/").rsplit("/", 1)[-1]) for r in refs]:
+        return None
+    target = read_schema(schema)
+    cols = _key_columns(t, target)
+    if not all(c in cols for c in names):
+        return None
+    fields = [target.field(c) for c in names]
+    arrays = [
+        cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in fields
+    ]
+    sizes = np.array([p.keys.num_rows for p in parts], np.int64)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)), sizes
+
+
 def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
     """A generation's keys sidecar as stored (key columns, ``_tombstone`` when written,
     ``_rowaddr``; rows in write order), not cached; None when it has none or a damaged
