@@ -476,15 +476,23 @@ def _region_flushed(
         whole = None
         if keep == 0 and len(added) > 1:  # the region keys file as one table
             whole = region_key_columns(added, schema, [key, TOMBSTONE], storage_options)
-        rows, counts = whole or generation_columns(
-            added, schema, [key, TOMBSTONE], storage_options, keep=False
-        )
+        newest = None
+        if whole is not None:
+            rows, counts, newest = whole
+        else:
+            rows, counts = generation_columns(
+                added, schema, [key, TOMBSTONE], storage_options, keep=False
+            )
         ints = _int_keys(rows.column(key))
         if ints is None:
             return None
-        lasts, _ = int_runs(ints)  # ordered by key: ints[lasts] is sorted and distinct
-        stale = in_sorted(keys, ints[lasts]) if len(keys) else np.zeros(0, bool)
-        lasts = np.sort(lasts)
+        if newest is not None:  # the file's own newest rows (and no earlier ones here)
+            lasts = np.flatnonzero(newest)
+            stale = np.zeros(0, bool)
+        else:
+            lasts, _ = int_runs(ints)  # ordered by key: ints[lasts] is sorted and distinct
+            stale = in_sorted(keys, ints[lasts]) if len(keys) else np.zeros(0, bool)
+            lasts = np.sort(lasts)
         n = sum(sizes)
         tomb = pc.fill_null(rows.column(TOMBSTONE).take(pa.array(lasts)), False)
         winners = np.concatenate([winners[~stale], lasts + n])

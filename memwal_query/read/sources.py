@@ -418,12 +418,13 @@ def region_key_columns(
     schema: pa.Schema,
     names: Sequence[str],
     storage_options: dict[str, str] | None = None,
-) -> tuple[pa.Table, np.ndarray] | None:
+) -> tuple[pa.Table, np.ndarray, np.ndarray | None] | None:
     """:func:`generation_columns` of one region's generations ``refs`` (oldest first;
     ``names``: key columns and ``_tombstone``) from the region keys file of the newest
     one as one table, when that file holds exactly those generations (numbers and
-    directories, in that order; nothing cached); None otherwise (then
-    :func:`generation_columns`)."""
+    directories, in that order; nothing cached), with the file's flags of the newest
+    row of each key (:data:`memwal_query.format.keyfile.NEWEST_COLUMN`, None when it
+    has none); None otherwise (then :func:`generation_columns`)."""
     from memwal_query.format import keyfile
 
     newest = refs[-1]
@@ -446,7 +447,12 @@ def region_key_columns(
         cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in fields
     ]
     sizes = np.array([p.keys.num_rows for p in parts], np.int64)
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)), sizes
+    last_of_key = None
+    if keyfile.NEWEST_COLUMN in t.column_names:
+        flags = t.column(keyfile.NEWEST_COLUMN)
+        if flags.type == pa.bool_() and flags.null_count == 0:
+            last_of_key = flags.to_numpy()
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)), sizes, last_of_key
 
 
 def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
