@@ -1,4 +1,4 @@
-"""Key runs of the base's data files (``_mem_wal/base_keys/``): written when the MemWAL
+"""Key runs of the base's data files (``_mem_wal/_base_keys/``): written when the MemWAL
 index is created, read by ``count(*)`` instead of scanning the base's key column.
 
 Every count equals a dict model whether the summaries are used, missing, damaged, of

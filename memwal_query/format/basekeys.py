@@ -1,4 +1,4 @@
-"""Key runs of the base table's data files: ``_mem_wal/base_keys/{data file}.bin``.
+"""Key runs of the base table's data files: ``_mem_wal/_base_keys/{data file}.bin``.
 
 ``count(*)`` of an LSM table is the base's row count, less its rows whose key a newer
 source holds, plus the newer sources' live rows. The middle term needs the base's
@@ -37,7 +37,7 @@ from memwal_query.format.rowfile import seal, unseal
 from memwal_query.storage import paths
 from memwal_query.storage.io import FileIO, join
 
-BASE_KEYS_DIR = "base_keys"
+BASE_KEYS_DIR = "_base_keys"
 _MAGIC = b"MWB1"
 _META = b"memwal.base_keys"
 MAX_RUNS = 1024
@@ -49,7 +49,7 @@ _DATA_FILE = re.compile(r"^[0-9A-Za-z_-]{1,200}\.lance$")
 def summary_path(table_uri: str, data_file: str) -> str | None:
     """Where the summary of the data file ``data_file`` (a path relative to the
     table's ``data/``) lives, or None when its name is not a plain Lance file name
-    (nothing outside ``_mem_wal/base_keys/`` is ever read or written)."""
+    (nothing outside ``_mem_wal/_base_keys/`` is ever read or written)."""
     if not _DATA_FILE.match(data_file):
         return None
     return join(paths.mem_wal_root(table_uri), BASE_KEYS_DIR, data_file + ".bin")
