@@ -32,13 +32,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memwal_query.exceptions import ObjectNotFoundError, StorageError
-from memwal_query.format.rowfile import seal, unseal
+from memwal_query.exceptions import StorageError
+from memwal_query.format.rowfile import read_sealed, seal, unseal
 from memwal_query.storage import paths
 from memwal_query.storage.io import FileIO, join
 
 BASE_KEYS_DIR = "_base_keys"
 _MAGIC = b"MWB1"
+_WHAT = "a base keys summary"
 _META = b"memwal.base_keys"
 MAX_RUNS = 1024
 """Most runs a data file's summary holds, and at most one per 16 rows (more: no
@@ -83,7 +84,13 @@ def decode(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of summary bytes; ValueError naming ``path`` when the
     framing or CRC is wrong, or the summary is of another key column or row count."""
-    t = unseal(data, path, _MAGIC, "a base keys summary")
+    return _checked(unseal(data, path, _MAGIC, _WHAT), path, key, field_id, physical_rows)
+
+
+def _checked(
+    t: pa.Table, path: str, key: str, field_id: int, physical_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of a summary's table, checked (see :func:`decode`)."""
     try:
         meta = json.loads((t.schema.metadata or {})[_META])
         starts = t.column("start").to_numpy().astype(np.int64, copy=False)
@@ -121,15 +128,11 @@ def read(
     path = summary_path(table_uri, name) if name is not None else None
     if path is None:
         return None
-    try:
-        data = io.read_buffer(path)
-    except ObjectNotFoundError:
-        return None
-    except StorageError as e:
-        warnings.warn(f"{path}: not used ({e}); scanning the keys", RuntimeWarning, stacklevel=2)
+    t = read_sealed(io, path, _MAGIC, _WHAT, "scanning the keys")
+    if t is None:
         return None
     try:
-        return decode(data, path, key, field_id, meta.physical_rows)
+        return _checked(t, path, key, field_id, meta.physical_rows)
     except ValueError as e:
         warnings.warn(f"{e}; scanning the keys", RuntimeWarning, stacklevel=2)
         return None
