@@ -11,6 +11,7 @@ deduplicating them is :mod:`memwal_query.read.newer`'s.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -291,6 +292,7 @@ def generation_columns(
     schema: pa.Schema,
     names: Sequence[str],
     storage_options: dict[str, str] | None = None,
+    keep: bool = True,
 ) -> tuple[pa.Table, np.ndarray]:
     """Columns ``names`` (of :func:`read_schema`) of every generation of ``refs``,
     concatenated in that order (zero-copy), and each generation's row count.
@@ -303,6 +305,10 @@ def generation_columns(
     (:mod:`memwal_query.format.keyfile`). The others (and generations without a
     readable keys sidecar) are read by :func:`read_generations` (rows sidecar, then
     Lance table). Raises GenerationGoneError when a generation is missing.
+
+    ``keep=False``: keys read from a region keys file or a keys sidecar are not added
+    to :data:`GENERATION_CACHE` (a caller that keeps what it derives from them: each
+    region's file is then released as soon as its region is done).
     """
     target = read_schema(schema)
     names = [c for c in names if c in target.names]  # as read_generation's columns
@@ -313,7 +319,7 @@ def generation_columns(
         keys = _keys_sidecar(ref.uri, storage_options, target)
         if keys is None or not all(c in keys for c in wanted):
             return None  # none, damaged, or of other key columns: read the rows instead
-        return GENERATION_CACHE.add(ref.uri, keys)
+        return GENERATION_CACHE.add(ref.uri, keys) if keep else keys
 
     found: list[dict[str, pa.ChunkedArray] | None] = []
     for ref in refs:
@@ -322,9 +328,9 @@ def generation_columns(
     todo = [i for i, cols in enumerate(found) if cols is None]
     if keys_only and todo:  # region keys files, keys sidecars (concurrently on a store)
         unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
-        _region_keys(unread, storage_options, target, wanted)
+        parts = _region_keys(unread, storage_options, target, wanted, keep)
         for i in todo:
-            cached = GENERATION_CACHE.get(refs[i].uri)
+            cached = parts.get(refs[i].uri) or GENERATION_CACHE.get(refs[i].uri)
             if cached is not None and all(c in cached for c in wanted):
                 found[i] = cached
         todo = [i for i, cols in enumerate(found) if cols is None]
@@ -413,14 +419,18 @@ def _region_keys(
     storage_options: dict[str, str] | None,
     target: pa.Schema,
     wanted: Sequence[str],
-) -> None:
-    """Cache (:data:`GENERATION_CACHE`) the keys of the generations of ``refs`` that
-    their region's keys file covers (:func:`region_keys_parts`); the others are read
-    from their own sidecars by the caller."""
+    keep: bool = True,
+) -> dict[str, dict[str, pa.ChunkedArray]]:
+    """The keys of the generations of ``refs`` that their region's keys file covers
+    (:func:`region_keys_parts`), by generation URI, also cached
+    (:data:`GENERATION_CACHE`) with ``keep``; the others are read from their own
+    sidecars by the caller."""
+    out: dict[str, dict[str, pa.ChunkedArray]] = {}
     for uri, (keys, _) in region_keys_parts(refs, storage_options).items():
         cols = _key_columns(keys, target)
         if all(c in cols for c in wanted):
-            GENERATION_CACHE.add(uri, cols)
+            out[uri] = GENERATION_CACHE.add(uri, cols) if keep else cols
+    return out
 
 
 def region_keys_parts(
@@ -457,7 +467,7 @@ def region_keys_parts(
         out = {}
         for ref in group:
             part = by_flush.get((ref.generation, ref.uri.rstrip("/").rsplit("/", 1)[-1]))
-            if part is not None:
+            if part is not None and _rows_agree(ref, part.keys.num_rows, path):
                 out[ref.uri] = (part.keys, path)
         return out
 
@@ -467,6 +477,66 @@ def region_keys_parts(
     else:
         found = [read(group) for group in groups]
     return {uri: part for parts in found for uri, part in parts.items()}
+
+
+def _rows_agree(ref: GenerationRef, rows: int, path: str) -> bool:
+    """Whether a region keys file's part for ``ref`` holds as many rows as its region
+    manifest records (unknown: yes); a warning naming ``path`` when not (the part is
+    not used; the generation's own files are read instead)."""
+    if ref.rows is None or ref.rows == rows:
+        return True
+    warnings.warn(
+        f"{path}: generation {ref.generation} holds {rows} keys where its region manifest "
+        f"records {ref.rows} rows; reading that generation's own keys instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def region_key_columns(
+    refs: Sequence[GenerationRef],
+    schema: pa.Schema,
+    names: Sequence[str],
+    storage_options: dict[str, str] | None = None,
+) -> tuple[pa.Table, np.ndarray, np.ndarray | None] | None:
+    """:func:`generation_columns` of one region's generations ``refs`` (oldest first;
+    ``names``: key columns and ``_tombstone``) from the region keys file of the newest
+    one as one table, when that file holds exactly those generations (numbers and
+    directories, in that order; nothing cached), with the file's flags of the newest
+    row of each key (:data:`memwal_query.format.keyfile.NEWEST_COLUMN`, None when it
+    has none); None otherwise (then :func:`generation_columns`)."""
+    from memwal_query.format import keyfile
+
+    newest = refs[-1]
+    if REGION_FILES_WITHOUT_KEYS.get(newest.uri):
+        return None
+    got = keyfile.read_region_table(file_io(newest.uri, storage_options), newest.uri)
+    if got is None:
+        REGION_FILES_WITHOUT_KEYS.put(newest.uri, True)
+        return None
+    t, parts = got
+    held = [(p.generation, p.path) for p in parts]
+    if held != [(r.generation, r.uri.rstrip("/").rsplit("/", 1)[-1]) for r in refs]:
+        return None
+    path = join(newest.uri, keyfile.REGION_KEYS_FILE)
+    if not all(_rows_agree(r, p.keys.num_rows, path) for r, p in zip(refs, parts)):
+        return None
+    target = read_schema(schema)
+    cols = _key_columns(t, target)
+    if not all(c in cols for c in names):
+        return None
+    fields = [target.field(c) for c in names]
+    arrays = [
+        cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in fields
+    ]
+    sizes = np.array([p.keys.num_rows for p in parts], np.int64)
+    last_of_key = None
+    if keyfile.NEWEST_COLUMN in t.column_names:
+        flags = t.column(keyfile.NEWEST_COLUMN)
+        if flags.type == pa.bool_() and flags.null_count == 0:
+            last_of_key = flags.to_numpy()
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)), sizes, last_of_key
 
 
 def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
