@@ -210,7 +210,8 @@ def scan(
     Lance scanner ``options``, each with the mask of its deleted rows (None when it
     holds none): when :func:`reads_deleted` says so, the deleted rows are read and
     the caller drops them (by the mask), else Lance leaves them out itself."""
-    with_deleted = reads_deleted(base.get_fragments())
+    fragments = options.get("fragments")
+    with_deleted = reads_deleted(base.get_fragments() if fragments is None else fragments)
     if with_deleted:
         options = {**options, "with_row_id": True, "include_deleted_rows": True}
     for batch in base.scanner(columns=columns, **options).to_batches():
