@@ -449,6 +449,18 @@ def _record_scans(monkeypatch) -> list[dict]:
     return asked
 
 
+def _two_fragments(tmp_path, schema: pa.Schema, stable: bool) -> str:
+    """A table of ids 0..19,999 in two fragments (with stable row ids or not)."""
+    uri = str(tmp_path / "t")
+    lance.write_dataset(
+        _rows(np.arange(20_000), schema),
+        uri,
+        max_rows_per_file=10_000,
+        enable_stable_row_ids=stable,
+    )
+    return uri
+
+
 @pytest.mark.parametrize("stable", [False, True], ids=["addresses", "stable-row-ids"])
 def test_blocklisted_rows_over_deletion_files(tmp_path, monkeypatch, stable):
     """String keys, a few of them newer (under the share that masks by row id): Lance
@@ -457,13 +469,7 @@ def test_blocklisted_rows_over_deletion_files(tmp_path, monkeypatch, stable):
     overwritten rows in fragments with deletion files are dropped; the answer equals
     plain Lance applying the same upserts to a copy, and the model."""
     schema = _schema(pa.string())
-    uri = str(tmp_path / "t")
-    lance.write_dataset(
-        _rows(np.arange(20_000), schema),
-        uri,
-        max_rows_per_file=10_000,
-        enable_stable_row_ids=stable,
-    )
+    uri = _two_fragments(tmp_path, schema, stable)
     lance.dataset(uri).delete("v % 3 = 0")  # scattered: a third of every fragment
     if stable:  # row ids no longer addresses, then new deletion files
         lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=20_000)
@@ -505,13 +511,7 @@ def test_indexed_filters_over_deletion_files(tmp_path, monkeypatch, stable):
     them (not indexed): filters Lance answers from the indexes, read with the deleted
     rows and masked, equal plain Lance's answers on the same table."""
     schema = _schema(pa.int64())
-    uri = str(tmp_path / "t")
-    lance.write_dataset(
-        _rows(np.arange(20_000), schema),
-        uri,
-        max_rows_per_file=10_000,
-        enable_stable_row_ids=stable,
-    )
+    uri = _two_fragments(tmp_path, schema, stable)
     ds = lance.dataset(uri)
     ds.create_scalar_index("id", "BTREE")
     ds.create_scalar_index("v", "BTREE")
