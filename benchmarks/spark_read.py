@@ -160,8 +160,9 @@ def first_query(which: str, path: str) -> None:
     spark.stop()
 
 
-def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
-    """Rows of the first-query table: per source the medians over ``rounds`` processes."""
+def first_queries(uri: str, parquet: str, rounds: int) -> tuple[list[list[object]], list[float]]:
+    """Rows of the first-query table: per source the medians over ``rounds`` processes;
+    and the load averages seen."""
     import json
     import subprocess
 
@@ -191,7 +192,7 @@ def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
     for which in ("memwal", "memwal_format", "floor"):
         rows.append([f"{names[which]} / parquet", "", "", "", "", first[which] / first["parquet"]])
     print(f"first query: load average {min(loads):.1f}-{max(loads):.1f}", file=sys.stderr)
-    return rows
+    return rows, loads
 
 
 def main() -> None:
@@ -226,12 +227,15 @@ def main() -> None:
             f"setup: {time.perf_counter() - started:.1f}s, {view.num_rows:,} rows", file=sys.stderr
         )
         if args.first_rounds:
+            table, loads = first_queries(t.uri, parquet, args.first_rounds)
             print_table(
                 f"First count(*) of a new session after the same warm-up job, median of "
-                f"{args.first_rounds} sessions each ({machine()}, local[2])",
+                f"{args.first_rounds} sessions each ({machine()}, local[2], "
+                f"{time.strftime('%Y-%m-%d %H:%M')}, load average "
+                f"{min(loads):.1f}-{max(loads):.1f})",
                 ["source", "session start s", "warm-up job s", ".load() s", "count(*) s"]
                 + ["first query s"],
-                first_queries(t.uri, parquet, args.first_rounds),
+                table,
             )
         if args.first_only:
             return
