@@ -1038,6 +1038,18 @@ def test_reader_types_spark_lacks_and_lance_cannot_filter(spark, tmp_path):
     t.close()  # flushed: generations newer than the base rows
 
     got = spark.read.format("memwal").load(uri).orderBy("id").toArrow()
+    # mqs.read reads this small view in the driver: the same schema and values, in any
+    # session time zone
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for tz in ("UTC", "Asia/Kolkata"):
+            spark.conf.set("spark.sql.session.timeZone", tz)
+            small = mqs.read(spark, uri)
+            assert "ExistingRDD" in _scan(small)
+            assert small.schema == spark.read.format("memwal").load(uri).schema
+            assert same(small.orderBy("id").toArrow(), got)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
     assert got.column("id").to_pylist() == list(range(7))
     assert got.column("u32").to_pylist() == [0, 1, 2, 3] + [4_000_000_000 + i for i in (4, 5, 6)]
     assert got.column("u64").to_pylist() == [Decimal(i) for i in range(4)] + [
