@@ -723,10 +723,12 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     The table and the options are checked first, in this process (:func:`check_read`).
     A view of at most ``driver_read_bytes`` Arrow bytes is then read here, now, by the
     reader Spark's tasks run (:func:`read_in_driver`), and handed to Spark as Arrow
-    data (:func:`driver_frame`): its queries start no Python process. A larger view (or
-    a change-feed read, or ``driver_read_bytes="0"``) is read by the ``memwal`` data
-    source, registered first, given the schema found here (``.schema(...)``), so
-    Spark's ``.load()`` process does not open the table nor import lance.
+    data (:func:`driver_frame`): neither the call nor the DataFrame's queries start a
+    Python process, and the ``memwal`` format is not registered. A larger view (or a
+    change-feed read, or ``driver_read_bytes="0"``) is read by the ``memwal`` data
+    source, registered first (:func:`register_source`, with ``push_filters``' session
+    setting), given the schema found here (``.schema(...)``), so Spark's ``.load()``
+    process does not open the table nor import lance.
 
     Both return the same rows and schema. The view is pinned now when read here, and
     when Spark plans the first query otherwise (see docs/spark.md, "Reader").
@@ -765,19 +767,23 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
     push = str(option(lowered, "push_filters", "pushfilters", "")).lower() == "true"
     if "rowspersplit" in lowered and "rows_per_split" not in lowered:
         deprecated_spelling("option('rowsPerSplit')", "option('rows_per_split')")
-    register_source(spark, filter_pushdown=push)
-    if is_changes_read(lowered):
-        return spark.read.format(FORMAT).options(**options).load(uri)
+    changes = is_changes_read(lowered)
     spark_schema = _spark_schema(schema)
     budget = int(lowered.get("driver_read_bytes", DEFAULT_DRIVER_READ_BYTES))
-    if budget > 0:
+    if budget > 0 and not changes:
         data = read_in_driver(uri, lowered, spark_schema, budget, table)
         if data is not None:
             split = int(option(lowered, "rows_per_split", "rowspersplit", DEFAULT_ROWS_PER_SPLIT))
             return driver_frame(spark, data, spark_schema, split)
-    # The schema just computed: Spark's .load() process then neither opens the table
-    # nor imports lance (memwal_query.spark.datasource).
-    return spark.read.format(FORMAT).options(**options).schema(spark_schema).load(uri)
+    # Registering makes Spark look its Python data sources up in a Python process: only
+    # the data source path pays it.
+    register_source(spark, filter_pushdown=push)
+    reader = spark.read.format(FORMAT).options(**options)
+    if not changes:
+        # The schema just computed: Spark's .load() process then neither opens the
+        # table nor imports lance (memwal_query.spark.datasource).
+        reader = reader.schema(spark_schema)
+    return reader.load(uri)
 
 
 def changes_frame(
