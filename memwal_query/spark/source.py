@@ -656,6 +656,20 @@ def driver_frame(
     whose rows Spark serializes into every task of every query): Spark's
     ``spark.sql.execution.arrow.localRelationThreshold`` and
     ``spark.sql.execution.arrow.maxRecordsPerBatch`` are set for the call and restored.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    data : pa.Table
+        Rows in ``schema``'s Arrow types (:func:`read_in_driver`).
+    schema : StructType
+        The DataFrame's schema.
+    rows_per_split : int
+        Rows per partition, as for the data source.
+
+    Returns
+    -------
+    DataFrame
     """
     rows = data.num_rows
     settings = {_LOCAL_RELATION_CONF: "0"}
