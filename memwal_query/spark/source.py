@@ -13,6 +13,8 @@ DataFrame. Partitions hold about ``rows_per_split`` rows each and together each 
 row once. Pieces of the pinned view that GC removed raise
 :class:`~memwal_query.exceptions.BaseVersionGoneError` or
 :class:`~memwal_query.exceptions.GenerationGoneError` (load the DataFrame again).
+:func:`read` (``mqs.read``) reads a view of at most ``driver_read_bytes`` in the driver
+instead, with this module's reader, pinned at the call (:func:`read_in_driver`).
 Options are checked in the caller's process (:func:`check_read`). Filter pushdown is
 opt-in (``option("push_filters", "true")``; :class:`PushdownWarning`): pushed filters
 are evaluated exactly, on the newest version of each key.
