@@ -21,9 +21,11 @@ import pyarrow as pa
 
 from memwal_query.exceptions import (
     BaseVersionGoneError,
+    CorruptFileError,
     GenerationGoneError,
     MemWalError,
     ObjectNotFoundError,
+    without_source_locations,
 )
 from memwal_query.format.index import manifest_path
 from memwal_query.format.schema import (
@@ -34,7 +36,7 @@ from memwal_query.format.schema import (
 )
 from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
-from memwal_query.storage.io import in_chunks
+from memwal_query.storage.io import in_chunks, join
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -54,20 +56,63 @@ def base_version_gone(table: Catalog, version: int) -> bool:
 
 @contextlib.contextmanager
 def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
-    """Turn an error reading ``base`` into :class:`BaseVersionGoneError` when that version
-    was cleaned up meanwhile (Lance reports the deleted data file as a plain OSError or
-    ArrowInvalid "Not found"); any other error propagates unchanged."""
+    """Turn an error reading ``base`` into a typed one.
+
+    :class:`BaseVersionGoneError` when that version was cleaned up meanwhile (Lance
+    reports the deleted data file as a plain OSError or ArrowInvalid "Not found");
+    :class:`ObjectNotFoundError` or :class:`CorruptFileError` naming the file when a
+    fragment's deletion file is missing or cannot be decoded
+    (:func:`deletion_file_error`); any other error propagates unchanged.
+
+    Raises
+    ------
+    BaseVersionGoneError, ObjectNotFoundError, CorruptFileError
+    """
     try:
         yield
     except MemWalError:
         raise
     except Exception as e:
         if not base_version_gone(table, base.version):
-            raise
+            typed = deletion_file_error(base, e)
+            if typed is None:
+                raise
+            raise typed from e
         raise BaseVersionGoneError(
             f"{table.uri}: base version {base.version} was cleaned up while it was read "
             f"(run the read again): {e}"
         ) from e
+
+
+def deletion_file_error(base: lance.LanceDataset, error: Exception) -> MemWalError | None:
+    """The typed error for ``error``, raised by Lance while reading ``base``, when a
+    fragment's deletion file is at fault: :class:`ObjectNotFoundError` when it is
+    missing, :class:`CorruptFileError` when it cannot be decoded, each naming the file
+    and its fragment; None when no deletion file is at fault.
+
+    Lance names a missing file and a damaged bitmap file in its message, not a damaged
+    Arrow IPC one: when the message is about deletions but names no file, each
+    fragment's deletion file is read again on its own (only on this error path) to
+    find the one that fails."""
+    text = str(error)
+    if "_deletions/" not in text and "deletion" not in text:
+        return None
+    for fragment in base.get_fragments():
+        path = fragment.deletion_file()
+        if path is None:
+            continue
+        if path not in text:
+            try:  # opening the fragment reads its deletion vector, no data
+                fragment.scanner(columns=[], with_row_id=True, limit=1).to_table()
+                continue
+            except Exception as probe:  # noqa: BLE001 - the probe's failure is the answer
+                text = str(probe)
+        where = f"{base.uri.rstrip('/')}/{path}"
+        what = f"deletion file of fragment {fragment.fragment_id} (base version {base.version})"
+        if "Not found" in text or "not found" in text:
+            return ObjectNotFoundError(f"{where}: {what} is missing")
+        return CorruptFileError(where, f"{what} cannot be read: {without_source_locations(text)}")
+    return None
 
 
 # -- reading flushed generations ---------------------------------------------------------
@@ -370,38 +415,58 @@ def _region_keys(
     wanted: Sequence[str],
 ) -> None:
     """Cache (:data:`GENERATION_CACHE`) the keys of the generations of ``refs`` that
-    their region's keys file covers (:func:`memwal_query.format.keyfile.read_region`):
-    per region, the file of its newest generation among ``refs``, one read for all of
-    them. Only parts whose generation number and directory both match a generation of
-    ``refs`` are taken; the others are read from their own sidecars by the caller."""
+    their region's keys file covers (:func:`region_keys_parts`); the others are read
+    from their own sidecars by the caller."""
+    for uri, (keys, _) in region_keys_parts(refs, storage_options).items():
+        cols = _key_columns(keys, target)
+        if all(c in cols for c in wanted):
+            GENERATION_CACHE.add(uri, cols)
+
+
+def region_keys_parts(
+    refs: Sequence[GenerationRef], storage_options: dict[str, str] | None = None
+) -> dict[str, tuple[pa.Table, str]]:
+    """The keys of the generations of ``refs`` that their region's keys file covers
+    (:func:`memwal_query.format.keyfile.read_region`), by generation URI: each as its
+    keys sidecar would hold it (key columns, ``_tombstone``, ``_rowaddr``; not cached),
+    with the path of the file it was read from.
+
+    Per region, the file of its newest generation among ``refs``, one read for all of
+    them (a region with one generation among ``refs``: none, its own sidecar is as
+    small). Only parts whose generation number and directory both match a generation
+    of ``refs`` are taken; a generation missing from the answer is read from its own
+    keys sidecar (or rows) by the caller, as are all of a region whose file is missing
+    or damaged (a warning, once per file).
+    """
     from memwal_query.format import keyfile
 
     by_region: dict[str, list[GenerationRef]] = {}
     for ref in refs:
         by_region.setdefault(ref.region_id, []).append(ref)
 
-    def read(group: list[GenerationRef]) -> None:
+    def read(group: list[GenerationRef]) -> dict[str, tuple[pa.Table, str]]:
         newest = max(group, key=lambda g: g.generation)
         if REGION_FILES_WITHOUT_KEYS.get(newest.uri):
-            return
+            return {}
         parts = keyfile.read_region(file_io(newest.uri, storage_options), newest.uri)
         if parts is None:
             REGION_FILES_WITHOUT_KEYS.put(newest.uri, True)
-            return
+            return {}
+        path = join(newest.uri, keyfile.REGION_KEYS_FILE)
         by_flush = {(p.generation, p.path): p for p in parts}
+        out = {}
         for ref in group:
             part = by_flush.get((ref.generation, ref.uri.rstrip("/").rsplit("/", 1)[-1]))
             if part is not None:
-                cols = _key_columns(part.keys, target)
-                if all(c in cols for c in wanted):
-                    GENERATION_CACHE.add(ref.uri, cols)
+                out[ref.uri] = (part.keys, path)
+        return out
 
     groups = [g for g in by_region.values() if len(g) > 1]  # one generation: its sidecar
     if len(groups) > 1 and parallel_reads(groups[0][0].uri, storage_options):
-        in_chunks(_GENERATION_READERS, read, groups, READ_TASKS)
+        found = in_chunks(_GENERATION_READERS, read, groups, READ_TASKS)
     else:
-        for group in groups:
-            read(group)
+        found = [read(group) for group in groups]
+    return {uri: part for parts in found for uri, part in parts.items()}
 
 
 def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:
