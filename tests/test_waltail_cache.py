@@ -17,7 +17,7 @@ import memwal_query as mq
 from memwal_query.read import newer, view, waltail
 from memwal_query.storage.io import LocalFileIO
 
-from helpers import basic_rows, parity_spec
+from helpers import basic_rows, default_region, parity_spec
 
 
 @pytest.fixture(autouse=True)
@@ -191,9 +191,9 @@ def test_region_rows_built_step_by_step_equal_a_whole_build(tmp_path, seed):
         mems = [m for r in plan.regions for m in r.memtables]
         if mems:
             ranks = newer._ranks(plan)
-            got = newer._memtable_view(mems, schema, pk, ranks)
+            got = newer._memtable_view(t.uri, mems, schema, pk, ranks)
             newer._MEMTABLE_VIEWS.clear()
-            want = newer._memtable_view_whole(mems, schema, pk, ranks)
+            want = newer._memtable_view_whole(t.uri, mems, schema, pk, ranks)
             for name, a, b in zip(("rows", "winners"), got[:2], want[:2]):
                 if name == "rows":
                     assert a.equals(b)
@@ -214,7 +214,7 @@ def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
     mems = [m for r in plan.regions for m in r.memtables]
     ranks = newer._ranks(plan)
     schema, pk = t.catalog.schema, t.catalog.primary_key
-    newer._memtable_view(mems, schema, pk, ranks)
+    newer._memtable_view(t.uri, mems, schema, pk, ranks)
     from memwal_query.write.memtable import MemTableSnapshot
 
     other = [
@@ -226,9 +226,9 @@ def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
         )
         for m in mems
     ]
-    got = newer._memtable_view(other, schema, pk, ranks)
+    got = newer._memtable_view(t.uri, other, schema, pk, ranks)
     newer._MEMTABLE_VIEWS.clear()
-    want = newer._memtable_view_whole(other, schema, pk, ranks)
+    want = newer._memtable_view_whole(t.uri, other, schema, pk, ranks)
     assert got[0].equals(want[0]) and np.array_equal(got[1], want[1])
     w.close()
 
@@ -312,3 +312,40 @@ def test_memtable_rows_kept_for_one_schema_are_not_read_with_another(tmp_path):
     got = newer_t.to_table(writers=[w], columns=["id", "extra"]).to_pydict()
     assert sorted(e for e in got["extra"] if e is not None) == ["e", "f"]
     w.close()
+
+
+def test_two_unsharded_tables_read_in_turn_keep_each_other_s_cached_rows(tmp_path):
+    # Every unsharded table has the same region id. Two of them, each with a WAL tail
+    # and a flushed generation, read alternately: after the first round, a read with
+    # nothing new reuses each table's own kept MemTable rows and flushed winners (the
+    # same objects), and the answers stay each table's own.
+    tables, writers, models = [], [], []
+    for n, val in ((0, 1.0), (1, 2.0)):
+        uri = str(tmp_path / f"t{n}")
+        lance.write_dataset(basic_rows(range(10)), uri)
+        t = mq.MemWalTable.initialize(uri)
+        w = mq.MemWalTable.open(uri)
+        w.write(_rows([1, 2], val))
+        w.flush()
+        w.write(_rows([2, 3, 11], val + 10))
+        tables.append(mq.MemWalTable.open(uri))
+        writers.append(w)
+        model = {i: float(i) for i in range(10)}
+        model.update({1: val, 2: val + 10, 3: val + 10, 11: val + 10})
+        models.append(model)
+    region = default_region()
+    assert {r for t in tables for r in t.catalog.region_ids()} == {region}
+    for t, model in zip(tables, models):
+        assert _answer(t) == model
+    kept = [(newer._REGION_ROWS.get((t.catalog.dataset().uri, region)), t) for t in tables]
+    flushed = {k: v for k, v in newer._REGION_FLUSHED._items.items()}
+    assert all(rows is not None for rows, _ in kept) and len(flushed) == 2
+    for _ in range(2):
+        for (rows, t), model in zip(kept, models):
+            assert _answer(t) == model
+            assert newer._REGION_ROWS.get((t.catalog.dataset().uri, region)) is rows
+    assert all(newer._REGION_FLUSHED._items.get(k) is v for k, v in flushed.items())
+    for t, model in zip(tables, models):
+        assert _answer(t) == model == _cold_answer(t.uri)
+    for w in writers:
+        w.close()
