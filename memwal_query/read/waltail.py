@@ -211,7 +211,7 @@ class _Region:
         entry = decode_entry(path, position, data)
         rows = conform_entry(path, entry.table, self.schema, self.primary_key)
         batches = tuple(rows.to_batches())
-        nbytes = sum(b.get_total_buffer_size() for b in batches)
+        nbytes = rows.get_total_buffer_size()
         ENTRIES.put(key, (self.schema, (entry.generation, batches), nbytes))
         return (entry.generation, batches), nbytes
 
