@@ -349,3 +349,90 @@ def test_two_unsharded_tables_read_in_turn_keep_each_other_s_cached_rows(tmp_pat
         assert _answer(t) == model == _cold_answer(t.uri)
     for w in writers:
         w.close()
+
+
+def _batch(ids) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(ids, pa.int64())})
+
+
+def test_the_entries_one_read_finds_become_one_batch_per_generation():
+    # Ranks as WAL positions: an entry ranks in the highest generation recorded at or
+    # before it and never below the manifest's (None: the manifest's). The entries
+    # one read finds are joined per generation, in position order.
+    schema = pa.schema([pa.field("id", pa.int64())])
+    empty = waltail._Tail(5, 1, schema, 5, {}, 0)
+    found = [
+        (1, (_batch([1]),)),
+        (None, (_batch([2, 3]),)),
+        (1, (_batch([4]), _batch([5]))),
+        (3, (_batch([6]),)),
+        (2, (_batch([7]),)),  # a lower recorded generation after a higher one
+        (None, ()),
+    ]
+    tail = empty.extended(found, 0)
+    assert tail.end == 11 and sorted(tail.by_gen) == [1, 3]
+    assert [len(b) for b in tail.by_gen.values()] == [1, 1]
+    assert tail.by_gen[1][0].column(0).to_pylist() == [1, 2, 3, 4, 5]
+    assert tail.by_gen[3][0].column(0).to_pylist() == [6, 7]
+    more = tail.extended([(None, (_batch([8]),)), (4, (_batch([9]), _batch([10])))], 0)
+    assert more.end == 13 and sorted(more.by_gen) == [1, 3, 4]
+    assert more.by_gen[1] is tail.by_gen[1] or more.by_gen[1] == tail.by_gen[1]
+    assert [b.column(0).to_pylist() for b in more.by_gen[3]] == [[6, 7], [8]]
+    assert more.by_gen[3][0] is tail.by_gen[3][0]  # kept, not copied again
+    assert [b.column(0).to_pylist() for b in more.by_gen[4]] == [[9, 10]]
+
+
+def test_a_reader_keeps_one_batch_per_read_and_answers_as_a_cold_reader(tmp_path):
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    model = {i: float(i) for i in range(20)}
+
+    def batches() -> list[int]:
+        plan = view.resolve(reader.catalog, "latest")
+        return sorted(len(m.batches) for r in plan.regions for m in r.memtables)
+
+    for rounds, step in ((1, 0), (2, 10)):
+        for i in range(step, step + 10):
+            w.write(_rows([i % 7, 20 + i], i))
+            model.update({i % 7: float(i), 20 + i: float(i)})
+            w.delete(pa.table({"id": pa.array([5 + i % 2], pa.int64())}))
+            model.pop(5 + i % 2, None)
+        assert _answer(reader) == model == _cold_answer(t.uri)
+        assert batches() == [rounds, rounds]  # two regions, one batch per read each
+        keys = pa.table({"id": pa.array(list(range(40)), pa.int64())})
+        got = reader.lookup(keys, columns=["id", "val"])
+        assert dict(zip(got.column("id").to_pylist(), got.column("val").to_pylist())) == model
+    w.close()
+
+
+def test_a_damaged_entry_among_new_ones_is_a_typed_error_and_nothing_is_kept(tmp_path):
+    from memwal_query.exceptions import WalCorruptError
+
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    w.write(_rows([2], 1))
+    assert _answer(reader)[2] == 1.0
+    kept = dict(waltail.TAILS._items)
+    for val in (2, 3, 4):  # three more entries of the even region
+        w.write(_rows([2], val))
+    region = t.catalog.region_id_for({"p": 0})
+    cat = reader.catalog
+    m = cat.region_manifest(region)
+    wal_dir = waltail._wal_dir(t.uri, region)
+    path = waltail._entry_path(wal_dir, m.replay_after_wal_entry_position + 3)
+    io = LocalFileIO(fsync=False)
+    good = io.read(path)
+    bad = bytearray(good)
+    bad[bad.rindex((2).to_bytes(8, "little"))] ^= 0x01  # key 2 -> 3: checksum mismatch
+    io.write(path, bytes(bad))
+    waltail.ENTRIES.clear()
+    with pytest.raises(WalCorruptError, match="checksum") as e:
+        reader.to_table(columns=["id", "val"])
+    assert path.split("/")[-1] in str(e.value)
+    assert dict(waltail.TAILS._items) == kept  # the cached tail was not extended
+    io.write(path, good)
+    assert _answer(reader)[2] == 4.0
+    assert _answer(reader) == _cold_answer(t.uri)
+    w.close()

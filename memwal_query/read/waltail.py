@@ -114,7 +114,12 @@ class _Tail:
         )
 
     def extended(self, found: list[_Entry], nbytes: int) -> _Tail:
-        """This tail and the entries ``found`` at ``end``, ``end + 1``, ..."""
+        """This tail and the entries ``found`` at ``end``, ``end + 1``, ...
+
+        The rows of the entries found that rank in one generation become one record
+        batch (copied once): a stream's writer puts many small entries, and what
+        readers do per batch (a MemTable view's chunks, a key index's runs, a scan's
+        batches) then scales with the reads that found them, not with the entries."""
         by_gen: dict[int, list[pa.RecordBatch]] = {}
         # A later position is a newer write, so an entry's generation is at least that
         # of every entry before it in the tail, and at least the manifest's current
@@ -128,7 +133,7 @@ class _Tail:
             by_gen.setdefault(top, []).extend(batches)
         merged = dict(self.by_gen)
         for g, added in by_gen.items():
-            merged[g] = merged.get(g, ()) + tuple(added)
+            merged[g] = merged.get(g, ()) + ((_one_batch(added),) if added else ())
         return _Tail(
             self.start,
             self.current_generation,
@@ -137,6 +142,11 @@ class _Tail:
             merged,
             self.nbytes + nbytes,
         )
+
+
+def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """The rows of ``batches`` (one schema) as one record batch."""
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 TAILS: LRUCache[tuple[str, str], _Tail] = LRUCache(
