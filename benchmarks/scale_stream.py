@@ -740,6 +740,7 @@ def scale_main(args: argparse.Namespace) -> bool:
         "filtered p50 ms",
         "lookup p50 ms",
         "reader CPU s",
+        "reader CPU ms per tick",
         "reader MB",
         "reader Arrow MB",
         "maintainer MB",
@@ -795,6 +796,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                     pct(lat["filtered"], 50) * 1e3,
                     pct(lat["lookup"], 50) * 1e3,
                     time.process_time() - cpu0,
+                    (time.process_time() - cpu0) * 1e3 / len(tails),
                     rss_mb(os.getpid()),
                     pa.total_allocated_bytes() / 2**20,
                     rss_mb(maint.pid),
@@ -833,7 +835,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             "last minute / first minute: "
             + ", ".join(
                 f"{header[i]} {float(last[i]) / float(first[i]):.2f}x"
-                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12)
+                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13)
                 if float(first[i])
             )
         )
