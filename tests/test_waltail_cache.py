@@ -369,12 +369,21 @@ def test_the_entries_one_read_finds_become_one_batch_per_generation():
         (2, (_batch([7]),)),  # a lower recorded generation after a higher one
         (None, ()),
     ]
-    tail = empty.extended(found, 0)
+    tail, rows = empty.extended(found, 0)
     assert tail.end == 11 and sorted(tail.by_gen) == [1, 3]
     assert [len(b) for b in tail.by_gen.values()] == [1, 1]
     assert tail.by_gen[1][0].column(0).to_pylist() == [1, 2, 3, 4, 5]
     assert tail.by_gen[3][0].column(0).to_pylist() == [6, 7]
-    more = tail.extended([(None, (_batch([8]),)), (4, (_batch([9]), _batch([10])))], 0)
+    # each entry's rows, as views of the joined batches
+    assert [[x for b in r for x in b.column(0).to_pylist()] for r in rows] == [
+        [1],
+        [2, 3],
+        [4, 5],
+        [6],
+        [7],
+        [],
+    ]
+    more, _ = tail.extended([(None, (_batch([8]),)), (4, (_batch([9]), _batch([10])))], 0)
     assert more.end == 13 and sorted(more.by_gen) == [1, 3, 4]
     assert more.by_gen[1] is tail.by_gen[1] or more.by_gen[1] == tail.by_gen[1]
     assert [b.column(0).to_pylist() for b in more.by_gen[3]] == [[6, 7], [8]]
@@ -393,13 +402,24 @@ def test_a_reader_keeps_one_batch_per_read_and_answers_as_a_cold_reader(tmp_path
         return sorted(len(m.batches) for r in plan.regions for m in r.memtables)
 
     for rounds, step in ((1, 0), (2, 10)):
+        waltail.ENTRIES.clear()  # holds only the entries this round's read finds
         for i in range(step, step + 10):
             w.write(_rows([i % 7, 20 + i], i))
             model.update({i % 7: float(i), 20 + i: float(i)})
             w.delete(pa.table({"id": pa.array([5 + i % 2], pa.int64())}))
             model.pop(5 + i % 2, None)
-        assert _answer(reader) == model == _cold_answer(t.uri)
+        assert _answer(reader) == model
         assert batches() == [rounds, rounds]  # two regions, one batch per read each
+        # the entry cache holds views of the tail's batches, not a second copy
+        tails = [b for t in waltail.TAILS._items.values() for g in t.by_gen.values() for b in g]
+        owned = {b.column(0).buffers()[1].address for b in tails}
+        held = [
+            b.column(0).buffers()[1].address
+            for _, (_, batches), _ in waltail.ENTRIES._items.values()
+            for b in batches
+        ]
+        assert len(held) > 20 and set(held) <= owned  # the read's batches, not copies
+        assert _answer(reader) == model == _cold_answer(t.uri)
         keys = pa.table({"id": pa.array(list(range(40)), pa.int64())})
         got = reader.lookup(keys, columns=["id", "val"])
         assert dict(zip(got.column("id").to_pylist(), got.column("val").to_pylist())) == model
