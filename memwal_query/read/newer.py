@@ -164,6 +164,18 @@ def _ranks(plan: ReadPlan) -> dict[str, int]:
     return {v.region_id: int(v.region_id.replace("-", "")[:15], 16) for v in plan.regions}
 
 
+def _table_key(plan: ReadPlan) -> str:
+    """The plan's table in the per-region caches (every unsharded table has the same
+    region id): the base table's URI, or for a plan without a base (a Spark partition
+    of generations and WAL tails) the table its generations are in; "" when it has
+    neither (its kept rows are then told apart by their batch objects only)."""
+    if plan.base is not None:
+        return str(plan.base.uri)
+    for g in plan.generations:
+        return g.uri.rpartition("/_mem_wal/")[0]
+    return ""
+
+
 def _flushed_rows(
     plan: ReadPlan,
     schema: pa.Schema,
@@ -249,7 +261,9 @@ def _flushed_view(
         for region in plan.regions:
             if not region.generations:
                 continue
-            got = _region_flushed(plan.base.uri, region.generations, schema, pk[0], storage_options)
+            got = _region_flushed(
+                _table_key(plan), region.generations, schema, pk[0], storage_options
+            )
             if got is None:
                 parts = []
                 break
@@ -646,7 +660,7 @@ def newer_view(
             lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options, ~tomb_f),
         )
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(
-        plan.base.uri, mems, schema, pk, _ranks(plan)
+        _table_key(plan), mems, schema, pk, _ranks(plan)
     )
     winners = win_m + n_f
     if len(win_f):
