@@ -19,7 +19,12 @@ flushed (every region gets a generation per round). Then, side by side in one ru
   ``merge_insert`` (all threads) are printed too, a figure the load disturbs less;
 - the answer: our table after the pass equals the plain Lance table, row for row;
 - single-key lookup p50 (``t.lookup``) and full read (``t.to_table()``) right before and
-  right after the pass, with plain Lance's own figures on its copy for reference.
+  right after the pass, with plain Lance's own figures on its copy for reference; the
+  reads after the pass (full, and filtered on ``quantity < 5``) run in turns with the
+  same reads of a copy of the table taken before the pass, on Lance's own deletion
+  path (the reader told to leave fragments with deletion files to Lance's scan
+  instead of reading their deleted rows and masking them) and with plain Lance's reads
+  of its copy, medians of ``--repeat``.
 
 ``uptime`` is printed with the figures: the machine is shared, quote the ratios.
 """
@@ -49,6 +54,9 @@ from _common import machine, print_table, uptime  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 from memwal_query.maintain.policy import MaintenancePolicy  # noqa: E402
+from memwal_query.read import deletions  # noqa: E402
+
+FILTER = pc.field("quantity") < 5  # ~8% of the rows
 
 
 def median_of(fn, repeat: int) -> float:
@@ -58,6 +66,37 @@ def median_of(fn, repeat: int) -> float:
         fn()
         out.append(time.perf_counter() - s)
     return statistics.median(out)
+
+
+def paired(fns: dict[str, object], repeat: int) -> dict[str, float]:
+    """Median seconds of each of ``fns``, run in turns (one of each per round) so that
+    the machine's load drifts over all alike."""
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            s = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - s)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+class lance_deletion_path:
+    """Within it, our reader leaves fragments with deletion files to Lance's own scan
+    (range by range) instead of reading their deleted rows and masking them."""
+
+    def __enter__(self) -> None:
+        deletions.READ_DELETED_ROWS = False
+
+    def __exit__(self, *exc: object) -> None:
+        deletions.READ_DELETED_ROWS = True
+
+
+def masked_path(fn):
+    def lance_path():
+        with lance_deletion_path():
+            fn()
+
+    return lance_path
 
 
 def lookup_p50(fn, keys: np.ndarray) -> float:
@@ -180,8 +219,10 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     )
     reader = mq.MemWalTable.open(ours)
     reader.to_table()  # warm: the first read of a process
-    scan_before = median_of(lambda: reader.to_table(), args.repeat)
     look_before = lookup_p50(lambda k: reader.lookup(pa.array([k], pa.int64())), keys)
+    # the table as it is before the pass, read in turns with the one after it
+    pre = f"{root}/pre{regions}"
+    shutil.copytree(ours, pre)
 
     print(f"  {regions} regions: {gens} generations written; maintain ({uptime()})", flush=True)
     first, first_cpu = plain_merge(plain, live, dead)
@@ -212,10 +253,42 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
 
     reader = mq.MemWalTable.open(ours)
     reader.to_table()
-    scan_after = median_of(lambda: reader.to_table(), args.repeat)
+    merged = lance.dataset(ours).get_fragments()
+    with_files = [f for f in merged if f.num_deletions]
+    print(
+        f"    after the pass: {len(with_files)} of {len(merged)} fragments have deletion "
+        f"files, {sum(f.num_deletions for f in with_files):,} deleted of "
+        f"{sum(f.physical_rows for f in with_files):,} rows",
+        flush=True,
+    )
+
+    def full() -> None:
+        reader.to_table()
+
+    def filtered() -> None:
+        reader.to_table(filter=FILTER)
+
+    unmerged = mq.MemWalTable.open(pre)
+    unmerged.to_table()
+    after = paired(
+        {
+            "full, before the pass": lambda: unmerged.to_table(),
+            "filtered, before the pass": lambda: unmerged.to_table(filter=FILTER),
+            "full": full,
+            "full, Lance's deletion path": masked_path(full),
+            "full, plain Lance": lambda: lance.dataset(plain).to_table(),
+            "filtered": filtered,
+            "filtered, Lance's deletion path": masked_path(filtered),
+            "filtered, plain Lance": lambda: lance.dataset(plain).to_table(filter=FILTER),
+        },
+        args.repeat,
+    )
+    scan_after, plain_scan = after["full"], after["full, plain Lance"]
+    scan_before = after["full, before the pass"]
+    filtered_before = after["filtered, before the pass"]
+    shutil.rmtree(pre)
     look_after = lookup_p50(lambda k: reader.lookup(pa.array([k], pa.int64())), keys)
     pds = lance.dataset(plain)
-    plain_scan = median_of(lambda: lance.dataset(plain).to_table(), args.repeat)
     plain_look = lookup_p50(lambda k: pds.to_table(filter=f"id = {k}"), keys)
 
     got = reader.to_table().sort_by("id")
@@ -260,6 +333,30 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
         ["", "lookup p50 ms after (plain Lance)", plain_look * 1e3, look_after / plain_look],
         ["", "full read s before / after", scan_before, scan_after / scan_before],
         ["", "full read s after (plain Lance)", plain_scan, scan_after / plain_scan],
+        [
+            "",
+            "full read s after, Lance's deletion path / before",
+            after["full, Lance's deletion path"],
+            after["full, Lance's deletion path"] / scan_before,
+        ],
+        [
+            "",
+            "filtered read s before / after",
+            filtered_before,
+            after["filtered"] / filtered_before,
+        ],
+        [
+            "",
+            "filtered read s after (plain Lance)",
+            after["filtered, plain Lance"],
+            after["filtered"] / after["filtered, plain Lance"],
+        ],
+        [
+            "",
+            "filtered read s after, Lance's deletion path / before",
+            after["filtered, Lance's deletion path"],
+            after["filtered, Lance's deletion path"] / filtered_before,
+        ],
         ["", "compacting pass s / x merge_insert", compact_s, compact_s / mi_s],
         ["", "full read s compacted / before", scan_compacted, scan_compacted / scan_before],
     ]

@@ -18,7 +18,11 @@ query's code, Spark starts its Python planning and executor workers, which impor
 lance): those session-first times are printed apart. Then, ``--repeat`` times, each
 source gets a freshly loaded DataFrame: its first query is "cold" (it plans the view),
 the next ``--repeat`` queries on it are "warm"; the best of each is kept (the machine
-is shared: the best is the least disturbed run). Sources alternate in order.
+is shared: the best is the least disturbed run). Sources alternate in order. "Cold"
+includes loading the DataFrame: ``mqs.read`` reads a view of at most
+``driver_read_bytes`` (64 MiB, this one) in the driver then, and Spark's queries on it
+start no Python process (the ``mqs.read`` rows); the other rows of ours read through
+``spark.read.format("memwal")``, the data source.
 
 Floor rows: a Python data source (defined here) that hands Spark the same number of
 rows of the same schema straight from memory, in as many partitions as ours plans (no
@@ -33,7 +37,10 @@ for the filtered aggregate). ``--rows`` scales the base table.
 First query of a session: ``--first-rounds`` times each (alternating), a new process
 starts a SparkSession, runs the same warm-up job (``spark.range(1000).count()``: the
 JVM, not Python workers), then loads the table and runs ``count(*)`` - ours through
-``mqs.read(spark, uri)`` (which gives Spark the schema it computed in the driver) and
+``mqs.read(spark, uri)`` (which reads this view in the driver and hands Spark the Arrow
+data: no Python process; ``.load()`` is that read), through
+``mqs.read(spark, uri, driver_read_bytes="0")`` (the data source, given the schema
+computed in the driver) and
 through ``spark.read.format("memwal").load(uri)`` (Spark asks a Python process for the
 schema, which opens the table), Parquet's on the same rows, or a Python data source
 returning the same rows from memory (the floor: what any Python source pays). Printed:
@@ -141,6 +148,10 @@ def first_query(which: str, path: str) -> None:
         from memwal_query import spark as mqs
 
         df = mqs.read(spark, path)
+    elif which == "memwal_source":  # the data source, given the schema
+        from memwal_query import spark as mqs
+
+        df = mqs.read(spark, path, driver_read_bytes="0")
     elif which == "memwal_format":  # Spark asks a Python process for the schema
         from memwal_query import spark as mqs
 
@@ -160,12 +171,13 @@ def first_query(which: str, path: str) -> None:
     spark.stop()
 
 
-def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
-    """Rows of the first-query table: per source the medians over ``rounds`` processes."""
+def first_queries(uri: str, parquet: str, rounds: int) -> tuple[list[list[object]], list[float]]:
+    """Rows of the first-query table: per source the medians over ``rounds`` processes;
+    and the load averages seen."""
     import json
     import subprocess
 
-    sources = ["memwal", "memwal_format", "parquet", "floor"]
+    sources = ["memwal", "memwal_source", "memwal_format", "parquet", "floor"]
     got: dict[str, list[dict[str, float]]] = {which: [] for which in sources}
     loads = []
     for rnd in range(rounds):
@@ -177,7 +189,8 @@ def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
             got[which].append(json.loads(line))
             loads.append(os.getloadavg()[0])
     names = {
-        "memwal": "ours: mqs.read(spark, uri)",
+        "memwal": "ours: mqs.read(spark, uri), read in the driver",
+        "memwal_source": 'ours: mqs.read(spark, uri, driver_read_bytes="0"), the data source',
         "memwal_format": 'ours: spark.read.format("memwal").load(uri)',
         "parquet": "parquet",
         "floor": "floor: a Python data source, same rows from memory",
@@ -188,10 +201,10 @@ def first_queries(uri: str, parquet: str, rounds: int) -> list[list[object]]:
         first[which] = med["load"] + med["query"]
         rows.append([names[which], med["session"], med["warmup"], med["load"], med["query"]])
         rows[-1].append(first[which])
-    for which in ("memwal", "memwal_format", "floor"):
+    for which in ("memwal", "memwal_source", "memwal_format", "floor"):
         rows.append([f"{names[which]} / parquet", "", "", "", "", first[which] / first["parquet"]])
     print(f"first query: load average {min(loads):.1f}-{max(loads):.1f}", file=sys.stderr)
-    return rows
+    return rows, loads
 
 
 def main() -> None:
@@ -226,12 +239,15 @@ def main() -> None:
             f"setup: {time.perf_counter() - started:.1f}s, {view.num_rows:,} rows", file=sys.stderr
         )
         if args.first_rounds:
+            table, loads = first_queries(t.uri, parquet, args.first_rounds)
             print_table(
                 f"First count(*) of a new session after the same warm-up job, median of "
-                f"{args.first_rounds} sessions each ({machine()}, local[2])",
+                f"{args.first_rounds} sessions each ({machine()}, local[2], "
+                f"{time.strftime('%Y-%m-%d %H:%M')}, load average "
+                f"{min(loads):.1f}-{max(loads):.1f})",
                 ["source", "session start s", "warm-up job s", ".load() s", "count(*) s"]
                 + ["first query s"],
-                first_queries(t.uri, parquet, args.first_rounds),
+                table,
             )
         if args.first_only:
             return
@@ -243,6 +259,11 @@ def main() -> None:
             if args.rows_per_split:
                 options["rowsPerSplit"] = str(args.rows_per_split)
             return lambda: spark.read.format("memwal").options(**options).load(t.uri)
+
+        def driver(**options: str):  # mqs.read: the view read in the driver when small
+            if args.rows_per_split:
+                options["rows_per_split"] = str(args.rows_per_split)
+            return lambda: mqs.read(spark, t.uri, **options)
 
         def theirs():
             return spark.read.parquet(parquet)
@@ -272,6 +293,8 @@ def main() -> None:
             ("count(*)", count, ours()),
             ("sum(val) WHERE cat = 7", filtered_sum, ours()),
             ("sum(val) WHERE cat = 7, pushFilters", filtered_sum, ours(pushFilters="true")),
+            ("count(*), mqs.read (read in the driver)", count, driver()),
+            ("sum(val) WHERE cat = 7, mqs.read (read in the driver)", filtered_sum, driver()),
             ("floor: count(*), same rows from memory", count, floor(view.num_rows)),
             ("floor: sum(val) WHERE cat = 7, from memory", filtered_sum, floor(view.num_rows)),
             ("floor: count(*), no rows", count, floor(0)),
@@ -294,8 +317,8 @@ def main() -> None:
             for rep in range(args.repeat):
                 order = [("ours", load), ("parquet", theirs)]
                 for label, make in order if rep % 2 == 0 else order[::-1]:
-                    df = make()
                     s = time.perf_counter()
+                    df = make()
                     answers[label] = q(df)
                     cold[label].append(time.perf_counter() - s)
                     for _ in range(args.repeat):

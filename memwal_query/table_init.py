@@ -29,6 +29,7 @@ from memwal_query.exceptions import (
     SchemaError,
     TableNotFoundError,
 )
+from memwal_query.format import basekeys
 from memwal_query.format import index as mwindex
 from memwal_query.format.schema import (
     PK_METADATA_KEY,
@@ -385,6 +386,8 @@ def write_index(
     if primary_key_index and not any(list(i.fields) == [key_field] for i in ds.describe_indices()):
         ds.create_scalar_index(pk[0], "BTREE")
         ds = open_dataset(norm, options)
+    if len(pk) == 1:  # key runs of the base's data files, for count(*) (optional)
+        basekeys.summarize(io, norm, ds, pk[0])
     details = mwindex.new_details(specs, names)
     details.writer_config_defaults[LINEAGE_KEY] = uuid_mod.uuid4().hex
     mwindex.commit_details(ds, details, None, storage_options=options)

@@ -74,7 +74,7 @@ def clear_read_caches() -> None:
     """Forget every decoded generation, sidecar verdict, view, WAL entry and tail, and
     the per-region rows and winners kept between queries (as a new process would
     start)."""
-    from memwal_query.read import newer, sources, waltail
+    from memwal_query.read import newer, provider, sources, waltail
     from memwal_query.search import caches
 
     for cache in (
@@ -87,6 +87,8 @@ def clear_read_caches() -> None:
         newer._REGION_FLUSHED,
         newer._REGION_ROWS,
         newer._MEMTABLE_VIEWS,
+        provider._OVERWRITTEN_BASE_COUNTS,
+        provider._OVERWRITTEN_BASE_ROWS,
     ):
         cache.clear()
     waltail.forget()

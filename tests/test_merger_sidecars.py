@@ -1,7 +1,8 @@
 """The merger reads keys first, then the winning rows in the background.
 
-A batch's deletes and winners are decided from the generations' keys (their keys
-sidecars); the winning rows are read from the rows sidecars while the deletes commit,
+A batch's deletes and winners are decided from the generations' keys (the region keys
+file of the batch's newest generation where it covers them, their own keys sidecars
+otherwise); the winning rows are read from the rows sidecars while the deletes commit,
 and stream into the upsert commit. These tests prove the shortcut never changes what a
 merge leaves: missing or damaged sidecars fall back to the Lance tables; sidecars that
 disagree with the manifest or with each other are a typed error before anything is
@@ -10,6 +11,7 @@ and leaves a state every reader answers correctly, which the next merge complete
 """
 
 import os
+import shutil
 import warnings
 
 import lance
@@ -22,7 +24,7 @@ from memwal_query.format import keyfile, rowfile
 from memwal_query.maintain import merger
 from memwal_query.storage import paths
 
-from helpers import expr_table, write_generation
+from helpers import clear_read_caches, expr_table, write_generation
 
 
 def view(t):
@@ -47,6 +49,15 @@ def _generation_dirs(t, region):
     ]
 
 
+def _drop_region_files(t, region):
+    """Remove the region's keys files: its generations' keys come from their own keys
+    sidecars (what the tests damaging those sidecars need)."""
+    for d in _generation_dirs(t, region):
+        path = os.path.join(d, keyfile.REGION_KEYS_FILE)
+        if os.path.exists(path):
+            os.remove(path)
+
+
 def _two_regions(base_uri):
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
@@ -67,6 +78,7 @@ def separate_deletes(request, monkeypatch):
 
 def test_missing_or_damaged_sidecars_merge_from_the_lance_tables(base_uri, separate_deletes):
     t, model, region = _two_regions(base_uri)
+    _drop_region_files(t, region)
     gens = _generation_dirs(t, region)
     os.remove(os.path.join(gens[0], keyfile.KEYS_FILE))  # as written by pylance
     path = os.path.join(gens[1], keyfile.KEYS_FILE)
@@ -96,32 +108,72 @@ def _rewrite_keys(gen_dir, change):
     keyfile.write(io, gen_dir, keys.drop_columns(["_rowaddr"]), ["id"], addresses)
 
 
-def test_keys_that_disagree_with_the_manifest_commit_nothing(base_uri, separate_deletes):
-    """A keys sidecar listing fewer rows than the manifest records is a typed error
-    naming the generation, raised before the deletes commit."""
+def _region_file(t, region):
+    """The region keys file of the region's newest generation."""
+    return os.path.join(_generation_dirs(t, region)[-1], keyfile.REGION_KEYS_FILE)
+
+
+def _rewrite_region_file(t, region, change):
+    """Replace the newest generation's region keys file by a valid one (CRC and
+    layout right) of ``change(parts)``."""
+    from memwal_query.storage.factory import file_io_for
+
+    newest = _generation_dirs(t, region)[-1]
+    io = file_io_for(newest, None)
+    parts = keyfile.read_region(io, newest)
+    assert parts is not None and len(parts) == 4
+    io.write(_region_file(t, region), keyfile.encode_region(change(parts)))
+
+
+def _shifted(keys):
+    """``keys`` with every key moved by 1000 (valid, but not the generation's keys)."""
+    ids = keys.column("id").to_numpy() + 1000
+    return keys.set_column(0, keys.schema.field("id"), pa.array(ids, pa.int64()))
+
+
+def _change_keys(t, region, i, change, where):
+    """Replace generation ``i``'s keys by ``change(keys)`` in a valid file ``where``:
+    its own keys sidecar (the region keys files removed) or the region keys file."""
+    if where == keyfile.KEYS_FILE:
+        _drop_region_files(t, region)
+        _rewrite_keys(_generation_dirs(t, region)[i], change)
+        return
+    _rewrite_region_file(
+        t,
+        region,
+        lambda parts: [
+            keyfile.RegionKeysPart(p.generation, p.path, change(p.keys)) if j == i else p
+            for j, p in enumerate(parts)
+        ],
+    )
+
+
+@pytest.mark.parametrize("where", [keyfile.KEYS_FILE, keyfile.REGION_KEYS_FILE])
+def test_keys_that_disagree_with_the_manifest_commit_nothing(base_uri, separate_deletes, where):
+    """A keys sidecar, or a (valid) region keys file's part, listing fewer rows than the
+    manifest records is a typed error naming that file, raised before the deletes
+    commit."""
     t, model, region = _two_regions(base_uri)
-    _rewrite_keys(_generation_dirs(t, region)[1], lambda k: k.slice(1))
+    _change_keys(t, region, 1, lambda k: k.slice(1), where)
     before = lance.dataset(t.uri).version
     with pytest.raises(MergeFailedError) as info:
         t.maintenance.merge()
     err = info.value.errors[region]
-    assert isinstance(err, CorruptFileError) and keyfile.KEYS_FILE in str(err)
+    assert isinstance(err, CorruptFileError) and where in str(err)
     assert region not in t.catalog.index().merged_generations()
     # the other region merged on its own (deletes and upserts); this one committed nothing
     assert lance.dataset(t.uri).version == before + (2 if separate_deletes else 1)
+    assert view(t) == model
 
 
-def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatch):
-    """Keys and rows of a generation that differ (a valid keys sidecar with other keys)
-    stop the merge with a typed error; in one commit, nothing is committed."""
+@pytest.mark.parametrize("where", [keyfile.KEYS_FILE, keyfile.REGION_KEYS_FILE])
+def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatch, where):
+    """Keys and rows of a generation that differ (a valid keys sidecar or region keys
+    file with other keys, counts right) stop the merge with a typed error; in one
+    commit, nothing is committed."""
     monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 10**12)
     t, model, region = _two_regions(base_uri)
-
-    def shifted(keys):
-        ids = keys.column("id").to_numpy() + 1000
-        return keys.set_column(0, keys.schema.field("id"), pa.array(ids, pa.int64()))
-
-    _rewrite_keys(_generation_dirs(t, region)[0], shifted)
+    _change_keys(t, region, 0, _shifted, where)
     before = lance.dataset(t.uri).version
     with pytest.raises(MergeFailedError) as info:
         t.maintenance.merge()
@@ -129,6 +181,16 @@ def test_rows_that_disagree_with_the_keys_are_a_typed_error(base_uri, monkeypatc
     assert isinstance(err, CorruptFileError) and "disagree" in str(err)
     assert region not in t.catalog.index().merged_generations()
     assert lance.dataset(t.uri).version == before + 1  # the other region only
+    if where == keyfile.REGION_KEYS_FILE:
+        # a reader taking the region's keys from that file finds its rows' keys differ:
+        # a typed error naming it, never a wrong answer; without it, the right one
+        clear_read_caches()
+        with pytest.raises(CorruptFileError) as read_err:
+            view(t)
+        assert keyfile.REGION_KEYS_FILE in read_err.value.path
+        _drop_region_files(t, region)
+        clear_read_caches()
+    assert view(t) == model
 
 
 def test_a_failure_reading_the_rows_is_that_failure(base_uri, separate_deletes, monkeypatch):
@@ -251,3 +313,82 @@ def test_a_failure_after_its_own_delete_commit_is_not_taken_for_another_merger(
     monkeypatch.undo()
     t.maintenance.merge()
     assert base_view(t.uri) == model and view(t) == model
+
+
+# -- the region keys file: one read per region, used only where it matches -----------
+def _keys_sidecar_reads(monkeypatch):
+    """Record the generation directories whose own keys sidecar is read."""
+    seen = []
+    real = keyfile.read
+
+    def counted(io, uri):
+        seen.append(uri.removeprefix("file://").rstrip("/"))
+        return real(io, uri)
+
+    monkeypatch.setattr(keyfile, "read", counted)
+    return seen
+
+
+def test_the_merger_reads_one_region_keys_file_per_region(base_uri, separate_deletes, monkeypatch):
+    """The region with four generations: their keys come from its newest generation's
+    region keys file, no keys sidecar is read; the one-generation region reads its own."""
+    t, model, region = _two_regions(base_uri)
+    (other,) = set(t.catalog.region_ids()) - {region}
+    seen = _keys_sidecar_reads(monkeypatch)
+    t.maintenance.merge()
+    assert seen == _generation_dirs(t, other)
+    assert base_view(t.uri) == model and view(t) == model
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped", "stale", "foreign", "renamed", "mixed"])
+def test_a_missing_damaged_or_stale_region_file_merges_the_same(
+    base_uri, separate_deletes, monkeypatch, damage
+):
+    """Whatever is wrong with the region keys file, the generations it does not cover
+    (by generation number *and* directory) are read from their own keys sidecars, or
+    from their rows when those are missing too, and the merge leaves the model."""
+    t, model, region = _two_regions(base_uri)
+    gens = _generation_dirs(t, region)
+    path = _region_file(t, region)
+    if damage == "missing":
+        os.remove(path)
+    elif damage == "flipped":
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(path, "wb").write(bytes(data))
+    elif damage in ("stale", "mixed"):  # an older generation's file: covers gens 0-1
+        shutil.copy(os.path.join(gens[1], keyfile.REGION_KEYS_FILE), path)
+        if damage == "mixed":  # and the newest generation has no keys sidecar either
+            os.remove(os.path.join(gens[3], keyfile.KEYS_FILE))
+    elif damage == "foreign":  # the other region's file: no flush of this region
+        (other,) = set(t.catalog.region_ids()) - {region}
+        foreign = [p for p in _generation_dirs(t, other)]
+        shutil.copy(os.path.join(foreign[-1], keyfile.REGION_KEYS_FILE), path)
+    else:  # gen 2's part: its number, another flush's directory, other keys
+        _rewrite_region_file(
+            t,
+            region,
+            lambda parts: [
+                keyfile.RegionKeysPart(p.generation, "00000000_gen_3", _shifted(p.keys))
+                if i == 2
+                else p
+                for i, p in enumerate(parts)
+            ],
+        )
+    seen = _keys_sidecar_reads(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.maintenance.merge()
+    own = {
+        "missing": gens,
+        "flipped": gens,
+        "foreign": gens,
+        "stale": gens[2:],
+        "mixed": gens[2:],
+        "renamed": gens[2:3],
+    }[damage]
+    assert set(own) <= set(seen) and not set(seen) & (set(gens) - set(own))
+    named = [str(w.message) for w in caught if keyfile.REGION_KEYS_FILE in str(w.message)]
+    assert bool(named) == (damage == "flipped")
+    assert base_view(t.uri) == model and view(t) == model
+    assert t.maintenance.merge().merged == []

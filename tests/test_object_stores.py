@@ -36,6 +36,7 @@ from memwal_query.exceptions import (
 )
 from memwal_query.format.manifest import RegionManifestStore
 from memwal_query.format.naming import from_bit_reversed, wal_entry_name
+from memwal_query.read import deletions
 from memwal_query.storage import paths
 from memwal_query.storage.factory import file_io_for
 from memwal_query.storage.io import FileIO, join
@@ -314,6 +315,11 @@ def test_merger_and_gc(backend):
     base = lance.dataset(t.uri, storage_options=backend.storage_options)
     rows = {r["id"]: r["val"] for r in base.to_table().to_pylist()}
     assert rows == expected  # the base table alone now holds everything
+    # the merge's delete left a deletion file, which the reader reads (its runs) from
+    # the store to choose its path
+    (deleted,) = [f.deletion_file() for f in base.get_fragments() if f.deletion_file()]
+    assert live(t) == expected
+    assert deletions._RUNS.get(f"{t.uri}\x00{deleted}") >= 1
     assert t.maintenance.gc() == []  # older base versions still need the generations
     removed = t.maintenance.gc(cleanup_older_than=dt.timedelta(seconds=0))
     assert set(gen_dirs) <= set(removed)

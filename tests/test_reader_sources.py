@@ -47,6 +47,21 @@ def test_uint64_keys_above_int64_range(tmp_path):
     w.close(flush=False)
 
 
+@pytest.mark.parametrize("span", [10, 10**12, 2**63 - 1], ids=["dense", "packed", "argsort"])
+def test_newest_indices_in_key_order(span):
+    """``key_order``: the same newest rows, ordered by key (every int_runs path); other
+    keys come in row order as without it."""
+    rng = np.random.default_rng(span % 1000)
+    keys = rng.integers(-(span // 2), span // 2, 2_000) if span > 10 else rng.integers(0, 10, 50)
+    t = pa.table({"id": pa.array(keys, pa.int64())})
+    plain = newest_indices(t, ["id"])
+    ordered = newest_indices(t, ["id"], key_order=True)
+    assert sorted(ordered.tolist()) == plain.tolist()
+    assert (np.diff(keys[ordered]) > 0).all()
+    s = pa.table({"id": pa.array([str(k) for k in keys])})
+    assert newest_indices(s, ["id"], key_order=True).tolist() == newest_indices(s, ["id"]).tolist()
+
+
 def test_keyset_and_newest_indices_on_uint64_bits():
     keys = pa.array([BIG + 1, 3, BIG + 1, 2**64 - 1, 3], pa.uint64())
     assert newest_indices(pa.table({"id": keys}), ["id"]).tolist() == [2, 3, 4]

@@ -218,3 +218,68 @@ def test_a_failed_write_of_the_file_does_not_fail_the_flush(tmp_path, monkeypatc
     parts = keyfile.read_region(t.catalog.io, gens[-1][1])
     assert parts is not None and [p.generation for p in parts] == [3, 4]  # afresh after it
     _answers(t.uri, model)
+
+
+def test_a_part_of_another_flush_of_the_same_number_is_not_taken(tmp_path, monkeypatch):
+    """A file whose newest part names the generation's number but another directory
+    (a flush that failed and was retried) holding other keys: the region's file is not
+    taken as a whole, and that part not at all."""
+    t, model = _table(tmp_path)
+    t.close()
+    gens = list(_generations(t).values())[0]
+    newest = gens[-1][1]
+    parts = keyfile.read_region(t.catalog.io, newest)
+    assert parts is not None and len(parts) == len(gens)
+    last = parts[-1]
+    bogus = last.keys.set_column(
+        0, last.keys.schema.field(0), pa.compute.add(last.keys.column(0), 100_000)
+    )
+    retried = keyfile.RegionKeysPart(last.generation, "0badf00d_gen_4", bogus)
+    data = keyfile.encode_region([*parts[:-1], retried])
+    open(os.path.join(newest, keyfile.REGION_KEYS_FILE), "wb").write(data)
+    seen = _keys_sidecar_reads(monkeypatch)
+    clear_read_caches()
+    assert mq.MemWalTable.open(t.uri).count_rows() == len(model)
+    assert seen == [newest]  # that generation's own keys sidecar
+    _answers(t.uri, model)
+
+
+def test_the_newest_row_flags_spare_a_cold_reader_the_dedup(tmp_path, monkeypatch):
+    """The file flags the last row of each key; a cold reader whose view holds exactly
+    the file's generations takes them, and one of a file without them (an older
+    writer's) deduplicates: same answers."""
+    from memwal_query.read import newer
+
+    t, model = _table(tmp_path)
+    t.close()
+    for gens in _generations(t).values():
+        got = keyfile.read_region_table(t.catalog.io, gens[-1][1])
+        assert got is not None
+        whole, parts = got
+        ids = whole.column("id").to_pylist()
+        last = {k: i for i, k in enumerate(ids)}
+        want = [last[k] == i for i, k in enumerate(ids)]
+        assert whole.column(keyfile.NEWEST_COLUMN).to_pylist() == want
+        assert keyfile.NEWEST_COLUMN not in parts[0].keys.column_names
+    dedups: list[int] = []
+    real = newer.int_runs
+
+    def counted(ints):
+        dedups.append(len(ints))
+        return real(ints)
+
+    monkeypatch.setattr(newer, "int_runs", counted)
+    clear_read_caches()
+    assert mq.MemWalTable.open(t.uri).count_rows() == len(model)
+    assert dedups == []
+    for gens in _generations(t).values():  # as an older writer wrote them
+        path = os.path.join(gens[-1][1], keyfile.REGION_KEYS_FILE)
+        parts = keyfile.read_region(t.catalog.io, gens[-1][1])
+        monkeypatch.setattr(keyfile, "_newest_flags", lambda _: None)
+        open(path, "wb").write(keyfile.encode_region(parts))
+        monkeypatch.undo()
+        monkeypatch.setattr(newer, "int_runs", counted)
+    clear_read_caches()
+    assert mq.MemWalTable.open(t.uri).count_rows() == len(model)
+    assert len(dedups) == 2  # one per region
+    _answers(t.uri, model)

@@ -1038,6 +1038,18 @@ def test_reader_types_spark_lacks_and_lance_cannot_filter(spark, tmp_path):
     t.close()  # flushed: generations newer than the base rows
 
     got = spark.read.format("memwal").load(uri).orderBy("id").toArrow()
+    # mqs.read reads this small view in the driver: the same schema and values, in any
+    # session time zone
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for tz in ("UTC", "Asia/Kolkata"):
+            spark.conf.set("spark.sql.session.timeZone", tz)
+            small = mqs.read(spark, uri)
+            assert "ExistingRDD" in _scan(small)
+            assert small.schema == spark.read.format("memwal").load(uri).schema
+            assert same(small.orderBy("id").toArrow(), got)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
     assert got.column("id").to_pylist() == list(range(7))
     assert got.column("u32").to_pylist() == [0, 1, 2, 3] + [4_000_000_000 + i for i in (4, 5, 6)]
     assert got.column("u64").to_pylist() == [Decimal(i) for i in range(4)] + [
@@ -1305,6 +1317,113 @@ def test_reader_returns_rows_of_a_process_that_exited_without_close(spark, tmp_p
     assert ids == sorted([*BASE, 100, 101])
     strong = spark.read.format("memwal").option("consistency", "strong").load(uri)
     assert sorted(r["id"] for r in strong.select("id").collect()) == sorted([*BASE, 100])
+
+
+# -- mqs.read: small views read in the driver ------------------------------------------------
+def _scan(df) -> str:
+    """The DataFrame's physical plan (a driver-read view is an Arrow RDD scan; the data
+    source is a Python ``BatchScan memwal``)."""
+    return df._jdf.queryExecution().executedPlan().toString()
+
+
+@pytest.fixture(scope="module")
+def wal_table(spark, tmp_path_factory):
+    """Base + flushed generations with upserts and deletes, then upserts and deletes
+    that are only in the WAL (acknowledged, never flushed), and NULLs."""
+    t = new_table(tmp_path_factory.mktemp("walread"), base_ids=range(0, 3000), buckets=4)
+    mqs.write(spark_rows(spark, 2500, 4000, tag="a"), t.uri)
+    mqs.write(spark.range(0, 3000, 11).select("id"), t.uri, mode="delete")
+    t = mq.MemWalTable.open(t.uri)
+    t.write(basic_rows(range(3900, 4200), name=[None] * 300))  # WAL only
+    t.delete(pa.table({"id": pa.array(range(0, 600, 5), pa.int64())}))
+    t.close(flush=False)
+    return t
+
+
+def test_read_small_view_in_driver_equals_the_data_source(spark, wal_table, read_table):
+    uri = wal_table.uri
+    want = view(uri)
+    assert 3900 in want.column("id").to_pylist() and 5 not in want.column("id").to_pylist()
+    for u, options in [
+        (uri, {}),
+        (uri, {"columns": "name, id"}),
+        (uri, {"consistency": "strong"}),
+        (uri, {"rows_per_split": "700"}),
+        (read_table.uri, {}),
+    ]:
+        small = mqs.read(spark, u, **options)
+        large = mqs.read(spark, u, driver_read_bytes="0", **options)
+        assert "ExistingRDD" in _scan(small) and "memwal" not in _scan(small)
+        assert "BatchScan memwal" in _scan(large)
+        assert small.schema == large.schema  # names, order, types, nullability
+        assert small.columns == (
+            ["name", "id"] if options.get("columns") else ["id", "val", "name"]
+        )
+        assert same(small.orderBy("id").toArrow(), large.orderBy("id").toArrow())
+        for where in ("id < 700", "name IS NULL", "name LIKE 'a3%'", "val > 3000.0"):
+            if where.split()[0] not in small.columns:
+                continue
+            a = small.where(where).orderBy("id").toArrow()
+            assert same(a, large.where(where).orderBy("id").toArrow()), (options, where)
+        if options.get("rows_per_split"):
+            assert small.rdd.getNumPartitions() == -(-small.count() // 700)
+    latest = mqs.read(spark, uri).orderBy("id").toArrow()
+    assert same(latest, want)  # WAL-only rows and deletes: every acknowledged write
+    strong = mqs.read(spark, uri, consistency="strong").select("id").toArrow()
+    assert 4100 not in strong.column("id").to_pylist()
+
+
+def test_read_in_driver_pins_the_view_when_called(spark, tmp_path):
+    """The driver path reads at mqs.read: rows acknowledged before it are in the
+    DataFrame, later ones are not (read it again to see them)."""
+    t = new_table(tmp_path, base_ids=range(100), buckets=2)
+    t.write(basic_rows(range(100, 110)))  # acknowledged: in the WAL only
+    df = mqs.read(spark, t.uri)
+    assert df.count() == 110
+    t.write(basic_rows(range(110, 120)))
+    t.delete(pa.table({"id": pa.array([0, 1], pa.int64())}))
+    assert df.count() == 110
+    assert mqs.read(spark, t.uri).count() == 118
+    t.close()
+
+
+def test_read_in_driver_of_an_empty_view(spark, tmp_path):
+    t = new_table(tmp_path, base_ids=range(20), buckets=2)
+    t.delete(pa.table({"id": pa.array(range(20), pa.int64())}))
+    t.close(flush=False)
+    small = mqs.read(spark, t.uri)
+    large = mqs.read(spark, t.uri, driver_read_bytes="0")
+    assert "ExistingRDD" in _scan(small) or "LocalTableScan" in _scan(small)
+    assert small.schema == large.schema
+    assert small.count() == 0 == large.count()
+    assert small.where("id > 3").toArrow().num_rows == 0
+
+
+def test_read_above_driver_read_bytes_uses_the_data_source(spark, wal_table):
+    uri = wal_table.uri
+    rows = view(uri)
+    # the bound from row counts: base rows minus newer rows, 16 fixed bytes each
+    assert "BatchScan memwal" in _scan(mqs.read(spark, uri, driver_read_bytes="1000"))
+    # the running count: past the bound from row counts, below the rows read
+    fixed = 16 * rows.num_rows
+    df = mqs.read(spark, uri, driver_read_bytes=str(fixed))
+    assert "BatchScan memwal" in _scan(df)
+    assert same(df.orderBy("id").toArrow(), rows)
+    with pytest.raises(mq.MemWalError, match="driver_read_bytes='lots'"):
+        mqs.read(spark, uri, driver_read_bytes="lots")
+
+
+def test_read_in_driver_budget_is_the_arrow_bytes(wal_table):
+    """read_in_driver returns the rows when they fit ``budget`` bytes exactly, None one
+    byte below (no Spark session: the reader alone)."""
+    from memwal_query.spark._common import _spark_schema
+
+    schema = _spark_schema(wal_table.schema)
+    got = source.read_in_driver(wal_table.uri, {}, schema, 1 << 30)
+    assert got is not None
+    assert same(got.sort_by("id"), view(wal_table.uri))
+    assert source.read_in_driver(wal_table.uri, {}, schema, got.nbytes) is not None
+    assert source.read_in_driver(wal_table.uri, {}, schema, got.nbytes - 1) is None
 
 
 # -- object stores ---------------------------------------------------------------------------

@@ -189,6 +189,9 @@ t = tt._table(tmp)
 h = tt._history(t)
 df = spark.read.format("memwal").option("changes_since", str(h["v1"])).load(t.uri)
 assert sorted(r["id"] for r in df.collect()) == [1, 7]
+feed = mqs.read(spark, t.uri, changes_since=str(h["v1"]))  # the change feed: the data source
+assert "memwal" in feed._jdf.queryExecution().executedPlan().toString()
+assert sorted(r["id"] for r in feed.collect()) == [1, 7]
 frame, cursor = changes_frame(spark, t.uri, since="earliest")
 assert frame.count() == 4
 t.write(basic_rows([9]))
@@ -197,6 +200,9 @@ assert frame.count() == 4  # the end was fixed when the frame was made
 rest, _ = changes_frame(spark, t.uri, since=cursor)
 assert [r["id"] for r in rest.collect()] == [9]
 old = spark.read.format("memwal").option("as_of", str(h["v0"])).load(t.uri)
+assert sorted(r["id"] for r in old.collect()) == list(range(6))
+old = mqs.read(spark, t.uri, as_of=str(h["v0"]))  # read in the driver, at that version
+assert "ExistingRDD" in old._jdf.queryExecution().executedPlan().toString()
 assert sorted(r["id"] for r in old.collect()) == list(range(6))
 
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from memwal_query.exceptions import ObjectNotFoundError, StorageError
 from memwal_query.format.rowfile import read_sealed, seal, unseal
-from memwal_query.format.schema import ROWADDR_COLUMN, TOMBSTONE
+from memwal_query.format.schema import ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.storage.io import FileIO, join
 
 KEYS_FILE = "memwal_keys.bin"
@@ -124,14 +124,48 @@ def encode_region(parts: Sequence[RegionKeysPart]) -> bytes:
         raise ValueError("a region keys file of no generation")
     layout = [[p.generation, p.path, p.keys.num_rows] for p in parts]
     t = pa.concat_tables([p.keys for p in parts])
+    newest = _newest_flags(t)
+    if newest is not None:
+        t = t.append_column(NEWEST_COLUMN, pa.array(newest))
     t = t.replace_schema_metadata({_PARTS_KEY: json.dumps(layout).encode()})
     return seal(t, _REGION_MAGIC)
+
+
+NEWEST_COLUMN = "__memwal_newest"
+"""Region keys file column: whether the row is the last of its key among the file's
+rows (the newest version within the region: rows are in generation, then write,
+order). Written for a single integer key column; a reader whose view holds exactly
+the file's generations takes the newest rows from it instead of deduplicating."""
+
+
+def _newest_flags(t: pa.Table) -> np.ndarray | None:
+    """:data:`NEWEST_COLUMN` of the concatenated parts ``t`` (None unless the key is one
+    integer column)."""
+    keys = [c for c in t.column_names if c not in (TOMBSTONE, ROWADDR_COLUMN)]
+    if len(keys) != 1 or not pa.types.is_integer(t.schema.field(keys[0]).type):
+        return None
+    ints = as_int64(t.column(keys[0]).combine_chunks()).to_numpy(zero_copy_only=False)
+    n = len(ints)
+    order = np.argsort(ints, kind="stable")  # equal keys in row order
+    ordered = ints[order]
+    last = np.ones(n, bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    flags = np.zeros(n, bool)
+    flags[order[last]] = True
+    return flags
 
 
 def decode_region(data: bytes | pa.Buffer, path: str) -> list[RegionKeysPart]:
     """The parts of region keys file bytes (zero-copy slices); ValueError naming
     ``path`` when the framing, the CRC, the Arrow data or the layout is wrong."""
-    t = unseal(data, path, _REGION_MAGIC, "a region keys file")
+    return _decode_region(data, path)[1]
+
+
+def _decode_region(data: bytes | pa.Buffer, path: str) -> tuple[pa.Table, list[RegionKeysPart]]:
+    """The whole table and the parts of region keys file bytes (see
+    :func:`decode_region`)."""
+    whole = unseal(data, path, _REGION_MAGIC, "a region keys file")
+    t = whole.drop_columns([NEWEST_COLUMN]) if NEWEST_COLUMN in whole.column_names else whole
     try:
         layout = json.loads((t.schema.metadata or {})[_PARTS_KEY])
         parts, start = [], 0
@@ -146,7 +180,7 @@ def decode_region(data: bytes | pa.Buffer, path: str) -> list[RegionKeysPart]:
         raise ValueError(f"{path}: unreadable layout: {e}") from e
     if start != t.num_rows or ROWADDR_COLUMN not in t.column_names:
         raise ValueError(f"{path}: layout of {start} rows for {t.num_rows} rows")
-    return parts
+    return whole, parts
 
 
 def write_region(io: FileIO, gen_uri: str, parts: Sequence[RegionKeysPart]) -> list[RegionKeysPart]:
@@ -164,6 +198,13 @@ def read_region(io: FileIO, gen_uri: str) -> list[RegionKeysPart] | None:
     """The parts of the region keys file in the generation directory ``gen_uri``, or
     None when there is none or it is damaged (a warning then; the caller reads each
     generation's keys sidecar instead)."""
+    got = read_region_table(io, gen_uri)
+    return None if got is None else got[1]
+
+
+def read_region_table(io: FileIO, gen_uri: str) -> tuple[pa.Table, list[RegionKeysPart]] | None:
+    """:func:`read_region` with the file's whole table (the parts' rows, in order, and
+    :data:`NEWEST_COLUMN` when written)."""
     path = join(gen_uri, REGION_KEYS_FILE)
     try:
         data = io.read_buffer(path)
@@ -177,7 +218,7 @@ def read_region(io: FileIO, gen_uri: str) -> list[RegionKeysPart] | None:
         )
         return None
     try:
-        return decode_region(data, path)
+        return _decode_region(data, path)
     except ValueError as e:
         warnings.warn(f"{e}; reading each generation's keys instead", RuntimeWarning, stacklevel=2)
         return None

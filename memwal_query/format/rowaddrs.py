@@ -131,3 +131,71 @@ class RowIdMask:
             else:
                 out[start:end][inside] = m[part[inside]]
         return out
+
+
+_ROARING_RUN_COOKIE = 12347  # Roaring portable format with run containers
+_ROARING_NO_OFFSET_THRESHOLD = 4  # run-cookie bitmaps with fewer containers omit offsets
+
+
+def roaring32_runs(data: bytes) -> tuple[int, int]:
+    """(values, runs) of a 32-bit Roaring bitmap in the portable serialization format
+    (the one :func:`_roaring32` writes, and Lance's bitmap deletion files): how many
+    values it holds and in how many runs of consecutive values (a run crossing a
+    65536-value chunk counts once per chunk). Vectorised per container.
+
+    Raises
+    ------
+    ValueError
+        ``data`` is not such a bitmap (unknown cookie, truncated, inconsistent sizes).
+    """
+    view = memoryview(data)
+    if len(view) < 8:
+        raise ValueError("roaring bitmap: shorter than its header")
+    cookie = struct.unpack_from("<I", view, 0)[0]
+    runs_bitmap = b""
+    if cookie == _ROARING_NO_RUN_COOKIE:
+        n = struct.unpack_from("<I", view, 4)[0]
+        pos = 8
+    elif cookie & 0xFFFF == _ROARING_RUN_COOKIE:
+        n = (cookie >> 16) + 1
+        pos = 4
+        runs_bitmap = bytes(view[pos : pos + (n + 7) // 8])
+        pos += (n + 7) // 8
+    else:
+        raise ValueError(f"roaring bitmap: unknown cookie {cookie}")
+    if len(view) < pos + 4 * n:
+        raise ValueError("roaring bitmap: truncated container headers")
+    header = np.frombuffer(view[pos : pos + 4 * n], dtype="<u2").reshape(n, 2)
+    counts = header[:, 1].astype(np.int64) + 1
+    pos += 4 * n
+    if cookie == _ROARING_NO_RUN_COOKIE or n >= _ROARING_NO_OFFSET_THRESHOLD:
+        pos += 4 * n  # container offsets: the containers follow in order anyway
+    values = runs = 0
+    for i in range(n):
+        is_run = bool(runs_bitmap) and bool(runs_bitmap[i // 8] >> (i % 8) & 1)
+        if is_run:
+            if len(view) < pos + 2:
+                raise ValueError("roaring bitmap: truncated run container")
+            k = struct.unpack_from("<H", view, pos)[0]
+            pairs = np.frombuffer(view[pos + 2 : pos + 2 + 4 * k], dtype="<u2")
+            if len(pairs) != 2 * k:
+                raise ValueError("roaring bitmap: truncated run container")
+            values += int(pairs[1::2].astype(np.int64).sum()) + k
+            runs += k
+            pos += 2 + 4 * k
+        elif counts[i] > _ROARING_ARRAY_MAX:
+            raw = np.frombuffer(view[pos : pos + 8192], dtype=np.uint8)
+            if len(raw) != 8192:
+                raise ValueError("roaring bitmap: truncated bitmap container")
+            bits = np.unpackbits(raw, bitorder="little").astype(bool)
+            values += int(bits.sum())
+            runs += int(bits[0]) + int(np.count_nonzero(bits[1:] & ~bits[:-1]))
+            pos += 8192
+        else:
+            low = np.frombuffer(view[pos : pos + 2 * counts[i]], dtype="<u2")
+            if len(low) != counts[i]:
+                raise ValueError("roaring bitmap: truncated array container")
+            values += len(low)
+            runs += 1 + int(np.count_nonzero(np.diff(low.astype(np.int64)) != 1))
+            pos += 2 * int(counts[i])
+    return values, runs

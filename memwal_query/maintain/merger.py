@@ -187,9 +187,12 @@ def prepare_generation(
     them one after another would leave the base table. The result carries the last
     generation's number (the progress marker).
 
-    The keys (each generation's keys sidecar, or its rows) decide which rows win and
-    which keys are deleted; the winning rows' columns are then read in the background
-    (:func:`_upsert_rows`), so the caller may commit the deletes meanwhile.
+    The keys decide which rows win and which keys are deleted: from the region keys
+    file of the newest generation where its parts match the generations by number and
+    directory (:func:`~memwal_query.read.sources.region_keys_parts`), else from each
+    generation's keys sidecar, else from its rows. The winning rows' columns are then
+    read in the background (:func:`_upsert_rows`; in key order for a single integer
+    key), so the caller may commit the deletes meanwhile.
 
     ``schema`` is the schema of the base version the rows will be merged into (default:
     ``table.schema``, the schema when ``table`` was opened). The merger passes the
@@ -201,6 +204,9 @@ def prepare_generation(
     GenerationGoneError
         A generation is missing or unreadable (from the keys here; from the rows when
         the upserts are used).
+    CorruptFileError
+        The keys of a generation (from whichever file) are not as many as its manifest
+        records (here); its rows disagree with its keys (when the upserts are used).
     """
     schema = table.schema if schema is None else schema
     gens = [gen] if isinstance(gen, FlushedGeneration) else list(gen)
@@ -213,23 +219,30 @@ def prepare_generation(
     key_fields = [*key_schema, pa.field(TOMBSTONE, pa.bool_())]
     so = table.storage_options
 
+    # One region keys file per region where it covers the generations (generation
+    # number and directory checked), each generation's own keys sidecar otherwise.
+    covered = sources.region_keys_parts(refs, so)
+
     def keys_of(ref: view.GenerationRef) -> pa.Table:
         t = sources.read_keys_sidecar(ref.uri, so)
         if t is None:
             t = sources.read_generation(ref, schema, so, [*pk, TOMBSTONE])
         return t
 
-    parts = sources.map_generations(keys_of, refs, so)
+    todo = [ref for ref in refs if ref.uri not in covered]
+    read = dict(zip([ref.uri for ref in todo], sources.map_generations(keys_of, todo, so)))
+    parts = [covered[ref.uri][0] if ref.uri in covered else read[ref.uri] for ref in refs]
     for g, ref, part in zip(gens, refs, parts, strict=True):
         if g.physical_rows is not None and part.num_rows != g.physical_rows:
+            path = covered[ref.uri][1] if ref.uri in covered else join(ref.uri, KEYS_FILE)
             raise CorruptFileError(
-                join(ref.uri, KEYS_FILE),
+                path,
                 f"{part.num_rows} keys of generation {g.generation} of region {region_id}, "
                 f"whose manifest records {g.physical_rows} rows",
             )
     keys = _concat_conformed(parts, key_fields)
     counts = [p.num_rows for p in parts]
-    newest = newest_indices(keys, pk)
+    newest = newest_indices(keys, pk, key_order=True)  # upserts in key order: see there
     tomb = keys.column(TOMBSTONE).combine_chunks().to_numpy(zero_copy_only=False)[newest]
     live = newest[~tomb]
     key_cols = keys.select(pk)

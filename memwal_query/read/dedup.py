@@ -31,12 +31,14 @@ import pyarrow.compute as pc
 
 from memwal_query.format.rowaddrs import run_starts
 from memwal_query.format.schema import as_int64, normalize_keys
+from memwal_query.read import deletions
 
 if TYPE_CHECKING:
     import lance
 
 _IDX = "__memwal_idx"
 _DENSE_LIMIT = 1 << 26
+_RANGE_LOOP_MAX = 4096  # ranges counted one slice each (more: a binary search of all)
 
 
 def newest_per_key(rows: pa.Table, pk: list[str]) -> pa.Table:
@@ -86,16 +88,44 @@ class KeySet:
         if self.size == 0:
             return
         if ints is not None:
-            lo, hi = int(ints.min()), int(ints.max())
-            if hi - lo < _DENSE_LIMIT:
-                dense = np.zeros(hi - lo + 1, dtype=bool)
-                dense[ints - lo] = True
-                self._dense, self._lo, self._hi = dense, lo, hi
-            else:
-                ordered = np.sort(ints)
-                self._sorted = ordered[run_starts(ordered)]
+            self._set_ints([ints])
         else:
             self._table = normalize_keys(keys, self.pk).combine_chunks()
+
+    @classmethod
+    def of_ints(cls, name: str, parts: list[np.ndarray]) -> KeySet:
+        """The set of the keys of ``parts`` (one int64 key column ``name``), built part
+        by part: the parts are not concatenated when their range is compact.
+
+        Parameters
+        ----------
+        name : str
+            The primary-key column.
+        parts : list of np.ndarray
+            int64 keys.
+
+        Returns
+        -------
+        KeySet
+        """
+        out = cls(pa.table({name: pa.array([], pa.int64())}))
+        parts = [p for p in parts if len(p)]
+        out.size = sum(len(p) for p in parts)
+        if parts:
+            out._set_ints(parts)
+        return out
+
+    def _set_ints(self, parts: list[np.ndarray]) -> None:
+        lo = min(int(p.min()) for p in parts)
+        hi = max(int(p.max()) for p in parts)
+        if hi - lo < _DENSE_LIMIT:
+            dense = np.zeros(hi - lo + 1, dtype=bool)
+            for p in parts:
+                dense[p - lo] = True
+            self._dense, self._lo, self._hi = dense, lo, hi
+        else:
+            ordered = np.sort(np.concatenate(parts))
+            self._sorted = ordered[run_starts(ordered)]
 
     @property
     def hashed(self) -> bool:
@@ -125,15 +155,19 @@ class KeySet:
             if hit is not None:
                 return hit
             parts = [np.zeros(0, dtype=np.uint64)]
-            scan = base.scanner(
-                columns=self.pk,
+            scan = deletions.scan(
+                base,
+                self.pk,
                 with_row_address=not row_ids,
                 with_row_id=row_ids,
                 batch_size=1 << 20,
             )
-            for batch in scan.to_batches():  # bounded memory: one batch of keys at a time
-                addr = batch.column(column).to_numpy().astype(np.uint64, copy=False)
-                parts.append(addr[self.contains(batch.select(self.pk))])
+            for batch, gone in scan:  # bounded memory: one batch of keys at a time
+                addr = deletions.live_values(batch, column)
+                found = self.contains(batch.select(self.pk))
+                if gone is not None:
+                    found &= ~gone
+                parts.append(addr[found])
             found = np.sort(np.concatenate(parts))
             if len(self._addresses) >= 4:
                 self._addresses.pop(next(iter(self._addresses)))
@@ -142,6 +176,37 @@ class KeySet:
 
     def __len__(self) -> int:
         return self.size
+
+    def sorted_ints(self) -> np.ndarray | None:
+        """The distinct keys of an integer key set as int64, ascending (None for a
+        hashed set)."""
+        if self._dense is not None:
+            out = np.flatnonzero(self._dense).astype(np.int64, copy=False)
+            out += np.int64(self._lo)  # in place: one array of the keys' size
+            return out
+        if self._sorted is not None:
+            return self._sorted
+        if self._table is not None:
+            return None
+        return np.zeros(0, np.int64)
+
+    def count_in_ranges(self, first: np.ndarray, last: np.ndarray) -> int | None:
+        """How many distinct keys of an integer key set lie in each range ``first[i] ..
+        last[i]`` (int64, inclusive), summed over the ranges; None for a hashed set."""
+        if self._dense is not None and len(first) <= _RANGE_LOOP_MAX:
+            # slices of the dense table: no array of the keys
+            lo, hi = self._lo, self._hi
+            total = 0
+            for a, b in zip(first.tolist(), last.tolist()):
+                a, b = max(a, lo), min(b, hi)
+                if a <= b:
+                    total += int(np.count_nonzero(self._dense[a - lo : b - lo + 1]))
+            return total
+        keys = self.sorted_ints()
+        if keys is None:
+            return None
+        inside = np.searchsorted(keys, last, side="right") - np.searchsorted(keys, first)
+        return int(inside.sum())
 
     @property
     def nbytes(self) -> int:
@@ -225,6 +290,7 @@ def newest_indices(
     pk: list[str],
     regions: np.ndarray | None = None,
     generations: np.ndarray | None = None,
+    key_order: bool = False,
 ) -> np.ndarray:
     """Sorted row indices of the newest row per key.
 
@@ -233,6 +299,11 @@ def newest_indices(
     ``generations`` (``_gen`` of every row; rows oldest-first per key *within* a
     region): the module's rule, highest ``_gen``, then the later row of a region, then
     the higher region rank. Keys found in one region only cost nothing extra.
+
+    ``key_order`` (without ``regions`` only): when the key is one integer or temporal
+    column, the indices in the order of their keys' int64 values instead (the order
+    the deduplication finds them in: no sort; a source in key order costs Lance's
+    ``merge_insert`` less); other keys come sorted as without it.
     """
     if rows.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
@@ -242,7 +313,7 @@ def newest_indices(
         if ints is not None:
             lasts, firsts = int_runs(ints)
             if not multi:
-                return np.sort(lasts)
+                return lasts if key_order else np.sort(lasts)
             assert regions is not None
             return _across_regions(rows, pk, lasts, firsts, regions, generations)
     idx = pa.array(np.arange(rows.num_rows, dtype=np.int64))

@@ -8,6 +8,7 @@ MemTable rows are combined per query.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from memwal_query.read.sources import (
     memtable_rows,
     read_generations,
     read_schema,
+    region_key_columns,
 )
 from memwal_query.read.view import GenerationRef, ReadPlan
 from memwal_query.storage.cache import LRUCache
@@ -57,19 +59,42 @@ class NewerView:
         self,
         rows: Callable[[Sequence[str]], pa.Table],
         names: Sequence[str],
-        winners: np.ndarray,
+        winners: np.ndarray | None,
         keys: KeySet | KeySetUnion,
         newest: Callable[[Sequence[str]], pa.Table] | None = None,
         tombstones: np.ndarray | None = None,
         newest_live: Callable[[Sequence[str]], pa.Table] | None = None,
+        flushed: _FlushedView | None = None,
     ) -> None:
         self._rows = rows
         self._names = list(names)
-        self.winners = winners
+        self._winners = winners
         self.keys = keys
         self._newest = newest
-        self.tombstones = tombstones
+        self._tombstones = tombstones
         self._newest_live = newest_live
+        self._flushed = flushed  # winners and tombstones from there when not given
+
+    @property
+    def winners(self) -> np.ndarray:
+        if self._winners is None and self._flushed is not None:
+            return self._flushed.winners
+        assert self._winners is not None
+        return self._winners
+
+    @property
+    def tombstones(self) -> np.ndarray | None:
+        if self._tombstones is None and self._flushed is not None:
+            return self._flushed.tombstones
+        return self._tombstones
+
+    def _live_known(self) -> int | None:
+        """How many newest rows are live when known without reading or concatenating."""
+        if self._winners is None and self._flushed is not None:
+            return self._flushed.live
+        if self.tombstones is not None:
+            return len(self.winners) - int(self.tombstones.sum())
+        return None
 
     def columns(self, names: Sequence[str] | None = None) -> pa.Table:
         """All newer rows (schema + ``_tombstone``, ``_gen``, ``_rowaddr``), only ``names``."""
@@ -92,9 +117,10 @@ class NewerView:
         ``filter_columns`` first; the output columns are then taken for matches only.
         """
         cols = list(self._names if columns is None else columns)
-        if filter is None and self.tombstones is not None:
+        if filter is None and (self._flushed is not None or self._tombstones is not None):
             if not cols:
-                n = len(self.winners) - int(self.tombstones.sum())
+                n = self._live_known()
+                assert n is not None
                 return pa.table({_POS: pa.nulls(n)}).select([])
             if self._newest_live is not None:
                 return self._newest_live(cols)
@@ -113,10 +139,11 @@ class NewerView:
 
     def live_count(self) -> int:
         """How many newest rows are live (not tombstones): reads ``_tombstone`` only."""
+        known = self._live_known()
+        if known is not None:
+            return known
         if len(self.winners) == 0:
             return 0
-        if self.tombstones is not None:
-            return len(self.winners) - int(self.tombstones.sum())
         tomb = pc.fill_null(self.newest([TOMBSTONE]).column(TOMBSTONE), False)
         return len(self.winners) - int(pc.sum(tomb.cast(pa.int64())).as_py() or 0)
 
@@ -128,11 +155,90 @@ class NewerView:
         return self.columns(names).take(pa.array(self.winners))
 
 
-_FlushedView = tuple[int, np.ndarray, KeySet, np.ndarray, np.ndarray, np.ndarray]
+class _FlushedView:
+    """The newest row of each key among a set of flushed generations: their row count
+    (``num_rows``), the key set (``keys``), how many newest rows are live (``live``),
+    and the newest rows' indices (``winners``, sorted), region rank (``regions``),
+    ``_gen`` (``gens``) and tombstone flag (``tombstones``).
+
+    Built from the regions' :class:`_RegionFlushed` (``parts``, oldest region rank
+    first, which the region cache holds too), the four arrays are concatenated when
+    first used: a ``count(*)`` uses none of them."""
+
+    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_lock")
+
+    def __init__(
+        self,
+        num_rows: int,
+        keys: KeySet,
+        parts: list[tuple[int, _RegionFlushed]] | None = None,
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        self.num_rows = num_rows
+        self.keys = keys
+        self._parts = parts or []
+        self._arrays = arrays
+        self._lock = threading.Lock()
+        if arrays is not None:
+            self.live = len(arrays[0]) - int(np.count_nonzero(arrays[3]))
+        else:
+            self.live = sum(
+                len(p.winners) - int(np.count_nonzero(p.tombstones)) for _, p in self._parts
+            )
+
+    def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._arrays is None:
+                parts = self._parts
+                offsets = np.cumsum([0] + [p.num_rows for _, p in parts])
+                self._arrays = (
+                    _joined([p.winners + off for (_, p), off in zip(parts, offsets)], np.int64),
+                    np.repeat(
+                        np.array([rank for rank, _ in parts], np.int64),
+                        [len(p.winners) for _, p in parts],
+                    ),
+                    _joined([p.gens for _, p in parts], np.int64),
+                    _joined([p.tombstones for _, p in parts], bool),
+                )
+            return self._arrays
+
+    @property
+    def winners(self) -> np.ndarray:
+        return self._all()[0]
+
+    def winner_keys(self) -> np.ndarray | None:
+        """The int64 key of each winner (built region by region: a single integer
+        key), or None (then read from the generations)."""
+        if self._arrays is not None and not self._parts:
+            return None
+        return _joined([p.keys for _, p in self._parts], np.int64)
+
+    @property
+    def regions(self) -> np.ndarray:
+        return self._all()[1]
+
+    @property
+    def gens(self) -> np.ndarray:
+        return self._all()[2]
+
+    @property
+    def tombstones(self) -> np.ndarray:
+        return self._all()[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (the region parts counted here too, though the region cache
+        shares them)."""
+        held = self.keys.nbytes + sum(p.nbytes for _, p in self._parts)
+        return held + sum(a.nbytes for a in self._arrays or ())
+
+
+def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype)
 
 
 def _flushed_view_nbytes(view: _FlushedView) -> int:
-    return view[2].nbytes + sum(a.nbytes for a in (view[1], *view[3:]))
+    return view.nbytes
 
 
 FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(
@@ -206,10 +312,15 @@ def _flushed_newest(
     winners: np.ndarray,
     storage_options: dict[str, str] | None,
     live: np.ndarray | None = None,
+    expect: tuple[str, np.ndarray | None] | None = None,
 ) -> pa.Table:
     """Columns ``names`` of the plan's generations at rows ``winners`` (the newest row
     per key), or with ``live`` (a mask over ``winners``) at the live ones only (cached,
-    see :data:`NEWEST_COLUMNS`)."""
+    see :data:`NEWEST_COLUMNS`).
+
+    ``expect``: (key column, the int64 key of each winner as the keys files gave it);
+    when that column is read, its values must be those keys, else CorruptFileError (a
+    keys file that does not match its generation's rows: never a wrong answer)."""
     uris = tuple(g.uri for g in plan.generations)
     cached = all(u in GENERATION_CACHE for u in uris)
     got: dict[str, pa.ChunkedArray] = {}
@@ -227,11 +338,34 @@ def _flushed_newest(
             # one column at a time, its chunks (one per generation) joined first: a
             # take across thousands of chunks costs several times more
             col = flushed.column(name).combine_chunks().take(at)
+            if expect is not None and expect[0] == name and expect[1] is not None:
+                _check_keys(plan, col, expect[1] if live is None else expect[1][live])
             got[name] = pa.chunked_array([col], col.type)
             NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
     return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
+
+
+def _check_keys(plan: ReadPlan, col: pa.Array, expected: np.ndarray) -> None:
+    """CorruptFileError when the keys read from the generations' rows (``col``) are not
+    the ones their keys files (region keys files, keys sidecars) listed."""
+    from memwal_query.exceptions import CorruptFileError
+    from memwal_query.format.keyfile import REGION_KEYS_FILE
+
+    got = as_int64(col).to_numpy(zero_copy_only=False)
+    if len(got) == len(expected) and np.array_equal(got, expected):
+        return
+    newest: dict[str, GenerationRef] = {}
+    for g in plan.generations:
+        newest[g.region_id] = g
+    files = sorted(f"{g.uri.rstrip('/')}/{REGION_KEYS_FILE}" for g in newest.values())
+    raise CorruptFileError(
+        files[0] if len(files) == 1 else ", ".join(files),
+        "the keys listed for these generations are not the keys of their rows (a region "
+        "keys file or keys sidecar does not match its generation); remove the region keys "
+        "files named (optional files) to read each generation's own keys",
+    )
 
 
 def _flushed_view(
@@ -241,9 +375,8 @@ def _flushed_view(
     storage_options: dict[str, str] | None,
     whole_rows: bool = False,
 ) -> _FlushedView:
-    """(row count, newest indices, key set, region rank, ``_gen`` and tombstone flag of
-    the newest rows) of the plan's generations (cached). Reads the generations' key
-    columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
+    """The :class:`_FlushedView` of the plan's generations (cached). Reads the
+    generations' key columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
 
     With a single integer key, built region by region (:func:`_region_flushed`: a
     region's generations read before, less those merged since, plus those flushed
@@ -270,22 +403,11 @@ def _flushed_view(
             parts.append(got)
     if len(pk) != 1 or (plan.generations and not parts):
         return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
-    offsets = np.cumsum([0] + [p.num_rows for p in parts])
-    win_keys = np.concatenate([p.keys for p in parts]) if parts else np.zeros(0, np.int64)
-    keys = KeySet(pa.table({pk[0]: win_keys}))
-    if len(parts) > 1 and keys.distinct() != len(win_keys):
+    keys = KeySet.of_ints(pk[0], [p.keys for p in parts])
+    if len(parts) > 1 and keys.distinct() != len(keys):
         return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
-    rank_of = [ranks[p.region_id] for p in parts]
-    view = (
-        int(offsets[-1]),
-        np.concatenate([p.winners + off for p, off in zip(parts, offsets)])
-        if parts
-        else np.zeros(0, np.int64),
-        keys,
-        np.repeat(np.array(rank_of, np.int64), [len(p.winners) for p in parts]),
-        np.concatenate([p.gens for p in parts]) if parts else np.zeros(0, np.int64),
-        np.concatenate([p.tombstones for p in parts]) if parts else np.zeros(0, bool),
-    )
+    rows = sum(p.num_rows for p in parts)
+    view = _FlushedView(rows, keys, [(ranks[p.region_id], p) for p in parts])
     return FLUSHED_VIEWS.put(key, view)
 
 
@@ -301,39 +423,33 @@ def _flushed_view_whole(
     winners = newest_indices(keys, pk, regions, gens)
     tomb = pc.fill_null(keys.column(TOMBSTONE).take(pa.array(winners)), False)
     tombstones = tomb.to_numpy(zero_copy_only=False).astype(bool, copy=False)
-    return (
-        keys.num_rows,
-        winners,
-        KeySet(keys.select(pk)),
-        regions[winners],
-        gens[winners],
-        tombstones,
-    )
+    arrays = (winners, regions[winners], gens[winners], tombstones)
+    return _FlushedView(keys.num_rows, KeySet(keys.select(pk)), arrays=arrays)
 
 
 class _RegionFlushed:
     """The newest row of each key among one region's flushed generations (oldest
-    first): ``winners`` (sorted indices into their rows), and the key, ``_gen`` and
-    tombstone flag of each."""
+    first): ``winners`` (sorted indices into their rows), and the key and tombstone
+    flag of each (their ``_gen``, :attr:`gens`, follows from the generations' sizes)."""
 
-    __slots__ = ("region_id", "uris", "sizes", "winners", "keys", "gens", "tombstones")
+    __slots__ = ("region_id", "uris", "generations", "sizes", "winners", "keys", "tombstones")
 
     def __init__(
         self,
         region_id: str,
         uris: tuple[str, ...],
+        generations: tuple[int, ...],
         sizes: tuple[int, ...],
         winners: np.ndarray,
         keys: np.ndarray,
-        gens: np.ndarray,
         tombstones: np.ndarray,
     ) -> None:
         self.region_id = region_id
         self.uris = uris
+        self.generations = generations
         self.sizes = sizes
         self.winners = winners
         self.keys = keys
-        self.gens = gens
         self.tombstones = tombstones
 
     @property
@@ -341,8 +457,15 @@ class _RegionFlushed:
         return sum(self.sizes)
 
     @property
+    def gens(self) -> np.ndarray:
+        """``_gen`` of each winner (the generation its row index falls in)."""
+        ends = np.cumsum(np.array(self.sizes, np.int64))
+        at = np.searchsorted(ends, self.winners, side="right")
+        return np.array(self.generations, np.int64)[at]
+
+    @property
     def nbytes(self) -> int:
-        return self.winners.nbytes + self.keys.nbytes + self.gens.nbytes + self.tombstones.nbytes
+        return self.winners.nbytes + self.keys.nbytes + self.tombstones.nbytes
 
 
 _REGION_FLUSHED: LRUCache[tuple[str, str, pa.Schema], _RegionFlushed] = LRUCache(
@@ -386,34 +509,45 @@ def _region_flushed(
         shift = sum(known.sizes[:dropped])
         stay = known.winners >= shift
         winners = known.winners[stay] - shift
-        keys, gens = known.keys[stay], known.gens[stay]
-        tombstones = known.tombstones[stay]
+        keys, tombstones = known.keys[stay], known.tombstones[stay]
         sizes = known.sizes[dropped:]
     else:
-        winners = np.zeros(0, np.int64)
-        keys, gens = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        winners, keys = np.zeros(0, np.int64), np.zeros(0, np.int64)
         tombstones = np.zeros(0, bool)
         sizes = ()
     added = refs[keep:]
     if added:
-        rows, counts = generation_columns(added, schema, [key, TOMBSTONE], storage_options)
+        # not cached: what this region keeps of them is its newest rows' keys and flags
+        whole = None
+        if keep == 0 and len(added) > 1:  # the region keys file as one table
+            whole = region_key_columns(added, schema, [key, TOMBSTONE], storage_options)
+        newest = None
+        if whole is not None:
+            rows, counts, newest = whole
+        else:
+            rows, counts = generation_columns(
+                added, schema, [key, TOMBSTONE], storage_options, keep=False
+            )
         ints = _int_keys(rows.column(key))
         if ints is None:
             return None
-        lasts, _ = int_runs(ints)
-        lasts = np.sort(lasts)
+        if newest is not None:  # the file's own newest rows (and no earlier ones here)
+            lasts = np.flatnonzero(newest)
+            stale = np.zeros(0, bool)
+        else:
+            lasts, _ = int_runs(ints)  # ordered by key: ints[lasts] is sorted and distinct
+            stale = in_sorted(keys, ints[lasts]) if len(keys) else np.zeros(0, bool)
+            lasts = np.sort(lasts)
         n = sum(sizes)
-        stale = in_sorted(keys, np.unique(ints))
         tomb = pc.fill_null(rows.column(TOMBSTONE).take(pa.array(lasts)), False)
-        new_gens = np.repeat(np.array([g.generation for g in added], np.int64), counts)[lasts]
         winners = np.concatenate([winners[~stale], lasts + n])
         keys = np.concatenate([keys[~stale], ints[lasts]])
-        gens = np.concatenate([gens[~stale], new_gens])
         tombstones = np.concatenate(
             [tombstones[~stale], tomb.to_numpy(zero_copy_only=False).astype(bool)]
         )
         sizes = tuple(sizes) + tuple(int(c) for c in counts)
-    out = _RegionFlushed(region_id, uris, tuple(sizes), winners, keys, gens, tombstones)
+    generations = tuple(r.generation for r in refs)
+    out = _RegionFlushed(region_id, uris, generations, tuple(sizes), winners, keys, tombstones)
     return _REGION_FLUSHED.put((table_uri, region_id, schema), out)
 
 
@@ -531,7 +665,8 @@ def _region_rows(
     ints = _int_keys(added.column(pk[0]))
     if ints is None:
         return None
-    lasts, _ = int_runs(ints)
+    lasts, _ = int_runs(ints)  # ordered by key: ints[lasts] is sorted and distinct
+    new_keys = ints[lasts]
     lasts = np.sort(lasts)
     gen_added = np.repeat(
         np.array([g for g, _, _ in delta], np.int64), [t.num_rows for t in tables]
@@ -541,7 +676,6 @@ def _region_rows(
         rows_nbytes = added.nbytes
     else:
         n = base.rows.num_rows
-        new_keys = np.unique(ints)
         stale = in_sorted(base.keys[base.winners], new_keys)
         winners = np.concatenate([base.winners[~stale], lasts + n])
         gens = np.concatenate([base.gens[~stale], gen_added[lasts]])
@@ -644,27 +778,43 @@ def newer_view(
     ``whole_rows``: the caller reads other columns than the keys next (a full read),
     so generations not cached yet are read whole at once (their rows sidecars) rather
     than their keys first and their rows afterwards."""
-    n_f, win_f, keys_f, reg_f, gen_f, tomb_f = _flushed_view(
-        plan, schema, pk, storage_options, whole_rows
-    )
+    fv = _flushed_view(plan, schema, pk, storage_options, whole_rows)
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:
         return NewerView(
             lambda cols: _flushed_rows(plan, schema, cols, storage_options),
             names,
-            win_f,
-            keys_f,
-            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options),
-            tomb_f,
-            lambda cols: _flushed_newest(plan, schema, cols, win_f, storage_options, ~tomb_f),
+            None,
+            fv.keys,
+            lambda cols: _flushed_newest(
+                plan, schema, cols, fv.winners, storage_options, None, (pk[0], fv.winner_keys())
+            ),
+            None,
+            lambda cols: _flushed_newest(
+                plan,
+                schema,
+                cols,
+                fv.winners,
+                storage_options,
+                ~fv.tombstones,
+                (pk[0], fv.winner_keys()),
+            ),
+            flushed=fv,
         )
+    n_f, win_f, keys_f, reg_f, gen_f = fv.num_rows, fv.winners, fv.keys, fv.regions, fv.gens
     rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(
         _table_key(plan), mems, schema, pk, _ranks(plan)
     )
     winners = win_m + n_f
     if len(win_f):
-        winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
+        ints = fv.winner_keys()
+        mem_key_cols = rows_m.select(pk)
+        if ints is not None:  # as int64: the MemTables' keys are compared as int64 too
+            winners_f = pa.table({pk[0]: pa.array(ints, pa.int64())})
+            mem_key_cols = pa.table({pk[0]: as_int64(mem_key_cols.column(0))})
+        else:
+            winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
         hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
         ranks = np.concatenate([reg_f, reg_m])
         if not hit.any() or ranks.min() == ranks.max():
@@ -674,7 +824,7 @@ def newer_view(
             # Keys in MemTables and in another region's generations: the one rule
             # (dedup.newest_indices: _gen, then region rank) decides those keys only.
             keys_hit = winners_f.filter(pa.array(hit))
-            mem_keys = rows_m.select(pk).take(pa.array(win_m))
+            mem_keys = mem_key_cols.take(pa.array(win_m))
             mem_hit = KeySet(keys_hit).contains(mem_keys)
             both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
             keep = newest_indices(

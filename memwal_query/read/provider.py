@@ -26,12 +26,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from memwal_query.exceptions import SchemaError
-from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap
+from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
-from memwal_query.read import exprtree, newer, parallel, pruning, sources, view
+from memwal_query.read import deletions, exprtree, newer, parallel, pruning, sources, view
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 from memwal_query.read.filtersemantics import datafusion_semantics
 from memwal_query.storage.cache import LRUCache
+from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -41,7 +42,7 @@ BASE_BATCH_ROWS = 65536  # fewer, larger batches: less per-batch Python overhead
 # Bases up to this many rows drop rows overwritten by string/binary/composite keys by row
 # address (their key columns are read once and cached, see KeySet.base_addresses).
 ADDRESS_DEDUP_MAX_ROWS = 32_000_000
-ROWID_COLUMN = "_rowid"  # what Lance's with_row_id adds (matched by the blocklist)
+ROWID_COLUMN = deletions.ROWID_COLUMN  # what with_row_id adds (matched by the blocklist)
 META_FIELDS = [pa.field(GEN_COLUMN, pa.uint64()), pa.field(ROWADDR_COLUMN, pa.uint64())]
 
 
@@ -254,7 +255,8 @@ class _QueryState:
         sets = int_sets + hashed
         if not sets:
             return self.base_rows() + newer_live
-        return self.base_rows() - _overwritten_count(self.plan.base, sets) + newer_live
+        overwritten = _overwritten_count(self.dataset.table, self.plan.base, sets)
+        return self.base_rows() - overwritten + newer_live
 
 
 # Above this share of the base's rows overwritten, an unfiltered scan reads every base
@@ -314,10 +316,12 @@ _OVERWRITTEN_BASE_COUNTS: LRUCache[tuple[Any, ...], tuple[list[KeySet], int]] = 
 """How many base rows newer sources overwrite, per (base URI, version, key sets)."""
 
 
-def _overwritten_count(base: Any, sets: list[KeySet]) -> int:
+def _overwritten_count(table: Any, base: Any, sets: list[KeySet]) -> int:
     """How many rows of ``base`` have a key in one of ``sets`` (cached, see
     :data:`_OVERWRITTEN_BASE_COUNTS`; from :data:`_OVERWRITTEN_BASE_ROWS` when an
-    earlier scan found those rows)."""
+    earlier scan found those rows). Fragments whose data file has a key-runs summary
+    (:mod:`memwal_query.format.basekeys`) are counted from it; the others' key
+    column is scanned."""
     key = (base.uri, base.version, tuple(id(s) for s in sets))
     rows = _OVERWRITTEN_BASE_ROWS.get(key)
     if rows is not None and all(a is b for a, b in zip(rows.sets, sets)):
@@ -326,19 +330,71 @@ def _overwritten_count(base: Any, sets: list[KeySet]) -> int:
     if hit is not None and all(a is b for a, b in zip(hit[0], sets)):
         return hit[1]
     pk = sets[0].pk
-    found = 0
-    # hashed sets build their hash set per test: few large batches; integer sets
-    # gather: small batches (less memory in flight)
-    size = 1 << 20 if any(s.hashed for s in sets) else BASE_BATCH_ROWS
-    # one fragment at a time: ~15 MB less at the peak of a cold count, no slower
-    scan = base.scanner(columns=pk, batch_size=size, fragment_readahead=1)
-    for batch in scan.to_batches():
-        mask = np.zeros(batch.num_rows, dtype=bool)  # a row counts once, whatever its sets
-        for s in sets:
-            mask |= s.contains(batch)
-        found += int(mask.sum())
+    covered, found = _summarized_count(table, base, sets)
+    rest = None
+    if covered:
+        rest = [f for f in base.get_fragments() if f.fragment_id not in covered]
+    if rest is None or rest:
+        # hashed sets build their hash set per test: few large batches; integer sets
+        # gather: small batches (less memory in flight)
+        size = 1 << 20 if any(s.hashed for s in sets) else BASE_BATCH_ROWS
+        # one fragment at a time: ~15 MB less at the peak of a cold count, no slower
+        scan = deletions.scan(base, pk, batch_size=size, fragment_readahead=1, fragments=rest)
+        for batch, gone in scan:
+            mask = np.zeros(batch.num_rows, dtype=bool)  # a row counts once, whatever its sets
+            keys = batch.select(pk)
+            for s in sets:
+                mask |= s.contains(keys)
+            if gone is not None:
+                mask &= ~gone
+            found += int(mask.sum())
     _OVERWRITTEN_BASE_COUNTS.put(key, (list(sets), found))
     return found
+
+
+def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[int], int]:
+    """(ids of the fragments counted, how many of their rows have a key in one of
+    ``sets``) from the fragments' key-runs summaries: a run of keys ``start ..
+    start + length - 1`` holds as many overwritten rows as distinct newer keys in that
+    range. Nothing for hashed sets or keys other than one integer column."""
+    from memwal_query.format import basekeys
+
+    pk = sets[0].pk
+    if len(pk) != 1 or any(s.hashed for s in sets):
+        return set(), 0
+    field = base.lance_schema.field(pk[0])
+    t = base.schema.field(pk[0]).type
+    if field is None or not pa.types.is_integer(t) or t == pa.uint64():
+        return set(), 0
+    covered: set[int] = set()
+    starts, lengths = [], []
+    for fragment in base.get_fragments():
+        got = basekeys.read(table.io, table.uri, fragment, pk[0], field.id())
+        if got is not None:
+            covered.add(fragment.fragment_id)
+            starts.append(got[0])
+            lengths.append(got[1])
+    if not covered:
+        return covered, 0
+    first = np.concatenate(starts)
+    last = first + (np.concatenate(lengths) - 1)  # never past the int64 range
+    if len(sets) == 1:
+        found = sets[0].count_in_ranges(first, last)
+        assert found is not None  # an integer set
+        return covered, found
+    newer = _distinct_ints(sets)
+    inside = np.searchsorted(newer, last, side="right") - np.searchsorted(newer, first)
+    return covered, int(inside.sum())
+
+
+def _distinct_ints(sets: list[KeySet]) -> np.ndarray:
+    """The distinct keys of integer key sets, ascending."""
+    parts = [s.sorted_ints() for s in sets]
+    ints = [p for p in parts if p is not None and len(p)]
+    if len(ints) == 1:
+        return ints[0]
+    merged = np.sort(np.concatenate(ints)) if ints else np.zeros(0, np.int64)
+    return merged[run_starts(merged)]
 
 
 # What Lance raises when its Substrait conversion refuses a filter expression (at
@@ -378,6 +434,18 @@ class _BaseFragment:
     def __init__(self, state: _QueryState, lance_fragments: list[Any] | None) -> None:
         self.state = state
         self.lance_fragments = lance_fragments
+
+    def _read_table_file(self, path: str) -> bytes:
+        """A file of the base table (``path`` relative to its directory)."""
+        table = self.state.dataset.table
+        return table.io.read(join(table.uri, path))
+
+    def fragments(self) -> list[Any]:
+        """The Lance fragments this part scans."""
+        if self.lance_fragments is not None:
+            return self.lance_fragments
+        fragments: list[Any] = self.state.plan.base.get_fragments()
+        return fragments
 
     def scanner(
         self,
@@ -439,58 +507,89 @@ class _BaseFragment:
         key_cols = pk if int_sets or (hashed and not cached) else []
         want_addr = ROWADDR_COLUMN in wanted
         size = max(batch_size or 0, BASE_BATCH_ROWS)
+        # Fragments with deletion files: read their deleted rows too and drop them with
+        # the mask below (Lance's own scan of them decodes range by range, see
+        # memwal_query.read.deletions). A filtered scan then reads its columns whole
+        # (no late materialization, which Lance refuses with deleted rows), so only
+        # when they are narrow.
+        has_deleted = deletions.reads_deleted(
+            self.fragments(), self._read_table_file, state.dataset.table.uri
+        )
+        with_deleted = has_deleted and (
+            f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
+        )
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
-            try:
+            def lance_scan(deleted: bool) -> Iterator[pa.RecordBatch]:
                 scanner = state.plan.base.scanner(
                     columns=list(dict.fromkeys(data_cols + key_cols)),
                     filter=f.base,
                     fragments=self.lance_fragments,
                     with_row_address=want_addr or by_address,
-                    with_row_id=overwritten is not None,
+                    with_row_id=overwritten is not None or deleted,
                     batch_size=size,
                     row_addr_blocklist=None if overwritten is not None else blocklist,
+                    include_deleted_rows=deleted or None,
+                    late_materialization=False if deleted and f.expr is not None else None,
                 )
                 it = iter(scanner.to_batches())
                 first = next(it, None)
+                return it if first is None else itertools.chain([first], it)
+
+            try:
+                try:
+                    batches = lance_scan(with_deleted)
+                except _LANCE_REFUSALS:
+                    if not (with_deleted and f.expr is not None):
+                        raise
+                    # a plan Lance does not run with deleted rows: its own way
+                    with_deleted = False
+                    batches = lance_scan(with_deleted)
             except _LANCE_REFUSALS:
                 if f.expr is None:
                     raise
                 f.lance = False  # the other partitions need not ask again
-            else:
-                batches = it if first is None else itertools.chain([first], it)
         local = None
         if batches is None:
             # Lance refused the filter (or it reads _rowaddr): read its columns too, and
             # filter with pyarrow after the key check (same result: a base row is kept
             # only if its key is in no newer source, whatever the filter).
             local = f.local
+            with_deleted = has_deleted  # no filter in Lance: its columns are read whole anyway
             scanner = state.plan.base.scanner(
                 columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
                 fragments=self.lance_fragments,
                 with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
+                with_row_id=with_deleted,
                 batch_size=size,
                 row_addr_blocklist=blocklist,
+                include_deleted_rows=with_deleted or None,
             )
             batches = scanner.to_batches()
 
+        needed = set(out_schema.names) | (set(f.columns) if local is not None else set())
+
         def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
+            # one mask of the rows to drop (deleted, overwritten), one copy of the rest
+            mask = deletions.deleted_rows(batch) if with_deleted else None
             if overwritten is not None:
-                ids = batch.column(ROWID_COLUMN).to_numpy()
-                batch = _drop(batch, overwritten.contains(ids))
-            if int_sets or hashed:
-                mask = np.zeros(batch.num_rows, dtype=bool)
-                for s in int_sets:
-                    mask |= s.contains(batch.select(pk))
-                if by_address and (i or cached):
-                    addr = batch.column(ROWADDR_COLUMN).to_numpy(zero_copy_only=False)
-                    mask |= in_sorted(addr, state.stale_addresses(hashed))
-                else:
-                    for s in hashed:
-                        mask |= s.contains(batch.select(pk))
-                if mask.any():
-                    batch = _drop(batch, mask)
+                ids = deletions.live_values(batch, ROWID_COLUMN)
+                mask = _either(mask, overwritten.contains(ids))
+            for s in int_sets:
+                mask = _either(mask, s.contains(batch.select(pk)))
+            if by_address and (i or cached):
+                addr = deletions.live_values(batch, ROWADDR_COLUMN)
+                mask = _either(mask, in_sorted(addr, state.stale_addresses(hashed)))
+            else:
+                for s in hashed:
+                    mask = _either(mask, s.contains(batch.select(pk)))
+            if mask is not None and mask.any():
+                # copy only what is returned or filtered on (not _rowid, unread keys)
+                names = batch.schema.names
+                if len(names) > len(needed) or any(n not in needed for n in names):
+                    batch = batch.select([n for n in names if n in needed])
+                batch = _drop(batch, mask)
             if local is not None:
                 if GEN_COLUMN in f.columns:
                     gen = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
@@ -498,7 +597,7 @@ class _BaseFragment:
                 batch = batch.filter(local)
             return _project(batch, out_schema, generation=0)
 
-        if not (overwritten is not None or int_sets or hashed or local is not None):
+        if not (overwritten is not None or int_sets or hashed or with_deleted or local is not None):
             yield from (kept(i, b) for i, b in enumerate(batches))  # nothing to drop
             return
         yield from _ahead(kept, batches)
@@ -537,6 +636,24 @@ _KEPT_ROWS_POOL = pa.system_memory_pool()
 come from, so each copy reuses the memory of the batches already dropped (Arrow's
 default pool would take fresh pages for every one: measured on a 10M-row base in a new
 process, 2.5-2.8 s against 3.6-5.7 s and 60 MB less at the peak)."""
+
+
+def _either(mask: np.ndarray | None, more: np.ndarray) -> np.ndarray:
+    """``mask | more`` (``more`` when there is no mask yet)."""
+    if mask is None:
+        return more
+    mask |= more
+    return mask
+
+
+def _narrow(schema: pa.Schema, columns: Sequence[str]) -> bool:
+    """Whether ``columns`` are all cheap to decode for every row (no lists, vectors,
+    structs or binary values: what late materialization saves a selective filter)."""
+    for name in columns:
+        t = schema.field(name).type
+        if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return False
+    return True
 
 
 def _drop(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:

@@ -11,6 +11,7 @@ deduplicating them is :mod:`memwal_query.read.newer`'s.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,9 +22,11 @@ import pyarrow as pa
 
 from memwal_query.exceptions import (
     BaseVersionGoneError,
+    CorruptFileError,
     GenerationGoneError,
     MemWalError,
     ObjectNotFoundError,
+    without_source_locations,
 )
 from memwal_query.format.index import manifest_path
 from memwal_query.format.schema import (
@@ -34,7 +37,7 @@ from memwal_query.format.schema import (
 )
 from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
-from memwal_query.storage.io import in_chunks
+from memwal_query.storage.io import in_chunks, join
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -54,20 +57,63 @@ def base_version_gone(table: Catalog, version: int) -> bool:
 
 @contextlib.contextmanager
 def reading_base(table: Catalog, base: lance.LanceDataset) -> Iterator[None]:
-    """Turn an error reading ``base`` into :class:`BaseVersionGoneError` when that version
-    was cleaned up meanwhile (Lance reports the deleted data file as a plain OSError or
-    ArrowInvalid "Not found"); any other error propagates unchanged."""
+    """Turn an error reading ``base`` into a typed one.
+
+    :class:`BaseVersionGoneError` when that version was cleaned up meanwhile (Lance
+    reports the deleted data file as a plain OSError or ArrowInvalid "Not found");
+    :class:`ObjectNotFoundError` or :class:`CorruptFileError` naming the file when a
+    fragment's deletion file is missing or cannot be decoded
+    (:func:`deletion_file_error`); any other error propagates unchanged.
+
+    Raises
+    ------
+    BaseVersionGoneError, ObjectNotFoundError, CorruptFileError
+    """
     try:
         yield
     except MemWalError:
         raise
     except Exception as e:
         if not base_version_gone(table, base.version):
-            raise
+            typed = deletion_file_error(base, e)
+            if typed is None:
+                raise
+            raise typed from e
         raise BaseVersionGoneError(
             f"{table.uri}: base version {base.version} was cleaned up while it was read "
             f"(run the read again): {e}"
         ) from e
+
+
+def deletion_file_error(base: lance.LanceDataset, error: Exception) -> MemWalError | None:
+    """The typed error for ``error``, raised by Lance while reading ``base``, when a
+    fragment's deletion file is at fault: :class:`ObjectNotFoundError` when it is
+    missing, :class:`CorruptFileError` when it cannot be decoded, each naming the file
+    and its fragment; None when no deletion file is at fault.
+
+    Lance names a missing file and a damaged bitmap file in its message, not a damaged
+    Arrow IPC one: when the message is about deletions but names no file, each
+    fragment's deletion file is read again on its own (only on this error path) to
+    find the one that fails."""
+    text = str(error)
+    if "_deletions/" not in text and "deletion" not in text:
+        return None
+    for fragment in base.get_fragments():
+        path = fragment.deletion_file()
+        if path is None:
+            continue
+        if path not in text:
+            try:  # opening the fragment reads its deletion vector, no data
+                fragment.scanner(columns=[], with_row_id=True, limit=1).to_table()
+                continue
+            except Exception as probe:  # noqa: BLE001 - the probe's failure is the answer
+                text = str(probe)
+        where = f"{base.uri.rstrip('/')}/{path}"
+        what = f"deletion file of fragment {fragment.fragment_id} (base version {base.version})"
+        if "Not found" in text or "not found" in text:
+            return ObjectNotFoundError(f"{where}: {what} is missing")
+        return CorruptFileError(where, f"{what} cannot be read: {without_source_locations(text)}")
+    return None
 
 
 # -- reading flushed generations ---------------------------------------------------------
@@ -246,6 +292,7 @@ def generation_columns(
     schema: pa.Schema,
     names: Sequence[str],
     storage_options: dict[str, str] | None = None,
+    keep: bool = True,
 ) -> tuple[pa.Table, np.ndarray]:
     """Columns ``names`` (of :func:`read_schema`) of every generation of ``refs``,
     concatenated in that order (zero-copy), and each generation's row count.
@@ -258,6 +305,10 @@ def generation_columns(
     (:mod:`memwal_query.format.keyfile`). The others (and generations without a
     readable keys sidecar) are read by :func:`read_generations` (rows sidecar, then
     Lance table). Raises GenerationGoneError when a generation is missing.
+
+    ``keep=False``: keys read from a region keys file or a keys sidecar are not added
+    to :data:`GENERATION_CACHE` (a caller that keeps what it derives from them: each
+    region's file is then released as soon as its region is done).
     """
     target = read_schema(schema)
     names = [c for c in names if c in target.names]  # as read_generation's columns
@@ -268,7 +319,7 @@ def generation_columns(
         keys = _keys_sidecar(ref.uri, storage_options, target)
         if keys is None or not all(c in keys for c in wanted):
             return None  # none, damaged, or of other key columns: read the rows instead
-        return GENERATION_CACHE.add(ref.uri, keys)
+        return GENERATION_CACHE.add(ref.uri, keys) if keep else keys
 
     found: list[dict[str, pa.ChunkedArray] | None] = []
     for ref in refs:
@@ -277,9 +328,9 @@ def generation_columns(
     todo = [i for i, cols in enumerate(found) if cols is None]
     if keys_only and todo:  # region keys files, keys sidecars (concurrently on a store)
         unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
-        _region_keys(unread, storage_options, target, wanted)
+        parts = _region_keys(unread, storage_options, target, wanted, keep)
         for i in todo:
-            cached = GENERATION_CACHE.get(refs[i].uri)
+            cached = parts.get(refs[i].uri) or GENERATION_CACHE.get(refs[i].uri)
             if cached is not None and all(c in cached for c in wanted):
                 found[i] = cached
         todo = [i for i, cols in enumerate(found) if cols is None]
@@ -368,40 +419,124 @@ def _region_keys(
     storage_options: dict[str, str] | None,
     target: pa.Schema,
     wanted: Sequence[str],
-) -> None:
-    """Cache (:data:`GENERATION_CACHE`) the keys of the generations of ``refs`` that
-    their region's keys file covers (:func:`memwal_query.format.keyfile.read_region`):
-    per region, the file of its newest generation among ``refs``, one read for all of
-    them. Only parts whose generation number and directory both match a generation of
-    ``refs`` are taken; the others are read from their own sidecars by the caller."""
+    keep: bool = True,
+) -> dict[str, dict[str, pa.ChunkedArray]]:
+    """The keys of the generations of ``refs`` that their region's keys file covers
+    (:func:`region_keys_parts`), by generation URI, also cached
+    (:data:`GENERATION_CACHE`) with ``keep``; the others are read from their own
+    sidecars by the caller."""
+    out: dict[str, dict[str, pa.ChunkedArray]] = {}
+    for uri, (keys, _) in region_keys_parts(refs, storage_options).items():
+        cols = _key_columns(keys, target)
+        if all(c in cols for c in wanted):
+            out[uri] = GENERATION_CACHE.add(uri, cols) if keep else cols
+    return out
+
+
+def region_keys_parts(
+    refs: Sequence[GenerationRef], storage_options: dict[str, str] | None = None
+) -> dict[str, tuple[pa.Table, str]]:
+    """The keys of the generations of ``refs`` that their region's keys file covers
+    (:func:`memwal_query.format.keyfile.read_region`), by generation URI: each as its
+    keys sidecar would hold it (key columns, ``_tombstone``, ``_rowaddr``; not cached),
+    with the path of the file it was read from.
+
+    Per region, the file of its newest generation among ``refs``, one read for all of
+    them (a region with one generation among ``refs``: none, its own sidecar is as
+    small). Only parts whose generation number and directory both match a generation
+    of ``refs`` are taken; a generation missing from the answer is read from its own
+    keys sidecar (or rows) by the caller, as are all of a region whose file is missing
+    or damaged (a warning, once per file).
+    """
     from memwal_query.format import keyfile
 
     by_region: dict[str, list[GenerationRef]] = {}
     for ref in refs:
         by_region.setdefault(ref.region_id, []).append(ref)
 
-    def read(group: list[GenerationRef]) -> None:
+    def read(group: list[GenerationRef]) -> dict[str, tuple[pa.Table, str]]:
         newest = max(group, key=lambda g: g.generation)
         if REGION_FILES_WITHOUT_KEYS.get(newest.uri):
-            return
+            return {}
         parts = keyfile.read_region(file_io(newest.uri, storage_options), newest.uri)
         if parts is None:
             REGION_FILES_WITHOUT_KEYS.put(newest.uri, True)
-            return
+            return {}
+        path = join(newest.uri, keyfile.REGION_KEYS_FILE)
         by_flush = {(p.generation, p.path): p for p in parts}
+        out = {}
         for ref in group:
             part = by_flush.get((ref.generation, ref.uri.rstrip("/").rsplit("/", 1)[-1]))
-            if part is not None:
-                cols = _key_columns(part.keys, target)
-                if all(c in cols for c in wanted):
-                    GENERATION_CACHE.add(ref.uri, cols)
+            if part is not None and _rows_agree(ref, part.keys.num_rows, path):
+                out[ref.uri] = (part.keys, path)
+        return out
 
     groups = [g for g in by_region.values() if len(g) > 1]  # one generation: its sidecar
     if len(groups) > 1 and parallel_reads(groups[0][0].uri, storage_options):
-        in_chunks(_GENERATION_READERS, read, groups, READ_TASKS)
+        found = in_chunks(_GENERATION_READERS, read, groups, READ_TASKS)
     else:
-        for group in groups:
-            read(group)
+        found = [read(group) for group in groups]
+    return {uri: part for parts in found for uri, part in parts.items()}
+
+
+def _rows_agree(ref: GenerationRef, rows: int, path: str) -> bool:
+    """Whether a region keys file's part for ``ref`` holds as many rows as its region
+    manifest records (unknown: yes); a warning naming ``path`` when not (the part is
+    not used; the generation's own files are read instead)."""
+    if ref.rows is None or ref.rows == rows:
+        return True
+    warnings.warn(
+        f"{path}: generation {ref.generation} holds {rows} keys where its region manifest "
+        f"records {ref.rows} rows; reading that generation's own keys instead",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def region_key_columns(
+    refs: Sequence[GenerationRef],
+    schema: pa.Schema,
+    names: Sequence[str],
+    storage_options: dict[str, str] | None = None,
+) -> tuple[pa.Table, np.ndarray, np.ndarray | None] | None:
+    """:func:`generation_columns` of one region's generations ``refs`` (oldest first;
+    ``names``: key columns and ``_tombstone``) from the region keys file of the newest
+    one as one table, when that file holds exactly those generations (numbers and
+    directories, in that order; nothing cached), with the file's flags of the newest
+    row of each key (:data:`memwal_query.format.keyfile.NEWEST_COLUMN`, None when it
+    has none); None otherwise (then :func:`generation_columns`)."""
+    from memwal_query.format import keyfile
+
+    newest = refs[-1]
+    if REGION_FILES_WITHOUT_KEYS.get(newest.uri):
+        return None
+    got = keyfile.read_region_table(file_io(newest.uri, storage_options), newest.uri)
+    if got is None:
+        REGION_FILES_WITHOUT_KEYS.put(newest.uri, True)
+        return None
+    t, parts = got
+    held = [(p.generation, p.path) for p in parts]
+    if held != [(r.generation, r.uri.rstrip("/").rsplit("/", 1)[-1]) for r in refs]:
+        return None
+    path = join(newest.uri, keyfile.REGION_KEYS_FILE)
+    if not all(_rows_agree(r, p.keys.num_rows, path) for r, p in zip(refs, parts)):
+        return None
+    target = read_schema(schema)
+    cols = _key_columns(t, target)
+    if not all(c in cols for c in names):
+        return None
+    fields = [target.field(c) for c in names]
+    arrays = [
+        cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in fields
+    ]
+    sizes = np.array([p.keys.num_rows for p in parts], np.int64)
+    last_of_key = None
+    if keyfile.NEWEST_COLUMN in t.column_names:
+        flags = t.column(keyfile.NEWEST_COLUMN)
+        if flags.type == pa.bool_() and flags.null_count == 0:
+            last_of_key = flags.to_numpy()
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields)), sizes, last_of_key
 
 
 def read_keys_sidecar(uri: str, storage_options: dict[str, str] | None = None) -> pa.Table | None:

@@ -57,11 +57,16 @@ class GenerationRef:
     generation : int
     uri : str
         Directory of the generation's Lance table.
+    rows : int or None
+        Rows the region manifest records for it (``physical_rows``), when the view was
+        resolved from manifests that record it; readers check the parts of optional
+        files (region keys files) against it.
     """
 
     region_id: str
     generation: int
     uri: str
+    rows: int | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -218,6 +223,7 @@ def _resolve_once(
     writer_regions = {w.region_id for w in writers or ()}
     wal_tails: dict[str, list[MemTableSnapshot]] = {}
     pruned: list[str] = []
+    rows: dict[tuple[str, int], int | None] | None = None  # per generation, from manifests
     if consistency == "eventual":
         # Step 2 for the writers' regions only, then step 3 and the snapshots of V.
         own = {r: s for r in writer_regions if (s := _manifest_state(table, r)) is not None}
@@ -253,8 +259,22 @@ def _resolve_once(
         index = table.index(base)  # progress of exactly the version we read
         if consistency == "latest":
             _check_tails(index, manifests, writer_regions)
+        rows = {
+            (r, g.generation): g.physical_rows
+            for r, m in manifests.items()
+            for g in m.flushed_generations
+        }
     return _build(
-        table, consistency, base, index, states, mem_by_region, wal_tails, predicates, pruned
+        table,
+        consistency,
+        base,
+        index,
+        states,
+        mem_by_region,
+        wal_tails,
+        predicates,
+        pruned,
+        rows,
     )
 
 
@@ -286,6 +306,7 @@ def _build(
     wal_tails: dict[str, list[MemTableSnapshot]],
     predicates: list[tuple[str, str, Any]] | None,
     pruned_unread: Sequence[str] = (),
+    rows: dict[tuple[str, int], int | None] | None = None,
 ) -> ReadPlan:
     merged = index.merged_generations()
     for region_id in mem_by_region:
@@ -308,7 +329,12 @@ def _build(
             if gen <= merged_gen:
                 continue
             view.generations.append(
-                GenerationRef(region_id, gen, _gen_uri(table.uri, region_id, gen_dir))
+                GenerationRef(
+                    region_id,
+                    gen,
+                    _gen_uri(table.uri, region_id, gen_dir),
+                    (rows or {}).get((region_id, gen)),
+                )
             )
         view.generations.sort(key=lambda g: g.generation)
         max_flushed = view.generations[-1].generation if view.generations else merged_gen

@@ -13,6 +13,8 @@ DataFrame. Partitions hold about ``rows_per_split`` rows each and together each 
 row once. Pieces of the pinned view that GC removed raise
 :class:`~memwal_query.exceptions.BaseVersionGoneError` or
 :class:`~memwal_query.exceptions.GenerationGoneError` (load the DataFrame again).
+:func:`read` (``mqs.read``) reads a view of at most ``driver_read_bytes`` in the driver
+instead, with this module's reader, pinned at the call (:func:`read_in_driver`).
 Options are checked in the caller's process (:func:`check_read`). Filter pushdown is
 opt-in (``option("push_filters", "true")``; :class:`PushdownWarning`): pushed filters
 are evaluated exactly, on the newest version of each key.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -82,6 +85,9 @@ if TYPE_CHECKING:
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 DEFAULT_ROWS_PER_SPLIT = 1_000_000
+#: :func:`read`'s ``driver_read_bytes``: views of at most this many Arrow bytes are read
+#: in the driver and handed to Spark as data (``0``: never).
+DEFAULT_DRIVER_READ_BYTES = 64 << 20
 
 _CMP = {
     "EqualTo": ("==", "!="),
@@ -346,7 +352,13 @@ class MemWalReader(DataSourceReader):
         Columns to return (a subset of the table's, by name).
     """
 
-    def __init__(self, uri: str, options: dict[str, str], schema: StructType) -> None:
+    def __init__(
+        self,
+        uri: str,
+        options: dict[str, str],
+        schema: StructType,
+        table: MemWalTable | None = None,
+    ) -> None:
         self.uri = uri
         self.options = options
         self.schema = schema
@@ -357,7 +369,7 @@ class MemWalReader(DataSourceReader):
         )
         self.storage_options = _storage_options(options)
         self.filters: list[Any] = []
-        table = open_table(uri, self.storage_options)
+        table = table if table is not None else open_table(uri, self.storage_options)
         self._table = table  # reused by partitions() in this process, not pickled
         self.uri = table.uri
         self.table_schema = table.schema
@@ -381,6 +393,11 @@ class MemWalReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         """Resolve the view now: tasks of about ``rows_per_split`` rows each, of equal size,
         the first one reading the regions' rows too (:func:`split_rows`)."""
+        return self._plan()[0]
+
+    def _plan(self) -> tuple[list[InputPartition], int, int]:
+        """:meth:`partitions`, with the planned view's base rows and newer rows (the
+        generations' and WAL tails' rows, duplicates included)."""
         table = self.__dict__.pop("_table", None) or open_table(self.uri, self.storage_options)
         _, preds = self._expression()
         plan = view.resolve(table.catalog, self.consistency, None, preds or None, as_of=self.as_of)
@@ -389,10 +406,11 @@ class MemWalReader(DataSourceReader):
         fragments = [(f.fragment_id, f.count_rows()) for f in plan.base.get_fragments()]
         tasks = split_rows(fragments, newer_rows, self.rows_per_split, cut=not self.filters)
         version = plan.base.version
-        return [
+        parts: list[InputPartition] = [
             BasePartition(version, pieces, newer, with_newer=i == 0 and newer is not None)
             for i, pieces in enumerate(tasks)
         ]
+        return parts, sum(n for _, n in fragments), newer_rows
 
     # reading -------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -508,9 +526,9 @@ class MemWalPushdownReader(MemWalReader):
 def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
     """Open the table and check the read options: ``(table, schema to return)``.
 
-    Checks ``consistency``, ``rows_per_split``, ``push_filters``, ``columns`` and
-    ``as_of`` (names are case-insensitive, as Spark passes them; ``rowsPerSplit`` and
-    ``pushFilters`` are their deprecated spellings).
+    Checks ``consistency``, ``rows_per_split``, ``push_filters``, ``columns``,
+    ``driver_read_bytes`` and ``as_of`` (names are case-insensitive, as Spark passes
+    them; ``rowsPerSplit`` and ``pushFilters`` are their deprecated spellings).
 
     Raises
     ------
@@ -544,6 +562,12 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
         raise MemWalError(
             f"memwal data source: option {given.get(key, key)}={push!r}: use true or false"
         )
+    budget = str(opts.get("driver_read_bytes", DEFAULT_DRIVER_READ_BYTES))
+    if not budget.isdigit():
+        raise MemWalError(
+            f"memwal data source: option {given.get('driver_read_bytes')}={budget!r}: give "
+            "a number of bytes (0: never read in the driver)"
+        )
     if opts.get("as_of") is not None:
         as_of_moment(table.catalog, opts["as_of"])  # a bad or unknown moment: its typed error
     schema = table.schema
@@ -555,6 +579,118 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
             raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
         schema = pa.schema([schema.field(n) for n in names])
     return table, schema
+
+
+# -- the driver path -------------------------------------------------------------------
+_LOCAL_RELATION_CONF = "spark.sql.execution.arrow.localRelationThreshold"
+_BATCH_ROWS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_CONF_LOCK = threading.Lock()
+
+
+def _fixed_bytes(t: pa.DataType) -> int:
+    """Bytes of one value of a fixed-width type (0 for others and booleans)."""
+    try:
+        return t.bit_width // 8
+    except ValueError:
+        return 0
+
+
+def read_in_driver(
+    uri: str,
+    options: dict[str, str],
+    schema: StructType,
+    budget: int,
+    table: MemWalTable | None = None,
+) -> pa.Table | None:
+    """The view's rows read in this process, or None when they exceed ``budget`` bytes.
+
+    The view is resolved and read by :class:`MemWalReader`, the code Spark's tasks run
+    (the same pinned view, deduplication, types and partitions' rows): every partition
+    is read here in turn.
+
+    Parameters
+    ----------
+    uri : str
+    options : dict
+        Data source options, names lower-cased.
+    schema : StructType
+        Columns to return.
+    budget : int
+        Most Arrow bytes (``nbytes``) of rows to hold. Before reading, the view's row
+        counts give a lower bound of its live rows (base rows minus the regions' rows,
+        each of which replaces at most one base row) times the fixed-width bytes of a
+        row; past the budget nothing is read. While reading, the rows read so far are
+        counted and dropped once they pass it.
+
+    Returns
+    -------
+    pa.Table or None
+        The rows in ``schema``'s Arrow types, or None (over the budget).
+
+    Raises
+    ------
+    BaseVersionGoneError, GenerationGoneError
+        A piece of the view was removed while it was read.
+    """
+    reader = MemWalReader(uri, options, schema, table)
+    parts, base_rows, newer_rows = reader._plan()
+    row_bytes = sum(_fixed_bytes(f.type) for f in reader.arrow_schema)
+    if max(0, base_rows - newer_rows) * row_bytes > budget:
+        return None
+    batches: list[pa.RecordBatch] = []
+    held = 0
+    for part in parts:
+        for batch in reader.read(part):
+            held += batch.nbytes
+            if held > budget:
+                return None
+            batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.arrow_schema)
+
+
+def driver_frame(
+    spark: SparkSession, data: pa.Table, schema: StructType, rows_per_split: int
+) -> DataFrame:
+    """``data`` as a DataFrame of ``ceil(rows / rows_per_split)`` partitions of about
+    equal rows, read by the JVM alone (no Python worker).
+
+    Spark keeps the rows as Arrow batches, one per partition (not a ``LocalRelation``,
+    whose rows Spark serializes into every task of every query): Spark's
+    ``spark.sql.execution.arrow.localRelationThreshold`` and
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` are set for the call and restored.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    data : pa.Table
+        Rows in ``schema``'s Arrow types (:func:`read_in_driver`).
+    schema : StructType
+        The DataFrame's schema.
+    rows_per_split : int
+        Rows per partition, as for the data source.
+
+    Returns
+    -------
+    DataFrame
+    """
+    rows = data.num_rows
+    settings = {_LOCAL_RELATION_CONF: "0"}
+    if rows:
+        tasks = max(1, -(-rows // max(1, rows_per_split)))
+        settings[_BATCH_ROWS_CONF] = str(-(-rows // tasks))
+        data = data.combine_chunks()  # to_batches splits chunks but never joins them
+    with _CONF_LOCK:
+        before = {k: spark.conf.get(k, None) for k in settings}
+        try:
+            for k, v in settings.items():
+                spark.conf.set(k, v)
+            return spark.createDataFrame(data, schema)
+        finally:
+            for k, old in before.items():
+                if old is None:
+                    spark.conf.unset(k)
+                else:
+                    spark.conf.set(k, old)
 
 
 def register_source(spark: SparkSession, filter_pushdown: bool = False) -> None:
@@ -597,13 +733,21 @@ PUSHDOWN_WARNING = (
 
 
 def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
-    """``spark.read.format("memwal").options(**options).load(uri)``, registering the
-    format first.
+    """The deduplicated view as a DataFrame: read here when it is small, else
+    ``spark.read.format("memwal").options(**options).load(uri)``.
 
-    The table and the options are checked first, in this process (:func:`check_read`),
-    and the schema found there is handed to Spark (``.schema(...)``), so Spark's
-    ``.load()`` process does not open the table nor import lance (a change-feed read
-    lets the data source compute its schema).
+    The table and the options are checked first, in this process (:func:`check_read`).
+    A view of at most ``driver_read_bytes`` Arrow bytes is then read here, now, by the
+    reader Spark's tasks run (:func:`read_in_driver`), and handed to Spark as Arrow
+    data (:func:`driver_frame`): neither the call nor the DataFrame's queries start a
+    Python process, and the ``memwal`` format is not registered. A larger view (or a
+    change-feed read, or ``driver_read_bytes="0"``) is read by the ``memwal`` data
+    source, registered first (:func:`register_source`, with ``push_filters``' session
+    setting), given the schema found here (``.schema(...)``), so Spark's ``.load()``
+    process does not open the table nor import lance.
+
+    Both return the same rows and schema. The view is pinned now when read here, and
+    when Spark plans the first query otherwise (see docs/spark.md, "Reader").
 
     Parameters
     ----------
@@ -612,10 +756,13 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
         The table.
     **options : str
         Reader options (``consistency``, ``rows_per_split``, ``push_filters``,
-        ``columns``, ``as_of``, storage options; see docs/spark.md).
-        ``push_filters="true"`` turns on Spark's filter pushdown (see
-        :func:`register_source`). ``rowsPerSplit`` and ``pushFilters`` are deprecated
-        spellings of ``rows_per_split`` and ``push_filters``.
+        ``columns``, ``as_of``, ``driver_read_bytes``, storage options; see
+        docs/spark.md). ``driver_read_bytes`` (default
+        :data:`DEFAULT_DRIVER_READ_BYTES`, 64 MiB; ``"0"`` turns it off) is the most
+        Arrow bytes of rows read in the driver. ``push_filters="true"`` turns on Spark's
+        filter pushdown (see :func:`register_source`). ``rowsPerSplit`` and
+        ``pushFilters`` are deprecated spellings of ``rows_per_split`` and
+        ``push_filters``.
 
     Returns
     -------
@@ -628,18 +775,30 @@ def read(spark: SparkSession, uri: str, **options: str) -> DataFrame:
         No MemWAL table at ``uri``.
     MemWalError, SchemaError
         A bad option value (the message names the option) or an unknown column.
+    BaseVersionGoneError, GenerationGoneError
+        A piece of the view was removed while it was read here.
     """
-    _, schema = check_read(uri, options)  # here, in the driver: a typed error, no traceback
+    table, schema = check_read(uri, options)  # here, in the driver: a typed error
     lowered = {k.lower(): v for k, v in options.items()}
     push = str(option(lowered, "push_filters", "pushfilters", "")).lower() == "true"
     if "rowspersplit" in lowered and "rows_per_split" not in lowered:
         deprecated_spelling("option('rowsPerSplit')", "option('rows_per_split')")
+    changes = is_changes_read(lowered)
+    spark_schema = _spark_schema(schema)
+    budget = int(lowered.get("driver_read_bytes", DEFAULT_DRIVER_READ_BYTES))
+    if budget > 0 and not changes:
+        data = read_in_driver(uri, lowered, spark_schema, budget, table)
+        if data is not None:
+            split = int(option(lowered, "rows_per_split", "rowspersplit", DEFAULT_ROWS_PER_SPLIT))
+            return driver_frame(spark, data, spark_schema, split)
+    # Registering makes Spark look its Python data sources up in a Python process: only
+    # the data source path pays it.
     register_source(spark, filter_pushdown=push)
     reader = spark.read.format(FORMAT).options(**options)
-    if not is_changes_read(lowered):
+    if not changes:
         # The schema just computed: Spark's .load() process then neither opens the
         # table nor imports lance (memwal_query.spark.datasource).
-        reader = reader.schema(_spark_schema(schema))
+        reader = reader.schema(spark_schema)
     return reader.load(uri)
 
 
