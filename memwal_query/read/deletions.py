@@ -49,7 +49,10 @@ table URI and path)."""
 
 
 def reads_deleted(
-    fragments: Iterable[Any], read: Callable[[str], bytes] | None = None, table: str = ""
+    fragments: Iterable[Any],
+    read: Callable[[str], bytes] | None = None,
+    table: str = "",
+    map_reads: Callable[[Callable[[str], int | None], list[str]], list[int | None]] | None = None,
 ) -> bool:
     """Whether a scan of ``fragments`` (Lance fragments) should include their deleted rows
     and drop them itself.
@@ -62,15 +65,21 @@ def reads_deleted(
         Reads a deletion file (its path relative to the table). With it, the deleted
         rows are read when Lance's ranges would cost more than decoding them and
         copying the kept rows: ``runs * RANGE_ROWS > deleted + live / 2``, ``runs``
-        the runs of consecutive deleted rows in the deletion files (read once per
-        file, cached). A range delete leaves few runs and stays on Lance's path;
-        deletes at random keys leave about one run per deleted row. A deletion file it
-        cannot read or decode leaves the scan to Lance (which reports it). Without
-        ``read``, only the metadata: the deleted rows are at most
-        :data:`READ_DELETED_MAX_SHARE` of the fragments with deletion files.
+        the runs of consecutive deleted rows in the deletion files (cached per file).
+        A file is read only when the metadata does not decide: a fragment's runs are
+        at least 1 and at most ``min(deleted, live + 1)``, so sparse deletes stay on
+        Lance's path and tiny fragments read their deleted rows without any file read.
+        A range delete leaves few runs and stays on Lance's path; deletes at random
+        keys leave about one run per deleted row. A deletion file it cannot read or
+        decode leaves the scan to Lance (which reports it). Without ``read``, only the
+        metadata: the deleted rows are at most :data:`READ_DELETED_MAX_SHARE` of the
+        fragments with deletion files.
     table : str
         The table's URI (with ``read``: what the runs read are cached under, with the
         file's path).
+    map_reads : callable, optional
+        ``map_reads(fn, paths)``: ``fn`` of each path, in order (an object store's
+        reads run concurrently this way); default in this thread, one after another.
 
     Returns
     -------
@@ -79,32 +88,55 @@ def reads_deleted(
     """
     if not READ_DELETED_ROWS:
         return False
-    deleted = physical = runs = 0
+    deleted = physical = least = most = 0
+    unread: list[str] = []
     for fragment in fragments:
         n = fragment.num_deletions
         if not n:
             continue
+        rows = fragment.physical_rows
         deleted += n
-        physical += fragment.physical_rows
-        if read is not None:
-            found = _runs(table, fragment.deletion_file(), read)
-            if found is None:
-                return False
-            runs += found
+        physical += rows
+        if read is None:
+            continue
+        path = fragment.deletion_file()
+        if path is None:
+            return False
+        hit = _RUNS.get(_key(table, path))
+        if hit is not None:
+            least += hit
+            most += hit
+        else:  # runs of deleted rows are separated by live ones
+            least += 1
+            most += max(1, min(n, rows - n + 1))
+            unread.append(path)
     if not deleted:
         return False
     if read is None:
         return deleted <= physical * READ_DELETED_MAX_SHARE
-    return runs * RANGE_ROWS > deleted + (physical - deleted) // 2
+    worth = deleted + (physical - deleted) // 2
+    if most * RANGE_ROWS <= worth or least * RANGE_ROWS > worth:
+        return least * RANGE_ROWS > worth  # decided without reading a file
+    found = (map_reads or _one_by_one)(lambda p: _runs(table, p, read), unread)
+    if any(r is None for r in found):
+        return False
+    runs = least - len(unread) + sum(r for r in found if r is not None)
+    return runs * RANGE_ROWS > worth
 
 
-def _runs(table: str, path: str | None, read: Callable[[str], bytes]) -> int | None:
+def _one_by_one(fn: Callable[[str], int | None], paths: list[str]) -> list[int | None]:
+    return [fn(p) for p in paths]
+
+
+def _key(table: str, path: str) -> str:
+    return f"{table}\x00{path}"
+
+
+def _runs(table: str, path: str, read: Callable[[str], bytes]) -> int | None:
     """Runs of consecutive deleted rows in the deletion file ``path`` of ``table`` (a
     Roaring bitmap or an Arrow IPC file of row offsets), or None when it cannot be read
     or decoded."""
-    if path is None:
-        return None
-    key = f"{table}\x00{path}"
+    key = _key(table, path)
     hit = _RUNS.get(key)
     if hit is None:
         try:
@@ -183,6 +215,53 @@ def _total(node: exprtree.Node) -> bool:
     if name == "cast":
         return not exprtree.fields_of(node)
     return name in _TOTAL_CALLS and all(_total(a) for a in args)
+
+
+POINT_INDEXES = frozenset({"BTree", "Bitmap"})
+"""Scalar index types that answer an equality or ``IN`` filter with the matching rows
+only (:func:`point_filter`)."""
+
+
+def point_filter(expr: Any, indexed: Iterable[str]) -> bool:
+    """Whether the filter ``expr`` selects rows by equality or ``IN`` on ``indexed``
+    columns (a key lookup): a comparison ``column == literal`` or ``column.isin(...)``,
+    a conjunction holding one, or a disjunction of them. Lance answers it through the
+    index and decodes only the matching rows, so its deletion ranges cost nothing more
+    and the scan need not read the deleted rows (nor the deletion files to decide).
+
+    Parameters
+    ----------
+    expr : pyarrow.compute.Expression or None
+    indexed : iterable of str
+        Columns with a scalar index (:data:`POINT_INDEXES`) covering the scanned
+        fragments.
+
+    Returns
+    -------
+    bool
+        False without a filter or when its tree cannot be read.
+    """
+    names = set(indexed)
+    if expr is None or not names:
+        return False
+    node = exprtree.decode(expr)
+    return node is not None and _point(node, names)
+
+
+def _point(node: exprtree.Node, indexed: set[str]) -> bool:
+    if node[0] != "call":
+        return False
+    _, name, args, _ = node
+    if name in ("and", "and_kleene"):
+        return any(_point(a, indexed) for a in args)
+    if name in ("or", "or_kleene"):
+        return all(_point(a, indexed) for a in args)
+    if name == "is_in":
+        return args[0][0] == "field" and args[0][1] in indexed
+    if name == "equal":
+        kinds = sorted(a[0] for a in args)
+        return kinds == ["field", "lit"] and any(a[0] == "field" and a[1] in indexed for a in args)
+    return False
 
 
 def deleted_rows(batch: pa.RecordBatch) -> np.ndarray | None:

@@ -440,6 +440,33 @@ class _BaseFragment:
         table = self.state.dataset.table
         return table.io.read(join(table.uri, path))
 
+    def _reads_deleted(self) -> bool:
+        """Whether this part's scan reads the deleted rows of its fragments and drops
+        them itself (:func:`deletions.reads_deleted`, the deletion files it needs read
+        concurrently on an object store)."""
+        table = self.state.dataset.table
+        return deletions.reads_deleted(
+            self.fragments(),
+            self._read_table_file,
+            table.uri,
+            lambda fn, paths: sources.map_reads(fn, paths, table.uri, table.storage_options),
+        )
+
+    def _indexed(self) -> list[str]:
+        """Columns with a point index (:data:`deletions.POINT_INDEXES`) covering every
+        fragment of this part that has a deletion file (index metadata only)."""
+        deleted = {f.fragment_id for f in self.fragments() if f.num_deletions}
+        if not deleted:
+            return []
+        found: list[str] = []
+        for d in self.state.plan.base.describe_indices():
+            if d.index_type not in deletions.POINT_INDEXES or len(d.field_names) != 1:
+                continue
+            covered = {i for seg in d.segments for i in seg.fragment_ids}
+            if deleted <= covered:
+                found.append(d.field_names[0])
+        return found
+
     def fragments(self) -> list[Any]:
         """The Lance fragments this part scans."""
         if self.lance_fragments is not None:
@@ -513,16 +540,18 @@ class _BaseFragment:
         # (no late materialization, which Lance refuses with deleted rows), so only
         # when they are narrow, and only with a filter that cannot fail on a value a
         # deleted row holds.
-        has_deleted = deletions.reads_deleted(
-            self.fragments(), self._read_table_file, state.dataset.table.uri
-        )
-        with_deleted = has_deleted and (
+        # The deletion files are read (concurrently on an object store) only when the
+        # scan may take that path and their metadata does not decide.
+        # A key lookup through a scalar index stays on Lance's path (it decodes the
+        # matching rows only).
+        with_deleted = (
             f.expr is None
             or (
                 _narrow(state.dataset.schema, data_cols + f.data_columns())
                 and deletions.total_filter(f.base)  # never evaluated on deleted rows
+                and not deletions.point_filter(f.base, self._indexed())
             )
-        )
+        ) and self._reads_deleted()
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
@@ -561,7 +590,7 @@ class _BaseFragment:
             # filter with pyarrow after the key check (same result: a base row is kept
             # only if its key is in no newer source, whatever the filter).
             local = f.local
-            with_deleted = has_deleted  # no filter in Lance: its columns are read whole anyway
+            with_deleted = self._reads_deleted()  # no filter in Lance: read whole anyway
             scanner = state.plan.base.scanner(
                 columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
                 fragments=self.lance_fragments,
