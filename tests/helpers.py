@@ -74,7 +74,7 @@ def clear_read_caches() -> None:
     """Forget every decoded generation, sidecar verdict, view, WAL entry and tail, and
     the per-region rows and winners kept between queries (as a new process would
     start)."""
-    from memwal_query.read import newer, provider, sources, waltail
+    from memwal_query.read import deletions, newer, provider, sources, waltail
     from memwal_query.search import caches
 
     for cache in (
@@ -89,6 +89,7 @@ def clear_read_caches() -> None:
         newer._MEMTABLE_VIEWS,
         provider._OVERWRITTEN_BASE_COUNTS,
         provider._OVERWRITTEN_BASE_ROWS,
+        deletions._RUNS,
     ):
         cache.clear()
     waltail.forget()

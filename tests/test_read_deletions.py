@@ -686,3 +686,137 @@ def test_a_filter_that_fails_on_deleted_values_is_not_evaluated_on_them(tmp_path
     low = pc.field("v") < 30
     assert _sorted(t.to_table(filter=low)).equals(_sorted(plain.filter(low)))
     assert any(a.get("include_deleted_rows") and a.get("filter") is not None for a in asked)
+
+
+class _SlowDeletionGets:
+    """A fault plan injecting no fault: every GET of a deletion file waits ``delay``
+    seconds (an object store's round trip), counting how many wait at once."""
+
+    def __init__(self, delay: float) -> None:
+        import threading
+
+        self.delay, self.waiting, self.most, self.gets = delay, 0, 0, 0
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, path: str):
+        import time
+
+        if method != "GET" or "_deletions/" not in path:
+            return None
+        with self._lock:
+            self.gets += 1
+            self.waiting += 1
+            self.most = max(self.most, self.waiting)
+        time.sleep(self.delay)
+        with self._lock:
+            self.waiting -= 1
+        return None
+
+
+def test_a_cold_scan_reads_the_deletion_files_it_needs_concurrently(store_pool, monkeypatch):
+    """On an object store (the S3 emulator, each deletion-file GET held 0.1 s), a cold
+    full read reads every deletion file its choice needs concurrently; a key lookup
+    through a scalar index, a filter never evaluated on deleted rows, and fragments whose
+    metadata decides read none. Every answer equals plain Lance's."""
+    pytest.importorskip("moto")
+    import threading
+    import uuid
+
+    from faultproxy import FaultProxy
+
+    server = store_pool.get("s3")
+    plan = _SlowDeletionGets(0.1)
+    reads: list[str] = []
+    at_once = {"now": 0, "most": 0}
+    lock = threading.Lock()
+    read_file = provider._BaseFragment._read_table_file
+
+    def counted(self, path: str) -> bytes:
+        with lock:
+            reads.append(path)
+            at_once["now"] += 1
+            at_once["most"] = max(at_once["most"], at_once["now"])
+        try:
+            return read_file(self, path)
+        finally:
+            with lock:
+                at_once["now"] -= 1
+
+    monkeypatch.setattr(provider._BaseFragment, "_read_table_file", counted)
+    with FaultProxy(server.upstream, plan=plan) as proxy:
+        options = server.storage_options(endpoint=proxy.endpoint)
+        uri = f"{server.root(store_pool.BUCKET)}/{uuid.uuid4().hex}/t"
+        schema = _schema(pa.int64())
+        lance.write_dataset(
+            _rows(np.arange(24_000), schema), uri, max_rows_per_file=2_000, storage_options=options
+        )
+        base = lance.dataset(uri, storage_options=options)
+        base.create_scalar_index("id", "BTREE")
+        base.delete("v % 3 = 0")  # a third of every fragment, one row at a time
+        base = lance.dataset(uri, storage_options=options)
+        files = [f.deletion_file() for f in base.get_fragments()]
+        assert len(files) == 12 and all(files)
+        t = mq.MemWalTable.initialize(uri, storage_options=options)
+        plain = lance.dataset(uri, storage_options=options)
+
+        def cold(**kwargs) -> pa.Table:
+            clear_read_caches()
+            reads.clear()
+            at_once["most"] = 0
+            return _sorted(t.to_table(**kwargs))
+
+        narrow = ["id", "v"]  # no vector column: filtered scans may read deleted rows
+
+        def lance_reads(**kwargs) -> pa.Table:
+            return _sorted(plain.to_table(columns=narrow, **kwargs))
+
+        point = pc.field("id").isin([7, 701, 23_999]) | (pc.field("id") == 5_000)
+        assert cold(columns=narrow, filter=point).equals(lance_reads(filter=point))
+        assert reads == []  # through the index: no deletion file read by the reader
+        failing = pc.divide(pc.field("v"), pc.field("v")) > 0  # arithmetic: Lance's path
+        assert cold(columns=narrow, filter=failing).equals(lance_reads(filter=failing))
+        assert reads == []
+        assert cold(filter=pc.field("v") < 10).equals(
+            _sorted(plain.to_table(filter=pc.field("v") < 10))
+        )
+        assert reads == []  # a vector column: Lance's path (late materialization)
+        assert cold().equals(_sorted(plain.to_table()))
+        assert sorted(reads) == sorted(files)  # each once
+        assert at_once["most"] >= 2  # concurrently
+        assert plan.most >= 2
+        assert cold(columns=narrow, filter=pc.field("v") < 10).equals(
+            lance_reads(filter=pc.field("v") < 10)
+        )
+        assert sorted(reads) == sorted(files)
+        reads.clear()
+        assert _sorted(t.to_table()).equals(_sorted(plain.to_table()))
+        assert reads == []  # warm: the runs are cached
+
+
+def test_the_metadata_decides_without_reading_deletion_files(tmp_path, monkeypatch):
+    """Sparse deletes (at most one run per deleted row: Lance's ranges are cheap) stay on
+    Lance's path, and fragments so small that one range costs more than their rows read
+    the deleted rows, both without reading a deletion file; in between, the files are
+    read."""
+    read: list[str] = []
+
+    def reader(path: str) -> bytes:
+        read.append(path)
+        raise OSError("not read in this test")
+
+    class Frag:
+        def __init__(self, rows: int, deleted: int, n: int) -> None:
+            self.physical_rows, self.num_deletions, self.n = rows, deleted, n
+
+        def deletion_file(self) -> str:
+            return f"_deletions/{self.n}-1-2.bin"
+
+    monkeypatch.setattr(deletions, "_RUNS", type(deletions._RUNS)(16))
+    sparse = [Frag(100_000, 1_000, i) for i in range(3)]  # 1%: 32 * 1000 <= 1000 + 49500
+    assert not deletions.reads_deleted(sparse, reader, "t")
+    tiny = [Frag(20, 5, i) for i in range(3)]  # one run at least: 32 > 5 + 15 / 2
+    assert deletions.reads_deleted(tiny, reader, "t")
+    assert read == []
+    between = [Frag(100_000, 10_000, i) for i in range(3)]
+    assert not deletions.reads_deleted(between, reader, "t")  # unreadable: Lance's path
+    assert len(read) == 3
