@@ -11,8 +11,10 @@ table:
 - **narrow filter**: ``to_table(columns=[id, v], filter=v < 10)`` (about 1%);
 
 and the same read with plain Lance (``lance.dataset(uri)``) in a fresh process as the
-yardstick. Per query: median milliseconds of ``--repeat`` processes and the median
-count of GETs of deletion files (``_deletions/``) the proxy saw. ``--trees`` lists
+yardstick. Per query: median milliseconds of ``--repeat`` processes, the median
+count of GETs of deletion files (``_deletions/``) the proxy saw, and the milliseconds
+the reader spent choosing the scan's path (``deletions.reads_deleted``: reading the
+deletion files). ``--trees`` lists
 source trees to compare (each put first on the children's ``PYTHONPATH``; default
 this one), e.g. the main branch and a change.
 """
@@ -58,6 +60,15 @@ if plain:
     t = lance.dataset(uri, storage_options=options)
 else:
     import memwal_query as mq
+    from memwal_query.read import deletions
+    decide, spent = deletions.reads_deleted, []
+    def timed(*a, **k):
+        s = time.perf_counter()
+        try:
+            return decide(*a, **k)
+        finally:
+            spent.append(time.perf_counter() - s)
+    deletions.reads_deleted = timed
     t = mq.MemWalTable.open(uri, storage_options=options)
 args = {
     "full read": {},
@@ -66,7 +77,8 @@ args = {
 }[query]
 start = time.perf_counter()
 n = t.to_table(**args).num_rows
-print(json.dumps({"ms": (time.perf_counter() - start) * 1e3, "rows": n}))
+ms = (time.perf_counter() - start) * 1e3
+print(json.dumps({"ms": ms, "rows": n, "choice_ms": 0 if plain else sum(spent) * 1e3}))
 """
 
 
@@ -127,7 +139,7 @@ def main() -> None:
                 env = {**os.environ, "PYTHONPATH": tree} if tree else dict(os.environ)
                 row: dict[str, str] = {}
                 for query in QUERIES:
-                    ms, gets = [], []
+                    ms, gets, choice = [], [], []
                     for _ in range(args.repeat):
                         before = counter.gets
                         out = subprocess.run(
@@ -145,9 +157,15 @@ def main() -> None:
                             text=True,
                             check=True,
                         )
-                        ms.append(json.loads(out.stdout.strip().splitlines()[-1])["ms"])
+                        got = json.loads(out.stdout.strip().splitlines()[-1])
+                        ms.append(got["ms"])
+                        choice.append(got["choice_ms"])
                         gets.append(counter.gets - before)
-                    row[query] = f"{median(ms):.0f} ms ({median(gets):.0f} GETs)"
+                    row[query] = (
+                        f"{median(ms):.0f} ms ({median(gets):.0f} GETs"
+                        + ("" if plain else f", choice {median(choice):.0f} ms")
+                        + ")"
+                    )
                 results[name] = row
                 print(f"{name}: done", file=sys.stderr, flush=True)
     finally:
