@@ -153,6 +153,7 @@ def main() -> None:
                                 "1" if plain else "0",
                             ],
                             env=env,
+                            cwd=tree or None,  # python -c imports from its directory first
                             capture_output=True,
                             text=True,
                             check=True,
