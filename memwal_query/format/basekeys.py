@@ -62,7 +62,10 @@ def runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     keys."""
     if len(keys) == 0:
         return None
-    breaks = np.flatnonzero(np.diff(keys) != 1) + 1
+    # int64 differences wrap: the largest key then the smallest differ by 1 too
+    step = np.diff(keys) != 1
+    step |= keys[1:] == np.iinfo(np.int64).min
+    breaks = np.flatnonzero(step) + 1
     if len(breaks) + 1 > max(1, min(MAX_RUNS, len(keys) // 16)):
         return None
     firsts = np.concatenate([[0], breaks])
@@ -106,6 +109,10 @@ def _checked(
         )
     if len(lengths) and int(lengths.min()) <= 0:
         raise ValueError(f"{path}: a run of no row")
+    if len(starts) != len(lengths) or bool(
+        np.any(starts > np.iinfo(np.int64).max - (lengths - 1))
+    ):
+        raise ValueError(f"{path}: a run past the int64 range")
     return starts, lengths
 
 
