@@ -739,6 +739,8 @@ def scale_main(args: argparse.Namespace) -> bool:
         "count(*) p50 ms",
         "filtered p50 ms",
         "lookup p50 ms",
+        "reader CPU s",
+        "reader CPU ms per tick",
         "reader MB",
         "reader Arrow MB",
         "maintainer MB",
@@ -769,6 +771,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                 flush=True,
             )
         t0 = minute_start = time.perf_counter()
+        cpu0 = time.process_time()
         acked0 = int(state.get("acked", 0))
         minute = 1 - args.warmup
         while minute <= args.minutes:
@@ -792,6 +795,8 @@ def scale_main(args: argparse.Namespace) -> bool:
                     pct(lat["count"], 50) * 1e3,
                     pct(lat["filtered"], 50) * 1e3,
                     pct(lat["lookup"], 50) * 1e3,
+                    time.process_time() - cpu0,
+                    (time.process_time() - cpu0) * 1e3 / len(tails),
                     rss_mb(os.getpid()),
                     pa.total_allocated_bytes() / 2**20,
                     rss_mb(maint.pid),
@@ -805,6 +810,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                     raise RuntimeError(f"the maintainer exited with {maint.returncode}")
                 lat = {k: [] for k in lat}
                 samples, tails, acked0, minute_start, minute = [], [], acked, now, minute + 1
+                cpu0 = time.process_time()
             time.sleep(max(0.0, args.query_every - (time.perf_counter() - tick)))
         elapsed = time.perf_counter() - t0
     finally:
@@ -829,7 +835,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             "last minute / first minute: "
             + ", ".join(
                 f"{header[i]} {float(last[i]) / float(first[i]):.2f}x"
-                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11)
+                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13)
                 if float(first[i])
             )
         )

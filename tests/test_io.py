@@ -71,3 +71,18 @@ def test_file_uri(tmp_path):
     io.put_if_not_exists(path, b"x")
     assert io.read(path) == b"x"
     assert (tmp_path / "x.bin").read_bytes() == b"x"
+
+
+def test_local_read_of_empty_large_missing_and_directory_paths(tmp_path):
+    from memwal_query.exceptions import StorageError
+
+    io = LocalFileIO(fsync=False)
+    big = os.urandom(3 << 20)  # more than one read call's worth on some systems
+    for name, data in (("empty", b""), ("small", b"x" * 7), ("big", big)):
+        path = join(str(tmp_path), name)
+        io.write(path, data)
+        assert io.read(path) == data
+    with pytest.raises(ObjectNotFoundError):
+        io.read(join(str(tmp_path), "missing"))
+    with pytest.raises(StorageError, match="directory"):
+        io.read(str(tmp_path))

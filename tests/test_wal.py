@@ -167,3 +167,43 @@ def test_gap_in_the_wal_is_refused(wal):
     assert got == [1, 2]
     # the tail ending is not a gap
     assert [e.position for e in wal.replay(after=3, current_epoch=1)] == [4, 5, 6]
+
+
+def _raw_entry(table: pa.Table, metadata: dict[bytes, bytes]) -> bytes:
+    """An entry as a writer without checksums writes it (pylance's native format)."""
+    table = table.replace_schema_metadata(metadata)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_two_tombstone_columns_are_a_typed_error(wal):
+    t = pa.table({"id": [1], "_tombstone": [False]})
+    t = t.append_column(pa.field("_tombstone", pa.bool_()), pa.array([True]))
+    with pytest.raises(WalCorruptError, match="_tombstone") as e:
+        decode_entry(wal.path(1), 1, _raw_entry(t, {b"writer_epoch": b"1"}))
+    assert wal.path(1) in str(e.value)
+
+
+def test_a_null_in_a_non_nullable_column_of_an_entry_with_the_table_s_fields(wal):
+    # The entry's schema equals the table's (no conversion), but its key column holds
+    # a NULL (Arrow does not enforce nullability): a typed error naming the entry.
+    from memwal_query.format.wal import conform_entry
+
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), pa.field("_tombstone", pa.bool_(), False)]
+    )
+    t = pa.Table.from_arrays(
+        [pa.array([1, None], pa.int64()), pa.array([False, False])], schema=schema
+    )
+    entry = decode_entry(wal.path(1), 1, _raw_entry(t, {b"writer_epoch": b"1"}))
+    with pytest.raises(WalCorruptError, match="'id' holds 1 NULL") as e:
+        conform_entry(wal.path(1), entry.table, schema, ["id"])
+    assert wal.path(1) in str(e.value)
+    ok = pa.Table.from_arrays(
+        [pa.array([1, 2], pa.int64()), pa.array([False, True])], schema=schema
+    )
+    entry = decode_entry(wal.path(1), 1, _raw_entry(ok, {b"writer_epoch": b"1"}))
+    got = conform_entry(wal.path(1), entry.table, schema, ["id"])
+    assert got.schema.equals(schema, check_metadata=True) and got.equals(ok)

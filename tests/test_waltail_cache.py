@@ -17,7 +17,7 @@ import memwal_query as mq
 from memwal_query.read import newer, view, waltail
 from memwal_query.storage.io import LocalFileIO
 
-from helpers import basic_rows, parity_spec
+from helpers import basic_rows, default_region, parity_spec
 
 
 @pytest.fixture(autouse=True)
@@ -190,9 +190,9 @@ def test_region_rows_built_step_by_step_equal_a_whole_build(tmp_path, seed):
         mems = [m for r in plan.regions for m in r.memtables]
         if mems:
             ranks = newer._ranks(plan)
-            got = newer._memtable_view(mems, schema, pk, ranks)
+            got = newer._memtable_view(t.uri, mems, schema, pk, ranks)
             newer._MEMTABLE_VIEWS.clear()
-            want = newer._memtable_view_whole(mems, schema, pk, ranks)
+            want = newer._memtable_view_whole(t.uri, mems, schema, pk, ranks)
             for name, a, b in zip(("rows", "winners"), got[:2], want[:2]):
                 if name == "rows":
                     assert a.equals(b)
@@ -213,7 +213,7 @@ def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
     mems = [m for r in plan.regions for m in r.memtables]
     ranks = newer._ranks(plan)
     schema, pk = t.catalog.schema, t.catalog.primary_key
-    newer._memtable_view(mems, schema, pk, ranks)
+    newer._memtable_view(t.uri, mems, schema, pk, ranks)
     from memwal_query.write.memtable import MemTableSnapshot
 
     other = [
@@ -225,9 +225,9 @@ def test_region_rows_rebuilt_when_a_snapshot_is_not_an_extension(tmp_path):
         )
         for m in mems
     ]
-    got = newer._memtable_view(other, schema, pk, ranks)
+    got = newer._memtable_view(t.uri, other, schema, pk, ranks)
     newer._MEMTABLE_VIEWS.clear()
-    want = newer._memtable_view_whole(other, schema, pk, ranks)
+    want = newer._memtable_view_whole(t.uri, other, schema, pk, ranks)
     assert got[0].equals(want[0]) and np.array_equal(got[1], want[1])
     w.close()
 
@@ -310,4 +310,148 @@ def test_memtable_rows_kept_for_one_schema_are_not_read_with_another(tmp_path):
     assert older.to_table(writers=[w], columns=["id", "val"]).num_rows == 20
     got = newer_t.to_table(writers=[w], columns=["id", "extra"]).to_pydict()
     assert sorted(e for e in got["extra"] if e is not None) == ["e", "f"]
+    w.close()
+
+
+def test_two_unsharded_tables_read_in_turn_keep_each_other_s_cached_rows(tmp_path):
+    # Every unsharded table has the same region id. Two of them, each with a WAL tail
+    # and a flushed generation, read alternately: after the first round, a read with
+    # nothing new reuses each table's own kept MemTable rows and flushed winners (the
+    # same objects), and the answers stay each table's own.
+    tables, writers, models = [], [], []
+    for n, val in ((0, 1.0), (1, 2.0)):
+        uri = str(tmp_path / f"t{n}")
+        lance.write_dataset(basic_rows(range(10)), uri)
+        t = mq.MemWalTable.initialize(uri)
+        w = mq.MemWalTable.open(uri)
+        w.write(_rows([1, 2], val))
+        w.flush()
+        w.write(_rows([2, 3, 11], val + 10))
+        tables.append(mq.MemWalTable.open(uri))
+        writers.append(w)
+        model = {i: float(i) for i in range(10)}
+        model.update({1: val, 2: val + 10, 3: val + 10, 11: val + 10})
+        models.append(model)
+    region = default_region()
+    assert {r for t in tables for r in t.catalog.region_ids()} == {region}
+    for t, model in zip(tables, models):
+        assert _answer(t) == model
+    kept = [(newer._REGION_ROWS.get((t.catalog.dataset().uri, region)), t) for t in tables]
+    flushed = {k: v for k, v in newer._REGION_FLUSHED._items.items()}
+    assert all(rows is not None for rows, _ in kept) and len(flushed) == 2
+    for _ in range(2):
+        for (rows, t), model in zip(kept, models):
+            assert _answer(t) == model
+            assert newer._REGION_ROWS.get((t.catalog.dataset().uri, region)) is rows
+    assert all(newer._REGION_FLUSHED._items.get(k) is v for k, v in flushed.items())
+    for t, model in zip(tables, models):
+        assert _answer(t) == model == _cold_answer(t.uri)
+    for w in writers:
+        w.close()
+
+
+def _batch(ids) -> pa.RecordBatch:
+    return pa.record_batch({"id": pa.array(ids, pa.int64())})
+
+
+def test_the_entries_one_read_finds_become_one_batch_per_generation():
+    # Ranks as WAL positions: an entry ranks in the highest generation recorded at or
+    # before it and never below the manifest's (None: the manifest's). The entries
+    # one read finds are joined per generation, in position order.
+    schema = pa.schema([pa.field("id", pa.int64())])
+    empty = waltail._Tail(5, 1, schema, 5, {}, 0)
+    found = [
+        (1, (_batch([1]),)),
+        (None, (_batch([2, 3]),)),
+        (1, (_batch([4]), _batch([5]))),
+        (3, (_batch([6]),)),
+        (2, (_batch([7]),)),  # a lower recorded generation after a higher one
+        (None, ()),
+    ]
+    tail, rows = empty.extended(found, 0)
+    assert tail.end == 11 and sorted(tail.by_gen) == [1, 3]
+    assert [len(b) for b in tail.by_gen.values()] == [1, 1]
+    assert tail.by_gen[1][0].column(0).to_pylist() == [1, 2, 3, 4, 5]
+    assert tail.by_gen[3][0].column(0).to_pylist() == [6, 7]
+    # each entry's rows, as views of the joined batches
+    assert [[x for b in r for x in b.column(0).to_pylist()] for r in rows] == [
+        [1],
+        [2, 3],
+        [4, 5],
+        [6],
+        [7],
+        [],
+    ]
+    more, _ = tail.extended([(None, (_batch([8]),)), (4, (_batch([9]), _batch([10])))], 0)
+    assert more.end == 13 and sorted(more.by_gen) == [1, 3, 4]
+    assert more.by_gen[1] is tail.by_gen[1] or more.by_gen[1] == tail.by_gen[1]
+    assert [b.column(0).to_pylist() for b in more.by_gen[3]] == [[6, 7], [8]]
+    assert more.by_gen[3][0] is tail.by_gen[3][0]  # kept, not copied again
+    assert [b.column(0).to_pylist() for b in more.by_gen[4]] == [[9, 10]]
+
+
+def test_a_reader_keeps_one_batch_per_read_and_answers_as_a_cold_reader(tmp_path):
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    model = {i: float(i) for i in range(20)}
+
+    def batches() -> list[int]:
+        plan = view.resolve(reader.catalog, "latest")
+        return sorted(len(m.batches) for r in plan.regions for m in r.memtables)
+
+    for rounds, step in ((1, 0), (2, 10)):
+        waltail.ENTRIES.clear()  # holds only the entries this round's read finds
+        for i in range(step, step + 10):
+            w.write(_rows([i % 7, 20 + i], i))
+            model.update({i % 7: float(i), 20 + i: float(i)})
+            w.delete(pa.table({"id": pa.array([5 + i % 2], pa.int64())}))
+            model.pop(5 + i % 2, None)
+        assert _answer(reader) == model
+        assert batches() == [rounds, rounds]  # two regions, one batch per read each
+        # the entry cache holds views of the tail's batches, not a second copy
+        tails = [b for t in waltail.TAILS._items.values() for g in t.by_gen.values() for b in g]
+        owned = {b.column(0).buffers()[1].address for b in tails}
+        held = [
+            b.column(0).buffers()[1].address
+            for _, (_, batches), _ in waltail.ENTRIES._items.values()
+            for b in batches
+        ]
+        assert len(held) > 20 and set(held) <= owned  # the read's batches, not copies
+        assert _answer(reader) == model == _cold_answer(t.uri)
+        keys = pa.table({"id": pa.array(list(range(40)), pa.int64())})
+        got = reader.lookup(keys, columns=["id", "val"])
+        assert dict(zip(got.column("id").to_pylist(), got.column("val").to_pylist())) == model
+    w.close()
+
+
+def test_a_damaged_entry_among_new_ones_is_a_typed_error_and_nothing_is_kept(tmp_path):
+    from memwal_query.exceptions import WalCorruptError
+
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    w.write(_rows([2], 1))
+    assert _answer(reader)[2] == 1.0
+    kept = dict(waltail.TAILS._items)
+    for val in (2, 3, 4):  # three more entries of the even region
+        w.write(_rows([2], val))
+    region = t.catalog.region_id_for({"p": 0})
+    cat = reader.catalog
+    m = cat.region_manifest(region)
+    wal_dir = waltail._wal_dir(t.uri, region)
+    path = waltail._entry_path(wal_dir, m.replay_after_wal_entry_position + 3)
+    io = LocalFileIO(fsync=False)
+    good = io.read(path)
+    bad = bytearray(good)
+    bad[bad.rindex((2).to_bytes(8, "little"))] ^= 0x01  # key 2 -> 3: checksum mismatch
+    io.write(path, bytes(bad))
+    waltail.ENTRIES.clear()
+    with pytest.raises(WalCorruptError, match="checksum") as e:
+        reader.to_table(columns=["id", "val"])
+    assert path.split("/")[-1] in str(e.value)
+    assert dict(waltail.TAILS._items) == kept  # the cached tail was not extended
+    io.write(path, good)
+    assert _answer(reader)[2] == 4.0
+    assert _answer(reader) == _cold_answer(t.uri)
     w.close()

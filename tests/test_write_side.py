@@ -720,3 +720,48 @@ def test_partial_update_must_give_the_columns_the_spec_reads(tmp_path):
         w.put(pa.table({"id": [1], "val": [5.0]}), partial=True)
     w.close()
     assert wal_files(u) == 0
+
+
+def test_puts_that_arrive_while_a_wal_write_runs_share_the_next_entry(uri):
+    """Group commit: while one put's WAL entry is being written, the puts that arrive
+    meanwhile wait, then go into ONE next entry; each returns only once its entry is
+    written, and every row is then visible."""
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer()
+    real = w._wal.write_encoded
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def held(position, data):
+        calls.append(position)
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(60)
+        return real(position, data)
+
+    w._wal.write_encoded = held
+    done: list[int] = []
+
+    def put(i: int) -> None:
+        w.put(basic_rows([i], val=[100.0 + i]))
+        done.append(i)
+
+    first = threading.Thread(target=put, args=(1,))
+    first.start()
+    assert entered.wait(60)  # put 1 is writing its entry
+    others = [threading.Thread(target=put, args=(i,)) for i in (2, 3, 4)]
+    for th in others:
+        th.start()
+    deadline = time.monotonic() + 60
+    while len(w._pending) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(w._pending) == 3 and done == []  # queued behind the write, not acknowledged
+    release.set()
+    for th in [first, *others]:
+        th.join(60)
+    assert sorted(done) == [1, 2, 3, 4] and calls == [1, 2]  # two entries for four puts
+    entries = list(w._wal.replay(0, w.epoch))
+    assert [sorted(e.table.column("id").to_pylist()) for e in entries] == [[1], [2, 3, 4]]
+    got = sql_rows(mq.MemWalTable.open(uri))
+    assert {i: got[i]["val"] for i in (1, 2, 3, 4)} == {i: 100.0 + i for i in (1, 2, 3, 4)}
+    w.close()

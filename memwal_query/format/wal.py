@@ -113,7 +113,7 @@ def _schema_message_end(data: bytes) -> int:
     return end if 8 <= end <= len(data) else 0
 
 
-def _checksum(schema: pa.Schema, body: bytes) -> str:
+def _checksum(schema: pa.Schema, body: bytes | memoryview) -> str:
     """``crc32:{hex}`` over the fields, the metadata but the checksum, and ``body``."""
     meta = sorted((k, v) for k, v in (schema.metadata or {}).items() if k != CHECKSUM_KEY)
     fields = schema.remove_metadata().to_string(show_field_metadata=True)
@@ -147,10 +147,10 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
     if not data.endswith(_EOS):
         raise WalCorruptError(path, "truncated WAL entry (no end-of-stream marker)")
     try:
-        reader = pa.ipc.open_stream(pa.py_buffer(data))
-        table = reader.read_all()
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
         table.validate(full=True)
-        meta = table.schema.metadata or {}
+        schema = table.schema
+        meta = schema.metadata or {}
     except (pa.ArrowException, OSError, ValueError, NotImplementedError) as e:
         # ArrowException covers ArrowInvalid, ArrowKeyError, ArrowNotImplementedError...;
         # ValueError includes UnicodeDecodeError from damaged metadata.
@@ -158,7 +158,7 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
     stored = meta.get(CHECKSUM_KEY)
     if stored is not None:
         end = _schema_message_end(data)
-        want = _checksum(table.schema, data[end:]) if end else None
+        want = _checksum(schema, memoryview(data)[end:]) if end else None
         if stored.decode("latin-1") != want:
             raise WalCorruptError(
                 path, f"WAL entry checksum mismatch (stored {stored!r}, computed {want!r})"
@@ -171,9 +171,10 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
         raise WalCorruptError(
             path, f"WAL entry holds {table.num_rows} rows, its header says {num_rows}"
         )
-    if TOMBSTONE not in table.column_names:
-        raise WalCorruptError(path, f"WAL entry has no {TOMBSTONE} column")
-    tomb = table.column(TOMBSTONE)
+    at = schema.get_field_index(TOMBSTONE)  # -1: missing, or more than one
+    if at < 0:
+        raise WalCorruptError(path, f"WAL entry has no (single) {TOMBSTONE} column")
+    tomb = table.column(at)
     if not pa.types.is_boolean(tomb.type):
         raise WalCorruptError(path, f"WAL entry column {TOMBSTONE} is {tomb.type}, not bool")
     if tomb.null_count:
@@ -209,7 +210,10 @@ def conform_entry(
     could be replayed but never flushed.
     """
     if table.schema.equals(storage_schema, check_metadata=False):
-        out = table.replace_schema_metadata(None)
+        # the same fields: only the schema's metadata differs (no cast, no copy)
+        out = pa.Table.from_batches(table.to_batches(), schema=storage_schema)
+        _check_not_null(path, out, storage_schema)
+        return out
     else:
         columns = []
         for f in storage_schema:
@@ -235,14 +239,29 @@ def conform_entry(
                     ) from e
             columns.append(col)
         out = pa.Table.from_arrays(columns, schema=storage_schema)
-    for f in storage_schema:
-        if not f.nullable and out.column(f.name).null_count:
+    _check_not_null(path, out, storage_schema)
+    return out.cast(storage_schema)
+
+
+_NOT_NULL: dict[int, tuple[pa.Schema, list[int]]] = {}
+
+
+def _check_not_null(path: str, rows: pa.Table, storage_schema: pa.Schema) -> None:
+    """WalCorruptError naming ``path`` when a non-nullable column holds a NULL."""
+    known = _NOT_NULL.get(id(storage_schema))
+    if known is None or known[0] is not storage_schema:
+        if len(_NOT_NULL) >= 64:
+            _NOT_NULL.clear()
+        known = (storage_schema, [i for i, f in enumerate(storage_schema) if not f.nullable])
+        _NOT_NULL[id(storage_schema)] = known
+    for i in known[1]:
+        nulls = rows.column(i).null_count
+        if nulls:
             raise WalCorruptError(
                 path,
-                f"WAL entry column {f.name!r} holds {out.column(f.name).null_count} NULL(s) "
+                f"WAL entry column {storage_schema.field(i).name!r} holds {nulls} NULL(s) "
                 "but is non-nullable",
             )
-    return out.cast(storage_schema)
 
 
 class Wal:

@@ -258,9 +258,9 @@ def _memtable_view_nbytes(entry: tuple[Any, ...]) -> int:
 _MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(
     8, max_bytes=256 << 20, sizeof=_memtable_view_nbytes
 )
-"""The same of a set of MemTable snapshots, per (region, generation, batch count), with
-the snapshots' last batches to tell a snapshot from another of the same size; bounded
-by bytes (default 256 MiB: the rows are held)."""
+"""The same of a set of MemTable snapshots, per (table URI, (region, generation, batch
+count) of each snapshot, schema), with the snapshots' last batches to tell a snapshot
+from another of the same size; bounded by bytes (default 256 MiB: the rows are held)."""
 
 
 def _ranks(plan: ReadPlan) -> dict[str, int]:
@@ -268,6 +268,18 @@ def _ranks(plan: ReadPlan) -> dict[str, int]:
     in every plan (cached flushed views are combined with later plans' MemTables): the
     first 60 bits of the (canonical, lowercase) UUID."""
     return {v.region_id: int(v.region_id.replace("-", "")[:15], 16) for v in plan.regions}
+
+
+def _table_key(plan: ReadPlan) -> str:
+    """The plan's table in the per-region caches (every unsharded table has the same
+    region id): the base table's URI, or for a plan without a base (a Spark partition
+    of generations and WAL tails) the table its generations are in; "" when it has
+    neither (its kept rows are then told apart by their batch objects only)."""
+    if plan.base is not None:
+        return str(plan.base.uri)
+    for g in plan.generations:
+        return g.uri.rpartition("/_mem_wal/")[0]
+    return ""
 
 
 def _flushed_rows(
@@ -382,7 +394,9 @@ def _flushed_view(
         for region in plan.regions:
             if not region.generations:
                 continue
-            got = _region_flushed(region.generations, schema, pk[0], storage_options)
+            got = _region_flushed(
+                _table_key(plan), region.generations, schema, pk[0], storage_options
+            )
             if got is None:
                 parts = []
                 break
@@ -454,14 +468,17 @@ class _RegionFlushed:
         return self.winners.nbytes + self.keys.nbytes + self.tombstones.nbytes
 
 
-_REGION_FLUSHED: LRUCache[tuple[str, pa.Schema], _RegionFlushed] = LRUCache(
+_REGION_FLUSHED: LRUCache[tuple[str, str, pa.Schema], _RegionFlushed] = LRUCache(
     1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes
 )
-"""Per region id and schema, the :class:`_RegionFlushed` of the generations read last
-(an immutable generation is identified by its directory)."""
+"""Per (table URI, region id, schema), the :class:`_RegionFlushed` of the generations
+read last (an immutable generation is identified by its directory). Keyed by the
+table too: every unsharded table has the same region id, and two of them read in turn
+must not replace each other's entry."""
 
 
 def _region_flushed(
+    table_uri: str,
     refs: list[GenerationRef],
     schema: pa.Schema,
     key: str,
@@ -474,7 +491,7 @@ def _region_flushed(
     an integer column."""
     region_id = refs[0].region_id
     uris = tuple(r.uri for r in refs)
-    known = _REGION_FLUSHED.get((region_id, schema))
+    known = _REGION_FLUSHED.get((table_uri, region_id, schema))
     keep = 0
     if known is not None:
         if known.uris == uris:
@@ -531,7 +548,7 @@ def _region_flushed(
         sizes = tuple(sizes) + tuple(int(c) for c in counts)
     generations = tuple(r.generation for r in refs)
     out = _RegionFlushed(region_id, uris, generations, tuple(sizes), winners, keys, tombstones)
-    return _REGION_FLUSHED.put((region_id, schema), out)
+    return _REGION_FLUSHED.put((table_uri, region_id, schema), out)
 
 
 class _RegionRows:
@@ -676,16 +693,21 @@ def _int_keys(col: pa.ChunkedArray) -> np.ndarray | None:
     return None
 
 
-_REGION_ROWS: LRUCache[str, _RegionRows] = LRUCache(
+_REGION_ROWS: LRUCache[tuple[str, str], _RegionRows] = LRUCache(
     1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes
 )
-"""Per region id, the :class:`_RegionRows` of its MemTable snapshots read last (a later
-read whose snapshots extend them adds only the new rows; told apart by the
-snapshots' batch objects, which the WAL tail cache and the writers keep the same)."""
+"""Per (table URI, region id), the :class:`_RegionRows` of its MemTable snapshots read
+last (a later read whose snapshots extend them adds only the new rows; told apart by
+the snapshots' batch objects, which the WAL tail cache and the writers keep the same).
+Keyed by the table too: every unsharded table has the same region id."""
 
 
 def _memtable_view(
-    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
+    table_uri: str,
+    mems: list[MemTableSnapshot],
+    schema: pa.Schema,
+    pk: list[str],
+    ranks: dict[str, int],
 ) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
     """Rows, newest indices, keys, and region rank and ``_gen`` of the newest rows of
     MemTable snapshots.
@@ -700,17 +722,17 @@ def _memtable_view(
     parts: list[_RegionRows] = []
     for region_id, ms in sorted(by_region.items(), key=lambda kv: ranks[kv[0]]):
         ms = sorted(ms, key=lambda m: m.generation)
-        got = _region_rows(ms, schema, pk, _REGION_ROWS.get(region_id))
+        got = _region_rows(ms, schema, pk, _REGION_ROWS.get((table_uri, region_id)))
         if got is None:
-            return _memtable_view_whole(mems, schema, pk, ranks)
-        parts.append(_REGION_ROWS.put(region_id, got))
+            return _memtable_view_whole(table_uri, mems, schema, pk, ranks)
+        parts.append(_REGION_ROWS.put((table_uri, region_id), got))
     regions_sorted = sorted(by_region, key=lambda r: ranks[r])
     offsets = np.cumsum([0] + [p.rows.num_rows for p in parts])
     winners = np.concatenate([p.winners + off for p, off in zip(parts, offsets)])
     win_keys = np.concatenate([p.keys[p.winners] for p in parts])
     keys = KeySet(pa.table({pk[0]: win_keys}))
     if len(parts) > 1 and keys.distinct() != len(win_keys):
-        return _memtable_view_whole(mems, schema, pk, ranks)
+        return _memtable_view_whole(table_uri, mems, schema, pk, ranks)
     rows_m = pa.concat_tables([p.rows for p in parts])
     reg = np.repeat(
         np.array([ranks[r] for r in regions_sorted], np.int64), [len(p.winners) for p in parts]
@@ -720,11 +742,15 @@ def _memtable_view(
 
 
 def _memtable_view_whole(
-    mems: list[MemTableSnapshot], schema: pa.Schema, pk: list[str], ranks: dict[str, int]
+    table_uri: str,
+    mems: list[MemTableSnapshot],
+    schema: pa.Schema,
+    pk: list[str],
+    ranks: dict[str, int],
 ) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
     """:func:`_memtable_view` with every row deduplicated at once (cached: they only
     grow)."""
-    key = (tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
+    key = (table_uri, tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
     lasts = tuple(m.batches[-1] for m in mems)
     hit = _MEMTABLE_VIEWS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
@@ -777,7 +803,9 @@ def newer_view(
             flushed=fv,
         )
     n_f, win_f, keys_f, reg_f, gen_f = fv.num_rows, fv.winners, fv.keys, fv.regions, fv.gens
-    rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(mems, schema, pk, _ranks(plan))
+    rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(
+        _table_key(plan), mems, schema, pk, _ranks(plan)
+    )
     winners = win_m + n_f
     if len(win_f):
         ints = fv.winner_keys()

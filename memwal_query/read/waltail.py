@@ -113,9 +113,16 @@ class _Tail:
             and (self.schema is schema or self.schema.equals(schema))
         )
 
-    def extended(self, found: list[_Entry], nbytes: int) -> _Tail:
-        """This tail and the entries ``found`` at ``end``, ``end + 1``, ..."""
+    def extended(self, found: list[_Entry], nbytes: int) -> tuple[_Tail, list[_Batches]]:
+        """This tail and the entries ``found`` at ``end``, ``end + 1``, ..., and the
+        rows of each entry found as slices of the new tail's batches.
+
+        The rows of the entries found that rank in one generation become one record
+        batch (copied once): a stream's writer puts many small entries, and what
+        readers do per batch (a MemTable view's chunks, a key index's runs, a scan's
+        batches) then scales with the reads that found them, not with the entries."""
         by_gen: dict[int, list[pa.RecordBatch]] = {}
+        where: list[tuple[int, int, int]] = []  # per entry: rank, first row, rows
         # A later position is a newer write, so an entry's generation is at least that
         # of every entry before it in the tail, and at least the manifest's current
         # one. A writer that claimed the region replays the whole tail into the
@@ -123,13 +130,18 @@ class _Tail:
         # previous writer had sealed and recorded (not flushed); a fenced writer's
         # late write records an older one. Neither may rank below an older write.
         top = max(self.by_gen, default=self.current_generation)
+        offset: dict[int, int] = {}
         for gen, batches in found:
             top = max(top, self.current_generation if gen is None else gen)
             by_gen.setdefault(top, []).extend(batches)
+            n = sum(b.num_rows for b in batches)
+            where.append((top, offset.get(top, 0), n))
+            offset[top] = offset.get(top, 0) + n
         merged = dict(self.by_gen)
-        for g, added in by_gen.items():
-            merged[g] = merged.get(g, ()) + tuple(added)
-        return _Tail(
+        joined = {g: _one_batch(added) for g, added in by_gen.items() if added}
+        for g in by_gen:
+            merged[g] = merged.get(g, ()) + ((joined[g],) if g in joined else ())
+        tail = _Tail(
             self.start,
             self.current_generation,
             self.schema,
@@ -137,6 +149,13 @@ class _Tail:
             merged,
             self.nbytes + nbytes,
         )
+        rows = [(joined[g].slice(first, n),) if n else () for g, first, n in where]
+        return tail, rows
+
+
+def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """The rows of ``batches`` (one schema) as one record batch."""
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 TAILS: LRUCache[tuple[str, str], _Tail] = LRUCache(
@@ -211,7 +230,7 @@ class _Region:
         entry = decode_entry(path, position, data)
         rows = conform_entry(path, entry.table, self.schema, self.primary_key)
         batches = tuple(rows.to_batches())
-        nbytes = sum(b.get_total_buffer_size() for b in batches)
+        nbytes = rows.get_total_buffer_size()
         ENTRIES.put(key, (self.schema, (entry.generation, batches), nbytes))
         return (entry.generation, batches), nbytes
 
@@ -360,8 +379,13 @@ def tail(
         first = region.sized_entry(known.end)
     found = list(_entries(region, known.end, first, table.io.parallel_requests))
     if found:
-        known = known.extended([e for e, _ in found], sum(n for _, n in found))
+        end = known.end
+        known, rows = known.extended([e for e, _ in found], sum(n for _, n in found))
         TAILS.put(key, known)
+        # the entries' cached rows become views of the tail's batches (one copy held)
+        for i, (((gen, _), nbytes), shared) in enumerate(zip(found, rows)):
+            path = _entry_path(region.wal_dir, end + i)
+            ENTRIES.put((table.lineage, path), (region.schema, (gen, shared), nbytes))
     return [
         MemTableSnapshot(region_id, gen, batches, schema)
         for gen, batches in sorted(known.by_gen.items())
