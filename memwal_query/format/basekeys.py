@@ -123,17 +123,33 @@ def key_file(fragment: Any, field_id: int) -> str | None:
     return files[0].path if len(files) == 1 else None
 
 
+def listed(io: FileIO, table_uri: str) -> set[str]:
+    """Names of the summaries stored (one listing; none when it fails: a warning)."""
+    root = join(paths.mem_wal_root(table_uri), BASE_KEYS_DIR)
+    try:
+        return set(io.list(root))
+    except StorageError as e:
+        warnings.warn(f"{root}: not listed ({e}); scanning the keys", RuntimeWarning, stacklevel=2)
+        return set()
+
+
 def read(
-    io: FileIO, table_uri: str, fragment: Any, key: str, field_id: int
+    io: FileIO,
+    table_uri: str,
+    fragment: Any,
+    key: str,
+    field_id: int,
+    present: set[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The key runs of a base fragment without deletions, or None when it has none (a
-    deletion file, no summary, a damaged or mismatching one: a warning then)."""
+    deletion file, no summary, a damaged or mismatching one: a warning then).
+    ``present``: the summaries stored (:func:`listed`); no request for one not in it."""
     meta = fragment.metadata
     if meta.deletion_file is not None:
         return None
     name = key_file(fragment, field_id)
     path = summary_path(table_uri, name) if name is not None else None
-    if path is None:
+    if path is None or (present is not None and f"{name}.bin" not in present):
         return None
     t = read_sealed(io, path, _MAGIC, _WHAT, "scanning the keys")
     if t is None:
