@@ -109,9 +109,7 @@ def _checked(
         )
     if len(lengths) and int(lengths.min()) <= 0:
         raise ValueError(f"{path}: a run of no row")
-    if len(starts) != len(lengths) or bool(
-        np.any(starts > np.iinfo(np.int64).max - (lengths - 1))
-    ):
+    if bool(np.any(starts > np.iinfo(np.int64).max - (lengths - 1))):
         raise ValueError(f"{path}: a run past the int64 range")
     return starts, lengths
 
