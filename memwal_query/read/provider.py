@@ -372,8 +372,13 @@ def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[in
     present = basekeys.listed(table.io, table.uri)
     if not present:
         return covered, 0
-    for fragment in base.get_fragments():
-        got = basekeys.read(table.io, table.uri, fragment, pk[0], field.id(), present)
+    fragments = base.get_fragments()
+
+    def read(fragment: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        return basekeys.read(table.io, table.uri, fragment, pk[0], field.id(), present)
+
+    found = sources.map_reads(read, fragments, table.io)
+    for fragment, got in zip(fragments, found):
         if got is not None:
             covered.add(fragment.fragment_id)
             starts.append(got[0])
