@@ -377,8 +377,8 @@ def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[in
     def read(fragment: Any) -> tuple[np.ndarray, np.ndarray] | None:
         return basekeys.read(table.io, table.uri, fragment, pk[0], field.id(), present)
 
-    found = sources.map_reads(read, fragments, table.io)
-    for fragment, got in zip(fragments, found):
+    summaries = sources.map_reads(read, fragments, table.io)
+    for fragment, got in zip(fragments, summaries):
         if got is not None:
             covered.add(fragment.fragment_id)
             starts.append(got[0])
