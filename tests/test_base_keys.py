@@ -219,3 +219,52 @@ def test_keys_counted_in_ranges(monkeypatch, loop_max, spread):
     assert s.count_in_ranges(first, last) == want
     strings = dedup.KeySet(pa.table({"id": pa.array(["a"])}))
     assert strings.count_in_ranges(first, last) is None
+
+
+def test_keys_wrapping_past_the_int64_limit_are_not_one_run(tmp_path):
+    """``top`` then ``low`` in row order differ by 1 modulo 2**64: not consecutive keys."""
+    top = np.iinfo(np.int64).max
+    low = np.iinfo(np.int64).min
+    base = list(range(top - 49, top + 1)) + list(range(low, low + 50))
+    t, model = _table(tmp_path, base)
+    keys = [low, low + 3, top]
+    t.write(_rows(keys, 1))
+    model.update(dict.fromkeys(keys, 1))
+    t.flush()
+    assert _summaries(t.uri)  # two runs
+    assert _cold_count(t.uri) == len(model) == 100
+    # a summary claiming one run across the limit is refused (a warning), and scanned
+    (name,) = _summaries(t.uri)
+    field = lance.dataset(t.uri).lance_schema.field("id").id()
+    forged = basekeys.encode("id", field, 100, np.array([top - 49]), np.array([100]))
+    path = os.path.join(paths.mem_wal_root(t.uri), basekeys.BASE_KEYS_DIR, name)
+    open(path, "wb").write(forged)
+    with pytest.warns(RuntimeWarning, match="past the int64 range"):
+        assert _cold_count(t.uri) == 100
+
+
+def test_a_count_asks_the_store_only_for_summaries_that_exist(tmp_path, monkeypatch):
+    """One listing of the summaries' directory, then a read of each summary listed: a
+    fragment without one (random keys, compacted or merged since) costs no request."""
+    from memwal_query.storage.io import LocalFileIO
+
+    rng = np.random.default_rng(5)
+    random_keys = [int(k) for k in rng.permutation(np.arange(10_000, 10_600))]
+    t, model = _table(tmp_path, list(range(0, 200)) + random_keys)
+    assert len(_summaries(t.uri)) == 2  # the two data files of runs
+    _changes(t, model, 2, seed=4, hi=900)
+    reads: list[str] = []
+    real = LocalFileIO.read_buffer
+
+    def read_buffer(self, path):
+        if basekeys.BASE_KEYS_DIR in path:
+            reads.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(LocalFileIO, "read_buffer", read_buffer)
+    assert _cold_count(t.uri) == len(model)
+    assert sorted(os.path.basename(p) for p in reads) == _summaries(t.uri)
+    shutil.rmtree(os.path.join(paths.mem_wal_root(t.uri), basekeys.BASE_KEYS_DIR))
+    reads.clear()
+    assert _cold_count(t.uri) == len(model)
+    assert reads == []

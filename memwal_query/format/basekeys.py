@@ -62,7 +62,10 @@ def runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     keys."""
     if len(keys) == 0:
         return None
-    breaks = np.flatnonzero(np.diff(keys) != 1) + 1
+    # int64 differences wrap: the largest key then the smallest differ by 1 too
+    step = np.diff(keys) != 1
+    step |= keys[1:] == np.iinfo(np.int64).min
+    breaks = np.flatnonzero(step) + 1
     if len(breaks) + 1 > max(1, min(MAX_RUNS, len(keys) // 16)):
         return None
     firsts = np.concatenate([[0], breaks])
@@ -106,6 +109,8 @@ def _checked(
         )
     if len(lengths) and int(lengths.min()) <= 0:
         raise ValueError(f"{path}: a run of no row")
+    if bool(np.any(starts > np.iinfo(np.int64).max - (lengths - 1))):
+        raise ValueError(f"{path}: a run past the int64 range")
     return starts, lengths
 
 
@@ -116,17 +121,33 @@ def key_file(fragment: Any, field_id: int) -> str | None:
     return files[0].path if len(files) == 1 else None
 
 
+def listed(io: FileIO, table_uri: str) -> set[str]:
+    """Names of the summaries stored (one listing; none when it fails: a warning)."""
+    root = join(paths.mem_wal_root(table_uri), BASE_KEYS_DIR)
+    try:
+        return set(io.list(root))
+    except StorageError as e:
+        warnings.warn(f"{root}: not listed ({e}); scanning the keys", RuntimeWarning, stacklevel=2)
+        return set()
+
+
 def read(
-    io: FileIO, table_uri: str, fragment: Any, key: str, field_id: int
+    io: FileIO,
+    table_uri: str,
+    fragment: Any,
+    key: str,
+    field_id: int,
+    present: set[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """The key runs of a base fragment without deletions, or None when it has none (a
-    deletion file, no summary, a damaged or mismatching one: a warning then)."""
+    deletion file, no summary, a damaged or mismatching one: a warning then).
+    ``present``: the summaries stored (:func:`listed`); no request for one not in it."""
     meta = fragment.metadata
     if meta.deletion_file is not None:
         return None
     name = key_file(fragment, field_id)
     path = summary_path(table_uri, name) if name is not None else None
-    if path is None:
+    if path is None or (present is not None and f"{name}.bin" not in present):
         return None
     t = read_sealed(io, path, _MAGIC, _WHAT, "scanning the keys")
     if t is None:

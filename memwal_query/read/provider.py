@@ -356,7 +356,8 @@ def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[in
     """(ids of the fragments counted, how many of their rows have a key in one of
     ``sets``) from the fragments' key-runs summaries: a run of keys ``start ..
     start + length - 1`` holds as many overwritten rows as distinct newer keys in that
-    range. Nothing for hashed sets or keys other than one integer column."""
+    range (one listing of the summaries, then a read of each one listed). Nothing for
+    hashed sets or keys other than one integer column."""
     from memwal_query.format import basekeys
 
     pk = sets[0].pk
@@ -368,8 +369,16 @@ def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[in
         return set(), 0
     covered: set[int] = set()
     starts, lengths = [], []
-    for fragment in base.get_fragments():
-        got = basekeys.read(table.io, table.uri, fragment, pk[0], field.id())
+    present = basekeys.listed(table.io, table.uri)
+    if not present:
+        return covered, 0
+    fragments = base.get_fragments()
+
+    def read(fragment: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        return basekeys.read(table.io, table.uri, fragment, pk[0], field.id(), present)
+
+    summaries = sources.map_reads(read, fragments, table.io)
+    for fragment, got in zip(fragments, summaries):
         if got is not None:
             covered.add(fragment.fragment_id)
             starts.append(got[0])

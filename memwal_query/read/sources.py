@@ -39,7 +39,7 @@ from memwal_query.format.schema import (
 from memwal_query.read.view import GenerationRef
 from memwal_query.storage.cache import LRUCache
 from memwal_query.storage.errors import store_error
-from memwal_query.storage.io import in_chunks, join
+from memwal_query.storage.io import FileIO, in_chunks, join
 from memwal_query.write.memtable import MemTableSnapshot
 
 if TYPE_CHECKING:
@@ -269,6 +269,14 @@ def map_reads(
     thread on a local file system, in :data:`READ_TASKS` concurrent tasks on an object
     store (:func:`parallel_reads`)."""
     if len(items) < 2 or not parallel_reads(uri, storage_options):
+        return [fn(x) for x in items]
+    return in_chunks(_GENERATION_READERS, fn, items, READ_TASKS)
+
+
+def map_reads(fn: Callable[[Any], T], items: Sequence[Any], io: FileIO) -> list[T]:
+    """``fn(item)`` of each item, in order, each reading from ``io``: as
+    :func:`map_generations` (concurrent tasks on an object store only)."""
+    if len(items) < 2 or not io.parallel_requests:
         return [fn(x) for x in items]
     return in_chunks(_GENERATION_READERS, fn, items, READ_TASKS)
 
