@@ -458,7 +458,7 @@ class _BaseFragment:
             self.fragments(),
             self._read_table_file,
             table.uri,
-            lambda fn, paths: sources.map_reads(fn, paths, table.uri, table.storage_options),
+            lambda fn, paths: sources.map_reads(fn, paths, table.io),
         )
 
     def _indexed(self) -> list[str]:

@@ -245,7 +245,6 @@ READ_TASKS = 4
 _GENERATION_READERS = ThreadPoolExecutor(READ_TASKS, thread_name_prefix="memwal-generations")
 """The threads that read generations (:func:`map_generations`, :func:`read_generations`)."""
 T = TypeVar("T")
-X = TypeVar("X")
 
 
 def map_generations(
@@ -256,21 +255,9 @@ def map_generations(
     """``fn(ref)`` of each generation, in order: in this thread on a local file system,
     in a few concurrent tasks on an object store, where each read is mostly a round
     trip (:func:`parallel_reads`)."""
-    return map_reads(fn, refs, refs[0].uri if refs else "", storage_options)
-
-
-def map_reads(
-    fn: Callable[[X], T],
-    items: Sequence[X],
-    uri: str,
-    storage_options: dict[str, str] | None = None,
-) -> list[T]:
-    """``fn(item)`` of each item (each a read of a file under ``uri``), in order: in this
-    thread on a local file system, in :data:`READ_TASKS` concurrent tasks on an object
-    store (:func:`parallel_reads`)."""
-    if len(items) < 2 or not parallel_reads(uri, storage_options):
-        return [fn(x) for x in items]
-    return in_chunks(_GENERATION_READERS, fn, items, READ_TASKS)
+    if len(refs) < 2 or not parallel_reads(refs[0].uri, storage_options):
+        return [fn(ref) for ref in refs]
+    return in_chunks(_GENERATION_READERS, fn, refs, READ_TASKS)
 
 
 def map_reads(fn: Callable[[Any], T], items: Sequence[Any], io: FileIO) -> list[T]:
