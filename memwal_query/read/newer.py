@@ -312,15 +312,16 @@ def _flushed_newest(
     winners: np.ndarray,
     storage_options: dict[str, str] | None,
     live: np.ndarray | None = None,
-    expect: tuple[str, np.ndarray | None] | None = None,
+    expect: tuple[str, Callable[[], np.ndarray | None]] | None = None,
 ) -> pa.Table:
     """Columns ``names`` of the plan's generations at rows ``winners`` (the newest row
     per key), or with ``live`` (a mask over ``winners``) at the live ones only (cached,
     see :data:`NEWEST_COLUMNS`).
 
-    ``expect``: (key column, the int64 key of each winner as the keys files gave it);
-    when that column is read, its values must be those keys, else CorruptFileError (a
-    keys file that does not match its generation's rows: never a wrong answer)."""
+    ``expect``: (key column, a function giving the int64 key of each winner as the keys
+    files gave it, called only when that column is read); its values must be those
+    keys, else CorruptFileError (a keys file that does not match its generation's rows:
+    never a wrong answer)."""
     uris = tuple(g.uri for g in plan.generations)
     cached = all(u in GENERATION_CACHE for u in uris)
     got: dict[str, pa.ChunkedArray] = {}
@@ -338,8 +339,9 @@ def _flushed_newest(
             # one column at a time, its chunks (one per generation) joined first: a
             # take across thousands of chunks costs several times more
             col = flushed.column(name).combine_chunks().take(at)
-            if expect is not None and expect[0] == name and expect[1] is not None:
-                _check_keys(plan, col, expect[1] if live is None else expect[1][live])
+            expected = expect[1]() if expect is not None and expect[0] == name else None
+            if expected is not None:
+                _check_keys(plan, col, expected if live is None else expected[live])
             got[name] = pa.chunked_array([col], col.type)
             NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
@@ -788,7 +790,7 @@ def newer_view(
             None,
             fv.keys,
             lambda cols: _flushed_newest(
-                plan, schema, cols, fv.winners, storage_options, None, (pk[0], fv.winner_keys())
+                plan, schema, cols, fv.winners, storage_options, None, (pk[0], fv.winner_keys)
             ),
             None,
             lambda cols: _flushed_newest(
@@ -798,7 +800,7 @@ def newer_view(
                 fv.winners,
                 storage_options,
                 ~fv.tombstones,
-                (pk[0], fv.winner_keys()),
+                (pk[0], fv.winner_keys),
             ),
             flushed=fv,
         )
