@@ -412,13 +412,8 @@ def _commit_generation(
     if predicate is not None:
         builder = builder.when_not_matched_by_source_delete(predicate)
     builder = builder.mark_sstables_as_compacted(marker).conflict_retries(0)
-    try:
-        builder.execute(prep.upsert_source())
-    except Exception:
-        failed = prep.failure()  # Lance reports a failed part as an OSError of its text
-        if failed is not None:
-            raise failed from None
-        raise
+    source = prep.upsert_source()  # a part that failed to build raises its error here
+    builder.execute(source)
 
 
 def _delete_keys(
