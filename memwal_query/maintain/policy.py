@@ -622,7 +622,11 @@ def _compact_step(
 
 
 def _extend_step(
-    table: Catalog, policy: MaintenancePolicy, report: MaintenanceReport, dry_run: bool, attempts: int
+    table: Catalog,
+    policy: MaintenancePolicy,
+    report: MaintenanceReport,
+    dry_run: bool,
+    attempts: int,
 ) -> None:
     """Extend the base indexes that are not maintained (the primary-key BTREE) over the
     rows they leave unindexed; their names are added to ``report.extended``."""
