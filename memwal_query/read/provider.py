@@ -412,10 +412,11 @@ int64 keys would)."""
 BASE_KEYS_FLAGS_PER_ROW = 8
 
 _BASE_KEYS: LRUCache[tuple[str, int], _BaseKeys] = LRUCache(
-    4, max_bytes=256 << 20, sizeof=lambda k: k.flags.nbytes
+    2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes
 )
 """The key flags of a base version (:func:`_base_keys`), per (base URI, version): a
-stream's reader counts many queries on each version a maintenance pass leaves."""
+stream's reader counts many queries on each version a maintenance pass leaves (the
+newest version and the one before it, for queries pinned to it meanwhile)."""
 
 
 def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
