@@ -632,8 +632,8 @@ def read_in_driver(
         give a lower bound of its live rows (the regions' live newest rows, plus the
         base rows minus the regions' keys, each of which replaces at most one base row)
         times the fewest bytes of a row (fixed widths, and the offsets of
-        variable-length values); past the budget nothing is read. While reading, the rows read so far are
-        counted and dropped once they pass it.
+        variable-length values); past the budget nothing is read. While reading, the
+        rows read so far are counted and dropped once they pass it.
 
     Returns
     -------
