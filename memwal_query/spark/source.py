@@ -648,15 +648,16 @@ def read_in_driver(
     reader = MemWalReader(uri, options, schema, table)
     parts, base_rows, newer_rows = reader._plan()
     row_bytes = sum(_least_bytes(f.type) for f in reader.arrow_schema)
-    live = max(0, base_rows - newer_rows)
+    if max(0, base_rows - newer_rows) * row_bytes > budget:
+        return None  # from the row counts alone
     newer_part = next((p.newer for p in parts if p.newer is not None), None)
     if newer_part is not None and row_bytes:
         # The newer rows are read whole before the first of them is counted: their live
         # rows (known from the keys and tombstones) are counted first.
         found = reader._view(newer_part)
         live = found.live_count() + max(0, base_rows - len(found.winners))
-    if live * row_bytes > budget:
-        return None
+        if live * row_bytes > budget:
+            return None
     batches: list[pa.RecordBatch] = []
     held = 0
     for part in parts:
