@@ -1489,3 +1489,28 @@ def test_read_in_driver_refuses_newer_rows_above_the_budget_before_reading(tmp_p
     assert source.read_in_driver(t.uri, {"columns": "id"}, ids, 5000 * 8 - 1, t) is None
     assert reads == []
     t.close(flush=False)
+
+
+def test_a_column_spark_has_no_type_for_is_a_schema_error_naming_it(spark, tmp_path):
+    """A decimal wider than Spark's 38 digits (alone or in a list): ``mqs.read``
+    (either path) raises SchemaError naming the column and its type; the other columns
+    are read with ``columns``."""
+    import decimal
+
+    from helpers import pk_schema
+
+    for i, (kind, value) in enumerate(
+        [
+            (pa.decimal256(40, 2), decimal.Decimal("1.25")),
+            (pa.list_(pa.decimal256(39, 2)), [decimal.Decimal("1.25")]),
+        ]
+    ):
+        uri = str(tmp_path / f"t{i}")
+        schema = pk_schema(pa.field("x", kind))
+        rows = pa.table({"id": [1], "x": pa.array([value], kind)}, schema)
+        lance.write_dataset(rows, uri)
+        mq.MemWalTable.initialize(uri).close()
+        for options in ({}, {"driver_read_bytes": "0"}):
+            with pytest.raises(SchemaError, match=r"'x' of type " + str(kind)[:6]):
+                mqs.read(spark, uri, **options)
+        assert mqs.read(spark, uri, columns="id").collect()[0]["id"] == 1
