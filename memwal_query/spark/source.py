@@ -650,7 +650,9 @@ def read_in_driver(
     row_bytes = sum(_least_bytes(f.type) for f in reader.arrow_schema)
     if max(0, base_rows - newer_rows) * row_bytes > budget:
         return None  # from the row counts alone
-    newer_part = next((p.newer for p in parts if p.newer is not None), None)
+    newer_part = next(
+        (p.newer for p in parts if isinstance(p, BasePartition) and p.newer is not None), None
+    )
     if newer_part is not None and row_bytes:
         # The newer rows are read whole before the first of them is counted: their live
         # rows (known from the keys and tombstones) are counted first.
