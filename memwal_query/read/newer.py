@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, int_runs, newest_indices
 from memwal_query.read.sources import (
-    GENERATION_CACHE,
     conform,
     generation_columns,
     memtable_rows,
@@ -301,8 +300,12 @@ NEWEST_COLUMNS: LRUCache[tuple[Any, ...], tuple[np.ndarray, pa.ChunkedArray]] = 
 )
 """Columns of the newest rows of a set of flushed generations (what an unfiltered scan
 returns of them), one contiguous array each, per (generations, schema, column); bounded
-by bytes (default 256 MiB). An entry is used only while every one of its generations is
-in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here too)."""
+by bytes (default 256 MiB); :func:`memwal_query.search.forget.forget_merged` drops the
+entries holding a merged generation."""
+
+TAKE_GENERATIONS = 64
+"""An unfiltered read takes the newest live rows of this many generations at a time
+from their rows (read and released, not cached: :func:`_taken`)."""
 
 
 def _flushed_newest(
@@ -323,22 +326,18 @@ def _flushed_newest(
     keys, else CorruptFileError (a keys file that does not match its generation's rows:
     never a wrong answer)."""
     uris = tuple(g.uri for g in plan.generations)
-    cached = all(u in GENERATION_CACHE for u in uris)
     got: dict[str, pa.ChunkedArray] = {}
     which = "newest" if live is None else "live"
     for name in names:
-        hit = NEWEST_COLUMNS.get((uris, schema, name, which)) if cached else None
+        hit = NEWEST_COLUMNS.get((uris, schema, name, which))
         if hit is not None and hit[0] is winners:
             got[name] = hit[1]
     missing = [n for n in names if n not in got]
     if missing:
         rows = winners if live is None else winners[live]
-        flushed = _flushed_rows(plan, schema, missing, storage_options)
-        at = pa.array(rows)
+        taken = _taken(plan, schema, missing, rows, storage_options, keep=live is None)
         for name in missing:
-            # one column at a time, its chunks (one per generation) joined first: a
-            # take across thousands of chunks costs several times more
-            col = flushed.column(name).combine_chunks().take(at)
+            col = taken[name]
             expected = expect[1]() if expect is not None and expect[0] == name else None
             if expected is not None:
                 _check_keys(plan, col, expected if live is None else expected[live])
@@ -347,6 +346,54 @@ def _flushed_newest(
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
     return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
+
+
+def _taken(
+    plan: ReadPlan,
+    schema: pa.Schema,
+    names: Sequence[str],
+    rows: np.ndarray,
+    storage_options: dict[str, str] | None,
+    keep: bool,
+) -> dict[str, pa.Array]:
+    """Columns ``names`` of the plan's generations (concatenated, oldest first) at the
+    sorted row indices ``rows``, one contiguous array each.
+
+    ``keep``: the generations' columns are read whole and cached
+    (:data:`GENERATION_CACHE`: a filter reads them again). Otherwise the generations
+    not cached are read :data:`TAKE_GENERATIONS` at a time, their rows at ``rows``
+    taken and the rest released: an unfiltered read holds the rows it returns, not
+    every row of every generation (never cached, since what it keeps of them is
+    cached in :data:`NEWEST_COLUMNS`)."""
+    if keep:
+        flushed = _flushed_rows(plan, schema, names, storage_options)
+        at = pa.array(rows)
+        # one column at a time, its chunks (one per generation) joined first: a take
+        # across thousands of chunks costs several times more
+        return {n: flushed.column(n).combine_chunks().take(at) for n in names}
+    target = read_schema(schema)
+    pieces: dict[str, list[pa.Array]] = {n: [] for n in names}
+    refs = plan.generations
+    start = 0  # row index of the group's first row
+    for i in range(0, len(refs), TAKE_GENERATIONS):
+        group = read_generations(
+            refs[i : i + TAKE_GENERATIONS], schema, storage_options, names, keep=False
+        )
+        size = sum(t.num_rows for t in group)
+        lo, hi = np.searchsorted(rows, [start, start + size])
+        if hi > lo:
+            at = pa.array(rows[lo:hi] - start)
+            for n in names:
+                chunks = [c for t in group for c in t.column(n).chunks]
+                col = pa.chunked_array(chunks, target.field(n).type)
+                pieces[n].append(col.combine_chunks().take(at))
+        start += size
+        del group
+    out = {}
+    for n in names:
+        parts = pieces.pop(n)  # released column by column as they are joined
+        out[n] = pa.concat_arrays(parts) if parts else pa.array([], target.field(n).type)
+    return out
 
 
 def _check_keys(plan: ReadPlan, col: pa.Array, expected: np.ndarray) -> None:
@@ -375,7 +422,6 @@ def _flushed_view(
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None,
-    whole_rows: bool = False,
 ) -> _FlushedView:
     """The :class:`_FlushedView` of the plan's generations (cached). Reads the
     generations' key columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
@@ -389,8 +435,6 @@ def _flushed_view(
     if hit is not None:
         return hit
     ranks = _ranks(plan)
-    if whole_rows:  # read whole (rows sidecars): the full read needs the other columns next
-        read_generations(plan.generations, schema, storage_options)
     parts: list[_RegionFlushed] = []
     if len(pk) == 1:
         for region in plan.regions:
@@ -773,14 +817,9 @@ def newer_view(
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None = None,
-    whole_rows: bool = False,
 ) -> NewerView:
-    """Build the :class:`NewerView` of a plan (vectorised; see class docs).
-
-    ``whole_rows``: the caller reads other columns than the keys next (a full read),
-    so generations not cached yet are read whole at once (their rows sidecars) rather
-    than their keys first and their rows afterwards."""
-    fv = _flushed_view(plan, schema, pk, storage_options, whole_rows)
+    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
+    fv = _flushed_view(plan, schema, pk, storage_options)
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:

@@ -143,7 +143,6 @@ class _QueryState:
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
-        self.whole_rows = False  # set by a full read: generations read whole at once
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
@@ -166,7 +165,6 @@ class _QueryState:
                     table.schema,
                     table.primary_key,
                     table.storage_options,
-                    self.whole_rows,
                 )
             return self._view
 
@@ -937,8 +935,6 @@ class MemWalDataset(pads.Dataset):
         be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
-        pk = self.table.primary_key
-        state.whole_rows = any(c not in pk for c in out_schema.names)
         base_part = _BaseFragment(state, None)
         if not base_part.can_be_whole(out_schema):
             return None

@@ -189,8 +189,15 @@ def _read_generation(
     storage_options: dict[str, str] | None,
     columns: Sequence[str] | None,
     lance_ok: bool,
+    keep: bool = True,
 ) -> pa.Table | None:
     target = read_schema(schema)
+
+    def add(uri: str, columns: dict[str, pa.ChunkedArray]) -> dict[str, pa.ChunkedArray]:
+        if keep:
+            return GENERATION_CACHE.add(uri, columns)
+        return {**columns, **GENERATION_CACHE.columns(uri)}
+
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
@@ -198,12 +205,12 @@ def _read_generation(
         # keys and tombstones only: the keys sidecar holds them (when there is one)
         keys = _keys_sidecar(ref.uri, storage_options, target)
         if keys is not None and all(c in keys for c in missing):
-            cached = GENERATION_CACHE.add(ref.uri, keys)
+            cached = add(ref.uri, keys)
             missing = []
     if missing or ROWADDR_COLUMN not in cached:
         side = _sidecar(ref.uri, storage_options, target)
         if side is not None:
-            cached = GENERATION_CACHE.add(ref.uri, side)
+            cached = add(ref.uri, side)
             missing = [c for c in missing if c not in cached]
     if missing or ROWADDR_COLUMN not in cached:
         if not lance_ok:
@@ -227,7 +234,7 @@ def _read_generation(
                 t = target.field(c).type
                 value = pa.scalar(False) if c == TOMBSTONE else pa.scalar(None, t)
                 fresh[c] = pa.chunked_array([pa.repeat(value, n)], t)
-        cached = GENERATION_CACHE.add(ref.uri, fresh)
+        cached = add(ref.uri, fresh)
     n = len(cached[ROWADDR_COLUMN])
     arrays = []
     for name in names:
@@ -274,6 +281,7 @@ def read_generations(
     storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
     check: Callable[[pa.Table], object] | None = None,
+    keep: bool = True,
 ) -> list[pa.Table]:
     """:func:`read_generation` of every generation of ``refs``, in that order.
 
@@ -283,11 +291,13 @@ def read_generations(
     would only contend for the GIL, and cost their own start on a cold start) and only
     the Lance tables, which release the GIL, in tasks. ``check`` sees each table as it
     is read (it may raise to stop the reading). An error of any generation
-    (:class:`GenerationGoneError`) is raised.
+    (:class:`GenerationGoneError`) is raised. ``keep=False``: what is read is not added
+    to :data:`GENERATION_CACHE` (a caller that takes a few rows of many generations
+    and keeps those).
     """
 
     def read(g: GenerationRef, lance_ok: bool = True) -> pa.Table | None:
-        t = _read_generation(g, schema, storage_options, columns, lance_ok)
+        t = _read_generation(g, schema, storage_options, columns, lance_ok, keep)
         if t is not None and check is not None:
             check(t)
         return t
