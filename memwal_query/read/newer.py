@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, int_runs, newest_indices
 from memwal_query.read.sources import (
+    GENERATION_CACHE,
     conform,
     generation_columns,
     memtable_rows,
@@ -161,10 +162,11 @@ class _FlushedView:
     ``_gen`` (``gens``) and tombstone flag (``tombstones``).
 
     Built from the regions' :class:`_RegionFlushed` (``parts``, oldest region rank
-    first, which the region cache holds too), the four arrays are concatenated when
-    first used: a ``count(*)`` uses none of them."""
+    first, which the region cache holds too), the arrays are concatenated when first
+    used: a ``count(*)`` uses none of them, an unfiltered read only ``winners`` and
+    ``tombstones`` (``regions`` and ``gens`` order them against MemTable rows)."""
 
-    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_lock")
+    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_whole", "_lock")
 
     def __init__(
         self,
@@ -176,7 +178,9 @@ class _FlushedView:
         self.num_rows = num_rows
         self.keys = keys
         self._parts = parts or []
-        self._arrays = arrays
+        # winners, regions, gens, tombstones (None until first used)
+        self._arrays: list[np.ndarray | None] = list(arrays or (None,) * 4)
+        self._whole = arrays is not None
         self._lock = threading.Lock()
         if arrays is not None:
             self.live = len(arrays[0]) - int(np.count_nonzero(arrays[3]))
@@ -185,51 +189,57 @@ class _FlushedView:
                 len(p.winners) - int(np.count_nonzero(p.tombstones)) for _, p in self._parts
             )
 
-    def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _array(self, i: int) -> np.ndarray:
         with self._lock:
-            if self._arrays is None:
-                parts = self._parts
+            got = self._arrays[i]
+            if got is not None:
+                return got
+            parts = self._parts
+            if i in (0, 3):
                 offsets = np.cumsum([0] + [p.num_rows for _, p in parts])
-                self._arrays = (
-                    _joined([p.winners + off for (_, p), off in zip(parts, offsets)], np.int64),
-                    np.repeat(
-                        np.array([rank for rank, _ in parts], np.int64),
-                        [len(p.winners) for _, p in parts],
-                    ),
-                    _joined([p.gens for _, p in parts], np.int64),
-                    _joined([p.tombstones for _, p in parts], bool),
+                self._arrays[0] = _joined(
+                    [p.winners + off for (_, p), off in zip(parts, offsets)], np.int64
                 )
-            return self._arrays
+                self._arrays[3] = _joined([p.tombstones for _, p in parts], bool)
+            else:
+                self._arrays[1] = np.repeat(
+                    np.array([rank for rank, _ in parts], np.int64),
+                    [len(p.winners) for _, p in parts],
+                )
+                self._arrays[2] = _joined([p.gens for _, p in parts], np.int64)
+            got = self._arrays[i]
+            assert got is not None
+            return got
 
     @property
     def winners(self) -> np.ndarray:
-        return self._all()[0]
+        return self._array(0)
 
     def winner_keys(self) -> np.ndarray | None:
         """The int64 key of each winner (built region by region: a single integer
         key), or None (then read from the generations)."""
-        if self._arrays is not None and not self._parts:
+        if self._whole:
             return None
         return _joined([p.keys for _, p in self._parts], np.int64)
 
     @property
     def regions(self) -> np.ndarray:
-        return self._all()[1]
+        return self._array(1)
 
     @property
     def gens(self) -> np.ndarray:
-        return self._all()[2]
+        return self._array(2)
 
     @property
     def tombstones(self) -> np.ndarray:
-        return self._all()[3]
+        return self._array(3)
 
     @property
     def nbytes(self) -> int:
         """Bytes held (the region parts counted here too, though the region cache
         shares them)."""
         held = self.keys.nbytes + sum(p.nbytes for _, p in self._parts)
-        return held + sum(a.nbytes for a in self._arrays or ())
+        return held + sum(a.nbytes for a in self._arrays if a is not None)
 
 
 def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -299,9 +309,11 @@ NEWEST_COLUMNS: LRUCache[tuple[Any, ...], tuple[np.ndarray, pa.ChunkedArray]] = 
     256, max_bytes=256 << 20, sizeof=_column_nbytes
 )
 """Columns of the newest rows of a set of flushed generations (what an unfiltered scan
-returns of them), one contiguous array each, per (generations, schema, column); bounded
-by bytes (default 256 MiB); :func:`memwal_query.search.forget.forget_merged` drops the
-entries holding a merged generation."""
+returns of them), per (generations, schema, column); bounded
+by bytes (default 256 MiB). An entry is used only while every one of its generations is
+in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here too);
+:func:`memwal_query.search.forget.forget_merged` drops the entries holding a merged
+generation."""
 
 TAKE_GENERATIONS = 64
 """An unfiltered read takes the newest live rows of this many generations at a time
@@ -326,10 +338,11 @@ def _flushed_newest(
     keys, else CorruptFileError (a keys file that does not match its generation's rows:
     never a wrong answer)."""
     uris = tuple(g.uri for g in plan.generations)
+    cached = all(u in GENERATION_CACHE for u in uris)
     got: dict[str, pa.ChunkedArray] = {}
     which = "newest" if live is None else "live"
     for name in names:
-        hit = NEWEST_COLUMNS.get((uris, schema, name, which))
+        hit = NEWEST_COLUMNS.get((uris, schema, name, which)) if cached else None
         if hit is not None and hit[0] is winners:
             got[name] = hit[1]
     missing = [n for n in names if n not in got]
@@ -341,7 +354,7 @@ def _flushed_newest(
             expected = expect[1]() if expect is not None and expect[0] == name else None
             if expected is not None:
                 _check_keys(plan, col, expected if live is None else expected[live])
-            got[name] = pa.chunked_array([col], col.type)
+            got[name] = col
             NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
@@ -355,30 +368,32 @@ def _taken(
     rows: np.ndarray,
     storage_options: dict[str, str] | None,
     keep: bool,
-) -> dict[str, pa.Array]:
+) -> dict[str, pa.ChunkedArray]:
     """Columns ``names`` of the plan's generations (concatenated, oldest first) at the
-    sorted row indices ``rows``, one contiguous array each.
+    sorted row indices ``rows``.
 
     ``keep``: the generations' columns are read whole and cached
     (:data:`GENERATION_CACHE`: a filter reads them again). Otherwise the generations
     not cached are read :data:`TAKE_GENERATIONS` at a time, their rows at ``rows``
-    taken and the rest released: an unfiltered read holds the rows it returns, not
-    every row of every generation (never cached, since what it keeps of them is
-    cached in :data:`NEWEST_COLUMNS`)."""
+    taken and the rest released (a chunk per group): an unfiltered read holds the rows
+    it returns, not every row of every generation, nor its rows twice (what it keeps
+    of them is cached in :data:`NEWEST_COLUMNS`; the generations are recorded in
+    :data:`GENERATION_CACHE` as read, with no column, which keeps that valid)."""
     if keep:
         flushed = _flushed_rows(plan, schema, names, storage_options)
         at = pa.array(rows)
         # one column at a time, its chunks (one per generation) joined first: a take
         # across thousands of chunks costs several times more
-        return {n: flushed.column(n).combine_chunks().take(at) for n in names}
+        return {n: pa.chunked_array([flushed.column(n).combine_chunks().take(at)]) for n in names}
     target = read_schema(schema)
     pieces: dict[str, list[pa.Array]] = {n: [] for n in names}
     refs = plan.generations
     start = 0  # row index of the group's first row
     for i in range(0, len(refs), TAKE_GENERATIONS):
-        group = read_generations(
-            refs[i : i + TAKE_GENERATIONS], schema, storage_options, names, keep=False
-        )
+        group_refs = refs[i : i + TAKE_GENERATIONS]
+        group = read_generations(group_refs, schema, storage_options, names, keep=False)
+        for ref in group_refs:
+            GENERATION_CACHE.add(ref.uri, {})
         size = sum(t.num_rows for t in group)
         lo, hi = np.searchsorted(rows, [start, start + size])
         if hi > lo:
@@ -389,14 +404,10 @@ def _taken(
                 pieces[n].append(col.combine_chunks().take(at))
         start += size
         del group
-    out = {}
-    for n in names:
-        parts = pieces.pop(n)  # released column by column as they are joined
-        out[n] = pa.concat_arrays(parts) if parts else pa.array([], target.field(n).type)
-    return out
+    return {n: pa.chunked_array(pieces[n], target.field(n).type) for n in names}
 
 
-def _check_keys(plan: ReadPlan, col: pa.Array, expected: np.ndarray) -> None:
+def _check_keys(plan: ReadPlan, col: pa.ChunkedArray, expected: np.ndarray) -> None:
     """CorruptFileError when the keys read from the generations' rows (``col``) are not
     the ones their keys files (region keys files, keys sidecars) listed."""
     from memwal_query.exceptions import CorruptFileError

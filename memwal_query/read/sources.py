@@ -138,7 +138,9 @@ class _GenerationCache(LRUCache[str, dict[str, pa.ChunkedArray]]):
 
     Per generation directory: its ``_rowaddr`` and the columns read so far, each read
     from Lance at most once and only when a query needs it (projection pushdown: a query
-    of ``id, val`` never reads a generation's other columns).
+    of ``id, val`` never reads a generation's other columns); an empty entry for a
+    generation read without keeping its columns (an unfiltered read keeps only the
+    newest rows it took of them).
     """
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
@@ -303,7 +305,7 @@ def read_generations(
         return t
 
     local = bool(refs) and not parallel_reads(refs[0].uri, storage_options)
-    got = [read(g, lance_ok=False) if local or g.uri in GENERATION_CACHE else None for g in refs]
+    got = [read(g, lance_ok=False) if local or GENERATION_CACHE.get(g.uri) else None for g in refs]
     todo = [i for i, t in enumerate(got) if t is None]
     cold = in_chunks(_GENERATION_READERS, read, [refs[i] for i in todo], READ_TASKS)
     for i, t in zip(todo, cold):
@@ -354,14 +356,14 @@ def generation_columns(
         found.append(cached if cached is not None and all(c in cached for c in wanted) else None)
     todo = [i for i, cols in enumerate(found) if cols is None]
     if keys_only and todo:  # region keys files, keys sidecars (concurrently on a store)
-        unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
+        unread = [refs[i] for i in todo if not GENERATION_CACHE.get(refs[i].uri)]
         parts = _region_keys(unread, storage_options, target, wanted, keep)
         for i in todo:
             cached = parts.get(refs[i].uri) or GENERATION_CACHE.get(refs[i].uri)
             if cached is not None and all(c in cached for c in wanted):
                 found[i] = cached
         todo = [i for i, cols in enumerate(found) if cols is None]
-        unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
+        unread = [refs[i] for i in todo if not GENERATION_CACHE.get(refs[i].uri)]
         if len(unread) > 1 and parallel_reads(unread[0].uri, storage_options):
             keys = in_chunks(_GENERATION_READERS, from_keys, unread, READ_TASKS)
         else:
