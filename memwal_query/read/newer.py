@@ -433,9 +433,11 @@ def _flushed_view(
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None,
+    rows_next: bool = False,
 ) -> _FlushedView:
     """The :class:`_FlushedView` of the plan's generations (cached). Reads the
-    generations' key columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
+    generations' key columns, ``_gen`` and ``_tombstone`` only (their region keys files
+    or keys sidecars; with ``rows_next``, no keys sidecar: see :func:`newer_view`).
 
     With a single integer key, built region by region (:func:`_region_flushed`: a
     region's generations read before, less those merged since, plus those flushed
@@ -452,29 +454,39 @@ def _flushed_view(
             if not region.generations:
                 continue
             got = _region_flushed(
-                _table_key(plan), region.generations, schema, pk[0], storage_options
+                _table_key(plan), region.generations, schema, pk[0], storage_options, rows_next
             )
             if got is None:
                 parts = []
                 break
             parts.append(got)
     if len(pk) != 1 or (plan.generations and not parts):
-        return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
+        return FLUSHED_VIEWS.put(
+            key, _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
+        )
     keys = KeySet.of_ints(pk[0], [p.keys for p in parts])
     if len(parts) > 1 and keys.distinct() != len(keys):
-        return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
+        return FLUSHED_VIEWS.put(
+            key, _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
+        )
     rows = sum(p.num_rows for p in parts)
     view = _FlushedView(rows, keys, [(ranks[p.region_id], p) for p in parts])
     return FLUSHED_VIEWS.put(key, view)
 
 
 def _flushed_view_whole(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    rows_next: bool = False,
 ) -> _FlushedView:
     """:func:`_flushed_view` with every row deduplicated at once."""
     ranks = _ranks(plan)
     refs = plan.generations
-    keys, sizes = generation_columns(refs, schema, [*pk, TOMBSTONE], storage_options)
+    keys, sizes = generation_columns(
+        refs, schema, [*pk, TOMBSTONE], storage_options, not rows_next, not rows_next
+    )
     regions = np.repeat(np.array([ranks[g.region_id] for g in refs], np.int64), sizes)
     gens = np.repeat(np.array([g.generation for g in refs], np.int64), sizes)
     winners = newest_indices(keys, pk, regions, gens)
@@ -540,6 +552,7 @@ def _region_flushed(
     schema: pa.Schema,
     key: str,
     storage_options: dict[str, str] | None,
+    rows_next: bool = False,
 ) -> _RegionFlushed | None:
     """:class:`_RegionFlushed` of one region's generations ``refs`` (oldest first), from
     the one read last when ``refs`` are its generations less some oldest ones (merged
@@ -583,7 +596,7 @@ def _region_flushed(
             rows, counts, newest = whole
         else:
             rows, counts = generation_columns(
-                added, schema, [key, TOMBSTONE], storage_options, keep=False
+                added, schema, [key, TOMBSTONE], storage_options, False, not rows_next
             )
         ints = _int_keys(rows.column(key))
         if ints is None:
@@ -828,9 +841,14 @@ def newer_view(
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None = None,
+    rows_next: bool = False,
 ) -> NewerView:
-    """Build the :class:`NewerView` of a plan (vectorised; see class docs)."""
-    fv = _flushed_view(plan, schema, pk, storage_options)
+    """Build the :class:`NewerView` of a plan (vectorised; see class docs).
+
+    ``rows_next``: the caller reads the generations' other columns next (a full read):
+    their keys come from the region keys files or from those rows, never from a keys
+    sidecar alone (:func:`memwal_query.read.sources.generation_columns`)."""
+    fv = _flushed_view(plan, schema, pk, storage_options, rows_next)
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:

@@ -143,6 +143,7 @@ class _QueryState:
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
+        self.rows_next = False  # set by a full read: it reads the generations' rows next
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
@@ -165,6 +166,7 @@ class _QueryState:
                     table.schema,
                     table.primary_key,
                     table.storage_options,
+                    self.rows_next,
                 )
             return self._view
 
@@ -965,6 +967,7 @@ class MemWalDataset(pads.Dataset):
         be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
+        state.rows_next = any(c not in self.table.primary_key for c in out_schema.names)
         base_part = _BaseFragment(state, None)
         if not base_part.can_be_whole(out_schema):
             return None

@@ -192,6 +192,7 @@ def _read_generation(
     columns: Sequence[str] | None,
     lance_ok: bool,
     keep: bool = True,
+    key_sidecar: bool = True,
 ) -> pa.Table | None:
     target = read_schema(schema)
 
@@ -203,9 +204,10 @@ def _read_generation(
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-    if (missing or ROWADDR_COLUMN not in cached) and not cached and _keys_only(schema, names):
+    keys_only = key_sidecar and _keys_only(schema, names)
+    if (missing or ROWADDR_COLUMN not in cached) and not cached and keys_only:
         # keys and tombstones only: the keys sidecar holds them (when there is one)
-        keys = _keys_sidecar(ref.uri, storage_options, target)
+        keys = _keys_sidecar(ref, storage_options, target)
         if keys is not None and all(c in keys for c in missing):
             cached = add(ref.uri, keys)
             missing = []
@@ -284,6 +286,7 @@ def read_generations(
     columns: Sequence[str] | None = None,
     check: Callable[[pa.Table], object] | None = None,
     keep: bool = True,
+    key_sidecar: bool = True,
 ) -> list[pa.Table]:
     """:func:`read_generation` of every generation of ``refs``, in that order.
 
@@ -295,11 +298,12 @@ def read_generations(
     is read (it may raise to stop the reading). An error of any generation
     (:class:`GenerationGoneError`) is raised. ``keep=False``: what is read is not added
     to :data:`GENERATION_CACHE` (a caller that takes a few rows of many generations
-    and keeps those).
+    and keeps those). ``key_sidecar=False``: key columns are never read from a keys
+    sidecar (their rows sidecar or Lance table instead).
     """
 
     def read(g: GenerationRef, lance_ok: bool = True) -> pa.Table | None:
-        t = _read_generation(g, schema, storage_options, columns, lance_ok, keep)
+        t = _read_generation(g, schema, storage_options, columns, lance_ok, keep, key_sidecar)
         if t is not None and check is not None:
             check(t)
         return t
@@ -322,6 +326,7 @@ def generation_columns(
     names: Sequence[str],
     storage_options: dict[str, str] | None = None,
     keep: bool = True,
+    sidecars: bool = True,
 ) -> tuple[pa.Table, np.ndarray]:
     """Columns ``names`` (of :func:`read_schema`) of every generation of ``refs``,
     concatenated in that order (zero-copy), and each generation's row count.
@@ -338,6 +343,11 @@ def generation_columns(
     ``keep=False``: keys read from a region keys file or a keys sidecar are not added
     to :data:`GENERATION_CACHE` (a caller that keeps what it derives from them: each
     region's file is then released as soon as its region is done).
+
+    ``sidecars=False``: no keys sidecar is read; the keys of generations that no region
+    keys file covers are read from their rows, not cached with ``keep=False`` (a caller
+    that reads those rows next: a keys sidecar is never the only source of a full
+    read's keys, which its rows would contradict).
     """
     target = read_schema(schema)
     names = [c for c in names if c in target.names]  # as read_generation's columns
@@ -345,7 +355,7 @@ def generation_columns(
     keys_only = _keys_only(schema, names)
 
     def from_keys(ref: GenerationRef) -> dict[str, pa.ChunkedArray] | None:
-        keys = _keys_sidecar(ref.uri, storage_options, target)
+        keys = _keys_sidecar(ref, storage_options, target)
         if keys is None or not all(c in keys for c in wanted):
             return None  # none, damaged, or of other key columns: read the rows instead
         return GENERATION_CACHE.add(ref.uri, keys) if keep else keys
@@ -364,7 +374,10 @@ def generation_columns(
                 found[i] = cached
         todo = [i for i, cols in enumerate(found) if cols is None]
         unread = [refs[i] for i in todo if not GENERATION_CACHE.get(refs[i].uri)]
-        if len(unread) > 1 and parallel_reads(unread[0].uri, storage_options):
+        keys: list[dict[str, pa.ChunkedArray] | None]
+        if not sidecars:
+            keys = [None] * len(unread)
+        elif len(unread) > 1 and parallel_reads(unread[0].uri, storage_options):
             keys = in_chunks(_GENERATION_READERS, from_keys, unread, READ_TASKS)
         else:
             keys = [from_keys(ref) for ref in unread]
@@ -372,7 +385,14 @@ def generation_columns(
         found = [by_uri.get(ref.uri) if cols is None else cols for ref, cols in zip(refs, found)]
         todo = [i for i, cols in enumerate(found) if cols is None]
     if todo:
-        slow = read_generations([refs[i] for i in todo], schema, storage_options, wanted)
+        slow = read_generations(
+            [refs[i] for i in todo],
+            schema,
+            storage_options,
+            wanted,
+            keep=keep or sidecars,
+            key_sidecar=sidecars,
+        )
         for i, t in zip(todo, slow):
             found[i] = {c: t.column(c) for c in wanted}
     got = [cols for cols in found if cols is not None]
@@ -424,13 +444,20 @@ def _sidecar(
 
 
 def _keys_sidecar(
-    uri: str, storage_options: dict[str, str] | None, target: pa.Schema
+    ref: GenerationRef, storage_options: dict[str, str] | None, target: pa.Schema
 ) -> dict[str, pa.ChunkedArray] | None:
     """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
-    sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
-    one (then the rows sidecar or the Lance table is read)."""
-    t = read_keys_sidecar(uri, storage_options)
-    return None if t is None else _key_columns(t, target)
+    sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none, a damaged
+    one or one whose row count is not its region manifest's (then the rows sidecar or
+    the Lance table is read)."""
+    t = read_keys_sidecar(ref.uri, storage_options)
+    if t is None:
+        return None
+    from memwal_query.format.keyfile import KEYS_FILE
+
+    if not _rows_agree(ref, t.num_rows, join(ref.uri, KEYS_FILE)):
+        return None
+    return _key_columns(t, target)
 
 
 def _key_columns(t: pa.Table, target: pa.Schema) -> dict[str, pa.ChunkedArray]:
@@ -509,9 +536,10 @@ def region_keys_parts(
 
 
 def _rows_agree(ref: GenerationRef, rows: int, path: str) -> bool:
-    """Whether a region keys file's part for ``ref`` holds as many rows as its region
-    manifest records (unknown: yes); a warning naming ``path`` when not (the part is
-    not used; the generation's own files are read instead)."""
+    """Whether a keys file (``path``: a region keys file's part or a keys sidecar) holds
+    as many rows for ``ref`` as its region manifest records (unknown: yes); a warning
+    naming ``path`` when not (the file is not used for it; the generation's other
+    files are read instead)."""
     if ref.rows is None or ref.rows == rows:
         return True
     warnings.warn(
