@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.exceptions import ObjectNotFoundError, StorageError
-from memwal_query.format.rowfile import read_sealed, seal, unseal
+from memwal_query.format.rowfile import read_checked, read_sealed, seal, unseal
 from memwal_query.format.schema import ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.storage.io import FileIO, join
 
@@ -343,16 +343,10 @@ def read_index(io: FileIO, gen_uri: str, num_rows: int | None) -> KeyIndex | Non
     none, or a damaged one or one that does not match (a warning then; the caller
     builds the index from the generation's keys)."""
     path = join(gen_uri, KEY_INDEX_FILE)
-    instead = "building the key index from the generation's keys instead"
-    try:
-        data = io.read_buffer(path)
-    except ObjectNotFoundError:
-        return None
-    except StorageError as e:
-        warnings.warn(f"{path}: not used ({e}); {instead}", RuntimeWarning, stacklevel=2)
-        return None
-    try:
-        return decode_index(data, path, _dir_name(gen_uri), num_rows)
-    except ValueError as e:
-        warnings.warn(f"{e}; {instead}", RuntimeWarning, stacklevel=2)
-        return None
+    gen_dir = _dir_name(gen_uri)
+    return read_checked(
+        io,
+        path,
+        lambda data: decode_index(data, path, gen_dir, num_rows),
+        "building the key index from the generation's keys instead",
+    )
