@@ -269,17 +269,19 @@ def build_index(keys: pa.Table, primary_key: list[str]) -> KeyIndex:
     its newest row and whether that row is a tombstone."""
     ints = as_int64(keys.column(primary_key[0]).combine_chunks()).to_numpy(zero_copy_only=False)
     n = len(ints)
-    order = np.argsort(ints, kind="stable")  # equal keys in write order: the last is newest
+    order = np.argsort(ints)
     ordered = ints[order]
-    last = np.ones(n, bool)
-    last[:-1] = ordered[1:] != ordered[:-1]
-    rows = order[last].astype(np.int64)
+    first = np.ones(n, bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    starts = np.flatnonzero(first)
+    # the newest row of a key is its last in write order: the largest position
+    rows = np.maximum.reduceat(order, starts).astype(np.int64) if n else order.astype(np.int64)
     if TOMBSTONE in keys.column_names:
         tomb = keys.column(TOMBSTONE).combine_chunks().fill_null(False)
         flags = tomb.to_numpy(zero_copy_only=False)[rows]
     else:
         flags = np.zeros(len(rows), bool)
-    return KeyIndex(ordered[last], rows, flags, n)
+    return KeyIndex(ordered[starts], rows, flags, n)
 
 
 def index_columns(keys: pa.Table, primary_key: list[str], gen_dir: str) -> pa.Table:
