@@ -145,7 +145,7 @@ class _QueryState:
         self._base_rows: int | None = None
         self._kept_lock = threading.Lock()
         self._kept: tuple[int | None] | None = None
-        self.whole_rows = False  # set by a full read: generations read whole at once
+        self.rows_next = False  # set by a full read: it reads the generations' rows next
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
@@ -168,7 +168,7 @@ class _QueryState:
                     table.schema,
                     table.primary_key,
                     table.storage_options,
-                    self.whole_rows,
+                    self.rows_next,
                 )
             return self._view
 
@@ -693,11 +693,13 @@ class _BaseFragment:
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
-            def lance_scan(deleted: bool) -> Iterator[pa.RecordBatch]:
+            def lance_scan(
+                deleted: bool, fragments: list[Any] | None = self.lance_fragments
+            ) -> Iterator[pa.RecordBatch]:
                 scanner = state.plan.base.scanner(
                     columns=list(dict.fromkeys(data_cols + key_cols)),
                     filter=f.base,
-                    fragments=self.lance_fragments,
+                    fragments=fragments,
                     with_row_address=want_addr or by_address,
                     with_row_id=overwritten is not None or deleted,
                     batch_size=size,
@@ -711,7 +713,13 @@ class _BaseFragment:
 
             try:
                 try:
-                    batches = lance_scan(with_deleted)
+                    batches = (
+                        _split_scans(lance_scan, self.fragments())
+                        if with_deleted and f.expr is not None
+                        else None
+                    )
+                    if batches is None:
+                        batches = lance_scan(with_deleted)
                 except _LANCE_REFUSALS:
                     if not (with_deleted and f.expr is not None):
                         raise
@@ -744,7 +752,8 @@ class _BaseFragment:
 
         def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
             # one mask of the rows to drop (deleted, overwritten), one copy of the rest
-            mask = deletions.deleted_rows(batch) if with_deleted else None
+            deleted = with_deleted and ROWID_COLUMN in batch.schema.names
+            mask = deletions.deleted_rows(batch) if deleted else None
             if overwritten is not None:
                 ids = deletions.live_values(batch, ROWID_COLUMN)
                 mask = _either(mask, overwritten.contains(ids))
@@ -773,6 +782,27 @@ class _BaseFragment:
             yield from (kept(i, b) for i, b in enumerate(batches))  # nothing to drop
             return
         yield from _ahead(kept, batches)
+
+
+def _split_scans(
+    scan: Callable[[bool, list[Any]], Iterator[pa.RecordBatch]], fragments: list[Any]
+) -> Iterator[pa.RecordBatch] | None:
+    """A filtered scan that reads the deleted rows of the fragments with deletion files
+    (``scan(True, those)``: no late materialization, which Lance refuses with deleted
+    rows) and leaves the others to Lance's own plan (``scan(False, others)``: the
+    filter's columns first, the other columns of the matching rows only), or None when
+    the fragments are all of one kind. The second scan starts when the first is done."""
+    dirty = [f for f in fragments if f.num_deletions]
+    clean = [f for f in fragments if not f.num_deletions]
+    if not (dirty and clean):
+        return None
+    first = scan(True, dirty)  # started here: a refusal surfaces to the caller
+
+    def rest() -> Iterator[pa.RecordBatch]:
+        yield from first
+        yield from scan(False, clean)
+
+    return rest()
 
 
 KEEP_AHEAD = 2
@@ -1076,8 +1106,7 @@ class MemWalDataset(pads.Dataset):
         be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
-        pk = self.table.primary_key
-        state.whole_rows = any(c not in pk for c in out_schema.names)
+        state.rows_next = any(c not in self.table.primary_key for c in out_schema.names)
         base_part = _BaseFragment(state, None)
         if not base_part.can_be_whole(out_schema):
             return None
