@@ -14,6 +14,16 @@ IVF_PQ index maintained in generations, 3 flushed generations of upserts (20% ne
 and deletes, against ``LsmVectorSearchPlanner``.
 
 recall@10 is measured against exact brute force over the deduplicated data.
+
+Setup 3 (``--first-lookup-only`` runs it alone): the first lookup touching a newly
+flushed generation of a stream's size (``--generation-rows``, default 100,000: a
+writer's default ``max_memtable_rows``) in a reader that keeps following the table. A
+1,000,000-row base (``--quick`` 200k); each of ``--rounds`` rounds upserts that many
+rows (and deletes 2% as many keys) and flushes; the reader then looks up one absent
+key (its view follows; no generation touched), then 10 keys of the new generation
+(first), then the same keys again; p50 over the rounds. The same for SQL ``WHERE id IN
+(...)`` of 10 other keys through :meth:`MemWalTable.provider`. Only public API, so the
+same script measures another checkout (``PYTHONPATH``) for a before/after pair.
 """
 
 from __future__ import annotations
@@ -142,6 +152,48 @@ def vs_plain_lance(root: str, n: int, generations: int, queries: int) -> list[li
     return rows
 
 
+def first_lookup(root: str, base_rows: int, gen_rows: int, rounds: int) -> list[list[object]]:
+    """Setup 3: first and repeated lookups after each flush (see the module docs)."""
+    import datafusion
+
+    uri = f"{root}/first"
+    rng = np.random.default_rng(3)
+    ids = np.arange(base_rows, dtype=np.int64)
+    base = pa.table({"id": ids, "v": ids}, schema=pa.schema([SCHEMA.field(0), ("v", pa.int64())]))
+    lance.write_dataset(base, uri)
+    lance.dataset(uri).create_scalar_index("id", "BTREE")
+    t = mq.MemWalTable.initialize(uri)
+    w = t.writer(max_memtable_rows=10_000_000, max_memtable_bytes=1 << 40)
+    reader = mq.MemWalTable.open(uri)
+    reader.lookup(pa.array([0], pa.int64()))
+    lat: dict[str, list[float]] = {k: [] for k in ("first", "again", "sql first", "sql again")}
+    for r in range(rounds):
+        keys = rng.integers(0, base_rows, gen_rows)
+        w.put(pa.table({"id": keys, "v": np.full(gen_rows, r + 1)}, schema=base.schema))
+        w.delete(pa.table({"id": rng.integers(0, base_rows, gen_rows // 50)}))
+        w.flush()
+        reader.lookup(pa.array([-1], pa.int64()))  # the view follows; no generation touched
+        probe = pa.array(rng.choice(keys, 10), pa.int64())
+        for name in ("first", "again"):
+            s = time.perf_counter()
+            reader.lookup(probe)
+            lat[name].append(time.perf_counter() - s)
+        sql = f"SELECT * FROM t WHERE id IN ({','.join(map(str, rng.choice(keys, 10)))})"
+        ctx = datafusion.SessionContext()
+        ctx.register_table("t", reader.provider())
+        for name in ("sql first", "sql again"):
+            s = time.perf_counter()
+            ctx.sql(sql).to_arrow_table()
+            lat[name].append(time.perf_counter() - s)
+    w.close()
+    first, again = pct(lat["first"], 50), pct(lat["again"], 50)
+    sql_first, sql_again = pct(lat["sql first"], 50), pct(lat["sql again"], 50)
+    return [
+        ["t.lookup, 10 keys", first * 1e3, again * 1e3, first / again],
+        ["SQL WHERE id IN (10 keys)", sql_first * 1e3, sql_again * 1e3, sql_first / sql_again],
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -149,7 +201,24 @@ def main() -> None:
     parser.add_argument(
         "--vs-lance-only", action="store_true", help="only the ours-vs-plain-Lance table"
     )
+    parser.add_argument("--first-lookup-only", action="store_true", help="only setup 3")
+    parser.add_argument("--generation-rows", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        base_rows = 200_000 if args.quick else 1_000_000
+        rows = first_lookup(root, base_rows, args.generation_rows, args.rounds)
+        load = os.getloadavg()
+        print_table(
+            f"First lookup touching a newly flushed {args.generation_rows:,}-row generation, "
+            f"live reader, {base_rows:,}-row base, p50 of {args.rounds} flushes ({machine()}, "
+            f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
+            f"{time.strftime('%Y-%m-%d')})",
+            ["query", "first ms", "again ms", "first / again"],
+            rows,
+        )
+    if args.first_lookup_only:
+        return
     with tempfile.TemporaryDirectory() as root:
         size = 40_000 if args.quick else 200_000
         rows = []

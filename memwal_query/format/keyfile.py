@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.exceptions import ObjectNotFoundError, StorageError
-from memwal_query.format.rowfile import read_sealed, seal, unseal
+from memwal_query.format.rowfile import read_checked, read_sealed, seal, unseal
 from memwal_query.format.schema import ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.storage.io import FileIO, join
 
@@ -222,3 +222,133 @@ def read_region_table(io: FileIO, gen_uri: str) -> tuple[pa.Table, list[RegionKe
     except ValueError as e:
         warnings.warn(f"{e}; reading each generation's keys instead", RuntimeWarning, stacklevel=2)
         return None
+
+
+# -- the generation's key index: the newest row of each key, sorted by key -------------
+KEY_INDEX_FILE = "memwal_key_index.bin"
+_INDEX_MAGIC = b"MWX1"
+_INDEX_ROWS_KEY = b"memwal.rows"
+_INDEX_PATH_KEY = b"memwal.generation"
+INDEX_KEY = "key"
+INDEX_ROW = "row"
+
+
+def index_key_type(key_schema: pa.Schema) -> bool:
+    """Whether a generation with primary-key fields ``key_schema`` gets a key index file:
+    a single integer key column (indexed by its value as int64)."""
+    return len(key_schema) == 1 and pa.types.is_integer(key_schema.field(0).type)
+
+
+@dataclass(frozen=True)
+class KeyIndex:
+    """A generation's key index (:func:`read_index`, :func:`build_index`).
+
+    Attributes
+    ----------
+    keys : np.ndarray
+        Distinct key values as int64, strictly increasing.
+    rows : np.ndarray
+        Position in write order of each key's newest row.
+    tombstone : np.ndarray
+        Whether that row is a tombstone.
+    num_rows : int
+        Rows of the generation.
+    """
+
+    keys: np.ndarray
+    rows: np.ndarray
+    tombstone: np.ndarray
+    num_rows: int
+
+
+def build_index(keys: pa.Table, primary_key: list[str]) -> KeyIndex:
+    """The key index of a generation whose keys sidecar columns are ``keys`` (rows in
+    write order, see :func:`key_columns`; a single integer key column without NULLs):
+    one entry per distinct key, sorted by the key's int64 value
+    (:func:`memwal_query.format.schema.as_int64`), with the position in write order of
+    its newest row and whether that row is a tombstone."""
+    ints = as_int64(keys.column(primary_key[0]).combine_chunks()).to_numpy(zero_copy_only=False)
+    n = len(ints)
+    order = np.argsort(ints)
+    ordered = ints[order]
+    first = np.ones(n, bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    starts = np.flatnonzero(first)
+    # the newest row of a key is its last in write order: the largest position
+    rows = np.maximum.reduceat(order, starts).astype(np.int64) if n else order.astype(np.int64)
+    if TOMBSTONE in keys.column_names:
+        tomb = keys.column(TOMBSTONE).combine_chunks().fill_null(False)
+        flags = tomb.to_numpy(zero_copy_only=False)[rows]
+    else:
+        flags = np.zeros(len(rows), bool)
+    return KeyIndex(ordered[starts], rows, flags, n)
+
+
+def index_columns(keys: pa.Table, primary_key: list[str], gen_dir: str) -> pa.Table:
+    """What the key index file of the generation in directory ``gen_dir`` (its name)
+    holds: :func:`build_index` of its keys sidecar columns ``keys`` as a table, with the
+    generation's row count and directory name in the schema metadata."""
+    index = build_index(keys, primary_key)
+    t = pa.table({INDEX_KEY: index.keys, INDEX_ROW: index.rows, TOMBSTONE: index.tombstone})
+    meta = {_INDEX_ROWS_KEY: str(index.num_rows).encode(), _INDEX_PATH_KEY: gen_dir.encode()}
+    return t.replace_schema_metadata(meta)
+
+
+def _dir_name(gen_uri: str) -> str:
+    return gen_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def write_index(io: FileIO, gen_uri: str, keys: pa.Table, primary_key: list[str]) -> None:
+    """Write the key index file of the generation at ``gen_uri`` (before its manifest
+    commit) from its keys sidecar columns ``keys`` (:func:`index_columns`)."""
+    t = index_columns(keys, primary_key, _dir_name(gen_uri))
+    io.write(join(gen_uri, KEY_INDEX_FILE), seal(t, _INDEX_MAGIC))
+
+
+def decode_index(
+    data: bytes | pa.Buffer, path: str, gen_dir: str, num_rows: int | None
+) -> KeyIndex:
+    """The key index of key index file bytes; ValueError naming ``path`` when the
+    framing, the CRC or the Arrow data is wrong, or the index is not one of the
+    generation in directory ``gen_dir`` (its name) of ``num_rows`` rows (None: unknown)
+    as :func:`index_columns` writes it."""
+    t = unseal(data, path, _INDEX_MAGIC, "a key index file")
+    want = {INDEX_KEY: pa.int64(), INDEX_ROW: pa.int64(), TOMBSTONE: pa.bool_()}
+    if {f.name: f.type for f in t.schema} != want:
+        raise ValueError(f"{path}: columns {t.schema.names} are not a key index's")
+    meta = t.schema.metadata or {}
+    try:
+        rows = int(meta[_INDEX_ROWS_KEY])
+        written_for = meta[_INDEX_PATH_KEY].decode()
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{path}: no row count or generation") from e
+    if written_for != gen_dir:
+        raise ValueError(f"{path}: the key index of generation {written_for!r}, not {gen_dir!r}")
+    if num_rows is not None and rows != num_rows:
+        raise ValueError(f"{path}: an index of {rows} rows for a generation of {num_rows}")
+    if any(t.column(c).null_count for c in want):
+        raise ValueError(f"{path}: NULLs in a key index")
+    keys = t.column(INDEX_KEY).combine_chunks().to_numpy()
+    at = t.column(INDEX_ROW).combine_chunks().to_numpy()
+    tomb = t.column(TOMBSTONE).combine_chunks().to_numpy(zero_copy_only=False)
+    # O(keys) vectorised checks: a file of another generation or a bad writer is refused
+    if len(keys) > rows or (len(keys) == 0) != (rows == 0):
+        raise ValueError(f"{path}: {len(keys)} keys for {rows} rows")
+    if len(keys) and ((keys[1:] <= keys[:-1]).any() or int(at.min()) < 0 or int(at.max()) >= rows):
+        raise ValueError(f"{path}: keys not strictly increasing or rows out of range")
+    return KeyIndex(keys, at, tomb, rows)
+
+
+def read_index(io: FileIO, gen_uri: str, num_rows: int | None) -> KeyIndex | None:
+    """The key index of the generation directory ``gen_uri`` (``num_rows``: its row
+    count as its region manifest records it, None when unknown), or None when it has
+    none, or a damaged one or one that does not match (a warning then; the caller
+    builds the index from the generation's keys)."""
+    path = join(gen_uri, KEY_INDEX_FILE)
+    gen_dir = _dir_name(gen_uri)
+    return read_checked(
+        io,
+        path,
+        lambda data: decode_index(data, path, gen_dir, num_rows),
+        "building the key index from the generation's keys instead",
+    )

@@ -24,6 +24,8 @@ from __future__ import annotations
 import struct
 import warnings
 import zlib
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +33,8 @@ import pyarrow as pa
 from memwal_query.exceptions import ObjectNotFoundError, StorageError
 from memwal_query.format.schema import ROWADDR_COLUMN
 from memwal_query.storage.io import FileIO, join
+
+T = TypeVar("T")
 
 ROWS_FILE = "memwal_rows.bin"
 _MAGIC = b"MWR1"
@@ -100,6 +104,13 @@ def read_sealed(io: FileIO, path: str, magic: bytes, what: str, instead: str) ->
     """The table of the sealed file ``path``, or None when there is none or it is
     damaged (then with a warning naming the file and what is done ``instead``: the
     caller uses the source of truth)."""
+    return read_checked(io, path, lambda data: unseal(data, path, magic, what), instead)
+
+
+def read_checked(io: FileIO, path: str, decode: Callable[[pa.Buffer], T], instead: str) -> T | None:
+    """``decode`` of the bytes of the file ``path``, or None when there is none, it
+    cannot be fetched or ``decode`` raises ValueError (then with a warning naming the
+    file, the reason and what is done ``instead``)."""
     try:
         data = io.read_buffer(path)
     except ObjectNotFoundError:
@@ -108,7 +119,7 @@ def read_sealed(io: FileIO, path: str, magic: bytes, what: str, instead: str) ->
         warnings.warn(f"{path}: not used ({e}); {instead}", RuntimeWarning, stacklevel=3)
         return None
     try:
-        return unseal(data, path, magic, what)
+        return decode(data)
     except ValueError as e:
         warnings.warn(f"{e}; {instead}", RuntimeWarning, stacklevel=3)
         return None

@@ -18,6 +18,7 @@ from memwal_query.exceptions import (
     BaseVersionGoneError,
     GenerationGoneError,
 )
+from memwal_query.format import keyfile
 from memwal_query.format.bloom import BloomFilter, hash_keys, load_checksummed
 from memwal_query.format.bloom import load as load_bloom
 from memwal_query.format.schema import (
@@ -26,7 +27,7 @@ from memwal_query.format.schema import (
 )
 from memwal_query.read import sources, view
 from memwal_query.search.caches import OPEN_GENERATIONS
-from memwal_query.search.keys import _KeyIndex
+from memwal_query.search.keys import _KeyIndex, _SortedKeyIndex
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -65,8 +66,9 @@ class _GenInfo:
         self._ds: lance.LanceDataset | None = None
         self._num_rows: int | None = None
         self._lock = threading.Lock()
-        self._keys: _KeyIndex | None = None
+        self._keys: _KeyIndex | _SortedKeyIndex | None = None
         self._blocklist: bytes | None = None
+        self._blocklist_done = False
         checked = load_checksummed(table.io, ref.uri)
         # a checksummed filter's negatives are trusted without reading the keys
         self.bloom_checked = checked is not None
@@ -106,10 +108,7 @@ class _GenInfo:
     def num_rows(self) -> int:
         """Rows of the generation."""
         if self._num_rows is None:
-            if self._keys is not None:
-                self._num_rows = len(self._keys.tombstone)
-            else:
-                self._open()
+            self._open()
         assert self._num_rows is not None
         return self._num_rows
 
@@ -125,13 +124,25 @@ class _GenInfo:
         with self._lock:
             if self._keys is not None:
                 return
-            cols = [*self.pk, TOMBSTONE, ROWADDR_COLUMN]
+            stored = self._stored_index()
+            if stored is not None:
+                self._num_rows = stored.num_rows
+                self._keys = _SortedKeyIndex(stored, self.schema.field(self.pk[0]))
+                return
+            cols = [*self.pk, TOMBSTONE]
             with _reading(self):
                 raw = sources.read_generation(self.ref, self.schema, self.storage_options, cols)
-            tomb = pc.fill_null(raw.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
-            index = np.arange(raw.num_rows, dtype=np.int64)
             keys = raw.select(self.pk)
-            self._keys = _KeyIndex(keys, tomb, index)
+            self._num_rows = raw.num_rows
+            if self._by_value and not keys.column(0).null_count:
+                # what the flush writes as the key index file: sorted by value, no hashing
+                self._keys = _SortedKeyIndex(
+                    keyfile.build_index(raw, self.pk), self.schema.field(self.pk[0])
+                )
+            else:
+                tomb = pc.fill_null(raw.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
+                index = np.arange(raw.num_rows, dtype=np.int64)
+                self._keys = _KeyIndex(keys, tomb, index)
             if (
                 self.bloom is not None
                 and not self.bloom_checked
@@ -143,13 +154,22 @@ class _GenInfo:
                 # checksummed filter needs no such check: its CRC catches those).
                 self.bloom = None
                 self.bloom_corrupt = True
-            live = np.zeros(raw.num_rows, bool)
-            live[self._keys.rows[~self._keys.tombstone]] = True
-            dead = raw.column(ROWADDR_COLUMN).to_numpy()[~live]
-            if len(dead):
-                from lance.dataset import serialize_row_addrs
 
-                self._blocklist = serialize_row_addrs(dead.tolist())
+    @functools.cached_property
+    def _by_value(self) -> bool:
+        """Whether the key is one integer column (indexed by value, as the flush's key
+        index file)."""
+        return keyfile.index_key_type(pa.schema([self.schema.field(k) for k in self.pk]))
+
+    def _stored_index(self) -> keyfile.KeyIndex | None:
+        """The key index its flush wrote (:func:`memwal_query.format.keyfile.read_index`),
+        when the generation has a single integer key and a checksummed bloom filter
+        (an unchecked filter is verified against every key, which the index alone
+        cannot do); None otherwise, or when the file is missing, damaged or of another
+        row count than the region manifest's (then the index is built from the keys)."""
+        if not self.bloom_checked or not self._by_value:
+            return None
+        return keyfile.read_index(self.io, self.uri, self.ref.rows)
 
     def exists(self) -> bool:
         """Whether the generation's directory is still there (False when unsure)."""
@@ -163,7 +183,7 @@ class _GenInfo:
         return _own(self.ds)
 
     @property
-    def keys(self) -> _KeyIndex:
+    def keys(self) -> _KeyIndex | _SortedKeyIndex:
         """Key index of the generation (loaded on first use)."""
         self._load_keys()
         assert self._keys is not None
@@ -171,8 +191,20 @@ class _GenInfo:
 
     @property
     def blocklist(self) -> bytes | None:
-        """Row addresses of superseded rows and tombstones (Lance prefilter), or None."""
-        self._load_keys()
+        """Row addresses of superseded rows and tombstones (Lance prefilter), or None
+        (computed on first use: a lookup never needs it)."""
+        if not self._blocklist_done:
+            dead = np.flatnonzero(~self.live_mask())
+            out = None
+            if len(dead):
+                from lance.dataset import serialize_row_addrs
+
+                with _reading(self):
+                    addrs = sources.read_generation(
+                        self.ref, self.schema, self.storage_options, [ROWADDR_COLUMN]
+                    )
+                out = serialize_row_addrs(addrs.column(0).to_numpy()[dead].tolist())
+            self._blocklist, self._blocklist_done = out, True
         return self._blocklist
 
     def live_mask(self) -> np.ndarray:

@@ -3,6 +3,7 @@ per-generation key index."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -10,7 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.format.bloom import hash_keys
+from memwal_query.format.keyfile import KeyIndex
 from memwal_query.format.schema import (
+    as_int64,
     normalize_keys,
 )
 from memwal_query.read.dedup import newest_indices
@@ -90,6 +93,54 @@ class _KeyIndex:
             theirs = norm.column(i).take(pa.array(probe_idx))
             ok &= pc.fill_null(pc.equal(mine, theirs), False).to_numpy(zero_copy_only=False)
         out[probe_idx[ok]] = pos[ok]
+        return out
+
+    def contains(self, keys: pa.Table, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Boolean mask: which probe keys exist (as a row or a tombstone)."""
+        return self.probe(keys, hashes) >= 0
+
+
+class _SortedKeyIndex:
+    """Newest row of each key of a flushed generation with a single integer key, as its
+    flush wrote it (:func:`memwal_query.format.keyfile.read_index`): keys sorted by
+    value, probed by binary search (the same interface as :class:`_KeyIndex`).
+
+    Parameters
+    ----------
+    index : KeyIndex
+        The generation's key index file, read.
+    field : pa.Field
+        The key column.
+    """
+
+    def __init__(self, index: KeyIndex, field: pa.Field) -> None:
+        self.values = index.keys
+        self.rows = index.rows
+        self.tombstone = index.tombstone
+        self.num_keys = len(index.keys)
+        self.field = field
+
+    @functools.cached_property
+    def keys(self) -> pa.Table:
+        """The keys, in index order, as a table of the key column."""
+        arr = pa.array(self.values, pa.int64())
+        t = self.field.type
+        arr = arr.view(t) if t == pa.uint64() else arr.cast(t)
+        return pa.Table.from_arrays([arr], schema=pa.schema([pa.field(self.field.name, t)]))
+
+    def probe(self, keys: pa.Table, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Position in this index of each probe key (one integer column), -1 when
+        absent (``hashes`` is not used: keys are compared by value)."""
+        n = keys.num_rows
+        out = np.full(n, -1, np.int64)
+        if n == 0 or self.num_keys == 0:
+            return out
+        col = keys.column(0)
+        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+        ints = as_int64(pc.fill_null(col, 0)).to_numpy(zero_copy_only=False).astype(np.int64)
+        pos = np.minimum(np.searchsorted(self.values, ints), self.num_keys - 1)
+        hit = valid & (self.values[pos] == ints)
+        out[hit] = pos[hit]
         return out
 
     def contains(self, keys: pa.Table, hashes: np.ndarray | None = None) -> np.ndarray:

@@ -90,6 +90,8 @@ def write_generation(
         addresses = rowfile.row_addresses(fragments)
         rowfile.write(table.io, uri, data, addresses)
         stored = keyfile.write(table.io, uri, data, list(table.primary_key), addresses)
+        if keyfile.index_key_type(keys.schema) and not keys.column(0).null_count:
+            keyfile.write_index(table.io, uri, stored, list(table.primary_key))
         if region_keys is not None:
             part = keyfile.RegionKeysPart(memtable.generation, gen_dir, stored)
             try:
