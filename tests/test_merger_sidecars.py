@@ -3,7 +3,7 @@
 A batch's deletes and winners are decided from the generations' keys (the region keys
 file of the batch's newest generation where it covers them, their own keys sidecars
 otherwise); the winning rows are read from the rows sidecars while the deletes commit,
-and stream into the upsert commit. These tests prove the shortcut never changes what a
+and reach the upsert commit as one table. These tests prove the shortcut never changes what a
 merge leaves: missing or damaged sidecars fall back to the Lance tables; sidecars that
 disagree with the manifest or with each other are a typed error before anything is
 committed; a failure while the rows are read is that failure, never a lost commit race,
@@ -220,31 +220,33 @@ def test_a_failure_reading_the_rows_is_that_failure(base_uri, separate_deletes, 
     assert base_view(t.uri) == model and view(t) == model
 
 
-def test_streamed_upserts_equal_the_table(base_uri, monkeypatch):
-    """Upserts that stream into the commit while they are read (a slow reader) leave
-    the same base as the materialised table."""
+def test_upserts_read_slowly_reach_the_commit_whole(base_uri, monkeypatch):
+    """Upserts still being read when the deletes have committed (a slow reader): the
+    upsert commit waits for every region's rows and takes them as one table (Lance
+    plans a table's join from its statistics), and leaves the model."""
     import time
 
     monkeypatch.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
     t, model, region = _two_regions(base_uri)
     real = merger._upsert_rows
-    streamed = []
+    sources = []
 
     def slow(*args, **kwargs):
-        time.sleep(0.3)
+        time.sleep(0.2)
         return real(*args, **kwargs)
 
     real_source = merger._Prepared.upsert_source
 
     def source(self):
+        pending = not all(f.done() for f in self.parts)
         got = real_source(self)
-        streamed.append(isinstance(got, pa.RecordBatchReader))
+        sources.append((pending, type(got), got.num_rows))
         return got
 
     monkeypatch.setattr(merger, "_upsert_rows", slow)
     monkeypatch.setattr(merger._Prepared, "upsert_source", source)
     merged = t.maintenance.merge()
-    assert streamed == [True]
+    assert sources == [(True, pa.Table, merged.upserted)]
     assert merged.upserted == len({2, 200, 4, 8, 202, 12, 204, 16, 206, 1, 3, 201})
     assert base_view(t.uri) == model and view(t) == model
     ids = np.sort(lance.dataset(t.uri).to_table(columns=["id"]).column("id").to_numpy())
