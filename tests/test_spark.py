@@ -271,7 +271,7 @@ def test_batch_ingest_1m_rows_16_regions(spark, tmp_path):
 
 
 def test_upsert_delete_column_and_order_by(spark, tmp_path):
-    t = new_table(tmp_path)
+    t = new_table(tmp_path, buckets=4)
     model = base_model(range(1000))
     mqs.write(spark_rows(spark, 500, 1500, tag="a"), t.uri)
     upsert_model(model, range(500, 1500), "a")
@@ -356,7 +356,7 @@ def test_task_retry_after_partial_write(spark, tmp_path, fault_dir):
 
 def test_stale_attempt_is_fenced_by_spark_retry(spark, tmp_path):
     """An earlier attempt's writer (still alive) is fenced once a later attempt claims."""
-    t = new_table(tmp_path)
+    t = new_table(tmp_path, buckets=4)
     model = base_model(range(1000))
     spec = t.region_spec
     ids = range(2000, 4000)
@@ -637,7 +637,8 @@ def assert_one_generation_per_commit(t: mq.MemWalTable, first: int, last: int) -
 
 
 def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
-    t = new_table(tmp_path)
+    regions = 4  # one merge task per region, each merging 4 generations
+    t = new_table(tmp_path, buckets=regions)
     model = base_model(range(1000))
     for round_, (lo, hi) in enumerate([(0, 3000), (2000, 5000), (4000, 6000)]):
         mqs.write(spark_rows(spark, lo, hi, tag=f"r{round_}-"), t.uri)
@@ -646,14 +647,14 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     for i in range(0, 6000, 5):
         model.pop(i, None)
     pending = mqs.pending_generations(t)
-    assert len(pending) == BUCKETS and set(pending.values()) == {4}
+    assert len(pending) == regions and set(pending.values()) == {4}
     arm(fault_dir, "merge.after_generation")  # one task dies after its first generation
     first = lance.dataset(t.uri).version
     summary = mqs.merge(spark, t.uri)
     assert not os.path.exists(os.path.join(fault_dir, "merge.after_generation"))  # it fired
     assert any(m.attempt == 1 for m in summary.merged)  # ... and the task was retried
     last = lance.dataset(t.uri).version
-    assert last - first == 4 * BUCKETS  # one commit per generation
+    assert last - first == 4 * regions  # one commit per generation
     assert_one_generation_per_commit(t, first, last)
     assert summary.pending == {}
     assert mqs.pending_generations(t) == {}
@@ -662,7 +663,7 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     # attempt is dropped by Spark, so its first generation may be missing here)
     for gens in summary.by_region().values():
         assert gens == sorted(set(gens)) and gens[-1] == 4
-    assert sum(len(g) for g in summary.by_region().values()) >= 4 * BUCKETS - 1
+    assert sum(len(g) for g in summary.by_region().values()) >= 4 * regions - 1
     merged = t.catalog.index().merged_generations()
     assert merged == {r: 4 for r in pending}
     assert_view(t.uri, model)
