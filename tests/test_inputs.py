@@ -155,3 +155,28 @@ def test_initialize_refuses_a_spec_the_table_cannot_evaluate(tmp_path):
     with pytest.raises(mq.RegionSpecError, match="truncate is not defined for floating-point"):
         mq.MemWalTable.initialize(uri, region_spec=truncate_spec(ds.lance_schema, "id", 100))
     assert files(uri) == before
+
+
+def test_a_dictionary_column_flushes_writes_with_different_dictionaries(tmp_path):
+    """A table whose column is dictionary-encoded: writes (and a delete) whose batches
+    carry different dictionaries flush into one generation, read back and merge."""
+    kind = pa.dictionary(pa.int32(), pa.string())
+    schema = pk_schema(pa.field("d", kind))
+    uri = str(tmp_path / "t")
+
+    def rows(ids, value):
+        return pa.table({"id": ids, "d": pa.array([value] * len(ids)).dictionary_encode()}, schema)
+
+    lance.write_dataset(rows([1, 2], "a"), uri)
+    t = mq.MemWalTable.initialize(uri)
+    t.write(rows([3], "b"))
+    t.write(rows([2, 4], "c"))
+    t.delete(pa.table({"id": [1]}))
+    t.close()  # flushes the MemTable: one generation of three batches
+    want = {2: "c", 3: "b", 4: "c"}
+    t = mq.MemWalTable.open(uri)
+    assert {r["id"]: r["d"] for r in t.to_table().to_pylist()} == want
+    t.maintenance.merge()
+    got = lance.dataset(uri).to_table().to_pylist()
+    assert {r["id"]: r["d"] for r in got} == want
+    t.close()

@@ -1375,10 +1375,11 @@ def test_read_in_driver_of_an_empty_view(spark, tmp_path):
 def test_read_above_driver_read_bytes_uses_the_data_source(spark, wal_table):
     uri = wal_table.uri
     rows = view(uri)
-    # the bound from row counts: base rows minus newer rows, 16 fixed bytes each
+    # the bound from the keys: live rows, at least 20 bytes each
     assert "BatchScan memwal" in _scan(mqs.read(spark, uri, driver_read_bytes="1000"))
-    # the running count: past the bound from row counts, below the rows read
-    fixed = 16 * rows.num_rows
+    # the running count: past the bound from the keys (8 + 8 bytes and the name's 4-byte
+    # offset a row), below the rows read
+    fixed = 20 * rows.num_rows
     df = mqs.read(spark, uri, driver_read_bytes=str(fixed))
     assert "BatchScan memwal" in _scan(df)
     assert same(df.orderBy("id").toArrow(), rows)
@@ -1433,3 +1434,56 @@ def test_ingest_merge_and_read_on_each_object_store(spark, store_pool, kind):
     fresh = mq.MemWalTable.open(uri, storage_options=options).to_table().sort_by("id")
     assert same(fresh.select(["id", "val", "name"]), model_table(model))
     assert t.maintenance.fsck().findings == []
+
+
+def test_read_in_driver_refuses_newer_rows_above_the_budget_before_reading(tmp_path, monkeypatch):
+    """A view whose rows are all newer than the base (an empty base, flushed
+    generations and WAL entries) is measured before any row is read: over the budget,
+    read_in_driver returns None without reading them into the driver."""
+    from memwal_query.spark._common import _spark_schema
+
+    t = new_table(tmp_path, base_ids=[], buckets=2)
+    t.write(basic_rows(range(0, 3000), name=["n" * 20] * 3000))
+    t.close()  # flushed generations
+    t = mq.MemWalTable.open(t.uri)
+    t.write(basic_rows(range(2000, 5000)))  # WAL and MemTables: 5,000 live rows in all
+    schema = _spark_schema(t.schema)
+    got = source.read_in_driver(t.uri, {}, schema, 1 << 30, t)
+    assert got is not None and got.num_rows == 5000
+    reads = []
+    real = source.MemWalReader.read
+    monkeypatch.setattr(
+        source.MemWalReader, "read", lambda self, part: reads.append(part) or real(self, part)
+    )
+    # 5,000 rows of at least 8 + 8 + 4 (the name's offset) bytes
+    assert source.read_in_driver(t.uri, {}, schema, 5000 * 20 - 1, t) is None
+    assert reads == []
+    ids = _spark_schema(pa.schema([t.schema.field("id")]))
+    assert source.read_in_driver(t.uri, {"columns": "id"}, ids, 5000 * 8 - 1, t) is None
+    assert reads == []
+    t.close(flush=False)
+
+
+def test_a_column_spark_has_no_type_for_is_a_schema_error_naming_it(spark, tmp_path):
+    """A decimal wider than Spark's 38 digits (alone or in a list): ``mqs.read``
+    (either path) raises SchemaError naming the column and its type; the other columns
+    are read with ``columns``."""
+    import decimal
+
+    from helpers import pk_schema
+
+    for i, (kind, value) in enumerate(
+        [
+            (pa.decimal256(40, 2), decimal.Decimal("1.25")),
+            (pa.list_(pa.decimal256(39, 2)), [decimal.Decimal("1.25")]),
+        ]
+    ):
+        uri = str(tmp_path / f"t{i}")
+        schema = pk_schema(pa.field("x", kind))
+        rows = pa.table({"id": [1], "x": pa.array([value], kind)}, schema)
+        lance.write_dataset(rows, uri)
+        mq.MemWalTable.initialize(uri).close()
+        for options in ({}, {"driver_read_bytes": "0"}):
+            with pytest.raises(SchemaError, match=r"'x' of type " + str(kind)[:6]):
+                mqs.read(spark, uri, **options)
+        assert mqs.read(spark, uri, columns="id").collect()[0]["id"] == 1

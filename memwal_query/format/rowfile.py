@@ -64,7 +64,13 @@ def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
 
 def seal(t: pa.Table, magic: bytes) -> bytes:
     """``t`` as Arrow IPC file bytes followed by the trailer: their CRC-32 and ``magic``
-    (4 bytes). The framing of every memwal_query sidecar."""
+    (4 bytes). The framing of every memwal_query sidecar.
+
+    An IPC file holds one dictionary per field: the batches of a dictionary-encoded
+    column share one (``unify_dictionaries``).
+    """
+    if any(pa.types.is_dictionary(f.type) for f in t.schema):
+        t = t.unify_dictionaries()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, t.schema) as w:
         w.write_table(t)

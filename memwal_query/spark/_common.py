@@ -261,10 +261,38 @@ def _spark_compatible(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def _wide_decimal(t: pa.DataType) -> bool:
+    """Whether ``t`` is or holds a decimal of more than 38 digits (Spark's most)."""
+    import pyarrow as pa
+
+    if pa.types.is_decimal(t):
+        return bool(t.precision > 38)
+    return any(_wide_decimal(t.field(i).type) for i in range(t.num_fields))
+
+
 def _spark_schema(schema: pa.Schema) -> StructType:
-    """The Spark schema of ``schema`` (types Spark lacks widened: :func:`_spark_compatible`)."""
+    """The Spark schema of ``schema`` (types Spark lacks widened: :func:`_spark_compatible`).
+
+    Raises
+    ------
+    SchemaError
+        A column of a type Spark has no counterpart of (a decimal of more than 38
+        digits, an interval of months, days and nanoseconds), naming it.
+    """
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from memwal_query.exceptions import SchemaError
+
     plain = pa.schema([pa.field(f.name, _spark_compatible(f.type), f.nullable) for f in schema])
+    for f in plain:
+        try:
+            if _wide_decimal(f.type):
+                raise ValueError("Spark's decimals have at most 38 digits")
+            from_arrow_schema(pa.schema([f]))
+        except (TypeError, ValueError) as e:  # PySparkTypeError is a TypeError
+            raise SchemaError(
+                f"column {f.name!r} of type {schema.field(f.name).type} has no Spark type "
+                f"({e}); read the other columns with option columns"
+            ) from e
     return from_arrow_schema(plain)

@@ -587,8 +587,20 @@ _BATCH_ROWS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 _CONF_LOCK = threading.Lock()
 
 
-def _fixed_bytes(t: pa.DataType) -> int:
-    """Bytes of one value of a fixed-width type (0 for others and booleans)."""
+def _least_bytes(t: pa.DataType) -> int:
+    """The fewest Arrow bytes one value of ``t`` takes: its width when fixed, the offset
+    of a variable-length value (its bytes beyond that are not known before reading),
+    the children's of a struct or fixed-size list (0 for booleans and nulls)."""
+    if pa.types.is_dictionary(t):
+        return _least_bytes(t.index_type)
+    if pa.types.is_struct(t):
+        return sum(_least_bytes(f.type) for f in t)
+    if pa.types.is_fixed_size_list(t):
+        return t.list_size * _least_bytes(t.value_type)
+    if pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t):
+        return 8
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_list(t) or pa.types.is_map(t):
+        return 4
     try:
         return t.bit_width // 8
     except ValueError:
@@ -616,11 +628,12 @@ def read_in_driver(
     schema : StructType
         Columns to return.
     budget : int
-        Most Arrow bytes (``nbytes``) of rows to hold. Before reading, the view's row
-        counts give a lower bound of its live rows (base rows minus the regions' rows,
-        each of which replaces at most one base row) times the fixed-width bytes of a
-        row; past the budget nothing is read. While reading, the rows read so far are
-        counted and dropped once they pass it.
+        Most Arrow bytes (``nbytes``) of rows to hold. Before reading, the view's keys
+        give a lower bound of its live rows (the regions' live newest rows, plus the
+        base rows minus the regions' keys, each of which replaces at most one base row)
+        times the fewest bytes of a row (fixed widths, and the offsets of
+        variable-length values); past the budget nothing is read. While reading, the
+        rows read so far are counted and dropped once they pass it.
 
     Returns
     -------
@@ -634,9 +647,19 @@ def read_in_driver(
     """
     reader = MemWalReader(uri, options, schema, table)
     parts, base_rows, newer_rows = reader._plan()
-    row_bytes = sum(_fixed_bytes(f.type) for f in reader.arrow_schema)
+    row_bytes = sum(_least_bytes(f.type) for f in reader.arrow_schema)
     if max(0, base_rows - newer_rows) * row_bytes > budget:
-        return None
+        return None  # from the row counts alone
+    newer_part = next(
+        (p.newer for p in parts if isinstance(p, BasePartition) and p.newer is not None), None
+    )
+    if newer_part is not None and row_bytes:
+        # The newer rows are read whole before the first of them is counted: their live
+        # rows (known from the keys and tombstones) are counted first.
+        found = reader._view(newer_part)
+        live = found.live_count() + max(0, base_rows - len(found.winners))
+        if live * row_bytes > budget:
+            return None
     batches: list[pa.RecordBatch] = []
     held = 0
     for part in parts:
