@@ -48,10 +48,13 @@ the maintainer running) and streamed at ``--rate-share`` (0.6) of it; Spark: 20,
 rows/s unless ``--rate`` is given, with the headroom (micro-batch seconds / trigger
 interval) and the rate it implies printed. Per minute: target and achieved rows/s,
 unmerged generations (mean, max), ``count(*)``, filtered and lookup p50, the reader's,
-maintainer's and writer's RSS, the maintainer's passes and merged generations, the load
-average; then last minute / first minute ratios, and the final checks: every key's
-newest ``seq`` against the model in the live reader, a reopened table, and the base
-table alone after the WAL tails are flushed and everything merged."""
+maintainer's and writer's RSS, the maintainer's passes and merged generations, the
+base's live rows, its physical rows per live row and the rows its primary-key index
+leaves unindexed (means over the ticks: the wear scans and lookups pay until a pass
+compacts and indexes), the load average; then last minute / first minute ratios, and
+the final checks: every key's newest ``seq`` against the model in the live reader, a
+reopened table, and the base table alone after the WAL tails are flushed and everything
+merged."""
 
 from __future__ import annotations
 
@@ -695,6 +698,22 @@ def scale_queries(
     return tail
 
 
+def base_wear(uri: str) -> list[float] | None:
+    """[live rows, physical rows / live rows, rows the primary-key index leaves
+    unindexed] of the base table's latest version: what its scans and lookups pay for
+    merges not yet compacted and indexed (None when the maintainer's GC removed the
+    version while it was read)."""
+    try:
+        ds = lance.dataset(uri)
+        fragments = ds.get_fragments()
+        physical = sum(f.metadata.physical_rows for f in fragments)
+        live = physical - sum(f.metadata.num_deletions for f in fragments)
+        unindexed = ds.stats.index_stats("id_idx")["num_unindexed_rows"]
+    except (ValueError, OSError):
+        return None
+    return [float(live), physical / max(live, 1), float(unindexed)]
+
+
 def flush_wal_tails(t: mq.MemWalTable) -> int:
     """Flush every region's unflushed WAL entries (the Spark sink leaves the last ones
     there); returns the generations made."""
@@ -747,9 +766,13 @@ def scale_main(args: argparse.Namespace) -> bool:
         "writer MB",
         "passes",
         "merged gens",
+        "base live rows",
+        "base physical / live (mean)",
+        "PK unindexed rows (mean)",
         "load 1 min",
     ]
     out: list[list[object]] = []
+    wear: list[list[float]] = []
     lat: dict[str, list[float]] = {"count": [], "filtered": [], "lookup": []}
     samples: list[int] = []
     tails: list[int] = []
@@ -780,6 +803,9 @@ def scale_main(args: argparse.Namespace) -> bool:
             keys = args.rows + int(state.get("acked", 0)) // NEW_EVERY
             tails.append(scale_queries(r, rng, keys, lat))
             samples.append(unmerged(r))
+            worn = base_wear(uri)
+            if worn is not None:
+                wear.append(worn)
             if writer.poll() is not None:
                 raise RuntimeError(f"the writer exited with {writer.returncode}")
             now = time.perf_counter()
@@ -802,6 +828,9 @@ def scale_main(args: argparse.Namespace) -> bool:
                     rss_mb(maint.pid),
                     rss_mb(writer.pid),
                     *passes(f"{root}/maintain.log", seen)[:2],
+                    wear[-1][0] if wear else 0.0,
+                    float(np.mean([w[1] for w in wear])) if wear else 0.0,
+                    float(np.mean([w[2] for w in wear])) if wear else 0.0,
                     os.getloadavg()[0],
                 ]
                 out.append(row)
@@ -810,6 +839,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                     raise RuntimeError(f"the maintainer exited with {maint.returncode}")
                 lat = {k: [] for k in lat}
                 samples, tails, acked0, minute_start, minute = [], [], acked, now, minute + 1
+                wear = []
                 cpu0 = time.process_time()
             time.sleep(max(0.0, args.query_every - (time.perf_counter() - tick)))
         elapsed = time.perf_counter() - t0
@@ -835,7 +865,7 @@ def scale_main(args: argparse.Namespace) -> bool:
             "last minute / first minute: "
             + ", ".join(
                 f"{header[i]} {float(last[i]) / float(first[i]):.2f}x"
-                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+                for i in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 17, 18, 19)
                 if float(first[i])
             )
         )

@@ -89,6 +89,7 @@ def clear_read_caches() -> None:
         newer._MEMTABLE_VIEWS,
         provider._OVERWRITTEN_BASE_COUNTS,
         provider._OVERWRITTEN_BASE_ROWS,
+        provider._BASE_KEYS,
         deletions._RUNS,
     ):
         cache.clear()

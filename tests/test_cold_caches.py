@@ -22,6 +22,7 @@ import warnings
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import memwal_query as mq
@@ -29,10 +30,10 @@ from memwal_query import search
 from memwal_query.exceptions import GenerationGoneError
 from memwal_query.format import rowfile
 from memwal_query.format.schema import ROWADDR_COLUMN
-from memwal_query.read import sources, view
+from memwal_query.read import newer, sources, view
 from memwal_query.storage import paths
 
-from helpers import PK, parity_spec
+from helpers import PK, clear_read_caches, parity_spec
 
 DIM = 4
 SCHEMA = pa.schema(
@@ -125,6 +126,29 @@ def test_a_missing_or_damaged_sidecar_reads_the_lance_table(tmp_path):
         assert _answer(t, q) == want
     damaged = [str(w.message) for w in seen if rowfile.ROWS_FILE in str(w.message)]
     assert any("CRC" in m for m in damaged) and len(damaged) >= 2
+
+
+def test_an_unfiltered_read_keeps_the_newest_rows_not_every_generations_rows(tmp_path, monkeypatch):
+    t = _table(tmp_path, gens=3)  # six generations
+    gens = _generations(t)
+    # the newest rows taken four generations at a time: a group boundary inside
+    monkeypatch.setattr(newer, "TAKE_GENERATIONS", 4)
+    clear_read_caches()
+    got = t.to_table().sort_by("id")
+    # every generation recorded as read, none of its columns kept
+    assert [sources.GENERATION_CACHE.get(u) for u in gens] == [{}] * len(gens)
+    # the same rows by the filtered route (the generations' rows read whole, cached)
+    assert got.equals(t.to_table(filter=pc.field("id") >= 0).sort_by("id"))
+    assert got.num_rows and got.column("cat").to_pylist() != [0] * got.num_rows
+    clear_read_caches()
+    sidecars: list[str] = []
+    read = rowfile.read
+    monkeypatch.setattr(rowfile, "read", lambda io, uri: sidecars.append(uri) or read(io, uri))
+    assert t.to_table().sort_by("id").equals(got)
+    assert sorted(sidecars) == sorted(gens)  # each generation's rows read once
+    sidecars.clear()
+    assert t.to_table().sort_by("id").equals(got)  # warm: from the newest rows kept
+    assert sidecars == []
 
 
 def test_a_gone_generation_is_a_typed_error_not_an_empty_part(tmp_path):

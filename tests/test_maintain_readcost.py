@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import memwal_query as mq
-from memwal_query.maintain import merger
+from memwal_query.maintain import basefiles, merger
 from memwal_query.maintain.basefiles import ReadCost, compaction_reason, read_cost
 from memwal_query.maintain.policy import MaintenancePolicy
 
@@ -195,6 +195,34 @@ def test_key_index_extended_by_the_pass_and_by_catch_up(tmp_path: Any) -> None:
     got = t.lookup(pa.array([500, 1009, 2], pa.int64()), columns=["id", "val"]).to_pylist()
     assert {r["id"]: r["val"] for r in got} == {500: -1.0, 1009: -1.0}
     assert _state(t) == model
+
+
+def test_key_index_covers_the_merged_rows_when_the_compaction_starts(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    t = _table(tmp_path, 100)
+    model = {k: float(k) for k in range(100)}
+    name = _key_index(t.uri).name
+    _generation(t, 0, [0, 4, 500, 502], [2], model)
+    unindexed: list[int] = []
+    real = basefiles.compact_base
+
+    def compact(table: Any, *args: Any, **kwargs: Any) -> Any:
+        unindexed.append(lance.dataset(t.uri).stats.index_stats(name)["num_unindexed_rows"])
+        return real(table, *args, **kwargs)
+
+    monkeypatch.setattr(basefiles, "compact_base", compact)
+    policy = dataclasses.replace(
+        MERGE_ONLY, compact_fragments=16, compact_deleted_share=0.0, catch_up=True
+    )
+    report = t.maintenance.maintain(policy)
+    assert report.merged and report.compacted and not report.errors
+    assert unindexed == [0]  # extended right after the merge
+    assert report.extended == [name]
+    assert lance.dataset(t.uri).stats.index_stats(name)["num_unindexed_rows"] == 0
+    got = t.lookup(pa.array([500, 4, 2], pa.int64()), columns=["id", "val"]).to_pylist()
+    assert {r["id"]: r["val"] for r in got} == {500: -1.0, 4: -1.0}
+    assert _state(t) == model == _base(t.uri)
 
 
 def test_budget_splits_regions_into_commits(tmp_path: Any, monkeypatch: Any) -> None:

@@ -306,7 +306,8 @@ class MaintenanceReport:
     extended : list of str
         Other base indexes that left rows unindexed (extended, or would be).
     index_catchup : dict
-        ``{index: {region_id: generation}}`` recorded after catch-up (empty if none ran).
+        ``{index: {region_id: generation}}`` of the maintained indexes, recorded after
+        catch-up (empty if none ran).
     snapshots_refreshed : bool
         The region snapshots were stale (and were refreshed, unless a dry run).
     gc_paths : list of str
@@ -620,6 +621,23 @@ def _compact_step(
         )
 
 
+def _extend_step(
+    table: Catalog,
+    policy: MaintenancePolicy,
+    report: MaintenanceReport,
+    dry_run: bool,
+    attempts: int,
+) -> None:
+    """Extend the base indexes that are not maintained (the primary-key BTREE) over the
+    rows they leave unindexed; their names are added to ``report.extended``."""
+    from memwal_query.maintain.basefiles import extend_indexes, indexes_to_extend
+
+    names = _retrying(table, lambda: indexes_to_extend(table), attempts)
+    if names and not dry_run:
+        _retrying(table, lambda: extend_indexes(table, names, policy.max_index_segments), attempts)
+    report.extended = list(dict.fromkeys([*report.extended, *names]))
+
+
 def maintain(
     table: Catalog,
     policy: MaintenancePolicy | None = None,
@@ -697,6 +715,15 @@ def maintain(
         with contextlib.suppress(Exception):  # only a cache: never fails a pass
             forget_merged(table.uri, table.index().merged_generations())
 
+    if report.merged and policy.catch_up and policy.compact_fragments is not None:
+        # The merged rows are outside the primary-key index until it is extended: extend
+        # it before compacting (the longest step), so lookups meanwhile do not scan them.
+        try:
+            _extend_step(table, policy, report, dry_run, attempts)
+        except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+            report.errors["catch up"] = f"{type(e).__name__}: {e}"
+            first = first or e
+
     if policy.compact_fragments is not None:
         try:
             _compact_step(table, policy, report, dry_run, attempts)
@@ -707,25 +734,21 @@ def maintain(
 
     if policy.catch_up:
         try:
-            from memwal_query.maintain.basefiles import extend_indexes, indexes_to_extend
-
             report.catch_up = indexes_behind(table)
             if report.catch_up and not dry_run:
                 from memwal_query.maintain.catchup import catch_up_indexes
 
                 names = report.catch_up
-                report.index_catchup = _retrying(
+                recorded = _retrying(
                     table,
                     lambda: catch_up_indexes(table, names, policy.max_index_segments),
                     attempts,
                 )
-            report.extended = _retrying(table, lambda: indexes_to_extend(table), attempts)
-            if report.extended and not dry_run:
-                _retrying(
-                    table,
-                    lambda: extend_indexes(table, report.extended, policy.max_index_segments),
-                    attempts,
-                )
+                # Lance records progress for the other indexes it extended too: only
+                # the maintained indexes' is the catch-up's
+                maintained = set(table.maintained_indexes)
+                report.index_catchup = {n: g for n, g in recorded.items() if n in maintained}
+            _extend_step(table, policy, report, dry_run, attempts)
             _note(progress, "catching up", 1, 1)
         except Exception as e:  # noqa: BLE001 - reported; the other steps go on
             report.errors["catch up"] = f"{type(e).__name__}: {e}"

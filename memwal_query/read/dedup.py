@@ -190,6 +190,28 @@ class KeySet:
             return None
         return np.zeros(0, np.int64)
 
+    def mark(self, into: np.ndarray, lo: int) -> None:
+        """Set ``into[k - lo]`` for every key ``k`` of an integer key set that lies in
+        ``lo .. lo + len(into) - 1`` (``into``: a boolean array, one flag per key).
+
+        Raises
+        ------
+        TypeError
+            The set is hashed (not one integer key column).
+        """
+        hi = lo + len(into) - 1
+        if self._dense is not None:
+            a, b = max(lo, self._lo), min(hi, self._hi)
+            if a <= b:
+                into[a - lo : b - lo + 1] |= self._dense[a - self._lo : b - self._lo + 1]
+            return
+        keys = self.sorted_ints()
+        if keys is None:
+            raise TypeError("a hashed key set has no integer keys to mark")
+        i = int(np.searchsorted(keys, np.int64(lo), side="left"))
+        j = int(np.searchsorted(keys, np.int64(hi), side="right"))
+        into[keys[i:j] - np.int64(lo)] = True
+
     def count_in_ranges(self, first: np.ndarray, last: np.ndarray) -> int | None:
         """How many distinct keys of an integer key set lie in each range ``first[i] ..
         last[i]`` (int64, inclusive), summed over the ranges; None for a hashed set."""

@@ -162,10 +162,11 @@ class _FlushedView:
     ``_gen`` (``gens``) and tombstone flag (``tombstones``).
 
     Built from the regions' :class:`_RegionFlushed` (``parts``, oldest region rank
-    first, which the region cache holds too), the four arrays are concatenated when
-    first used: a ``count(*)`` uses none of them."""
+    first, which the region cache holds too), the arrays are concatenated when first
+    used: a ``count(*)`` uses none of them, an unfiltered read only ``winners`` and
+    ``tombstones`` (``regions`` and ``gens`` order them against MemTable rows)."""
 
-    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_lock")
+    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_whole", "_lock")
 
     def __init__(
         self,
@@ -177,7 +178,9 @@ class _FlushedView:
         self.num_rows = num_rows
         self.keys = keys
         self._parts = parts or []
-        self._arrays = arrays
+        # winners, regions, gens, tombstones (None until first used)
+        self._arrays: list[np.ndarray | None] = list(arrays or (None,) * 4)
+        self._whole = arrays is not None
         self._lock = threading.Lock()
         if arrays is not None:
             self.live = len(arrays[0]) - int(np.count_nonzero(arrays[3]))
@@ -186,51 +189,57 @@ class _FlushedView:
                 len(p.winners) - int(np.count_nonzero(p.tombstones)) for _, p in self._parts
             )
 
-    def _all(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _array(self, i: int) -> np.ndarray:
         with self._lock:
-            if self._arrays is None:
-                parts = self._parts
+            got = self._arrays[i]
+            if got is not None:
+                return got
+            parts = self._parts
+            if i in (0, 3):
                 offsets = np.cumsum([0] + [p.num_rows for _, p in parts])
-                self._arrays = (
-                    _joined([p.winners + off for (_, p), off in zip(parts, offsets)], np.int64),
-                    np.repeat(
-                        np.array([rank for rank, _ in parts], np.int64),
-                        [len(p.winners) for _, p in parts],
-                    ),
-                    _joined([p.gens for _, p in parts], np.int64),
-                    _joined([p.tombstones for _, p in parts], bool),
+                self._arrays[0] = _joined(
+                    [p.winners + off for (_, p), off in zip(parts, offsets)], np.int64
                 )
-            return self._arrays
+                self._arrays[3] = _joined([p.tombstones for _, p in parts], bool)
+            else:
+                self._arrays[1] = np.repeat(
+                    np.array([rank for rank, _ in parts], np.int64),
+                    [len(p.winners) for _, p in parts],
+                )
+                self._arrays[2] = _joined([p.gens for _, p in parts], np.int64)
+            got = self._arrays[i]
+            assert got is not None
+            return got
 
     @property
     def winners(self) -> np.ndarray:
-        return self._all()[0]
+        return self._array(0)
 
     def winner_keys(self) -> np.ndarray | None:
         """The int64 key of each winner (built region by region: a single integer
         key), or None (then read from the generations)."""
-        if self._arrays is not None and not self._parts:
+        if self._whole:
             return None
         return _joined([p.keys for _, p in self._parts], np.int64)
 
     @property
     def regions(self) -> np.ndarray:
-        return self._all()[1]
+        return self._array(1)
 
     @property
     def gens(self) -> np.ndarray:
-        return self._all()[2]
+        return self._array(2)
 
     @property
     def tombstones(self) -> np.ndarray:
-        return self._all()[3]
+        return self._array(3)
 
     @property
     def nbytes(self) -> int:
         """Bytes held (the region parts counted here too, though the region cache
         shares them)."""
         held = self.keys.nbytes + sum(p.nbytes for _, p in self._parts)
-        return held + sum(a.nbytes for a in self._arrays or ())
+        return held + sum(a.nbytes for a in self._arrays if a is not None)
 
 
 def _joined(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -300,9 +309,15 @@ NEWEST_COLUMNS: LRUCache[tuple[Any, ...], tuple[np.ndarray, pa.ChunkedArray]] = 
     256, max_bytes=256 << 20, sizeof=_column_nbytes
 )
 """Columns of the newest rows of a set of flushed generations (what an unfiltered scan
-returns of them), one contiguous array each, per (generations, schema, column); bounded
+returns of them), per (generations, schema, column); bounded
 by bytes (default 256 MiB). An entry is used only while every one of its generations is
-in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here too)."""
+in :data:`GENERATION_CACHE` (so forgetting a generation there forgets it here too);
+:func:`memwal_query.search.forget.forget_merged` drops the entries holding a merged
+generation."""
+
+TAKE_GENERATIONS = 64
+"""An unfiltered read takes the newest live rows of this many generations at a time
+from their rows (read and released, not cached: :func:`_taken`)."""
 
 
 def _flushed_newest(
@@ -333,23 +348,66 @@ def _flushed_newest(
     missing = [n for n in names if n not in got]
     if missing:
         rows = winners if live is None else winners[live]
-        flushed = _flushed_rows(plan, schema, missing, storage_options)
-        at = pa.array(rows)
+        taken = _taken(plan, schema, missing, rows, storage_options, keep=live is None)
         for name in missing:
-            # one column at a time, its chunks (one per generation) joined first: a
-            # take across thousands of chunks costs several times more
-            col = flushed.column(name).combine_chunks().take(at)
+            col = taken[name]
             expected = expect[1]() if expect is not None and expect[0] == name else None
             if expected is not None:
                 _check_keys(plan, col, expected if live is None else expected[live])
-            got[name] = pa.chunked_array([col], col.type)
+            got[name] = col
             NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
     return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
 
 
-def _check_keys(plan: ReadPlan, col: pa.Array, expected: np.ndarray) -> None:
+def _taken(
+    plan: ReadPlan,
+    schema: pa.Schema,
+    names: Sequence[str],
+    rows: np.ndarray,
+    storage_options: dict[str, str] | None,
+    keep: bool,
+) -> dict[str, pa.ChunkedArray]:
+    """Columns ``names`` of the plan's generations (concatenated, oldest first) at the
+    sorted row indices ``rows``.
+
+    ``keep``: the generations' columns are read whole and cached
+    (:data:`GENERATION_CACHE`: a filter reads them again). Otherwise the generations
+    not cached are read :data:`TAKE_GENERATIONS` at a time, their rows at ``rows``
+    taken and the rest released (a chunk per group): an unfiltered read holds the rows
+    it returns, not every row of every generation, nor its rows twice (what it keeps
+    of them is cached in :data:`NEWEST_COLUMNS`; the generations are recorded in
+    :data:`GENERATION_CACHE` as read, with no column, which keeps that valid)."""
+    if keep:
+        flushed = _flushed_rows(plan, schema, names, storage_options)
+        at = pa.array(rows)
+        # one column at a time, its chunks (one per generation) joined first: a take
+        # across thousands of chunks costs several times more
+        return {n: pa.chunked_array([flushed.column(n).combine_chunks().take(at)]) for n in names}
+    target = read_schema(schema)
+    pieces: dict[str, list[pa.Array]] = {n: [] for n in names}
+    refs = plan.generations
+    start = 0  # row index of the group's first row
+    for i in range(0, len(refs), TAKE_GENERATIONS):
+        group_refs = refs[i : i + TAKE_GENERATIONS]
+        group = read_generations(group_refs, schema, storage_options, names, keep=False)
+        for ref in group_refs:
+            GENERATION_CACHE.add(ref.uri, {})
+        size = sum(t.num_rows for t in group)
+        lo, hi = np.searchsorted(rows, [start, start + size])
+        if hi > lo:
+            at = pa.array(rows[lo:hi] - start)
+            for n in names:
+                chunks = [c for t in group for c in t.column(n).chunks]
+                col = pa.chunked_array(chunks, target.field(n).type)
+                pieces[n].append(col.combine_chunks().take(at))
+        start += size
+        del group
+    return {n: pa.chunked_array(pieces[n], target.field(n).type) for n in names}
+
+
+def _check_keys(plan: ReadPlan, col: pa.ChunkedArray, expected: np.ndarray) -> None:
     """CorruptFileError when the keys read from the generations' rows (``col``) are not
     the ones their keys files (region keys files, keys sidecars) listed."""
     from memwal_query.exceptions import CorruptFileError
@@ -375,10 +433,11 @@ def _flushed_view(
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None,
-    whole_rows: bool = False,
+    rows_next: bool = False,
 ) -> _FlushedView:
     """The :class:`_FlushedView` of the plan's generations (cached). Reads the
-    generations' key columns, ``_gen`` and ``_tombstone`` only (their keys sidecars).
+    generations' key columns, ``_gen`` and ``_tombstone`` only (their region keys files
+    or keys sidecars; with ``rows_next``, no keys sidecar: see :func:`newer_view`).
 
     With a single integer key, built region by region (:func:`_region_flushed`: a
     region's generations read before, less those merged since, plus those flushed
@@ -389,37 +448,45 @@ def _flushed_view(
     if hit is not None:
         return hit
     ranks = _ranks(plan)
-    if whole_rows:  # read whole (rows sidecars): the full read needs the other columns next
-        read_generations(plan.generations, schema, storage_options)
     parts: list[_RegionFlushed] = []
     if len(pk) == 1:
         for region in plan.regions:
             if not region.generations:
                 continue
             got = _region_flushed(
-                _table_key(plan), region.generations, schema, pk[0], storage_options
+                _table_key(plan), region.generations, schema, pk[0], storage_options, rows_next
             )
             if got is None:
                 parts = []
                 break
             parts.append(got)
     if len(pk) != 1 or (plan.generations and not parts):
-        return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
+        return FLUSHED_VIEWS.put(
+            key, _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
+        )
     keys = KeySet.of_ints(pk[0], [p.keys for p in parts])
     if len(parts) > 1 and keys.distinct() != len(keys):
-        return FLUSHED_VIEWS.put(key, _flushed_view_whole(plan, schema, pk, storage_options))
+        return FLUSHED_VIEWS.put(
+            key, _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
+        )
     rows = sum(p.num_rows for p in parts)
     view = _FlushedView(rows, keys, [(ranks[p.region_id], p) for p in parts])
     return FLUSHED_VIEWS.put(key, view)
 
 
 def _flushed_view_whole(
-    plan: ReadPlan, schema: pa.Schema, pk: list[str], storage_options: dict[str, str] | None
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    rows_next: bool = False,
 ) -> _FlushedView:
     """:func:`_flushed_view` with every row deduplicated at once."""
     ranks = _ranks(plan)
     refs = plan.generations
-    keys, sizes = generation_columns(refs, schema, [*pk, TOMBSTONE], storage_options)
+    keys, sizes = generation_columns(
+        refs, schema, [*pk, TOMBSTONE], storage_options, not rows_next, not rows_next
+    )
     regions = np.repeat(np.array([ranks[g.region_id] for g in refs], np.int64), sizes)
     gens = np.repeat(np.array([g.generation for g in refs], np.int64), sizes)
     winners = newest_indices(keys, pk, regions, gens)
@@ -485,6 +552,7 @@ def _region_flushed(
     schema: pa.Schema,
     key: str,
     storage_options: dict[str, str] | None,
+    rows_next: bool = False,
 ) -> _RegionFlushed | None:
     """:class:`_RegionFlushed` of one region's generations ``refs`` (oldest first), from
     the one read last when ``refs`` are its generations less some oldest ones (merged
@@ -528,7 +596,7 @@ def _region_flushed(
             rows, counts, newest = whole
         else:
             rows, counts = generation_columns(
-                added, schema, [key, TOMBSTONE], storage_options, keep=False
+                added, schema, [key, TOMBSTONE], storage_options, False, not rows_next
             )
         ints = _int_keys(rows.column(key))
         if ints is None:
@@ -773,14 +841,14 @@ def newer_view(
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None = None,
-    whole_rows: bool = False,
+    rows_next: bool = False,
 ) -> NewerView:
     """Build the :class:`NewerView` of a plan (vectorised; see class docs).
 
-    ``whole_rows``: the caller reads other columns than the keys next (a full read),
-    so generations not cached yet are read whole at once (their rows sidecars) rather
-    than their keys first and their rows afterwards."""
-    fv = _flushed_view(plan, schema, pk, storage_options, whole_rows)
+    ``rows_next``: the caller reads the generations' other columns next (a full read):
+    their keys come from the region keys files or from those rows, never from a keys
+    sidecar alone (:func:`memwal_query.read.sources.generation_columns`)."""
+    fv = _flushed_view(plan, schema, pk, storage_options, rows_next)
     names = read_schema(schema).names
     mems = [m for r in plan.regions for m in r.memtables]
     if not mems:

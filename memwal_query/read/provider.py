@@ -27,7 +27,7 @@ import pyarrow.dataset as pads
 
 from memwal_query.exceptions import SchemaError
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
-from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN
+from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, as_int64
 from memwal_query.read import deletions, exprtree, newer, parallel, pruning, sources, view
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 from memwal_query.read.filtersemantics import datafusion_semantics
@@ -143,7 +143,9 @@ class _QueryState:
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
-        self.whole_rows = False  # set by a full read: generations read whole at once
+        self._kept_lock = threading.Lock()
+        self._kept: tuple[int | None] | None = None
+        self.rows_next = False  # set by a full read: it reads the generations' rows next
 
     def filter_for(self, expr: pc.Expression | None) -> _Filter:
         """The analysed filter of a scan (DataFusion passes the planned one again)."""
@@ -166,7 +168,7 @@ class _QueryState:
                     table.schema,
                     table.primary_key,
                     table.storage_options,
-                    self.whole_rows,
+                    self.rows_next,
                 )
             return self._view
 
@@ -236,6 +238,29 @@ class _QueryState:
         if self._base_rows is None:
             self._base_rows = self.plan.base.count_rows()
         return self._base_rows
+
+    def kept_base_rows(self) -> int | None:
+        """How many base rows no newer source overwrites, without reading a row: the
+        base's live rows less those whose key is in a newer key set, counted on the
+        base version's key flags (:func:`_base_keys`: one scan of its keys, kept for
+        every later query of that version). None when they do not apply (keys other
+        than one integer column, a key range too wide, a key in two live base rows):
+        the rows are then scanned. Computed once per query."""
+        with self._kept_lock:
+            if self._kept is None:
+                self._kept = (self._kept_from_flags(),)
+            return self._kept[0]
+
+    def _kept_from_flags(self) -> int | None:
+        int_sets, hashed = self.key_sets()
+        if hashed:
+            return None
+        if not int_sets:
+            return self.base_rows()
+        flags = _base_keys(self.plan.base, self.dataset.table.primary_key)
+        if flags is None:
+            return None
+        return self.base_rows() - flags.overwritten(int_sets)
 
     def by_address(self, hashed: list[KeySet]) -> bool:
         """Whether base rows are dropped by row address (see ``_BaseFragment``)."""
@@ -331,6 +356,11 @@ def _overwritten_count(table: Any, base: Any, sets: list[KeySet]) -> int:
         return hit[1]
     pk = sets[0].pk
     covered, found = _summarized_count(table, base, sets)
+    flags = None if covered or any(s.hashed for s in sets) else _base_keys(base, pk)
+    if flags is not None:
+        found = flags.overwritten(sets)
+        _OVERWRITTEN_BASE_COUNTS.put(key, (list(sets), found))
+        return found
     rest = None
     if covered:
         rest = [f for f in base.get_fragments() if f.fragment_id not in covered]
@@ -350,6 +380,91 @@ def _overwritten_count(table: Any, base: Any, sets: list[KeySet]) -> int:
             found += int(mask.sum())
     _OVERWRITTEN_BASE_COUNTS.put(key, (list(sets), found))
     return found
+
+
+class _BaseKeys:
+    """The keys of one base version's live rows as flags over their range
+    (``flags[k - lo]``; one integer key column, each key in one live row)."""
+
+    __slots__ = ("lo", "flags")
+
+    def __init__(self, lo: int, flags: np.ndarray) -> None:
+        self.lo = lo
+        self.flags = flags
+
+    def overwritten(self, sets: list[KeySet]) -> int:
+        """How many live base rows have a key in one of ``sets`` (integer key sets):
+        the flags of their keys over the base's range, and-ed with the base's."""
+        newer = np.zeros(len(self.flags), dtype=bool)
+        for s in sets:
+            s.mark(newer, self.lo)
+        newer &= self.flags
+        return int(np.count_nonzero(newer))
+
+
+_NO_BASE_KEYS = _BaseKeys(0, np.zeros(0, dtype=bool))
+"""A base version the flags do not apply to (remembered: not scanned again)."""
+
+BASE_KEYS_MAX_FLAGS = 1 << 26
+"""Widest key range of a base version's key flags (a byte per key of the range), and at
+most :data:`BASE_KEYS_FLAGS_PER_ROW` per live row (the flags then take at most what its
+int64 keys would)."""
+BASE_KEYS_FLAGS_PER_ROW = 8
+
+_BASE_KEYS: LRUCache[tuple[str, int], _BaseKeys] = LRUCache(
+    2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes
+)
+"""The key flags of a base version (:func:`_base_keys`), per (base URI, version): a
+stream's reader counts many queries on each version a maintenance pass leaves (the
+newest version and the one before it, for queries pinned to it meanwhile)."""
+
+
+def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
+    """The key flags of the live rows of ``base`` (a pinned Lance version; cached, see
+    :data:`_BASE_KEYS`), or None when they do not apply: keys other than one integer
+    column (uint64 aside), a range wider than :data:`BASE_KEYS_MAX_FLAGS` or than
+    :data:`BASE_KEYS_FLAGS_PER_ROW` per row, or a key in two live rows (the count must
+    be of rows, not of keys)."""
+    key = (base.uri, base.version)
+    hit = _BASE_KEYS.get(key)
+    if hit is None:
+        hit = _BASE_KEYS.put(key, _scan_base_keys(base, pk))
+    return None if hit is _NO_BASE_KEYS else hit
+
+
+def _scan_base_keys(base: Any, pk: list[str]) -> _BaseKeys:
+    """One scan of the base's key column into flags (:func:`_base_keys`); the flags grow
+    by half again as new keys widen the range (few copies, bounded memory)."""
+    if len(pk) != 1:
+        return _NO_BASE_KEYS
+    t = base.schema.field(pk[0]).type
+    if not pa.types.is_integer(t) or t == pa.uint64():
+        return _NO_BASE_KEYS
+    rows = base.count_rows()
+    most = min(BASE_KEYS_MAX_FLAGS, max(1 << 20, BASE_KEYS_FLAGS_PER_ROW * rows))
+    lo, flags, seen = 0, np.zeros(0, dtype=bool), 0
+    scan = deletions.scan(base, pk, batch_size=BASE_BATCH_ROWS, fragment_readahead=1)
+    for batch, gone in scan:
+        keys = as_int64(batch.column(pk[0])).to_numpy(zero_copy_only=False)
+        if gone is not None:
+            keys = keys[~gone]
+        if not len(keys):
+            continue
+        first, last = int(keys.min()), int(keys.max())
+        if not len(flags) or first < lo or last >= lo + len(flags):
+            start = min(lo, first) if len(flags) else first
+            end = max(lo + len(flags) - 1, last) if len(flags) else last
+            if end - start + 1 > most:
+                return _NO_BASE_KEYS
+            size = min(most, max(end - start + 1, len(flags) * 3 // 2))
+            grown = np.zeros(size, dtype=bool)
+            grown[lo - start : lo - start + len(flags)] = flags
+            lo, flags = start, grown
+        flags[keys - np.int64(lo)] = True
+        seen += len(keys)
+    if seen != rows or int(np.count_nonzero(flags)) != rows:
+        return _NO_BASE_KEYS  # a key in two live rows
+    return _BaseKeys(lo, flags)
 
 
 def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[int], int]:
@@ -438,11 +553,18 @@ class _Scanner:
 
 
 class _BaseFragment:
-    """Base-table rows (a share of its Lance fragments) whose key is not newer."""
+    """Base-table rows (a share of its Lance fragments) whose key is not newer.
 
-    def __init__(self, state: _QueryState, lance_fragments: list[Any] | None) -> None:
+    A scan of no column without a filter (``count(*)``) returns only a number of rows:
+    the part with ``counts`` returns every base part's (:meth:`_QueryState.kept_base_rows`),
+    the others none, when that number is known without reading a row."""
+
+    def __init__(
+        self, state: _QueryState, lance_fragments: list[Any] | None, counts: bool = True
+    ) -> None:
         self.state = state
         self.lance_fragments = lance_fragments
+        self.counts = counts
 
     def _read_table_file(self, path: str) -> bytes:
         """A file of the base table (``path`` relative to its directory)."""
@@ -531,6 +653,13 @@ class _BaseFragment:
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
         f = state.filter_for(filter)
+        if not wanted and f.expr is None:
+            # no column and no filter (count(*)): rows that differ only in number
+            kept_rows = state.kept_base_rows()
+            if kept_rows is not None:
+                if self.counts:
+                    yield from _no_columns(kept_rows)
+                return
         blocklist = state.blocklist() if f.expr is None else None
         overwritten = state.stale_mask() if blocklist is not None else None
         int_sets, hashed = ([], []) if blocklist is not None else state.key_sets()
@@ -564,11 +693,13 @@ class _BaseFragment:
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
-            def lance_scan(deleted: bool) -> Iterator[pa.RecordBatch]:
+            def lance_scan(
+                deleted: bool, fragments: list[Any] | None = self.lance_fragments
+            ) -> Iterator[pa.RecordBatch]:
                 scanner = state.plan.base.scanner(
                     columns=list(dict.fromkeys(data_cols + key_cols)),
                     filter=f.base,
-                    fragments=self.lance_fragments,
+                    fragments=fragments,
                     with_row_address=want_addr or by_address,
                     with_row_id=overwritten is not None or deleted,
                     batch_size=size,
@@ -582,7 +713,13 @@ class _BaseFragment:
 
             try:
                 try:
-                    batches = lance_scan(with_deleted)
+                    batches = (
+                        _split_scans(lance_scan, self.fragments())
+                        if with_deleted and f.expr is not None
+                        else None
+                    )
+                    if batches is None:
+                        batches = lance_scan(with_deleted)
                 except _LANCE_REFUSALS:
                     if not (with_deleted and f.expr is not None):
                         raise
@@ -615,7 +752,8 @@ class _BaseFragment:
 
         def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
             # one mask of the rows to drop (deleted, overwritten), one copy of the rest
-            mask = deletions.deleted_rows(batch) if with_deleted else None
+            deleted = with_deleted and ROWID_COLUMN in batch.schema.names
+            mask = deletions.deleted_rows(batch) if deleted else None
             if overwritten is not None:
                 ids = deletions.live_values(batch, ROWID_COLUMN)
                 mask = _either(mask, overwritten.contains(ids))
@@ -644,6 +782,27 @@ class _BaseFragment:
             yield from (kept(i, b) for i, b in enumerate(batches))  # nothing to drop
             return
         yield from _ahead(kept, batches)
+
+
+def _split_scans(
+    scan: Callable[[bool, list[Any]], Iterator[pa.RecordBatch]], fragments: list[Any]
+) -> Iterator[pa.RecordBatch] | None:
+    """A filtered scan that reads the deleted rows of the fragments with deletion files
+    (``scan(True, those)``: no late materialization, which Lance refuses with deleted
+    rows) and leaves the others to Lance's own plan (``scan(False, others)``: the
+    filter's columns first, the other columns of the matching rows only), or None when
+    the fragments are all of one kind. The second scan starts when the first is done."""
+    dirty = [f for f in fragments if f.num_deletions]
+    clean = [f for f in fragments if not f.num_deletions]
+    if not (dirty and clean):
+        return None
+    first = scan(True, dirty)  # started here: a refusal surfaces to the caller
+
+    def rest() -> Iterator[pa.RecordBatch]:
+        yield from first
+        yield from scan(False, clean)
+
+    return rest()
 
 
 KEEP_AHEAD = 2
@@ -697,6 +856,13 @@ def _narrow(schema: pa.Schema, columns: Sequence[str]) -> bool:
         if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
             return False
     return True
+
+
+def _no_columns(rows: int, chunk: int = 1 << 20) -> Iterator[pa.RecordBatch]:
+    """``rows`` rows of no column, in batches of at most ``chunk`` rows."""
+    for start in range(0, rows, chunk):
+        n = min(chunk, rows - start)
+        yield pa.RecordBatch.from_pydict({"_": pa.nulls(n)}).select([])
 
 
 def _drop(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
@@ -894,7 +1060,10 @@ class MemWalDataset(pads.Dataset):
         lance_frags = state.plan.base.get_fragments()
         n = min(self.base_partitions, max(1, len(lance_frags)))
         shares: list[list[Any]] = [lance_frags[i::n] for i in range(n)]
-        parts: list[Any] = [_BaseFragment(state, share) for share in shares if share]
+        # a scan of no column takes the whole base's count from the first part
+        parts: list[Any] = [
+            _BaseFragment(state, share, counts=i == 0) for i, share in enumerate(shares) if share
+        ]
         if not parts:
             parts.append(_BaseFragment(state, None))
         parts.append(_NewerFragment(state))
@@ -937,8 +1106,7 @@ class MemWalDataset(pads.Dataset):
         be whole."""
         state = _QueryState(self, None)
         self.last_plan = state.plan
-        pk = self.table.primary_key
-        state.whole_rows = any(c not in pk for c in out_schema.names)
+        state.rows_next = any(c not in self.table.primary_key for c in out_schema.names)
         base_part = _BaseFragment(state, None)
         if not base_part.can_be_whole(out_schema):
             return None

@@ -138,7 +138,9 @@ class _GenerationCache(LRUCache[str, dict[str, pa.ChunkedArray]]):
 
     Per generation directory: its ``_rowaddr`` and the columns read so far, each read
     from Lance at most once and only when a query needs it (projection pushdown: a query
-    of ``id, val`` never reads a generation's other columns).
+    of ``id, val`` never reads a generation's other columns); an empty entry for a
+    generation read without keeping its columns (an unfiltered read keeps only the
+    newest rows it took of them).
     """
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
@@ -189,21 +191,30 @@ def _read_generation(
     storage_options: dict[str, str] | None,
     columns: Sequence[str] | None,
     lance_ok: bool,
+    keep: bool = True,
+    key_sidecar: bool = True,
 ) -> pa.Table | None:
     target = read_schema(schema)
+
+    def add(uri: str, columns: dict[str, pa.ChunkedArray]) -> dict[str, pa.ChunkedArray]:
+        if keep:
+            return GENERATION_CACHE.add(uri, columns)
+        return {**columns, **GENERATION_CACHE.columns(uri)}
+
     names = target.names if columns is None else [c for c in columns if c in target.names]
     cached = GENERATION_CACHE.columns(ref.uri)
     missing = [c for c in names if c not in cached and c not in (GEN_COLUMN, ROWADDR_COLUMN)]
-    if (missing or ROWADDR_COLUMN not in cached) and not cached and _keys_only(schema, names):
+    keys_only = key_sidecar and _keys_only(schema, names)
+    if (missing or ROWADDR_COLUMN not in cached) and not cached and keys_only:
         # keys and tombstones only: the keys sidecar holds them (when there is one)
-        keys = _keys_sidecar(ref.uri, storage_options, target)
+        keys = _keys_sidecar(ref, storage_options, target)
         if keys is not None and all(c in keys for c in missing):
-            cached = GENERATION_CACHE.add(ref.uri, keys)
+            cached = add(ref.uri, keys)
             missing = []
     if missing or ROWADDR_COLUMN not in cached:
         side = _sidecar(ref.uri, storage_options, target)
         if side is not None:
-            cached = GENERATION_CACHE.add(ref.uri, side)
+            cached = add(ref.uri, side)
             missing = [c for c in missing if c not in cached]
     if missing or ROWADDR_COLUMN not in cached:
         if not lance_ok:
@@ -227,7 +238,7 @@ def _read_generation(
                 t = target.field(c).type
                 value = pa.scalar(False) if c == TOMBSTONE else pa.scalar(None, t)
                 fresh[c] = pa.chunked_array([pa.repeat(value, n)], t)
-        cached = GENERATION_CACHE.add(ref.uri, fresh)
+        cached = add(ref.uri, fresh)
     n = len(cached[ROWADDR_COLUMN])
     arrays = []
     for name in names:
@@ -274,6 +285,8 @@ def read_generations(
     storage_options: dict[str, str] | None = None,
     columns: Sequence[str] | None = None,
     check: Callable[[pa.Table], object] | None = None,
+    keep: bool = True,
+    key_sidecar: bool = True,
 ) -> list[pa.Table]:
     """:func:`read_generation` of every generation of ``refs``, in that order.
 
@@ -283,17 +296,20 @@ def read_generations(
     would only contend for the GIL, and cost their own start on a cold start) and only
     the Lance tables, which release the GIL, in tasks. ``check`` sees each table as it
     is read (it may raise to stop the reading). An error of any generation
-    (:class:`GenerationGoneError`) is raised.
+    (:class:`GenerationGoneError`) is raised. ``keep=False``: what is read is not added
+    to :data:`GENERATION_CACHE` (a caller that takes a few rows of many generations
+    and keeps those). ``key_sidecar=False``: key columns are never read from a keys
+    sidecar (their rows sidecar or Lance table instead).
     """
 
     def read(g: GenerationRef, lance_ok: bool = True) -> pa.Table | None:
-        t = _read_generation(g, schema, storage_options, columns, lance_ok)
+        t = _read_generation(g, schema, storage_options, columns, lance_ok, keep, key_sidecar)
         if t is not None and check is not None:
             check(t)
         return t
 
     local = bool(refs) and not parallel_reads(refs[0].uri, storage_options)
-    got = [read(g, lance_ok=False) if local or g.uri in GENERATION_CACHE else None for g in refs]
+    got = [read(g, lance_ok=False) if local or GENERATION_CACHE.get(g.uri) else None for g in refs]
     todo = [i for i, t in enumerate(got) if t is None]
     cold = in_chunks(_GENERATION_READERS, read, [refs[i] for i in todo], READ_TASKS)
     for i, t in zip(todo, cold):
@@ -310,6 +326,7 @@ def generation_columns(
     names: Sequence[str],
     storage_options: dict[str, str] | None = None,
     keep: bool = True,
+    sidecars: bool = True,
 ) -> tuple[pa.Table, np.ndarray]:
     """Columns ``names`` (of :func:`read_schema`) of every generation of ``refs``,
     concatenated in that order (zero-copy), and each generation's row count.
@@ -326,6 +343,11 @@ def generation_columns(
     ``keep=False``: keys read from a region keys file or a keys sidecar are not added
     to :data:`GENERATION_CACHE` (a caller that keeps what it derives from them: each
     region's file is then released as soon as its region is done).
+
+    ``sidecars=False``: no keys sidecar is read; the keys of generations that no region
+    keys file covers are read from their rows, not cached with ``keep=False`` (a caller
+    that reads those rows next: a keys sidecar is never the only source of a full
+    read's keys, which its rows would contradict).
     """
     target = read_schema(schema)
     names = [c for c in names if c in target.names]  # as read_generation's columns
@@ -333,7 +355,7 @@ def generation_columns(
     keys_only = _keys_only(schema, names)
 
     def from_keys(ref: GenerationRef) -> dict[str, pa.ChunkedArray] | None:
-        keys = _keys_sidecar(ref.uri, storage_options, target)
+        keys = _keys_sidecar(ref, storage_options, target)
         if keys is None or not all(c in keys for c in wanted):
             return None  # none, damaged, or of other key columns: read the rows instead
         return GENERATION_CACHE.add(ref.uri, keys) if keep else keys
@@ -344,15 +366,18 @@ def generation_columns(
         found.append(cached if cached is not None and all(c in cached for c in wanted) else None)
     todo = [i for i, cols in enumerate(found) if cols is None]
     if keys_only and todo:  # region keys files, keys sidecars (concurrently on a store)
-        unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
+        unread = [refs[i] for i in todo if not GENERATION_CACHE.get(refs[i].uri)]
         parts = _region_keys(unread, storage_options, target, wanted, keep)
         for i in todo:
             cached = parts.get(refs[i].uri) or GENERATION_CACHE.get(refs[i].uri)
             if cached is not None and all(c in cached for c in wanted):
                 found[i] = cached
         todo = [i for i, cols in enumerate(found) if cols is None]
-        unread = [refs[i] for i in todo if refs[i].uri not in GENERATION_CACHE]
-        if len(unread) > 1 and parallel_reads(unread[0].uri, storage_options):
+        unread = [refs[i] for i in todo if not GENERATION_CACHE.get(refs[i].uri)]
+        keys: list[dict[str, pa.ChunkedArray] | None]
+        if not sidecars:
+            keys = [None] * len(unread)
+        elif len(unread) > 1 and parallel_reads(unread[0].uri, storage_options):
             keys = in_chunks(_GENERATION_READERS, from_keys, unread, READ_TASKS)
         else:
             keys = [from_keys(ref) for ref in unread]
@@ -360,7 +385,14 @@ def generation_columns(
         found = [by_uri.get(ref.uri) if cols is None else cols for ref, cols in zip(refs, found)]
         todo = [i for i, cols in enumerate(found) if cols is None]
     if todo:
-        slow = read_generations([refs[i] for i in todo], schema, storage_options, wanted)
+        slow = read_generations(
+            [refs[i] for i in todo],
+            schema,
+            storage_options,
+            wanted,
+            keep=keep or sidecars,
+            key_sidecar=sidecars,
+        )
         for i, t in zip(todo, slow):
             found[i] = {c: t.column(c) for c in wanted}
     got = [cols for cols in found if cols is not None]
@@ -412,13 +444,20 @@ def _sidecar(
 
 
 def _keys_sidecar(
-    uri: str, storage_options: dict[str, str] | None, target: pa.Schema
+    ref: GenerationRef, storage_options: dict[str, str] | None, target: pa.Schema
 ) -> dict[str, pa.ChunkedArray] | None:
     """The key columns, ``_tombstone`` and ``_rowaddr`` of a generation from its keys
-    sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none or a damaged
-    one (then the rows sidecar or the Lance table is read)."""
-    t = read_keys_sidecar(uri, storage_options)
-    return None if t is None else _key_columns(t, target)
+    sidecar (:mod:`memwal_query.format.keyfile`), or None when it has none, a damaged
+    one or one whose row count is not its region manifest's (then the rows sidecar or
+    the Lance table is read)."""
+    t = read_keys_sidecar(ref.uri, storage_options)
+    if t is None:
+        return None
+    from memwal_query.format.keyfile import KEYS_FILE
+
+    if not _rows_agree(ref, t.num_rows, join(ref.uri, KEYS_FILE)):
+        return None
+    return _key_columns(t, target)
 
 
 def _key_columns(t: pa.Table, target: pa.Schema) -> dict[str, pa.ChunkedArray]:
@@ -497,9 +536,10 @@ def region_keys_parts(
 
 
 def _rows_agree(ref: GenerationRef, rows: int, path: str) -> bool:
-    """Whether a region keys file's part for ``ref`` holds as many rows as its region
-    manifest records (unknown: yes); a warning naming ``path`` when not (the part is
-    not used; the generation's own files are read instead)."""
+    """Whether a keys file (``path``: a region keys file's part or a keys sidecar) holds
+    as many rows for ``ref`` as its region manifest records (unknown: yes); a warning
+    naming ``path`` when not (the file is not used for it; the generation's other
+    files are read instead)."""
     if ref.rows is None or ref.rows == rows:
         return True
     warnings.warn(

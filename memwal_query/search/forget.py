@@ -4,11 +4,12 @@ Searches and lookups cache per generation directory: the opened generation
 (:class:`memwal_query.search.generations._GenInfo`: a Lance dataset, its bloom filter and
 key index), its token indexes and its decoded columns
 (:data:`memwal_query.read.sources.GENERATION_CACHE`); the generation blocks of the
-searches cache per set of generations. Under a stream, generations are
-flushed, merged and collected all the time; their entries would stay until the caches'
-count bounds evicted them, and those bounds (256 generations, 1,024 token indexes) are
-far larger in bytes than a reader needs: a 10-minute stream of 1,000 rows/s grew a
-reader by ~100 MB a minute (``benchmarks/scale.py``'s streaming section).
+searches and the newest rows' columns of unfiltered reads
+(:data:`memwal_query.read.newer.NEWEST_COLUMNS`) cache per set of generations. Under a
+stream, generations are flushed, merged and collected all the time; their entries would
+stay until the caches' count bounds evicted them, and those bounds (256 generations,
+1,024 token indexes) are far larger in bytes than a reader needs: a 10-minute stream of
+1,000 rows/s grew a reader by ~100 MB a minute (``benchmarks/scale.py``'s streaming section).
 
 :func:`forget_merged` drops the entries of every generation that the base version just
 resolved has merged (``generation <= merged_generations[region]``), and every block holding
@@ -24,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from memwal_query.read.newer import NEWEST_COLUMNS
 from memwal_query.read.sources import GENERATION_CACHE
 from memwal_query.search.caches import (
     GENERATION_BLOCKS,
@@ -52,6 +54,7 @@ def forget_merged(table_uri: str, merged: dict[str, int]) -> int:
         OPEN_GENERATIONS.discard_where(gone)
         + GENERATION_TOKEN_INDEXES.discard_where(lambda key: gone(key[0]))
         + GENERATION_CACHE.discard_where(gone)
+        + NEWEST_COLUMNS.discard_where(lambda key: any(gone(uri) for uri in key[0]))
         + forget_merged_blocks(table_uri, merged)
     )
 

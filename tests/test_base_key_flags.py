@@ -1,0 +1,141 @@
+"""``count(*)`` of the base counted on the base version's key flags (one scan of its keys
+per version, kept for the next queries): DataFusion's ``count(*)`` and ``count_rows``
+equal a dict model before and after merges, with newer keys in generations, MemTables
+and WAL tails, and fall back to scanning (same answers) when the flags do not apply: a
+key in two live base rows, a key range too wide, string keys.
+"""
+
+from __future__ import annotations
+
+import datafusion
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import memwal_query as mq
+from memwal_query.read import provider
+from memwal_query.read.dedup import KeySet
+
+from helpers import PK, clear_read_caches
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
+
+
+def _rows(keys, v: int, schema: pa.Schema = SCHEMA) -> pa.Table:
+    return pa.table({"id": list(keys), "v": [v] * len(keys)}, schema=schema)
+
+
+class _KeyScans:
+    """Counts the base scans of the key column alone."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = lance.LanceDataset.scanner
+
+        def scanner(ds, *args, **kwargs):
+            if kwargs.get("columns") == ["id"] and "_mem_wal" not in ds.uri:
+                self.calls += 1
+            return real(ds, *args, **kwargs)
+
+        monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+
+
+def _sql_count(t: mq.MemWalTable) -> int:
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider())
+    return ctx.sql("SELECT count(*) AS n FROM t").to_arrow_table().column(0)[0].as_py()
+
+
+def _table(tmp_path, keys, schema: pa.Schema = SCHEMA, regions: int = 2):
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(keys, 0, schema), uri, max_rows_per_file=100)
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", regions)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    return t, dict.fromkeys(keys, 0)
+
+
+def _round(t: mq.MemWalTable, model: dict, rng, step: int, hi: int, flush: bool) -> None:
+    keys = sorted({int(k) for k in rng.integers(-20, hi + 40, 40)})
+    t.write(_rows(keys, step))
+    model.update(dict.fromkeys(keys, step))
+    gone = sorted({int(k) for k in rng.integers(-20, hi + 40, 8)})
+    t.delete(pa.table({"id": pa.array(gone, pa.int64())}))
+    for k in gone:
+        model.pop(k, None)
+    if flush:
+        t.flush()
+
+
+def test_sql_count_scans_the_base_keys_once_per_base_version(tmp_path, monkeypatch):
+    clear_read_caches()
+    t, model = _table(tmp_path, range(0, 350))
+    rng = np.random.default_rng(7)
+    scans = _KeyScans(monkeypatch)
+    versions = set()
+    for step in range(1, 6):
+        _round(t, model, rng, step, 350, flush=step % 2 == 0)
+        if step in (2, 4):
+            t.maintenance.merge()  # a new base version, fragments with deletion files
+        versions.add(lance.dataset(t.uri).version)
+        assert _sql_count(t) == len(model)
+        assert t.count_rows() == len(model)
+    # a reader of its own (WAL tails, no writer): the same answer
+    assert _sql_count(mq.MemWalTable.open(t.uri)) == len(model)
+    assert scans.calls == len(versions) == 3  # once per base version, not per query
+    assert len(lance.dataset(t.uri).get_fragments()) > 2  # several base partitions
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [*range(0, 200), *range(100, 150)],  # a key in two live base rows
+        [*range(0, 100), 1 << 40],  # a range wider than the flags allow
+    ],
+    ids=["duplicate", "wide"],
+)
+def test_counts_scan_when_the_flags_do_not_apply(tmp_path, monkeypatch, keys):
+    clear_read_caches()
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(keys, 0), uri, max_rows_per_file=100)
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    rows = len(keys)  # base rows, duplicates included
+    t.write(_rows([5, 120, 500], 1))  # 5 and 120: base keys (120 in two rows)
+    t.delete(pa.table({"id": pa.array([7, 99], pa.int64())}))
+    base_kept = sum(1 for k in keys if k not in (5, 120, 7, 99))
+    expected = base_kept + 3
+    assert provider._base_keys(lance.dataset(uri), ["id"]) is None
+    assert _sql_count(t) == expected
+    assert t.count_rows() == expected
+    assert rows > base_kept
+
+
+def test_string_keys_count_by_scanning(tmp_path):
+    clear_read_caches()
+    schema = pa.schema([pa.field("id", pa.string(), False, PK), pa.field("v", pa.int64())])
+    keys = [f"k{i:04d}" for i in range(250)]
+    t, model = _table(tmp_path, keys, schema)
+    t.write(_rows(["k0001", "k0300"], 1, schema))
+    t.delete(pa.table({"id": pa.array(["k0002"], pa.string())}))
+    assert _sql_count(t) == 250 - 1 + 1
+    assert t.count_rows() == 250
+
+
+@pytest.mark.parametrize("spread", [1_000, 1 << 40])  # a dense set, a sorted one
+def test_mark_sets_the_flags_of_the_keys_in_range(spread):
+    rng = np.random.default_rng(3)
+    keys = np.unique(rng.integers(-spread, spread, 300)).astype(np.int64)
+    s = KeySet.of_ints("id", [keys])
+    windows = [(int(keys[0]) - 5, 1000), (int(keys[150]) - 500, 1000), (int(keys[-1]) - 9, 10)]
+    for lo, size in [*windows, (int(keys[-1]) + 1, 50)]:
+        into = np.zeros(size, dtype=bool)
+        into[::7] = True  # flags already set stay set
+        s.mark(into, lo)
+        want = np.zeros(size, dtype=bool)
+        want[::7] = True
+        inside = keys[(keys >= lo) & (keys < lo + size)]
+        want[inside - lo] = True
+        assert np.array_equal(into, want)
+    with pytest.raises(TypeError):
+        KeySet(pa.table({"id": pa.array(["a"])})).mark(np.zeros(3, dtype=bool), 0)
