@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import lance
 import numpy as np
 import pytest
@@ -77,3 +81,52 @@ def store_pool():
     pool = StorePool()
     yield pool
     pool.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_fault_dir(tmp_path_factory) -> str:
+    """The directory arming the Spark fault points (``memwal_query.spark._common.fault``):
+    ``$MEMWAL_SPARK_FAULT_DIR`` of the session's Spark workers."""
+    return str(tmp_path_factory.mktemp("spark-faults"))
+
+
+@pytest.fixture(scope="session")
+def spark(spark_fault_dir):
+    """The session's SparkSession (local[2,2]: 2 cores, 2 attempts per task), started on
+    first use and shared by every test that asks for it (the JVM and its Python workers
+    start once). The memwal data source is registered with filter pushdown on. The fault
+    directory is set before the JVM starts, so that Python workers inherit it."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    from memwal_query import spark as mqs
+    from memwal_query.spark import source
+    from memwal_query.spark._common import FAULT_DIR_ENV
+
+    old = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", FAULT_DIR_ENV)}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ[FAULT_DIR_ENV] = spark_fault_dir
+    with warnings.catch_warnings():
+        # the driver starts the JVM with fork+exec after lance is loaded: harmless
+        warnings.filterwarnings("ignore", "lance is not fork-safe", UserWarning)
+        session = (
+            SparkSession.builder.master("local[2,2]")
+            .appName("memwal_query-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.driver.memory", "2g")
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
+    session.sparkContext.setLogLevel("ERROR")
+    with pytest.warns(source.PushdownWarning, match="wrong"):  # driver-side warning
+        mqs.register_source(session, filter_pushdown=True)  # the push_filters tests need it
+    yield session
+    session.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

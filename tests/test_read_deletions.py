@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import struct
 
 import datafusion
@@ -62,11 +63,10 @@ def _key(i: int, text: bool) -> str:
     return f"'{i}'" if text else str(i)
 
 
-def _base(tmp_path, key_type: pa.DataType | None = None) -> str:
+def _build_base(tmp_path, key_type: pa.DataType) -> str:
     """Five fragments (ids 0..31,999 in order): no deletions; a third deleted at random
     in a 20,000-row fragment (a bitmap file); a few scattered (an Arrow file); 70%
     deleted; a contiguous run deleted."""
-    key_type = pa.int64() if key_type is None else key_type
     schema = _schema(key_type)
     uri = str(tmp_path / "t")
     start = 0
@@ -92,6 +92,25 @@ def _base(tmp_path, key_type: pa.DataType | None = None) -> str:
     assert kinds[0] is None
     assert {k.file_type for k in kinds[1:]} == {"bitmap", "array"}  # both formats under test
     return uri
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    """``bases(tmp_path, key_type=int64)``: the URI of a copy, in ``tmp_path``, of the
+    table :func:`_build_base` makes (built once per key type for the module; each test
+    changes only its own copy)."""
+    built: dict[str, str] = {}
+
+    def copy(tmp_path, key_type: pa.DataType | None = None) -> str:
+        key_type = pa.int64() if key_type is None else key_type
+        name = str(key_type)
+        if name not in built:
+            built[name] = _build_base(tmp_path_factory.mktemp(f"base-{name}"), key_type)
+        uri = str(tmp_path / "t")
+        shutil.copytree(built[name], uri)
+        return uri
+
+    return copy
 
 
 def _sorted(table: pa.Table) -> pa.Table:
@@ -136,11 +155,11 @@ def _compare(ctx: datafusion.SessionContext, text: bool) -> None:
 
 
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int", "string"])
-def test_base_with_deletion_files_reads_as_plain_lance(tmp_path, monkeypatch, key_type):
+def test_base_with_deletion_files_reads_as_plain_lance(bases, tmp_path, monkeypatch, key_type):
     """No newer source: the full read, DataFusion queries with and without filters, and
     the count equal plain Lance's answers on the same table; the scans read the deleted
     rows and dropped them."""
-    uri = _base(tmp_path, key_type)
+    uri = bases(tmp_path, key_type)
     text = pa.types.is_string(key_type)
     seen = _spy(monkeypatch)
     t = mq.MemWalTable.initialize(uri)
@@ -159,10 +178,10 @@ def test_base_with_deletion_files_reads_as_plain_lance(tmp_path, monkeypatch, ke
     assert _sorted(t.to_table(filter=low)).equals(_sorted(plain.filter(low)))
 
 
-def test_the_deleted_rows_would_be_read_without_the_mask(tmp_path, monkeypatch):
+def test_the_deleted_rows_would_be_read_without_the_mask(bases, tmp_path, monkeypatch):
     """The scans really hold the deleted rows (the mask is what drops them): without it
     the answer is longer by exactly the deleted rows."""
-    uri = _base(tmp_path)
+    uri = bases(tmp_path)
     t = mq.MemWalTable.initialize(uri)
     monkeypatch.setattr(deletions, "deleted_rows", lambda batch: None)
     assert t.to_table().num_rows == N
@@ -171,13 +190,13 @@ def test_the_deleted_rows_would_be_read_without_the_mask(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int", "string"])
-def test_newer_sources_over_deletion_files(tmp_path, monkeypatch, key_type):
+def test_newer_sources_over_deletion_files(bases, tmp_path, monkeypatch, key_type):
     """Upserts and deletes in a flushed generation and in the MemTable, over base rows
     with and without deletion files (deleted keys written again, overwritten rows in
     every fragment): ours equals plain Lance applying the same changes to a copy
     (``merge_insert``, then a delete). Then a real merge: ours equals plain Lance reading
     the merged table, and the model."""
-    uri = _base(tmp_path, key_type)
+    uri = bases(tmp_path, key_type)
     text = pa.types.is_string(key_type)
     schema = _schema(key_type)
     copy = str(tmp_path / "plain")
@@ -257,10 +276,10 @@ def test_the_runs_of_deleted_rows_choose_the_path(tmp_path, monkeypatch, predica
     assert deletions.reads_deleted(frags) is (share <= 0.5)  # without the files: the share
 
 
-def test_unreadable_deletion_file_leaves_the_scan_to_lance(tmp_path, monkeypatch):
+def test_unreadable_deletion_file_leaves_the_scan_to_lance(bases, tmp_path, monkeypatch):
     """A deletion file the run count cannot read leaves the scan to Lance (which reads
     it, or reports it), never a guess."""
-    uri = _base(tmp_path)
+    uri = bases(tmp_path)
     frags = lance.dataset(uri).get_fragments()
 
     def read(path):
@@ -318,11 +337,11 @@ def test_roaring_runs():
 
 @pytest.mark.parametrize("kind", ["bitmap", "array"])
 @pytest.mark.parametrize("damage", ["missing", "garbage", "truncated"])
-def test_a_bad_deletion_file_is_a_typed_error_naming_it(tmp_path, kind, damage):
+def test_a_bad_deletion_file_is_a_typed_error_naming_it(bases, tmp_path, kind, damage):
     """A deletion file that is missing, garbage or truncated: every read (full read,
     filtered SQL, filtered count) raises a typed error naming that file, never an
     answer."""
-    uri = _base(tmp_path)
+    uri = bases(tmp_path)
     t = mq.MemWalTable.initialize(uri)
     fragment = next(
         f
@@ -374,11 +393,11 @@ def test_reads_deleted_counts_only_fragments_with_deletion_files(tmp_path):
     assert provider.ROWID_COLUMN == deletions.ROWID_COLUMN
 
 
-def test_a_plan_lance_refuses_with_deleted_rows_keeps_lances_filter(tmp_path, monkeypatch):
+def test_a_plan_lance_refuses_with_deleted_rows_keeps_lances_filter(bases, tmp_path, monkeypatch):
     """Should Lance refuse a filtered plan with deleted rows, the scan asks again without
     them (Lance's own deletion path, its filter and indexes), never falling back to
     reading every row and filtering in pyarrow; same answer."""
-    uri = _base(tmp_path)
+    uri = bases(tmp_path)
     t = mq.MemWalTable.initialize(uri)
     real = lance.LanceDataset.scanner
     asked: list[tuple[bool, bool]] = []
@@ -549,14 +568,14 @@ def test_indexed_filters_over_deletion_files(tmp_path, monkeypatch, stable):
     assert any(a.get("include_deleted_rows") and a.get("filter") is not None for a in asked)
 
 
-def test_limits_over_deletion_files(tmp_path):
+def test_limits_over_deletion_files(bases, tmp_path):
     """LIMIT and OFFSET through DataFusion, DuckDB and Polars over fragments with deletion
     files: never a shorter answer (no limit reaches a scan before the deleted rows are
     dropped), the same rows as plain Lance's."""
     import duckdb
     import polars as pl
 
-    uri = _base(tmp_path)
+    uri = bases(tmp_path)
     t = mq.MemWalTable.initialize(uri)
     plain = lance.dataset(uri).to_table()
     n = plain.num_rows

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
-import sys
 import time
 
 import lance
@@ -162,95 +160,55 @@ def test_sql_changes_function_and_cli(tmp_path):
     t.close()
 
 
-SPARK_SCRIPT = r"""
-import os, sys
-os.environ["PYSPARK_PYTHON"] = sys.executable
-from pyspark.sql import SparkSession  # Spark first: its JVM must not fork after lance loads
-
-spark = (
-    SparkSession.builder.master("local[2]")
-    .config("spark.ui.enabled", "false")
-    .config("spark.sql.shuffle.partitions", "2")
-    .config("spark.ui.showConsoleProgress", "false")
-    .getOrCreate()
-)
-spark.sparkContext.setLogLevel("ERROR")
-sys.path[:0] = [sys.argv[2], sys.argv[3]]
-import pyarrow.parquet as pq
-import test_time_travel as tt
-from helpers import basic_rows
-from pathlib import Path
-from memwal_query import spark as mqs
-from memwal_query.spark.source import changes_frame
-
-mqs.register_source(spark)
-tmp = Path(sys.argv[1])
-t = tt._table(tmp)
-h = tt._history(t)
-df = spark.read.format("memwal").option("changes_since", str(h["v1"])).load(t.uri)
-assert sorted(r["id"] for r in df.collect()) == [1, 7]
-feed = mqs.read(spark, t.uri, changes_since=str(h["v1"]))  # the change feed: the data source
-assert "memwal" in feed._jdf.queryExecution().executedPlan().toString()
-assert sorted(r["id"] for r in feed.collect()) == [1, 7]
-frame, cursor = changes_frame(spark, t.uri, since="earliest")
-assert frame.count() == 4
-t.write(basic_rows([9]))
-t.flush()
-assert frame.count() == 4  # the end was fixed when the frame was made
-rest, _ = changes_frame(spark, t.uri, since=cursor)
-assert [r["id"] for r in rest.collect()] == [9]
-old = spark.read.format("memwal").option("as_of", str(h["v0"])).load(t.uri)
-assert sorted(r["id"] for r in old.collect()) == list(range(6))
-old = mqs.read(spark, t.uri, as_of=str(h["v0"]))  # read in the driver, at that version
-assert "ExistingRDD" in old._jdf.queryExecution().executedPlan().toString()
-assert sorted(r["id"] for r in old.collect()) == list(range(6))
-
-
-def run_stream():
-    q = (
-        spark.readStream.format("memwal")
-        .option("changes_since", str(h["v1"]))
-        .option("consumer", "stream")
-        .load(t.uri)
-        .writeStream.format("parquet")
-        .option("path", str(tmp / "sink"))
-        .option("checkpointLocation", str(tmp / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination()
-
-
-run_stream()
-t.write(basic_rows([10, 11]))
-t.flush()
-run_stream()  # resumes from the checkpoint: only the new changes
-assert sorted(pq.read_table(tmp / "sink")["id"].to_pylist()) == [1, 7, 9, 10, 11]
-# the registered consumer trails by at most the last batch (committed when the next starts)
-cursor = t.consumers.list()["stream"]
-assert sorted(t.changes(since=cursor).table["id"].to_pylist()) in ([], [10, 11])
-t.close()
-print("SPARK-OK")
-"""
-
-
-@pytest.mark.slow
-def test_spark_changes_as_of_and_streaming(tmp_path):
+@pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning")
+def test_spark_changes_as_of_and_streaming(spark, tmp_path):
     """Spark batch feed, ``changes_frame``, ``as_of`` and the Structured Streaming source
-    (resuming from its checkpoint), in a process that starts Spark before lance loads."""
-    pytest.importorskip("pyspark")
-    import subprocess
+    (resuming from its checkpoint), on the session's SparkSession."""
+    import pyarrow.parquet as pq
 
-    script = tmp_path / "spark_check.py"
-    script.write_text(SPARK_SCRIPT)
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), tests, root],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert res.returncode == 0 and "SPARK-OK" in res.stdout, res.stderr[-3000:]
+    from memwal_query import spark as mqs
+    from memwal_query.spark.source import changes_frame
+
+    t = _table(tmp_path)
+    h = _history(t)
+    df = spark.read.format("memwal").option("changes_since", str(h["v1"])).load(t.uri)
+    assert sorted(r["id"] for r in df.collect()) == [1, 7]
+    feed = mqs.read(spark, t.uri, changes_since=str(h["v1"]))  # the change feed: the data source
+    assert "memwal" in feed._jdf.queryExecution().executedPlan().toString()
+    assert sorted(r["id"] for r in feed.collect()) == [1, 7]
+    frame, cursor = changes_frame(spark, t.uri, since="earliest")
+    assert frame.count() == 4
+    t.write(basic_rows([9]))
+    t.flush()
+    assert frame.count() == 4  # the end was fixed when the frame was made
+    rest, _ = changes_frame(spark, t.uri, since=cursor)
+    assert [r["id"] for r in rest.collect()] == [9]
+    old = spark.read.format("memwal").option("as_of", str(h["v0"])).load(t.uri)
+    assert sorted(r["id"] for r in old.collect()) == list(range(6))
+    old = mqs.read(spark, t.uri, as_of=str(h["v0"]))  # read in the driver, at that version
+    assert "ExistingRDD" in old._jdf.queryExecution().executedPlan().toString()
+    assert sorted(r["id"] for r in old.collect()) == list(range(6))
+
+    def run_stream():
+        q = (
+            spark.readStream.format("memwal")
+            .option("changes_since", str(h["v1"]))
+            .option("consumer", "stream")
+            .load(t.uri)
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / "sink"))
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+
+    run_stream()
+    t.write(basic_rows([10, 11]))
+    t.flush()
+    run_stream()  # resumes from the checkpoint: only the new changes
+    assert sorted(pq.read_table(tmp_path / "sink")["id"].to_pylist()) == [1, 7, 9, 10, 11]
+    # the registered consumer trails by at most the last batch (committed when the next starts)
+    cursor = t.consumers.list()["stream"]
+    assert sorted(t.changes(since=cursor).table["id"].to_pylist()) in ([], [10, 11])
+    t.close()
