@@ -28,7 +28,16 @@ import pyarrow.dataset as pads
 from memwal_query.exceptions import SchemaError
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, as_int64
-from memwal_query.read import deletions, exprtree, newer, parallel, pruning, sources, view
+from memwal_query.read import (
+    deletions,
+    exprtree,
+    newer,
+    parallel,
+    pointview,
+    pruning,
+    sources,
+    view,
+)
 from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted
 from memwal_query.read.filtersemantics import datafusion_semantics
 from memwal_query.storage.cache import LRUCache
@@ -82,17 +91,26 @@ class _Filter:
         agree); set to False when Lance refuses it (types its Substrait conversion
         does not support: unsigned integers, large strings/binaries, dictionaries,
         timestamp[ns] literals, any filter on a table with a time64 column...).
+    pinned : tuple of int or None
+        The keys it pins the primary key ``pk`` to (:func:`pointview.pinned_keys`): the
+        newer rows are then read for those keys only.
     """
 
-    def __init__(self, expr: pc.Expression | None, schema: pa.Schema) -> None:
+    def __init__(
+        self, expr: pc.Expression | None, schema: pa.Schema, pk: Sequence[str] = ()
+    ) -> None:
         expr = _as_expression(expr)
         self.expr = expr
         self.columns: list[str] = []
         self.local = expr
         self.base = expr
         self.lance = expr is not None
+        self.pinned: tuple[int, ...] | None = None
         if expr is None:
             return
+        keys = pointview.pinned_keys(pruning.predicates_from_expression(expr), schema, pk)
+        if keys is not None:
+            self.pinned = tuple(keys.to_pylist())
         node = exprtree.decode(expr)
         if node is None:  # not from DataFusion (whose filters always decode): be careful
             self.columns = pruning.referenced_columns(expr, schema.names)
@@ -127,7 +145,7 @@ class _QueryState:
 
     def __init__(self, dataset: MemWalDataset, filter: pc.Expression | None) -> None:
         self.dataset = dataset
-        self.filter = _Filter(filter, dataset.schema)
+        self.filter = _Filter(filter, dataset.schema, dataset.table.primary_key)
         table = dataset.table
         predicates = pruning.predicates_from_expression(filter)
         self.plan = view.resolve(
@@ -140,6 +158,7 @@ class _QueryState:
         )
         self._lock = threading.Lock()
         self._view: newer.NewerView | None = None
+        self._point_views: dict[tuple[int, ...], newer.NewerView] = {}
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
@@ -155,7 +174,7 @@ class _QueryState:
             expr is not None and known.expr is not None and expr.equals(known.expr)
         ):
             return known
-        return _Filter(expr, self.dataset.schema)
+        return _Filter(expr, self.dataset.schema, self.dataset.table.primary_key)
 
     @property
     def view(self) -> newer.NewerView:
@@ -172,13 +191,36 @@ class _QueryState:
                 )
             return self._view
 
+    def view_for(self, f: _Filter) -> newer.NewerView:
+        """The newer rows a scan with filter ``f`` evaluates it on: when ``f`` pins the
+        primary key to a few literals (:func:`pointview.pinned_keys`), only those keys'
+        rows (:func:`pointview.point_view`, once per query and key set), else
+        :attr:`view`."""
+        keys = f.pinned
+        if keys is None:
+            return self.view
+        with self._lock:
+            got = self._point_views.get(keys)
+            if got is None:
+                table = self.dataset.table
+                got = pointview.point_view(
+                    self.plan,
+                    table.schema,
+                    table.primary_key,
+                    pa.array(keys, table.schema.field(table.primary_key[0]).type),
+                    table.storage_options,
+                )
+                self._point_views[keys] = got
+            return got
+
     @property
     def keys(self) -> KeySet | KeySetUnion:
         return self.view.keys
 
-    def key_sets(self) -> tuple[list[KeySet], list[KeySet]]:
-        """The newer sources' key sets: (integer sets, hashed sets)."""
-        keys = self.keys
+    def key_sets(self, f: _Filter | None = None) -> tuple[list[KeySet], list[KeySet]]:
+        """The newer sources' key sets: (integer sets, hashed sets); with ``f``, those of
+        :meth:`view_for` (the keys a base scan with that filter drops rows of)."""
+        keys = self.keys if f is None else self.view_for(f).keys
         sets = keys.sets if isinstance(keys, KeySetUnion) else [keys]
         sets = [s for s in sets if len(s)]
         return [s for s in sets if not s.hashed], [s for s in sets if s.hashed]
@@ -662,7 +704,7 @@ class _BaseFragment:
                 return
         blocklist = state.blocklist() if f.expr is None else None
         overwritten = state.stale_mask() if blocklist is not None else None
-        int_sets, hashed = ([], []) if blocklist is not None else state.key_sets()
+        int_sets, hashed = ([], []) if blocklist is not None else state.key_sets(f)
         # Hashed key sets (strings, binary, composite keys) rebuild a hash set on every
         # membership test: after the first batch (a selective scan may have only one),
         # or from the start when the addresses are cached, overwritten base rows are
@@ -891,10 +933,10 @@ class _NewerFragment:
     def _batches(
         self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
     ) -> Iterator[pa.RecordBatch]:
-        view = self.state.view
+        f = self.state.filter_for(filter)
+        view = self.state.view_for(f)
         if len(view.winners) == 0:
             return
-        f = self.state.filter_for(filter)
         live = view.live(list(out_schema.names), f.local, f.columns)
         if live.num_rows == 0:
             return
