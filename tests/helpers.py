@@ -74,7 +74,7 @@ def clear_read_caches() -> None:
     """Forget every decoded generation, sidecar verdict, view, WAL entry and tail, and
     the per-region rows and winners kept between queries (as a new process would
     start)."""
-    from memwal_query.read import deletions, newer, provider, sources, waltail
+    from memwal_query.read import deletions, newer, pointview, provider, sources, waltail
     from memwal_query.search import caches
 
     for cache in (
@@ -91,6 +91,7 @@ def clear_read_caches() -> None:
         provider._OVERWRITTEN_BASE_ROWS,
         provider._BASE_KEYS,
         deletions._RUNS,
+        pointview.KEY_INDEXES,
     ):
         cache.clear()
     waltail.forget()

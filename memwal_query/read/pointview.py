@@ -187,12 +187,12 @@ def point_view(
     gens: list[np.ndarray] = []
     for region in plan.regions:
         for ref in region.generations:
-            rows, ints = _generation_hits(ref, schema, key, probe, storage_options)
-            if len(rows):
-                parts.append((ref, rows))
+            at, ints = _generation_hits(ref, schema, key, probe, storage_options)
+            if len(at):
+                parts.append((ref, at))
                 found.append(ints)
-                regions.append(np.full(len(rows), ranks[ref.region_id], np.int64))
-                gens.append(np.full(len(rows), ref.generation, np.int64))
+                regions.append(np.full(len(at), ranks[ref.region_id], np.int64))
+                gens.append(np.full(len(at), ref.generation, np.int64))
     mem_parts: list[pa.Table] = []
     value_set = pa.array(probe, pa.int64())
     for region in plan.regions:
@@ -216,7 +216,9 @@ def point_view(
 
     def rows(cols: Sequence[str]) -> pa.Table:
         names = list(cols)
-        out = [read_generation(r, schema, storage_options, names).take(pa.array(at)) for r, at in parts]
+        out = [
+            read_generation(r, schema, storage_options, names).take(pa.array(at)) for r, at in parts
+        ]
         out += [t.select(names) for t in mem_parts]
         if not out:
             return pa.Table.from_batches([], pa.schema([target.field(n) for n in names]))
