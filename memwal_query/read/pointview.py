@@ -30,6 +30,7 @@ from memwal_query.read.newer import NewerView, _ranks
 from memwal_query.read.sources import (
     conform,
     file_io,
+    map_generations,
     memtable_rows,
     read_generation,
     read_schema,
@@ -128,7 +129,8 @@ def _generation_hits(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(row positions in write order, their int64 keys) of the generation's rows of the
     sorted keys ``probe``: from its key index (the newest row of each), else from its
-    key column (every row of them)."""
+    key column (every row of them). Reads run concurrently on an object store
+    (:func:`memwal_query.read.sources.map_generations`)."""
     index = generation_index(ref, storage_options)
     if index is not None:
         if len(index.keys) == 0:
@@ -177,6 +179,8 @@ def point_view(
     ------
     GenerationGoneError
         A generation that must be read is gone.
+    CorruptFileError
+        A key index file lists rows that do not hold its keys (named).
     """
     key = pk[0]
     probe = np.unique(as_int64(keys).to_numpy(zero_copy_only=False))
@@ -185,14 +189,17 @@ def point_view(
     found: list[np.ndarray] = []
     regions: list[np.ndarray] = []
     gens: list[np.ndarray] = []
-    for region in plan.regions:
-        for ref in region.generations:
-            at, ints = _generation_hits(ref, schema, key, probe, storage_options)
-            if len(at):
-                parts.append((ref, at))
-                found.append(ints)
-                regions.append(np.full(len(at), ranks[ref.region_id], np.int64))
-                gens.append(np.full(len(at), ref.generation, np.int64))
+    refs = plan.generations  # region by region, oldest first
+
+    def hits(ref: GenerationRef) -> tuple[np.ndarray, np.ndarray]:
+        return _generation_hits(ref, schema, key, probe, storage_options)
+
+    for ref, (at, ints) in zip(refs, map_generations(hits, refs, storage_options)):
+        if len(at):
+            parts.append((ref, at))
+            found.append(ints)
+            regions.append(np.full(len(at), ranks[ref.region_id], np.int64))
+            gens.append(np.full(len(at), ref.generation, np.int64))
     mem_parts: list[pa.Table] = []
     value_set = pa.array(probe, pa.int64())
     for region in plan.regions:
