@@ -7,6 +7,7 @@ predicates; a damaged or missing key index file is read around (same answer)."""
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 
 import datafusion
@@ -18,6 +19,8 @@ import pytest
 
 import memwal_query as mq
 from memwal_query.format import keyfile
+from memwal_query.format.rowfile import seal
+from memwal_query.format.schema import TOMBSTONE
 from memwal_query.read import newer, pointview
 from memwal_query.storage import paths
 
@@ -201,18 +204,20 @@ def _index_files(t: mq.MemWalTable) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("damage", ["flip", "remove"])
+@pytest.mark.parametrize("damage", ["flip", "remove", "foreign"])
 def test_damaged_or_missing_key_index_reads_the_generation_keys(tmp_path, damage):
     t, model = _build(tmp_path, 5)
     t.flush()
     files = _index_files(t)
-    for path in files:
+    for i, path in enumerate(files):
         if damage == "remove":
             os.remove(path)
-        else:
+        elif damage == "flip":
             data = bytearray(open(path, "rb").read())
             data[len(data) // 2] ^= 0xFF
             open(path, "wb").write(bytes(data))
+        elif i:  # another generation's file (refused: it names its generation)
+            shutil.copy(files[0], path)
     clear_read_caches()
     reader = mq.MemWalTable.open(t.uri)
     ctx = datafusion.SessionContext()
@@ -223,7 +228,34 @@ def test_damaged_or_missing_key_index_reads_the_generation_keys(tmp_path, damage
         got = _sql(ctx, f"id IN ({', '.join(map(str, keys))})")
     assert got == {k: model[k] for k in keys if k in model}
     named = [w for w in caught if keyfile.KEY_INDEX_FILE in str(w.message)]
-    assert bool(named) == (damage == "flip")
+    assert bool(named) == (damage != "remove")
+    t.close()
+
+
+def test_a_key_index_listing_rows_of_other_keys_is_a_typed_error(tmp_path):
+    """A well-formed key index whose rows do not hold its keys is named, never read
+    as a shorter or different answer."""
+    t, model = _build(tmp_path, 6)
+    t.flush()
+    path = _index_files(t)[0]
+    gen_dir = os.path.basename(os.path.dirname(path))
+    index = keyfile.decode_index(open(path, "rb").read(), path, gen_dir, None)
+    assert len(index.keys) >= 2
+    lying = pa.table(
+        {
+            keyfile.INDEX_KEY: index.keys,
+            keyfile.INDEX_ROW: np.roll(index.rows, 1),  # each key pointing at another's row
+            TOMBSTONE: index.tombstone,
+        }
+    ).replace_schema_metadata(
+        {b"memwal.rows": str(index.num_rows).encode(), b"memwal.generation": gen_dir.encode()}
+    )
+    open(path, "wb").write(seal(lying, b"MWX1"))
+    clear_read_caches()
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", mq.MemWalTable.open(t.uri).provider())
+    with pytest.raises(Exception, match="CorruptFileError.*memwal_key_index.bin"):
+        _sql(ctx, f"id = {int(index.keys[0])}")
     t.close()
 
 
