@@ -280,3 +280,37 @@ def test_pinned_keys_of_a_filter():
     assert pointview.pinned_keys([("id", "=", 1)], schema, ["id", "c"]) is None
     text = pa.schema([pa.field("id", pa.string(), False, PK)])
     assert pointview.pinned_keys([("id", "=", "a")], text, pk) is None
+
+
+def test_narrow_integer_key_and_meta_columns_are_pinned(tmp_path, monkeypatch):
+    """An int32 key is pinned too; ``_gen`` and ``_rowaddr`` of the pinned rows are
+    the full view's."""
+    schema = pa.schema([pa.field("id", pa.int32(), False, PK), pa.field("v", pa.int64())])
+    uri = str(tmp_path / "t")
+    lance.write_dataset(
+        pa.table({"id": pa.array(range(300), pa.int32()), "v": [0] * 300}, schema=schema), uri
+    )
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    rng = np.random.default_rng(2)
+    for g in range(3):
+        ids = rng.choice(400, 80, replace=False)
+        t.write(pa.table({"id": pa.array(ids, pa.int32()), "v": [g + 1] * 80}, schema=schema))
+        t.flush()
+    t.write(pa.table({"id": pa.array([1, 2, 350], pa.int32()), "v": [9, 9, 9]}, schema=schema))
+    ctx = datafusion.SessionContext()
+    ctx.register_table("t", t.provider(meta_columns=True))
+    full: list[int] = []
+    real_view = newer.newer_view
+    monkeypatch.setattr(newer, "newer_view", lambda *a, **k: full.append(1) or real_view(*a, **k))
+    keys = ", ".join(map(str, sorted(set(rng.choice(400, 12).tolist()) | {1, 350, 999})))
+    for where in (f"id IN ({keys})", f"id IN ({keys}) AND _gen > 0"):
+        sql = f"SELECT id, v, _gen, _rowaddr FROM t WHERE {where} ORDER BY id"
+        got = ctx.sql(sql).to_arrow_table()
+        assert full == []
+        with monkeypatch.context() as m:
+            m.setattr(pointview, "POINT_KEYS_MAX", 0)
+            assert ctx.sql(sql).to_arrow_table().equals(got)
+        assert full
+        full.clear()
+    t.close()
