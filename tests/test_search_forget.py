@@ -14,9 +14,11 @@ from typing import Any
 
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import memwal_query as mq
 from memwal_query.maintain.policy import MaintenancePolicy
+from memwal_query.read.pointview import KEY_INDEXES
 from memwal_query.read.sources import GENERATION_CACHE
 from memwal_query.search.caches import GENERATION_TOKEN_INDEXES, OPEN_GENERATIONS
 from memwal_query.search.forget import forget_merged
@@ -26,7 +28,7 @@ from helpers import basic_rows
 
 def _cached(uri: str) -> set[str]:
     keys = set(OPEN_GENERATIONS._items) | {k[0] for k in GENERATION_TOKEN_INDEXES._items}
-    keys |= set(GENERATION_CACHE._items)
+    keys |= set(GENERATION_CACHE._items) | set(KEY_INDEXES._items)
     return {k for k in keys if k.startswith(uri)}
 
 
@@ -43,6 +45,8 @@ def test_merged_generations_leave_the_caches(tmp_path: Any) -> None:
     keys = pa.array([1, 2, 3, 4, 5], pa.int64())
     before = t.lookup(keys, columns=["id", "val"]).sort_by("id")
     t.fts_search("name", "n2", k=3)
+    assert t.to_table(filter=pc.field("id").isin([1, 2, 3, 4])).num_rows == 4  # key-pinned
+    assert len([k for k in KEY_INDEXES._items if k.startswith(t.uri)]) == 3
     cached = _cached(t.uri)
     assert len({k.rsplit("/", 1)[1] for k in cached}) == 3, cached  # all three generations
     time.sleep(0.01)

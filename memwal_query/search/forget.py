@@ -3,7 +3,8 @@
 Searches and lookups cache per generation directory: the opened generation
 (:class:`memwal_query.search.generations._GenInfo`: a Lance dataset, its bloom filter and
 key index), its token indexes and its decoded columns
-(:data:`memwal_query.read.sources.GENERATION_CACHE`); the generation blocks of the
+(:data:`memwal_query.read.sources.GENERATION_CACHE`), its key index file as key-pinned
+reads read it (:data:`memwal_query.read.pointview.KEY_INDEXES`); the generation blocks of the
 searches and the newest rows' columns of unfiltered reads
 (:data:`memwal_query.read.newer.NEWEST_COLUMNS`) cache per set of generations. Under a
 stream, generations are flushed, merged and collected all the time; their entries would
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memwal_query.read.newer import NEWEST_COLUMNS
+from memwal_query.read.pointview import KEY_INDEXES
 from memwal_query.read.sources import GENERATION_CACHE
 from memwal_query.search.caches import (
     GENERATION_BLOCKS,
@@ -55,6 +57,7 @@ def forget_merged(table_uri: str, merged: dict[str, int]) -> int:
         + GENERATION_TOKEN_INDEXES.discard_where(lambda key: gone(key[0]))
         + GENERATION_CACHE.discard_where(gone)
         + NEWEST_COLUMNS.discard_where(lambda key: any(gone(uri) for uri in key[0]))
+        + KEY_INDEXES.discard_where(gone)
         + forget_merged_blocks(table_uri, merged)
     )
 
