@@ -24,14 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.format import keyfile
-from memwal_query.format.schema import TOMBSTONE, as_int64
+from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.read.dedup import KeySet, newest_indices
 from memwal_query.read.newer import NewerView, _ranks
 from memwal_query.read.sources import (
     conform,
     file_io,
     map_generations,
-    memtable_rows,
     read_generation,
     read_schema,
 )
@@ -206,11 +205,18 @@ def point_view(
         for m in sorted(region.memtables, key=lambda m: m.generation):
             if not m.batches:
                 continue
-            t = memtable_rows(m)
+            t = m.to_table()
             mask = pc.is_in(as_int64(t.column(key)), value_set=value_set)
-            if not pc.any(mask).as_py():
+            at = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+            if not len(at):
                 continue
-            hit = conform(t.filter(mask), schema)
+            # the rows of memtable_rows(m) at ``at``, without building the others'
+            hit = t.take(pa.array(at))
+            hit = hit.append_column(
+                GEN_COLUMN, pa.repeat(pa.scalar(m.generation, pa.uint64()), len(at))
+            )
+            hit = hit.append_column(ROWADDR_COLUMN, pa.array(at.astype(np.uint64)))
+            hit = conform(hit, schema)
             mem_parts.append(hit)
             found.append(as_int64(hit.column(key).combine_chunks()).to_numpy(zero_copy_only=False))
             regions.append(np.full(hit.num_rows, ranks[m.region_id], np.int64))
