@@ -187,3 +187,33 @@ def test_a_missing_damaged_or_foreign_file_gives_the_same_answers(tmp_path, monk
     assert built  # that generation's index was built from its keys
     named = [str(w.message) for w in caught if keyfile.KEY_INDEX_FILE in str(w.message)]
     assert bool(named) == (damage != "missing")
+
+
+def _forge(path: str, change) -> None:
+    """Rewrite the key index file at ``path`` with ``change`` applied to its columns
+    (``{"key", "row", "_tombstone"}`` as numpy arrays): a valid file (framing, CRC,
+    row count, generation) that lies."""
+    gen_dir = os.path.basename(os.path.dirname(path))
+    index = keyfile.decode_index(open(path, "rb").read(), path, gen_dir, None)
+    cols = {"key": index.keys.copy(), "row": index.rows.copy(), "_tombstone": index.tombstone}
+    change(cols)
+    meta = {b"memwal.rows": str(index.num_rows).encode(), b"memwal.generation": gen_dir.encode()}
+    t = pa.table(cols).replace_schema_metadata(meta)
+    open(path, "wb").write(seal(t, b"MWX1"))
+
+
+def _swap_live_rows(cols) -> None:
+    live = np.flatnonzero(~cols["_tombstone"])[:2]
+    cols["row"][live] = cols["row"][live[::-1]]
+
+
+def test_a_valid_file_pointing_at_other_keys_rows_is_a_corrupt_file(tmp_path):
+    """An index file whose framing, CRC and row count are right but whose rows are other
+    keys' rows: a typed error naming it, never another key's row as the answer."""
+    t, _ = _table(tmp_path)
+    t.close()
+    for g in _generation_dirs(t):
+        _forge(os.path.join(g, keyfile.KEY_INDEX_FILE), _swap_live_rows)
+    clear_read_caches()
+    with pytest.raises(mq.CorruptFileError, match=keyfile.KEY_INDEX_FILE):
+        mq.MemWalTable.open(t.uri).lookup(pa.array(np.arange(-3, 330, dtype=np.int64)))
