@@ -33,7 +33,7 @@ from memwal_query.format.schema import ROWADDR_COLUMN
 from memwal_query.read import newer, sources, view
 from memwal_query.storage import paths
 
-from helpers import PK, clear_read_caches, parity_spec
+from helpers import PK, clear_read_caches, damage_file, parity_spec
 
 DIM = 4
 SCHEMA = pa.schema(
@@ -140,7 +140,8 @@ def test_another_generations_rows_sidecar_is_not_used(tmp_path, read):
     gens = _generations(t)
     rows = {g: rowfile.read(t.catalog.io, g).num_rows for g in gens}
     donor = next(g for g in gens if rows[g] != rows[gens[0]])
-    shutil.copy(os.path.join(donor, rowfile.ROWS_FILE), os.path.join(gens[0], rowfile.ROWS_FILE))
+    path = os.path.join(gens[0], rowfile.ROWS_FILE)
+    damage_file(path, "replaced", donor=os.path.join(donor, rowfile.ROWS_FILE))
     clear_read_caches()
     r = mq.MemWalTable.open(t.uri)
     with warnings.catch_warnings(record=True) as seen:

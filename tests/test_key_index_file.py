@@ -6,7 +6,6 @@ the same answers)."""
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 
 import lance
@@ -20,7 +19,7 @@ from memwal_query.format.rowfile import seal
 from memwal_query.search import keys as search_keys
 from memwal_query.storage import paths
 
-from helpers import PK, clear_read_caches
+from helpers import PK, clear_read_caches, damage_file
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
 
@@ -159,26 +158,15 @@ def test_a_file_that_does_not_describe_its_generation_is_refused():
         keyfile.decode_index(bytes(data), "f", "g", 3)
 
 
-def _flip(path: str) -> None:
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-
-
 @pytest.mark.parametrize("damage", ["missing", "flipped", "truncated", "foreign"])
 def test_a_missing_damaged_or_foreign_file_gives_the_same_answers(tmp_path, monkeypatch, damage):
     t, model = _table(tmp_path)
     t.close()
     gens = _generation_dirs(t)
     path = os.path.join(gens[0], keyfile.KEY_INDEX_FILE)
-    if damage == "missing":
-        os.remove(path)
-    elif damage == "flipped":
-        _flip(path)
-    elif damage == "truncated":
-        open(path, "wb").write(open(path, "rb").read()[:40])
-    else:  # another generation's file
-        shutil.copy(os.path.join(gens[1], keyfile.KEY_INDEX_FILE), path)
+    other = os.path.join(gens[1], keyfile.KEY_INDEX_FILE)  # another generation's file
+    kind = "replaced" if damage == "foreign" else damage
+    damage_file(path, kind, keep_bytes=40, donor=other)
     built = _count_builds(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
