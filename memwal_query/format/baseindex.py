@@ -10,8 +10,10 @@ per base version or index segments (they never change under those keys).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import weakref
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -86,16 +88,27 @@ class VectorModel:
     codebook: pa.FixedSizeListArray | None = None
 
 
+_VERSION_KEYS: weakref.WeakKeyDictionary[Any, tuple[str, int, int]] = weakref.WeakKeyDictionary()
+
+
 def version_key(ds: lance.LanceDataset) -> tuple[str, int, int]:
     """``(URI, version, CRC-32 of its manifest)``: a dataset version as the key of a
-    cache of what never changes under it. The version number alone does not tell
-    apart two tables created one after the other at one URI (the first deleted): their
-    manifests differ (data files are named uniquely)."""
+    cache of what never changes under it (computed once per dataset object). The
+    version number alone does not tell apart two tables created one after the other
+    at one URI (the first deleted): their manifests differ (data files are named
+    uniquely)."""
+    try:
+        return _VERSION_KEYS[ds]
+    except (KeyError, TypeError):
+        pass
     try:
         manifest = ds._ds.serialized_manifest()
     except AttributeError:  # a pylance without it: the fragments' files instead
         manifest = repr([f.metadata for f in ds.get_fragments()]).encode()
-    return (ds.uri, ds.version, zlib.crc32(manifest))
+    key = (ds.uri, ds.version, zlib.crc32(manifest))
+    with contextlib.suppress(TypeError):  # an object without weak references
+        _VERSION_KEYS[ds] = key
+    return key
 
 
 BASE_INDEXES: LRUCache[tuple[str, int, int], dict[str, BaseIndexInfo]] = LRUCache(256)
