@@ -8,6 +8,7 @@ key in two live base rows, a key range too wide, string keys.
 from __future__ import annotations
 
 import shutil
+import threading
 
 import datafusion
 import lance
@@ -203,3 +204,35 @@ def test_a_table_created_again_at_the_uri_is_not_counted_on_the_first_ones_flags
     assert lance.dataset(str(uri)).version == version
     t.write(_rows([5], 1))  # not a key of this table's base
     assert _sql_count(t) == t.count_rows() == 101
+
+
+def test_a_merge_and_deletes_committed_mid_count_leave_the_count_of_its_view(tmp_path, monkeypatch):
+    """A maintainer merges and a writer deletes while a ``count(*)`` scans the base's
+    keys (paused there): the count is of the view it started on; the next is of the
+    new one."""
+    clear_read_caches()
+    t, model = _table(tmp_path, range(0, 300))
+    t.write(_rows(range(250, 320), 1))
+    t.flush()
+    model.update(dict.fromkeys(range(250, 320), 1))
+    before = len(model)
+    scanning, go = threading.Event(), threading.Event()
+    real = provider._scan_base_keys
+
+    def paused(base, pk):
+        scanning.set()
+        assert go.wait(60)
+        return real(base, pk)
+
+    monkeypatch.setattr(provider, "_scan_base_keys", paused)
+    got: list[int] = []
+    query = threading.Thread(target=lambda: got.append(_sql_count(t)))
+    query.start()
+    assert scanning.wait(60)
+    t.maintenance.merge()  # a new base version: the merged keys in it
+    t.delete(pa.table({"id": pa.array(range(0, 40), pa.int64())}))
+    t.flush()
+    go.set()
+    query.join(60)
+    assert got == [before]
+    assert _sql_count(t) == t.count_rows() == before - 40

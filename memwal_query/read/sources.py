@@ -550,8 +550,8 @@ def _rows_agree(ref: GenerationRef, rows: int, path: str) -> bool:
     if ref.rows is None or ref.rows == rows:
         return True
     warnings.warn(
-        f"{path}: generation {ref.generation} holds {rows} rows there where its region "
-        f"manifest records {ref.rows}; reading that generation's other files instead",
+        f"{path}: {rows} rows of generation {ref.generation} where its region manifest "
+        f"records {ref.rows}; reading that generation's other files instead",
         RuntimeWarning,
         stacklevel=3,
     )
