@@ -242,12 +242,25 @@ def point_view(
     if not np.array_equal(got, cand):
         from memwal_query.exceptions import CorruptFileError
 
-        uris = sorted({r.uri for r, _ in parts})
+        bad = _lying_indexes(parts, cand, got)
         raise CorruptFileError(
-            ", ".join(f"{u.rstrip('/')}/{keyfile.KEY_INDEX_FILE}" for u in uris),
-            "the rows a key index file lists do not hold its keys; remove the key index "
-            "files named (optional files) to read each generation's own keys",
+            ", ".join(f"{u.rstrip('/')}/{keyfile.KEY_INDEX_FILE}" for u in bad),
+            "its entries point keys at rows of other keys",
         )
     tomb = pc.fill_null(taken.column(TOMBSTONE), False).to_numpy(zero_copy_only=False)
     key_set = KeySet(pa.table({key: pa.array(cand[winners], pa.int64())}))
     return NewerView(rows, target.names, winners, key_set, tombstones=tomb[winners].astype(bool))
+
+
+def _lying_indexes(
+    parts: list[tuple[GenerationRef, np.ndarray]], want: np.ndarray, got: np.ndarray
+) -> list[str]:
+    """The generations (directories) whose rows at ``parts`` hold keys ``got`` other
+    than ``want`` (the keys their index gave; parts in order, then MemTable rows)."""
+    bad, start = [], 0
+    for ref, at in parts:
+        end = start + len(at)
+        if not np.array_equal(want[start:end], got[start:end]):
+            bad.append(ref.uri)
+        start = end
+    return bad or [ref.uri for ref, _ in parts]
