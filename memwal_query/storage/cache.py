@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -31,6 +31,9 @@ class LRUCache(Generic[K, V]):
         Most bytes kept, as measured by ``sizeof(value)`` when an entry is stored.
     sizeof : callable, optional
         Size of a value in bytes (required with ``max_bytes``).
+    name : str, optional
+        Register the cache under this name in :func:`named_caches` (what
+        :func:`memwal_query.memory_usage` reports, by name).
     """
 
     def __init__(
@@ -38,6 +41,8 @@ class LRUCache(Generic[K, V]):
         max_items: int,
         max_bytes: int | None = None,
         sizeof: Callable[[V], int] | None = None,
+        *,
+        name: str | None = None,
     ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
@@ -50,6 +55,9 @@ class LRUCache(Generic[K, V]):
         self._sizes: dict[K, int] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+        self.name = name
+        if name is not None:
+            _NAMED[name] = self
 
     def get(self, key: K, default: V | None = None) -> V | None:
         """The value of ``key`` (now the most recent entry), or ``default``."""
@@ -110,3 +118,11 @@ class LRUCache(Generic[K, V]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._items
+
+
+_NAMED: dict[str, LRUCache[Any, Any]] = {}
+
+
+def named_caches() -> dict[str, LRUCache[Any, Any]]:
+    """Every cache made with a ``name``, by name (the process-wide caches)."""
+    return dict(_NAMED)
