@@ -17,7 +17,7 @@ import pyarrow as pa
 from memwal_query.catalog import as_catalog
 from memwal_query.read import newer, provider, sources, waltail  # noqa: F401 (their caches)
 from memwal_query.search import caches
-from memwal_query.storage.cache import named_caches
+from memwal_query.storage.cache import cache_size_bytes, cached_bytes, named_caches
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog, HasCatalog
@@ -42,7 +42,9 @@ def memory_usage(table: Catalog | HasCatalog | None = None) -> dict[str, int]:
         ``memtable_token_indexes``, ``memtable_key_indexes``, ``index_stats_entries``
         and ``generation_blocks``; ``NAME_bytes`` of every cache bounded by bytes
         (decoded WAL entries and tails, views of generations and MemTables, key flags,
-        overwritten base rows) and ``caches_bytes``, their sum; with ``table``,
+        overwritten base rows), ``caches_bytes``, their sum, ``caches_limit_bytes``, the
+        budget they share (:func:`memwal_query.set_cache_size_bytes`), and
+        ``cache_budget_evictions``, the entries evicted to keep it; with ``table``,
         ``lance_cache_bytes`` (its base dataset's Lance index and metadata caches) and
         ``lance_cache_limit_bytes`` (their bound).
     """
@@ -56,7 +58,9 @@ def memory_usage(table: Catalog | HasCatalog | None = None) -> dict[str, int]:
     for name, cache in named.items():
         if cache.max_bytes is not None:
             out[f"{name}_bytes"] = cache.nbytes
-    out["caches_bytes"] = sum(c.nbytes for c in named.values())
+    out["caches_bytes"] = cached_bytes()
+    out["caches_limit_bytes"] = cache_size_bytes()
+    out["cache_budget_evictions"] = sum(c.budget_evictions for c in named.values())
     if table is not None:
         from memwal_query.format.lancecache import cache_bounds
 
