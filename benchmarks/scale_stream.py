@@ -941,7 +941,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup",
         type=int,
-        default=0,
+        default=3,
         help="minutes streamed and printed before minute 1 (the ratios compare minute 1 "
         "and the last: the caches, unmerged generations and WAL tails filled)",
     )
