@@ -198,15 +198,27 @@ def cache_size_bytes() -> int:
     """
     if _size_set:
         return _size_set[0]
-    value = os.environ.get(CACHE_SIZE_ENV)
+    return env_megabytes(CACHE_SIZE_ENV, CACHE_SIZE_BYTES)
+
+
+def env_megabytes(name: str, default: int) -> int:
+    """Bytes from the environment variable ``name``, a positive number of MB
+    (``default`` bytes when unset or empty).
+
+    Raises
+    ------
+    MemWalError
+        The variable is not a positive number.
+    """
+    value = os.environ.get(name)
     if not value:
-        return CACHE_SIZE_BYTES
+        return default
     try:
         mb = float(value)
     except ValueError:
         mb = -1.0
     if not mb > 0:
-        raise MemWalError(f"{CACHE_SIZE_ENV}={value!r}: expected a positive number of MB")
+        raise MemWalError(f"{name}={value!r}: expected a positive number of MB")
     return int(mb * (1 << 20))
 
 
