@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from memwal_query.exceptions import SchemaError
+from memwal_query.format.baseindex import version_key
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, as_int64
 from memwal_query.read import deletions, exprtree, newer, parallel, pruning, sources, view
@@ -411,12 +412,14 @@ most :data:`BASE_KEYS_FLAGS_PER_ROW` per live row (the flags then take at most w
 int64 keys would)."""
 BASE_KEYS_FLAGS_PER_ROW = 8
 
-_BASE_KEYS: LRUCache[tuple[str, int], _BaseKeys] = LRUCache(
+_BASE_KEYS: LRUCache[tuple[str, int, int], _BaseKeys] = LRUCache(
     2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes, name="base_key_flags"
 )
 """The key flags of a base version (:func:`_base_keys`), per (base URI, version): a
 stream's reader counts many queries on each version a maintenance pass leaves (the
-newest version and the one before it, for queries pinned to it meanwhile)."""
+newest version and the one before it, for queries pinned to it meanwhile), keyed by
+:func:`memwal_query.format.baseindex.version_key` (a table created again at a URI
+has versions of the same numbers)."""
 
 
 def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
@@ -425,7 +428,7 @@ def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
     column (uint64 aside), a range wider than :data:`BASE_KEYS_MAX_FLAGS` or than
     :data:`BASE_KEYS_FLAGS_PER_ROW` per row, or a key in two live rows (the count must
     be of rows, not of keys)."""
-    key = (base.uri, base.version)
+    key = version_key(base)
     hit = _BASE_KEYS.get(key)
     if hit is None:
         hit = _BASE_KEYS.put(key, _scan_base_keys(base, pk))
