@@ -100,10 +100,11 @@ def _index_nbytes(entry: tuple[keyfile.KeyIndex | None]) -> int:
 
 
 KEY_INDEXES: LRUCache[str, tuple[keyfile.KeyIndex | None]] = LRUCache(
-    1 << 14, max_bytes=256 << 20, sizeof=_index_nbytes
+    1 << 14, max_bytes=256 << 20, sizeof=_index_nbytes, name="key_indexes"
 )
 """Per generation directory, its key index file read (None inside: none or not
-usable); bounded by bytes (default 256 MiB). Generations are immutable."""
+usable); bounded by bytes (default 256 MiB) and in the read path's cache budget.
+Generations are immutable."""
 
 
 def generation_index(
