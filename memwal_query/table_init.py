@@ -37,6 +37,7 @@ from memwal_query.format.schema import (
     primary_key_columns,
     require_primary_key,
     to_table,
+    widen_dictionaries,
 )
 from memwal_query.storage import paths
 from memwal_query.storage.factory import file_io_for
@@ -179,7 +180,9 @@ def creation_data(
     where: str,
 ) -> pa.Table:
     """The rows (or the empty table of a ``pyarrow.Schema``) a new table starts with:
-    vector columns cast to fixed-size lists, the key marked, its values checked."""
+    vector columns cast to fixed-size lists, dictionary columns given 32-bit indices
+    (:func:`memwal_query.format.schema.widen_dictionaries`), the key marked, its values
+    checked."""
     if isinstance(data, pa.Schema):
         table = data.empty_table()
     elif data is None:
@@ -197,6 +200,7 @@ def creation_data(
         col = vector_column(table.column(i), name, dim)
         table = table.set_column(i, field.with_type(col.type), col)
     check_key_values(table.select(keys), keys, where)
+    table = widen_dictionaries(table)
     meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
     schema = with_primary_key(table.schema.with_metadata(meta), keys)
     return pa.Table.from_arrays(table.columns, schema=schema)
