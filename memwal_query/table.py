@@ -170,6 +170,11 @@ class MemWalTable:
         ------
         TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError,
         LeftoverRegionsError
+        SchemaError
+            A dictionary column has 8- or 16-bit indices (pandas categoricals do): a
+            MemWAL table combines many writes' values in one file and one read, so
+            rewrite the column with 32-bit indices (or plain values) first; nothing is
+            written.
 
         Warns
         -----

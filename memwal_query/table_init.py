@@ -34,6 +34,7 @@ from memwal_query.format import index as mwindex
 from memwal_query.format.schema import (
     PK_METADATA_KEY,
     cast_column,
+    check_dictionary_types,
     primary_key_columns,
     require_primary_key,
     to_table,
@@ -348,7 +349,7 @@ def write_index(
     Raises
     ------
     TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError,
-    NotInitializedError, LeftoverRegionsError
+    NotInitializedError, LeftoverRegionsError, SchemaError
     """
     from memwal_query.regions.checks import check_spec_sources, warn_non_key_sources
 
@@ -356,6 +357,7 @@ def write_index(
     ds = open_dataset(norm, options)
     if mwindex.read_index(io, ds) is not None:
         raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
+    check_dictionary_types(ds.schema, norm)
     to_mark = None
     if primary_key is None:
         pk = require_primary_key(ds.schema, norm)

@@ -96,13 +96,32 @@ def test_dictionary_with_a_null_value_is_stored_as_null_indices(tmp_path):
     check(uri, t, want)
 
 
-@pytest.fixture
-def narrow(tmp_path):
-    """A table made outside memwal_query whose ``c`` is ``dictionary<int8, string>``."""
+def test_initialize_refuses_a_narrow_dictionary_column(tmp_path):
+    """A Lance table whose dictionary column has int8 indices is not turned into a
+    MemWAL table (it could take only 128 values in all): a SchemaError naming the
+    column, and the table unchanged."""
     uri = str(tmp_path / "t")
     schema = pk_schema(pa.field("c", NARROW))
     lance.write_dataset(dict_rows([0], ["base"], ["base"], pa.int8()).cast(schema), uri)
+    before = files(uri)
+    with pytest.raises(mq.SchemaError, match=r"column 'c' is dictionary.*int32"):
+        mq.MemWalTable.initialize(uri)
+    assert files(uri) == before
+    assert lance.dataset(uri).to_table().column("c").to_pylist() == ["base"]
+
+
+@pytest.fixture
+def narrow(tmp_path, monkeypatch):
+    """A MemWAL table whose ``c`` is ``dictionary<int8, string>`` (as ``initialize``
+    made it before it refused such columns)."""
+    from memwal_query import table_init
+
+    uri = str(tmp_path / "t")
+    schema = pk_schema(pa.field("c", NARROW))
+    lance.write_dataset(dict_rows([0], ["base"], ["base"], pa.int8()).cast(schema), uri)
+    monkeypatch.setattr(table_init, "check_dictionary_types", lambda *_: None)
     t = mq.MemWalTable.initialize(uri)
+    monkeypatch.undo()
     assert t.schema.field("c").type == NARROW
     yield uri, t
     t.close(flush=False)

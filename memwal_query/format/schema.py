@@ -169,6 +169,24 @@ def widen_dictionaries(table: pa.Table) -> pa.Table:
     return table
 
 
+def check_dictionary_types(schema: pa.Schema, where: str) -> None:
+    """SchemaError naming the first dictionary column of ``schema`` with 8- or 16-bit
+    indices: a table turned into a MemWAL table must not have one (see
+    :func:`dictionary_capacity`; reads, merges and compactions combine the rows of many
+    writes, so the table as a whole would have to stay within the limit)."""
+    for f in schema:
+        cap = dictionary_capacity(f.type)
+        if cap is not None:
+            raise SchemaError(
+                f"{where}: column {f.name!r} is {f.type}: at most {cap} distinct values "
+                "fit, and a MemWAL table combines the rows of many writes in one data "
+                "file (flushes, merges, compactions) and in one read, so it could not "
+                "take new values. Rewrite the column with 32-bit indices "
+                f"(pa.dictionary(pa.int32(), {f.type.value_type})) or as plain "
+                f"{f.type.value_type} values first; MemWalTable.create does so itself"
+            )
+
+
 def normalize_dictionary(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """``column`` (dictionary-encoded) with every chunk whose dictionary holds a null
     value re-encoded, so that a null is a null index: Arrow cannot unify dictionaries
