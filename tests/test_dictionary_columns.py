@@ -149,5 +149,16 @@ def test_int8_dictionary_overflow_is_refused_before_anything_is_written(narrow, 
     assert as_dict(t.to_table(writers=[w]).to_pylist()) == want
     w.put(frame([1, 101], ["a5", "new"]))  # known values and a few new ones still fit
     want.update({1: "a5", 101: "new"})
+    w.flush()
+    # The flushed rows count too (reads, merges and compactions combine generations),
+    # also for a writer opened later.
+    with pytest.raises(mq.SchemaError, match="the table's rows with this write have 129"):
+        w.put(frame(range(200, 227), [f"c{i}" for i in range(27)]))
+    w.close()
+    w = t.writer(durable=durable)
+    with pytest.raises(mq.SchemaError, match="the table's rows with this write have 129"):
+        w.put(frame(range(200, 227), [f"c{i}" for i in range(27)]))
+    w.put(frame(range(200, 226), [f"c{i}" for i in range(26)]))  # 128 values in all
+    want.update(zip(range(200, 226), [f"c{i}" for i in range(26)], strict=True))
     w.close()
     check(uri, t, want)

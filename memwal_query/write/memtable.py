@@ -72,7 +72,16 @@ class MemTable:
         Storage schema (table columns + ``_tombstone``).
     """
 
-    def __init__(self, region_id: str, generation: int, schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        schema: pa.Schema,
+        dictionaries: dict[str, pa.Array] | None = None,
+    ) -> None:
+        """``dictionaries``: the distinct values of the dictionary columns of 8- or
+        16-bit indices to count this MemTable's rows with (shared with the writer's
+        other MemTables, updated in place); None: only this MemTable's rows."""
         self.region_id = region_id
         self.generation = generation
         self.schema = schema
@@ -92,14 +101,14 @@ class MemTable:
         # a sync writes them, the end of the batches that sync covers.
         self._unsynced_from: int | None = None
         self._sync_end: int | None = None
-        # Per dictionary column of 8- or 16-bit indices, the distinct values of its rows:
-        # the flushed generation is one Lance data file per million rows, which holds
-        # one dictionary per column, so they must fit the index type.
-        self.dictionaries: dict[str, pa.Array] = {
-            f.name: pa.array([], f.type.value_type)
-            for f in schema
-            if dictionary_capacity(f.type) is not None
-        }
+        # Per dictionary column of 8- or 16-bit indices, the distinct values of its rows
+        # (and of ``dictionaries``): a Lance data file holds one dictionary per column,
+        # and flushes, merges, compactions and reads put many writes in one, so they
+        # must fit the index type.
+        self.dictionaries = {} if dictionaries is None else dictionaries
+        for f in schema:
+            if dictionary_capacity(f.type) is not None:
+                self.dictionaries.setdefault(f.name, pa.array([], f.type.value_type))
 
     def dictionary_errors(self, tables: Sequence[pa.Table]) -> list[SchemaError | None]:
         """For each of ``tables`` (rows about to be appended, in order), the SchemaError
@@ -137,7 +146,7 @@ class MemTable:
             t = self.schema.field(name).type
             cap = dictionary_capacity(t)
             if cap is not None and len(union) > cap and error is None:
-                scope = "the rows of this region not yet flushed with this write have"
+                scope = "the table's rows with this write have"
                 error = too_many_values(name, t, len(union), scope)
             out[name] = union
         return out, error
