@@ -162,3 +162,22 @@ def test_int8_dictionary_overflow_is_refused_before_anything_is_written(narrow, 
     want.update(zip(range(200, 226), [f"c{i}" for i in range(26)], strict=True))
     w.close()
     check(uri, t, want)
+
+
+def test_added_dictionary_columns_get_32_bit_indices(tmp_path):
+    """A column added with int8 dictionary indices, or by a write of a pandas
+    categorical with schema_mode="merge", is stored with int32 indices and takes more
+    than 128 values."""
+    uri = str(tmp_path / "t")
+    t = mq.MemWalTable.create(uri, pd.DataFrame({"id": [0]}), primary_key="id")
+    t.alter.add_columns({"c": NARROW})
+    t.write(pd.DataFrame({"id": [1], "c": None, "d": pd.Categorical(["x"])}), schema_mode="merge")
+    assert t.schema.field("c").type == WIDE
+    assert t.schema.field("d").type == WIDE
+    values = [f"v{i}" for i in range(200)]
+    t.write(pd.DataFrame({"id": range(2, 202), "c": pd.Categorical(values), "d": None}))
+    want = {0: None, 1: None, **dict(zip(range(2, 202), values, strict=True))}
+    t.flush()
+    t.write(frame(range(300, 400), [f"w{i}" for i in range(100)]).assign(d="y"))
+    want.update(zip(range(300, 400), [f"w{i}" for i in range(100)], strict=True))
+    check(uri, t, want)
