@@ -181,3 +181,25 @@ def test_added_dictionary_columns_get_32_bit_indices(tmp_path):
     t.write(frame(range(300, 400), [f"w{i}" for i in range(100)]).assign(d="y"))
     want.update(zip(range(300, 400), [f"w{i}" for i in range(100)], strict=True))
     check(uri, t, want)
+
+
+def test_a_group_of_writes_refuses_only_those_that_do_not_fit():
+    """Writes committed as one WAL entry are counted in order: one whose values do not
+    fit with those before it is refused, the later ones that fit are not."""
+    from memwal_query.format.schema import storage_schema, with_tombstone
+    from memwal_query.write.memtable import MemTable
+
+    schema = pk_schema(pa.field("c", NARROW))
+    m = MemTable("r", 1, storage_schema(schema), {"c": pa.array(["base"])})
+
+    def rows(prefix, n):
+        t = dict_rows(
+            range(n), [f"{prefix}{i}" for i in range(n)], [f"{prefix}{i}" for i in range(n)]
+        )
+        return with_tombstone(t, False).cast(storage_schema(schema))
+
+    errors = m.dictionary_errors([rows("a", 100), rows("b", 100), rows("c", 27), rows("d", 1)])
+    assert [e is None for e in errors] == [True, False, True, False]
+    assert "column 'c'" in str(errors[1]) and "have 201" in str(errors[1])
+    assert "have 129" in str(errors[3])
+    assert len(m.dictionaries["c"]) == 1  # counting appends nothing
