@@ -318,7 +318,7 @@ def _stale_size(stale: _Stale) -> int:
 
 
 _OVERWRITTEN_BASE_ROWS: LRUCache[tuple[Any, ...], _Stale] = LRUCache(
-    8, max_bytes=256 << 20, sizeof=_stale_size
+    8, max_bytes=256 << 20, sizeof=_stale_size, name="overwritten_base_rows"
 )
 """The base rows overwritten by newer sources, per (base URI, version, key sets)."""
 
@@ -413,7 +413,7 @@ int64 keys would)."""
 BASE_KEYS_FLAGS_PER_ROW = 8
 
 _BASE_KEYS: LRUCache[tuple[str, int, int], _BaseKeys] = LRUCache(
-    2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes
+    2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes, name="base_key_flags"
 )
 """The key flags of a base version (:func:`_base_keys`), per (base URI, version): a
 stream's reader counts many queries on each version a maintenance pass leaves (the

@@ -144,7 +144,9 @@ class _GenerationCache(LRUCache[str, dict[str, pa.ChunkedArray]]):
     """
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
-        super().__init__(1 << 20, max_bytes=max_bytes, sizeof=_columns_nbytes)
+        super().__init__(
+            1 << 20, max_bytes=max_bytes, sizeof=_columns_nbytes, name="generation_columns"
+        )
 
     def columns(self, uri: str) -> dict[str, pa.ChunkedArray]:
         """The columns cached for ``uri`` (a copy; empty when none)."""
