@@ -170,8 +170,8 @@ def _dict_values(values, index=None, value=None):
             lambda v: _dict_values([v, v]),
         ),
         (
-            pa.dictionary(pa.int16(), pa.large_string()),
-            lambda v: _dict_values([v, None], pa.int16(), pa.large_string()),
+            pa.dictionary(pa.int64(), pa.large_string()),
+            lambda v: _dict_values([v, None], pa.int64(), pa.large_string()),
         ),
         (
             pa.list_(pa.dictionary(pa.int32(), pa.string())),
