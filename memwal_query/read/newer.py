@@ -857,6 +857,26 @@ def _memtable_view_whole(
     return out
 
 
+DENSE_POSITIONS_PER_KEY = 8
+""":func:`_positions_of` looks keys up in a table over their range (4 bytes per key of the
+range) when the range is at most this many times the keys (or 2^20), else by a sort."""
+
+
+def _positions_of(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The position in ``keys`` (distinct int64 keys) of each of ``wanted`` (each one of
+    ``keys``): a scatter into a table over the keys' range, or a sort of ``keys`` when the
+    range is too wide for one."""
+    if not len(wanted):
+        return np.zeros(0, np.int64)
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo < max(1 << 20, DENSE_POSITIONS_PER_KEY * len(keys)):
+        table = np.empty(hi - lo + 1, np.int32 if len(keys) < 1 << 31 else np.int64)
+        table[keys - np.int64(lo)] = np.arange(len(keys), dtype=table.dtype)
+        return table[wanted - np.int64(lo)].astype(np.int64, copy=False)
+    order = np.argsort(keys)
+    return order[np.searchsorted(keys[order], wanted)]
+
+
 def newer_view(
     plan: ReadPlan,
     schema: pa.Schema,
@@ -916,9 +936,7 @@ def newer_view(
             # A MemTable row is newer than every generation of its own region: only
             # keys whose MemTable row is in another region are decided by the rule.
             mem_ints = mem_key_cols.column(0).to_numpy()[win_m]
-            order = np.argsort(mem_ints, kind="stable")
-            at = np.searchsorted(mem_ints[order], ints[hit])
-            own = reg_f[hit] == reg_m[order[at]]
+            own = reg_f[hit] == reg_m[_positions_of(mem_ints, ints[hit])]
             hit = hit.copy()
             hit[np.flatnonzero(hit)[own]] = False
         if not hit.any() or ranks.min() == ranks.max():
