@@ -857,26 +857,6 @@ def _memtable_view_whole(
     return out
 
 
-DENSE_POSITIONS_PER_KEY = 8
-""":func:`_positions_of` looks keys up in a table over their range (4 bytes per key of the
-range) when the range is at most this many times the keys (or 2^20), else by a sort."""
-
-
-def _positions_of(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """The position in ``keys`` (distinct int64 keys) of each of ``wanted`` (each one of
-    ``keys``): a scatter into a table over the keys' range, or a sort of ``keys`` when the
-    range is too wide for one."""
-    if not len(wanted):
-        return np.zeros(0, np.int64)
-    lo, hi = int(keys.min()), int(keys.max())
-    if hi - lo < max(1 << 20, DENSE_POSITIONS_PER_KEY * len(keys)):
-        table = np.empty(hi - lo + 1, np.int32 if len(keys) < 1 << 31 else np.int64)
-        table[keys - np.int64(lo)] = np.arange(len(keys), dtype=table.dtype)
-        return table[wanted - np.int64(lo)].astype(np.int64, copy=False)
-    order = np.argsort(keys)
-    return order[np.searchsorted(keys[order], wanted)]
-
-
 def newer_view(
     plan: ReadPlan,
     schema: pa.Schema,
@@ -930,19 +910,11 @@ def newer_view(
         else:
             winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
         hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
-        ranks = np.concatenate([reg_f, reg_m])
-        replaced = hit  # flushed winners a MemTable row replaces
-        if hit.any() and ranks.min() != ranks.max() and ints is not None:
-            # A MemTable row is newer than every generation of its own region: only
-            # keys whose MemTable row is in another region are decided by the rule.
-            mem_ints = mem_key_cols.column(0).to_numpy()[win_m]
-            own = reg_f[hit] == reg_m[_positions_of(mem_ints, ints[hit])]
-            hit = hit.copy()
-            hit[np.flatnonzero(hit)[own]] = False
-        if not hit.any() or ranks.min() == ranks.max():
+        ranks = (int(reg_f.min()), int(reg_f.max()), int(reg_m.min()), int(reg_m.max()))
+        if not hit.any() or min(ranks) == max(ranks):
             # One region: a MemTable row is newer than every generation of its region.
-            winners = np.concatenate([win_f[~replaced], winners])
-            tombstones = np.concatenate([tomb_f[~replaced], tombstones])
+            winners = np.concatenate([win_f[~hit], winners])
+            tombstones = np.concatenate([tomb_f[~hit], tombstones])
         else:
             # Keys in MemTables and in another region's generations: the one rule
             # (dedup.newest_indices: _gen, then region rank) decides those keys only.
@@ -958,11 +930,14 @@ def newer_view(
             )
             decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
             decided_tomb = np.concatenate([tomb_f[hit], tombstones[mem_hit]])[keep]
-            joined = np.concatenate([win_f[~replaced], winners[~mem_hit], decided])
-            order = np.argsort(joined, kind="stable")
-            winners = joined[order]
-            flags = np.concatenate([tomb_f[~replaced], tombstones[~mem_hit], decided_tomb])
-            tombstones = flags[order]
+            # the undecided winners are in order (flushed rows first): the few decided
+            # ones are inserted where they belong, no sort of every winner
+            kept = np.concatenate([win_f[~hit], winners[~mem_hit]])
+            kept_tomb = np.concatenate([tomb_f[~hit], tombstones[~mem_hit]])
+            order = np.argsort(decided)
+            at = np.searchsorted(kept, decided[order])
+            winners = np.insert(kept, at, decided[order])
+            tombstones = np.insert(kept_tomb, at, decided_tomb[order])
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)
