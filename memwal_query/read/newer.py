@@ -910,7 +910,7 @@ def newer_view(
         else:
             winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
         hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
-        ranks = (int(reg_f.min()), int(reg_f.max()), int(reg_m.min()), int(reg_m.max()))
+        ranks = [int(r) for a in (reg_f, reg_m) if len(a) for r in (a.min(), a.max())]
         if not hit.any() or min(ranks) == max(ranks):
             # One region: a MemTable row is newer than every generation of its region.
             winners = np.concatenate([win_f[~hit], winners])
