@@ -178,6 +178,39 @@ def held_mb(t: mq.MemWalTable) -> list[float]:
     return [use[k] / 2**20 for k in keys]
 
 
+def reader_memory(t: mq.MemWalTable) -> dict[str, float]:
+    """What this process holds, by holder, in MB: :func:`memwal_query.memory_usage`'s
+    byte counts, the Lance sessions of the opened generations, and glibc's heap (in
+    use and free-but-kept: numpy arrays and the Lance extension's native allocations;
+    the Arrow pool is mimalloc's, reported apart)."""
+    from memwal_query.search.caches import OPEN_GENERATIONS
+
+    use = {k: v / 2**20 for k, v in mq.memory_usage(t).items() if k.endswith("bytes")}
+    gens = list(OPEN_GENERATIONS._items.values())
+    use["open_generation_sessions"] = (
+        sum(g._ds.session().size_bytes() for g in gens if g._ds is not None) / 2**20
+    )
+    try:
+        import ctypes
+
+        class _Info(ctypes.Structure):
+            _fields_ = [
+                (n, ctypes.c_size_t)
+                for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
+                "keepcost".split()
+            ]
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Info
+        info = libc.mallinfo2()
+        use["glibc_in_use"] = (info.uordblks + info.hblkhd) / 2**20
+        use["glibc_free_kept"] = info.fordblks / 2**20
+    except (OSError, AttributeError):
+        pass
+    use["rss"] = rss_mb(os.getpid())
+    return use
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size of process ``pid`` in MB (0 when unknown)."""
     try:
@@ -870,6 +903,8 @@ def scale_main(args: argparse.Namespace) -> bool:
                 ]
                 out.append(row)
                 print("  minute " + " | ".join(_short(c) for c in row), flush=True)
+                with open(f"{root}/reader_memory.jsonl", "a") as f:
+                    f.write(json.dumps({"minute": row[0], **reader_memory(r)}) + "\n")
                 if maint.poll() is not None:
                     raise RuntimeError(f"the maintainer exited with {maint.returncode}")
                 lat = {k: [] for k in lat}
@@ -950,7 +985,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup",
         type=int,
-        default=0,
+        default=3,
         help="minutes streamed and printed before minute 1 (the ratios compare minute 1 "
         "and the last: the caches, unmerged generations and WAL tails filled)",
     )

@@ -75,6 +75,8 @@ _LAZY = {
     "register": "memwal_query.session",
     "register_search_functions": "memwal_query.search",
     "memory_usage": "memwal_query.search.memory",
+    "set_cache_size_bytes": "memwal_query.storage.cache",
+    "cache_size_bytes": "memwal_query.storage.cache",
 }
 
 
@@ -143,4 +145,6 @@ __all__ = [
     "expression_spec",
     "unsharded_spec",
     "memory_usage",
+    "cache_size_bytes",
+    "set_cache_size_bytes",
 ]

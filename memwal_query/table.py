@@ -107,7 +107,10 @@ class MemWalTable:
         catalog = Catalog(uri, storage_options)
         self._catalog = catalog
         self._opener = WriterOpener(
-            catalog, lookup=self._partial_lookup, complete_spec_change=_complete_spec_change
+            catalog,
+            lookup=self._partial_lookup,
+            complete_spec_change=_complete_spec_change,
+            dictionary_values=self._dictionary_values,
         )
         self._routed = RoutedWriters(self._opener)
         self._maintenance = Maintenance(self)
@@ -170,6 +173,11 @@ class MemWalTable:
         ------
         TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError,
         LeftoverRegionsError
+        SchemaError
+            A dictionary column has 8- or 16-bit indices (pandas categoricals do): a
+            MemWAL table combines many writes' values in one file and one read, so
+            rewrite the column with 32-bit indices (or plain values) first; nothing is
+            written.
 
         Warns
         -----
@@ -968,6 +976,23 @@ max_memtable_age, heartbeat_interval
         from memwal_query.search import lookup
 
         return lookup(self._catalog, keys, columns, list(writers))
+
+    def _dictionary_values(self, columns: Sequence[str]) -> dict[str, pa.Array]:
+        """The :class:`~memwal_query.write.writer_state.DictionaryValues` of this table
+        (a read of ``columns`` of every row)."""
+        import pyarrow.compute as pc
+
+        from memwal_query.format.schema import dictionary_values
+
+        rows = self.to_table(columns=list(columns), writers=[])
+        out = {}
+        for name in columns:
+            col = rows.column(name)
+            if pa.types.is_dictionary(col.type):
+                out[name] = dictionary_values(col)
+            else:
+                out[name] = pc.unique(col)
+        return out
 
     # -- deprecated spellings ----------------------------------------------------------
     if not TYPE_CHECKING:  # static checks see only the documented surface

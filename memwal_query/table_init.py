@@ -34,9 +34,11 @@ from memwal_query.format import index as mwindex
 from memwal_query.format.schema import (
     PK_METADATA_KEY,
     cast_column,
+    check_dictionary_types,
     primary_key_columns,
     require_primary_key,
     to_table,
+    widen_dictionaries,
 )
 from memwal_query.storage import paths
 from memwal_query.storage.factory import file_io_for
@@ -179,7 +181,9 @@ def creation_data(
     where: str,
 ) -> pa.Table:
     """The rows (or the empty table of a ``pyarrow.Schema``) a new table starts with:
-    vector columns cast to fixed-size lists, the key marked, its values checked."""
+    vector columns cast to fixed-size lists, dictionary columns given 32-bit indices
+    (:func:`memwal_query.format.schema.widen_dictionaries`), the key marked, its values
+    checked."""
     if isinstance(data, pa.Schema):
         table = data.empty_table()
     elif data is None:
@@ -197,6 +201,7 @@ def creation_data(
         col = vector_column(table.column(i), name, dim)
         table = table.set_column(i, field.with_type(col.type), col)
     check_key_values(table.select(keys), keys, where)
+    table = widen_dictionaries(table)
     meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
     schema = with_primary_key(table.schema.with_metadata(meta), keys)
     return pa.Table.from_arrays(table.columns, schema=schema)
@@ -344,7 +349,7 @@ def write_index(
     Raises
     ------
     TableNotFoundError, PrimaryKeyError, AlreadyInitializedError, RegionSpecError,
-    NotInitializedError, LeftoverRegionsError
+    NotInitializedError, LeftoverRegionsError, SchemaError
     """
     from memwal_query.regions.checks import check_spec_sources, warn_non_key_sources
 
@@ -352,6 +357,7 @@ def write_index(
     ds = open_dataset(norm, options)
     if mwindex.read_index(io, ds) is not None:
         raise AlreadyInitializedError(f"{norm}: the table already has a MemWAL index")
+    check_dictionary_types(ds.schema, norm)
     to_mark = None
     if primary_key is None:
         pk = require_primary_key(ds.schema, norm)

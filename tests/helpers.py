@@ -95,3 +95,32 @@ def clear_read_caches() -> None:
         cache.clear()
     waltail.forget()
     caches.clear_caches()
+
+
+def damage_file(
+    path: str, kind: str, *, keep_bytes: int | None = None, donor: str | None = None
+) -> None:
+    """Damage the file at ``path`` as hostile storage would.
+
+    ``kind``: ``"missing"`` (removed), ``"flipped"`` (the middle byte inverted: its CRC
+    no longer matches), ``"truncated"`` (only its first ``keep_bytes`` kept) or
+    ``"replaced"`` (the bytes of the file ``donor``: a valid file of something else).
+    """
+    import os
+    import shutil
+
+    if kind == "missing":
+        os.remove(path)
+    elif kind == "flipped":
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        open(path, "wb").write(bytes(data))
+    elif kind == "truncated":
+        assert keep_bytes is not None
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[:keep_bytes])
+    elif kind == "replaced":
+        assert donor is not None
+        shutil.copy(donor, path)
+    else:
+        raise ValueError(f"unknown damage {kind!r}")

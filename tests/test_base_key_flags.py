@@ -7,6 +7,9 @@ key in two live base rows, a key range too wide, string keys.
 
 from __future__ import annotations
 
+import shutil
+import threading
+
 import datafusion
 import lance
 import numpy as np
@@ -139,6 +142,100 @@ def test_mark_sets_the_flags_of_the_keys_in_range(spread):
         assert np.array_equal(into, want)
     with pytest.raises(TypeError):
         KeySet(pa.table({"id": pa.array(["a"])})).mark(np.zeros(3, dtype=bool), 0)
+
+
+def _check(t: mq.MemWalTable, model: dict) -> None:
+    got = t.to_table()
+    assert dict(zip(got["id"].to_pylist(), got["v"].to_pylist())) == model
+    assert _sql_count(t) == t.count_rows() == len(model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [11, 12])
+def test_counts_equal_a_model_as_keys_widen_reappear_and_versions_are_pinned(tmp_path, seed):
+    """Negative keys, a key range that widens with each merged version, base keys
+    deleted and written again, tombstones of keys never written, WAL tails, MemTables
+    and pinned old versions: the counts are the model's."""
+    clear_read_caches()
+    rng = np.random.default_rng(seed)
+    base = sorted({int(k) for k in rng.integers(-300, 300, 250)})
+    t, model = _table(tmp_path, base)
+    pinned: list[tuple[int, dict]] = []
+    for step in range(1, 7):
+        hi = 300 + 400 * step  # each merge widens the base's key range
+        keys = sorted({int(k) for k in rng.integers(-hi, hi, 30)})
+        back = [k for k in base if k not in model][:5]  # deleted base keys, written again
+        t.write(_rows(sorted({*keys, *back}), step))
+        model.update(dict.fromkeys({*keys, *back}, step))
+        gone = sorted({*rng.choice(sorted(model), 6).tolist(), hi + 7, -hi - 7})
+        t.delete(pa.table({"id": pa.array(gone, pa.int64())}))
+        for k in gone:
+            model.pop(int(k), None)
+        _check(t, model)
+        _check(mq.MemWalTable.open(t.uri), model)  # WAL tails of a reader of its own
+        if step % 2 == 0:
+            t.flush()
+            _check(t, model)
+        if step % 3 == 0:
+            t.flush()
+            t.maintenance.merge()
+            pinned.append((lance.dataset(t.uri).version, dict(model)))
+            _check(t, model)
+    for version, then in pinned:
+        old = t.provider(as_of=version)
+        ctx = datafusion.SessionContext()
+        ctx.register_table("t", old)
+        assert ctx.sql("SELECT count(*) FROM t").to_arrow_table().column(0)[0].as_py() == len(then)
+        assert old.count_rows() == len(then)
+
+
+def test_a_table_created_again_at_the_uri_is_not_counted_on_the_first_ones_flags(tmp_path):
+    """Deleted and created again at the same URI, a table has versions of the same
+    numbers as the first one had: its count is its own."""
+    clear_read_caches()
+    uri = tmp_path / "t"
+    t, _ = _table(tmp_path, range(0, 100), regions=1)
+    t.write(_rows([5], 1))
+    assert _sql_count(t) == 100
+    version = lance.dataset(str(uri)).version
+    t.close()
+    shutil.rmtree(uri)
+    t, _ = _table(tmp_path, range(1000, 1100), regions=1)
+    assert lance.dataset(str(uri)).version == version
+    t.write(_rows([5], 1))  # not a key of this table's base
+    assert _sql_count(t) == t.count_rows() == 101
+
+
+def test_a_merge_and_deletes_committed_mid_count_leave_the_count_of_its_view(tmp_path, monkeypatch):
+    """A maintainer merges and a writer deletes while a ``count(*)`` scans the base's
+    keys (paused there): the count is of the view it started on; the next is of the
+    new one."""
+    clear_read_caches()
+    t, model = _table(tmp_path, range(0, 300))
+    t.write(_rows(range(250, 320), 1))
+    t.flush()
+    model.update(dict.fromkeys(range(250, 320), 1))
+    before = len(model)
+    scanning, go = threading.Event(), threading.Event()
+    real = provider._scan_base_keys
+
+    def paused(base, pk):
+        scanning.set()
+        assert go.wait(60)
+        return real(base, pk)
+
+    monkeypatch.setattr(provider, "_scan_base_keys", paused)
+    got: list[int] = []
+    query = threading.Thread(target=lambda: got.append(_sql_count(t)))
+    query.start()
+    assert scanning.wait(60)
+    t.maintenance.merge()  # a new base version: the merged keys in it
+    t.delete(pa.table({"id": pa.array(range(0, 40), pa.int64())}))
+    t.flush()
+    go.set()
+    query.join(60)
+    assert got == [before]
+    assert _sql_count(t) == t.count_rows() == before - 40
 
 
 def _flagged(k: provider._BaseKeys) -> list[int]:

@@ -33,7 +33,7 @@ from memwal_query.format.schema import ROWADDR_COLUMN
 from memwal_query.read import newer, sources, view
 from memwal_query.storage import paths
 
-from helpers import PK, clear_read_caches, parity_spec
+from helpers import PK, clear_read_caches, damage_file, parity_spec
 
 DIM = 4
 SCHEMA = pa.schema(
@@ -126,6 +126,32 @@ def test_a_missing_or_damaged_sidecar_reads_the_lance_table(tmp_path):
         assert _answer(t, q) == want
     damaged = [str(w.message) for w in seen if rowfile.ROWS_FILE in str(w.message)]
     assert any("CRC" in m for m in damaged) and len(damaged) >= 2
+
+
+@pytest.mark.parametrize("read", ["full", "lookup", "search"])
+def test_another_generations_rows_sidecar_is_not_used(tmp_path, read):
+    """A rows sidecar of another generation (valid framing and CRC, another row count
+    than its region manifest records): a warning naming it, the Lance table read, the
+    same answers; never an index error or a key index blamed."""
+    t = _table(tmp_path)
+    q = np.ones(DIM, np.float32)
+    clear_read_caches()
+    want = (_answer(t, q), t.to_table().sort_by("id"), t.lookup(pa.array(range(150))))
+    gens = _generations(t)
+    rows = {g: rowfile.read(t.catalog.io, g).num_rows for g in gens}
+    donor = next(g for g in gens if rows[g] != rows[gens[0]])
+    path = os.path.join(gens[0], rowfile.ROWS_FILE)
+    damage_file(path, "replaced", donor=os.path.join(donor, rowfile.ROWS_FILE))
+    clear_read_caches()
+    r = mq.MemWalTable.open(t.uri)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if read == "full":
+            assert r.to_table().sort_by("id").equals(want[1])
+        elif read == "lookup":
+            assert r.lookup(pa.array(range(150))).equals(want[2])
+        assert _answer(r, q) == want[0]
+    assert any(rowfile.ROWS_FILE in str(w.message) for w in seen)
 
 
 def test_an_unfiltered_read_keeps_the_newest_rows_not_every_generations_rows(tmp_path, monkeypatch):

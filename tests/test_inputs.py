@@ -157,23 +157,53 @@ def test_initialize_refuses_a_spec_the_table_cannot_evaluate(tmp_path):
     assert files(uri) == before
 
 
-def test_a_dictionary_column_flushes_writes_with_different_dictionaries(tmp_path):
-    """A table whose column is dictionary-encoded: writes (and a delete) whose batches
-    carry different dictionaries flush into one generation, read back and merge."""
-    kind = pa.dictionary(pa.int32(), pa.string())
+def _dict_values(values, index=None, value=None):
+    index, value = index or pa.int32(), value or pa.string()
+    return pa.array(values, value).dictionary_encode().cast(pa.dictionary(index, value))
+
+
+@pytest.mark.parametrize(
+    "kind, make",
+    [
+        (
+            pa.dictionary(pa.int32(), pa.string()),
+            lambda v: _dict_values([v, v]),
+        ),
+        (
+            pa.dictionary(pa.int64(), pa.large_string()),
+            lambda v: _dict_values([v, None], pa.int64(), pa.large_string()),
+        ),
+        (
+            pa.list_(pa.dictionary(pa.int32(), pa.string())),
+            lambda v: pa.ListArray.from_arrays(pa.array([0, 2, 2]), _dict_values([v, None])),
+        ),
+        (
+            pa.struct([("s", pa.dictionary(pa.int32(), pa.string()))]),
+            lambda v: pa.StructArray.from_arrays([_dict_values([v, None])], names=["s"]),
+        ),
+    ],
+    ids=["string", "large_string with nulls", "list of dictionaries", "struct of a dictionary"],
+)
+def test_dictionary_columns_flush_writes_with_different_dictionaries(tmp_path, kind, make):
+    """Writes (and a delete) whose dictionaries differ, NULLs among them, dictionaries
+    inside lists and structs: one generation flushed (its rows sidecar one dictionary
+    per field), read back and merged as written."""
     schema = pk_schema(pa.field("d", kind))
     uri = str(tmp_path / "t")
 
     def rows(ids, value):
-        return pa.table({"id": ids, "d": pa.array([value] * len(ids)).dictionary_encode()}, schema)
+        return pa.table({"id": ids, "d": make(value)}, schema)
 
     lance.write_dataset(rows([1, 2], "a"), uri)
     t = mq.MemWalTable.initialize(uri)
-    t.write(rows([3], "b"))
+    t.write(rows([3, 5], "b"))
     t.write(rows([2, 4], "c"))
     t.delete(pa.table({"id": [1]}))
+    want = {}
+    for batch in (rows([1, 2], "a"), rows([3, 5], "b"), rows([2, 4], "c")):
+        want.update({r["id"]: r["d"] for r in batch.to_pylist()})
+    del want[1]
     t.close()  # flushes the MemTable: one generation of three batches
-    want = {2: "c", 3: "b", 4: "c"}
     t = mq.MemWalTable.open(uri)
     assert {r["id"]: r["d"] for r in t.to_table().to_pylist()} == want
     t.maintenance.merge()

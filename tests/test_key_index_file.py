@@ -6,7 +6,6 @@ the same answers)."""
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 
 import lance
@@ -20,7 +19,7 @@ from memwal_query.format.rowfile import seal
 from memwal_query.search import keys as search_keys
 from memwal_query.storage import paths
 
-from helpers import PK, clear_read_caches
+from helpers import PK, clear_read_caches, damage_file
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
 
@@ -159,26 +158,15 @@ def test_a_file_that_does_not_describe_its_generation_is_refused():
         keyfile.decode_index(bytes(data), "f", "g", 3)
 
 
-def _flip(path: str) -> None:
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-
-
 @pytest.mark.parametrize("damage", ["missing", "flipped", "truncated", "foreign"])
 def test_a_missing_damaged_or_foreign_file_gives_the_same_answers(tmp_path, monkeypatch, damage):
     t, model = _table(tmp_path)
     t.close()
     gens = _generation_dirs(t)
     path = os.path.join(gens[0], keyfile.KEY_INDEX_FILE)
-    if damage == "missing":
-        os.remove(path)
-    elif damage == "flipped":
-        _flip(path)
-    elif damage == "truncated":
-        open(path, "wb").write(open(path, "rb").read()[:40])
-    else:  # another generation's file
-        shutil.copy(os.path.join(gens[1], keyfile.KEY_INDEX_FILE), path)
+    other = os.path.join(gens[1], keyfile.KEY_INDEX_FILE)  # another generation's file
+    kind = "replaced" if damage == "foreign" else damage
+    damage_file(path, kind, keep_bytes=40, donor=other)
     built = _count_builds(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -187,3 +175,102 @@ def test_a_missing_damaged_or_foreign_file_gives_the_same_answers(tmp_path, monk
     assert built  # that generation's index was built from its keys
     named = [str(w.message) for w in caught if keyfile.KEY_INDEX_FILE in str(w.message)]
     assert bool(named) == (damage != "missing")
+
+
+def _forge(path: str, change) -> None:
+    """Rewrite the key index file at ``path`` with ``change`` applied to its columns
+    (``{"key", "row", "_tombstone"}`` as numpy arrays): a valid file (framing, CRC,
+    row count, generation) that lies."""
+    gen_dir = os.path.basename(os.path.dirname(path))
+    index = keyfile.decode_index(open(path, "rb").read(), path, gen_dir, None)
+    cols = {"key": index.keys.copy(), "row": index.rows.copy(), "_tombstone": index.tombstone}
+    change(cols)
+    meta = {b"memwal.rows": str(index.num_rows).encode(), b"memwal.generation": gen_dir.encode()}
+    t = pa.table(cols).replace_schema_metadata(meta)
+    open(path, "wb").write(seal(t, b"MWX1"))
+
+
+def _swap_live_rows(cols) -> None:
+    live = np.flatnonzero(~cols["_tombstone"])[:2]
+    cols["row"][live] = cols["row"][live[::-1]]
+
+
+def test_a_valid_file_pointing_at_other_keys_rows_is_a_corrupt_file(tmp_path):
+    """An index file whose framing, CRC and row count are right but whose rows are other
+    keys' rows: a typed error naming it, never another key's row as the answer."""
+    t, _ = _table(tmp_path)
+    t.close()
+    for g in _generation_dirs(t):
+        _forge(os.path.join(g, keyfile.KEY_INDEX_FILE), _swap_live_rows)
+    clear_read_caches()
+    with pytest.raises(mq.CorruptFileError, match=keyfile.KEY_INDEX_FILE):
+        mq.MemWalTable.open(t.uri).lookup(pa.array(np.arange(-3, 330, dtype=np.int64)))
+
+
+@pytest.mark.parametrize(
+    "key_type, lo, hi",
+    [
+        (pa.int8(), -128, 127),
+        (pa.int16(), -30_000, 30_000),
+        (pa.int32(), -(2**31), 2**31 - 1),
+        (pa.uint8(), 0, 255),
+        (pa.uint32(), 0, 2**32 - 1),
+        (pa.int64(), -(2**63), 2**63 - 1),
+        (pa.uint64(), 0, 2**64 - 1),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("files", ["index files", "no index files"])
+def test_lookups_of_every_integer_key_type_equal_a_model(tmp_path, key_type, lo, hi, files):
+    """Keys at both ends of their type's range, negative keys, keys in several
+    generations, deleted keys and keys deleted then written again: lookups, a full
+    read and a count equal a model, with and without the flush's key index files
+    (pylance's native MemWAL writes none)."""
+    clear_read_caches()
+    rng = np.random.default_rng(5)
+    pool = sorted(
+        {
+            lo,
+            hi,
+            lo + 1,
+            hi - 1,
+            0,
+            1,
+            *(
+                int(k)
+                for k in rng.integers(lo, hi, 60, dtype=np.int64 if hi < 2**63 else np.uint64)
+            ),
+        }
+    )
+    schema = pa.schema([pa.field("id", key_type, False, PK), pa.field("v", pa.int64())])
+    uri = str(tmp_path / "t")
+    lance.write_dataset(
+        pa.table({"id": pa.array(pool[::3], key_type), "v": [0] * len(pool[::3])}, schema=schema),
+        uri,
+    )
+    spec = mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 2)
+    t = mq.MemWalTable.initialize(uri, region_spec=spec)
+    model = dict.fromkeys(pool[::3], 0)
+    for step in range(1, 5):
+        keys = sorted({pool[i] for i in rng.integers(0, len(pool), 25)})
+        t.write(pa.table({"id": pa.array(keys, key_type), "v": [step] * len(keys)}, schema=schema))
+        model.update(dict.fromkeys(keys, step))
+        gone = sorted({pool[i] for i in rng.integers(0, len(pool), 8)})
+        t.delete(pa.table({"id": pa.array(gone, key_type)}))
+        for k in gone:
+            model.pop(k, None)
+        t.flush()
+    t.close()
+    if files == "no index files":
+        for g in _generation_dirs(t):
+            os.remove(os.path.join(g, keyfile.KEY_INDEX_FILE))
+    clear_read_caches()
+    r = mq.MemWalTable.open(t.uri)
+    got = r.lookup(pa.array(pool, key_type)).to_pydict()
+    assert dict(zip(got["id"], got["v"])) == model
+    for k in pool[::7]:
+        got = r.lookup(pa.array([k], key_type)).to_pydict()
+        assert dict(zip(got["id"], got["v"])) == ({k: model[k]} if k in model else {})
+    whole = r.to_table()
+    assert dict(zip(whole["id"].to_pylist(), whole["v"].to_pylist())) == model
+    assert r.count_rows() == len(model)

@@ -11,7 +11,6 @@ and leaves a state every reader answers correctly, which the next merge complete
 """
 
 import os
-import shutil
 import warnings
 
 import lance
@@ -24,7 +23,7 @@ from memwal_query.format import keyfile, rowfile
 from memwal_query.maintain import merger
 from memwal_query.storage import paths
 
-from helpers import clear_read_caches, expr_table, write_generation
+from helpers import clear_read_caches, damage_file, expr_table, write_generation
 
 
 def view(t):
@@ -352,20 +351,16 @@ def test_a_missing_damaged_or_stale_region_file_merges_the_same(
     t, model, region = _two_regions(base_uri)
     gens = _generation_dirs(t, region)
     path = _region_file(t, region)
-    if damage == "missing":
-        os.remove(path)
-    elif damage == "flipped":
-        data = bytearray(open(path, "rb").read())
-        data[len(data) // 2] ^= 0xFF
-        open(path, "wb").write(bytes(data))
+    if damage in ("missing", "flipped"):
+        damage_file(path, damage)
     elif damage in ("stale", "mixed"):  # an older generation's file: covers gens 0-1
-        shutil.copy(os.path.join(gens[1], keyfile.REGION_KEYS_FILE), path)
+        damage_file(path, "replaced", donor=os.path.join(gens[1], keyfile.REGION_KEYS_FILE))
         if damage == "mixed":  # and the newest generation has no keys sidecar either
-            os.remove(os.path.join(gens[3], keyfile.KEYS_FILE))
+            damage_file(os.path.join(gens[3], keyfile.KEYS_FILE), "missing")
     elif damage == "foreign":  # the other region's file: no flush of this region
         (other,) = set(t.catalog.region_ids()) - {region}
         foreign = [p for p in _generation_dirs(t, other)]
-        shutil.copy(os.path.join(foreign[-1], keyfile.REGION_KEYS_FILE), path)
+        damage_file(path, "replaced", donor=os.path.join(foreign[-1], keyfile.REGION_KEYS_FILE))
     else:  # gen 2's part: its number, another flush's directory, other keys
         _rewrite_region_file(
             t,

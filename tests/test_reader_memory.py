@@ -20,8 +20,16 @@ from memwal_query.format import lancecache
 from memwal_query.maintain.policy import MaintenancePolicy
 from memwal_query.read.sources import GENERATION_CACHE
 from memwal_query.search.caches import clear_caches
+from memwal_query.storage.cache import (
+    CACHE_SIZE_BYTES,
+    CACHE_SIZE_ENV,
+    cache_size_bytes,
+    cached_bytes,
+    named_caches,
+    set_cache_size_bytes,
+)
 
-from helpers import basic_rows
+from helpers import basic_rows, pk_schema
 
 LANCE_BOUND_MB = 0.125  # index and metadata cache each
 BOUND = 2 * (1 << 17)
@@ -84,3 +92,90 @@ def test_a_bad_lance_cache_bound_is_a_typed_error(
     monkeypatch.setenv("MEMWAL_LANCE_INDEX_CACHE_MB", value)
     with pytest.raises(mq.MemWalError, match="MEMWAL_LANCE_INDEX_CACHE_MB"):
         lancecache.new_session()
+
+
+def _within_budget() -> bool:
+    """The budgeted caches hold at most the budget, or each holds one entry at most
+    (its newest, always kept)."""
+    budgeted = [c for c in named_caches().values() if c.budgeted]
+    return cached_bytes() <= cache_size_bytes() or all(len(c) <= 1 for c in budgeted)
+
+
+def test_read_caches_stay_within_the_process_budget_across_base_versions(
+    tmp_path: Any,
+) -> None:
+    import datafusion
+    import numpy as np
+
+    clear_caches()
+    GENERATION_CACHE.clear()
+    uri = str(tmp_path / "t")
+    n = 20_000
+    schema = pk_schema(pa.field("v", pa.float64()))
+    rows = pa.table({"id": pa.array(np.arange(n), pa.int64()), "v": np.zeros(n)}, schema=schema)
+    lance.write_dataset(rows, uri)
+    lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")
+    t = mq.MemWalTable.initialize(
+        uri, region_spec=mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 4)
+    )
+    model = np.zeros(n + 100_000)
+    live = np.zeros(len(model), dtype=bool)
+    live[:n] = True
+    budget = 1 << 20
+    merge = MaintenancePolicy(merge_over_generations=0, gc=False, compact_fragments=None)
+    rng = np.random.default_rng(5)
+    peak = 0
+    evicted = mq.memory_usage()["cache_budget_evictions"]
+    set_cache_size_bytes(budget)
+    try:
+        for cycle in range(12):
+            ids = np.unique(
+                np.concatenate([rng.integers(0, n, 4000), n + cycle * 1000 + np.arange(1000)])
+            )
+            val = np.full(len(ids), float(cycle + 1))
+            t.write(pa.table({"id": pa.array(ids, pa.int64()), "v": val}, schema=schema))
+            model[ids], live[ids] = val, True
+            gone = rng.integers(0, n, 50)
+            t.delete(pa.table({"id": pa.array(gone, pa.int64())}))
+            live[gone] = False
+            if cycle % 3 != 2:
+                t.flush()
+            if cycle % 2:
+                t.maintenance.maintain(merge)  # a new base version
+            ctx = datafusion.SessionContext()
+            ctx.register_table("t", t.provider())
+            count = ctx.sql("SELECT count(*) AS c FROM t").to_arrow_table()
+            assert count.column("c")[0].as_py() == int(live.sum())
+            got = ctx.sql("SELECT sum(v) AS s FROM t WHERE id % 7 = 3").to_arrow_table()
+            sel = live & (np.arange(len(model)) % 7 == 3)
+            assert got.column("s")[0].as_py() == pytest.approx(float(model[sel].sum()))
+            keys = rng.integers(0, n + cycle * 1000, 10)
+            found = t.lookup(pa.array(keys, pa.int64()), columns=["id", "v"])
+            want = {int(k): float(model[k]) for k in keys if live[k]}
+            assert dict(zip(found.column("id").to_pylist(), found.column("v").to_pylist())) == want
+            assert _within_budget(), mq.memory_usage(t)
+            peak = max(peak, cached_bytes())
+        assert len(lance.dataset(uri).versions()) >= 10
+        assert peak <= budget
+        # the budget binds: it evicted entries each cache's own bound would have kept
+        assert mq.memory_usage()["cache_budget_evictions"] > evicted
+        final = t.to_table(columns=["id", "v"]).sort_by("id")
+        assert final.column("id").to_numpy().tolist() == np.flatnonzero(live).tolist()
+        assert final.column("v").to_numpy().tolist() == model[live].tolist()
+    finally:
+        set_cache_size_bytes(None)
+        t.close()
+
+
+def test_the_cache_budget_is_a_positive_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_SIZE_ENV, "12.5")
+    assert cache_size_bytes() == int(12.5 * (1 << 20))
+    for bad in ("abc", "0", "-1", "nan"):
+        monkeypatch.setenv(CACHE_SIZE_ENV, bad)
+        with pytest.raises(mq.MemWalError, match=CACHE_SIZE_ENV):
+            cache_size_bytes()
+    monkeypatch.delenv(CACHE_SIZE_ENV)
+    assert cache_size_bytes() == CACHE_SIZE_BYTES
+    for bad_size in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="size_bytes"):
+            set_cache_size_bytes(bad_size)  # type: ignore[arg-type]

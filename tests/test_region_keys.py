@@ -13,7 +13,6 @@ predecessor wrote.
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 
 import lance
@@ -24,7 +23,7 @@ import memwal_query as mq
 from memwal_query.format import keyfile
 from memwal_query.storage import paths
 
-from helpers import PK, clear_read_caches
+from helpers import PK, clear_read_caches, damage_file
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
 
@@ -123,29 +122,24 @@ def test_a_cold_count_reads_one_file_per_region(tmp_path, monkeypatch):
     _answers(t.uri, model)
 
 
-def _flip(path: str) -> None:
-    data = bytearray(open(path, "rb").read())
-    data[len(data) // 2] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-
-
 @pytest.mark.parametrize("damage", ["missing", "flipped", "truncated", "stale", "foreign"])
 def test_a_missing_damaged_or_stale_file_gives_the_same_answers(tmp_path, monkeypatch, damage):
     t, model = _table(tmp_path)
     t.close()
     gens = list(_generations(t).values())[0]
     newest = os.path.join(gens[-1][1], keyfile.REGION_KEYS_FILE)
-    if damage == "missing":
-        os.remove(newest)
-    elif damage == "flipped":
-        _flip(newest)
-    elif damage == "truncated":
-        open(newest, "wb").write(open(newest, "rb").read()[:64])
-    elif damage == "stale":  # an older generation's file: covers fewer generations
-        shutil.copy(os.path.join(gens[1][1], keyfile.REGION_KEYS_FILE), newest)
-    else:  # the other region's file: parts of flushes this region does not have
-        other = list(_generations(t).values())[1][-1][1]
-        shutil.copy(os.path.join(other, keyfile.REGION_KEYS_FILE), newest)
+    # stale: an older generation's file (covers fewer generations); foreign: the other
+    # region's file (parts of flushes this region does not have)
+    donor = {
+        "stale": gens[1][1],
+        "foreign": list(_generations(t).values())[1][-1][1],
+    }.get(damage)
+    damage_file(
+        newest,
+        "replaced" if donor else damage,
+        keep_bytes=64,
+        donor=donor and os.path.join(donor, keyfile.REGION_KEYS_FILE),
+    )
     seen = _keys_sidecar_reads(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -10,8 +10,11 @@ per base version or index segments (they never change under those keys).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import weakref
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +88,30 @@ class VectorModel:
     codebook: pa.FixedSizeListArray | None = None
 
 
-BASE_INDEXES: LRUCache[tuple[str, int], dict[str, BaseIndexInfo]] = LRUCache(256)
+_VERSION_KEYS: weakref.WeakKeyDictionary[Any, tuple[str, int, int]] = weakref.WeakKeyDictionary()
+
+
+def version_key(ds: lance.LanceDataset) -> tuple[str, int, int]:
+    """``(URI, version, CRC-32 of its manifest)``: a dataset version as the key of a
+    cache of what never changes under it (computed once per dataset object). The
+    version number alone does not tell apart two tables created one after the other
+    at one URI (the first deleted): their manifests differ (data files are named
+    uniquely)."""
+    try:
+        return _VERSION_KEYS[ds]
+    except (KeyError, TypeError):
+        pass
+    try:
+        manifest = ds._ds.serialized_manifest()
+    except AttributeError:  # a pylance without it: the fragments' files instead
+        manifest = repr([f.metadata for f in ds.get_fragments()]).encode()
+    key = (ds.uri, ds.version, zlib.crc32(manifest))
+    with contextlib.suppress(TypeError):  # an object without weak references
+        _VERSION_KEYS[ds] = key
+    return key
+
+
+BASE_INDEXES: LRUCache[tuple[str, int, int], dict[str, BaseIndexInfo]] = LRUCache(256)
 """The user indexes of a base version, per (base URI, version)."""
 VECTOR_MODELS: LRUCache[tuple[str, str, tuple[str, ...]], VectorModel] = LRUCache(64)
 """Centroids and PQ codebook of a base vector index, per (base URI, name, segment UUIDs)."""
@@ -107,7 +133,7 @@ def base_indexes(ds: lance.LanceDataset) -> dict[str, BaseIndexInfo]:
 
     Cached per dataset version (a version's indexes never change).
     """
-    key = (ds.uri, ds.version)
+    key = version_key(ds)
     cached = BASE_INDEXES.get(key)
     if cached is not None:
         return cached

@@ -22,11 +22,9 @@ cache).
 
 from __future__ import annotations
 
-import os
-
 import lance
 
-from memwal_query.exceptions import MemWalError
+from memwal_query.storage.cache import env_megabytes
 
 INDEX_CACHE_BYTES = 256 << 20
 """Default bound of a table's index cache (IVF partitions, inverted lists, B-tree pages)."""
@@ -34,24 +32,11 @@ METADATA_CACHE_BYTES = 64 << 20
 """Default bound of a table's metadata cache (manifests, file footers, fragment metadata)."""
 
 
-def _env_bytes(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        mb = float(value)
-    except ValueError:
-        mb = -1.0
-    if not mb > 0:
-        raise MemWalError(f"{name}={value!r}: expected a positive number of MB")
-    return int(mb * (1 << 20))
-
-
 def cache_bounds() -> tuple[int, int]:
     """(index cache bytes, metadata cache bytes) of the sessions :func:`new_session` makes."""
     return (
-        _env_bytes("MEMWAL_LANCE_INDEX_CACHE_MB", INDEX_CACHE_BYTES),
-        _env_bytes("MEMWAL_LANCE_METADATA_CACHE_MB", METADATA_CACHE_BYTES),
+        env_megabytes("MEMWAL_LANCE_INDEX_CACHE_MB", INDEX_CACHE_BYTES),
+        env_megabytes("MEMWAL_LANCE_METADATA_CACHE_MB", METADATA_CACHE_BYTES),
     )
 
 

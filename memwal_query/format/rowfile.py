@@ -71,10 +71,14 @@ def seal(t: pa.Table, magic: bytes) -> bytes:
     (4 bytes). The framing of every memwal_query sidecar.
 
     An IPC file holds one dictionary per field: the batches of a dictionary-encoded
-    column share one (``unify_dictionaries``).
+    column share one (``unify_dictionaries``), and a column with dictionaries inside
+    (a list or struct of them) is joined into one chunk (one dictionary each).
     """
     if any(pa.types.is_dictionary(f.type) for f in t.schema):
         t = t.unify_dictionaries()
+    for i, f in enumerate(t.schema):
+        if not pa.types.is_dictionary(f.type) and _has_dictionary(f.type):
+            t = t.set_column(i, f, pa.chunked_array([t.column(i).combine_chunks()], f.type))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, t.schema) as w:
         w.write_table(t)
@@ -98,6 +102,13 @@ def unseal(data: bytes | pa.Buffer, path: str, magic: bytes, what: str) -> pa.Ta
         return pa.ipc.open_file(body).read_all()
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{path}: unreadable Arrow data: {e}") from e
+
+
+def _has_dictionary(t: pa.DataType) -> bool:
+    """Whether ``t`` is or holds a dictionary type (at any depth)."""
+    if pa.types.is_dictionary(t):
+        return True
+    return any(_has_dictionary(t.field(i).type) for i in range(t.num_fields))
 
 
 def read_sealed(io: FileIO, path: str, magic: bytes, what: str, instead: str) -> pa.Table | None:

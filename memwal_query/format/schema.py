@@ -140,6 +140,114 @@ def _check_vector_lengths(column: pa.ChunkedArray, field: pa.Field) -> None:
         )
 
 
+WIDE_DICTIONARY_INDEX = pa.int32()
+"""The index type of a new table's dictionary columns (see :func:`widen_dictionaries`)."""
+
+
+def dictionary_capacity(t: pa.DataType) -> int | None:
+    """How many distinct values a dictionary column of type ``t`` can hold in one Lance
+    data file (128 for int8 indices), or None for 32- and 64-bit indices (no limit that
+    matters). Lance stores one dictionary per column per data file, and a flush, a merge
+    into the base or a compaction writes rows of many writes into one file."""
+    if not pa.types.is_dictionary(t) or t.index_type.bit_width >= 32:
+        return None
+    signed = pa.types.is_signed_integer(t.index_type)
+    return int(2 ** (t.index_type.bit_width - (1 if signed else 0)))
+
+
+def widen_dictionaries(table: pa.Table) -> pa.Table:
+    """``table`` with every dictionary column of 8- or 16-bit indices re-typed to
+    :data:`WIDE_DICTIONARY_INDEX` indices (a pandas categorical arrives with int8
+    indices when it has fewer than 128 categories), and null dictionary values made
+    null indices. A new table starts with these types, so later writes may bring any
+    number of distinct values."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            wide = wide_field(f)
+            col = pc.cast(normalize_dictionary(table.column(i)), wide.type)
+            table = table.set_column(i, wide, col)
+    return table
+
+
+def check_dictionary_types(schema: pa.Schema, where: str) -> None:
+    """SchemaError naming the first dictionary column of ``schema`` with 8- or 16-bit
+    indices: a table turned into a MemWAL table must not have one (see
+    :func:`dictionary_capacity`; reads, merges and compactions combine the rows of many
+    writes, so the table as a whole would have to stay within the limit)."""
+    for f in schema:
+        cap = dictionary_capacity(f.type)
+        if cap is not None:
+            raise SchemaError(
+                f"{where}: column {f.name!r} is {f.type}: at most {cap} distinct values "
+                "fit, and a MemWAL table combines the rows of many writes in one data "
+                "file (flushes, merges, compactions) and in one read, so it could not "
+                "take new values. Rewrite the column with 32-bit indices "
+                f"(pa.dictionary(pa.int32(), {f.type.value_type})) or as plain "
+                f"{f.type.value_type} values first; MemWalTable.create does so itself"
+            )
+
+
+def normalize_dictionary(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` (dictionary-encoded) with every chunk whose dictionary holds a null
+    value re-encoded, so that a null is a null index: Arrow cannot unify dictionaries
+    with null values, which the flush of a MemTable needs. Other chunks unchanged."""
+    if not any(c.dictionary.null_count for c in column.chunks):
+        return column
+    chunks = [
+        pc.dictionary_encode(c.dictionary_decode()).cast(column.type)
+        if c.dictionary.null_count
+        else c
+        for c in column.chunks
+    ]
+    return pa.chunked_array(chunks, column.type)
+
+
+def normalize_dictionaries(table: pa.Table) -> pa.Table:
+    """``table`` with :func:`normalize_dictionary` applied to its dictionary columns."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f, normalize_dictionary(table.column(i)))
+    return table
+
+
+def dictionary_values(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The distinct dictionary values of a dictionary-encoded ``column`` (its chunks'
+    dictionaries unified; O(dictionary size), not O(rows))."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    typ = column.type.value_type
+    if not chunks:
+        return pa.array([], typ)
+    return pc.unique(pa.concat_arrays([c.dictionary.cast(typ) for c in chunks]))
+
+
+def too_many_values(name: str, t: pa.DataType, found: int, scope: str) -> SchemaError:
+    """The SchemaError of a dictionary column of type ``t`` given ``found`` distinct
+    values, more than its index type holds in one data file (``scope``: where)."""
+    return SchemaError(
+        f"column {name!r} is {t}: at most {dictionary_capacity(t)} distinct values fit "
+        f"in one data file, and {scope} {found}; nothing was written. Widen the index "
+        f"type to int32 (pa.dictionary(pa.int32(), {t.value_type})), or write plain "
+        f"{t.value_type} values"
+    )
+
+
+def _dictionary_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    """``column`` as ``field``'s dictionary type: null values as null indices, and for
+    an 8- or 16-bit index type one dictionary of the values used (SchemaError naming
+    the column when they are more than the index type holds)."""
+    t = field.type
+    if pa.types.is_dictionary(column.type):
+        column = normalize_dictionary(column)
+    cap = dictionary_capacity(t)
+    if cap is None:
+        return column if column.type == t else _plain_cast(column, field)
+    values = _plain_cast(column, field.with_type(t.value_type))  # decoded
+    encoded = pc.dictionary_encode(values.combine_chunks())
+    if len(encoded.dictionary) > cap:
+        raise too_many_values(field.name, t, len(encoded.dictionary), "this write has")
+    return pa.chunked_array([encoded.cast(t)], t)
+
+
 def cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     """``column`` cast to ``field``'s type, losslessly, within one kind of type.
 
@@ -150,7 +258,16 @@ def cast_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     (``"7"`` into an int column, ``12`` into a string column, a datetime into an int64
     column) is a :class:`SchemaError`: pyarrow would parse or print the values, silently
     changing what was written.
+    A dictionary column gets its dictionary values checked (see
+    :func:`_dictionary_column`).
     """
+    if pa.types.is_dictionary(field.type):
+        return _dictionary_column(column, field)
+    return _plain_cast(column, field)
+
+
+def _plain_cast(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    """:func:`cast_column` without the dictionary checks."""
     if column.type == field.type:
         return column
     src_kind, dst_kind = _type_family(column.type), _type_family(field.type)
@@ -444,10 +561,20 @@ def new_fields(fields: Any, schema: pa.Schema) -> list[pa.Field]:
     names = [f.name for f in items]
     if len(set(names)) != len(names):
         raise SchemaError(f"a column is named twice: {names}")
-    return items
+    return [wide_field(f) for f in items]
+
+
+def wide_field(f: pa.Field) -> pa.Field:
+    """``f`` with a dictionary type of 8- or 16-bit indices given
+    :data:`WIDE_DICTIONARY_INDEX` indices (see :func:`widen_dictionaries`)."""
+    if dictionary_capacity(f.type) is None:
+        return f
+    return f.with_type(pa.dictionary(WIDE_DICTIONARY_INDEX, f.type.value_type, f.type.ordered))
 
 
 def extra_columns(data_schema: pa.Schema, schema: pa.Schema) -> list[pa.Field]:
     """Fields of ``data_schema`` (an input's) that ``schema`` (the table's) lacks,
     nullable, in input order: what ``schema_mode="merge"`` adds."""
-    return [f.with_nullable(True) for f in data_schema if schema.get_field_index(f.name) < 0]
+    return [
+        wide_field(f).with_nullable(True) for f in data_schema if schema.get_field_index(f.name) < 0
+    ]

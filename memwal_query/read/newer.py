@@ -272,7 +272,7 @@ def _flushed_view_nbytes(view: _FlushedView) -> int:
 
 
 FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(
-    8, max_bytes=256 << 20, sizeof=_flushed_view_nbytes
+    8, max_bytes=256 << 20, sizeof=_flushed_view_nbytes, name="flushed_views"
 )
 """Row count, newest indices, key set, and region ranks, ``_gen`` and tombstone flags of
 the newest rows of a set of flushed generations, per (generation directories, schema);
@@ -286,7 +286,7 @@ def _memtable_view_nbytes(entry: tuple[Any, ...]) -> int:
 
 
 _MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(
-    8, max_bytes=256 << 20, sizeof=_memtable_view_nbytes
+    8, max_bytes=256 << 20, sizeof=_memtable_view_nbytes, name="memtable_views"
 )
 """The same of a set of MemTable snapshots, per (table URI, (region, generation, batch
 count) of each snapshot, schema), with the snapshots' last batches to tell a snapshot
@@ -327,7 +327,7 @@ def _column_nbytes(entry: tuple[np.ndarray, pa.ChunkedArray]) -> int:
 
 
 NEWEST_COLUMNS: LRUCache[tuple[Any, ...], tuple[np.ndarray, pa.ChunkedArray]] = LRUCache(
-    256, max_bytes=256 << 20, sizeof=_column_nbytes
+    256, max_bytes=256 << 20, sizeof=_column_nbytes, name="newest_columns"
 )
 """Columns of the newest rows of a set of flushed generations (what an unfiltered scan
 returns of them), per (generations, schema, column); bounded
@@ -559,7 +559,7 @@ class _RegionFlushed:
 
 
 _REGION_FLUSHED: LRUCache[tuple[str, str, pa.Schema], _RegionFlushed] = LRUCache(
-    1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes
+    1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes, name="region_flushed"
 )
 """Per (table URI, region id, schema), the :class:`_RegionFlushed` of the generations
 read last (an immutable generation is identified by its directory). Keyed by the
@@ -785,7 +785,7 @@ def _int_keys(col: pa.ChunkedArray) -> np.ndarray | None:
 
 
 _REGION_ROWS: LRUCache[tuple[str, str], _RegionRows] = LRUCache(
-    1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes
+    1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes, name="region_rows"
 )
 """Per (table URI, region id), the :class:`_RegionRows` of its MemTable snapshots read
 last (a later read whose snapshots extend them adds only the new rows; told apart by

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from memwal_query.exceptions import SchemaError
+from memwal_query.format.baseindex import version_key
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, as_int64
 from memwal_query.read import deletions, exprtree, newer, parallel, pruning, sources, view
@@ -317,7 +318,7 @@ def _stale_size(stale: _Stale) -> int:
 
 
 _OVERWRITTEN_BASE_ROWS: LRUCache[tuple[Any, ...], _Stale] = LRUCache(
-    8, max_bytes=256 << 20, sizeof=_stale_size
+    8, max_bytes=256 << 20, sizeof=_stale_size, name="overwritten_base_rows"
 )
 """The base rows overwritten by newer sources, per (base URI, version, key sets)."""
 
@@ -427,12 +428,14 @@ BASE_KEYS_DERIVE_MAX_SHARE = 0.5
 fragments that differ between the two (read from both) are at most this share of its
 rows; otherwise its key column is scanned whole."""
 
-_BASE_KEYS: LRUCache[tuple[str, int], _BaseKeys] = LRUCache(
-    2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes
+_BASE_KEYS: LRUCache[tuple[str, int, int], _BaseKeys] = LRUCache(
+    2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes, name="base_key_flags"
 )
 """The key flags of a base version (:func:`_base_keys`), per (base URI, version): a
 stream's reader counts many queries on each version a maintenance pass leaves (the
-newest version and the one before it, for queries pinned to it meanwhile)."""
+newest version and the one before it, for queries pinned to it meanwhile), keyed by
+:func:`memwal_query.format.baseindex.version_key` (a table created again at a URI
+has versions of the same numbers)."""
 
 
 def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
@@ -442,7 +445,7 @@ def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
     :data:`BASE_KEYS_FLAGS_PER_ROW` per row, or a key in two live rows (the count must
     be of rows, not of keys). Derived from the flags of a version cached before when
     few of its fragments differ (:func:`_derived_base_keys`), else one scan."""
-    key = (base.uri, base.version)
+    key = version_key(base)
     hit = _BASE_KEYS.get(key)
     if hit is None:
         got = _derived_base_keys(base, pk) or _scan_base_keys(base, pk)
@@ -512,11 +515,13 @@ def _derived_base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
     as the version's live rows: the same flags a scan finds. None when there is no such
     version, more than :data:`BASE_KEYS_DERIVE_MAX_SHARE` of the rows differ, a check
     fails or the earlier version's fragments cannot be read (its files removed): the
-    caller scans."""
+    caller scans. (A table created again at the URI shares no data file with the first:
+    every fragment differs, and it is scanned.)"""
+    here = version_key(base)
     prior = [
         v
-        for (uri, version), v in _BASE_KEYS.items()
-        if uri == base.uri and version != base.version and v.fragments is not None
+        for key, v in _BASE_KEYS.items()
+        if key[0] == here[0] and key != here and v.fragments is not None
     ]
     if not prior:
         return None

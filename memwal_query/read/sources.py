@@ -144,7 +144,9 @@ class _GenerationCache(LRUCache[str, dict[str, pa.ChunkedArray]]):
     """
 
     def __init__(self, max_bytes: int = 1 << 30) -> None:
-        super().__init__(1 << 20, max_bytes=max_bytes, sizeof=_columns_nbytes)
+        super().__init__(
+            1 << 20, max_bytes=max_bytes, sizeof=_columns_nbytes, name="generation_columns"
+        )
 
     def columns(self, uri: str) -> dict[str, pa.ChunkedArray]:
         """The columns cached for ``uri`` (a copy; empty when none)."""
@@ -212,7 +214,7 @@ def _read_generation(
             cached = add(ref.uri, keys)
             missing = []
     if missing or ROWADDR_COLUMN not in cached:
-        side = _sidecar(ref.uri, storage_options, target)
+        side = _sidecar(ref, storage_options, target)
         if side is not None:
             cached = add(ref.uri, side)
             missing = [c for c in missing if c not in cached]
@@ -434,13 +436,20 @@ GENERATIONS_WITHOUT_KEYS: LRUCache[str, bool] = LRUCache(1 << 16)
 
 
 def _sidecar(
-    uri: str, storage_options: dict[str, str] | None, target: pa.Schema
+    ref: GenerationRef, storage_options: dict[str, str] | None, target: pa.Schema
 ) -> dict[str, pa.ChunkedArray] | None:
     """Every column of a generation from its rows sidecar (:mod:`memwal_query.format.
     rowfile`; columns added to the table after the generation was written as NULL), or
-    None when it has none or a damaged one (then the Lance table is read)."""
-    t = read_rows_sidecar(uri, storage_options)
-    return None if t is None else _conformed_columns(t, target, target.names)
+    None when it has none, a damaged one or one whose row count is not its region
+    manifest's (then the Lance table is read)."""
+    t = read_rows_sidecar(ref.uri, storage_options)
+    if t is None:
+        return None
+    from memwal_query.format.rowfile import ROWS_FILE
+
+    if not _rows_agree(ref, t.num_rows, join(ref.uri, ROWS_FILE)):
+        return None
+    return _conformed_columns(t, target, target.names)
 
 
 def _keys_sidecar(
@@ -536,15 +545,15 @@ def region_keys_parts(
 
 
 def _rows_agree(ref: GenerationRef, rows: int, path: str) -> bool:
-    """Whether a keys file (``path``: a region keys file's part or a keys sidecar) holds
-    as many rows for ``ref`` as its region manifest records (unknown: yes); a warning
-    naming ``path`` when not (the file is not used for it; the generation's other
-    files are read instead)."""
+    """Whether a sidecar (``path``: a region keys file's part, a keys or rows sidecar)
+    holds as many rows for ``ref`` as its region manifest records (unknown: yes); a
+    warning naming ``path`` when not (the file is not used for it; the generation's
+    other files are read instead)."""
     if ref.rows is None or ref.rows == rows:
         return True
     warnings.warn(
-        f"{path}: generation {ref.generation} holds {rows} keys where its region manifest "
-        f"records {ref.rows} rows; reading that generation's own keys instead",
+        f"{path}: {rows} rows of generation {ref.generation} where its region manifest "
+        f"records {ref.rows}; reading that generation's other files instead",
         RuntimeWarning,
         stacklevel=3,
     )

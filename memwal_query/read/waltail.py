@@ -71,7 +71,7 @@ CACHE_BYTES = 256 << 20
 _Batches = tuple[pa.RecordBatch, ...]
 _Entry = tuple[int | None, _Batches]
 ENTRIES: LRUCache[tuple[str, str], tuple[pa.Schema, _Entry, int]] = LRUCache(
-    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[2]
+    1 << 16, max_bytes=CACHE_BYTES, sizeof=lambda e: e[2], name="wal_entries"
 )
 """Decoded WAL entries: ``(lineage, path) -> (storage schema they were conformed to,
 (generation recorded in the entry or None, its rows as record batches), bytes)``; an
@@ -159,7 +159,7 @@ def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 TAILS: LRUCache[tuple[str, str], _Tail] = LRUCache(
-    1 << 12, max_bytes=CACHE_BYTES, sizeof=lambda t: t.nbytes
+    1 << 12, max_bytes=CACHE_BYTES, sizeof=lambda t: t.nbytes, name="wal_tails"
 )
 """Per region, ``(lineage, WAL directory) -> _Tail`` read last: the next read of the
 same tail (same manifest) reads only the positions from its ``end`` on. Entries are

@@ -41,19 +41,23 @@ class MemTableCache(LRUCache[tuple[Any, ...], V]):
         return self.put(key, value)
 
 
-OPEN_GENERATIONS: LRUCache[str, _GenInfo] = LRUCache(GENERATION_CACHE_SIZE)
+OPEN_GENERATIONS: LRUCache[str, _GenInfo] = LRUCache(GENERATION_CACHE_SIZE, name="open_generations")
 """Opened flushed generations (Lance dataset, bloom filter, key index), by directory."""
 GENERATION_TOKEN_INDEXES: LRUCache[tuple[str, str, str], Postings] = LRUCache(
-    4 * GENERATION_CACHE_SIZE
+    4 * GENERATION_CACHE_SIZE, name="generation_token_indexes"
 )
 """Token postings of a generation's text column, by (directory, column, tokenizer)."""
-MEMTABLE_TOKEN_INDEXES: MemTableCache[_TokenIndex] = MemTableCache(MEMTABLE_CACHE_SIZE)
+MEMTABLE_TOKEN_INDEXES: MemTableCache[_TokenIndex] = MemTableCache(
+    MEMTABLE_CACHE_SIZE, name="memtable_token_indexes"
+)
 """Growing token indexes of MemTables, by (table, region, generation, column, tokenizer)."""
-MEMTABLE_KEY_INDEXES: MemTableCache[_MemKeyIndex] = MemTableCache(MEMTABLE_CACHE_SIZE)
+MEMTABLE_KEY_INDEXES: MemTableCache[_MemKeyIndex] = MemTableCache(
+    MEMTABLE_CACHE_SIZE, name="memtable_key_indexes"
+)
 """Growing primary-key indexes of MemTables, by (table, region, generation, ...)."""
 BASE_FTS_STATS: LRUCache[tuple[str, int, str], _IndexFtsStats] = LRUCache(1024)
 """Document and token counts of a base INVERTED index, by (base URI, version, index)."""
-GENERATION_BLOCKS: LRUCache[Hashable, GenBlock] = LRUCache(4)
+GENERATION_BLOCKS: LRUCache[Hashable, GenBlock] = LRUCache(4, name="generation_blocks")
 """Many generations read as one deduplicated block (:mod:`memwal_query.search.genblock`)."""
 
 _ALL: dict[str, LRUCache[Any, Any]] = {

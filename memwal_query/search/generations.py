@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from memwal_query.exceptions import (
     BaseVersionGoneError,
+    CorruptFileError,
     GenerationGoneError,
 )
 from memwal_query.format import keyfile
@@ -24,10 +25,12 @@ from memwal_query.format.bloom import load as load_bloom
 from memwal_query.format.schema import (
     ROWADDR_COLUMN,
     TOMBSTONE,
+    as_int64,
 )
 from memwal_query.read import sources, view
 from memwal_query.search.caches import OPEN_GENERATIONS
 from memwal_query.search.keys import _KeyIndex, _SortedKeyIndex
+from memwal_query.storage.io import join
 
 if TYPE_CHECKING:
     from memwal_query.catalog import Catalog
@@ -69,6 +72,7 @@ class _GenInfo:
         self._keys: _KeyIndex | _SortedKeyIndex | None = None
         self._blocklist: bytes | None = None
         self._blocklist_done = False
+        self.keys_file: str | None = None  # the key index file the keys came from
         checked = load_checksummed(table.io, ref.uri)
         # a checksummed filter's negatives are trusted without reading the keys
         self.bloom_checked = checked is not None
@@ -120,6 +124,27 @@ class _GenInfo:
             rows = sources.read_generation(self.ref, self.schema, self.storage_options, columns)
         return rows.take(pa.array(positions))
 
+    def found_rows(self, positions: np.ndarray, columns: list[str], probe: pa.Table) -> pa.Table:
+        """:meth:`rows` at the positions the key index gave for the probe keys
+        ``probe`` (``columns`` hold the key columns).
+
+        Raises
+        ------
+        CorruptFileError
+            The key index file the index was read from points a key at a row of
+            another key (framing, CRC and row count valid, entries not its
+            generation's): never another key's row as the answer.
+        """
+        rows = self.rows(positions, columns)
+        if self.keys_file is not None:
+            got = as_int64(rows.column(self.pk[0])).to_numpy(zero_copy_only=False)
+            want = as_int64(probe.column(self.pk[0])).to_numpy(zero_copy_only=False)
+            if not np.array_equal(got, want):
+                raise CorruptFileError(
+                    self.keys_file, "its entries point keys at rows of other keys"
+                )
+        return rows
+
     def _load_keys(self) -> None:
         with self._lock:
             if self._keys is not None:
@@ -128,6 +153,7 @@ class _GenInfo:
             if stored is not None:
                 self._num_rows = stored.num_rows
                 self._keys = _SortedKeyIndex(stored, self.schema.field(self.pk[0]))
+                self.keys_file = join(self.uri, keyfile.KEY_INDEX_FILE)
                 return
             cols = [*self.pk, TOMBSTONE]
             with _reading(self):

@@ -201,7 +201,8 @@ def lookup(
             hits.append((cand, np.full(len(cand), ref.generation, np.int64), rank))
             live = ~gen.keys.tombstone[pos]
             if live.any():
-                add(gen.rows(gen.keys.rows[pos[live]], read_cols), cand[live], ref.generation, rank)
+                found = gen.found_rows(gen.keys.rows[pos[live]], read_cols, keys_at(cand[live]))
+                add(found, cand[live], ref.generation, rank)
         resolved |= found_r
     if len(hits) > 1:
         parts = _newest_across_regions(parts, hits, n)

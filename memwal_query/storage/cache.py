@@ -6,14 +6,28 @@ bloom filters, index statistics) is an :class:`LRUCache`, bounded by a number of
 and optionally by bytes, so memory stays bounded however many generations a long-running
 process reads. Entries are only ever things that cannot change under their key
 (immutable generations, a base version, a MemTable snapshot identified by its batches).
+
+The caches registered with a ``name`` and measured in bytes (the read path's: decoded
+generation columns and WAL entries, views of generations and MemTables, key flags,
+overwritten base rows) also share one process-wide budget, :func:`cache_size_bytes`
+(default :data:`CACHE_SIZE_BYTES`, 512 MiB; the environment variable ``MEMWAL_CACHE_MB``
+or :func:`set_cache_size_bytes` change it): when their sum passes it, the least
+recently used entry of all of them goes first, whichever cache holds it. Each cache's
+own bound still caps that cache alone. After storing an entry they give the C heap's
+free pages back to the system (:func:`memwal_query.storage.heap.release_free_heap`).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from memwal_query.exceptions import MemWalError
+from memwal_query.storage.heap import release_free_heap
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -31,6 +45,9 @@ class LRUCache(Generic[K, V]):
         Most bytes kept, as measured by ``sizeof(value)`` when an entry is stored.
     sizeof : callable, optional
         Size of a value in bytes (required with ``max_bytes``).
+    name : str, optional
+        Register the cache under this name in :func:`named_caches` (what
+        :func:`memwal_query.memory_usage` reports, by name).
     """
 
     def __init__(
@@ -38,6 +55,8 @@ class LRUCache(Generic[K, V]):
         max_items: int,
         max_bytes: int | None = None,
         sizeof: Callable[[V], int] | None = None,
+        *,
+        name: str | None = None,
     ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
@@ -48,8 +67,13 @@ class LRUCache(Generic[K, V]):
         self._sizeof = sizeof
         self._items: OrderedDict[K, V] = OrderedDict()
         self._sizes: dict[K, int] = {}
+        self._ticks: dict[K, int] = {}  # when each entry was last used (process-wide)
         self._bytes = 0
+        self.budget_evictions = 0  # entries evicted to keep cache_size_bytes()
         self._lock = threading.Lock()
+        self.name = name
+        if name is not None:
+            _NAMED[name] = self
 
     def get(self, key: K, default: V | None = None) -> V | None:
         """The value of ``key`` (now the most recent entry), or ``default``."""
@@ -57,6 +81,7 @@ class LRUCache(Generic[K, V]):
             if key not in self._items:
                 return default
             self._items.move_to_end(key)
+            self._ticks[key] = next(_TICKS)
             return self._items[key]
 
     def put(self, key: K, value: V) -> V:
@@ -66,6 +91,7 @@ class LRUCache(Generic[K, V]):
             self._bytes -= self._sizes.pop(key, 0)
             self._items[key] = value
             self._items.move_to_end(key)
+            self._ticks[key] = next(_TICKS)
             if self._sizeof is not None:
                 size = self._sizeof(value)
                 self._sizes[key] = size
@@ -74,14 +100,41 @@ class LRUCache(Generic[K, V]):
                 len(self._items) > self.max_items
                 or (self.max_bytes is not None and self._bytes > self.max_bytes)
             ):
-                old, _ = self._items.popitem(last=False)
-                self._bytes -= self._sizes.pop(old, 0)
-            return value
+                self._evict_oldest_locked()
+        if self.budgeted:
+            _keep_budget()
+            release_free_heap()  # what was evicted, and what the query freed
+        return value
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether the cache counts towards :func:`cache_size_bytes` (named, by bytes)."""
+        return self.name is not None and self._sizeof is not None
+
+    def _evict_oldest_locked(self) -> None:
+        old, _ = self._items.popitem(last=False)
+        self._bytes -= self._sizes.pop(old, 0)
+        self._ticks.pop(old, None)
+
+    def _oldest_tick(self) -> int | None:
+        """When the least recently used entry was last used; None when the cache holds
+        at most one entry (its newest is always kept)."""
+        with self._lock:
+            if len(self._items) <= 1:
+                return None
+            return self._ticks.get(next(iter(self._items)), 0)
+
+    def _evict_oldest(self) -> None:
+        with self._lock:
+            if len(self._items) > 1:
+                self._evict_oldest_locked()
+                self.budget_evictions += 1
 
     def pop(self, key: K) -> V | None:
         """Remove ``key``; return its value (None when absent)."""
         with self._lock:
             self._bytes -= self._sizes.pop(key, 0)
+            self._ticks.pop(key, None)
             return self._items.pop(key, None)
 
     def discard_where(self, gone: Callable[[K], bool]) -> int:
@@ -90,6 +143,7 @@ class LRUCache(Generic[K, V]):
             keys = [k for k in self._items if gone(k)]
             for k in keys:
                 self._bytes -= self._sizes.pop(k, 0)
+                self._ticks.pop(k, None)
                 del self._items[k]
             return len(keys)
 
@@ -98,6 +152,7 @@ class LRUCache(Generic[K, V]):
         with self._lock:
             self._items.clear()
             self._sizes.clear()
+            self._ticks.clear()
             self._bytes = 0
 
     @property
@@ -115,3 +170,110 @@ class LRUCache(Generic[K, V]):
         """The entries, oldest first (a copy: not marked as used)."""
         with self._lock:
             return list(self._items.items())
+
+
+_TICKS = itertools.count(1)
+_NAMED: dict[str, LRUCache[Any, Any]] = {}
+_BUDGET_LOCK = threading.Lock()
+
+CACHE_SIZE_BYTES = 512 << 20
+"""Default of :func:`cache_size_bytes`: 512 MiB for the read path's caches of a process
+(on top of each open table's Lance caches, see :mod:`memwal_query.format.lancecache`).
+Under a stream most of what they would otherwise hold is superseded (views of
+generation sets a merge replaced, WAL entries since flushed): a reader of a
+10,000,000-row table under a 20,000 rows/s stream filled 0.55-0.72 GB without the
+budget (``benchmarks/scale_stream.py``)."""
+CACHE_SIZE_ENV = "MEMWAL_CACHE_MB"
+_size_set: list[int] = []  # set_cache_size_bytes's value, when called
+
+
+def cache_size_bytes() -> int:
+    """Most bytes the process-wide caches of the read path hold together.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_cache_size_bytes` when called, else ``MEMWAL_CACHE_MB``
+        (MB) when set, else :data:`CACHE_SIZE_BYTES`.
+
+    Raises
+    ------
+    MemWalError
+        ``MEMWAL_CACHE_MB`` is not a positive number.
+    """
+    if _size_set:
+        return _size_set[0]
+    return env_megabytes(CACHE_SIZE_ENV, CACHE_SIZE_BYTES)
+
+
+def env_megabytes(name: str, default: int) -> int:
+    """Bytes from the environment variable ``name``, a positive number of MB
+    (``default`` bytes when unset or empty).
+
+    Raises
+    ------
+    MemWalError
+        The variable is not a positive number.
+    """
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = -1.0
+    if not mb > 0:
+        raise MemWalError(f"{name}={value!r}: expected a positive number of MB")
+    return int(mb * (1 << 20))
+
+
+def set_cache_size_bytes(size_bytes: int | None) -> None:
+    """Set the budget of the process-wide caches of the read path (evicting the least
+    recently used entries now when they hold more).
+
+    Parameters
+    ----------
+    size_bytes : int or None
+        Most bytes; None goes back to ``MEMWAL_CACHE_MB`` or the default.
+
+    Raises
+    ------
+    ValueError
+        ``size_bytes`` is not a positive integer.
+    """
+    if size_bytes is not None and (
+        isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1
+    ):
+        raise ValueError(f"size_bytes must be a positive integer, got {size_bytes!r}")
+    _size_set[:] = [] if size_bytes is None else [size_bytes]
+    _keep_budget()
+
+
+def cached_bytes() -> int:
+    """Bytes held now by the caches under :func:`cache_size_bytes`."""
+    return sum(c.nbytes for c in _NAMED.values() if c.budgeted)
+
+
+def _keep_budget() -> None:
+    """Evict the least recently used entries of the budgeted caches until they hold at
+    most :func:`cache_size_bytes` (each keeps its newest entry). Takes one cache's lock
+    at a time."""
+    budget = cache_size_bytes()
+    if cached_bytes() <= budget:
+        return
+    with _BUDGET_LOCK:
+        while cached_bytes() > budget:
+            oldest: tuple[int, LRUCache[Any, Any]] | None = None
+            for cache in list(_NAMED.values()):
+                if cache.budgeted:
+                    tick = cache._oldest_tick()
+                    if tick is not None and (oldest is None or tick < oldest[0]):
+                        oldest = (tick, cache)
+            if oldest is None:
+                return
+            oldest[1]._evict_oldest()
+
+
+def named_caches() -> dict[str, LRUCache[Any, Any]]:
+    """Every cache made with a ``name``, by name (the process-wide caches)."""
+    return dict(_NAMED)

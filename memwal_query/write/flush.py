@@ -37,6 +37,7 @@ import pyarrow as pa
 from memwal_query.format import bloom, keyfile, postings, rowfile
 from memwal_query.format.lancetypes import btree_indexable
 from memwal_query.format.manifest import FlushedGeneration
+from memwal_query.format.schema import normalize_dictionaries
 from memwal_query.storage import crashpoints, paths
 from memwal_query.storage.io import join
 from memwal_query.write.memtable import MemTable
@@ -68,7 +69,7 @@ def write_generation(
     ``memwal_region_keys.bin``, and left as written (the caller keeps it for the next
     flush). Without it, or when the generation gets no keys sidecar, no such file."""
     uri = paths.generation_path(table.uri, region_id, gen_dir)
-    data = memtable.to_table()
+    data = normalize_dictionaries(memtable.to_table())  # WAL entries of any writer
     ds = lance.write_dataset(
         coalesced_batches(data),
         uri,

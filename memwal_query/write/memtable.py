@@ -12,9 +12,14 @@ a reader never blocks a writer.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from memwal_query.exceptions import SchemaError
+from memwal_query.format.schema import dictionary_capacity, dictionary_values, too_many_values
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,16 @@ class MemTable:
         Storage schema (table columns + ``_tombstone``).
     """
 
-    def __init__(self, region_id: str, generation: int, schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        region_id: str,
+        generation: int,
+        schema: pa.Schema,
+        dictionaries: dict[str, pa.Array] | None = None,
+    ) -> None:
+        """``dictionaries``: the distinct values of the dictionary columns of 8- or
+        16-bit indices to count this MemTable's rows with (shared with the writer's
+        other MemTables, updated in place); None: only this MemTable's rows."""
         self.region_id = region_id
         self.generation = generation
         self.schema = schema
@@ -87,6 +101,55 @@ class MemTable:
         # a sync writes them, the end of the batches that sync covers.
         self._unsynced_from: int | None = None
         self._sync_end: int | None = None
+        # Per dictionary column of 8- or 16-bit indices, the distinct values of its rows
+        # (and of ``dictionaries``): a Lance data file holds one dictionary per column,
+        # and flushes, merges, compactions and reads put many writes in one, so they
+        # must fit the index type.
+        self.dictionaries = {} if dictionaries is None else dictionaries
+        for f in schema:
+            if dictionary_capacity(f.type) is not None:
+                self.dictionaries.setdefault(f.name, pa.array([], f.type.value_type))
+
+    def dictionary_errors(self, tables: Sequence[pa.Table]) -> list[SchemaError | None]:
+        """For each of ``tables`` (rows about to be appended, in order), the SchemaError
+        refusing it because its dictionary values and those of this MemTable's rows and
+        of the tables before it not refused are more than a column's index type holds,
+        or None. O(dictionary size) per table, not O(rows)."""
+        running = dict(self.dictionaries)
+        errors: list[SchemaError | None] = []
+        for table in tables:
+            grown, error = self._grown(running, table)
+            errors.append(error)
+            if error is None:
+                running.update(grown)
+        return errors
+
+    def check_dictionaries(self, table: pa.Table) -> None:
+        """SchemaError when ``table`` cannot be appended (see :meth:`dictionary_errors`)."""
+        error = self.dictionary_errors([table])[0]
+        if error is not None:
+            raise error
+
+    def _grown(
+        self, running: dict[str, pa.Array], table: pa.Table
+    ) -> tuple[dict[str, pa.Array], SchemaError | None]:
+        """The values of ``running``'s columns with the dictionary values of ``table``
+        added, and the SchemaError naming the first column whose values no longer fit
+        its index type (None: they all fit)."""
+        out: dict[str, pa.Array] = {}
+        error: SchemaError | None = None
+        for name, values in running.items():
+            i = table.schema.get_field_index(name)
+            if i < 0 or table.num_rows == 0:
+                continue
+            union = pc.unique(pa.concat_arrays([values, dictionary_values(table.column(i))]))
+            t = self.schema.field(name).type
+            cap = dictionary_capacity(t)
+            if cap is not None and len(union) > cap and error is None:
+                scope = "the table's rows with this write have"
+                error = too_many_values(name, t, len(union), scope)
+            out[name] = union
+        return out, error
 
     def note_batch(self, batch: tuple[str, int] | None) -> None:
         """The rows just added are batch ``batch[1]`` of stream ``batch[0]`` (None: no
@@ -110,6 +173,8 @@ class MemTable:
             if self.first_append_at is None:
                 self.first_append_at = time.monotonic()
         self._batches[at:at] = batches
+        if self.dictionaries and table.num_rows:
+            self.dictionaries.update(self._grown(self.dictionaries, table)[0])
         self.num_rows += table.num_rows
         self.nbytes += table.nbytes
         return len(batches)

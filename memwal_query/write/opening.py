@@ -28,6 +28,7 @@ from memwal_query.write.writer_state import (
     DEFAULT_MAX_WAL_BUFFER_BYTES,
     DEFAULT_MAX_WAL_ENTRIES,
     DEFAULT_WAL_FLUSH_INTERVAL,
+    DictionaryValues,
     PartialLookup,
 )
 
@@ -78,6 +79,9 @@ class WriterOpener:
     complete_spec_change : SpecChangeCompleter, optional
         Run before claiming a region of the current spec while a spec change is
         pending; None: a pending change is left to whoever completes it.
+    dictionary_values : DictionaryValues, optional
+        The table's values of its dictionary columns of 8- or 16-bit indices, which a
+        writer's new values must fit with; None: a writer counts only its own rows.
     """
 
     def __init__(
@@ -86,8 +90,10 @@ class WriterOpener:
         *,
         lookup: PartialLookup | None = None,
         complete_spec_change: SpecChangeCompleter | None = None,
+        dictionary_values: DictionaryValues | None = None,
     ) -> None:
         self.catalog = catalog
+        self.dictionary_values = dictionary_values
         self.lookup = lookup
         self.complete_spec_change = complete_spec_change
 
@@ -163,5 +169,6 @@ class WriterOpener:
             region_spec_id=spec_id,
             region_field_entries=entries,
             lookup=self.lookup,
+            dictionary_values=self.dictionary_values,
             **(options or WriterOptions()).as_kwargs(),
         )

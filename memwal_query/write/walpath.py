@@ -149,6 +149,7 @@ class _WalPath(_FlushPath):
         with self._cond:
             while self._partial_busy:
                 self._cond.wait()
+            self._active.check_dictionaries(rows)
             self._active.append(rows, None)
             self._unsynced.append(rows)
             self._unsynced_bytes += rows.nbytes
@@ -194,6 +195,8 @@ class _WalPath(_FlushPath):
                 )
                 full = fill_missing(rows, missing, current, self._pk, self._schema)
                 stored = with_tombstone(full, False).cast(self._storage_schema)
+                with self._cond:
+                    self._active.check_dictionaries(stored)
                 if self.durable:
                     position = self._append_wal(stored, batch)
                     if position is not None:  # None: the batch's entry was adopted
@@ -228,23 +231,30 @@ class _WalPath(_FlushPath):
             group = [r for r in self._pending if r.batch == batch]
             self._pending = [r for r in self._pending if r.batch != batch]
         error: BaseException | None = None
+        refused: list[SchemaError | None] = [None] * len(group)
         try:
-            table = pa.concat_tables([r.rows for r in group]) if len(group) > 1 else group[0].rows
-            position = self._append_wal(table, batch)
-            if position is not None:  # None: the batch's entry was adopted
-                with self._cond:
-                    self._active.append(table, position)
-                    self._active.note_batch(batch)
+            # Rows whose dictionary values would not fit a flush are refused, each on
+            # its own (nothing of them written); the others of the group are written.
+            with self._cond:
+                refused = self._active.dictionary_errors([r.rows for r in group])
+            admitted = [r.rows for r, refusal in zip(group, refused, strict=True) if not refusal]
+            if admitted:
+                table = pa.concat_tables(admitted) if len(admitted) > 1 else admitted[0]
+                position = self._append_wal(table, batch)
+                if position is not None:  # None: the batch's entry was adopted
+                    with self._cond:
+                        self._active.append(table, position)
+                        self._active.note_batch(batch)
         except BaseException as e:  # noqa: BLE001 - handed to every waiting caller
             error = e
         with self._cond:
-            for r in group:
+            for r, refusal in zip(group, refused, strict=True):
                 r.done = True
-                r.error = error
+                r.error = refusal or error
             self._wal_busy = False
             self._cond.notify_all()
-        if error is not None:
-            raise error
+        if req.error is not None:
+            raise req.error
 
     def _sync_locked_token(self) -> None:
         """Write unsynced rows as one WAL entry (caller holds the WAL token).

@@ -58,6 +58,7 @@ from memwal_query.format.schema import (
     coerce_keys,
     coerce_partial_rows,
     coerce_rows,
+    dictionary_capacity,
     storage_schema,
     tombstone_rows,
     with_tombstone,
@@ -77,6 +78,7 @@ from memwal_query.write.writer_state import (
     DEFAULT_MAX_WAL_BUFFER_BYTES,
     DEFAULT_MAX_WAL_ENTRIES,
     DEFAULT_WAL_FLUSH_INTERVAL,
+    DictionaryValues,
     PartialLookup,
     WriterStats,
     _Request,
@@ -133,6 +135,11 @@ class RegionWriter(_WalPath):
         ``lookup(keys, columns=..., writers=[self])`` returning the keys' current rows
         (:class:`~memwal_query.write.writer_state.PartialLookup`): partial updates read
         the columns they do not set through it. Without it they are refused.
+    dictionary_values : DictionaryValues, optional
+        The values the table holds in its dictionary columns of 8- or 16-bit indices
+        (:class:`~memwal_query.write.writer_state.DictionaryValues`): a write whose new
+        values would make them more than the index type holds is refused. Without it,
+        only the values of this writer's own rows count.
 
     Raises
     ------
@@ -164,6 +171,7 @@ class RegionWriter(_WalPath):
         region_spec_id: int = 0,
         region_field_entries: tuple[tuple[str, bytes], ...] = (),
         lookup: PartialLookup | None = None,
+        dictionary_values: DictionaryValues | None = None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     ) -> None:
         self.table = table
@@ -241,7 +249,13 @@ class RegionWriter(_WalPath):
         # Newest region manifest version known to be this writer's (its claim, then its
         # flushes): the fencing check after each WAL write HEADs the version after it.
         self._known_version = manifest.version
-        self._active = MemTable(self.region_id, manifest.current_generation, self._storage_schema)
+        # Distinct values of the dictionary columns of 8- or 16-bit indices: the table's
+        # when this writer opened, then every row it adds (all its MemTables share it).
+        narrow = [f.name for f in self._storage_schema if dictionary_capacity(f.type)]
+        self._dictionaries = dict(dictionary_values(narrow)) if narrow and dictionary_values else {}
+        self._active = MemTable(
+            self.region_id, manifest.current_generation, self._storage_schema, self._dictionaries
+        )
         self._next_wal_position = manifest.replay_after_wal_entry_position + 1
         self._replay(manifest, early)
         self.region_spec_id = manifest.region_spec_id

@@ -47,6 +47,18 @@ class PartialLookup(Protocol):
     ) -> pa.Table: ...
 
 
+class DictionaryValues(Protocol):
+    """Reads the distinct values the table's rows hold in some dictionary columns.
+
+    A writer calls it once, when it opens, with its dictionary columns of 8- or 16-bit
+    indices; it returns, per column, the values of every row a reader sees (or more):
+    with the writer's own rows they must fit the index type (see
+    :meth:`memwal_query.write.memtable.MemTable.dictionary_errors`).
+    """
+
+    def __call__(self, columns: Sequence[str]) -> dict[str, pa.Array]: ...
+
+
 DEFAULT_MAX_MEMTABLE_ROWS = 100_000
 DEFAULT_MAX_MEMTABLE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_WAL_BUFFER_BYTES = 8 * 1024 * 1024
@@ -102,6 +114,7 @@ class _WriterState:
     max_wal_entries: int
     max_memtable_age: float
     _lookup: PartialLookup | None
+    _dictionaries: dict[str, pa.Array]
     _schema: pa.Schema
     _pk: list[str]
     _storage_schema: pa.Schema
@@ -194,7 +207,9 @@ class _FlushPath(_WriterState):
         if not force and not self._full(active):
             return
         self._sealed.append(active)
-        self._active = MemTable(self.region_id, active.generation + 1, self._storage_schema)
+        self._active = MemTable(
+            self.region_id, active.generation + 1, self._storage_schema, self._dictionaries
+        )
         self._schedule_flush_locked()
 
     def _schedule_flush_locked(self) -> None:
