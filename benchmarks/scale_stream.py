@@ -29,18 +29,23 @@ base table itself after a final full merge.
 Run on its own (``python benchmarks/scale_stream.py``) it is the at-scale stream: a
 10,000,000-row base (``--rows``; 20,000,000 with ``--large``) in 32 bucket regions
 (``--regions``), a sustained stream of upserts (one value in 50 a new key) and deletes
-(one value in 50, so the table keeps its size and a query's cost stays comparable
-from the first minute to the last) for ``--minutes`` (default 30) with
-``memwal maintain URI --watch`` alongside as a real process, and a reader process (this
-one) that runs ``count(*)``, a filtered aggregate and a 10-key lookup every
-``--query-every`` seconds (default 5).
+(one value in 50) for ``--minutes`` (default 30) with ``memwal maintain URI --watch``
+alongside as a real process, and a reader process (this one) that runs ``count(*)``, a
+filtered aggregate and a 10-key lookup every ``--query-every`` seconds (default 5).
 The writer is a separate process: Python :meth:`MemWalTable.write` (default), or
 Spark Structured Streaming with ``--spark`` (a rate source, ``foreachBatch(mqs.sink(uri,
 delete_column=..., order_by="seq"))``, micro-batches every ``--trigger-seconds``). The
 stream's value ``v`` (0, 1, 2, ...) decides its row: key ``base + v // 50`` when
-``v % 50 == 0`` (a new key), else ``v * 1000003 mod base`` (an update), a delete when
-``v % 50 == 7``, ``seq = v``; so the model of the table after ``N`` values is computed
-at the end, whichever writer wrote them.
+``v % 50 == 0`` (a new key), a delete when ``v % 50 == 7``, else an update, ``seq = v``;
+so the model of the table after ``N`` values is computed at the end, whichever writer
+wrote them. The key mix (``--mix``): ``steady`` (default) deletes key ``v // 50``, the
+oldest live key, and updates key ``v // 50 + 1 + (v * 1000003 mod (base - 1))``, a live
+one: the table keeps the base's live rows from the first minute to the last, so a
+query's last / first ratio is the LSM's drift alone. ``growing`` updates and deletes key
+``v * 1000003 mod base``: a deleted key comes back with its next update, so the new
+keys grow the table (by 1.36x in 30 minutes at 100k rows/s) and every query that
+reads each live row grows with it. The reader prints the live rows (its ``count(*)``)
+per minute and the ratios last / first both raw and per live row.
 
 The rate: ``--rate`` rows/s, or by default the highest the machine holds, found by a
 calibration burst (the Python writer writes flat out for ``--calibrate-seconds`` with
@@ -527,19 +532,39 @@ SCALE_SCHEMA = pa.schema(
 )
 
 
-def stream_keys(values: np.ndarray, base_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """(key, is_delete) of stream values (see the module docs)."""
+MIXES = ("steady", "growing")
+
+
+def stream_keys(
+    values: np.ndarray, base_rows: int, mix: str = "steady"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(key, is_delete) of stream values (see the module docs).
+
+    ``steady``: the delete at ``v`` (``v % 50 == 7``) removes key ``v // 50``, the oldest
+    live key, and updates pick a live key above it, so the live keys are always the
+    window ``v // 50 + 1 .. base_rows + v // 50`` (one new key in, one old key out, per
+    50 values). ``growing``: updates and deletes pick any base key; a deleted key comes
+    back with its next update, so the new keys grow the table."""
     new = values % NEW_EVERY == 0
-    ids = np.where(new, base_rows + values // NEW_EVERY, (values * KEY_PRIME) % base_rows)
-    return ids.astype(np.int64), values % DELETE_EVERY == DELETE_AT
+    dels = values % DELETE_EVERY == DELETE_AT
+    block = values // NEW_EVERY
+    if mix == "steady":
+        others = np.where(dels, block, block + 1 + (values * KEY_PRIME) % (base_rows - 1))
+    else:
+        others = (values * KEY_PRIME) % base_rows
+    ids = np.where(new, base_rows + block, others)
+    return ids.astype(np.int64), dels
 
 
-def spark_key_sql(base_rows: int) -> str:
+def spark_key_sql(base_rows: int, mix: str = "steady") -> str:
     """:func:`stream_keys`'s key as a Spark SQL expression of ``value``."""
-    return (
-        f"CASE WHEN value % {NEW_EVERY} = 0 THEN {base_rows} + value DIV {NEW_EVERY} "
-        f"ELSE pmod(value * {KEY_PRIME}, {base_rows}) END"
-    )
+    new = f"CASE WHEN value % {NEW_EVERY} = 0 THEN {base_rows} + value DIV {NEW_EVERY} "
+    if mix == "steady":
+        return (
+            new + f"WHEN value % {DELETE_EVERY} = {DELETE_AT} THEN value DIV {NEW_EVERY} "
+            f"ELSE value DIV {NEW_EVERY} + 1 + pmod(value * {KEY_PRIME}, {base_rows - 1}) END"
+        )
+    return new + f"ELSE pmod(value * {KEY_PRIME}, {base_rows}) END"
 
 
 def scale_rows(ids: np.ndarray, seq: np.ndarray) -> pa.Table:
@@ -554,12 +579,12 @@ def scale_rows(ids: np.ndarray, seq: np.ndarray) -> pa.Table:
     )
 
 
-def stream_model(n: int, base_rows: int) -> np.ndarray:
+def stream_model(n: int, base_rows: int, mix: str = "steady") -> np.ndarray:
     """Newest ``seq`` of every key after stream values ``0 .. n-1`` (-1: deleted)."""
     model = np.full(base_rows + n // NEW_EVERY + 1, -1, np.int64)
     model[:base_rows] = 0
     values = np.arange(n, dtype=np.int64)
-    ids, dels = stream_keys(values, base_rows)
+    ids, dels = stream_keys(values, base_rows, mix)
     uniq, first = np.unique(ids[::-1], return_index=True)
     last = n - 1 - first
     model[uniq] = np.where(dels[last], -1, values[last])
@@ -601,7 +626,7 @@ def python_writer(args: argparse.Namespace) -> None:
     def write(count: int) -> None:
         nonlocal n
         values = np.arange(n, n + count, dtype=np.int64)
-        ids, dels = stream_keys(values, args.rows)
+        ids, dels = stream_keys(values, args.rows, args.mix)
         t.write(scale_rows(ids[~dels], values[~dels]))
         if dels.any():
             t.delete(pa.table({"id": pa.array(ids[dels], pa.int64())}))
@@ -647,7 +672,7 @@ def spark_writer(args: argparse.Namespace) -> None:
         .option("numPartitions", 2)
         .load()
         .select(
-            F.expr(spark_key_sql(args.rows)).alias("id"),
+            F.expr(spark_key_sql(args.rows, args.mix)).alias("id"),
             F.col("value").alias("seq"),
             (F.col("value") * 0.5).alias("val"),
             (F.col("value") % 100).cast("int").alias("cat"),
@@ -704,31 +729,35 @@ def scale_base(uri: str, rows: int, regions: int) -> mq.MemWalTable:
 
 
 def scale_queries(
-    r: mq.MemWalTable, rng: np.random.Generator, keys: int, lat: dict[str, list[float]]
-) -> int:
-    """The queries of one tick, their seconds into ``lat``; returns the unflushed WAL
-    rows (all regions) the ``count(*)`` read."""
+    r: mq.MemWalTable,
+    rng: np.random.Generator,
+    keys: tuple[int, int],
+    lat: dict[str, list[float]],
+) -> tuple[int, int]:
+    """The queries of one tick (the lookup of 10 keys in ``keys``, a range), their
+    seconds into ``lat``; returns the unflushed WAL rows (all regions) the ``count(*)``
+    read and its answer (the table's live rows)."""
     import datafusion
 
     ctx = datafusion.SessionContext()
     provider = r.provider(consistency="latest")
     ctx.register_table("t", provider)
-    tail = 0
+    tail = live = 0
     for name, sql in (
         ("count", "SELECT count(*) FROM t"),
         ("filtered", "SELECT count(*), sum(val) FROM t WHERE cat = 7"),
     ):
         s = time.perf_counter()
-        ctx.sql(sql).to_arrow_table()
+        got = ctx.sql(sql).to_arrow_table()
         lat[name].append(time.perf_counter() - s)
-        if name == "count" and provider.last_plan is not None:
-            tail = sum(m.num_rows for g in provider.last_plan.regions for m in g.memtables)
+        if name == "count":
+            live = int(got.column(0)[0].as_py())
+            if provider.last_plan is not None:
+                tail = sum(m.num_rows for g in provider.last_plan.regions for m in g.memtables)
     s = time.perf_counter()
-    r.lookup(
-        pa.table({"id": pa.array(rng.integers(0, keys, 10), pa.int64())}), consistency="latest"
-    )
+    r.lookup(pa.table({"id": pa.array(rng.integers(*keys, 10), pa.int64())}), consistency="latest")
     lat["lookup"].append(time.perf_counter() - s)
-    return tail
+    return tail, live
 
 
 def base_wear(uri: str) -> list[float] | None:
@@ -776,6 +805,7 @@ def scale_main(args: argparse.Namespace) -> bool:
     progress = f"{root}/progress.json"
     child = [sys.executable, os.path.abspath(__file__), "--child", "spark" if args.spark else "py"]
     child += ["--uri", uri, "--rows", str(args.rows), "--rate", str(args.rate or 0)]
+    child += ["--mix", args.mix]
     child += ["--progress", progress, "--calibrate-seconds", str(args.calibrate_seconds)]
     child += ["--rate-share", str(args.rate_share), "--trigger-seconds", str(args.trigger_seconds)]
     wlog = open(f"{root}/writer.log", "w")  # noqa: SIM115 - closed below
@@ -803,6 +833,7 @@ def scale_main(args: argparse.Namespace) -> bool:
         "base physical / live (mean)",
         "PK unindexed rows (mean)",
         "load 1 min",
+        "live rows (count(*), last)",
     ]
     out: list[list[object]] = []
     wear: list[list[float]] = []
@@ -833,8 +864,11 @@ def scale_main(args: argparse.Namespace) -> bool:
         while minute <= args.minutes:
             tick = time.perf_counter()
             state = read_progress(progress)
-            keys = args.rows + int(state.get("acked", 0)) // NEW_EVERY
-            tails.append(scale_queries(r, rng, keys, lat))
+            acked_now = int(state.get("acked", 0))
+            keys = args.rows + acked_now // NEW_EVERY
+            oldest = acked_now // NEW_EVERY + 1 if args.mix == "steady" else 0
+            tail, live = scale_queries(r, rng, (oldest, keys), lat)
+            tails.append(tail)
             samples.append(unmerged(r))
             worn = base_wear(uri)
             if worn is not None:
@@ -865,6 +899,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                     float(np.mean([w[1] for w in wear])) if wear else 0.0,
                     float(np.mean([w[2] for w in wear])) if wear else 0.0,
                     os.getloadavg()[0],
+                    live,
                 ]
                 out.append(row)
                 print("  minute " + " | ".join(_short(c) for c in row), flush=True)
@@ -904,6 +939,15 @@ def scale_main(args: argparse.Namespace) -> bool:
                 if float(first[i])
             )
         )
+        grown = float(last[21]) / float(first[21])
+        print(
+            f"live rows last / first minute {grown:.2f}x ({args.mix} key mix); per live row: "
+            + ", ".join(
+                f"{header[i]} {float(last[i]) / float(first[i]) / grown:.2f}x"
+                for i in (6, 7, 10)
+                if float(first[i])
+            )
+        )
     if args.spark and state.get("batches"):
         b = np.array(state["batches"], dtype=float)
         secs = float(np.median(b[:, 1]))
@@ -917,7 +961,7 @@ def scale_main(args: argparse.Namespace) -> bool:
         )
     n = int(state["acked"])
     print(f"stream: {n:,} values acknowledged in {elapsed:.0f} s; final checks:")
-    model = stream_model(n, args.rows)
+    model = stream_model(n, args.rows, args.mix)
     ok &= verify(r.to_table(columns=["id", "seq"], consistency="latest"), model, "reader") == "ok"
     reopened = mq.MemWalTable.open(uri)
     got = reopened.to_table(columns=["id", "seq"], consistency="latest")
@@ -946,6 +990,13 @@ def main() -> None:
         "and the last: the caches, unmerged generations and WAL tails filled)",
     )
     parser.add_argument("--rate", type=int, default=0, help="rows/s (0: calibrate)")
+    parser.add_argument(
+        "--mix",
+        choices=MIXES,
+        default="steady",
+        help="steady: deletes remove the oldest keys, the live rows stay the base's; "
+        "growing: deleted keys come back with later updates, new keys grow the table",
+    )
     parser.add_argument("--rate-share", type=float, default=0.6)
     parser.add_argument("--calibrate-seconds", type=float, default=20.0)
     parser.add_argument("--query-every", type=float, default=5.0, help="seconds")

@@ -236,3 +236,91 @@ def test_a_merge_and_deletes_committed_mid_count_leave_the_count_of_its_view(tmp
     query.join(60)
     assert got == [before]
     assert _sql_count(t) == t.count_rows() == before - 40
+
+
+def _flagged(k: provider._BaseKeys) -> list[int]:
+    return (np.flatnonzero(k.flags) + k.lo).tolist()
+
+
+def test_flags_of_a_new_version_are_derived_from_the_last_ones(tmp_path, monkeypatch):
+    """Each base version's flags equal a full scan's; a version with the same fragments
+    shares the last flags, one whose few fragments changed reads only those (and the
+    fragments they replaced), whatever made it: a merge, a delete, a compaction."""
+    clear_read_caches()
+    t, model = _table(tmp_path, range(0, 1000), regions=2)
+    uri = t.uri
+    full = []
+    real = provider._scan_base_keys
+    monkeypatch.setattr(
+        provider, "_scan_base_keys", lambda base, pk: full.append(base.version) or real(base, pk)
+    )
+
+    def check(expect_scan: bool) -> provider._BaseKeys:
+        ds = lance.dataset(uri)
+        before = len(full)
+        got = provider._base_keys(ds, ["id"])
+        assert got is not None
+        assert _flagged(got) == _flagged(real(ds, ["id"]))
+        assert (len(full) > before) == expect_scan
+        assert _sql_count(t) == len(model)
+        return got
+
+    first = check(expect_scan=True)
+    lance.dataset(uri).create_scalar_index("id", "BTREE")  # same fragments
+    assert check(expect_scan=False).flags is first.flags
+    # a merge of keys in one fragment, and new keys: one deletion file, one new fragment
+    t.write(_rows(range(110, 130), 1))
+    t.write(_rows(range(1000, 1010), 1))
+    t.delete(pa.table({"id": pa.array([150, 151, 5000], pa.int64())}))
+    model.update(dict.fromkeys([*range(110, 130), *range(1000, 1010)], 1))
+    model.pop(150)
+    model.pop(151)
+    t.flush()
+    t.maintenance.merge()
+    check(expect_scan=False)
+    lance.dataset(uri).delete("id >= 300 AND id < 320")  # a delete of the table's own
+    for k in range(300, 320):
+        model.pop(k)
+    check(expect_scan=False)
+    before = {f.fragment_id for f in lance.dataset(uri).get_fragments()}
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=100)
+    assert {f.fragment_id for f in lance.dataset(uri).get_fragments()} != before
+    check(expect_scan=False)
+    # most fragments changed: a scan
+    t.write(_rows(range(0, 1000, 3), 2))
+    model.update(dict.fromkeys(range(0, 1000, 3), 2))
+    t.flush()
+    t.maintenance.merge()
+    check(expect_scan=True)
+
+
+def test_flags_are_scanned_when_the_last_version_is_unreadable(tmp_path, monkeypatch):
+    clear_read_caches()
+    t, model = _table(tmp_path, range(0, 1000), regions=2)
+    uri = t.uri
+    t.write(_rows(range(200, 210), 1))
+    t.flush()
+    t.maintenance.merge()
+    lance.dataset(uri).delete("id >= 300 AND id < 330")
+    old = lance.dataset(uri)
+    assert provider._base_keys(old, ["id"]) is not None
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=100)
+    new = lance.dataset(uri)
+    gone = {f.fragment_id for f in old.get_fragments()} - {
+        f.fragment_id for f in new.get_fragments()
+    }
+    for f in old.get_fragments():  # the replaced fragments' files removed
+        if f.fragment_id in gone:
+            for d in f.data_files():
+                (tmp_path / "t" / "data" / d.path).unlink()
+    assert gone
+    scans = []
+    real = provider._scan_base_keys
+    monkeypatch.setattr(
+        provider, "_scan_base_keys", lambda base, pk: scans.append(1) or real(base, pk)
+    )
+    got = provider._base_keys(new, ["id"])
+    assert got is not None and scans == [1]
+    assert _flagged(got) == _flagged(real(new, ["id"]))
+    model.update(dict.fromkeys(range(200, 210), 1))
+    assert _sql_count(t) == len(model) - 30

@@ -124,6 +124,12 @@ class NewerView:
                 return pa.table({_POS: pa.nulls(n)}).select([])
             if self._newest_live is not None:
                 return self._newest_live(cols)
+        if (
+            self._newest is None
+            and self._tombstones is not None
+            and (filter is None or filter_columns)
+        ):
+            return self._live_by_flags(cols, filter, filter_columns)
         check = list(dict.fromkeys([TOMBSTONE, *filter_columns]))
         probe = self.newest(check)
         probe = probe.append_column(_POS, pa.array(np.arange(len(self.winners), dtype=np.int64)))
@@ -136,6 +142,21 @@ class NewerView:
         out = self.newest(cols)
         # positions are ascending: as many as rows means every row
         return out if len(selected) == out.num_rows else out.take(pa.array(selected))
+
+    def _live_by_flags(
+        self, cols: list[str], filter: pc.Expression | None, filter_columns: Sequence[str]
+    ) -> pa.Table:
+        """:meth:`live` with the tombstone flags known: only the live newest rows are
+        taken (for the filter's columns first), no ``_tombstone`` column read."""
+        assert self._tombstones is not None
+        at = self.winners[~self._tombstones]
+        if filter is not None and len(at):
+            probe = self.columns(list(dict.fromkeys(filter_columns))).take(pa.array(at))
+            probe = probe.append_column(_POS, pa.array(np.arange(len(at), dtype=np.int64)))
+            at = at[probe.filter(filter).column(_POS).to_numpy()]
+        if not cols:  # e.g. count(*): no columns, but the right number of rows
+            return pa.table({_POS: pa.nulls(len(at))}).select([])
+        return self.columns(cols).take(pa.array(at))
 
     def live_count(self) -> int:
         """How many newest rows are live (not tombstones): reads ``_tombstone`` only."""
@@ -877,6 +898,9 @@ def newer_view(
         _table_key(plan), mems, schema, pk, _ranks(plan)
     )
     winners = win_m + n_f
+    tomb_f = fv.tombstones
+    tomb_m = pc.fill_null(rows_m.column(TOMBSTONE).take(pa.array(win_m)), False)
+    tombstones = tomb_m.to_numpy(zero_copy_only=False).astype(bool, copy=False)
     if len(win_f):
         ints = fv.winner_keys()
         mem_key_cols = rows_m.select(pk)
@@ -886,10 +910,11 @@ def newer_view(
         else:
             winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
         hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
-        ranks = np.concatenate([reg_f, reg_m])
-        if not hit.any() or ranks.min() == ranks.max():
+        ranks = [int(r) for a in (reg_f, reg_m) if len(a) for r in (a.min(), a.max())]
+        if not hit.any() or min(ranks) == max(ranks):
             # One region: a MemTable row is newer than every generation of its region.
             winners = np.concatenate([win_f[~hit], winners])
+            tombstones = np.concatenate([tomb_f[~hit], tombstones])
         else:
             # Keys in MemTables and in another region's generations: the one rule
             # (dedup.newest_indices: _gen, then region rank) decides those keys only.
@@ -904,10 +929,18 @@ def newer_view(
                 np.concatenate([gen_f[hit], gen_m[mem_hit]]),
             )
             decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
-            winners = np.sort(np.concatenate([win_f[~hit], winners[~mem_hit], decided]))
+            decided_tomb = np.concatenate([tomb_f[hit], tombstones[mem_hit]])[keep]
+            # the undecided winners are in order (flushed rows first): the few decided
+            # ones are inserted where they belong, no sort of every winner
+            kept = np.concatenate([win_f[~hit], winners[~mem_hit]])
+            kept_tomb = np.concatenate([tomb_f[~hit], tombstones[~mem_hit]])
+            order = np.argsort(decided)
+            at = np.searchsorted(kept, decided[order])
+            winners = np.insert(kept, at, decided[order])
+            tombstones = np.insert(kept_tomb, at, decided_tomb[order])
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)
         return pa.concat_tables([flushed, rows_m.select(list(cols))])
 
-    return NewerView(rows, names, winners, KeySetUnion([keys_f, keys_m]))
+    return NewerView(rows, names, winners, KeySetUnion([keys_f, keys_m]), tombstones=tombstones)

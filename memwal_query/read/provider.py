@@ -427,13 +427,24 @@ def _overwritten_count(table: Any, base: Any, sets: list[KeySet]) -> int:
 
 class _BaseKeys:
     """The keys of one base version's live rows as flags over their range
-    (``flags[k - lo]``; one integer key column, each key in one live row)."""
+    (``flags[k - lo]``; one integer key column, each key in one live row), with what
+    derives the next version's flags from them (:func:`_derived_base_keys`): the version's
+    dataset and the signature of each of its fragments (:func:`_fragment_signatures`).
+    ``flags`` is never changed in place (versions with the same fragments share it)."""
 
-    __slots__ = ("lo", "flags")
+    __slots__ = ("lo", "flags", "base", "fragments")
 
-    def __init__(self, lo: int, flags: np.ndarray) -> None:
+    def __init__(
+        self,
+        lo: int,
+        flags: np.ndarray,
+        base: Any = None,
+        fragments: dict[int, tuple[Any, ...]] | None = None,
+    ) -> None:
         self.lo = lo
         self.flags = flags
+        self.base = base
+        self.fragments = fragments
 
     def overwritten(self, sets: list[KeySet]) -> int:
         """How many live base rows have a key in one of ``sets`` (integer key sets):
@@ -454,6 +465,11 @@ most :data:`BASE_KEYS_FLAGS_PER_ROW` per live row (the flags then take at most w
 int64 keys would)."""
 BASE_KEYS_FLAGS_PER_ROW = 8
 
+BASE_KEYS_DERIVE_MAX_SHARE = 0.5
+"""A base version's key flags are derived from an earlier version's when the rows of the
+fragments that differ between the two (read from both) are at most this share of its
+rows; otherwise its key column is scanned whole."""
+
 _BASE_KEYS: LRUCache[tuple[str, int, int], _BaseKeys] = LRUCache(
     2, max_bytes=128 << 20, sizeof=lambda k: k.flags.nbytes, name="base_key_flags"
 )
@@ -469,12 +485,123 @@ def _base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
     :data:`_BASE_KEYS`), or None when they do not apply: keys other than one integer
     column (uint64 aside), a range wider than :data:`BASE_KEYS_MAX_FLAGS` or than
     :data:`BASE_KEYS_FLAGS_PER_ROW` per row, or a key in two live rows (the count must
-    be of rows, not of keys)."""
+    be of rows, not of keys). Derived from the flags of a version cached before when
+    few of its fragments differ (:func:`_derived_base_keys`), else one scan."""
     key = version_key(base)
     hit = _BASE_KEYS.get(key)
     if hit is None:
-        hit = _BASE_KEYS.put(key, _scan_base_keys(base, pk))
+        got = _derived_base_keys(base, pk) or _scan_base_keys(base, pk)
+        hit = _BASE_KEYS.put(key, got)
     return None if hit is _NO_BASE_KEYS else hit
+
+
+def _fragment_signatures(base: Any) -> dict[int, tuple[Any, ...]]:
+    """Per fragment id of ``base``: its data files, physical rows and deletion file. Two
+    versions' fragments with equal signatures hold the same live rows (data files and
+    deletion files are immutable)."""
+    out: dict[int, tuple[Any, ...]] = {}
+    for f in base.get_fragments():
+        m = f.metadata
+        d = m.deletion_file
+        gone = None if d is None else (d.file_type, d.read_version, d.id, d.num_deleted_rows)
+        out[m.id] = (tuple(x.path for x in m.files), m.physical_rows, gone)
+    return out
+
+
+def _flag_limit(rows: int) -> int:
+    return min(BASE_KEYS_MAX_FLAGS, max(1 << 20, BASE_KEYS_FLAGS_PER_ROW * rows))
+
+
+def _widened(
+    lo: int, flags: np.ndarray, first: int, last: int, most: int
+) -> tuple[int, np.ndarray] | None:
+    """``(lo, flags)`` covering keys ``first .. last`` too (grown by half again at least:
+    few copies), or None when the range would be wider than ``most``."""
+    if len(flags) and first >= lo and last < lo + len(flags):
+        return lo, flags
+    start = min(lo, first) if len(flags) else first
+    end = max(lo + len(flags) - 1, last) if len(flags) else last
+    if end - start + 1 > most:
+        return None
+    size = min(most, max(end - start + 1, len(flags) * 3 // 2))
+    grown = np.zeros(size, dtype=bool)
+    grown[lo - start : lo - start + len(flags)] = flags
+    return start, grown
+
+
+def _live_keys(
+    base: Any, pk: list[str], fragments: list[Any] | None = None
+) -> Iterator[np.ndarray]:
+    """The int64 keys of the live rows of ``base`` (of ``fragments`` only, when given),
+    a batch at a time."""
+    if fragments is not None and not fragments:
+        return
+    scan = deletions.scan(
+        base, pk, batch_size=BASE_BATCH_ROWS, fragment_readahead=1, fragments=fragments
+    )
+    for batch, gone in scan:
+        keys = as_int64(batch.column(pk[0])).to_numpy(zero_copy_only=False)
+        if gone is not None:
+            keys = keys[~gone]
+        if len(keys):
+            yield keys
+
+
+def _derived_base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
+    """The key flags of ``base`` from those of another version of the same table cached
+    in :data:`_BASE_KEYS` (the newest one): the same array when every fragment is the
+    same (an index or metadata commit); otherwise the live keys of the fragments the
+    earlier version has and this one does not (read from the earlier version) cleared,
+    then those of the fragments this one has and the earlier does not set. Each cleared
+    flag must have been set and each set flag clear, and the flags set must be as many
+    as the version's live rows: the same flags a scan finds. None when there is no such
+    version, more than :data:`BASE_KEYS_DERIVE_MAX_SHARE` of the rows differ, a check
+    fails or the earlier version's fragments cannot be read (its files removed): the
+    caller scans. (A table created again at the URI shares no data file with the first:
+    every fragment differs, and it is scanned.)"""
+    here = version_key(base)
+    prior = [
+        v
+        for key, v in _BASE_KEYS.items()
+        if key[0] == here[0] and key != here and v.fragments is not None
+    ]
+    if not prior:
+        return None
+    prev = max(prior, key=lambda v: v.base.version)
+    assert prev.fragments is not None
+    now = _fragment_signatures(base)
+    gone = [i for i, s in prev.fragments.items() if now.get(i) != s]
+    new = [i for i, s in now.items() if prev.fragments.get(i) != s]
+    if not gone and not new:
+        return _BaseKeys(prev.lo, prev.flags, base, now)
+    rows = base.count_rows()
+    touched = sum(prev.fragments[i][1] for i in gone) + sum(now[i][1] for i in new)
+    if touched > rows * BASE_KEYS_DERIVE_MAX_SHARE:
+        return None
+    lo, flags = prev.lo, prev.flags.copy()
+    most = _flag_limit(rows)
+    try:
+        old = [f for f in prev.base.get_fragments() if f.fragment_id in set(gone)]
+        for keys in _live_keys(prev.base, pk, old):
+            at = keys - np.int64(lo)
+            if at.min() < 0 or at.max() >= len(flags) or not flags[at].all():
+                return None
+            flags[at] = False
+        added = [f for f in base.get_fragments() if f.fragment_id in set(new)]
+        for keys in _live_keys(base, pk, added):
+            grown = _widened(lo, flags, int(keys.min()), int(keys.max()), most)
+            if grown is None:
+                return None
+            lo, flags = grown
+            at = keys - np.int64(lo)
+            if flags[at].any():
+                return None
+            flags[at] = True
+    except (OSError, ValueError, RuntimeError):
+        return None  # the earlier version's files removed meanwhile: scan this one
+    if int(np.count_nonzero(flags)) != rows:
+        return None  # a key in two of the new live rows
+    return _BaseKeys(lo, flags, base, now)
 
 
 def _scan_base_keys(base: Any, pk: list[str]) -> _BaseKeys:
@@ -485,31 +612,20 @@ def _scan_base_keys(base: Any, pk: list[str]) -> _BaseKeys:
     t = base.schema.field(pk[0]).type
     if not pa.types.is_integer(t) or t == pa.uint64():
         return _NO_BASE_KEYS
+    fragments = _fragment_signatures(base)
     rows = base.count_rows()
-    most = min(BASE_KEYS_MAX_FLAGS, max(1 << 20, BASE_KEYS_FLAGS_PER_ROW * rows))
+    most = _flag_limit(rows)
     lo, flags, seen = 0, np.zeros(0, dtype=bool), 0
-    scan = deletions.scan(base, pk, batch_size=BASE_BATCH_ROWS, fragment_readahead=1)
-    for batch, gone in scan:
-        keys = as_int64(batch.column(pk[0])).to_numpy(zero_copy_only=False)
-        if gone is not None:
-            keys = keys[~gone]
-        if not len(keys):
-            continue
-        first, last = int(keys.min()), int(keys.max())
-        if not len(flags) or first < lo or last >= lo + len(flags):
-            start = min(lo, first) if len(flags) else first
-            end = max(lo + len(flags) - 1, last) if len(flags) else last
-            if end - start + 1 > most:
-                return _NO_BASE_KEYS
-            size = min(most, max(end - start + 1, len(flags) * 3 // 2))
-            grown = np.zeros(size, dtype=bool)
-            grown[lo - start : lo - start + len(flags)] = flags
-            lo, flags = start, grown
+    for keys in _live_keys(base, pk):
+        grown = _widened(lo, flags, int(keys.min()), int(keys.max()), most)
+        if grown is None:
+            return _NO_BASE_KEYS
+        lo, flags = grown
         flags[keys - np.int64(lo)] = True
         seen += len(keys)
     if seen != rows or int(np.count_nonzero(flags)) != rows:
         return _NO_BASE_KEYS  # a key in two live rows
-    return _BaseKeys(lo, flags)
+    return _BaseKeys(lo, flags, base, fragments)
 
 
 def _summarized_count(table: Any, base: Any, sets: list[KeySet]) -> tuple[set[int], int]:

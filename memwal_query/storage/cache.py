@@ -166,6 +166,11 @@ class LRUCache(Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
+    def items(self) -> list[tuple[K, V]]:
+        """The entries, oldest first (a copy: not marked as used)."""
+        with self._lock:
+            return list(self._items.items())
+
 
 _TICKS = itertools.count(1)
 _NAMED: dict[str, LRUCache[Any, Any]] = {}
