@@ -85,7 +85,7 @@ def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
     t.close()
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "1e400"])
 def test_a_bad_lance_cache_bound_is_a_typed_error(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
@@ -170,10 +170,12 @@ def test_read_caches_stay_within_the_process_budget_across_base_versions(
 def test_the_cache_budget_is_a_positive_number(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_SIZE_ENV, "12.5")
     assert cache_size_bytes() == int(12.5 * (1 << 20))
-    for bad in ("abc", "0", "-1", "nan"):
+    for bad in ("abc", "0", "-1", "nan", "inf", "-inf", "1e400"):
         monkeypatch.setenv(CACHE_SIZE_ENV, bad)
         with pytest.raises(mq.MemWalError, match=CACHE_SIZE_ENV):
             cache_size_bytes()
+    monkeypatch.setenv(CACHE_SIZE_ENV, "1e-9")  # positive: at least one byte, never 0
+    assert cache_size_bytes() == 1
     monkeypatch.delenv(CACHE_SIZE_ENV)
     assert cache_size_bytes() == CACHE_SIZE_BYTES
     for bad_size in (0, -5, 1.5, True):

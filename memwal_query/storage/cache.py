@@ -20,6 +20,7 @@ free pages back to the system (:func:`memwal_query.storage.heap.release_free_hea
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -207,13 +208,13 @@ def cache_size_bytes() -> int:
 
 
 def env_megabytes(name: str, default: int) -> int:
-    """Bytes from the environment variable ``name``, a positive number of MB
-    (``default`` bytes when unset or empty).
+    """Bytes from the environment variable ``name``, a positive finite number of MB
+    (``default`` bytes when unset or empty; at least one byte).
 
     Raises
     ------
     MemWalError
-        The variable is not a positive number.
+        The variable is not a positive finite number.
     """
     value = os.environ.get(name)
     if not value:
@@ -222,9 +223,9 @@ def env_megabytes(name: str, default: int) -> int:
         mb = float(value)
     except ValueError:
         mb = -1.0
-    if not mb > 0:
+    if not (mb > 0 and math.isfinite(mb)):
         raise MemWalError(f"{name}={value!r}: expected a positive number of MB")
-    return int(mb * (1 << 20))
+    return max(1, int(mb * (1 << 20)))
 
 
 def set_cache_size_bytes(size_bytes: int | None) -> None:
