@@ -324,3 +324,82 @@ def test_flags_are_scanned_when_the_last_version_is_unreadable(tmp_path, monkeyp
     assert _flagged(got) == _flagged(real(new, ["id"]))
     model.update(dict.fromkeys(range(200, 210), 1))
     assert _sql_count(t) == len(model) - 30
+
+
+def _flag_keys(got: provider._BaseKeys) -> set[int]:
+    return set((np.flatnonzero(got.flags) + got.lo).tolist())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_derived_flags_are_the_scanned_ones_under_any_lance_commit(tmp_path, monkeypatch, seed):
+    """Flags derived from an earlier version's equal the live keys of every version
+    plain Lance commits make (appends, deletes, updates, upserts, compactions, added
+    columns, restores, overwrites, a key appended twice), of old versions read again,
+    and with commits made through a dataset object the cache holds."""
+    clear_read_caches()
+    rng = np.random.default_rng(seed)
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(range(400), 0), uri, max_rows_per_file=50)
+    versions = [lance.dataset(uri).version]
+    held = lance.dataset(uri)
+    derived = 0
+    real = provider._derived_base_keys
+
+    def counted(base, pk):
+        nonlocal derived
+        got = real(base, pk)
+        derived += got is not None
+        return got
+
+    def check(ds: lance.LanceDataset) -> None:
+        got = provider._base_keys(ds, ["id"])
+        keys = ds.to_table(columns=["id"]).column("id").to_numpy()
+        if len(np.unique(keys)) != len(keys):
+            assert got is None
+        else:
+            assert got is not None and _flag_keys(got) == set(keys.tolist())
+
+    monkeypatch.setattr(provider, "_derived_base_keys", counted)
+    check(held)
+    top = 400
+    for step in range(1, 15):
+        ds = held if rng.random() < 0.5 else lance.dataset(uri)
+        op = rng.choice(["append", "delete", "update", "upsert", "compact", "column", "restore"])
+        if step % 7 == 0:
+            op = "overwrite" if step == 7 else "twice"
+        try:
+            if op == "append":
+                n = int(rng.integers(1, 30))
+                lance.write_dataset(_rows(range(top, top + n), step), uri, mode="append")
+                top += n
+            elif op == "delete":
+                lo = int(rng.integers(0, top))
+                ds.delete(f"id >= {lo} AND id < {lo + int(rng.integers(1, 60))}")
+            elif op == "update":
+                lo = int(rng.integers(0, top))
+                ds.update({"v": "v + 1"}, where=f"id >= {lo} AND id < {lo + 10}")
+            elif op == "upsert":
+                keys = sorted({int(k) for k in rng.integers(0, top + 20, 15)})
+                top = max(top, keys[-1] + 1)
+                builder = ds.merge_insert("id").when_matched_update_all()
+                builder.when_not_matched_insert_all().execute(_rows(keys, step))
+            elif op == "compact":
+                ds.optimize.compact_files(target_rows_per_fragment=120, num_threads=1)
+            elif op == "column":
+                ds.add_columns({f"c{step}": "v * 2"})
+            elif op == "restore":
+                ds.checkout_version(int(rng.choice(versions))).restore()
+            elif op == "overwrite":
+                top = int(rng.integers(50, 300))
+                lance.write_dataset(_rows(range(top), step), uri, mode="overwrite")
+            else:  # a key in two live rows: no flags
+                lance.write_dataset(_rows([top - 1], step), uri, mode="append")
+        except (OSError, ValueError, RuntimeError):  # a commit through a stale object
+            continue
+        latest = lance.dataset(uri)
+        versions.append(latest.version)
+        check(latest)
+        check(lance.dataset(uri, version=int(rng.choice(versions))))
+        if rng.random() < 0.5:
+            held = latest
+    assert derived  # the derivation was taken, not only scans

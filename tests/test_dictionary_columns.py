@@ -203,3 +203,29 @@ def test_a_group_of_writes_refuses_only_those_that_do_not_fit():
     assert "column 'c'" in str(errors[1]) and "have 201" in str(errors[1])
     assert "have 129" in str(errors[3])
     assert len(m.dictionaries["c"]) == 1  # counting appends nothing
+
+
+def test_writers_of_two_regions_count_each_others_values(tmp_path, monkeypatch):
+    """Writes routed to two regions of one table, each within the limit with the
+    table's values but not together: the one that would pass it is refused, and the
+    table reads, flushes, merges and compacts as acknowledged."""
+    from memwal_query import table_init
+
+    from helpers import expr_table
+
+    uri = str(tmp_path / "t")
+    schema = pk_schema(pa.field("c", NARROW))
+    lance.write_dataset(dict_rows([0], ["base"], ["base"], pa.int8()).cast(schema), uri)
+    monkeypatch.setattr(table_init, "check_dictionary_types", lambda *_: None)
+    t = expr_table(uri)  # region r = id % 2
+    monkeypatch.undo()
+    want = {0: "base"}
+    even = [f"e{i}" for i in range(100)]
+    t.write(frame(range(2, 202, 2), even))  # region 0: 101 values with the base's
+    want.update(zip(range(2, 202, 2), even, strict=True))
+    with pytest.raises(mq.SchemaError, match="column 'c'"):
+        t.write(frame(range(1, 201, 2), [f"o{i}" for i in range(100)]))  # region 1: 201
+    odd = [f"o{i}" for i in range(27)]
+    t.write(frame(range(1, 55, 2), odd))  # 128 values in all
+    want.update(zip(range(1, 55, 2), odd, strict=True))
+    check(uri, t, want)
