@@ -3,7 +3,8 @@ DataFusion provider's newer sources) equals a model of the rule: highest ``_gen`
 the higher region rank; a MemTable row beats every flushed generation of its own
 region. Random puts and deletes through two regions that may hold any key (an older
 table's manual regions), some flushed, some in MemTables: ``count(*)``, a filtered count
-and the rows by SQL after every step, with the writers' MemTables and without them.
+the rows by SQL and key-pinned reads (``id = k``, ``id IN (...)``) after every step,
+with the writers' MemTables and without them.
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ def test_newest_across_regions_generations_and_memtables_equals_the_model(tmp_pa
         n = _sql(t, "SELECT count(*) AS n FROM t WHERE val >= 5000", writers)["n"][0].as_py()
         assert n == sum(1 for v in want.values() if v >= 5000)
         assert t.count_rows(writers=writers) == len(want)
+        # key-pinned reads (only the pinned keys' rows of each source): the same rule
+        pinned = sorted({int(k) for k in rng.integers(0, 62, 9)})
+        listed = ", ".join(map(str, pinned))
+        got = _sql(t, f"SELECT id, val FROM t WHERE id IN ({listed})", writers)
+        assert dict(zip(got["id"].to_pylist(), got["val"].to_pylist())) == {
+            k: v for k, v in want.items() if k in pinned
+        }
+        k = pinned[0]
+        got = _sql(t, f"SELECT id, val FROM t WHERE id = {k}", writers)
+        assert dict(zip(got["id"].to_pylist(), got["val"].to_pylist())) == {
+            x: v for x, v in want.items() if x == k
+        }
         # the tombstone flags known without reading are those of the newest rows
         provider = t.provider(consistency="strong", writers=writers)
         ctx = datafusion.SessionContext()
