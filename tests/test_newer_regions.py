@@ -2,7 +2,7 @@
 DataFusion provider's newer sources) equals a model of the rule: highest ``_gen``, then
 the higher region rank; a MemTable row beats every flushed generation of its own
 region. Random puts and deletes through two regions that may hold any key (an older
-table's manual regions), some flushed, some in MemTables: ``count(*)``, a filtered count
+table's manual regions), some flushed, some in MemTables: ``count(*)``, a filtered count,
 the rows by SQL and key-pinned reads (``id = k``, ``id IN (...)``) after every step,
 with the writers' MemTables and without them.
 """
