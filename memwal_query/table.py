@@ -40,6 +40,7 @@ from memwal_query.search.common import DEFAULT_NPROBES, DEFAULT_REFINE_FACTOR
 from memwal_query.storage.io import normalize_uri
 from memwal_query.table_init import write_index
 from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
+from memwal_query.write.memtable import DictionaryCounts
 from memwal_query.write.opening import WriterOpener, WriterOptions
 from memwal_query.write.routing import RoutedWriters
 from memwal_query.write.writer import RegionWriter
@@ -106,6 +107,7 @@ class MemWalTable:
     ) -> None:
         catalog = Catalog(uri, storage_options)
         self._catalog = catalog
+        self._dictionary_counts = DictionaryCounts()  # shared by this object's writers
         self._opener = WriterOpener(
             catalog,
             lookup=self._partial_lookup,
@@ -977,22 +979,28 @@ max_memtable_age, heartbeat_interval
 
         return lookup(self._catalog, keys, columns, list(writers))
 
-    def _dictionary_values(self, columns: Sequence[str]) -> dict[str, pa.Array]:
+    def _dictionary_values(self, columns: Sequence[str]) -> DictionaryCounts:
         """The :class:`~memwal_query.write.writer_state.DictionaryValues` of this table
-        (a read of ``columns`` of every row)."""
+        (a read of ``columns`` of every row), added to the counts this object's writers
+        share (so that together they stay within the index types)."""
         import pyarrow.compute as pc
 
         from memwal_query.format.schema import dictionary_values
 
         rows = self.to_table(columns=list(columns), writers=[])
-        out = {}
+        shared = self._dictionary_counts
         for name in columns:
             col = rows.column(name)
             if pa.types.is_dictionary(col.type):
-                out[name] = dictionary_values(col)
+                values = dictionary_values(col)
             else:
-                out[name] = pc.unique(col)
-        return out
+                values = pc.unique(col)
+            with shared.lock:
+                known = shared.get(name)
+                if known is not None:
+                    values = pc.unique(pa.concat_arrays([known, values.cast(known.type)]))
+                shared[name] = values
+        return shared
 
     # -- deprecated spellings ----------------------------------------------------------
     if not TYPE_CHECKING:  # static checks see only the documented surface

@@ -146,13 +146,15 @@ WIDE_DICTIONARY_INDEX = pa.int32()
 
 def dictionary_capacity(t: pa.DataType) -> int | None:
     """How many distinct values a dictionary column of type ``t`` can hold in one Lance
-    data file (128 for int8 indices), or None for 32- and 64-bit indices (no limit that
-    matters). Lance stores one dictionary per column per data file, and a flush, a merge
-    into the base or a compaction writes rows of many writes into one file."""
+    data file and one read (127 for int8 indices: the largest index value, which is
+    what Arrow unifies dictionaries up to), or None for 32- and 64-bit indices (no limit
+    that matters). Lance stores one dictionary per column per data file, and a flush, a
+    merge into the base or a compaction writes rows of many writes into one file; a
+    read combines the dictionaries of many files and MemTables."""
     if not pa.types.is_dictionary(t) or t.index_type.bit_width >= 32:
         return None
     signed = pa.types.is_signed_integer(t.index_type)
-    return int(2 ** (t.index_type.bit_width - (1 if signed else 0)))
+    return int(2 ** (t.index_type.bit_width - (1 if signed else 0))) - 1
 
 
 def widen_dictionaries(table: pa.Table) -> pa.Table:

@@ -11,6 +11,7 @@ a reader never blocks a writer.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,17 @@ class MemTableSnapshot:
         return pa.Table.from_batches(list(self.batches), schema=self.schema)
 
 
+class DictionaryCounts(dict[str, pa.Array]):
+    """Per dictionary column of 8- or 16-bit indices, the distinct values counted so
+    far (:meth:`MemTable.dictionary_errors`), with the lock every MemTable counting
+    them holds: the writers of one table share one, so that together they stay within
+    the index type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
 class MemTable:
     """Mutable MemTable; owned by one :class:`~memwal_query.write.writer.RegionWriter`.
 
@@ -81,7 +93,8 @@ class MemTable:
     ) -> None:
         """``dictionaries``: the distinct values of the dictionary columns of 8- or
         16-bit indices to count this MemTable's rows with (shared with the writer's
-        other MemTables, updated in place); None: only this MemTable's rows."""
+        other MemTables, updated in place; a :class:`DictionaryCounts` may be shared by
+        several writers too); None: only this MemTable's rows."""
         self.region_id = region_id
         self.generation = generation
         self.schema = schema
@@ -105,16 +118,26 @@ class MemTable:
         # (and of ``dictionaries``): a Lance data file holds one dictionary per column,
         # and flushes, merges, compactions and reads put many writes in one, so they
         # must fit the index type.
-        self.dictionaries = {} if dictionaries is None else dictionaries
-        for f in schema:
-            if dictionary_capacity(f.type) is not None:
-                self.dictionaries.setdefault(f.name, pa.array([], f.type.value_type))
+        self.dictionaries = DictionaryCounts() if dictionaries is None else dictionaries
+        self._dictionary_lock = getattr(self.dictionaries, "lock", None) or threading.Lock()
+        with self._dictionary_lock:
+            for f in schema:
+                if dictionary_capacity(f.type) is not None:
+                    self.dictionaries.setdefault(f.name, pa.array([], f.type.value_type))
 
     def dictionary_errors(self, tables: Sequence[pa.Table]) -> list[SchemaError | None]:
         """For each of ``tables`` (rows about to be appended, in order), the SchemaError
         refusing it because its dictionary values and those of this MemTable's rows and
         of the tables before it not refused are more than a column's index type holds,
         or None. O(dictionary size) per table, not O(rows)."""
+        with self._dictionary_lock:
+            return self._counted(tables)[0]
+
+    def _counted(
+        self, tables: Sequence[pa.Table]
+    ) -> tuple[list[SchemaError | None], dict[str, pa.Array]]:
+        """:meth:`dictionary_errors` and the values with those of the tables not
+        refused (caller holds the lock of :attr:`dictionaries`)."""
         running = dict(self.dictionaries)
         errors: list[SchemaError | None] = []
         for table in tables:
@@ -122,11 +145,24 @@ class MemTable:
             errors.append(error)
             if error is None:
                 running.update(grown)
-        return errors
+        return errors, running
+
+    def admit_dictionaries(self, tables: Sequence[pa.Table]) -> list[SchemaError | None]:
+        """:meth:`dictionary_errors`, and the values of the tables not refused counted
+        at once (before they are appended): a write of another writer sharing
+        :attr:`dictionaries` checked meanwhile counts them. A table admitted and then
+        not appended (its WAL write failed) stays counted: later writes are refused
+        sooner, never later."""
+        with self._dictionary_lock:
+            errors, running = self._counted(tables)
+            if any(e is None for e in errors):
+                self.dictionaries.update(running)
+            return errors
 
     def check_dictionaries(self, table: pa.Table) -> None:
-        """SchemaError when ``table`` cannot be appended (see :meth:`dictionary_errors`)."""
-        error = self.dictionary_errors([table])[0]
+        """SchemaError when ``table`` cannot be appended (see :meth:`dictionary_errors`);
+        otherwise its values are counted (:meth:`admit_dictionaries`)."""
+        error = self.admit_dictionaries([table])[0]
         if error is not None:
             raise error
 
@@ -174,7 +210,8 @@ class MemTable:
                 self.first_append_at = time.monotonic()
         self._batches[at:at] = batches
         if self.dictionaries and table.num_rows:
-            self.dictionaries.update(self._grown(self.dictionaries, table)[0])
+            with self._dictionary_lock:
+                self.dictionaries.update(self._grown(self.dictionaries, table)[0])
         self.num_rows += table.num_rows
         self.nbytes += table.nbytes
         return len(batches)

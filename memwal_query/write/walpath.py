@@ -236,7 +236,7 @@ class _WalPath(_FlushPath):
             # Rows whose dictionary values would not fit a flush are refused, each on
             # its own (nothing of them written); the others of the group are written.
             with self._cond:
-                refused = self._active.dictionary_errors([r.rows for r in group])
+                refused = self._active.admit_dictionaries([r.rows for r in group])
             admitted = [r.rows for r, refusal in zip(group, refused, strict=True) if not refusal]
             if admitted:
                 table = pa.concat_tables(admitted) if len(admitted) > 1 else admitted[0]

@@ -68,7 +68,7 @@ from memwal_query.storage import paths
 from memwal_query.write import liveness
 from memwal_query.write.background import DaemonRunner
 from memwal_query.write.liveness import DEFAULT_HEARTBEAT_INTERVAL
-from memwal_query.write.memtable import MemTable, MemTableSnapshot
+from memwal_query.write.memtable import DictionaryCounts, MemTable, MemTableSnapshot
 from memwal_query.write.walpath import _WalPath
 from memwal_query.write.writer_state import (
     DEFAULT_MAX_MEMTABLE_AGE,
@@ -250,9 +250,15 @@ class RegionWriter(_WalPath):
         # flushes): the fencing check after each WAL write HEADs the version after it.
         self._known_version = manifest.version
         # Distinct values of the dictionary columns of 8- or 16-bit indices: the table's
-        # when this writer opened, then every row it adds (all its MemTables share it).
+        # when this writer opened, then every row it adds (all its MemTables share it,
+        # and the other writers of the table object when dictionary_values shares it).
         narrow = [f.name for f in self._storage_schema if dictionary_capacity(f.type)]
-        self._dictionaries = dict(dictionary_values(narrow)) if narrow and dictionary_values else {}
+        counts = dictionary_values(narrow) if narrow and dictionary_values else {}
+        if not isinstance(counts, DictionaryCounts):
+            own = DictionaryCounts()
+            own.update(counts)
+            counts = own
+        self._dictionaries = counts
         self._active = MemTable(
             self.region_id, manifest.current_generation, self._storage_schema, self._dictionaries
         )

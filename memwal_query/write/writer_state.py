@@ -53,7 +53,9 @@ class DictionaryValues(Protocol):
     A writer calls it once, when it opens, with its dictionary columns of 8- or 16-bit
     indices; it returns, per column, the values of every row a reader sees (or more):
     with the writer's own rows they must fit the index type (see
-    :meth:`memwal_query.write.memtable.MemTable.dictionary_errors`).
+    :meth:`memwal_query.write.memtable.MemTable.dictionary_errors`). A
+    :class:`~memwal_query.write.memtable.DictionaryCounts` it returns is counted into
+    as is: the writers given the same one count each other's rows.
     """
 
     def __call__(self, columns: Sequence[str]) -> dict[str, pa.Array]: ...
