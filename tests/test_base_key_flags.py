@@ -402,4 +402,4 @@ def test_derived_flags_are_the_scanned_ones_under_any_lance_commit(tmp_path, mon
         check(lance.dataset(uri, version=int(rng.choice(versions))))
         if rng.random() < 0.5:
             held = latest
-    assert derived  # the derivation was taken, not only scans
+    assert derived  # derivations taken, not only scans
