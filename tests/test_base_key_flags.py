@@ -403,3 +403,28 @@ def test_derived_flags_are_the_scanned_ones_under_any_lance_commit(tmp_path, mon
         if rng.random() < 0.5:
             held = latest
     assert derived  # derivations taken, not only scans
+
+
+@pytest.mark.parametrize("order", ["descending", "alternating"])
+def test_the_flags_hold_about_one_and_a_half_flags_per_key_of_the_span(
+    tmp_path, monkeypatch, order
+):
+    """Batches whose keys widen the range downwards, or on either side in turn, grow the
+    flags to the keys' span and some spare room: never by half again per batch, which
+    would reach the limit on flags and leave the count to the scan."""
+    monkeypatch.setattr(provider, "BASE_BATCH_ROWS", 100)
+    keys = list(range(20_000, 0, -1))
+    if order == "alternating":
+        middle = len(keys) // 2
+        low, high = keys[middle:], keys[:middle][::-1]
+        keys = [k for pair in zip(high, low, strict=True) for k in pair]
+        keys = [k for i in range(0, len(keys), 200) for k in sorted(keys[i : i + 200])]
+    uri = str(tmp_path / "t")
+    lance.write_dataset(_rows(keys, 0), uri, max_rows_per_file=100)
+    ds = lance.dataset(uri)
+    clear_read_caches()
+    flags = provider._base_keys(ds, ["id"])
+    assert flags is not None
+    assert len(flags.flags) <= 1.5 * 20_000 + 2
+    assert int(np.count_nonzero(flags.flags)) == 20_000
+    assert flags.lo <= 1 and flags.lo + len(flags.flags) > 20_000

@@ -515,17 +515,26 @@ def _flag_limit(rows: int) -> int:
 def _widened(
     lo: int, flags: np.ndarray, first: int, last: int, most: int
 ) -> tuple[int, np.ndarray] | None:
-    """``(lo, flags)`` covering keys ``first .. last`` too (grown by half again at least:
-    few copies), or None when the range would be wider than ``most``."""
+    """``(lo, flags)`` covering keys ``first .. last`` too, or None when the keys set so
+    far and these would span more than ``most``. A new array has the spare room of half
+    the keys' span, split between both ends (or keeps its length when that is already
+    half again the span), so it never holds more than about 1.5 flags per key of the
+    span and is copied few times however the keys widen the range."""
     if len(flags) and first >= lo and last < lo + len(flags):
         return lo, flags
-    start = min(lo, first) if len(flags) else first
-    end = max(lo + len(flags) - 1, last) if len(flags) else last
-    if end - start + 1 > most:
+    a = int(np.argmax(flags)) if len(flags) else 0  # the first flag set, if any
+    used = bool(len(flags)) and bool(flags[a])
+    b = len(flags) - int(np.argmax(flags[::-1])) if used else 0  # after the last set
+    start = min(lo + a, first) if used else first
+    end = max(lo + b - 1, last) if used else last
+    span = end - start + 1
+    if span > most:
         return None
-    size = min(most, max(end - start + 1, len(flags) * 3 // 2))
+    size = len(flags) if span * 3 // 2 <= len(flags) else min(most, span * 3 // 2 + 1)
+    start -= (size - span) // 2
     grown = np.zeros(size, dtype=bool)
-    grown[lo - start : lo - start + len(flags)] = flags
+    if used:
+        grown[lo + a - start : lo + b - start] = flags[a:b]
     return start, grown
 
 
