@@ -939,6 +939,17 @@ def scale_main(args: argparse.Namespace) -> bool:
                 if float(first[i])
             )
         )
+        measured = out[min(args.warmup, len(out) - 2) :]
+        span = max(1, min(WINDOW_MINUTES, len(measured) // 3))
+        print(
+            f"last {span} minutes / first {span} minutes (medians of the minutes: the "
+            "maintainer's cycle spans minutes, a single minute catches one phase of it): "
+            + ", ".join(
+                f"{header[i]} {_window_ratio(measured, i, span):.2f}x"
+                for i in (3, 6, 7, 8, 10, 11)
+                if float(first[i])
+            )
+        )
         grown = float(last[21]) / float(first[21])
         print(
             f"live rows last / first minute {grown:.2f}x ({args.mix} key mix); per live row: "
@@ -974,6 +985,17 @@ def scale_main(args: argparse.Namespace) -> bool:
     if not args.keep and not args.root:
         shutil.rmtree(root, ignore_errors=True)
     return bool(ok)
+
+
+WINDOW_MINUTES = 5
+"""Minutes in each window of the windowed ratio (medians of the first and last ones)."""
+
+
+def _window_ratio(rows: list[list[object]], column: int, span: int) -> float:
+    """Median of ``column`` over the last ``span`` rows / over the first ``span`` rows."""
+    first = float(np.median([float(str(r[column])) for r in rows[:span]]))
+    last = float(np.median([float(str(r[column])) for r in rows[-span:]]))
+    return last / first if first else float("nan")
 
 
 def main() -> None:
