@@ -614,8 +614,9 @@ def _derived_base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
 
 
 def _scan_base_keys(base: Any, pk: list[str]) -> _BaseKeys:
-    """One scan of the base's key column into flags (:func:`_base_keys`); the flags grow
-    by half again as new keys widen the range (few copies, bounded memory)."""
+    """One scan of the base's key column into flags (:func:`_base_keys`), widened as the
+    keys widen the range (:func:`_widened`: few copies, at most about 1.5 flags per key
+    of the span)."""
     if len(pk) != 1:
         return _NO_BASE_KEYS
     t = base.schema.field(pk[0]).type
