@@ -23,14 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_query.exceptions import CorruptFileError
 from memwal_query.format import keyfile
-from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
+from memwal_query.format.schema import TOMBSTONE, as_int64
 from memwal_query.read.dedup import KeySet, newest_indices
 from memwal_query.read.newer import NewerView, _ranks
 from memwal_query.read.sources import (
     conform,
     file_io,
     map_generations,
+    memtable_rows,
     read_generation,
     read_schema,
 )
@@ -206,18 +208,11 @@ def point_view(
         for m in sorted(region.memtables, key=lambda m: m.generation):
             if not m.batches:
                 continue
-            t = m.to_table()
-            mask = pc.is_in(as_int64(t.column(key)), value_set=value_set)
+            mask = pc.is_in(as_int64(m.to_table().column(key)), value_set=value_set)
             at = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
             if not len(at):
                 continue
-            # the rows of memtable_rows(m) at ``at``, without building the others'
-            hit = t.take(pa.array(at))
-            hit = hit.append_column(
-                GEN_COLUMN, pa.repeat(pa.scalar(m.generation, pa.uint64()), len(at))
-            )
-            hit = hit.append_column(ROWADDR_COLUMN, pa.array(at.astype(np.uint64)))
-            hit = conform(hit, schema)
+            hit = conform(memtable_rows(m, at), schema)
             mem_parts.append(hit)
             found.append(as_int64(hit.column(key).combine_chunks()).to_numpy(zero_copy_only=False))
             regions.append(np.full(hit.num_rows, ranks[m.region_id], np.int64))
@@ -241,8 +236,6 @@ def point_view(
     taken = rows([key, TOMBSTONE])
     got = as_int64(taken.column(key).combine_chunks()).to_numpy(zero_copy_only=False)
     if not np.array_equal(got, cand):
-        from memwal_query.exceptions import CorruptFileError
-
         bad = _lying_indexes(parts, cand, got)
         raise CorruptFileError(
             ", ".join(f"{u.rstrip('/')}/{keyfile.KEY_INDEX_FILE}" for u in bad),

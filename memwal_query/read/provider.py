@@ -590,13 +590,14 @@ def _derived_base_keys(base: Any, pk: list[str]) -> _BaseKeys | None:
     lo, flags = prev.lo, prev.flags.copy()
     most = _flag_limit(rows)
     try:
-        old = [f for f in prev.base.get_fragments() if f.fragment_id in set(gone)]
+        gone_ids, new_ids = set(gone), set(new)
+        old = [f for f in prev.base.get_fragments() if f.fragment_id in gone_ids]
         for keys in _live_keys(prev.base, pk, old):
             at = keys - np.int64(lo)
             if at.min() < 0 or at.max() >= len(flags) or not flags[at].all():
                 return None
             flags[at] = False
-        added = [f for f in base.get_fragments() if f.fragment_id in set(new)]
+        added = [f for f in base.get_fragments() if f.fragment_id in new_ids]
         for keys in _live_keys(base, pk, added):
             grown = _widened(lo, flags, int(keys.min()), int(keys.max()), most)
             if grown is None:

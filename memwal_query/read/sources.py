@@ -661,11 +661,16 @@ def _conformed_columns(
     return out
 
 
-def memtable_rows(m: MemTableSnapshot) -> pa.Table:
-    """Rows of a MemTable snapshot with ``_gen`` and ``_rowaddr`` (= row index)."""
+def memtable_rows(m: MemTableSnapshot, at: np.ndarray | None = None) -> pa.Table:
+    """Rows of a MemTable snapshot with ``_gen`` and ``_rowaddr`` (= row index): all of
+    them, or those at the row indexes ``at`` (ascending)."""
     t = m.to_table()
+    if at is None:
+        at = np.arange(t.num_rows, dtype=np.uint64)
+    else:
+        t = t.take(pa.array(at))
     gen = pa.repeat(pa.scalar(m.generation, pa.uint64()), t.num_rows)
-    addr = pa.array(np.arange(t.num_rows, dtype=np.uint64))
+    addr = pa.array(np.asarray(at, dtype=np.uint64))
     return t.append_column(GEN_COLUMN, gen).append_column(ROWADDR_COLUMN, addr)
 
 
