@@ -8,6 +8,12 @@ version) the free-but-kept part grows to as much as the part in use: 0.4-0.8 GB 
 :func:`release_free_heap` returns those free pages (``malloc_trim``); it is called
 after the read path's caches store an entry, at most once per
 :data:`RELEASE_EVERY_SECONDS`. Elsewhere (another C library) it does nothing.
+
+A process that runs a heavy step now and then (the maintainer: a pass merges, compacts
+and extends indexes, then sleeps until the next) calls :func:`release_unused_memory`
+after each step: the free pages of the C heap and of Arrow's memory pool go back to the
+system, so its resident memory between steps is what it holds, not the largest step's
+high-water mark.
 """
 
 from __future__ import annotations
@@ -69,3 +75,16 @@ def release_free_heap(force: bool = False) -> bool:
     finally:
         _LOCK.release()
     return True
+
+
+def release_unused_memory() -> None:
+    """Return the free pages of the C heap (:func:`release_free_heap`, forced) and of
+    Arrow's default memory pool (``release_unused``) to the operating system.
+
+    Takes milliseconds (a walk of the heap's free chunks); meant for the end of a heavy
+    step, not for a hot path.
+    """
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    release_free_heap(force=True)
