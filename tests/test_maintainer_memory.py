@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import subprocess
+import sys
 from typing import Any
 
 import lance
@@ -85,3 +87,52 @@ def test_a_pass_returns_the_free_heap_to_the_system(tmp_path: Any) -> None:
     # at least half of what was left free (the pass itself allocates and frees a little)
     assert before - after >= freed // 2, (before >> 20, after >> 20, freed >> 20)
     assert t.to_table().num_rows == 200
+
+
+THREAD_HEAP = """
+import ctypes, ctypes.util, os, sys, threading
+import pyarrow
+from memwal_query.storage.heap import bound_process_heap, release_unused_memory
+print(bound_process_heap(), file=sys.stderr)
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def work():
+    big = libc.malloc(20 << 20)  # freed: glibc's own rule would raise its thresholds
+    ctypes.memset(big, 1, 20 << 20)
+    libc.free(big)
+    blocks = [libc.malloc(4096) for _ in range(8192)]  # 32 MiB in this thread's arena
+    for b in blocks:
+        ctypes.memset(b, 1, 4096)
+    for b in blocks:
+        libc.free(b)
+before = rss()
+th = threading.Thread(target=work)
+th.start()
+th.join()
+release_unused_memory()
+print(rss() - before)
+"""
+
+
+def test_the_watch_process_returns_a_threads_freed_arena() -> None:
+    """``bound_process_heap`` (what ``memwal maintain --watch`` calls first): 32 MiB
+    freed in a worker thread's arena go back to the system (with glibc's defaults
+    they stay: the arena's top is trimmed only past a threshold the large free raised,
+    and ``malloc_trim`` leaves the tops of thread arenas alone). In a child process:
+    the settings are process-wide."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "ARROW_DEFAULT_MEMORY_POOL"))
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", THREAD_HEAP], env=env, capture_output=True, text=True, check=True
+    )
+    assert "malloc thresholds" in out.stderr, out.stderr
+    kept = int(out.stdout.split()[-1])
+    assert kept < 8 << 20, (kept >> 20, out.stderr)
