@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 import time
 from typing import Any
@@ -125,8 +126,6 @@ def bound_process_heap() -> list[str]:
         What was set (empty where the C library is not glibc and Arrow's pool was
         chosen by the environment).
     """
-    import os
-
     import pyarrow as pa
 
     done: list[str] = []
