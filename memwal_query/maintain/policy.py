@@ -647,6 +647,10 @@ def maintain(
 ) -> MaintenanceReport:
     """Run one maintenance pass over ``table`` (see the module docs for the steps).
 
+    The pass ends, whatever happened, by giving the free pages of the C heap and of
+    Arrow's memory pool back to the system
+    (:func:`memwal_query.storage.heap.release_unused_memory`).
+
     Parameters
     ----------
     table : Catalog
