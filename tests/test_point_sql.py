@@ -511,3 +511,110 @@ def test_string_keys_with_damaged_keys_files_read_the_generation_keys(tmp_path, 
         got = _kind_sql(ctx, "str", "id IN ({})".format(", ".join(f"'k{n}'" for n in keys)))
     assert got == {k: model[k] for k in keys if k in model}
     t.close()
+
+
+# -- the Spark source --------------------------------------------------------------------
+def _spark_reader_rows(uri: str, filters: list, push: bool = True) -> list[dict]:
+    from memwal_query.spark import source
+
+    ds = source.MemWalDataSource({"path": uri, "push_filters": str(push).lower()})
+    reader = ds.reader(ds.schema())
+    if push:
+        assert list(reader.pushFilters(filters)) == []  # every filter kept by the source
+    return [r for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
+
+
+@pytest.mark.parametrize("kind", ["int", "str", "pair"])
+def test_spark_reader_pinned_filters_read_the_key_pinned_view(tmp_path, kind, monkeypatch):
+    """Pushed ``EqualTo``/``In`` filters pinning the key are answered from the
+    key-pinned view, with the rows of the full read."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In
+
+    from memwal_query.spark import source
+
+    if not source._FILTERS:
+        pytest.skip("PySpark without the filter pushdown API")
+    if kind == "int":
+        t, model = _build(tmp_path, 8)
+    else:
+        t, model = _kind_build(tmp_path, 8, kind)
+    calls: list[int] = []
+    real = pointview.point_view
+    monkeypatch.setattr(pointview, "point_view", lambda *a, **k: calls.append(1) or real(*a, **k))
+    everything = _spark_reader_rows(t.uri, [], push=False)
+    assert calls == []
+    picked = sorted(model)[::9][:6] + [-3, KEYS + 3]
+    enc = _kind_keys(kind, picked) if kind == "str" else {}
+    if kind == "int":
+        cases = [
+            ([In(("id",), tuple(picked))], set(picked)),
+            ([EqualTo(("id",), picked[1]), GreaterThan(("v",), 0)], {picked[1]}),
+        ]
+    elif kind == "str":
+        cases = [
+            ([In(("id",), tuple(enc["id"]))], set(picked)),
+            ([EqualTo(("id",), enc["id"][2]), GreaterThan(("v",), 0)], {picked[2]}),
+        ]
+    else:
+        k = picked[0]
+        cases = [([EqualTo(("a",), k % 7), EqualTo(("b",), f"s{k // 7}")], {k})]
+    for filters, keys in cases:
+        calls.clear()
+        got = _spark_reader_rows(t.uri, filters)
+        assert calls, filters
+        positive = any(type(f) is GreaterThan for f in filters)  # and v > 0
+        want = [
+            r for r in everything if _model_key(kind, r) in keys and (not positive or r["v"] > 0)
+        ]
+        assert sorted(got, key=str) == sorted(want, key=str)
+        assert {_model_key(kind, r) for r in got} == {
+            n for n in keys if n in model and (not positive or model[n][0] > 0)
+        }
+    calls.clear()
+    _spark_reader_rows(t.uri, [GreaterThan(("v",), 3)])  # not pinned: the full view
+    assert calls == []
+    t.close()
+
+
+def _model_key(kind: str, row: dict) -> int:
+    if kind == "int":
+        return row["id"]
+    if kind == "str":
+        return int(row["id"][1:])
+    return 7 * int(row["b"][1:]) + row["a"]
+
+
+@pytest.mark.slow
+def test_spark_pushed_key_filters_take_the_key_pinned_view(spark, spark_fault_dir, tmp_path):
+    """Real local Spark: ``.filter(col("id") == k)`` and ``isin`` on a pushdown reader
+    answer as the full read, and a worker reads the key-pinned view (it disarms the
+    point ``read.key_pinned``); a filter not pinning the key leaves it armed."""
+    from pyspark.sql.functions import col
+
+    from memwal_query.spark import source
+
+    if not source._FILTERS:
+        pytest.skip("PySpark without the filter pushdown API")
+    t, model = _kind_build(tmp_path, 9, "str")
+    point = os.path.join(spark_fault_dir, source.KEY_PINNED_POINT)
+    pushed = spark.read.format("memwal").option("push_filters", "true").load(t.uri)
+    full = {r["id"]: r.asDict() for r in spark.read.format("memwal").load(t.uri).collect()}
+    picked = [f"k{n}" for n in sorted(model)[::11][:5]] + ["k-3"]
+    try:
+        for df, keys in (
+            (pushed.filter(col("id") == picked[0]), picked[:1]),
+            (pushed.filter(col("id").isin(picked)), picked),
+        ):
+            open(point, "w").close()
+            got = {r["id"]: r.asDict() for r in df.collect()}
+            assert not os.path.exists(point)  # a worker read the key-pinned view
+            assert got == {k: full[k] for k in keys if k in full}
+        open(point, "w").close()
+        got = pushed.filter(col("v") > 2).collect()
+        assert os.path.exists(point)  # no key pinned: the full view
+        assert {r["id"] for r in got} == {k for k, r in full.items() if r["v"] > 2}
+    finally:
+        if os.path.exists(point):
+            os.unlink(point)
+    t.close()
