@@ -618,3 +618,4 @@ def test_spark_pushed_key_filters_take_the_key_pinned_view(spark, spark_fault_di
         if os.path.exists(point):
             os.unlink(point)
     t.close()
+

@@ -316,7 +316,7 @@ def point_view(
     taken = rows([*pk, TOMBSTONE])
     got = _key_table(taken, pk, int_key).cast(key_types)
     if not got.equals(cand):
-        bad = _lying_files(parts, cand, got, int_key)
+        bad = _lying_files(parts, cand, got, int_key, refs)
         raise CorruptFileError(
             ", ".join(bad),
             "its entries point keys at rows of other keys",
@@ -334,18 +334,28 @@ def _key_table(t: pa.Table, pk: list[str], int_key: bool) -> pa.Table:
 
 
 def _lying_files(
-    parts: list[tuple[GenerationRef, np.ndarray]], want: pa.Table, got: pa.Table, int_key: bool
+    parts: list[tuple[GenerationRef, np.ndarray]],
+    want: pa.Table,
+    got: pa.Table,
+    int_key: bool,
+    refs: Sequence[GenerationRef],
 ) -> list[str]:
-    """The key files of the generations whose rows at ``parts`` hold keys ``got`` other
-    than ``want`` (the keys their key files gave; parts in order, then MemTable rows):
-    the key index file of an integer key, else the region keys files and keys sidecars
-    the keys were read from."""
+    """The key files that gave keys ``want`` for rows that hold ``got`` (parts in order,
+    then MemTable rows): the key index files of those generations for an integer key;
+    else their keys sidecars and the region keys files of the newest generation of each
+    region of ``refs`` (a region keys file lists the keys of its region's generations)."""
     bad, start = [], 0
     for ref, at in parts:
         end = start + len(at)
         if not want.slice(start, len(at)).equals(got.slice(start, len(at))):
-            bad.append(ref.uri)
+            bad.append(ref)
         start = end
-    uris = bad or [ref.uri for ref, _ in parts]
-    names = [keyfile.KEY_INDEX_FILE] if int_key else [keyfile.REGION_KEYS_FILE, keyfile.KEYS_FILE]
-    return [f"{u.rstrip('/')}/{n}" for u in uris for n in names]
+    bad = bad or [ref for ref, _ in parts]
+    if int_key:
+        return [f"{r.uri.rstrip('/')}/{keyfile.KEY_INDEX_FILE}" for r in bad]
+    newest = {r.region_id: r for r in refs}
+    regions = sorted({newest[r.region_id].uri for r in bad})
+    return [
+        *(f"{u.rstrip('/')}/{keyfile.REGION_KEYS_FILE}" for u in regions),
+        *(f"{r.uri.rstrip('/')}/{keyfile.KEYS_FILE}" for r in bad),
+    ]
