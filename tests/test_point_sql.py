@@ -283,6 +283,13 @@ def test_pinned_keys_of_a_filter():
         got = pointview.pinned_keys([("id", "in", ["b", "a", None])], text, pk)
         assert got.column("id").to_pylist() == ["a", "b"] and got.schema.field(0).type == t
         assert pointview.pinned_keys([("id", "=", 1)], text, pk) is None
+    either = (pc.field("id") == 1) & (pc.field("c") == 2) | (pc.field("c") == 3) & (
+        pc.field("id") == 4
+    )
+    got = pointview.pinned_keys_of(either & (pc.field("v") > 0), schema, ["id", "c"])
+    assert sorted(zip(*got.to_pydict().values())) == [(1, 2), (4, 3)]
+    half = (pc.field("id") == 1) & (pc.field("c") == 2) | (pc.field("id") == 4)
+    assert pointview.pinned_keys_of(half, schema, ["id", "c"]) is None  # c free in one
     binary = pa.schema([pa.field("id", pa.binary(), False, PK)])
     assert pointview.pinned_keys([("id", "=", b"a")], binary, pk) is None
     pair = ["id", "c"]
@@ -421,6 +428,10 @@ def _kind_queries(rng, model: dict, kind: str) -> list[tuple[str, set[int], obje
             )
             out.append((f"a = {k % 7} AND b = 's{k // 7}'", {k}, None))
             out.append((f"'s{k // 7}' = b AND {k % 7} = a AND v >= 1", {k}, lambda v, c: v >= 1))
+            j = sorted(picked)[-1]  # whole keys by OR: their union (not every combination)
+            either = f"(a = {k % 7} AND b = 's{k // 7}') OR (b = 's{j // 7}' AND a = {j % 7})"
+            out.append((either, {k, j}, None))
+            out.append((f"({either}) AND c <> 2", {k, j}, lambda v, c: c != 2))
     return out
 
 

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from memwal_query.exceptions import CorruptFileError
 from memwal_query.format import keyfile
 from memwal_query.format.schema import TOMBSTONE, as_int64
+from memwal_query.read import pruning
 from memwal_query.read.dedup import KeySet, newest_indices
 from memwal_query.read.newer import NewerView, _ranks
 from memwal_query.read.sources import (
@@ -111,6 +112,41 @@ def pinned_keys(
         )
     except (pa.ArrowInvalid, OverflowError):
         return None
+
+
+def pinned_keys_of(expr: Any, schema: pa.Schema, pk: Sequence[str]) -> pa.Table | None:
+    """The keys a filter expression pins its primary key to, or None.
+
+    :func:`pinned_keys` of its conjunction; else, when one of its conjuncts is an
+    ``OR`` each of whose disjuncts pins the key (``(a = 1 AND b = 'x') OR (a = 2 AND
+    b = 'y')``), the union of the disjuncts' keys (at most :data:`POINT_KEYS_MAX`).
+
+    Parameters
+    ----------
+    expr : pc.Expression or None
+        The filter.
+    schema : pa.Schema
+        The table schema.
+    pk : sequence of str
+        The primary-key columns.
+
+    Returns
+    -------
+    pa.Table or None
+        As :func:`pinned_keys`.
+    """
+    keys = pinned_keys(pruning.predicates_from_expression(expr), schema, pk)
+    if keys is not None:
+        return keys
+    for disjuncts in pruning.disjunctions_from_expression(expr):
+        each = [pinned_keys(conjunction, schema, pk) for conjunction in disjuncts]
+        if not each or any(k is None for k in each):
+            continue
+        union = pa.concat_tables([k for k in each if k is not None])
+        union = union.group_by(list(pk)).aggregate([]).select(list(pk))
+        if union.num_rows <= POINT_KEYS_MAX:
+            return union
+    return None
 
 
 def _index_nbytes(entry: tuple[keyfile.KeyIndex | None]) -> int:

@@ -113,7 +113,7 @@ class _Filter:
         self.pinned_keys: pa.Table | None = None
         if expr is None:
             return
-        keys = pointview.pinned_keys(pruning.predicates_from_expression(expr), schema, pk)
+        keys = pointview.pinned_keys_of(expr, schema, pk)
         if keys is not None:
             self.pinned_keys = keys
             self.pinned = tuple(tuple(keys.column(c).to_pylist()) for c in keys.column_names)
