@@ -814,32 +814,21 @@ the snapshots' batch objects, which the WAL tail cache and the writers keep the 
 Keyed by the table too: every unsharded table has the same region id."""
 
 
-def _combined_nbytes(entry: tuple[Any, ...]) -> int:
-    """Bytes of the arrays a :data:`_MEMTABLE_COMBINED` entry holds beyond its regions'
-    rows (which :data:`_REGION_ROWS` counts)."""
-    _, winners, keys, reg, gens, by_region = entry[2]
-    held = winners.nbytes + keys.nbytes + reg.nbytes + gens.nbytes
-    return int(held + sum(k.nbytes for _, k in by_region))
-
-
-_MEMTABLE_COMBINED: LRUCache[tuple[str, pa.Schema], tuple[Any, ...]] = LRUCache(
-    16, max_bytes=256 << 20, sizeof=_combined_nbytes, name="memtable_combined"
-)
-"""Per (table URI, schema), the MemTable part of the view read last, with the
-:class:`_RegionRows` it was combined from: a read whose regions' rows are the same
-objects (nothing written since) gets the same view, not a new combination."""
-
-
 def _newer_nbytes(entry: tuple[Any, ...]) -> int:
     return int(entry[2].nbytes + entry[3].nbytes)
+
+
+_MemView = tuple[
+    pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray, "_ByRegion | None", tuple[Any, ...]
+]
 
 
 _NEWER_COMBINED: LRUCache[tuple[str, pa.Schema], tuple[Any, ...]] = LRUCache(
     16, max_bytes=256 << 20, sizeof=_newer_nbytes, name="newer_combined"
 )
 """Per (table URI, schema), the newest rows (indices, tombstone flags) of the flushed
-view and MemTable view read last: a read of the same two (the same objects) reuses
-them."""
+view and MemTable rows read last: a read of the same flushed view and the same
+regions' rows (:data:`_REGION_ROWS` objects, nothing written since) reuses them."""
 
 
 def _memtable_view(
@@ -848,10 +837,11 @@ def _memtable_view(
     schema: pa.Schema,
     pk: list[str],
     ranks: dict[str, int],
-) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray, _ByRegion | None]:
+) -> _MemView:
     """Rows, newest indices, keys, region rank and ``_gen`` of the newest rows of
-    MemTable snapshots, and (region rank, int64 key of each newest row) per region
-    (None when every row was deduplicated at once).
+    MemTable snapshots, (region rank, int64 key of each newest row) per region (None
+    when every row was deduplicated at once), and what identifies the rows (their
+    :class:`_RegionRows` and ranks, or the cached rows of every snapshot).
 
     With a single integer key, built region by region from each region's rows read
     before plus the rows added since (:data:`_REGION_ROWS`); the regions' newest rows
@@ -868,14 +858,6 @@ def _memtable_view(
             return _memtable_view_whole(table_uri, mems, schema, pk, ranks)
         parts.append(_REGION_ROWS.put((table_uri, region_id), got))
     regions_sorted = sorted(by_region, key=lambda r: ranks[r])
-    same = _MEMTABLE_COMBINED.get((table_uri, schema))
-    if (
-        same is not None
-        and len(same[0]) == len(parts)
-        and all(a is b for a, b in zip(same[0], parts))
-        and same[1] == [ranks[r] for r in regions_sorted]
-    ):
-        return same[2]  # no region's rows changed since the last read: the same view
     offsets = np.cumsum([0] + [p.rows.num_rows for p in parts])
     winners = np.concatenate([p.winners + off for p, off in zip(parts, offsets)])
     win_keys = np.concatenate([p.keys[p.winners] for p in parts])
@@ -887,11 +869,9 @@ def _memtable_view(
         np.array([ranks[r] for r in regions_sorted], np.int64), [len(p.winners) for p in parts]
     )
     gens = np.concatenate([p.gens for p in parts])
-    by_region = [(ranks[r], p.keys[p.winners]) for r, p in zip(regions_sorted, parts)]
-    out = (rows_m, winners, keys, reg, gens, by_region)
-    key = (table_uri, schema)
-    _MEMTABLE_COMBINED.put(key, (tuple(parts), [ranks[r] for r in regions_sorted], out))
-    return out
+    region_keys = [(ranks[r], p.keys[p.winners]) for r, p in zip(regions_sorted, parts)]
+    sources = (*parts, *(ranks[r] for r in regions_sorted))
+    return rows_m, winners, keys, reg, gens, region_keys, sources
 
 
 def _memtable_view_whole(
@@ -900,14 +880,14 @@ def _memtable_view_whole(
     schema: pa.Schema,
     pk: list[str],
     ranks: dict[str, int],
-) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray, None]:
+) -> _MemView:
     """:func:`_memtable_view` with every row deduplicated at once (cached: they only
     grow)."""
     key = (table_uri, tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
     lasts = tuple(m.batches[-1] for m in mems)
     hit = _MEMTABLE_VIEWS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
-        return (*hit[1:6], None)
+        return (*hit[1:6], None, (hit[1], *ranks.values()))
     rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
     sizes = [m.num_rows for m in mems]
     regions = np.repeat(np.array([ranks[m.region_id] for m in mems], np.int64), sizes)
@@ -916,7 +896,7 @@ def _memtable_view_whole(
     keys = KeySet(rows_m.select(pk))
     out = (rows_m, win_m, keys, regions[win_m], gens[win_m])
     _MEMTABLE_VIEWS.put(key, (lasts, *out, dict(ranks)))
-    return (*out, None)
+    return (*out, None, (rows_m, *ranks.values()))
 
 
 def _one_rank(*ranks: np.ndarray) -> bool:
@@ -962,12 +942,12 @@ def _combined(
     pk: list[str],
     storage_options: dict[str, str] | None,
     fv: _FlushedView,
-    memtables: tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray, _ByRegion | None],
+    memtables: _MemView,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The newest rows of a flushed view and a MemTable view together: their sorted
     indices into the flushed rows followed by the MemTable rows, and tombstone flags."""
     n_f, win_f, reg_f, gen_f = fv.num_rows, fv.winners, fv.regions, fv.gens
-    rows_m, win_m, keys_m, reg_m, gen_m, mem_regions = memtables
+    rows_m, win_m, keys_m, reg_m, gen_m, mem_regions, _ = memtables
     winners = win_m + n_f
     tomb_f = fv.tombstones
     tomb_m = pc.fill_null(rows_m.column(TOMBSTONE).take(pa.array(win_m)), False)
@@ -1061,12 +1041,18 @@ def newer_view(
     keys_f = fv.keys
     memtables = _memtable_view(_table_key(plan), mems, schema, pk, _ranks(plan))
     rows_m, keys_m = memtables[0], memtables[2]
+    sources = memtables[6]
     known = _NEWER_COMBINED.get((_table_key(plan), schema))
-    if known is not None and known[0] is fv and known[1] is rows_m:
+    if (
+        known is not None
+        and known[0] is fv
+        and len(known[1]) == len(sources)
+        and all(a is b or (isinstance(a, int) and a == b) for a, b in zip(known[1], sources))
+    ):
         winners, tombstones = known[2], known[3]
     else:
         winners, tombstones = _combined(plan, schema, pk, storage_options, fv, memtables)
-        _NEWER_COMBINED.put((_table_key(plan), schema), (fv, rows_m, winners, tombstones))
+        _NEWER_COMBINED.put((_table_key(plan), schema), (fv, sources, winners, tombstones))
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)
