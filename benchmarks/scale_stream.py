@@ -48,18 +48,18 @@ reads each live row grows with it. The reader prints the live rows (its ``count(
 per minute and the ratios last / first both raw and per live row.
 
 The rate: ``--rate`` rows/s, or by default the highest the machine holds, found by a
-calibration burst (the Python writer writes flat out for ``--calibrate-seconds`` with
-the maintainer running) and streamed at ``--rate-share`` (0.6) of it; Spark: 20,000
-rows/s unless ``--rate`` is given, with the headroom (micro-batch seconds / trigger
-interval) and the rate it implies printed. Per minute: target and achieved rows/s,
-unmerged generations (mean, max), ``count(*)``, filtered and lookup p50, the reader's,
-maintainer's and writer's RSS, the maintainer's passes and merged generations, the
-base's live rows, its physical rows per live row and the rows its primary-key index
-leaves unindexed (means over the ticks: the wear scans and lookups pay until a pass
-compacts and indexes), the load average; then last minute / first minute ratios, and
-the final checks: every key's newest ``seq`` against the model in the live reader, a
-reopened table, and the base table alone after the WAL tails are flushed and everything
-merged."""
+calibration burst (the Python writer writes flat out for ``--calibrate-seconds`` with the
+maintainer running and the reader querying every ``--query-every`` seconds) and streamed at
+``--rate-share`` (0.6) of it; Spark: 20,000 rows/s unless ``--rate`` is given, with the
+headroom (micro-batch seconds / trigger interval) and the rate it implies printed. Per
+minute: target and achieved rows/s, unmerged generations (mean, max), ``count(*)``, filtered
+and lookup p50, the reader's, maintainer's and writer's RSS, the maintainer's passes and
+merged generations, the base's live rows, its physical rows per live row and the rows its
+primary-key index leaves unindexed (means over the ticks: the wear scans and lookups pay
+until a pass compacts and indexes), the load average; then last minute / first minute
+ratios, and the final checks: every key's newest ``seq`` against the model in the live
+reader, a reopened table, and the base table alone after the WAL tails are flushed and
+everything merged."""
 
 from __future__ import annotations
 
@@ -845,15 +845,28 @@ def scale_main(args: argparse.Namespace) -> bool:
     ok = True
     try:
         # wait for the stream proper (after the calibration burst, or Spark's start)
+        # the reader queries during the burst as it will during the stream: the rate
+        # found is what the writer holds beside the maintainer and the reader
         while "stream_from" not in read_progress(progress) and not args.spark:
             if writer.poll() is not None:
                 raise RuntimeError(f"the writer exited with {writer.returncode}")
-            time.sleep(0.5)
+            tick = time.perf_counter()
+            if "pid" in read_progress(progress):
+                acked_now = int(read_progress(progress).get("acked", 0))
+                oldest = acked_now // NEW_EVERY + 1 if args.mix == "steady" else 0
+                scale_queries(
+                    r,
+                    rng,
+                    (oldest, args.rows + acked_now // NEW_EVERY),
+                    {"count": [], "filtered": [], "lookup": []},
+                )
+            time.sleep(max(0.0, args.query_every - (time.perf_counter() - tick)))
         state = read_progress(progress)
         if "calibrated" in state:
             print(
                 f"calibration: the Python writer holds {state['calibrated']:,.0f} rows/s flat "
-                f"out with the maintainer running; streaming at {state['rate']:,} rows/s "
+                f"out with the maintainer running and the reader querying; streaming at "
+                f"{state['rate']:,} rows/s "
                 f"({args.rate_share:g} of it)",
                 flush=True,
             )
