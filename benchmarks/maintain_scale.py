@@ -318,6 +318,12 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     )
     after = {k: wall for k, (wall, _) in timed.items()}
     cpu_after = {k: cpu for k, (_, cpu) in timed.items()}
+
+    def cpu_row(what: str, read: str) -> list[object]:
+        """A row of the table: CPU seconds of ``read`` before the pass, after / before."""
+        before = cpu_after[f"{read}, before the pass"]
+        return ["", what, before, cpu_after[read] / before]
+
     scan_after, plain_scan = after["full"], after["full, plain Lance"]
     scan_before = after["full, before the pass"]
     filtered_before = after["filtered, before the pass"]
@@ -379,18 +385,8 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
             first_after[1] / first_before[1],
         ],
         ["", "full read s before / after", scan_before, scan_after / scan_before],
-        [
-            "",
-            "full read CPU s before / after",
-            cpu_after["full, before the pass"],
-            cpu_after["full"] / cpu_after["full, before the pass"],
-        ],
-        [
-            "",
-            "Lance decode CPU s before / after (rows with row ids, deleted ones too)",
-            cpu_after["Lance decode, before the pass"],
-            cpu_after["Lance decode"] / cpu_after["Lance decode, before the pass"],
-        ],
+        cpu_row("full read CPU s before / after", "full"),
+        cpu_row("Lance decode CPU s before / after (deleted rows too)", "Lance decode"),
         ["", "full read s after (plain Lance)", plain_scan, scan_after / plain_scan],
         [
             "",
@@ -404,12 +400,7 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
             filtered_before,
             after["filtered"] / filtered_before,
         ],
-        [
-            "",
-            "filtered read CPU s before / after",
-            cpu_after["filtered, before the pass"],
-            cpu_after["filtered"] / cpu_after["filtered, before the pass"],
-        ],
+        cpu_row("filtered read CPU s before / after", "filtered"),
         [
             "",
             "filtered read s after (plain Lance)",
