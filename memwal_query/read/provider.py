@@ -92,9 +92,12 @@ class _Filter:
         agree); set to False when Lance refuses it (types its Substrait conversion
         does not support: unsigned integers, large strings/binaries, dictionaries,
         timestamp[ns] literals, any filter on a table with a time64 column...).
-    pinned : tuple of int or None
-        The keys it pins the primary key ``pk`` to (:func:`pointview.pinned_keys`): the
-        newer rows are then read for those keys only.
+    pinned : tuple or None
+        The keys it pins the primary key ``pk`` to (:func:`pointview.pinned_keys`), one
+        tuple of values per key column: the newer rows are then read for those keys
+        only.
+    pinned_keys : pa.Table or None
+        The same keys as a table of the key columns.
     """
 
     def __init__(
@@ -106,12 +109,14 @@ class _Filter:
         self.local = expr
         self.base = expr
         self.lance = expr is not None
-        self.pinned: tuple[int, ...] | None = None
+        self.pinned: tuple[tuple[Any, ...], ...] | None = None
+        self.pinned_keys: pa.Table | None = None
         if expr is None:
             return
-        keys = pointview.pinned_keys(pruning.predicates_from_expression(expr), schema, pk)
+        keys = pointview.pinned_keys_of(expr, schema, pk)
         if keys is not None:
-            self.pinned = tuple(keys.to_pylist())
+            self.pinned_keys = keys
+            self.pinned = tuple(tuple(keys.column(c).to_pylist()) for c in keys.column_names)
         node = exprtree.decode(expr)
         if node is None:  # not from DataFusion (whose filters always decode): be careful
             self.columns = pruning.referenced_columns(expr, schema.names)
@@ -159,7 +164,7 @@ class _QueryState:
         )
         self._lock = threading.Lock()
         self._view: newer.NewerView | None = None
-        self._point_views: dict[tuple[int, ...], newer.NewerView] = {}
+        self._point_views: dict[tuple[tuple[Any, ...], ...], newer.NewerView] = {}
         self._stale: np.ndarray | None = None
         self._stale_rows: _Stale | None = None
         self._base_rows: int | None = None
@@ -198,7 +203,7 @@ class _QueryState:
         rows (:func:`pointview.point_view`, once per query and key set), else
         :attr:`view`."""
         keys = f.pinned
-        if keys is None:
+        if keys is None or f.pinned_keys is None:
             return self.view
         with self._lock:
             got = self._point_views.get(keys)
@@ -208,7 +213,7 @@ class _QueryState:
                     self.plan,
                     table.schema,
                     table.primary_key,
-                    pa.array(keys, table.schema.field(table.primary_key[0]).type),
+                    f.pinned_keys,
                     table.storage_options,
                 )
                 self._point_views[keys] = got
@@ -839,7 +844,8 @@ class _BaseFragment:
         # membership test: after the first batch (a selective scan may have only one),
         # or from the start when the addresses are cached, overwritten base rows are
         # dropped by row address instead (and then need no key columns).
-        by_address = state.by_address(hashed)
+        # (a key-pinned view's few keys are hashed per batch: no scan of the base's keys)
+        by_address = f.pinned is None and state.by_address(hashed)
         cached = by_address and all(s.has_addresses(state.plan.base) for s in hashed)
         key_cols = pk if int_sets or (hashed and not cached) else []
         want_addr = ROWADDR_COLUMN in wanted

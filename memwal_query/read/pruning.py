@@ -115,6 +115,37 @@ def _tree_conjuncts(node: Node) -> list[Predicate]:
     return []
 
 
+def disjunctions_from_expression(expr: Any) -> list[list[list[Predicate]]]:
+    """The conjuncts of a filter that are an ``OR``, each as the conjunctions of
+    simple predicates of its disjuncts (as :func:`predicates_from_expression` reads
+    them): ``(a = 1 AND b = 'x') OR (a = 2 AND b = 'y')`` gives
+    ``[[[("a", "=", 1), ("b", "=", "x")], [("a", "=", 2), ("b", "=", "y")]]]``.
+    A disjunct's conjunction may be partial (predicates it could not read are
+    dropped), so each one is implied by its disjunct."""
+    if expr is None or not isinstance(expr, pc.Expression):
+        return []
+    node = decode(expr)
+    if node is None:
+        return []
+    out = []
+    for conjunct in _and_parts(node):
+        if conjunct[0] == "call" and conjunct[1] in ("or", "or_kleene"):
+            out.append([_tree_conjuncts(d) for d in _or_parts(conjunct)])
+    return out
+
+
+def _and_parts(node: Node) -> list[Node]:
+    if node[0] == "call" and node[1] in ("and", "and_kleene") and len(node[2]) == 2:
+        return _and_parts(node[2][0]) + _and_parts(node[2][1])
+    return [node]
+
+
+def _or_parts(node: Node) -> list[Node]:
+    if node[0] == "call" and node[1] in ("or", "or_kleene") and len(node[2]) == 2:
+        return _or_parts(node[2][0]) + _or_parts(node[2][1])
+    return [node]
+
+
 def _tree_equalities(node: Node) -> tuple[str | None, list[Any]]:
     """``a = 1 or a = 2 or a in (3)`` -> ``("a", [1, 2, 3])``; otherwise ``(None, [])``."""
     if node[0] == "call" and node[1] in ("or", "or_kleene") and len(node[2]) == 2:

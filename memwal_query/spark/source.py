@@ -42,10 +42,11 @@ from pyspark.sql.types import StructType
 
 from memwal_query.exceptions import BaseVersionGoneError, MemWalError, SchemaError
 from memwal_query.format.lancetypes import lance_filterable
-from memwal_query.read import newer, view
+from memwal_query.read import newer, pointview, view
 from memwal_query.spark._common import (
     _spark_schema,
     _storage_options,
+    armed,
     deprecated_spelling,
     is_changes_read,
     open_table,
@@ -84,6 +85,9 @@ if TYPE_CHECKING:
     from memwal_query.table import MemWalTable
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+KEY_PINNED_POINT = "read.key_pinned"
+"""The point a reader disarms (:func:`memwal_query.spark._common.armed`) when it reads a
+key-pinned view: how tests see, across Spark's worker processes, that it was taken."""
 DEFAULT_ROWS_PER_SPLIT = 1_000_000
 #: :func:`read`'s ``driver_read_bytes``: views of at most this many Arrow bytes are read
 #: in the driver and handed to Spark as data (``0``: never).
@@ -425,9 +429,20 @@ class MemWalReader(DataSourceReader):
             yield from self._read_base(partition, newer_view)
 
     def _view(self, part: NewerPartition) -> newer.NewerView:
-        return newer.newer_view(
-            part.plan(), self.table_schema, self.primary_key, self.storage_options
-        )
+        """The newer rows of ``part``: when the pushed filters pin the primary key to a
+        few literals (:func:`memwal_query.read.pointview.pinned_keys`), those keys'
+        rows only (:func:`memwal_query.read.pointview.point_view`: the same newest row
+        of each such key as the full view's), else the full view."""
+        plan = part.plan()
+        if self.filters:
+            _, preds = self._expression()
+            keys = pointview.pinned_keys(preds, self.table_schema, self.primary_key)
+            if keys is not None:
+                armed(KEY_PINNED_POINT)  # tests: observe that the key-pinned view was read
+                return pointview.point_view(
+                    plan, self.table_schema, self.primary_key, keys, self.storage_options
+                )
+        return newer.newer_view(plan, self.table_schema, self.primary_key, self.storage_options)
 
     def _out(self, batch: pa.RecordBatch | pa.Table) -> Iterator[pa.RecordBatch]:
         if isinstance(batch, pa.Table):
