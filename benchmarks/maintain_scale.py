@@ -24,7 +24,13 @@ flushed (every region gets a generation per round). Then, side by side in one ru
   same reads of a copy of the table taken before the pass, on Lance's own deletion
   path (the reader told to leave fragments with deletion files to Lance's scan
   instead of reading their deleted rows and masking them) and with plain Lance's reads
-  of its copy, medians of ``--repeat``.
+  of its copy, medians of ``--repeat`` (wall and CPU seconds: the CPU seconds, all
+  threads, are disturbed less by the machine's load), with what Lance alone decodes for
+  the full read before and after the pass (the base with row ids; after it, the deleted
+  rows too), and the first full read of each table opened anew (before the pass it
+  finds the newest row per key of every generation; after it, it reads the deletion
+  files). ``--compact-rewrite-rows`` sets the pass's ``compact_rewrite_rows`` (a
+  smaller base then keeps the deletion files a 10M-row base keeps).
 
 ``uptime`` is printed with the figures: the machine is shared, quote the ratios.
 """
@@ -68,16 +74,28 @@ def median_of(fn, repeat: int) -> float:
     return statistics.median(out)
 
 
-def paired(fns: dict[str, object], repeat: int) -> dict[str, float]:
-    """Median seconds of each of ``fns``, run in turns (one of each per round) so that
-    the machine's load drifts over all alike."""
-    out: dict[str, list[float]] = {k: [] for k in fns}
+def paired(fns: dict[str, object], repeat: int) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU seconds (all threads) of each of ``fns``, run in turns (one
+    of each per round) so that the machine's load drifts over all alike (the CPU
+    seconds are disturbed less by the load)."""
+    out: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
-            s = time.perf_counter()
+            cpu, s = cpu_seconds(), time.perf_counter()
             fn()
-            out[k].append(time.perf_counter() - s)
-    return {k: statistics.median(v) for k, v in out.items()}
+            out[k].append((time.perf_counter() - s, cpu_seconds() - cpu))
+    return {
+        k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+        for k, v in out.items()
+    }
+
+
+def first_read(path: str) -> tuple[float, float]:
+    """Wall and CPU seconds of the first full read of a table opened anew."""
+    table = mq.MemWalTable.open(path)
+    cpu, s = cpu_seconds(), time.perf_counter()
+    table.to_table()
+    return time.perf_counter() - s, cpu_seconds() - cpu
 
 
 class lance_deletion_path:
@@ -229,8 +247,13 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     t = mq.MemWalTable.open(ours)
     marks: list[tuple[str, float]] = []
     cpu, started = cpu_seconds(), time.perf_counter()
+    policy = (
+        MaintenancePolicy()
+        if args.compact_rewrite_rows is None
+        else MaintenancePolicy(compact_rewrite_rows=args.compact_rewrite_rows or None)
+    )
     report = t.maintenance.maintain(
-        progress=lambda step, done, total: marks.append((step, time.perf_counter()))
+        policy, progress=lambda step, done, total: marks.append((step, time.perf_counter()))
     )
     maintain_s, maintain_cpu = time.perf_counter() - started, cpu_seconds() - cpu
     steps: dict[str, float] = {}
@@ -268,9 +291,14 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     def filtered() -> None:
         reader.to_table(filter=FILTER)
 
+    # first reads of the tables opened anew (before the pass: the newest row per key of
+    # every generation is found; after it: the deletion files are read), then the
+    # steady reads of the tables opened here, in turns
+    first_before, first_after = first_read(pre), first_read(ours)
     unmerged = mq.MemWalTable.open(pre)
     unmerged.to_table()
-    after = paired(
+    pre_ds, ours_ds = lance.dataset(pre), lance.dataset(ours)
+    timed = paired(
         {
             "full, before the pass": lambda: unmerged.to_table(),
             "filtered, before the pass": lambda: unmerged.to_table(filter=FILTER),
@@ -280,9 +308,22 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
             "filtered": filtered,
             "filtered, Lance's deletion path": masked_path(filtered),
             "filtered, plain Lance": lambda: lance.dataset(plain).to_table(filter=FILTER),
+            # what Lance decodes for our full read, before and after the pass
+            "Lance decode, before the pass": lambda: pre_ds.scanner(with_row_id=True).to_table(),
+            "Lance decode": lambda: ours_ds.scanner(
+                with_row_id=True, include_deleted_rows=True
+            ).to_table(),
         },
         args.repeat,
     )
+    after = {k: wall for k, (wall, _) in timed.items()}
+    cpu_after = {k: cpu for k, (_, cpu) in timed.items()}
+
+    def cpu_row(what: str, read: str) -> list[object]:
+        """A row of the table: CPU seconds of ``read`` before the pass, after / before."""
+        before = cpu_after[f"{read}, before the pass"]
+        return ["", what, before, cpu_after[read] / before]
+
     scan_after, plain_scan = after["full"], after["full, plain Lance"]
     scan_before = after["full, before the pass"]
     filtered_before = after["filtered, before the pass"]
@@ -331,7 +372,21 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
         ["", "merge batches", float(batches), float("nan")],
         ["", "lookup p50 ms before / after", look_before * 1e3, look_after / look_before],
         ["", "lookup p50 ms after (plain Lance)", plain_look * 1e3, look_after / plain_look],
+        [
+            "",
+            "first full read s before / after (tables opened anew)",
+            first_before[0],
+            first_after[0] / first_before[0],
+        ],
+        [
+            "",
+            "first full read CPU s before / after",
+            first_before[1],
+            first_after[1] / first_before[1],
+        ],
         ["", "full read s before / after", scan_before, scan_after / scan_before],
+        cpu_row("full read CPU s before / after", "full"),
+        cpu_row("Lance decode CPU s before / after (deleted rows too)", "Lance decode"),
         ["", "full read s after (plain Lance)", plain_scan, scan_after / plain_scan],
         [
             "",
@@ -345,6 +400,7 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
             filtered_before,
             after["filtered"] / filtered_before,
         ],
+        cpu_row("filtered read CPU s before / after", "filtered"),
         [
             "",
             "filtered read s after (plain Lance)",
@@ -371,6 +427,13 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=40)
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--compact-rewrite-rows",
+        type=int,
+        default=None,
+        help="the pass's compact_rewrite_rows (0: None; default: the policy's default); a "
+        "small value keeps the deletion files a smaller base would have rewritten",
+    )
     parser.add_argument("--root", default=None, help="work directory (default: a temp dir)")
     args = parser.parse_args()
     args.upserts = args.upserts or args.rows // 10

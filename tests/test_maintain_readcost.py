@@ -91,6 +91,25 @@ def test_rule_by_read_cost() -> None:
             MaintenancePolicy(compact_rewrite_rows=bad)  # type: ignore[arg-type]
 
 
+def test_deletion_files_spread_over_a_large_base_are_kept() -> None:
+    # What a pass leaves on a 10M-row base after 1M upserts and 50k deletes at random
+    # keys: every base fragment carries a deletion file with ~8.5% of its rows deleted,
+    # and the merged rows have their own fragment. Rewriting all ten costs many times
+    # the merge: the defaults keep them until a fragment passes the deleted share.
+    merged = 1_000_000 + 50_000
+    spread = ReadCost(11, 6, 10_998_089, 846_040, 10, 10_000_000, 0.0853)
+    assert compaction_reason(spread, 16, 0.1, merged, 2_000_000) == (None, 0.1)
+    # the next pass of the same size pushes a fragment past the share: rewritten then
+    # (within the pass's budget, the most deleted fragments first)
+    worn = ReadCost(12, 7, 11_998_089, 1_700_000, 11, 11_000_000, 0.17)
+    reason, share = compaction_reason(worn, 16, 0.1, merged, 2_000_000)
+    assert reason is not None and "17%" in reason and share == 0.1
+    # touched fragments that hold few rows against the merge are rewritten at once
+    local = ReadCost(11, 6, 10_998_089, 846_040, 2, 2_000_000, 0.42)
+    reason, share = compaction_reason(local, 16, 0.1, merged, 2_000_000)
+    assert reason is not None and "deletion files" in reason and share == 0.0
+
+
 def test_pass_merges_every_region_in_one_commit_and_rewrites_what_it_touched(
     tmp_path: Any,
 ) -> None:
