@@ -87,6 +87,7 @@ def clear_read_caches() -> None:
         newer._REGION_FLUSHED,
         newer._REGION_ROWS,
         newer._MEMTABLE_VIEWS,
+        newer._NEWER_COMBINED,
         provider._OVERWRITTEN_BASE_COUNTS,
         provider._OVERWRITTEN_BASE_ROWS,
         provider._BASE_KEYS,

@@ -32,6 +32,7 @@ from memwal_query.maintain.policy import (
     MaintenancePolicy,
     MaintenanceReport,
 )
+from memwal_query.storage.heap import bound_process_heap
 
 DEFAULT_WATCH_SECONDS = 30.0
 
@@ -247,6 +248,10 @@ def maintain(
         abandoned_after,
         compact_rewrite_rows,
     )
+    if watch is not None:
+        # this process maintains for hours: its allocators give each pass's memory back
+        # (docs/maintenance.md, "Memory of a long-running maintainer")
+        bound_process_heap()
     t = _open(uri)
     if watch is None:
         bars = _StepBars()

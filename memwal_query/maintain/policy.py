@@ -647,6 +647,10 @@ def maintain(
 ) -> MaintenanceReport:
     """Run one maintenance pass over ``table`` (see the module docs for the steps).
 
+    The pass ends, whatever happened, by giving the free pages of the C heap and of
+    Arrow's memory pool back to the system
+    (:func:`memwal_query.storage.heap.release_unused_memory`).
+
     Parameters
     ----------
     table : Catalog
@@ -673,6 +677,26 @@ def maintain(
         corrupt file met while *planning* raises its own typed error, table unchanged.
     """
     policy = MaintenancePolicy() if policy is None else policy
+    try:
+        return _maintain(table, policy, dry_run, progress, merge)
+    finally:
+        # A pass's working set (merge sources, Lance's joins and rewrites) is freed by
+        # now, but the C heap and Arrow's pool keep its pages: give them back, so a
+        # ``--watch`` maintainer holds between passes what it keeps, not its largest
+        # pass (docs/maintenance.md, "Memory of a long-running maintainer").
+        from memwal_query.storage.heap import release_unused_memory
+
+        release_unused_memory()
+
+
+def _maintain(
+    table: Catalog,
+    policy: MaintenancePolicy,
+    dry_run: bool,
+    progress: Progress | None,
+    merge: Callable[[list[RegionPlan]], list[MergeResult]] | None,
+) -> MaintenanceReport:
+    """The pass of :func:`maintain` (its parameters, returns and raises)."""
     started = time.perf_counter()
     report = MaintenanceReport(table.uri, dry_run)
     attempts = max(1, policy.retries())

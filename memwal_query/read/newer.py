@@ -17,7 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
-from memwal_query.read.dedup import KeySet, KeySetUnion, in_sorted, int_runs, newest_indices
+from memwal_query.read.dedup import (
+    _DENSE_LIMIT,
+    KeySet,
+    KeySetUnion,
+    in_sorted,
+    int_runs,
+    newest_indices,
+)
 from memwal_query.read.sources import (
     GENERATION_CACHE,
     conform,
@@ -187,7 +194,7 @@ class _FlushedView:
     used: a ``count(*)`` uses none of them, an unfiltered read only ``winners`` and
     ``tombstones`` (``regions`` and ``gens`` order them against MemTable rows)."""
 
-    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_whole", "_lock")
+    __slots__ = ("num_rows", "keys", "live", "_parts", "_arrays", "_whole", "_lock", "_keys")
 
     def __init__(
         self,
@@ -203,6 +210,7 @@ class _FlushedView:
         self._arrays: list[np.ndarray | None] = list(arrays or (None,) * 4)
         self._whole = arrays is not None
         self._lock = threading.Lock()
+        self._keys: np.ndarray | None = None  # winner_keys, once joined
         if arrays is not None:
             self.live = len(arrays[0]) - int(np.count_nonzero(arrays[3]))
         else:
@@ -241,7 +249,17 @@ class _FlushedView:
         key), or None (then read from the generations)."""
         if self._whole:
             return None
-        return _joined([p.keys for _, p in self._parts], np.int64)
+        with self._lock:
+            if self._keys is None:
+                self._keys = _joined([p.keys for _, p in self._parts], np.int64)
+            return self._keys
+
+    def region_keys(self) -> list[tuple[int, np.ndarray]] | None:
+        """(region rank, int64 keys of its winners) of each region, in the order of
+        :attr:`winners`; None when built from every row at once."""
+        if self._whole:
+            return None
+        return [(rank, p.keys) for rank, p in self._parts]
 
     @property
     def regions(self) -> np.ndarray:
@@ -260,6 +278,7 @@ class _FlushedView:
         """Bytes held (the region parts counted here too, though the region cache
         shares them)."""
         held = self.keys.nbytes + sum(p.nbytes for _, p in self._parts)
+        held += self._keys.nbytes if self._keys is not None else 0
         return held + sum(a.nbytes for a in self._arrays if a is not None)
 
 
@@ -284,6 +303,8 @@ def _memtable_view_nbytes(entry: tuple[Any, ...]) -> int:
     rows, winners, keys, regions, gens = entry[1:6]
     return int(rows.nbytes + winners.nbytes + keys.nbytes + regions.nbytes + gens.nbytes)
 
+
+_ByRegion = list[tuple[int, np.ndarray]]
 
 _MEMTABLE_VIEWS: LRUCache[tuple[Any, ...], tuple[Any, ...]] = LRUCache(
     8, max_bytes=256 << 20, sizeof=_memtable_view_nbytes, name="memtable_views"
@@ -793,15 +814,34 @@ the snapshots' batch objects, which the WAL tail cache and the writers keep the 
 Keyed by the table too: every unsharded table has the same region id."""
 
 
+def _newer_nbytes(entry: tuple[Any, ...]) -> int:
+    return int(entry[2].nbytes + entry[3].nbytes)
+
+
+_MemView = tuple[
+    pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray, "_ByRegion | None", tuple[Any, ...]
+]
+
+
+_NEWER_COMBINED: LRUCache[tuple[str, pa.Schema], tuple[Any, ...]] = LRUCache(
+    16, max_bytes=256 << 20, sizeof=_newer_nbytes, name="newer_combined"
+)
+"""Per (table URI, schema), the newest rows (indices, tombstone flags) of the flushed
+view and MemTable rows read last: a read of the same flushed view and the same
+regions' rows (:data:`_REGION_ROWS` objects, nothing written since) reuses them."""
+
+
 def _memtable_view(
     table_uri: str,
     mems: list[MemTableSnapshot],
     schema: pa.Schema,
     pk: list[str],
     ranks: dict[str, int],
-) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
-    """Rows, newest indices, keys, and region rank and ``_gen`` of the newest rows of
-    MemTable snapshots.
+) -> _MemView:
+    """Rows, newest indices, keys, region rank and ``_gen`` of the newest rows of
+    MemTable snapshots, (region rank, int64 key of each newest row) per region (None
+    when every row was deduplicated at once), and what identifies the rows (their
+    :class:`_RegionRows` and ranks, or the cached rows of every snapshot).
 
     With a single integer key, built region by region from each region's rows read
     before plus the rows added since (:data:`_REGION_ROWS`); the regions' newest rows
@@ -829,7 +869,9 @@ def _memtable_view(
         np.array([ranks[r] for r in regions_sorted], np.int64), [len(p.winners) for p in parts]
     )
     gens = np.concatenate([p.gens for p in parts])
-    return rows_m, winners, keys, reg, gens
+    region_keys = [(ranks[r], p.keys[p.winners]) for r, p in zip(regions_sorted, parts)]
+    sources = (*parts, *(ranks[r] for r in regions_sorted))
+    return rows_m, winners, keys, reg, gens, region_keys, sources
 
 
 def _memtable_view_whole(
@@ -838,14 +880,14 @@ def _memtable_view_whole(
     schema: pa.Schema,
     pk: list[str],
     ranks: dict[str, int],
-) -> tuple[pa.Table, np.ndarray, KeySet, np.ndarray, np.ndarray]:
+) -> _MemView:
     """:func:`_memtable_view` with every row deduplicated at once (cached: they only
     grow)."""
     key = (table_uri, tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
     lasts = tuple(m.batches[-1] for m in mems)
     hit = _MEMTABLE_VIEWS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
-        return hit[1:6]
+        return (*hit[1:6], None, (hit[1], *ranks.values()))
     rows_m = pa.concat_tables([conform(memtable_rows(m), schema) for m in mems])
     sizes = [m.num_rows for m in mems]
     regions = np.repeat(np.array([ranks[m.region_id] for m in mems], np.int64), sizes)
@@ -854,7 +896,110 @@ def _memtable_view_whole(
     keys = KeySet(rows_m.select(pk))
     out = (rows_m, win_m, keys, regions[win_m], gens[win_m])
     _MEMTABLE_VIEWS.put(key, (lasts, *out, dict(ranks)))
-    return out
+    return (*out, None, (rows_m, *ranks.values()))
+
+
+def _one_rank(*ranks: np.ndarray) -> bool:
+    """Whether the region ranks in ``ranks`` are all one."""
+    ends = [int(r) for a in ranks if len(a) for r in (a.min(), a.max())]
+    return min(ends) == max(ends)
+
+
+def _own_region_hits(flushed: _ByRegion | None, mems: _ByRegion | None) -> np.ndarray | None:
+    """Which flushed winners (the keys of each region's, ``flushed``, in the winners'
+    order) have a MemTable row in their own region (``mems``, keys of its newest rows
+    per region rank); None when either side is not known per region or the MemTable
+    keys span more than a dense flag table's range. One flag table over the MemTable
+    keys' range, set and cleared region by region: no sort."""
+    if flushed is None or mems is None:
+        return None
+    mem = {rank: keys for rank, keys in mems if len(keys)}
+    if not mem:
+        return None
+    lo = min(int(k.min()) for k in mem.values())
+    hi = max(int(k.max()) for k in mem.values())
+    if hi - lo >= _DENSE_LIMIT:
+        return None
+    flags = np.zeros(hi - lo + 1, bool)
+    out = []
+    for rank, keys in flushed:
+        theirs = mem.get(rank)
+        if theirs is None or not len(keys):
+            out.append(np.zeros(len(keys), bool))
+            continue
+        flags[theirs - lo] = True
+        off = keys.view(np.uint64) - np.uint64(lo & 0xFFFFFFFFFFFFFFFF)
+        got = flags.take(off, mode="clip")
+        got &= off <= np.uint64(hi - lo)
+        out.append(got)
+        flags[theirs - lo] = False
+    return _joined(out, bool)
+
+
+def _combined(
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    fv: _FlushedView,
+    memtables: _MemView,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The newest rows of a flushed view and a MemTable view together: their sorted
+    indices into the flushed rows followed by the MemTable rows, and tombstone flags."""
+    n_f, win_f, reg_f, gen_f = fv.num_rows, fv.winners, fv.regions, fv.gens
+    rows_m, win_m, keys_m, reg_m, gen_m, mem_regions, _ = memtables
+    winners = win_m + n_f
+    tomb_f = fv.tombstones
+    tomb_m = pc.fill_null(rows_m.column(TOMBSTONE).take(pa.array(win_m)), False)
+    tombstones = tomb_m.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    if len(win_f):
+        ints = fv.winner_keys()
+        mem_key_cols = rows_m.select(pk)
+        if ints is not None:  # as int64: the MemTables' keys are compared as int64 too
+            winners_f = pa.table({pk[0]: pa.array(ints, pa.int64())})
+            mem_key_cols = pa.table({pk[0]: as_int64(mem_key_cols.column(0))})
+        else:
+            winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
+        hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
+        own = _own_region_hits(fv.region_keys(), mem_regions) if hit.any() else None
+        if own is not None and own.any():
+            # a MemTable row is newer than every generation of its region: those flushed
+            # winners lose (in a bucket layout, every hit); the others decide below
+            stay = ~own
+            win_f, tomb_f = win_f[stay], tomb_f[stay]
+            if np.count_nonzero(own) == np.count_nonzero(hit):
+                hit = np.zeros(len(win_f), bool)
+            else:
+                hit, reg_f, gen_f = hit[stay], reg_f[stay], gen_f[stay]
+                winners_f = winners_f.filter(pa.array(stay))
+        if not hit.any() or _one_rank(reg_f, reg_m):
+            # One region: a MemTable row is newer than every generation of its region.
+            winners = np.concatenate([win_f[~hit], winners])
+            tombstones = np.concatenate([tomb_f[~hit], tombstones])
+        else:
+            # Keys in MemTables and in another region's generations: the one rule
+            # (dedup.newest_indices: _gen, then region rank) decides those keys only.
+            keys_hit = winners_f.filter(pa.array(hit))
+            mem_keys = mem_key_cols.take(pa.array(win_m))
+            mem_hit = KeySet(keys_hit).contains(mem_keys)
+            both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
+            keep = newest_indices(
+                both,
+                pk,
+                np.concatenate([reg_f[hit], reg_m[mem_hit]]),
+                np.concatenate([gen_f[hit], gen_m[mem_hit]]),
+            )
+            decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
+            decided_tomb = np.concatenate([tomb_f[hit], tombstones[mem_hit]])[keep]
+            # the undecided winners are in order (flushed rows first): the few decided
+            # ones are inserted where they belong, no sort of every winner
+            kept = np.concatenate([win_f[~hit], winners[~mem_hit]])
+            kept_tomb = np.concatenate([tomb_f[~hit], tombstones[~mem_hit]])
+            order = np.argsort(decided)
+            at = np.searchsorted(kept, decided[order])
+            winners = np.insert(kept, at, decided[order])
+            tombstones = np.insert(kept_tomb, at, decided_tomb[order])
+    return winners, tombstones
 
 
 def newer_view(
@@ -893,51 +1038,21 @@ def newer_view(
             ),
             flushed=fv,
         )
-    n_f, win_f, keys_f, reg_f, gen_f = fv.num_rows, fv.winners, fv.keys, fv.regions, fv.gens
-    rows_m, win_m, keys_m, reg_m, gen_m = _memtable_view(
-        _table_key(plan), mems, schema, pk, _ranks(plan)
-    )
-    winners = win_m + n_f
-    tomb_f = fv.tombstones
-    tomb_m = pc.fill_null(rows_m.column(TOMBSTONE).take(pa.array(win_m)), False)
-    tombstones = tomb_m.to_numpy(zero_copy_only=False).astype(bool, copy=False)
-    if len(win_f):
-        ints = fv.winner_keys()
-        mem_key_cols = rows_m.select(pk)
-        if ints is not None:  # as int64: the MemTables' keys are compared as int64 too
-            winners_f = pa.table({pk[0]: pa.array(ints, pa.int64())})
-            mem_key_cols = pa.table({pk[0]: as_int64(mem_key_cols.column(0))})
-        else:
-            winners_f = _flushed_rows(plan, schema, pk, storage_options).take(pa.array(win_f))
-        hit = keys_m.contains(winners_f)  # flushed winners whose key has a MemTable row
-        ranks = [int(r) for a in (reg_f, reg_m) if len(a) for r in (a.min(), a.max())]
-        if not hit.any() or min(ranks) == max(ranks):
-            # One region: a MemTable row is newer than every generation of its region.
-            winners = np.concatenate([win_f[~hit], winners])
-            tombstones = np.concatenate([tomb_f[~hit], tombstones])
-        else:
-            # Keys in MemTables and in another region's generations: the one rule
-            # (dedup.newest_indices: _gen, then region rank) decides those keys only.
-            keys_hit = winners_f.filter(pa.array(hit))
-            mem_keys = mem_key_cols.take(pa.array(win_m))
-            mem_hit = KeySet(keys_hit).contains(mem_keys)
-            both = pa.concat_tables([keys_hit, mem_keys.filter(pa.array(mem_hit))])
-            keep = newest_indices(
-                both,
-                pk,
-                np.concatenate([reg_f[hit], reg_m[mem_hit]]),
-                np.concatenate([gen_f[hit], gen_m[mem_hit]]),
-            )
-            decided = np.concatenate([win_f[hit], winners[mem_hit]])[keep]
-            decided_tomb = np.concatenate([tomb_f[hit], tombstones[mem_hit]])[keep]
-            # the undecided winners are in order (flushed rows first): the few decided
-            # ones are inserted where they belong, no sort of every winner
-            kept = np.concatenate([win_f[~hit], winners[~mem_hit]])
-            kept_tomb = np.concatenate([tomb_f[~hit], tombstones[~mem_hit]])
-            order = np.argsort(decided)
-            at = np.searchsorted(kept, decided[order])
-            winners = np.insert(kept, at, decided[order])
-            tombstones = np.insert(kept_tomb, at, decided_tomb[order])
+    keys_f = fv.keys
+    memtables = _memtable_view(_table_key(plan), mems, schema, pk, _ranks(plan))
+    rows_m, keys_m = memtables[0], memtables[2]
+    sources = memtables[6]
+    known = _NEWER_COMBINED.get((_table_key(plan), schema))
+    if (
+        known is not None
+        and known[0] is fv
+        and len(known[1]) == len(sources)
+        and all(a is b or (isinstance(a, int) and a == b) for a, b in zip(known[1], sources))
+    ):
+        winners, tombstones = known[2], known[3]
+    else:
+        winners, tombstones = _combined(plan, schema, pk, storage_options, fv, memtables)
+        _NEWER_COMBINED.put((_table_key(plan), schema), (fv, sources, winners, tombstones))
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)

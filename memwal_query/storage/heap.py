@@ -8,12 +8,24 @@ version) the free-but-kept part grows to as much as the part in use: 0.4-0.8 GB 
 :func:`release_free_heap` returns those free pages (``malloc_trim``); it is called
 after the read path's caches store an entry, at most once per
 :data:`RELEASE_EVERY_SECONDS`. Elsewhere (another C library) it does nothing.
+
+A process that runs a heavy step now and then (the maintainer: a pass merges, compacts
+and extends indexes, then sleeps until the next) calls :func:`release_unused_memory`
+after each step: the free pages of the C heap and of Arrow's memory pool go back to the
+system, so its resident memory between steps is what it holds, not the largest step's
+high-water mark. A trim reaches only part of it with the allocators' defaults: glibc
+trims the top of its per-thread arenas only when a free leaves more than a threshold
+there, a threshold it raises (up to 64 MiB per arena) each time a large block is freed,
+and Arrow's default pool (mimalloc) keeps freed pages of its worker threads. A process
+that is a long-running maintainer and nothing else (``memwal maintain --watch``) calls
+:func:`bound_process_heap` once first; a library call never changes them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 import time
 from typing import Any
@@ -21,6 +33,19 @@ from typing import Any
 RELEASE_EVERY_SECONDS = 5.0
 """Least seconds between two :func:`release_free_heap` calls that trim (a trim walks the
 heap's free chunks: a few milliseconds for a gigabyte)."""
+
+TRIM_THRESHOLD_BYTES = 1 << 20
+"""glibc's ``M_TRIM_THRESHOLD`` set by :func:`bound_process_heap`: a free that leaves more
+than this at the top of a heap gives it back at once (fixed: not raised by large frees)."""
+MMAP_THRESHOLD_BYTES = 32 << 20
+"""glibc's ``M_MMAP_THRESHOLD`` set by :func:`bound_process_heap`: the largest value glibc
+raises it to by itself, so large buffers are reused from the heap as by default."""
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# The environment variables that set what bound_process_heap would: when any is set, the
+# user chose, and that part is left alone.
+_GLIBC_ENV = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
+_ARROW_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 _LOCK = threading.Lock()
 _last = [float("-inf")]
@@ -69,3 +94,53 @@ def release_free_heap(force: bool = False) -> bool:
     finally:
         _LOCK.release()
     return True
+
+
+def release_unused_memory() -> None:
+    """Return the free pages of the C heap (:func:`release_free_heap`, forced) and of
+    Arrow's default memory pool (``release_unused``) to the operating system.
+
+    Takes milliseconds (a walk of the heap's free chunks); meant for the end of a heavy
+    step, not for a hot path.
+    """
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    release_free_heap(force=True)
+
+
+def bound_process_heap() -> list[str]:
+    """Make this process's allocators give freed memory back (for a process that runs
+    heavy steps for hours, e.g. ``memwal maintain --watch``; call once, first).
+
+    - glibc: fixed ``M_TRIM_THRESHOLD`` (:data:`TRIM_THRESHOLD_BYTES`) and
+      ``M_MMAP_THRESHOLD`` (:data:`MMAP_THRESHOLD_BYTES`), unless ``GLIBC_TUNABLES``,
+      ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_MMAP_THRESHOLD_`` set them;
+    - Arrow: its default memory pool becomes the system allocator (whose free pages
+      :func:`release_unused_memory` returns), unless ``ARROW_DEFAULT_MEMORY_POOL`` names
+      one.
+
+    Returns
+    -------
+    list of str
+        What was set (empty where the C library is not glibc and Arrow's pool was
+        chosen by the environment).
+    """
+    import pyarrow as pa
+
+    done: list[str] = []
+    if _malloc_trim() is not None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = getattr(libc, "mallopt", None)
+        if mallopt is not None:
+            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+            mallopt.restype = ctypes.c_int
+            if not any(k in os.environ for k in _GLIBC_ENV) and (
+                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+                and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+            ):
+                done.append("malloc thresholds")
+    if _ARROW_ENV not in os.environ:
+        pa.set_memory_pool(pa.system_memory_pool())
+        done.append("arrow system pool")
+    return done
