@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from memwal_query.exceptions import ObjectNotFoundError, StorageError
-from memwal_query.format.rowfile import read_checked, read_sealed, seal, unseal
+from memwal_query.format.rowfile import dir_name, read_checked, read_sealed, seal, unseal
 from memwal_query.format.schema import ROWADDR_COLUMN, TOMBSTONE, as_int64
 from memwal_query.storage.io import FileIO, join
 
@@ -72,7 +72,7 @@ def write(
     """Write the keys sidecar of the generation at ``gen_uri`` (before its manifest
     commit); returns what it holds (:func:`key_columns`)."""
     keys = key_columns(rows, primary_key, addresses)
-    io.write(join(gen_uri, KEYS_FILE), seal(keys, _MAGIC))
+    io.write(join(gen_uri, KEYS_FILE), seal(keys, _MAGIC, dir_name(gen_uri)))
     return keys
 
 
@@ -294,14 +294,10 @@ def index_columns(keys: pa.Table, primary_key: list[str], gen_dir: str) -> pa.Ta
     return t.replace_schema_metadata(meta)
 
 
-def _dir_name(gen_uri: str) -> str:
-    return gen_uri.rstrip("/").rsplit("/", 1)[-1]
-
-
 def write_index(io: FileIO, gen_uri: str, keys: pa.Table, primary_key: list[str]) -> None:
     """Write the key index file of the generation at ``gen_uri`` (before its manifest
     commit) from its keys sidecar columns ``keys`` (:func:`index_columns`)."""
-    t = index_columns(keys, primary_key, _dir_name(gen_uri))
+    t = index_columns(keys, primary_key, dir_name(gen_uri))
     io.write(join(gen_uri, KEY_INDEX_FILE), seal(t, _INDEX_MAGIC))
 
 
@@ -345,7 +341,7 @@ def read_index(io: FileIO, gen_uri: str, num_rows: int | None) -> KeyIndex | Non
     none, or a damaged one or one that does not match (a warning then; the caller
     builds the index from the generation's keys)."""
     path = join(gen_uri, KEY_INDEX_FILE)
-    gen_dir = _dir_name(gen_uri)
+    gen_dir = dir_name(gen_uri)
     return read_checked(
         io,
         path,

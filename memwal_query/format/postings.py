@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_query.format.rowfile import read_sealed, seal
+from memwal_query.format.rowfile import dir_name, read_sealed, seal
 from memwal_query.storage.io import FileIO, join
 
 POSTINGS_FILE = "memwal_postings.bin"
@@ -197,8 +197,9 @@ def tokenizer_key(tok_kwargs: dict[str, Any]) -> str:
     return json.dumps(tok_kwargs, sort_keys=True)
 
 
-def encode(entries: list[tuple[str, dict[str, Any], Postings]]) -> bytes:
-    """The sidecar bytes of ``(column, tokenizer keywords, postings)`` entries."""
+def encode(entries: list[tuple[str, dict[str, Any], Postings]], owner: str | None = None) -> bytes:
+    """The sidecar bytes of ``(column, tokenizer keywords, postings)`` entries, stamped
+    with the generation directory name ``owner`` (:func:`rowfile.seal`)."""
 
     def lists(values: list[Any], t: pa.DataType) -> pa.Array:
         return pa.array(values, pa.list_(t))
@@ -221,7 +222,7 @@ def encode(entries: list[tuple[str, dict[str, Any], Postings]]) -> bytes:
             "num_docs": pa.array([p.num_docs for p in ps], pa.int64()),
         }
     )
-    return seal(t, _MAGIC)
+    return seal(t, _MAGIC, owner)
 
 
 def _offsets(sizes: list[int]) -> pa.Array:
@@ -231,7 +232,7 @@ def _offsets(sizes: list[int]) -> pa.Array:
 def write(io: FileIO, gen_uri: str, entries: list[tuple[str, dict[str, Any], Postings]]) -> None:
     """Write the postings sidecar of the generation at ``gen_uri`` (before its manifest
     commit)."""
-    io.write(join(gen_uri, POSTINGS_FILE), encode(entries))
+    io.write(join(gen_uri, POSTINGS_FILE), encode(entries, dir_name(gen_uri)))
 
 
 def read(io: FileIO, gen_uri: str, column: str, tok_kwargs: dict[str, Any]) -> Postings | None:

@@ -10,7 +10,10 @@ Readers read it in one request and decode it without copying.
 
 Layout: the Arrow IPC *file* bytes, then an 8-byte trailer: the CRC-32 of those bytes
 (little-endian ``uint32``) and the magic ``MWR1``. A reader checks the trailer and the
-CRC before decoding, so a truncated or corrupted sidecar is detected.
+CRC before decoding, so a truncated or corrupted sidecar is detected. The Arrow schema
+metadata names the generation directory the file was written for
+(``memwal.generation_dir``): a sidecar copied into another generation's directory is
+refused like a damaged one (files without the name, from older writers, are read).
 
 The sidecar is an optimisation only, never the source of truth: the Lance table is.
 A generation without one (written by pylance's native MemWAL or an older memwal_query,
@@ -39,6 +42,14 @@ T = TypeVar("T")
 ROWS_FILE = "memwal_rows.bin"
 _MAGIC = b"MWR1"
 _TRAILER = struct.Struct("<I4s")
+OWNER_KEY = b"memwal.generation_dir"
+"""Schema metadata key of a sealed sidecar: the name of the generation directory it
+was written for."""
+
+
+def dir_name(uri: str) -> str:
+    """The last path segment of ``uri`` (a generation directory's name)."""
+    return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
 def row_addresses(fragments: list[tuple[int, int]]) -> np.ndarray:
@@ -50,11 +61,13 @@ def row_addresses(fragments: list[tuple[int, int]]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
-def encode(rows: pa.Table, addresses: np.ndarray) -> bytes:
-    """The sidecar bytes of ``rows`` (stored columns) with their row ``addresses``."""
+def encode(rows: pa.Table, addresses: np.ndarray, owner: str | None = None) -> bytes:
+    """The sidecar bytes of ``rows`` (stored columns) with their row ``addresses``,
+    stamped with the generation directory name ``owner`` (see :func:`seal`)."""
     if len(addresses) != rows.num_rows:
         raise ValueError(f"{len(addresses)} row addresses for {rows.num_rows} rows")
-    return seal(rows.append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64())), _MAGIC)
+    t = rows.append_column(ROWADDR_COLUMN, pa.array(addresses, pa.uint64()))
+    return seal(t, _MAGIC, owner)
 
 
 def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
@@ -66,9 +79,11 @@ def decode(data: bytes | pa.Buffer, path: str) -> pa.Table:
     return t
 
 
-def seal(t: pa.Table, magic: bytes) -> bytes:
+def seal(t: pa.Table, magic: bytes, owner: str | None = None) -> bytes:
     """``t`` as Arrow IPC file bytes followed by the trailer: their CRC-32 and ``magic``
-    (4 bytes). The framing of every memwal_query sidecar.
+    (4 bytes). The framing of every memwal_query sidecar. With ``owner`` (the name of
+    the generation directory the file is written into), the schema metadata records it
+    (:data:`OWNER_KEY`) and :func:`unseal` refuses the file anywhere else.
 
     An IPC file holds one dictionary per field: the batches of a dictionary-encoded
     column share one (``unify_dictionaries``), and a column with dictionaries inside
@@ -79,6 +94,8 @@ def seal(t: pa.Table, magic: bytes) -> bytes:
     for i, f in enumerate(t.schema):
         if not pa.types.is_dictionary(f.type) and _has_dictionary(f.type):
             t = t.set_column(i, f, pa.chunked_array([t.column(i).combine_chunks()], f.type))
+    if owner is not None:
+        t = t.replace_schema_metadata({**(t.schema.metadata or {}), OWNER_KEY: owner.encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, t.schema) as w:
         w.write_table(t)
@@ -88,7 +105,9 @@ def seal(t: pa.Table, magic: bytes) -> bytes:
 
 def unseal(data: bytes | pa.Buffer, path: str, magic: bytes, what: str) -> pa.Table:
     """The table of :func:`seal`'s bytes (decoded without a copy); ValueError naming
-    ``path`` when the trailer, the magic, the CRC or the Arrow data is wrong."""
+    ``path`` when the trailer, the magic, the CRC or the Arrow data is wrong, or when
+    the file was sealed for another generation directory than the one ``path`` is in
+    (copied there). The owner stamp is not in the returned schema's metadata."""
     buf = pa.py_buffer(data) if not isinstance(data, pa.Buffer) else data
     if buf.size < _TRAILER.size:
         raise ValueError(f"{path}: {buf.size} bytes, too short for {what}")
@@ -99,9 +118,21 @@ def unseal(data: bytes | pa.Buffer, path: str, magic: bytes, what: str) -> pa.Ta
     if zlib.crc32(memoryview(body)) != crc:
         raise ValueError(f"{path}: CRC mismatch (corrupt or truncated)")
     try:
-        return pa.ipc.open_file(body).read_all()
+        t = pa.ipc.open_file(body).read_all()
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{path}: unreadable Arrow data: {e}") from e
+    meta = t.schema.metadata
+    if not meta or OWNER_KEY not in meta:
+        return t
+    owner = meta[OWNER_KEY].decode(errors="replace")
+    here = dir_name(path.rstrip("/").rsplit("/", 1)[0]) if "/" in path.rstrip("/") else ""
+    if owner != here:
+        raise ValueError(
+            f"{path}: {what} written for generation directory {owner!r}, not {here!r} "
+            "(copied from another generation)"
+        )
+    rest = {k: v for k, v in meta.items() if k != OWNER_KEY}
+    return t.replace_schema_metadata(rest or None)
 
 
 def _has_dictionary(t: pa.DataType) -> bool:
@@ -138,7 +169,7 @@ def read_checked(io: FileIO, path: str, decode: Callable[[pa.Buffer], T], instea
 
 def write(io: FileIO, gen_uri: str, rows: pa.Table, addresses: np.ndarray) -> None:
     """Write the sidecar of the generation at ``gen_uri`` (before its manifest commit)."""
-    io.write(join(gen_uri, ROWS_FILE), encode(rows, addresses))
+    io.write(join(gen_uri, ROWS_FILE), encode(rows, addresses, dir_name(gen_uri)))
 
 
 def read(io: FileIO, gen_uri: str) -> pa.Table | None:
