@@ -40,6 +40,7 @@ from _common import machine, print_table  # noqa: E402
 from scale_stream import MIXES, NEW_EVERY, scale_base, scale_rows, stream_keys  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
+from memwal_query.maintain.policy import MaintenancePolicy  # noqa: E402
 
 QUERIES = ("count", "filtered", "lookup")
 
@@ -61,6 +62,19 @@ def reader(uri: str, rows: int) -> None:
     """Child process: one tick per line read from stdin, its figures as a JSON line."""
     import datafusion
 
+    heap = os.environ.get("MEMWAL_TICK_HEAP", "default")
+    if heap == "bound":
+        from memwal_query.storage.heap import bound_process_heap
+
+        bound_process_heap()
+    if heap == "sysarrow":
+        pa.set_memory_pool(pa.system_memory_pool())
+    if heap.startswith("mallopt"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, int(heap[7:] or 1) << 20)
+        libc.mallopt(-3, 32 << 20)
     r = mq.MemWalTable.open(uri)
     rng = np.random.default_rng(3)
     for line in sys.stdin:
@@ -88,11 +102,73 @@ def reader(uri: str, rows: int) -> None:
         r.lookup(keys, consistency="latest")
         out["lookup cpu"], out["lookup wall"] = time.process_time() - c, time.perf_counter() - w
         out["tick cpu"] = time.process_time() - tick_cpu
+        if heap == "trim":
+            from memwal_query.storage.heap import release_free_heap
+
+            c = time.process_time()
+            release_free_heap(force=True)
+            out["release cpu"] = time.process_time() - c
+        if heap == "arrowrelease":
+            c = time.process_time()
+            pa.default_memory_pool().release_unused()
+            out["release cpu"] = time.process_time() - c
+        if heap in ("release", "bound"):
+            from memwal_query.storage.heap import release_unused_memory
+
+            c = time.process_time()
+            release_unused_memory()
+            out["release cpu"] = time.process_time() - c
+        out.update(heap_figures(r))
         if provider.last_plan is not None:
             plan = provider.last_plan
             out["tail rows"] = sum(m.num_rows for g in plan.regions for m in g.memtables)
             out["generations"] = len(plan.generations)
         print(json.dumps(out), flush=True)
+
+
+def heap_figures(t: mq.MemWalTable) -> dict[str, float]:
+    """This process's resident memory and what holds it, in MB: RSS and its anonymous
+    part, glibc's heap in use and free (``mallinfo2``; the free part counts pages already
+    given back too), Arrow's pool, the Lance sessions and the read path's caches."""
+    from scale_stream import reader_memory, rss_mb
+
+    use = reader_memory(t)
+    out = {k: use.get(k, 0.0) for k in ("rss", "glibc_in_use", "glibc_free_kept")}
+    out["rss_anon"] = rss_mb(os.getpid(), "RssAnon")
+    out["arrow"] = use.get("arrow_pool_bytes", 0.0)
+    out["lance"] = use.get("lance_cache_bytes", 0.0)
+    out["caches"] = use.get("caches_bytes", 0.0)
+    out.update(anon_mappings())
+    return out
+
+
+def anon_mappings() -> dict[str, float]:
+    """Resident MB of this process's anonymous memory by mapping: glibc's main heap
+    (``[heap]``), mappings of 60 MB or more (glibc's thread arenas are 64 MiB, mimalloc's
+    segments larger), the smaller ones."""
+    out = {"smaps heap": 0.0, "smaps big": 0.0, "smaps small": 0.0}
+    kind = None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and not head[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    name = head[5] if len(head) > 5 else ""
+                    kind = (
+                        "smaps heap"
+                        if name == "[heap]"
+                        else None
+                        if name
+                        else "smaps big"
+                        if hi - lo >= 60 << 20
+                        else "smaps small"
+                    )
+                elif head[0] == "Rss:" and kind is not None:
+                    out[kind] += int(head[1]) / 1024
+    except OSError:
+        pass
+    return out
 
 
 def run_mix(args: argparse.Namespace, template: str, mix: str) -> list[dict[str, float]]:
@@ -106,8 +182,10 @@ def run_mix(args: argparse.Namespace, template: str, mix: str) -> list[dict[str,
     write_values(t, 0, args.fill, args.rows, mix)
     n = args.fill
     readers = []
-    for code in args.code:
-        env = dict(os.environ, PYTHONPATH=code) if code else None
+    for code, heap in args.readers:
+        env = dict(os.environ, MEMWAL_TICK_HEAP=heap)
+        if code:
+            env["PYTHONPATH"] = code
         cmd = [sys.executable, os.path.abspath(__file__), "--child", uri, "--rows", str(args.rows)]
         readers.append(
             subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -118,6 +196,9 @@ def run_mix(args: argparse.Namespace, template: str, mix: str) -> list[dict[str,
         for i in range(args.ticks):
             write_values(t, n, args.step, args.rows, mix)
             n += args.step
+            if args.maintain_every and (i + 1) % args.maintain_every == 0:
+                t.flush()  # what a stream's maintainer sees: generations, merged
+                t.maintenance.maintain(MaintenancePolicy(merge_over_generations=0))
             order = list(range(len(readers)))
             if i % 2:
                 order.reverse()  # paired readers take turns at going first
@@ -146,11 +227,18 @@ def run_mix(args: argparse.Namespace, template: str, mix: str) -> list[dict[str,
             child.stdin.close()
             child.wait()
         t.close(flush=False)  # the WAL tails stay: the state can be read again
+    for (code, heap), got in zip(args.readers, ticks):
+        with open(f"{args.root}/ticks-{mix}-{heap}-{len(code)}.json", "w") as f:
+            json.dump(got, f)
     out = []
     for got in ticks:
         later = got[1:] or got
         row = {k: float(np.median([x[k] for x in later])) for k in later[0]}
         row["first tick cpu"] = got[0]["tick cpu"]
+        for k in ("rss", "rss_anon", "glibc_free_kept", "glibc_in_use"):
+            row[f"{k} first"], row[f"{k} last"] = got[0][k], got[-1][k]
+        row["rss max"] = max(x["rss"] for x in got)
+        row["rss series"] = [x["rss"] for x in got]  # type: ignore[assignment]
         out.append(row)
     return out
 
@@ -172,12 +260,29 @@ def main() -> None:
         help="PYTHONPATH of a reader (repeat: paired readers of the same ticks, e.g. two "
         "worktrees); default: this process's",
     )
+    p.add_argument(
+        "--heap",
+        action="append",
+        default=None,
+        help="a reader per --code and --heap: 'release' calls release_unused_memory() "
+        "after each tick, 'bound' also bound_process_heap() first (repeat: paired)",
+    )
+    p.add_argument(
+        "--maintain-every",
+        type=int,
+        default=0,
+        help="flush and run a maintenance pass every N ticks (the state stops growing: "
+        "a stream with its maintainer); default 0: never",
+    )
+    p.add_argument("--rss-every", type=int, default=0, help="print RSS every N ticks")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         reader(args.child, args.rows)
         return
     args.code = args.code or [""]
+    args.heap = args.heap or ["default"]
+    args.readers = [(code, heap) for code in args.code for heap in args.heap]
     args.root = args.root or tempfile.mkdtemp(prefix="memwal-reader-tick-")
     template = f"{args.root}/base-{args.rows}-{args.regions}"
     if not os.path.exists(f"{template}/.done"):
@@ -191,22 +296,36 @@ def main() -> None:
     header = ["mix", "reader", "tick CPU ms (p50)", "first tick CPU ms"]
     header += [f"{q} CPU ms" for q in QUERIES] + [f"{q} wall ms" for q in QUERIES]
     header += ["WAL-tail rows", "generations", "live rows"]
-    out = []
+    mem_header = ["mix", "reader", "RSS MB first", "last", "max", "last/first"]
+    mem_header += ["RssAnon first", "last", "glibc in use last", "glibc free last"]
+    mem_header += ["release CPU ms (p50)"]
+    out, mem = [], []
     for mix in mixes:
-        for code, r in zip(args.code, run_mix(args, template, mix)):
+        for (code, heap), r in zip(args.readers, run_mix(args, template, mix)):
+            name = f"{code or 'this'} {heap}"
             out.append(
-                [mix, code or "this", r["tick cpu"] * 1e3, r["first tick cpu"] * 1e3]
+                [mix, name, r["tick cpu"] * 1e3, r["first tick cpu"] * 1e3]
                 + [r[f"{q} cpu"] * 1e3 for q in QUERIES]
                 + [r[f"{q} wall"] * 1e3 for q in QUERIES]
                 + [int(r.get("tail rows", 0)), int(r.get("generations", 0))]
                 + [int(r["count answer"])]
             )
+            mem.append(
+                [mix, name, r["rss first"], r["rss last"], r["rss max"]]
+                + [r["rss last"] / r["rss first"], r["rss_anon first"], r["rss_anon last"]]
+                + [r["glibc_in_use last"], r["glibc_free_kept last"]]
+                + [r.get("release cpu", 0.0) * 1e3]
+            )
+            if args.rss_every:
+                series = r["rss series"][:: args.rss_every]  # type: ignore[index]
+                print(f"{mix} {name} RSS MB:", " ".join(f"{x:.0f}" for x in series))
     title = (
         f"Reader per tick, {args.rows:,} rows, {args.regions} regions, {args.fill:,} values "
         f"then {args.step:,} per tick, p50 over {args.ticks - 1} ticks "
         f"(load {os.getloadavg()[0]:.2f})"
     )
     print_table(title, header, out)
+    print_table(f"Reader memory per tick (load {os.getloadavg()[0]:.2f})", mem_header, mem)
 
 
 if __name__ == "__main__":

@@ -211,11 +211,12 @@ def reader_memory(t: mq.MemWalTable) -> dict[str, float]:
     return use
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of process ``pid`` in MB (0 when unknown)."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of process ``pid`` in MB (0 when unknown); ``field`` another
+    line of ``/proc/PID/status`` (``RssAnon``: the part not backed by files)."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass

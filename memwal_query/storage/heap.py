@@ -4,21 +4,32 @@ The Lance and DataFusion extensions and numpy allocate through the C library's
 ``malloc``. glibc keeps what a process frees for reuse, and under a reader that follows
 a stream (every query decodes new generations and WAL entries, every merge a new base
 version) the free-but-kept part grows to as much as the part in use: 0.4-0.8 GB of a
-10,000,000-row reader's resident memory (``benchmarks/scale_stream.py``). On glibc,
-:func:`release_free_heap` returns those free pages (``malloc_trim``); it is called
-after the read path's caches store an entry, at most once per
-:data:`RELEASE_EVERY_SECONDS`. Elsewhere (another C library) it does nothing.
+10,000,000-row reader's resident memory (``benchmarks/scale_stream.py``). Two things
+bound it in every process that reads, with nothing for the user to configure:
+
+- on its first cache store, the read path fixes glibc's trim and mmap thresholds
+  (:data:`READ_TRIM_THRESHOLD_BYTES`, :data:`MMAP_THRESHOLD_BYTES`). glibc trims the
+  top of its per-thread arenas only when a free leaves more than the trim threshold
+  there, a threshold it raises (up to 64 MiB per arena) each time a large block is
+  freed, and ``malloc_trim`` never trims those tops: a reader whose queries run on
+  many worker threads keeps up to 64 MiB per arena. Fixed, each keeps at most the
+  threshold. ``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
+  ``MALLOC_MMAP_THRESHOLD_`` in the environment leave glibc's settings alone;
+- :func:`release_free_heap` returns the free pages inside the heaps
+  (``malloc_trim``); it is called after the read path's caches store an entry, at most
+  once per :data:`RELEASE_EVERY_SECONDS`.
+
+Elsewhere (another C library) both do nothing.
 
 A process that runs a heavy step now and then (the maintainer: a pass merges, compacts
 and extends indexes, then sleeps until the next) calls :func:`release_unused_memory`
 after each step: the free pages of the C heap and of Arrow's memory pool go back to the
 system, so its resident memory between steps is what it holds, not the largest step's
-high-water mark. A trim reaches only part of it with the allocators' defaults: glibc
-trims the top of its per-thread arenas only when a free leaves more than a threshold
-there, a threshold it raises (up to 64 MiB per arena) each time a large block is freed,
-and Arrow's default pool (mimalloc) keeps freed pages of its worker threads. A process
-that is a long-running maintainer and nothing else (``memwal maintain --watch``) calls
-:func:`bound_process_heap` once first; a library call never changes them.
+high-water mark. Arrow's default pool (mimalloc) keeps freed pages of its worker
+threads; a process that is a long-running maintainer and nothing else (``memwal
+maintain --watch``) calls :func:`bound_process_heap` once first: a lower trim threshold
+(:data:`TRIM_THRESHOLD_BYTES`, which would cost a reader's queries CPU) and Arrow's
+system pool.
 """
 
 from __future__ import annotations
@@ -37,6 +48,12 @@ heap's free chunks: a few milliseconds for a gigabyte)."""
 TRIM_THRESHOLD_BYTES = 1 << 20
 """glibc's ``M_TRIM_THRESHOLD`` set by :func:`bound_process_heap`: a free that leaves more
 than this at the top of a heap gives it back at once (fixed: not raised by large frees)."""
+READ_TRIM_THRESHOLD_BYTES = 8 << 20
+"""glibc's ``M_TRIM_THRESHOLD`` the read path fixes in every process on its first cache
+store (:func:`release_free_heap`), unless the environment or :func:`bound_process_heap`
+chose: large enough that a query's own frees and reallocations do not return and fault
+pages back in (1 MiB costs a 10,000,000-row reader a fifth more CPU per query), small
+enough that a thread arena keeps at most this much at its top instead of up to 64 MiB."""
 MMAP_THRESHOLD_BYTES = 32 << 20
 """glibc's ``M_MMAP_THRESHOLD`` set by :func:`bound_process_heap`: the largest value glibc
 raises it to by itself, so large buffers are reused from the heap as by default."""
@@ -50,6 +67,7 @@ _ARROW_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 _LOCK = threading.Lock()
 _last = [float("-inf")]
 _trim: list[Any] = []  # [malloc_trim or None], resolved on first use
+_thresholds: list[str] = []  # who fixed glibc's thresholds in this process, once done
 
 
 def _malloc_trim() -> Any:
@@ -66,8 +84,49 @@ def _malloc_trim() -> Any:
     return _trim[0]
 
 
+def _fix_thresholds(trim_bytes: int, who: str) -> bool:
+    """Fix glibc's ``M_TRIM_THRESHOLD`` at ``trim_bytes`` and ``M_MMAP_THRESHOLD`` at
+    :data:`MMAP_THRESHOLD_BYTES` (ending glibc's raising of both after large frees),
+    unless the environment sets them; remembers ``who`` did. Returns whether set."""
+    with _LOCK:
+        if _thresholds and who == "read path":
+            return False  # a caller chose already
+        if any(k in os.environ for k in _GLIBC_ENV):
+            _thresholds[:] = ["environment"]
+            return False
+        _thresholds[:] = [who]
+        if _malloc_trim() is None:
+            return False
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = getattr(libc, "mallopt", None)
+        if mallopt is None:
+            return False
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        mallopt.restype = ctypes.c_int
+        return bool(
+            mallopt(_M_TRIM_THRESHOLD, trim_bytes)
+            and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        )
+
+
+def heap_thresholds() -> str | None:
+    """Who chose glibc's trim and mmap thresholds in this process.
+
+    Returns
+    -------
+    str or None
+        ``"read path"`` (the default, :data:`READ_TRIM_THRESHOLD_BYTES`, fixed on the
+        first cache store), ``"bound_process_heap"`` (:data:`TRIM_THRESHOLD_BYTES`),
+        ``"environment"`` (``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
+        ``MALLOC_MMAP_THRESHOLD_`` is set: left alone), or None (nothing read yet).
+    """
+    return _thresholds[0] if _thresholds else None
+
+
 def release_free_heap(force: bool = False) -> bool:
-    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim``).
+    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim``);
+    the first call in a process also fixes glibc's thresholds for the read path (see the
+    module docs) unless :func:`bound_process_heap` or the environment chose them.
 
     Parameters
     ----------
@@ -80,6 +139,8 @@ def release_free_heap(force: bool = False) -> bool:
     bool
         Whether a trim ran (False also where the C library has no ``malloc_trim``).
     """
+    if not _thresholds:
+        _fix_thresholds(READ_TRIM_THRESHOLD_BYTES, "read path")
     now = time.monotonic()
     if not force and now - _last[0] < RELEASE_EVERY_SECONDS:
         return False
@@ -129,17 +190,8 @@ def bound_process_heap() -> list[str]:
     import pyarrow as pa
 
     done: list[str] = []
-    if _malloc_trim() is not None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = getattr(libc, "mallopt", None)
-        if mallopt is not None:
-            mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-            mallopt.restype = ctypes.c_int
-            if not any(k in os.environ for k in _GLIBC_ENV) and (
-                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-                and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-            ):
-                done.append("malloc thresholds")
+    if _fix_thresholds(TRIM_THRESHOLD_BYTES, "bound_process_heap"):
+        done.append("malloc thresholds")
     if _ARROW_ENV not in os.environ:
         pa.set_memory_pool(pa.system_memory_pool())
         done.append("arrow system pool")
