@@ -17,6 +17,15 @@ on a live stream).
 worktrees), all reading the same ticks, taking turns at going first: a paired
 comparison of two versions on one state. ``--profile DIR``: ``py-spy record --format
 raw`` of each reader over the ticks after the first (``MIX-N.txt`` in DIR).
+
+Memory: each reader's resident set and what holds it after every tick (RSS, its
+anonymous part, glibc's heap in use and free, Arrow's pool, the Lance sessions, the read
+path's caches, anonymous mappings by kind) go to ``ticks-MIX-HEAP-N.json`` in ``--root``;
+the table prints first / last / largest RSS. ``--heap MODE`` (repeatable, times each
+``--code``) runs readers with different allocator settings on the same ticks;
+``--maintain-every N`` flushes and runs a maintenance pass every N ticks, so the state
+stops growing as on a stream with its maintainer (the base gets a new version, the
+views of merged generations are replaced).
 """
 
 from __future__ import annotations
@@ -67,14 +76,12 @@ def reader(uri: str, rows: int) -> None:
         from memwal_query.storage.heap import bound_process_heap
 
         bound_process_heap()
-    if heap == "sysarrow":
-        pa.set_memory_pool(pa.system_memory_pool())
-    if heap.startswith("mallopt"):
+    if heap.startswith("trim:"):  # glibc's trim threshold fixed at this many MiB
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-1, int(heap[7:] or 1) << 20)
-        libc.mallopt(-3, 32 << 20)
+        libc.mallopt(-1, int(heap[5:]) << 20)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
     r = mq.MemWalTable.open(uri)
     rng = np.random.default_rng(3)
     for line in sys.stdin:
@@ -102,16 +109,6 @@ def reader(uri: str, rows: int) -> None:
         r.lookup(keys, consistency="latest")
         out["lookup cpu"], out["lookup wall"] = time.process_time() - c, time.perf_counter() - w
         out["tick cpu"] = time.process_time() - tick_cpu
-        if heap == "trim":
-            from memwal_query.storage.heap import release_free_heap
-
-            c = time.process_time()
-            release_free_heap(force=True)
-            out["release cpu"] = time.process_time() - c
-        if heap == "arrowrelease":
-            c = time.process_time()
-            pa.default_memory_pool().release_unused()
-            out["release cpu"] = time.process_time() - c
         if heap in ("release", "bound"):
             from memwal_query.storage.heap import release_unused_memory
 
@@ -124,6 +121,15 @@ def reader(uri: str, rows: int) -> None:
             out["tail rows"] = sum(m.num_rows for g in plan.regions for m in g.memtables)
             out["generations"] = len(plan.generations)
         print(json.dumps(out), flush=True)
+
+
+def heap_mode(text: str) -> str:
+    """A ``--heap`` value, checked."""
+    if text in ("default", "glibc", "release", "bound") or (
+        text.split(":")[0] in ("trim", "arenas") and text.split(":")[-1].isdigit()
+    ):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown --heap {text!r}")
 
 
 def heap_figures(t: mq.MemWalTable) -> dict[str, float]:
@@ -184,6 +190,11 @@ def run_mix(args: argparse.Namespace, template: str, mix: str) -> list[dict[str,
     readers = []
     for code, heap in args.readers:
         env = dict(os.environ, MEMWAL_TICK_HEAP=heap)
+        if heap == "glibc" or heap.startswith("trim:"):
+            # a tunable that changes nothing: the library leaves glibc's settings be
+            env["GLIBC_TUNABLES"] = "glibc.malloc.perturb=0"
+        if heap.startswith("arenas:"):
+            env["GLIBC_TUNABLES"] = f"glibc.malloc.arena_max={heap[7:]}"
         if code:
             env["PYTHONPATH"] = code
         cmd = [sys.executable, os.path.abspath(__file__), "--child", uri, "--rows", str(args.rows)]
@@ -264,8 +275,12 @@ def main() -> None:
         "--heap",
         action="append",
         default=None,
-        help="a reader per --code and --heap: 'release' calls release_unused_memory() "
-        "after each tick, 'bound' also bound_process_heap() first (repeat: paired)",
+        type=heap_mode,
+        help="a reader per --code and --heap (repeat: paired): 'default'; 'glibc': glibc's "
+        "own thresholds (the environment sets a tunable, the library steps aside); "
+        "'release': release_unused_memory() after each tick; 'bound': bound_process_heap() "
+        "first and release_unused_memory() after each tick; 'trim:MIB': glibc's trim "
+        "threshold fixed at MIB; 'arenas:N': glibc's own thresholds, at most N arenas",
     )
     p.add_argument(
         "--maintain-every",
