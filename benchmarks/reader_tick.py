@@ -193,8 +193,8 @@ def run_mix(args: argparse.Namespace, template: str, mix: str) -> list[dict[str,
         if heap == "glibc" or heap.startswith("trim:"):
             # a tunable that changes nothing: the library leaves glibc's settings be
             env["GLIBC_TUNABLES"] = "glibc.malloc.perturb=0"
-        if heap.startswith("arenas:"):
-            env["GLIBC_TUNABLES"] = f"glibc.malloc.arena_max={heap[7:]}"
+        if heap.startswith("arenas:"):  # glibc's arena cap; the library's thresholds stay
+            env["MALLOC_ARENA_MAX"] = heap[7:]
         if code:
             env["PYTHONPATH"] = code
         cmd = [sys.executable, os.path.abspath(__file__), "--child", uri, "--rows", str(args.rows)]
@@ -280,7 +280,8 @@ def main() -> None:
         "own thresholds (the environment sets a tunable, the library steps aside); "
         "'release': release_unused_memory() after each tick; 'bound': bound_process_heap() "
         "first and release_unused_memory() after each tick; 'trim:MIB': glibc's trim "
-        "threshold fixed at MIB; 'arenas:N': glibc's own thresholds, at most N arenas",
+        "threshold fixed at MIB; 'arenas:N': the default with at most N glibc arenas "
+        "(MALLOC_ARENA_MAX)",
     )
     p.add_argument(
         "--maintain-every",
