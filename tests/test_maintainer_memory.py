@@ -136,3 +136,46 @@ def test_the_watch_process_returns_a_threads_freed_arena() -> None:
     assert "malloc thresholds" in out.stderr, out.stderr
     kept = int(out.stdout.split()[-1])
     assert kept < 8 << 20, (kept >> 20, out.stderr)
+
+
+USER_CHOICE = """
+import sys
+import pyarrow as pa
+from memwal_query.storage.heap import bound_process_heap, release_unused_memory
+kept = pa.array(range(100000))  # allocated from the pool chosen at start
+print(bound_process_heap(), file=sys.stderr)
+made = pa.array(range(100000))
+release_unused_memory()
+del kept
+release_unused_memory()
+print(pa.default_memory_pool().backend_name, made.sum().as_py())
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "done", "pool"),
+    [
+        ({}, ["malloc thresholds", "arrow system pool"], "system"),
+        ({"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}, ["malloc thresholds"], "jemalloc"),
+        ({"MALLOC_TRIM_THRESHOLD_": "0"}, ["arrow system pool"], "system"),
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, ["arrow system pool"], "system"),
+    ],
+)
+def test_the_users_allocator_settings_win(env: dict[str, str], done: list[str], pool: str) -> None:
+    """What the environment chose (glibc's tunables, Arrow's pool) is left alone; the
+    pool is switched with arrays of the former one alive, which are freed by their own
+    pool (no crash, the same values)."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "ARROW_DEFAULT_MEMORY_POOL"))
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", USER_CHOICE],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stderr.strip().splitlines()[-1] == repr(done), out.stderr
+    assert out.stdout.split() == [pool, str(sum(range(100000)))]
