@@ -179,3 +179,40 @@ def test_the_users_allocator_settings_win(env: dict[str, str], done: list[str], 
     )
     assert out.stderr.strip().splitlines()[-1] == repr(done), out.stderr
     assert out.stdout.split() == [pool, str(sum(range(100000)))]
+
+
+def test_passes_give_memory_back_while_other_threads_read(tmp_path: Any) -> None:
+    """Passes (each ending in a trim of the heap and Arrow's pool) run while a reader
+    thread decodes and frees rows: every answer is the table's."""
+    import threading
+
+    uri = str(tmp_path / "t")
+    lance.write_dataset(basic_rows(range(2000)), uri)
+    t = mq.MemWalTable.initialize(uri, region_spec=parity_spec(lance.dataset(uri)))
+    want = {k: float(k) for k in range(2000)}
+    want.update({k: -1.0 for k in range(1000, 3000)})
+    t.write(basic_rows(range(1000, 3000), [-1.0] * 2000))
+    t.flush()
+    t.close()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        r = mq.MemWalTable.open(uri)
+        try:
+            while not stop.is_set():
+                got = r.to_table()
+                assert dict(zip(got["id"].to_pylist(), got["val"].to_pylist())) == want
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    th = threading.Thread(target=read)
+    th.start()
+    try:
+        policy = MaintenancePolicy(merge_over_generations=0)
+        for _ in range(3):
+            t.maintenance.maintain(policy)
+    finally:
+        stop.set()
+        th.join()
+    assert not errors, errors[0]

@@ -61,7 +61,10 @@ def _sql(t: mq.MemWalTable) -> dict[int, float]:
     return dict(zip(got["id"].to_pylist(), got["val"].to_pylist(), strict=True))
 
 
-@pytest.mark.parametrize("kind", ["identity", "truncate", "expression", "unsharded"])
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param("identity", marks=pytest.mark.slow), "truncate", "expression", "unsharded"],
+)
 def test_live_reader_follows_writes_flushes_and_merges_in_any_layout(tmp_path, kind):
     clear_read_caches()
     uri = str(tmp_path / "t")
@@ -69,7 +72,7 @@ def test_live_reader_follows_writes_flushes_and_merges_in_any_layout(tmp_path, k
     r = mq.MemWalTable.open(uri)  # another reader: WAL tails and generations
     rng = np.random.default_rng(11)
     model = {k: float(k) for k in range(60)}
-    for step in range(10):
+    for step in range(7):
         keys = sorted({int(k) for k in rng.integers(0, 90, 12)})
         vals = [step * 1000.0 + k for k in keys]
         w.write(basic_rows(keys, vals))
@@ -82,7 +85,7 @@ def test_live_reader_follows_writes_flushes_and_merges_in_any_layout(tmp_path, k
         writers = w._routed.writers()
         if step % 2 == 1 and writers:
             writers[int(rng.integers(0, len(writers)))].flush()  # one region only
-        if step == 6:
+        if step == 4:
             w.close(flush=True)
             r.maintenance.maintain()  # merged into the base between two reads
             w = mq.MemWalTable.open(uri)
@@ -192,7 +195,7 @@ def test_readers_in_threads_share_the_kept_views(tmp_path):
         tables.append((uri, w))
     # the states table 0 goes through: the value of key 0..119 after each round
     states = [{k: (0.5 if k % 3 == 0 else 0.0) for k in range(120)}]
-    rounds = 12
+    rounds = 8
     for n in range(rounds):
         s = dict(states[-1])
         s.update({k: 10.0 + n for k in range(n * 10, n * 10 + 10)})
@@ -238,3 +241,110 @@ def test_readers_in_threads_share_the_kept_views(tmp_path):
     assert tuple(sorted(_answer(mq.MemWalTable.open(tables[0][0])).items())) == ok[-1]
     for _, w in tables:
         w.close(flush=False)
+
+
+WRITER = """
+import sys, json
+import numpy as np, pyarrow as pa
+import memwal_query as mq
+from helpers import basic_rows
+w = mq.MemWalTable.open(sys.argv[1])
+w.configure_writers(max_memtable_age=1e9)
+for line in sys.stdin:
+    op = json.loads(line)
+    if op["do"] == "write":
+        w.write(basic_rows(op["keys"], op["vals"]))
+    elif op["do"] == "delete":
+        w.delete(pa.table({"id": pa.array(op["keys"], pa.int64())}))
+    elif op["do"] == "flush":
+        ws = w._routed.writers()
+        if ws:
+            ws[op["which"] % len(ws)].flush()
+    elif op["do"] == "merge":
+        w.close(flush=True)
+        w.maintenance.maintain()
+        w = mq.MemWalTable.open(sys.argv[1])
+        w.configure_writers(max_memtable_age=1e9)
+    print("ok", flush=True)
+w.close(flush=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bucket", "truncate"])
+def test_a_reader_follows_a_writer_process(tmp_path, kind):
+    """The writer in another process (the reader's MemTables are its WAL tails): after
+    each acknowledged step the reader, keeping its caches, answers as the model."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    clear_read_caches()
+    uri = str(tmp_path / "t")
+    _make(uri, kind).close(flush=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, uri],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    r = mq.MemWalTable.open(uri)
+    rng = np.random.default_rng(5)
+    model = {k: float(k) for k in range(60)}
+
+    def do(**op) -> None:
+        child.stdin.write(json.dumps(op) + "\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok"
+
+    try:
+        for step in range(14):
+            keys = sorted({int(k) for k in rng.integers(0, 100, 10)})
+            vals = [step * 100.0 + k for k in keys]
+            do(do="write", keys=keys, vals=vals)
+            model.update(zip(keys, vals, strict=True))
+            if step % 3 == 2:
+                gone = sorted({int(k) for k in rng.integers(0, 100, 3)})
+                do(do="delete", keys=gone)
+                for k in gone:
+                    model.pop(k, None)
+            if step % 2:
+                do(do="flush", which=int(rng.integers(0, 8)))
+            if step == 9:
+                do(do="merge")
+            assert _answer(r) == model, step
+            assert r.count_rows(consistency="latest") == len(model), step
+            assert _answer(r) == model, step  # unchanged sources: the kept view
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["unsharded", "bucket"])
+def test_keys_at_the_ends_of_int64(tmp_path, kind):
+    """Keys at both ends of int64 in generations and MemTables (the own-region flags
+    over the MemTable keys' range, and keys outside it)."""
+    clear_read_caches()
+    uri = str(tmp_path / "t")
+    lo, hi = -(2**63), 2**63 - 1
+    w = _make(uri, kind, range(0))
+    ends = [lo, lo + 1, lo + 7, -1, 0, 1, hi - 7, hi - 1, hi]
+    w.write(basic_rows(ends, [1.0] * len(ends)))
+    w.flush()
+    r = mq.MemWalTable.open(uri)
+    model = dict.fromkeys(ends, 1.0)
+    for keys, v in (([lo, lo + 7], 2.0), ([hi, hi - 7], 3.0), ([lo + 1, hi - 1, 0], 4.0)):
+        w.write(basic_rows(keys, [v] * len(keys)))
+        model.update(dict.fromkeys(keys, v))
+        assert _answer(r) == model
+        assert _answer(r) == model
+    w.delete(pa.table({"id": pa.array([lo, hi, -1], pa.int64())}))
+    for k in (lo, hi, -1):
+        del model[k]
+    assert _answer(r) == model
+    assert r.count_rows(consistency="latest") == len(model)
+    w.close(flush=False)
