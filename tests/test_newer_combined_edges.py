@@ -348,3 +348,43 @@ def test_keys_at_the_ends_of_int64(tmp_path, kind):
     assert _answer(r) == model
     assert r.count_rows(consistency="latest") == len(model)
     w.close(flush=False)
+
+
+@pytest.mark.parametrize("to", ["bucket", "truncate"])
+def test_keys_move_regions_under_a_live_reader(tmp_path, to):
+    """A reader keeps its views while the region spec changes (old regions sealed and
+    merged, keys written again to other regions, flushed there): each of its answers
+    is the model's."""
+    clear_read_caches()
+    uri = str(tmp_path / "t")
+    w = _make(uri, "bucket")
+    r = mq.MemWalTable.open(uri)
+    model = {k: float(k) for k in range(60)}
+    w.write(basic_rows(range(30, 90), [1.0] * 60))
+    w._routed.writers()[0].flush()
+    w.delete(pa.table({"id": pa.array([31, 32], pa.int64())}))
+    model.update(dict.fromkeys(range(30, 90), 1.0))
+    del model[31], model[32]
+    assert _answer(r) == model
+    ds = lance.dataset(uri)
+    spec = (
+        mq.bucket_spec(ds.lance_schema, "id", 5, spec_id=2)
+        if to == "bucket"
+        else truncate_spec(ds.lance_schema, "id", 25, spec_id=2)
+    )
+    w.maintenance.set_region_spec(spec)
+    assert _answer(r) == model
+    for n, keys in enumerate((range(25, 45), range(40, 70), [31, 5, 89])):
+        w.write(basic_rows(keys, [10.0 + n] * len(keys)))
+        model.update(dict.fromkeys(keys, 10.0 + n))
+        assert _answer(r) == model, n
+        w._routed.writers()[n % len(w._routed.writers())].flush()
+        assert _answer(r) == model, n
+        assert _answer(w) == model, n
+    w.delete(pa.table({"id": pa.array([40, 41], pa.int64())}))
+    del model[40], model[41]
+    assert _answer(r) == model
+    assert r.count_rows(consistency="latest") == len(model)
+    w.close(flush=False)
+    clear_read_caches()
+    assert _answer(mq.MemWalTable.open(uri)) == model
