@@ -48,12 +48,13 @@ heap's free chunks: a few milliseconds for a gigabyte)."""
 TRIM_THRESHOLD_BYTES = 1 << 20
 """glibc's ``M_TRIM_THRESHOLD`` set by :func:`bound_process_heap`: a free that leaves more
 than this at the top of a heap gives it back at once (fixed: not raised by large frees)."""
-READ_TRIM_THRESHOLD_BYTES = 8 << 20
+READ_TRIM_THRESHOLD_BYTES = 16 << 20
 """glibc's ``M_TRIM_THRESHOLD`` the read path fixes in every process on its first cache
 store (:func:`release_free_heap`), unless the environment or :func:`bound_process_heap`
-chose: large enough that a query's own frees and reallocations do not return and fault
-pages back in (1 MiB costs a 10,000,000-row reader a fifth more CPU per query), small
-enough that a thread arena keeps at most this much at its top instead of up to 64 MiB."""
+chose: large enough that a query's buffers, freed and allocated again by the next query,
+are not given back and faulted in again (8 MiB cost a 10,000,000-row reader 3-20% more
+CPU per query, 1 MiB a fifth more on a 2,000,000-row one), small enough that a heap
+keeps at most this much at its top instead of up to 64 MiB."""
 MMAP_THRESHOLD_BYTES = 32 << 20
 """glibc's ``M_MMAP_THRESHOLD`` set by :func:`bound_process_heap`: the largest value glibc
 raises it to by itself, so large buffers are reused from the heap as by default."""
