@@ -24,44 +24,24 @@ import tempfile
 import time
 from pathlib import Path
 
-import lance
 import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, print_table  # noqa: E402
 from reader_tick import write_values  # noqa: E402
-from scale_stream import NEW_EVERY, scale_base  # noqa: E402
+from scale_stream import LOOKUP_PHASES, NEW_EVERY, lookup_phase_timer, scale_base  # noqa: E402
 
 import memwal_query as mq  # noqa: E402
 
-PHASES = ("resolve", "memtables", "generations", "base")
-
-
-def _timed(mod: object, name: str, phase: str, acc: dict[str, list[float]]) -> None:
-    fn = getattr(mod, name)
-
-    def wrapper(*a: object, **k: object) -> object:
-        c, w = time.process_time(), time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            acc[phase][0] += time.process_time() - c
-            acc[phase][1] += time.perf_counter() - w
-
-    setattr(mod, name, wrapper)
+PHASES = (*LOOKUP_PHASES, "gc", "trim")
 
 
 def reader(uri: str, rows: int, lookups: int) -> None:
     """Child process: per line on stdin (the acknowledged values), ``lookups`` lookups."""
-    from memwal_query.search import pointlookup
     from memwal_query.search.memory import memory_usage
 
-    acc: dict[str, list[float]] = {p: [0.0, 0.0] for p in PHASES}
-    _timed(pointlookup.view, "resolve", "resolve", acc)
-    _timed(pointlookup, "_memtable_lookup", "memtables", acc)
-    _timed(pointlookup, "_gen_info", "generations", acc)
-    _timed(pointlookup, "_base_lookup", "base", acc)
+    acc = lookup_phase_timer()
     r = mq.MemWalTable.open(uri)
     rng = np.random.default_rng(5)
     for line in sys.stdin:
@@ -77,7 +57,7 @@ def reader(uri: str, rows: int, lookups: int) -> None:
             got = {"cpu": time.process_time() - c, "wall": time.perf_counter() - w}
             for p, (pc_, pw) in acc.items():
                 got[f"{p} cpu"], got[f"{p} wall"] = pc_, pw
-            got["other cpu"] = got["cpu"] - sum(got[f"{p} cpu"] for p in PHASES)
+            got["other cpu"] = got["cpu"] - sum(got[f"{p} cpu"] for p in LOOKUP_PHASES)
             per.append(got)
         out = {f"first {k}": v * 1e3 for k, v in per[0].items()}
         later = per[1:] or per
@@ -127,7 +107,8 @@ def main() -> None:
             env[k] = v
         cmd = [sys.executable, os.path.abspath(__file__), "--child", uri]
         cmd += ["--rows", str(args.rows), "--lookups", str(args.lookups)]
-        child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+        child = subprocess.Popen(cmd, text=True, env=env, **pipes)
         readers.append((name, child))
     rows_out = []
     n = 0
@@ -153,7 +134,7 @@ def main() -> None:
         t.close(flush=False)
     header = ["step", "reader", "fragments", "deletion files", "index segments"]
     header += ["lance cache MB", "first wall", "first cpu", "wall", "cpu"]
-    header += [f"{ph} cpu" for ph in (*PHASES, "other")]
+    header += [f"{ph} cpu" for ph in (*LOOKUP_PHASES, "other", "gc", "trim")]
     header += ["first base wall", "base wall", "load"]
     print_table(
         f"Lookup of 10 keys by phase, {args.rows:,} rows, {args.regions} regions, "

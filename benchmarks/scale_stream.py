@@ -59,7 +59,12 @@ primary-key index leaves unindexed (means over the ticks: the wear scans and loo
 until a pass compacts and indexes), the load average; then last minute / first minute
 ratios, and the final checks: every key's newest ``seq`` against the model in the live
 reader, a reopened table, and the base table alone after the WAL tails are flushed and
-everything merged."""
+everything merged. In the work directory: ``reader_memory.jsonl`` (per minute, what the
+reader's caches, Lance session and C heap hold, the base's fragments, fragments with a
+deletion file and primary-key index segments, the reader's Python objects) and
+``lookup_phases.jsonl`` (per tick, each query's wall and CPU milliseconds and the
+lookup's by phase: view resolution, MemTable and WAL-tail probes, opening generations,
+the base's key lookup, garbage collection, heap trims)."""
 
 from __future__ import annotations
 
@@ -740,7 +745,6 @@ def lookup_phase_timer() -> dict[str, list[float]]:
     import gc
 
     from memwal_query.search import pointlookup
-
     from memwal_query.storage import cache as read_caches
 
     acc: dict[str, list[float]] = {p: [0.0, 0.0] for p in (*LOOKUP_PHASES, "gc", "trim")}
@@ -831,7 +835,7 @@ def base_wear(uri: str) -> list[float] | None:
     return [float(live), physical / max(live, 1), float(unindexed)]
 
 
-def base_shape(uri: str) -> dict[str, int]:
+def base_wear_shape(uri: str) -> dict[str, int]:
     """The base's latest version's fragments, those with a deletion file, and the
     primary-key index's segments; and this process's Python objects (the garbage
     collector's work)."""
@@ -1000,7 +1004,7 @@ def scale_main(args: argparse.Namespace) -> bool:
                 print("  minute " + " | ".join(_short(c) for c in row), flush=True)
                 with open(f"{root}/reader_memory.jsonl", "a") as f:
                     f.write(
-                        json.dumps({"minute": row[0], **reader_memory(r), **base_shape(uri)})
+                        json.dumps({"minute": row[0], **reader_memory(r), **base_wear_shape(uri)})
                         + "\n"
                     )
                 if maint.poll() is not None:
