@@ -3,10 +3,12 @@
 :func:`merge_region` merges one region's generations above its
 ``merged_generations`` entry in ascending order; :func:`merge_regions` and
 :func:`merge` merge several regions, packing consecutive generations into as few
-Lance ``merge_insert`` commits as :data:`DEFAULT_BATCH_ROWS` and
-:data:`DEFAULT_BATCH_BYTES` allow. Each commit carries the upserts and the progress
-marker (``merged_generations``) together; each batch is reduced to the last write per
-key first, so a deleted key is removed and a live key holds its newest row.
+batches as :data:`DEFAULT_BATCH_ROWS` and :data:`DEFAULT_BATCH_BYTES` allow. A batch is
+one Lance ``merge_insert`` commit carrying the upserts and the progress marker
+(``merged_generations``) together, or on a large base with an integer key one
+``Update`` commit of the merger's own followed by the marker's commit; each batch is
+reduced to the last write per key first, so a deleted key is removed and a live key
+holds its newest row.
 
 Contract: a generation is merged once and never skipped, whichever other mergers run;
 lost commit races are retried (at most ``max_retries`` per generation) on the latest
@@ -550,9 +552,7 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     return np.sort(np.concatenate(hits), kind="stable") if hits else np.empty(0, np.uint64)
 
 
-def _delete_rows(
-    ds: lance.LanceDataset, addresses: np.ndarray
-) -> tuple[list[Any], list[int]]:
+def _delete_rows(ds: lance.LanceDataset, addresses: np.ndarray) -> tuple[list[Any], list[int]]:
     """Mark rows (ascending addresses) deleted in new deletion files of their fragments
     of ``ds``; return the fragments' new metadata and the ids of fragments left empty
     (nothing is committed)."""
@@ -565,6 +565,8 @@ def _delete_rows(
     for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
         fid = int(frags[start])
         fragment = ds.get_fragment(fid)
+        if fragment is None:  # scanned on this very version: not expected; re-plan
+            raise _BatchMoved(f"{ds.uri}: conflict: fragment {fid} is gone")
         raw = getattr(fragment, "_fragment", None)
         if raw is not None:  # the offsets as one list (the public method converts each)
             out = raw.delete_rows(offsets[start:end].tolist())
@@ -616,9 +618,7 @@ def _commit_rewrite(
     if addresses is None:
         return False
     so = table.storage_options or None
-    new = lance.fragment.write_fragments(
-        source, latest, schema=latest.schema, storage_options=so
-    )
+    new = lance.fragment.write_fragments(source, latest, schema=latest.schema, storage_options=so)
     updated, removed = _delete_rows(latest, addresses)
     op = lance.LanceOperation.Update(
         removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
