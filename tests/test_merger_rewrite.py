@@ -8,11 +8,7 @@ and for the deleted keys), then the marker. A merger killed between them
 answer is the model, and the next merge makes the base the model again, every key once.
 """
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 
 import lance
 import pyarrow as pa
@@ -21,40 +17,10 @@ import pytest
 import memwal_query as mq
 from memwal_query.maintain import merger
 
-from helpers import expr_table, write_generation
+from helpers import base_id_val, expr_table, id_val_view, kill_merger_at, write_region
 
 # region r holds the keys k with k % 2 == r
-CRASHING_MERGER = textwrap.dedent(
-    """
-    import sys
-    import memwal_query as mq
-    from memwal_query.maintain import merger
-
-    merger.REWRITE_MIN_BASE_ROWS = 0
-    t = mq.MemWalTable.open(sys.argv[1])
-    t.maintenance.merge()
-    print("not killed", flush=True)
-    """
-)
-
-
-def view(t, **kw):
-    rows = t.provider(**kw).to_table().to_pylist()
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "a key twice"
-    return {r["id"]: r["val"] for r in rows}
-
-
-def base_view(uri, version=None):
-    rows = lance.dataset(uri, version=version).to_table(columns=["id", "val"]).to_pylist()
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "a key twice in the base table"
-    return {r["id"]: r["val"] for r in rows}
-
-
-def _write(t, model, region, puts, deletes, val):
-    """One flushed generation in ``region``: ``puts`` then ``deletes``."""
-    return write_generation(t, model, {"r": region}, puts, deletes, val)
+view, base_view = id_val_view, base_id_val
 
 
 @pytest.fixture
@@ -80,10 +46,10 @@ def test_rewrite_commits_equal_the_model(base_uri, rewrite):
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
     regions = [
-        _write(t, model, 0, [0, 2, 200], [4, 6], 1.0),
-        _write(t, model, 1, [1, 3, 201], [5, 7], 1.0),
+        write_region(t, model, 0, [0, 2, 200], [4, 6], 1.0),
+        write_region(t, model, 1, [1, 3, 201], [5, 7], 1.0),
     ]
-    _write(t, model, 0, [4, 8], [0, 10], 2.0)  # deleted key written again, and the reverse
+    write_region(t, model, 0, [4, 8], [0, 10], 2.0)  # deleted key written again, and the reverse
     before = lance.dataset(t.uri).version
     merged = t.maintenance.merge()
     assert merged.by_region() == {regions[0]: [1, 2], regions[1]: [1]}
@@ -108,8 +74,8 @@ def test_rewrite_removes_an_emptied_fragment(base_uri, rewrite):
     """Every row of a base fragment replaced: the fragment goes, its rows are new."""
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
-    _write(t, model, 0, list(range(0, 100, 2)), [], 3.0)
-    _write(t, model, 1, list(range(1, 100, 2)), [], 3.0)
+    write_region(t, model, 0, list(range(0, 100, 2)), [], 3.0)
+    write_region(t, model, 1, list(range(1, 100, 2)), [], 3.0)
     old = {f.fragment_id for f in lance.dataset(t.uri).get_fragments()}
     t.maintenance.merge()
     assert not old & {f.fragment_id for f in lance.dataset(t.uri).get_fragments()}
@@ -121,7 +87,7 @@ def test_rewrite_falls_back_on_a_wide_key_span(base_uri, rewrite, monkeypatch):
     monkeypatch.setattr(merger, "REWRITE_MAX_KEY_SPAN", 10)
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
-    _write(t, model, 0, [0, 50, 300], [], 1.0)
+    write_region(t, model, 0, [0, 50, 300], [], 1.0)
     before = lance.dataset(t.uri).version
     t.maintenance.merge()
     assert lance.dataset(t.uri).version == before + 1
@@ -131,17 +97,10 @@ def test_rewrite_falls_back_on_a_wide_key_span(base_uri, rewrite, monkeypatch):
 def test_merger_killed_between_the_rewrite_commits(base_uri):
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
-    region = _write(t, model, 0, [0, 2, 300], [4, 6, 8], 1.0)
-    _write(t, model, 1, [1, 301], [3, 5], 1.0)
+    region = write_region(t, model, 0, [0, 2, 300], [4, 6, 8], 1.0)
+    write_region(t, model, 1, [1, 301], [3, 5], 1.0)
     before = lance.dataset(t.uri).version
-    env = {**os.environ, "MEMWAL_CRASH_AT": "merge.between_commits"}
-    p = subprocess.run(
-        [sys.executable, "-c", CRASHING_MERGER, t.uri],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = kill_merger_at(t.uri, "merge.between_commits", REWRITE_MIN_BASE_ROWS=0)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
     # The rows are committed, the progress is not.
     assert lance.dataset(t.uri).version == before + 1
@@ -153,7 +112,7 @@ def test_merger_killed_between_the_rewrite_commits(base_uri):
     got = t.lookup(pa.array([4, 6, 300, 0], pa.int64()), columns=["id", "val"])
     assert {r["id"]: r["val"] for r in got.to_pylist()} == {300: 1.0, 0: 1.0}
     # A later generation writes a deleted key again before the merge is done.
-    _write(t, model, 0, [4, 300], [2], 2.0)
+    write_region(t, model, 0, [4, 300], [2], 2.0)
     assert view(t) == model
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(merger, "REWRITE_MIN_BASE_ROWS", 0)
@@ -169,7 +128,7 @@ def test_rewrite_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri
     the batch's regions; when their progress moved, the attempt is a lost race."""
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
-    region = _write(t, model, 0, [0, 400], [2], 1.0)
+    region = write_region(t, model, 0, [0, 400], [2], 1.0)
     gens = t.catalog.region_manifest(region).flushed_generations
     ds = lance.dataset(t.uri)
     prep = merger.prepare_generation(t.catalog, region, gens, ds.schema)
