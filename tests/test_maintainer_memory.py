@@ -136,3 +136,83 @@ def test_the_watch_process_returns_a_threads_freed_arena() -> None:
     assert "malloc thresholds" in out.stderr, out.stderr
     kept = int(out.stdout.split()[-1])
     assert kept < 8 << 20, (kept >> 20, out.stderr)
+
+
+USER_CHOICE = """
+import sys
+import pyarrow as pa
+from memwal_query.storage.heap import bound_process_heap, release_unused_memory
+kept = pa.array(range(100000))  # allocated from the pool chosen at start
+print(bound_process_heap(), file=sys.stderr)
+made = pa.array(range(100000))
+release_unused_memory()
+del kept
+release_unused_memory()
+print(pa.default_memory_pool().backend_name, made.sum().as_py())
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "done", "pool"),
+    [
+        ({}, ["malloc thresholds", "arrow system pool"], "system"),
+        ({"ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}, ["malloc thresholds"], "jemalloc"),
+        ({"MALLOC_TRIM_THRESHOLD_": "0"}, ["arrow system pool"], "system"),
+        ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, ["arrow system pool"], "system"),
+    ],
+)
+def test_the_users_allocator_settings_win(env: dict[str, str], done: list[str], pool: str) -> None:
+    """What the environment chose (glibc's tunables, Arrow's pool) is left alone; the
+    pool is switched with arrays of the former one alive, which are freed by their own
+    pool (no crash, the same values)."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "ARROW_DEFAULT_MEMORY_POOL"))
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", USER_CHOICE],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stderr.strip().splitlines()[-1] == repr(done), out.stderr
+    assert out.stdout.split() == [pool, str(sum(range(100000)))]
+
+
+def test_passes_give_memory_back_while_other_threads_read(tmp_path: Any) -> None:
+    """Passes (each ending in a trim of the heap and Arrow's pool) run while a reader
+    thread decodes and frees rows: every answer is the table's."""
+    import threading
+
+    uri = str(tmp_path / "t")
+    lance.write_dataset(basic_rows(range(2000)), uri)
+    t = mq.MemWalTable.initialize(uri, region_spec=parity_spec(lance.dataset(uri)))
+    want = {k: float(k) for k in range(2000)}
+    want.update({k: -1.0 for k in range(1000, 3000)})
+    t.write(basic_rows(range(1000, 3000), [-1.0] * 2000))
+    t.flush()
+    t.close()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        r = mq.MemWalTable.open(uri)
+        try:
+            while not stop.is_set():
+                got = r.to_table()
+                assert dict(zip(got["id"].to_pylist(), got["val"].to_pylist())) == want
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    th = threading.Thread(target=read)
+    th.start()
+    try:
+        policy = MaintenancePolicy(merge_over_generations=0)
+        for _ in range(3):
+            t.maintenance.maintain(policy)
+    finally:
+        stop.set()
+        th.join()
+    assert not errors, errors[0]

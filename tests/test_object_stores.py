@@ -297,6 +297,40 @@ def test_reader_provider_and_sql(backend):
     assert got == {"id": [5, 500], "val": [50.0, 500.0]}
 
 
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_sidecars_are_read_from_the_generation_they_were_written_in(backend, slash):
+    """Every sidecar a flush writes on a store names its generation directory as the
+    reader finds it there (a table URI with or without a trailing slash): none is
+    refused, and reads use them."""
+    import warnings
+
+    from memwal_query.format import keyfile, rowfile
+    from memwal_query.read import sources
+    from memwal_query.read import view as read_view
+
+    uri = backend.base_table(range(20), "t") + slash
+    t = mq.MemWalTable.initialize(uri, storage_options=backend.storage_options)
+    t.write(basic_rows(range(10, 30), val=[-1.0] * 20))
+    t.flush()
+    t.close()
+    io = backend.io()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        refs = read_view.resolve(t.catalog).generations
+        assert refs
+        for ref in refs:
+            assert rowfile.read(io, ref.uri) is not None, ref.uri
+            assert keyfile.read(io, ref.uri) is not None, ref.uri
+            assert keyfile.read_index(io, ref.uri, None) is not None, ref.uri
+        for cache in (sources.GENERATIONS_WITHOUT_SIDECAR, sources.GENERATIONS_WITHOUT_KEYS):
+            cache.clear()
+        again = mq.MemWalTable.open(uri.rstrip("/"), storage_options=backend.storage_options)
+        assert live(again) == {k: (-1.0 if k >= 10 else float(k)) for k in range(30)}
+    for ref in refs:
+        assert ref.uri not in sources.GENERATIONS_WITHOUT_SIDECAR
+        assert ref.uri not in sources.GENERATIONS_WITHOUT_KEYS
+
+
 @STORES_ARE_SLOW
 def test_merger_and_gc(backend):
     t = backend.table()
