@@ -126,3 +126,54 @@ def damage_file(
         shutil.copy(donor, path)
     else:
         raise ValueError(f"unknown damage {kind!r}")
+
+
+def id_val_view(t, **kw) -> dict:
+    """``{id: val}`` of what ``t``'s provider answers (``kw``: its options); every key
+    once."""
+    rows = t.provider(**kw).to_table().to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key twice"
+    return {r["id"]: r["val"] for r in rows}
+
+
+def base_id_val(uri: str, version: int | None = None) -> dict:
+    """``{id: val}`` of the Lance base table at ``uri`` (``version``: that version); every
+    key once."""
+    import lance
+
+    rows = lance.dataset(uri, version=version).to_table(columns=["id", "val"]).to_pylist()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a key twice in the base table"
+    return {r["id"]: r["val"] for r in rows}
+
+
+def kill_merger_at(uri: str, crash_at: str, **settings: int):
+    """Run ``t.maintenance.merge()`` in a new process with ``MEMWAL_CRASH_AT=crash_at``
+    and the merger's module constants ``settings``; return the finished process (killed
+    by SIGKILL when the point was reached)."""
+    import os
+    import subprocess
+    import sys
+
+    lines = ["import sys", "import memwal_query as mq", "from memwal_query.maintain import merger"]
+    lines += [f"merger.{k} = {v!r}" for k, v in settings.items()]
+    lines += [
+        "t = mq.MemWalTable.open(sys.argv[1])",
+        "t.maintenance.merge()",
+        "print('not killed', flush=True)",
+    ]
+    env = {**os.environ, "MEMWAL_CRASH_AT": crash_at}
+    return subprocess.run(
+        [sys.executable, "-c", "\n".join(lines), uri],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def write_region(t, model: dict, region: int, puts, deletes, val: float) -> str:
+    """One flushed generation in region ``r = region`` of an :func:`expr_table`:
+    ``puts`` then ``deletes`` (see :func:`write_generation`)."""
+    return write_generation(t, model, {"r": region}, puts, deletes, val)

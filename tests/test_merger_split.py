@@ -7,11 +7,7 @@ base version whose answer is the model, and the next merge applies each delete o
 key that a later generation writes again is present once afterwards.
 """
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 
 import lance
 import pyarrow as pa
@@ -20,40 +16,10 @@ import pytest
 import memwal_query as mq
 from memwal_query.maintain import merger
 
-from helpers import expr_table, write_generation
+from helpers import base_id_val, expr_table, id_val_view, kill_merger_at, write_region
 
 # region r holds the keys k with k % 2 == r
-CRASHING_MERGER = textwrap.dedent(
-    """
-    import sys
-    import memwal_query as mq
-    from memwal_query.maintain import merger
-
-    merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
-    t = mq.MemWalTable.open(sys.argv[1])
-    t.maintenance.merge()
-    print("not killed", flush=True)
-    """
-)
-
-
-def view(t, **kw):
-    rows = t.provider(**kw).to_table().to_pylist()
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "a key twice"
-    return {r["id"]: r["val"] for r in rows}
-
-
-def base_view(uri, version=None):
-    rows = lance.dataset(uri, version=version).to_table(columns=["id", "val"]).to_pylist()
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "a key twice in the base table"
-    return {r["id"]: r["val"] for r in rows}
-
-
-def _write(t, model, region, puts, deletes, val):
-    """One flushed generation in ``region``: ``puts`` then ``deletes``."""
-    return write_generation(t, model, {"r": region}, puts, deletes, val)
+view, base_view = id_val_view, base_id_val
 
 
 @pytest.fixture
@@ -67,10 +33,10 @@ def test_split_commits_equal_one_commit(base_uri, split):
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
     regions = [
-        _write(t, model, 0, [0, 2, 200], [4, 6], 1.0),
-        _write(t, model, 1, [1, 3, 201], [5, 7], 1.0),
+        write_region(t, model, 0, [0, 2, 200], [4, 6], 1.0),
+        write_region(t, model, 1, [1, 3, 201], [5, 7], 1.0),
     ]
-    _write(t, model, 0, [4, 8], [0, 10], 2.0)  # deleted key written again, and the reverse
+    write_region(t, model, 0, [4, 8], [0, 10], 2.0)  # deleted key written again, and the reverse
     before = lance.dataset(t.uri).version
     merged = t.maintenance.merge()
     assert merged.by_region() == {regions[0]: [1, 2], regions[1]: [1]}
@@ -89,17 +55,10 @@ def test_split_commits_equal_one_commit(base_uri, split):
 def test_merger_killed_between_the_commits(base_uri):
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
-    region = _write(t, model, 0, [0, 2, 300], [4, 6, 8], 1.0)
-    _write(t, model, 1, [1, 301], [3, 5], 1.0)
+    region = write_region(t, model, 0, [0, 2, 300], [4, 6, 8], 1.0)
+    write_region(t, model, 1, [1, 301], [3, 5], 1.0)
     before = lance.dataset(t.uri).version
-    env = {**os.environ, "MEMWAL_CRASH_AT": "merge.between_commits"}
-    p = subprocess.run(
-        [sys.executable, "-c", CRASHING_MERGER, t.uri],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    p = kill_merger_at(t.uri, "merge.between_commits", SEPARATE_DELETE_MIN_BASE_ROWS=0)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
     # The deletes are committed, the upserts and the progress are not.
     assert lance.dataset(t.uri).version == before + 1
@@ -112,7 +71,7 @@ def test_merger_killed_between_the_commits(base_uri):
     got = t.lookup(pa.array([4, 6, 300, 0], pa.int64()), columns=["id", "val"])
     assert {r["id"]: r["val"] for r in got.to_pylist()} == {300: 1.0, 0: 1.0}
     # A later generation writes a deleted key again before the merge is done.
-    _write(t, model, 0, [4], [], 2.0)
+    write_region(t, model, 0, [4], [], 2.0)
     assert view(t) == model
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(merger, "SEPARATE_DELETE_MIN_BASE_ROWS", 0)
@@ -130,7 +89,7 @@ def test_split_goes_on_a_moved_table_only_while_the_batch_is_unmerged(base_uri, 
     batch's regions; when their progress moved, the attempt is a lost race."""
     t = expr_table(base_uri)
     model = {k: float(k) for k in range(100)}
-    region = _write(t, model, 0, [0, 400], [2], 1.0)
+    region = write_region(t, model, 0, [0, 400], [2], 1.0)
     gens = t.catalog.region_manifest(region).flushed_generations
     ds = lance.dataset(t.uri)
     prep = merger.prepare_generation(t.catalog, region, gens, ds.schema)

@@ -3,10 +3,12 @@
 :func:`merge_region` merges one region's generations above its
 ``merged_generations`` entry in ascending order; :func:`merge_regions` and
 :func:`merge` merge several regions, packing consecutive generations into as few
-Lance ``merge_insert`` commits as :data:`DEFAULT_BATCH_ROWS` and
-:data:`DEFAULT_BATCH_BYTES` allow. Each commit carries the upserts and the progress
-marker (``merged_generations``) together; each batch is reduced to the last write per
-key first, so a deleted key is removed and a live key holds its newest row.
+batches as :data:`DEFAULT_BATCH_ROWS` and :data:`DEFAULT_BATCH_BYTES` allow. A batch is
+one Lance ``merge_insert`` commit carrying the upserts and the progress marker
+(``merged_generations``) together, or on a large base with an integer key one
+``Update`` commit of the merger's own followed by the marker's commit; each batch is
+reduced to the last write per key first, so a deleted key is removed and a live key
+holds its newest row.
 
 Contract: a generation is merged once and never skipped, whichever other mergers run;
 lost commit races are retried (at most ``max_retries`` per generation) on the latest
@@ -69,6 +71,18 @@ DEFAULT_BATCH_BYTES = 256 * 1024 * 1024
 # ``when_matched_delete`` commit of 50k keys takes 0.08 s (measured, pylance 14). On a
 # smaller base the one-commit form costs a few ms and keeps one version per batch.
 SEPARATE_DELETE_MIN_BASE_ROWS = 1_000_000
+# A batch with upserts, on a base of this many rows or more and a single integer key:
+# the merger joins its keys with the base itself and commits one Lance ``Update`` of its
+# own (the winning rows as new fragments, the rows they replace and the deleted keys'
+# rows marked in deletion files), then the progress marker in a commit of no rows (see
+# :func:`_commit_rewrite`). Measured with pylance 14 on a 10M-row base, 1M upserts and
+# 50k deletes: 0.33 CPU s, where ``merge_insert`` plus a ``when_matched_delete`` of the
+# deleted keys take 1.16 (``merge_insert`` alone 0.79). Below it, one ``merge_insert``.
+REWRITE_MIN_BASE_ROWS = 1_000_000
+# The key span (largest minus smallest key of a batch, plus one) the join's bitmap may
+# cover: one byte per key of the span. A batch spanning more goes through merge_insert.
+REWRITE_MAX_KEY_SPAN = 64 * 1024 * 1024
+REWRITE_SCAN_BATCH_ROWS = 1 << 20
 # Lance's merge_insert can join through a scalar index on the key (index lookups per
 # source row) or by scanning the base table's key column (a hash join). The index path
 # pays ~20 us per source row and keeps the whole source in a hash table inside a fixed
@@ -383,7 +397,10 @@ def _commit_generation(
     ``merged_generations[region_id] = prep.generation``, or the given markers (one per
     region when several regions' generations share the commit).
 
-    One commit, except for a batch with upserts and deletes on a base of at least
+    On a base of at least :data:`REWRITE_MIN_BASE_ROWS` rows with a single integer key,
+    a batch with upserts is two commits: the rows (upserts and deletes) in one ``Update``
+    of the merger's own, then the marker (:func:`_commit_rewrite`). Otherwise one commit,
+    except for a batch with upserts and deletes on a base of at least
     :data:`SEPARATE_DELETE_MIN_BASE_ROWS` rows: its deletes are committed first, without
     a marker, then the upserts with the marker (:func:`_commit_split`). Called under the
     table's index lock. Raises the commit error on a lost race (see :func:`_is_conflict`).
@@ -395,6 +412,8 @@ def _commit_generation(
         marker = list(region_id)
     if prep.deletes.num_rows and not prep.upsert_rows:
         _delete_keys(ds, pk, prep.deletes, marker)
+        return
+    if _rewrite_applies(ds, pk) and _commit_rewrite(table, ds, pk, prep, marker):
         return
     predicate = None
     if prep.unmatched_deletes.num_rows:
@@ -455,6 +474,19 @@ def _commit_split(
       answer is the same as before and after: every key it lacks is deleted by a
       generation still above its ``merged_generations``, which every reader applies.
     """
+    latest = _latest_unmoved(table, ds, marker)
+    _delete_keys(latest, pk, prep.unmatched_deletes, None)
+    prep.own_versions.append(latest.version)  # the commit's version (updated in place)
+    crashpoints.point("merge.between_commits")
+    return table.dataset()
+
+
+def _latest_unmoved(
+    table: Catalog, ds: lance.LanceDataset, marker: list[CompactedSsTable]
+) -> lance.LanceDataset:
+    """The latest base version, when the batch planned on ``ds`` may still go on it: its
+    regions' ``merged_generations`` and the schema as on ``ds`` (else
+    :class:`_BatchMoved`, a lost race)."""
     latest = table.dataset()
     if latest.version != ds.version:
         planned = table.index(ds).merged_generations()
@@ -463,10 +495,141 @@ def _commit_split(
             raise _BatchMoved(f"{table.uri}: conflict: merged meanwhile up to {now}")
         if not latest.schema.equals(ds.schema):
             raise _BatchMoved(f"{table.uri}: conflict: the schema changed meanwhile")
-    _delete_keys(latest, pk, prep.unmatched_deletes, None)
-    prep.own_versions.append(latest.version)  # the commit's version (updated in place)
+    return latest
+
+
+def _rewrite_applies(ds: lance.LanceDataset, pk: list[str]) -> bool:
+    """Whether a batch may go through :func:`_commit_rewrite` on ``ds``: a single
+    integer key of at most 63 bits' values, a base of at least
+    :data:`REWRITE_MIN_BASE_ROWS` rows, no stable row ids (new fragments would give the
+    upserted rows new ids, where Lance's own upsert may keep them)."""
+    if len(pk) != 1:
+        return False
+    t = ds.schema.field(pk[0]).type
+    if not pa.types.is_integer(t) or t == pa.uint64():
+        return False
+    if ds.has_stable_row_ids:
+        return False
+    return ds.count_rows() >= REWRITE_MIN_BASE_ROWS
+
+
+def _int_keys(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An integer key column as int64 values (nulls dropped: no base row matches one)."""
+    if col.null_count:
+        col = pc.drop_null(col)
+    return np.asarray(col.cast(pa.int64()).to_numpy(), dtype=np.int64)
+
+
+def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.ndarray | None:
+    """The row addresses (fragment id << 32 | offset) of the live rows of ``ds`` whose
+    ``key`` is one of ``keys``, ascending; None when the keys span more than
+    :data:`REWRITE_MAX_KEY_SPAN` values.
+
+    One scan of the key column with row addresses, each batch looked up in a bitmap
+    over the keys' span (vectorised; memory: the span in bytes and one scan batch).
+    """
+    if not len(keys):
+        return np.empty(0, np.uint64)
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo + 1 > REWRITE_MAX_KEY_SPAN:
+        return None
+    wanted = np.zeros(hi - lo + 1, dtype=bool)
+    wanted[keys - lo] = True
+    hits = []
+    scan = ds.scanner(
+        columns=[key], with_row_address=True, batch_size=REWRITE_SCAN_BATCH_ROWS
+    ).to_batches()
+    for batch in scan:
+        col, addr = batch.column(0), batch.column(1)
+        if col.null_count:
+            valid = col.is_valid()
+            col, addr = col.filter(valid), addr.filter(valid)
+        ids = np.asarray(col.cast(pa.int64()).to_numpy(), dtype=np.int64)
+        inside = (ids >= lo) & (ids <= hi)
+        found = np.zeros(len(ids), dtype=bool)
+        found[inside] = wanted[ids[inside] - lo]
+        hits.append(np.asarray(addr.to_numpy(), dtype=np.uint64)[found])
+    return np.sort(np.concatenate(hits), kind="stable") if hits else np.empty(0, np.uint64)
+
+
+def _delete_rows(ds: lance.LanceDataset, addresses: np.ndarray) -> tuple[list[Any], list[int]]:
+    """Mark rows (ascending addresses) deleted in new deletion files of their fragments
+    of ``ds``; return the fragments' new metadata and the ids of fragments left empty
+    (nothing is committed)."""
+    frags = (addresses >> np.uint64(32)).astype(np.int64)
+    offsets = (addresses & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    cuts = np.flatnonzero(np.diff(frags)) + 1
+    starts = np.concatenate([[0], cuts]) if len(frags) else np.empty(0, np.int64)
+    ends = np.concatenate([cuts, [len(frags)]]) if len(frags) else np.empty(0, np.int64)
+    updated, removed = [], []
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        fid = int(frags[start])
+        fragment = ds.get_fragment(fid)
+        if fragment is None:  # scanned on this very version: not expected; re-plan
+            raise _BatchMoved(f"{ds.uri}: conflict: fragment {fid} is gone")
+        raw = getattr(fragment, "_fragment", None)
+        if raw is not None:  # the offsets as one list (the public method converts each)
+            out = raw.delete_rows(offsets[start:end].tolist())
+            meta = None if out is None else out.metadata()
+        else:
+            meta = fragment.delete_rows(offsets[start:end].tolist())
+        if meta is None:
+            removed.append(fid)
+        else:
+            updated.append(meta)
+    return updated, removed
+
+
+def _commit_rewrite(
+    table: Catalog,
+    ds: lance.LanceDataset,
+    pk: list[str],
+    prep: _Prepared,
+    marker: list[CompactedSsTable],
+) -> bool:
+    """Commit a batch as one Lance ``Update`` of the merger's own, then its progress
+    marker in a commit of no rows; False (nothing written) when the batch's keys span
+    more than :data:`REWRITE_MAX_KEY_SPAN` (the caller merges it through
+    ``merge_insert``).
+
+    The ``Update`` (on the latest version, the batch still unmerged there:
+    :func:`_latest_unmoved`) adds the winning rows as new fragments and marks deleted,
+    in new deletion files, every live base row whose key the batch upserts or deletes
+    (found by :func:`_base_addresses`); no index loses a fragment (no column of an old
+    row changes), and the new fragments are outside the indexes until they are
+    extended, as after Lance's own upsert. The marker then goes in a ``merge_insert``
+    of no keys carrying ``mark_sstables_as_compacted``.
+
+    Why two commits are as safe as one (as in :func:`_commit_split`): both are made
+    under the index lock; a crash or lost race between them leaves the marker where it
+    was, so the batch is merged again, and merging it again is idempotent (its upserted
+    keys' rows, the ones the first commit added, are replaced by equal rows, and its
+    deleted keys find no row); and a reader pinning the version between them applies
+    the batch's generations over it (still above ``merged_generations``), whose rows
+    are newer than every base row of their keys, so its answer is the same.
+    """
+    source = prep.upsert_source()  # a part that failed to build raises its error here
+    key = pk[0]
+    keys = np.concatenate(
+        [_int_keys(source.column(key)), _int_keys(prep.unmatched_deletes.column(key))]
+    )
+    latest = _latest_unmoved(table, ds, marker)
+    addresses = _base_addresses(latest, key, keys)
+    if addresses is None:
+        return False
+    so = table.storage_options or None
+    new = lance.fragment.write_fragments(source, latest, schema=latest.schema, storage_options=so)
+    updated, removed = _delete_rows(latest, addresses)
+    op = lance.LanceOperation.Update(
+        removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
+    )
+    committed = lance.LanceDataset.commit(
+        latest, op, read_version=latest.version, storage_options=so
+    )
+    prep.own_versions.append(committed.version)
     crashpoints.point("merge.between_commits")
-    return table.dataset()
+    _delete_keys(committed, pk, prep.deletes.schema.empty_table(), marker)
+    return True
 
 
 def _commit_once(

@@ -4,8 +4,8 @@
 variable ``MEMWAL_CRASH_AT`` names that point (optionally ``name:N`` to crash at its
 N-th hit). Free when the variable is unset. Points: ``wal.after_write``,
 ``manifest.before_commit``, ``manifest.after_commit``, ``flush.mid``,
-``merge.before_commit``, ``merge.between_commits`` (a batch's deletes committed, its
-upserts and progress not yet), ``merge.after_commit``, ``catchup.mid`` (indexes extended,
+``merge.before_commit``, ``merge.between_commits`` (a batch's deletes, or its rows,
+committed, its progress not yet), ``merge.after_commit``, ``catchup.mid`` (indexes extended,
 progress not recorded yet), ``gc.mid``.
 """
 
