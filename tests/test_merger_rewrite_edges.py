@@ -10,6 +10,7 @@ with a dict model of the newest row per key.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import os
@@ -405,3 +406,41 @@ def test_rewrite_write_failure_is_typed_and_changes_nothing(tmp_path, rewrite, m
     assert {k: r["val"] for k, r in _by_key(t.to_table()).items()} == model
     _merge_is_rewrite(t)
     assert {k: r["val"] for k, r in _by_key(lance.dataset(t.uri).to_table()).items()} == model
+
+
+@pytest.mark.parametrize("deletes", [[], [3]])
+def test_rewrite_after_a_lost_lock_does_not_apply_a_merged_batch_twice(
+    tmp_path, rewrite, monkeypatch, deletes
+):
+    """A merger whose index lock was lost (a lease taken over after the holder stalled
+    longer than its ttl) plans its Update, and meanwhile another merger merges the same
+    batch. Lance rebases the Update over the other merger's commits when they touch none
+    of its fragments (a batch of new keys only); the merger must see that its batch was
+    merged meanwhile and leave no row of it twice, as Lance's ``merge_insert`` (which
+    carries the progress in the same commit) refuses such a commit."""
+    t = _id_val_table(str(tmp_path / "base"), range(100), max_rows_per_file=25)
+    region = _write(
+        t,
+        _id_val([500, 501], 1.0),
+        pa.table({"id": pa.array(deletes, pa.int64())}) if deletes else None,
+    )
+    model = {i: float(i) for i in range(100)} | {500: 1.0, 501: 1.0}
+    for k in deletes:
+        del model[k]
+    held = merger.index_lock
+    write = lance.fragment.write_fragments
+
+    def stalled(*args, **kwargs):
+        out = write(*args, **kwargs)
+        monkeypatch.setattr(lance.fragment, "write_fragments", write)
+        monkeypatch.setattr(merger, "index_lock", held)
+        mq.MemWalTable.open(t.uri).maintenance.merge()  # the lease's new holder
+        return out
+
+    monkeypatch.setattr(merger, "index_lock", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(lance.fragment, "write_fragments", stalled)
+    t.maintenance.merge()
+    assert t.catalog.index().merged_generations() == {region: 1}
+    got = {k: r["val"] for k, r in _by_key(lance.dataset(t.uri).to_table()).items()}
+    assert got == model
+    assert {k: r["val"] for k, r in _by_key(t.to_table()).items()} == model
