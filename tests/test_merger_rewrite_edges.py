@@ -444,3 +444,120 @@ def test_rewrite_after_a_lost_lock_does_not_apply_a_merged_batch_twice(
     got = {k: r["val"] for k, r in _by_key(lance.dataset(t.uri).to_table()).items()}
     assert got == model
     assert {k: r["val"] for k, r in _by_key(t.to_table()).items()} == model
+
+
+@pytest.mark.parametrize(("high", "commits"), [(9, 2), (10, 1)])
+def test_rewrite_key_span_bound_is_inclusive(tmp_path, rewrite, monkeypatch, high, commits):
+    """Keys spanning exactly ``REWRITE_MAX_KEY_SPAN`` values go through the Update (two
+    commits); one more value, through ``merge_insert`` (one commit); both give the
+    model."""
+    monkeypatch.setattr(merger, "REWRITE_MAX_KEY_SPAN", 10)
+    t = _id_val_table(str(tmp_path / "base"), range(20))
+    _write(t, _id_val([0, high], -1.0), None)
+    before = lance.dataset(t.uri).version
+    t.maintenance.merge()
+    assert lance.dataset(t.uri).version == before + commits
+    model = {i: float(i) for i in range(20)} | {0: -1.0, high: -1.0}
+    assert {k: r["val"] for k, r in _by_key(lance.dataset(t.uri).to_table()).items()} == model
+
+
+def test_rewrite_middle_and_final_versions_read_alike_by_pylance_memwal(tmp_path):
+    """pylance's own MemWAL scanner and point lookups, given the region's unmerged
+    generations, answer like memwal_query on the version between the two commits (a
+    merger killed there) and after the merge."""
+    from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
+
+    from helpers import kill_merger_at
+
+    t = _id_val_table(str(tmp_path / "base"), range(10), max_rows_per_file=4)
+    region = _write(t, _id_val([1, 2, 50], 1.0), None)
+    _write(t, _id_val([2, 60], 2.0), pa.table({"id": pa.array([3, 50], pa.int64())}))
+    model = {k: r["val"] for k, r in _by_key(t.to_table()).items()}
+
+    def native(t):
+        m = t.catalog.region_manifest(region)
+        merged = t.catalog.index().merged_generations().get(region, 0)
+        snap = ShardSnapshot(region).with_current_generation(m.current_generation)
+        for g in m.flushed_generations:
+            if g.generation > merged:
+                snap = snap.with_sstable(g.generation, g.path)
+        base = lance.dataset(t.uri)
+        got = {
+            k: r["val"]
+            for k, r in _by_key(LsmScanner.from_snapshots(base, [snap]).to_table()).items()
+        }
+        assert got == model
+        planner = LsmPointLookupPlanner(base, [snap])
+        for key in [1, 2, 3, 50, 60, 7]:
+            found = planner.plan_lookup(pa.array([key], pa.int64())).to_table().to_pylist()
+            assert [r["val"] for r in found] == ([model[key]] if key in model else [])
+
+    p = kill_merger_at(t.uri, "merge.between_commits", REWRITE_MIN_BASE_ROWS=0)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
+    middle = mq.MemWalTable.open(t.uri)
+    assert middle.catalog.index().merged_generations() == {}
+    native(middle)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(merger, "REWRITE_MIN_BASE_ROWS", 0)
+        _merge_is_rewrite(middle)
+    native(middle)
+    assert {k: r["val"] for k, r in _by_key(middle.to_table()).items()} == model
+
+
+def test_rewrite_then_search_and_index_catch_up_match_the_model(tmp_path, rewrite):
+    """Full-text and vector search through memwal_query (base indexes plus generations)
+    after the Update, after the indexes' catch-up, and after the next Update: each
+    replaced row found with its new value, no deleted or replaced row found."""
+    import numpy as np
+
+    uri = str(tmp_path / "base")
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False, metadata=PK),
+            pa.field("text", pa.string()),
+            pa.field("vec", pa.list_(pa.float32(), 4)),
+        ]
+    )
+
+    def rows(ids, tag, shift):
+        ids = list(ids)
+        return pa.table(
+            {
+                "id": ids,
+                "text": [f"{tag} w{i}" for i in ids],
+                "vec": [[float(i) + shift] * 4 for i in ids],
+            },
+            schema,
+        )
+
+    lance.write_dataset(rows(range(300), "old", 0.0), uri, max_rows_per_file=100)
+    ds = lance.dataset(uri)
+    ds.create_scalar_index("text", "INVERTED")
+    ds.create_index("vec", "IVF_FLAT", num_partitions=2)
+    t = mq.MemWalTable.initialize(uri, maintained_indexes=["text_idx", "vec_idx"])
+    model = _by_key(rows(range(300), "old", 0.0))
+
+    def check():
+        for word in ["w5", "w7", "w151", "new", "w1000"]:
+            got = t.fts_search("text", word, k=1000, columns=["id", "text"]).to_pylist()
+            want = {k for k, r in model.items() if word in r["text"].split()}
+            assert {r["id"] for r in got} == want, word
+            assert all(r["text"] == model[r["id"]]["text"] for r in got)
+        for q in [5.5, 7.0, 151.0, 1000.5]:
+            got = t.vector_search("vec", np.full(4, q, np.float32), k=3, columns=["id"], nprobes=2)
+            want = sorted(model, key=lambda k: (abs(model[k]["vec"][0] - q), k))[:3]
+            assert got.column("id").to_pylist() == want, q
+
+    for n, (puts, deletes) in enumerate([([5, 10, 150, 1000], [7, 151]), ([5, 11], [150])]):
+        new = rows(puts, "new", 0.5 + n)
+        region = _write(t, new, pa.table({"id": pa.array(deletes, pa.int64())}))
+        model.update(_by_key(new))
+        for k in deletes:
+            del model[k]
+        _merge_is_rewrite(t)
+        check()
+        assert t.maintenance.catch_up_indexes() == {
+            "text_idx": {region: n + 1},
+            "vec_idx": {region: n + 1},
+        }
+        check()
