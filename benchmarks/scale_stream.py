@@ -59,7 +59,12 @@ primary-key index leaves unindexed (means over the ticks: the wear scans and loo
 until a pass compacts and indexes), the load average; then last minute / first minute
 ratios, and the final checks: every key's newest ``seq`` against the model in the live
 reader, a reopened table, and the base table alone after the WAL tails are flushed and
-everything merged."""
+everything merged. In the work directory: ``reader_memory.jsonl`` (per minute, what the
+reader's caches, Lance session and C heap hold, the base's fragments, fragments with a
+deletion file and primary-key index segments, the reader's Python objects) and
+``lookup_phases.jsonl`` (per tick, each query's wall and CPU milliseconds and the
+lookup's by phase: view resolution, MemTable and WAL-tail probes, opening generations,
+the base's key lookup, garbage collection, heap trims)."""
 
 from __future__ import annotations
 
@@ -728,11 +733,59 @@ def scale_base(uri: str, rows: int, regions: int) -> mq.MemWalTable:
     )
 
 
+LOOKUP_PHASES = ("resolve", "memtables", "generations", "base")
+"""The phases of a lookup :func:`lookup_phase_timer` times (view resolution, MemTable
+and WAL-tail probes, opening generations, the base's key lookup)."""
+
+
+def lookup_phase_timer() -> dict[str, list[float]]:
+    """Wrap the lookup's phase functions in this process with CPU/wall accumulators:
+    ``{phase: [cpu s, wall s]}`` (reset them between lookups), ``gc`` (seconds in
+    Python's garbage collector) and ``trim`` (giving the C heap's free pages back)."""
+    import gc
+
+    from memwal_query.search import pointlookup
+    from memwal_query.storage import cache as read_caches
+
+    acc: dict[str, list[float]] = {p: [0.0, 0.0] for p in (*LOOKUP_PHASES, "gc", "trim")}
+
+    def wrap(mod: object, name: str, phase: str) -> None:
+        fn = getattr(mod, name)
+
+        def timed(*a: object, **k: object) -> object:
+            c, w = time.process_time(), time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[phase][0] += time.process_time() - c
+                acc[phase][1] += time.perf_counter() - w
+
+        setattr(mod, name, timed)
+
+    wrap(pointlookup.view, "resolve", "resolve")
+    wrap(pointlookup, "_memtable_lookup", "memtables")
+    wrap(pointlookup, "_gen_info", "generations")
+    wrap(pointlookup, "_base_lookup", "base")
+    wrap(read_caches, "release_free_heap", "trim")
+    started = [0.0, 0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0], started[1] = time.process_time(), time.perf_counter()
+        else:
+            acc["gc"][0] += time.process_time() - started[0]
+            acc["gc"][1] += time.perf_counter() - started[1]
+
+    gc.callbacks.append(on_gc)
+    return acc
+
+
 def scale_queries(
     r: mq.MemWalTable,
     rng: np.random.Generator,
     keys: tuple[int, int],
     lat: dict[str, list[float]],
+    phases: dict[str, list[float]] | None = None,
 ) -> tuple[int, int]:
     """The queries of one tick (the lookup of 10 keys in ``keys``, a range), their
     seconds into ``lat``; returns the unflushed WAL rows (all regions) the ``count(*)``
@@ -747,16 +800,22 @@ def scale_queries(
         ("count", "SELECT count(*) FROM t"),
         ("filtered", "SELECT count(*), sum(val) FROM t WHERE cat = 7"),
     ):
-        s = time.perf_counter()
+        s, c = time.perf_counter(), time.process_time()
         got = ctx.sql(sql).to_arrow_table()
         lat[name].append(time.perf_counter() - s)
+        lat.setdefault(f"{name} cpu", []).append(time.process_time() - c)
         if name == "count":
             live = int(got.column(0)[0].as_py())
             if provider.last_plan is not None:
                 tail = sum(m.num_rows for g in provider.last_plan.regions for m in g.memtables)
-    s = time.perf_counter()
+    before = {p: list(v) for p, v in (phases or {}).items()}
+    s, c = time.perf_counter(), time.process_time()
     r.lookup(pa.table({"id": pa.array(rng.integers(*keys, 10), pa.int64())}), consistency="latest")
     lat["lookup"].append(time.perf_counter() - s)
+    lat.setdefault("lookup cpu", []).append(time.process_time() - c)
+    for p, v in (phases or {}).items():  # the lookup's own share of each phase
+        lat.setdefault(f"lookup {p} cpu", []).append(v[0] - before[p][0])
+        lat.setdefault(f"lookup {p} wall", []).append(v[1] - before[p][1])
     return tail, live
 
 
@@ -774,6 +833,24 @@ def base_wear(uri: str) -> list[float] | None:
     except (ValueError, OSError):
         return None
     return [float(live), physical / max(live, 1), float(unindexed)]
+
+
+def base_wear_shape(uri: str) -> dict[str, int]:
+    """The base's latest version's fragments, those with a deletion file, and the
+    primary-key index's segments; and this process's Python objects (the garbage
+    collector's work)."""
+    import gc
+
+    out = {"python_objects": len(gc.get_objects())}
+    try:
+        ds = lance.dataset(uri)
+        frags = ds.get_fragments()
+        out["base_fragments"] = len(frags)
+        out["base_deletion_files"] = sum(f.metadata.deletion_file is not None for f in frags)
+        out["pk_index_segments"] = sum(i.name == "id_idx" for i in ds.describe_indices())
+    except (ValueError, OSError):
+        pass
+    return out
 
 
 def flush_wal_tails(t: mq.MemWalTable) -> int:
@@ -811,6 +888,7 @@ def scale_main(args: argparse.Namespace) -> bool:
     wlog = open(f"{root}/writer.log", "w")  # noqa: SIM115 - closed below
     writer = subprocess.Popen(child, stdout=wlog, stderr=subprocess.STDOUT)
     r = mq.MemWalTable.open(uri)
+    phases = lookup_phase_timer()
     header = [
         "minute",
         "target rows/s",
@@ -880,7 +958,15 @@ def scale_main(args: argparse.Namespace) -> bool:
             acked_now = int(state.get("acked", 0))
             keys = args.rows + acked_now // NEW_EVERY
             oldest = acked_now // NEW_EVERY + 1 if args.mix == "steady" else 0
-            tail, live = scale_queries(r, rng, (oldest, keys), lat)
+            for v in phases.values():
+                v[0] = v[1] = 0.0
+            tail, live = scale_queries(r, rng, (oldest, keys), lat, phases)
+            with open(f"{root}/lookup_phases.jsonl", "a") as f:
+                tick_row = {k: lat[k][-1] * 1e3 for k in lat if lat[k]}
+                tick_row.update({f"{p} cpu": v[0] * 1e3 for p, v in phases.items()})
+                tick_row.update({f"{p} wall": v[1] * 1e3 for p, v in phases.items()})
+                tick_row.update(minute=minute, t=time.perf_counter() - t0)
+                f.write(json.dumps(tick_row) + "\n")
             tails.append(tail)
             samples.append(unmerged(r))
             worn = base_wear(uri)
@@ -917,7 +1003,10 @@ def scale_main(args: argparse.Namespace) -> bool:
                 out.append(row)
                 print("  minute " + " | ".join(_short(c) for c in row), flush=True)
                 with open(f"{root}/reader_memory.jsonl", "a") as f:
-                    f.write(json.dumps({"minute": row[0], **reader_memory(r)}) + "\n")
+                    f.write(
+                        json.dumps({"minute": row[0], **reader_memory(r), **base_wear_shape(uri)})
+                        + "\n"
+                    )
                 if maint.poll() is not None:
                     raise RuntimeError(f"the maintainer exited with {maint.returncode}")
                 lat = {k: [] for k in lat}

@@ -1,8 +1,10 @@
 """Point lookup in MemTables through their key index, against brute-force models.
 
-The index (``memkeys._MemKeyIndex``) is built per MemTable by batch identity and
-extended as batches are appended; candidates found by key hash are compared exactly and
-the last write of a key wins (a tombstone means "not found").
+The index (``memkeys._MemKeyIndex``) is built per MemTable by batch identity; the
+batches appended since it was last extended are scanned until lookups have scanned them
+``memkeys.EXTEND_AFTER_SCANS`` times over, then indexed. Candidates found by key hash
+are compared exactly and the last write of a key wins (a tombstone means "not found").
+The model tests run with every appended batch indexed at once, never, and the default.
 """
 
 from __future__ import annotations
@@ -54,10 +56,26 @@ def _mem_index_of(t: mq.MemWalTable, region_id: str) -> memkeys._MemKeyIndex:
     return idx
 
 
+# every appended batch indexed at the next lookup, never (always scanned), the default
+EXTEND_POLICIES = pytest.mark.parametrize(
+    "extend_after",
+    [1, 10**9, memkeys.EXTEND_AFTER_SCANS],
+    ids=["index", "scan", "default"],
+    indirect=True,
+)
+
+
+@pytest.fixture
+def extend_after(request, monkeypatch):
+    monkeypatch.setattr(memkeys, "EXTEND_AFTER_SCANS", request.param)
+    return request.param
+
+
 # ----------------------------------------------------------------------------------------
 # Through real writers
 # ----------------------------------------------------------------------------------------
-def test_int_keys_updates_deletes_many_batches_vs_model(tmp_path):
+@EXTEND_POLICIES
+def test_int_keys_updates_deletes_many_batches_vs_model(tmp_path, extend_after):
     schema = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.int64())])
     base = pa.table({"id": np.arange(200), "v": -np.arange(200)}, schema=schema)
     t = _init(tmp_path, schema, base)
@@ -99,7 +117,8 @@ def test_int_keys_updates_deletes_many_batches_vs_model(tmp_path):
         w.close(flush=False)
 
 
-def test_composite_and_string_keys_vs_model(tmp_path):
+@EXTEND_POLICIES
+def test_composite_and_string_keys_vs_model(tmp_path, extend_after):
     schema = pa.schema(
         [
             pa.field("a", pa.int32(), False, PK),
@@ -198,7 +217,8 @@ def test_other_key_types_vs_model(tmp_path, name):
         w.close(flush=False)
 
 
-def test_hash_collisions_are_resolved_exactly(tmp_path, monkeypatch):
+@EXTEND_POLICIES
+def test_hash_collisions_are_resolved_exactly(tmp_path, monkeypatch, extend_after):
     """With only 4 distinct hashes every lookup sees many candidates; keys still match."""
     real = search_keys.hash_keys
     for module in (search_keys, pointlookup):
@@ -285,7 +305,8 @@ def test_adopt_inserts_before_unsynced_rows():
     assert _via_index(uri, snap, [1, 2, 3]) == {1: 10, 2: 20, 3: "deleted"}
 
 
-def test_random_appends_adopts_and_old_snapshots_vs_brute_force():
+@EXTEND_POLICIES
+def test_random_appends_adopts_and_old_snapshots_vs_brute_force(extend_after):
     uri = "mem://random"
     rng = np.random.default_rng(21)
     mt = MemTable("r2", 4, MT_SCHEMA)
@@ -317,6 +338,30 @@ def test_random_appends_adopts_and_old_snapshots_vs_brute_force():
     snap = snaps[-1]
     everything = list(range(-2, 52))
     assert _via_index(uri, snap, everything) == _brute(snap, everything)
+
+
+def test_growing_memtable_is_scanned_then_indexed():
+    """Rows appended since the index was last extended are scanned by a lookup, not
+    indexed, until lookups have scanned them EXTEND_AFTER_SCANS times over; then they
+    are indexed, and the next rows are scanned again. Answers equal brute force."""
+    uri = "mem://scanned"
+    mt = MemTable("r5", 1, MT_SCHEMA)
+    mt.append(_mt_rows(list(range(100)), list(range(100))), wal_position=1)
+    key = (uri, "r5", 1, ("id",))
+    for i in range(memkeys.EXTEND_AFTER_SCANS - 1):
+        snap = mt.snapshot()
+        assert _via_index(uri, snap, [3, 50, 200]) == _brute(snap, [3, 50, 200])
+        idx = caches.MEMTABLE_KEY_INDEXES.get(key)
+        assert idx.offsets[-1] == 0 and idx.scanned == 100 * (i + 1)  # scanned only
+    assert _via_index(uri, mt.snapshot(), [3]) == {3: 3}
+    assert idx.offsets[-1] == 100 and idx.scanned == 0  # indexed after enough scans
+    mt.append(_mt_rows([3, 7], [30, 70]), wal_position=2)  # newer rows of indexed keys
+    mt.append(_mt_rows([7], None, tomb=True), wal_position=3)
+    snap = mt.snapshot()
+    assert (
+        _via_index(uri, snap, [3, 7, 9]) == _brute(snap, [3, 7, 9]) == {3: 30, 7: "deleted", 9: 9}
+    )
+    assert idx.offsets[-1] == 100 and idx.scanned == 3  # the new rows were scanned
 
 
 @pytest.mark.slow

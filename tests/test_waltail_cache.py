@@ -455,3 +455,37 @@ def test_a_damaged_entry_among_new_ones_is_a_typed_error_and_nothing_is_kept(tmp
     assert _answer(reader)[2] == 4.0
     assert _answer(reader) == _cold_answer(t.uri)
     w.close()
+
+
+def test_the_cache_budget_does_not_evict_wal_tails(tmp_path, monkeypatch):
+    """Every read at the default consistency needs every WAL tail it reads again: when
+    the views built from them pass the read caches' budget, the tails stay (bounded by
+    their own size), and the next read and lookup read only the probe of the next
+    position, not the entries again. Answers equal a cold reader's."""
+    from memwal_query.storage.cache import set_cache_size_bytes
+
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    model = {i: float(i) for i in range(20)}
+    for step in range(3):  # several entries per region
+        ids = list(range(step * 5, step * 5 + 8))
+        w.write(_rows(ids, 70 + step))
+        model.update({i: 70.0 + step for i in ids})
+    reads = _CountingReads(monkeypatch)
+    set_cache_size_bytes(1)  # every view stored evicts every other budgeted entry
+    try:
+        assert _answer(reader) == model
+        assert {tail.end - tail.start for tail in waltail.TAILS._items.values()} == {3}
+        reads.paths.clear()
+        assert _answer(reader) == model
+        got = reader.lookup([1, 12, 19], columns=["id", "val"])
+        assert dict(zip(got["id"].to_pylist(), got["val"].to_pylist())) == {
+            k: model[k] for k in (1, 12, 19)
+        }
+        # only the probe of each region's next (missing) position: no entry read again
+        assert len(set(reads.paths)) == 2, reads.paths
+        assert _answer(reader) == _cold_answer(t.uri)
+    finally:
+        set_cache_size_bytes(None)
+        w.close()

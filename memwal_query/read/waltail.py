@@ -159,13 +159,19 @@ def _one_batch(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 TAILS: LRUCache[tuple[str, str], _Tail] = LRUCache(
-    1 << 12, max_bytes=CACHE_BYTES, sizeof=lambda t: t.nbytes, name="wal_tails"
+    1 << 12, max_bytes=CACHE_BYTES, sizeof=lambda t: t.nbytes, name="wal_tails", budget=False
 )
 """Per region, ``(lineage, WAL directory) -> _Tail`` read last: the next read of the
 same tail (same manifest) reads only the positions from its ``end`` on. Entries are
 immutable, so the entries it holds are what reading them again would return (the
 same argument as :data:`ENTRIES`'; a gap GC made below ``end`` is caught the same way,
-by :func:`memwal_query.read.view._check_tails`)."""
+by :func:`memwal_query.read.view._check_tails`). Bounded by its own bytes
+(:data:`CACHE_BYTES`), not by the read caches' shared budget
+(:func:`memwal_query.storage.cache.cache_size_bytes`): every read at the default
+consistency needs every tail again, and the views built from the tails are stored after
+them, so under that budget each read evicted the tails it had just read, and the next
+one decoded every entry again and rebuilt what is tied to the tails' batches (regions'
+MemTable rows, MemTable key indexes)."""
 
 
 def forget() -> None:

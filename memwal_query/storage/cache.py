@@ -13,7 +13,11 @@ overwritten base rows) also share one process-wide budget, :func:`cache_size_byt
 (default :data:`CACHE_SIZE_BYTES`, 512 MiB; the environment variable ``MEMWAL_CACHE_MB``
 or :func:`set_cache_size_bytes` change it): when their sum passes it, the least
 recently used entry of all of them goes first, whichever cache holds it. Each cache's
-own bound still caps that cache alone. After storing an entry they give the C heap's
+own bound still caps that cache alone. A cache made with ``budget=False`` is bounded by
+its own bounds only: the WAL tails (:data:`memwal_query.read.waltail.TAILS`), which
+every read at the default consistency reads again and which the views built from them
+would otherwise push out (each read then decoded every WAL entry again and rebuilt the
+views and key indexes tied to the tails' batches). After storing an entry they give the C heap's
 free pages back to the system (:func:`memwal_query.storage.heap.release_free_heap`).
 """
 
@@ -49,6 +53,9 @@ class LRUCache(Generic[K, V]):
     name : str, optional
         Register the cache under this name in :func:`named_caches` (what
         :func:`memwal_query.memory_usage` reports, by name).
+    budget : bool, default True
+        Whether a named cache measured in bytes counts towards (and is evicted to keep)
+        :func:`cache_size_bytes`.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class LRUCache(Generic[K, V]):
         sizeof: Callable[[V], int] | None = None,
         *,
         name: str | None = None,
+        budget: bool = True,
     ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
@@ -73,6 +81,7 @@ class LRUCache(Generic[K, V]):
         self.budget_evictions = 0  # entries evicted to keep cache_size_bytes()
         self._lock = threading.Lock()
         self.name = name
+        self._budget = budget
         if name is not None:
             _NAMED[name] = self
 
@@ -110,7 +119,7 @@ class LRUCache(Generic[K, V]):
     @property
     def budgeted(self) -> bool:
         """Whether the cache counts towards :func:`cache_size_bytes` (named, by bytes)."""
-        return self.name is not None and self._sizeof is not None
+        return self._budget and self.name is not None and self._sizeof is not None
 
     def _evict_oldest_locked(self) -> None:
         old, _ = self._items.popitem(last=False)
