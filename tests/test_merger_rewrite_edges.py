@@ -465,9 +465,9 @@ def test_rewrite_middle_and_final_versions_read_alike_by_pylance_memwal(tmp_path
     """pylance's own MemWAL scanner and point lookups, given the region's unmerged
     generations, answer like memwal_query on the version between the two commits (a
     merger killed there) and after the merge."""
-    from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
+    from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
-    from helpers import kill_merger_at
+    from helpers import kill_merger_at, native_snapshot
 
     t = _id_val_table(str(tmp_path / "base"), range(10), max_rows_per_file=4)
     region = _write(t, _id_val([1, 2, 50], 1.0), None)
@@ -475,12 +475,7 @@ def test_rewrite_middle_and_final_versions_read_alike_by_pylance_memwal(tmp_path
     model = {k: r["val"] for k, r in _by_key(t.to_table()).items()}
 
     def native(t):
-        m = t.catalog.region_manifest(region)
-        merged = t.catalog.index().merged_generations().get(region, 0)
-        snap = ShardSnapshot(region).with_current_generation(m.current_generation)
-        for g in m.flushed_generations:
-            if g.generation > merged:
-                snap = snap.with_sstable(g.generation, g.path)
+        snap = native_snapshot(t, region)
         base = lance.dataset(t.uri)
         got = {
             k: r["val"]
