@@ -177,3 +177,17 @@ def write_region(t, model: dict, region: int, puts, deletes, val: float) -> str:
     """One flushed generation in region ``r = region`` of an :func:`expr_table`:
     ``puts`` then ``deletes`` (see :func:`write_generation`)."""
     return write_generation(t, model, {"r": region}, puts, deletes, val)
+
+
+def native_snapshot(t, region_id: str):
+    """pylance's ``ShardSnapshot`` of a region of ``t``: its generations above the
+    region's ``merged_generations`` entry (what pylance's MemWAL readers are given)."""
+    from lance.mem_wal import ShardSnapshot
+
+    m = t.catalog.region_manifest(region_id)
+    merged = t.catalog.index().merged_generations().get(region_id, 0)
+    snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)
+    for g in m.flushed_generations:
+        if g.generation > merged:
+            snap = snap.with_sstable(g.generation, g.path)
+    return snap

@@ -5,25 +5,16 @@ import uuid
 import datafusion
 import lance
 import pyarrow as pa
-from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
+from lance.mem_wal import LsmPointLookupPlanner, LsmScanner
 
 import memwal_query as mq
 from memwal_query.format.manifest import RegionManifestStore
 from memwal_query.format.wal import Wal
 
 from helpers import PK
+from helpers import native_snapshot as snapshot
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), False, PK), pa.field("v", pa.float64())])
-
-
-def snapshot(t: mq.MemWalTable, region_id: str) -> ShardSnapshot:
-    m = t.catalog.region_manifest(region_id)
-    merged = t.catalog.index().merged_generations().get(region_id, 0)
-    snap = ShardSnapshot(region_id).with_current_generation(m.current_generation)
-    for g in m.flushed_generations:
-        if g.generation > merged:
-            snap = snap.with_sstable(g.generation, g.path)
-    return snap
 
 
 def rows(t: pa.Table) -> dict:

@@ -580,6 +580,47 @@ def _delete_rows(ds: lance.LanceDataset, addresses: np.ndarray) -> tuple[list[An
     return updated, removed
 
 
+def _undo_if_merged_meanwhile(
+    table: Catalog,
+    planned: lance.LanceDataset,
+    committed: lance.LanceDataset,
+    new: list[Any],
+    marker: list[CompactedSsTable],
+    prep: _Prepared,
+) -> None:
+    """Raise :class:`_BatchMoved` (a lost race) after removing the fragments ``new`` the
+    ``Update`` committed as ``committed`` added, when Lance rebased it over commits that
+    merged its regions further than on ``planned``.
+
+    The ``Update`` does not carry the progress marker, so Lance cannot refuse it as it
+    refuses a ``merge_insert`` carrying a stale one. Another merger can commit only
+    while this one's index lock is lost (a lease taken over after a stall); then the
+    rows it replaced are in fragments both ``Update``s changed, which Lance does refuse,
+    so the rebased ``Update`` only added rows, of keys the other merger wrote too.
+    """
+    before = table.index(planned).merged_generations()
+    now = table.index(committed).merged_generations()
+    if all(now.get(m.shard_id, 0) == before.get(m.shard_id, 0) for m in marker):
+        return
+    ours = {f.path for meta in new for f in meta.files}
+    added = [
+        f.fragment_id
+        for f in committed.get_fragments()
+        if any(d.path in ours for d in f.data_files())
+    ]
+    op = lance.LanceOperation.Update(
+        removed_fragment_ids=added, updated_fragments=[], new_fragments=[]
+    )
+    undone = lance.LanceDataset.commit(
+        committed,
+        op,
+        read_version=committed.version,
+        storage_options=table.storage_options or None,
+    )
+    prep.own_versions.append(undone.version)
+    raise _BatchMoved(f"{table.uri}: conflict: merged meanwhile up to {now}")
+
+
 def _commit_rewrite(
     table: Catalog,
     ds: lance.LanceDataset,
@@ -627,6 +668,8 @@ def _commit_rewrite(
         latest, op, read_version=latest.version, storage_options=so
     )
     prep.own_versions.append(committed.version)
+    if committed.version != latest.version + 1:  # rebased over other commits
+        _undo_if_merged_meanwhile(table, latest, committed, new, marker, prep)
     crashpoints.point("merge.between_commits")
     _delete_keys(committed, pk, prep.deletes.schema.empty_table(), marker)
     return True
