@@ -42,6 +42,7 @@ from memwal_query.exceptions import CommitConflictError, CorruptFileError, Merge
 from memwal_query.format.keyfile import KEYS_FILE
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.format.schema import TOMBSTONE
+from memwal_query.maintain import mergeintent
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
 from memwal_query.read.keypredicate import key_predicate
@@ -580,47 +581,6 @@ def _delete_rows(ds: lance.LanceDataset, addresses: np.ndarray) -> tuple[list[An
     return updated, removed
 
 
-def _undo_if_merged_meanwhile(
-    table: Catalog,
-    planned: lance.LanceDataset,
-    committed: lance.LanceDataset,
-    new: list[Any],
-    marker: list[CompactedSsTable],
-    prep: _Prepared,
-) -> None:
-    """Raise :class:`_BatchMoved` (a lost race) after removing the fragments ``new`` the
-    ``Update`` committed as ``committed`` added, when Lance rebased it over commits that
-    merged its regions further than on ``planned``.
-
-    The ``Update`` does not carry the progress marker, so Lance cannot refuse it as it
-    refuses a ``merge_insert`` carrying a stale one. Another merger can commit only
-    while this one's index lock is lost (a lease taken over after a stall); then the
-    rows it replaced are in fragments both ``Update``s changed, which Lance does refuse,
-    so the rebased ``Update`` only added rows, of keys the other merger wrote too.
-    """
-    before = table.index(planned).merged_generations()
-    now = table.index(committed).merged_generations()
-    if all(now.get(m.shard_id, 0) == before.get(m.shard_id, 0) for m in marker):
-        return
-    ours = {f.path for meta in new for f in meta.files}
-    added = [
-        f.fragment_id
-        for f in committed.get_fragments()
-        if any(d.path in ours for d in f.data_files())
-    ]
-    op = lance.LanceOperation.Update(
-        removed_fragment_ids=added, updated_fragments=[], new_fragments=[]
-    )
-    undone = lance.LanceDataset.commit(
-        committed,
-        op,
-        read_version=committed.version,
-        storage_options=table.storage_options or None,
-    )
-    prep.own_versions.append(undone.version)
-    raise _BatchMoved(f"{table.uri}: conflict: merged meanwhile up to {now}")
-
-
 def _commit_rewrite(
     table: Catalog,
     ds: lance.LanceDataset,
@@ -647,7 +607,10 @@ def _commit_rewrite(
     keys' rows, the ones the first commit added, are replaced by equal rows, and its
     deleted keys find no row); and a reader pinning the version between them applies
     the batch's generations over it (still above ``merged_generations``), whose rows
-    are newer than every base row of their keys, so its answer is the same.
+    are newer than every base row of their keys, so its answer is the same. The
+    ``Update`` is never applied over another merger's merge of the same batch, even
+    by a merger whose lock was lost and that is killed right after it commits
+    (:func:`memwal_query.maintain.mergeintent.commit_update`).
     """
     source = prep.upsert_source()  # a part that failed to build raises its error here
     key = pk[0]
@@ -661,15 +624,10 @@ def _commit_rewrite(
     so = table.storage_options or None
     new = lance.fragment.write_fragments(source, latest, schema=latest.schema, storage_options=so)
     updated, removed = _delete_rows(latest, addresses)
-    op = lance.LanceOperation.Update(
-        removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
+    # never applied twice, crash or lost lock: see mergeintent
+    committed = mergeintent.commit_update(
+        table, latest, new, updated, removed, marker, prep.own_versions
     )
-    committed = lance.LanceDataset.commit(
-        latest, op, read_version=latest.version, storage_options=so
-    )
-    prep.own_versions.append(committed.version)
-    if committed.version != latest.version + 1:  # rebased over other commits
-        _undo_if_merged_meanwhile(table, latest, committed, new, marker, prep)
     crashpoints.point("merge.between_commits")
     _delete_keys(committed, pk, prep.deletes.schema.empty_table(), marker)
     return True
@@ -725,6 +683,7 @@ def merge_region(
     all go into one commit (``batch_rows=0``: one commit per generation).
     """
     done: list[MergeResult] = []
+    mergeintent.repair(table)
     _merge_region_into(
         table, region_id, max_generations, max_retries, done, batch_rows, batch_bytes
     )
@@ -906,6 +865,7 @@ def merge_regions(
     """
     out: list[MergeResult] = []
     errors: dict[str, BaseException] = {}
+    mergeintent.repair(table)
     if batch_rows > 0:
         try:
             _merge_across_regions(table, rooms, max_retries, batch_rows, batch_bytes, out)
