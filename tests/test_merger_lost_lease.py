@@ -17,6 +17,7 @@ MemWAL view with a dict model of the newest row per key.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -151,15 +152,10 @@ print("not killed", flush=True)
 """
 
 
-@pytest.mark.parametrize("then", ["merge", "maintain", "compact"])
-@pytest.mark.parametrize("lock", ["lost", "held"])
-def test_a_merger_killed_right_after_its_update_leaves_no_row_twice(tmp_path, lock, then):
-    """A merger killed (SIGKILL) right after its Update commits, before it checks it.
-    With its lock lost, the Update was rebased over the other merger's merge of the same
-    batch and its rows are in the base twice; the intent it recorded is left, and the
-    next merge or maintenance pass removes them. With its lock held, the Update is the
-    batch's own: the next pass keeps it and merges the batch again, every key once."""
-    t, region, model = _table(str(tmp_path / "base"))
+def _killed_after_update(uri: str, lock: str) -> tuple[mq.MemWalTable, str, dict]:
+    """:func:`_table`, then a merger killed right after its Update (its lock ``"lost"``
+    or ``"held"``), the state checked."""
+    t, region, model = _table(uri)
     p = subprocess.run(
         [sys.executable, "-c", KILLED_AFTER_UPDATE, t.uri, lock],
         env={**os.environ, "MEMWAL_CRASH_AT": "merge.after_update"},
@@ -175,6 +171,18 @@ def test_a_merger_killed_right_after_its_update_leaves_no_row_twice(tmp_path, lo
     else:
         assert _keys_twice(t.uri) == []
         assert t.catalog.index().merged_generations() == {}
+    return t, region, model
+
+
+@pytest.mark.parametrize("then", ["merge", "maintain", "compact"])
+@pytest.mark.parametrize("lock", ["lost", "held"])
+def test_a_merger_killed_right_after_its_update_leaves_no_row_twice(tmp_path, lock, then):
+    """A merger killed (SIGKILL) right after its Update commits, before it checks it.
+    With its lock lost, the Update was rebased over the other merger's merge of the same
+    batch and its rows are in the base twice; the intent it recorded is left, and the
+    next merge or maintenance pass removes them. With its lock held, the Update is the
+    batch's own: the next pass keeps it and merges the batch again, every key once."""
+    t, region, model = _killed_after_update(str(tmp_path / "base"), lock)
     t2 = mq.MemWalTable.open(t.uri)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(merger, "REWRITE_MIN_BASE_ROWS", 0)
@@ -187,6 +195,24 @@ def test_a_merger_killed_right_after_its_update_leaves_no_row_twice(tmp_path, lo
         else:
             report = t2.maintenance.maintain(MaintenancePolicy(merge_over_generations=0))
             assert not report.errors
+    _assert_model(t, region, model)
+
+
+@pytest.mark.parametrize("lock", ["lost", "held"])
+def test_an_update_whose_version_was_cleaned_up_is_settled_by_its_rows(tmp_path, lock):
+    """The killed merger's Update is no longer in the history (every older version
+    cleaned up before the next pass): its rows tell whether it was applied over a merge
+    of its batch (a key of theirs has another live row) and are removed if so."""
+    t, region, model = _killed_after_update(str(tmp_path / "base"), lock)
+    update = lance.dataset(t.uri).version
+    lance.dataset(t.uri).create_scalar_index("val", "BTREE")  # a later version
+    ds = lance.dataset(t.uri)
+    ds.cleanup_old_versions(older_than=dt.timedelta(0))
+    with pytest.raises(OSError):
+        ds.read_transaction(update)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(merger, "REWRITE_MIN_BASE_ROWS", 0)
+        mq.MemWalTable.open(t.uri).maintenance.merge()
     _assert_model(t, region, model)
 
 

@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from lance.commit import CommitConflictError as LanceCommitConflictError
 from lance.dataset import Transaction
 
@@ -220,14 +223,19 @@ def settle(table: Catalog, intent: MergeIntent, version: int) -> int | None:
     return undone
 
 
+def _holding(ds: lance.LanceDataset, files: Sequence[str]) -> list[int]:
+    """Ids of the fragments of ``ds`` holding any of ``files``."""
+    ours = set(files)
+    return [
+        f.fragment_id for f in ds.get_fragments() if any(d.path in ours for d in f.data_files())
+    ]
+
+
 def _remove_files(table: Catalog, files: Sequence[str]) -> int | None:
     """Commit an ``Update`` removing the fragments of the latest version that hold any
     of ``files``; its version (None: none holds one)."""
     latest = table.dataset()
-    ours = set(files)
-    added = [
-        f.fragment_id for f in latest.get_fragments() if any(d.path in ours for d in f.data_files())
-    ]
+    added = _holding(latest, files)
     if not added:
         return None
     op = lance.LanceOperation.Update(
@@ -276,6 +284,11 @@ def _repair_one(table: Catalog, intent: MergeIntent) -> int | None:
         version = _find(latest, intent)
         if version is not None:
             return settle(table, intent, version)
+        if _holding(latest, intent.files):
+            # committed, but its version was cleaned up: its rows tell
+            undone = _remove_files(table, intent.files) if _twice(table, latest, intent) else None
+            _clear(table, intent)
+            return undone
         if _fenced(table, latest, intent):
             _clear(table, intent)
             return None
@@ -293,6 +306,27 @@ def _find(latest: lance.LanceDataset, intent: MergeIntent) -> int | None:
         if txn is not None and txn.uuid == intent.txn:
             return v
     return None
+
+
+def _twice(table: Catalog, latest: lance.LanceDataset, intent: MergeIntent) -> bool:
+    """Whether a key of the live rows the intent's Update added has another live row
+    in ``latest`` (the Update was applied over a merge of its batch: a legitimate one
+    marked every other row of its keys deleted). One scan of the key column; only for
+    an Update whose version is no longer in the history."""
+    key = table.primary_key[0]
+    ours = np.asarray(_holding(latest, intent.files), dtype=np.uint64)
+    mine, others = [], []
+    for batch in latest.scanner(columns=[key], with_row_address=True).to_batches():
+        frags = np.asarray(batch.column(1).to_numpy(), dtype=np.uint64) >> np.uint64(32)
+        inside = pa.array(np.isin(frags, ours))
+        mine.append(batch.column(0).filter(inside))
+        others.append(batch.column(0).filter(pc.invert(inside)))
+    kind = latest.schema.field(key).type
+    added = pa.chunked_array(mine, kind)
+    if not len(added):
+        return False
+    rest = pa.chunked_array(others, kind)
+    return bool(pc.any(pc.is_in(rest, value_set=pc.unique(added))).as_py())
 
 
 def _fenced(table: Catalog, latest: lance.LanceDataset, intent: MergeIntent) -> bool:
