@@ -42,6 +42,7 @@ from memwal_query.exceptions import CommitConflictError, CorruptFileError, Merge
 from memwal_query.format.keyfile import KEYS_FILE
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.format.schema import TOMBSTONE
+from memwal_query.maintain import mergeintent
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
 from memwal_query.read.keypredicate import key_predicate
@@ -100,9 +101,6 @@ _PREPARERS = ThreadPoolExecutor(PREPARE_TASKS, thread_name_prefix="memwal-merge-
 # order they were prepared, while the keys of the next regions are reduced and the
 # deletes commit (see :class:`_Prepared`).
 _ROW_READERS = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-rows")
-# The new fragments of a merger's own ``Update`` are written by one task while the
-# deletion files are (see :func:`_commit_rewrite`).
-_FRAGMENT_WRITERS = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-write")
 BACKOFF_BASE_SECONDS = 0.01
 BACKOFF_MAX_SECONDS = 0.5
 
@@ -548,6 +546,12 @@ def _int_keys(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(col.cast(pa.int64()).to_numpy(), dtype=np.int64)
 
 
+def _key_span_fits(keys: np.ndarray) -> bool:
+    """Whether ``keys`` span at most :data:`REWRITE_MAX_KEY_SPAN` values (the bitmap of
+    :func:`_base_addresses`)."""
+    return not len(keys) or int(keys.max()) - int(keys.min()) + 1 <= REWRITE_MAX_KEY_SPAN
+
+
 def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.ndarray | None:
     """The row addresses (fragment id << 32 | offset) of the live rows of ``ds`` whose
     ``key`` is one of ``keys``, ascending; None when the keys span more than
@@ -559,13 +563,14 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     if not len(keys):
         return np.empty(0, np.uint64)
     lo, hi = int(keys.min()), int(keys.max())
-    if hi - lo + 1 > REWRITE_MAX_KEY_SPAN:
+    if not _key_span_fits(keys):
         return None
     span = hi - lo + 1
     # wanted[k - lo] for a key k of the span; the last entry (False) stands for every
     # value outside it
     wanted = np.zeros(span + 1, dtype=bool)
     wanted[keys - lo] = True
+    wraps_below = int(np.iinfo(np.int64).max) - span
     hits = []
     scan = ds.scanner(
         columns=[key], with_row_address=True, batch_size=REWRITE_SCAN_BATCH_ROWS
@@ -580,6 +585,8 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
         offsets = np.subtract(ids, lo, dtype=np.int64).view(np.uint64)
         np.minimum(offsets, np.uint64(span), out=offsets)
         found = wanted.take(offsets.view(np.int64))
+        if lo > wraps_below:  # values more than 2**64 - span below lo wrap into the span
+            found &= ids >= lo
         hits.append(np.asarray(addr.to_numpy(), dtype=np.uint64)[found])
     return np.sort(np.concatenate(hits), kind="stable") if hits else np.empty(0, np.uint64)
 
@@ -612,47 +619,6 @@ def _delete_rows(ds: lance.LanceDataset, addresses: np.ndarray) -> tuple[list[An
     return updated, removed
 
 
-def _undo_if_merged_meanwhile(
-    table: Catalog,
-    planned: lance.LanceDataset,
-    committed: lance.LanceDataset,
-    new: list[Any],
-    marker: list[CompactedSsTable],
-    prep: _Prepared,
-) -> None:
-    """Raise :class:`_BatchMoved` (a lost race) after removing the fragments ``new`` the
-    ``Update`` committed as ``committed`` added, when Lance rebased it over commits that
-    merged its regions further than on ``planned``.
-
-    The ``Update`` does not carry the progress marker, so Lance cannot refuse it as it
-    refuses a ``merge_insert`` carrying a stale one. Another merger can commit only
-    while this one's index lock is lost (a lease taken over after a stall); then the
-    rows it replaced are in fragments both ``Update``s changed, which Lance does refuse,
-    so the rebased ``Update`` only added rows, of keys the other merger wrote too.
-    """
-    before = table.index(planned).merged_generations()
-    now = table.index(committed).merged_generations()
-    if all(now.get(m.shard_id, 0) == before.get(m.shard_id, 0) for m in marker):
-        return
-    ours = {f.path for meta in new for f in meta.files}
-    added = [
-        f.fragment_id
-        for f in committed.get_fragments()
-        if any(d.path in ours for d in f.data_files())
-    ]
-    op = lance.LanceOperation.Update(
-        removed_fragment_ids=added, updated_fragments=[], new_fragments=[]
-    )
-    undone = lance.LanceDataset.commit(
-        committed,
-        op,
-        read_version=committed.version,
-        storage_options=table.storage_options or None,
-    )
-    prep.own_versions.append(undone.version)
-    raise _BatchMoved(f"{table.uri}: conflict: merged meanwhile up to {now}")
-
-
 def _commit_rewrite(
     table: Catalog,
     ds: lance.LanceDataset,
@@ -679,12 +645,15 @@ def _commit_rewrite(
     keys' rows, the ones the first commit added, are replaced by equal rows, and its
     deleted keys find no row); and a reader pinning the version between them applies
     the batch's generations over it (still above ``merged_generations``), whose rows
-    are newer than every base row of their keys, so its answer is the same.
+    are newer than every base row of their keys, so its answer is the same. The
+    ``Update`` is never applied over another merger's merge of the same batch, even
+    by a merger whose lock was lost and that is killed right after it commits
+    (:func:`memwal_query.maintain.mergeintent.commit_update`).
     """
     key = pk[0]
-    # The base's rows of the batch's keys are found while the rows are still being read
-    # (the keys are known first), and the new fragments are written while the deletion
-    # files are.
+    # The keys are known before the rows are read: the base's rows of the batch's keys
+    # are found while the rows are still being read, and the new fragments are written
+    # while the deletion files are.
     upserted = prep.upsert_keys
     if upserted is None:
         upserted = prep.upsert_source()
@@ -697,22 +666,21 @@ def _commit_rewrite(
         return False
     source = prep.upsert_source()  # a part that failed to build raises its error here
     so = table.storage_options or None
-    writing = _FRAGMENT_WRITERS.submit(
+    # a thread of its own per batch (a shared one would make a merge started while
+    # another one writes wait for it)
+    writer = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-write")
+    writing = writer.submit(
         lance.fragment.write_fragments, source, latest, schema=latest.schema, storage_options=so
     )
+    writer.shutdown(wait=False)
     try:
         updated, removed = _delete_rows(latest, addresses)
     finally:
         new = writing.result()  # its error first: the rows could not be written
-    op = lance.LanceOperation.Update(
-        removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
+    # never applied twice, crash or lost lock: see mergeintent
+    committed = mergeintent.commit_update(
+        table, latest, new, updated, removed, marker, prep.own_versions
     )
-    committed = lance.LanceDataset.commit(
-        latest, op, read_version=latest.version, storage_options=so
-    )
-    prep.own_versions.append(committed.version)
-    if committed.version != latest.version + 1:  # rebased over other commits
-        _undo_if_merged_meanwhile(table, latest, committed, new, marker, prep)
     crashpoints.point("merge.between_commits")
     _delete_keys(committed, pk, prep.deletes.schema.empty_table(), marker)
     return True
@@ -768,6 +736,7 @@ def merge_region(
     all go into one commit (``batch_rows=0``: one commit per generation).
     """
     done: list[MergeResult] = []
+    mergeintent.repair(table)
     _merge_region_into(
         table, region_id, max_generations, max_retries, done, batch_rows, batch_bytes
     )
@@ -949,6 +918,7 @@ def merge_regions(
     """
     out: list[MergeResult] = []
     errors: dict[str, BaseException] = {}
+    mergeintent.repair(table)
     if batch_rows > 0:
         try:
             _merge_across_regions(table, rooms, max_retries, batch_rows, batch_bytes, out)
