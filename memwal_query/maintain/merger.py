@@ -263,15 +263,14 @@ def prepare_generation(
     deletes = key_cols.take(pa.array(newest[tomb])).cast(key_schema).combine_chunks()
     deleted = deletes.num_rows
     deletes = pa.concat_tables([deletes, _zero_twins(deletes)]).combine_chunks()
+    upsert_keys = key_cols.take(pa.array(live)).cast(key_schema)
     if any(pa.types.is_floating(f.type) for f in key_schema):
-        upserted = key_cols.take(pa.array(live)).cast(key_schema)
-        unmatched = pa.concat_tables([deletes, _zero_twins(upserted)]).combine_chunks()
+        unmatched = pa.concat_tables([deletes, _zero_twins(upsert_keys)]).combine_chunks()
     else:
         unmatched = deletes
     built: tuple[Future[pa.Table], ...] = ()
     if len(live):
         built = (_ROW_READERS.submit(_upsert_rows, table, refs, schema, counts, live, key_cols),)
-    upsert_keys = key_cols.take(pa.array(live)).cast(key_schema)
     return _Prepared(
         gens[-1].generation, schema, built, len(live), deletes, unmatched, deleted, upsert_keys
     )
@@ -570,7 +569,6 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     # value outside it
     wanted = np.zeros(span + 1, dtype=bool)
     wanted[keys - lo] = True
-    wraps_below = int(np.iinfo(np.int64).max) - span
     hits = []
     scan = ds.scanner(
         columns=[key], with_row_address=True, batch_size=REWRITE_SCAN_BATCH_ROWS
@@ -581,12 +579,13 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
             valid = col.is_valid()
             col, addr = col.filter(valid), addr.filter(valid)
         ids = np.asarray(col.cast(pa.int64()).to_numpy(), dtype=np.int64)
-        # value - lo as unsigned: below lo wraps past the span, so one bound suffices
+        # value - lo modulo 2**64, as unsigned: a value v below lo gives
+        # 2**64 - (lo - v) >= 2**64 - (lo - int64 min) = 2**63 - lo >= span (as
+        # lo + span - 1 = hi <= int64 max), past the span like a value above hi, so
+        # one bound suffices
         offsets = np.subtract(ids, lo, dtype=np.int64).view(np.uint64)
         np.minimum(offsets, np.uint64(span), out=offsets)
         found = wanted.take(offsets.view(np.int64))
-        if lo > wraps_below:  # values more than 2**64 - span below lo wrap into the span
-            found &= ids >= lo
         hits.append(np.asarray(addr.to_numpy(), dtype=np.uint64)[found])
     return np.sort(np.concatenate(hits), kind="stable") if hits else np.empty(0, np.uint64)
 
