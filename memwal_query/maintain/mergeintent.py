@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from lance.commit import CommitConflictError as LanceCommitConflictError
 from lance.dataset import Transaction
 
-from memwal_query.exceptions import CorruptFileError
+from memwal_query.exceptions import CorruptFileError, ObjectNotFoundError
 from memwal_query.storage import crashpoints, paths
 from memwal_query.storage.io import join
 from memwal_query.storage.locking import index_lock
@@ -233,18 +233,30 @@ def _holding(ds: lance.LanceDataset, files: Sequence[str]) -> list[int]:
 
 def _remove_files(table: Catalog, files: Sequence[str]) -> int | None:
     """Commit an ``Update`` removing the fragments of the latest version that hold any
-    of ``files``; its version (None: none holds one)."""
-    latest = table.dataset()
-    added = _holding(latest, files)
-    if not added:
-        return None
-    op = lance.LanceOperation.Update(
-        removed_fragment_ids=added, updated_fragments=[], new_fragments=[]
-    )
-    undone = lance.LanceDataset.commit(
-        latest, op, read_version=latest.version, storage_options=table.storage_options or None
-    )
-    return int(undone.version)
+    of ``files``; its version (None: none holds one, e.g. the same undo was committed
+    meanwhile by the merger that made them). A lost commit race is retried on the new
+    latest version (:data:`FENCE_ATTEMPTS` times in all; then its error is raised)."""
+    for attempt in range(FENCE_ATTEMPTS):
+        latest = table.dataset()
+        added = _holding(latest, files)
+        if not added:
+            return None
+        op = lance.LanceOperation.Update(
+            removed_fragment_ids=added, updated_fragments=[], new_fragments=[]
+        )
+        try:
+            undone = lance.LanceDataset.commit(
+                latest,
+                op,
+                read_version=latest.version,
+                storage_options=table.storage_options or None,
+            )
+        except LanceCommitConflictError:
+            if attempt + 1 == FENCE_ATTEMPTS:
+                raise
+            continue
+        return int(undone.version)
+    return None  # not reached
 
 
 def pending(table: Catalog) -> list[str]:
@@ -256,7 +268,9 @@ def pending(table: Catalog) -> list[str]:
 def repair(table: Catalog) -> list[int]:
     """Settle every intent left behind by a merger that stopped between recording it
     and removing it (see the module docs); return the versions of the undo commits
-    made. One listing when there is none.
+    made. One listing when there is none. An intent removed meanwhile (settled by its
+    own merger, whose lock was lost) is skipped; one whose undo or fence keeps losing
+    its commit races is left for the next pass.
 
     Raises
     ------
@@ -270,7 +284,11 @@ def repair(table: Catalog) -> list[int]:
     undone: list[int] = []
     with index_lock(table.uri, table.io):
         for path in pending(table):
-            intent = MergeIntent.from_json(path, table.io.read(path))
+            try:
+                raw = table.io.read(path)
+            except ObjectNotFoundError:
+                continue  # settled meanwhile by its own merger
+            intent = MergeIntent.from_json(path, raw)
             version = _repair_one(table, intent)
             if version is not None:
                 undone.append(version)
@@ -279,19 +297,23 @@ def repair(table: Catalog) -> list[int]:
 
 def _repair_one(table: Catalog, intent: MergeIntent) -> int | None:
     """Settle one intent left behind (under the index lock); the undo's version."""
-    for _ in range(FENCE_ATTEMPTS):
-        latest = table.dataset()
-        version = _find(latest, intent)
-        if version is not None:
-            return settle(table, intent, version)
-        if _holding(latest, intent.files):
-            # committed, but its version was cleaned up: its rows tell
-            undone = _remove_files(table, intent.files) if _twice(table, latest, intent) else None
-            _clear(table, intent)
-            return undone
-        if _fenced(table, latest, intent):
-            _clear(table, intent)
-            return None
+    try:
+        for _ in range(FENCE_ATTEMPTS):
+            latest = table.dataset()
+            version = _find(latest, intent)
+            if version is not None:
+                return settle(table, intent, version)
+            if _holding(latest, intent.files):
+                # committed, but its version was cleaned up: its rows tell
+                twice = _twice(table, latest, intent)
+                undone = _remove_files(table, intent.files) if twice else None
+                _clear(table, intent)
+                return undone
+            if _fenced(table, latest, intent):
+                _clear(table, intent)
+                return None
+    except LanceCommitConflictError:
+        pass  # the undo kept losing its commit races: the intent stays
     return None  # the Update kept landing around the fence: the next pass settles it
 
 
