@@ -41,8 +41,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import lance
-import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 from lance.commit import CommitConflictError as LanceCommitConflictError
 from lance.dataset import Transaction
@@ -333,22 +331,27 @@ def _find(latest: lance.LanceDataset, intent: MergeIntent) -> int | None:
 def _twice(table: Catalog, latest: lance.LanceDataset, intent: MergeIntent) -> bool:
     """Whether a key of the live rows the intent's Update added has another live row
     in ``latest`` (the Update was applied over a merge of its batch: a legitimate one
-    marked every other row of its keys deleted). One scan of the key column; only for
-    an Update whose version is no longer in the history."""
+    marked every other row of its keys deleted). Only for an Update whose version is no
+    longer in the history.
+
+    Its own fragments' keys (one batch's) are read whole; the other fragments' key
+    column is streamed, batch by batch, until a key of theirs is found (memory: the
+    batch's keys and one scan batch, whatever the base's size)."""
     key = table.primary_key[0]
-    ours = np.asarray(_holding(latest, intent.files), dtype=np.uint64)
-    mine, others = [], []
-    for batch in latest.scanner(columns=[key], with_row_address=True).to_batches():
-        frags = np.asarray(batch.column(1).to_numpy(), dtype=np.uint64) >> np.uint64(32)
-        inside = pa.array(np.isin(frags, ours))
-        mine.append(batch.column(0).filter(inside))
-        others.append(batch.column(0).filter(pc.invert(inside)))
-    kind = latest.schema.field(key).type
-    added = pa.chunked_array(mine, kind)
+    ours = set(_holding(latest, intent.files))
+    frags = latest.get_fragments()
+    mine = [f for f in frags if f.fragment_id in ours]
+    rest = [f for f in frags if f.fragment_id not in ours]
+    if not mine or not rest:
+        return False
+    added = latest.scanner(columns=[key], fragments=mine).to_table().column(0)
     if not len(added):
         return False
-    rest = pa.chunked_array(others, kind)
-    return bool(pc.any(pc.is_in(rest, value_set=pc.unique(added))).as_py())
+    keys = pc.unique(added.combine_chunks())
+    for batch in latest.scanner(columns=[key], fragments=rest).to_batches():
+        if pc.any(pc.is_in(batch.column(0), value_set=keys)).as_py():
+            return True
+    return False
 
 
 def _fenced(table: Catalog, latest: lance.LanceDataset, intent: MergeIntent) -> bool:
