@@ -11,6 +11,7 @@ import lance
 import pytest
 from lance.dataset import LanceOperation
 from test_merger_lost_lease import _assert_model, _keys_twice, _killed_after_update, _table
+from test_merger_sentinel import record_intents
 
 import memwal_query as mq
 from memwal_query.maintain import mergeintent, merger
@@ -25,16 +26,9 @@ def test_an_intent_removed_before_it_is_read_is_settled(tmp_path, rewrite, monke
     """The intent's merger settles and removes it after repair listed it, before repair
     reads it: nothing is left to settle, and the merge goes on."""
     t, region, model = _table(str(tmp_path / "base"))
-    kept: list = []
-    real_settle = mergeintent.settle
-
-    def settle(table, intent, version):
-        kept.append(intent)
-        return real_settle(table, intent, version)
-
-    monkeypatch.setattr(mergeintent, "settle", settle)
-    t.maintenance.merge()
-    monkeypatch.setattr(mergeintent, "settle", real_settle)
+    with monkeypatch.context() as mp:
+        kept = record_intents(mp)
+        t.maintenance.merge()
     (intent,) = kept
     path = mergeintent._intent_path(t.uri, intent.txn)
     io = t.catalog.io

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from lance.commit import CommitConflictError
 from lance.dataset import Transaction
+from test_merger_lost_lease import _rows
 
 import memwal_query as mq
 from memwal_query.maintain import mergeintent, merger
@@ -68,12 +69,17 @@ def _merge(t: mq.MemWalTable, model: dict, puts: list[int], deletes: list[int], 
     return ds.read_transaction(before + 1), lance.dataset(t.uri, version=before)
 
 
-def _rows(rows: pa.Table) -> dict:
-    out: dict = {}
-    for r in rows.to_pylist():
-        assert r["id"] not in out, f"key {r['id']} twice"
-        out[r["id"]] = r["val"]
-    return out
+def record_intents(monkeypatch) -> list:
+    """The intents :func:`mergeintent.settle` settles from now on, in order."""
+    intents: list = []
+    real = mergeintent.settle
+
+    def settle(table, intent, version):
+        intents.append(intent)
+        return real(table, intent, version)
+
+    monkeypatch.setattr(mergeintent, "settle", settle)
+    return intents
 
 
 def _check(t: mq.MemWalTable, model: dict) -> None:
@@ -150,14 +156,7 @@ def test_sentinel_emptied_by_the_same_update(tmp_path, rewrite, monkeypatch):
     """The batch deletes every row of the lowest fragment: the Update removes it (not
     also listed as updated), and the intent names it as its sentinel."""
     t, model = _table(str(tmp_path / "base"))
-    intents: list = []
-    real = mergeintent.settle
-
-    def settle(table, intent, version):
-        intents.append(intent)
-        return real(table, intent, version)
-
-    monkeypatch.setattr(mergeintent, "settle", settle)
+    intents = record_intents(monkeypatch)
     txn, planned = _merge(t, model, [600], list(range(25)), 1.0)
     assert txn.operation.removed_fragment_ids == [0]
     assert _sentinel_listed_unchanged(txn, planned) == 0
