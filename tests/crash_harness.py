@@ -33,6 +33,7 @@ POINTS = (
     "manifest.after_commit",
     "flush.mid",
     "merge.before_commit",
+    "merge.after_update",
     "merge.between_commits",
     "merge.after_commit",
     "catchup.mid",
@@ -79,6 +80,11 @@ def worker(
         from memwal_query.maintain import merger
 
         merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
+    if rng.random() < 0.5:
+        # a batch with upserts as the merger's own Update, then its marker
+        from memwal_query.maintain import merger
+
+        merger.REWRITE_MIN_BASE_ROWS = 0
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     t = mq.MemWalTable.open(uri, storage_options=storage_options)
     writers = [

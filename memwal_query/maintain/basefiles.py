@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memwal_query.format.index import INDEX_NAME
+from memwal_query.maintain import mergeintent
 from memwal_query.storage.locking import index_lock
 
 if TYPE_CHECKING:
@@ -219,6 +220,8 @@ def compact_base(
     }
     left = 0
     with index_lock(table.uri, table.io):
+        # rows a merger left twice are removed while they are still in its fragments
+        mergeintent.repair(table)
         ds = table.dataset()
         if budget_rows is None:
             metrics = ds.optimize.compact_files(**options)

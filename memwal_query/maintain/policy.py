@@ -716,6 +716,14 @@ def _maintain(
             report.errors["recover"] = f"{type(e).__name__}: {e}"
             first = e
         _note(progress, "recovering", 1, 1)
+    if not dry_run:
+        from memwal_query.maintain.mergeintent import repair
+
+        try:  # a merger killed after its own Update: never leave its rows twice
+            repair(table)
+        except Exception as e:  # noqa: BLE001 - reported; the other steps go on
+            report.errors["merge"] = f"{type(e).__name__}: {e}"
+            first = first or e
     recovered = frozenset(r.region_id for r in report.recovered)
     _note(progress, "planning", 0, 1)
     report.regions = _retrying(table, lambda: plan_regions(table, policy, recovered), attempts)

@@ -4,9 +4,10 @@
 variable ``MEMWAL_CRASH_AT`` names that point (optionally ``name:N`` to crash at its
 N-th hit). Free when the variable is unset. Points: ``wal.after_write``,
 ``manifest.before_commit``, ``manifest.after_commit``, ``flush.mid``,
-``merge.before_commit``, ``merge.between_commits`` (a batch's deletes, or its rows,
-committed, its progress not yet), ``merge.after_commit``, ``catchup.mid`` (indexes extended,
-progress not recorded yet), ``gc.mid``.
+``merge.before_commit``, ``merge.after_update`` (the merger's own Update committed, not
+yet checked for a batch merged meanwhile), ``merge.between_commits`` (a batch's deletes,
+or its rows, committed, its progress not yet), ``merge.after_commit``, ``catchup.mid``
+(indexes extended, progress not recorded yet), ``gc.mid``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ POINTS = (
     "manifest.after_commit",
     "flush.mid",
     "merge.before_commit",
+    "merge.after_update",
     "merge.between_commits",
     "merge.after_commit",
     "catchup.mid",
