@@ -136,7 +136,7 @@ class _Prepared:
     unmatched_deletes: pa.Table
     deleted: int  # keys the generations delete
     # The key columns of the upsert rows, known before the rows are read.
-    upsert_keys: pa.Table | None = None
+    upsert_keys: pa.Table
     # Base versions this batch's own delete commits made (see :func:`_commit_split`):
     # not "another merger moved the table" when a later step of the batch fails.
     own_versions: list[int] = dataclasses.field(default_factory=list)
@@ -274,13 +274,6 @@ def prepare_generation(
     return _Prepared(
         gens[-1].generation, schema, built, len(live), deletes, unmatched, deleted, upsert_keys
     )
-
-
-def _concat_or_none(tables: Sequence[pa.Table | None]) -> pa.Table | None:
-    """The tables as one, or None when any is None (not known)."""
-    if not tables or any(t is None for t in tables):
-        return None
-    return pa.concat_tables([t for t in tables if t is not None])
 
 
 def _concat_conformed(parts: Sequence[pa.Table], fields: Sequence[pa.Field]) -> pa.Table:
@@ -545,12 +538,6 @@ def _int_keys(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(col.cast(pa.int64()).to_numpy(), dtype=np.int64)
 
 
-def _key_span_fits(keys: np.ndarray) -> bool:
-    """Whether ``keys`` span at most :data:`REWRITE_MAX_KEY_SPAN` values (the bitmap of
-    :func:`_base_addresses`)."""
-    return not len(keys) or int(keys.max()) - int(keys.min()) + 1 <= REWRITE_MAX_KEY_SPAN
-
-
 def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.ndarray | None:
     """The row addresses (fragment id << 32 | offset) of the live rows of ``ds`` whose
     ``key`` is one of ``keys``, ascending; None when the keys span more than
@@ -562,7 +549,7 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     if not len(keys):
         return np.empty(0, np.uint64)
     lo, hi = int(keys.min()), int(keys.max())
-    if not _key_span_fits(keys):
+    if hi - lo + 1 > REWRITE_MAX_KEY_SPAN:
         return None
     span = hi - lo + 1
     # wanted[k - lo] for a key k of the span; the last entry (False) stands for every
@@ -653,11 +640,8 @@ def _commit_rewrite(
     # The keys are known before the rows are read: the base's rows of the batch's keys
     # are found while the rows are still being read, and the new fragments are written
     # while the deletion files are.
-    upserted = prep.upsert_keys
-    if upserted is None:
-        upserted = prep.upsert_source()
     keys = np.concatenate(
-        [_int_keys(upserted.column(key)), _int_keys(prep.unmatched_deletes.column(key))]
+        [_int_keys(prep.upsert_keys.column(key)), _int_keys(prep.unmatched_deletes.column(key))]
     )
     latest = _latest_unmoved(table, ds, marker)
     addresses = _base_addresses(latest, key, keys)
@@ -1026,7 +1010,7 @@ def _merge_across_regions(
             pa.concat_tables([p.deletes for _, _, p in parts]).combine_chunks(),
             pa.concat_tables([p.unmatched_deletes for _, _, p in parts]).combine_chunks(),
             sum(p.deleted for _, _, p in parts),
-            _concat_or_none([p.upsert_keys for _, _, p in parts]),
+            pa.concat_tables([p.upsert_keys for _, _, p in parts]),
         )
         markers = [CompactedSsTable(rid, batch[-1].generation) for rid, batch in groups]
         what = f"{len(groups)} regions"
