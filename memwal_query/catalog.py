@@ -128,6 +128,7 @@ class Catalog:
         self.io: FileIO = file_io_for(self.uri, self.storage_options)
         self._dataset = open_dataset(self.uri, self.storage_options)
         self._dataset_lock = threading.Lock()
+        self._renewal = lancecache.SessionRenewal()
         index = mwindex.read_index(self.io, self._dataset)
         if index is None:
             raise NotInitializedError(
@@ -147,7 +148,11 @@ class Catalog:
 
     # -- base table and index ----------------------------------------------------------
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        """The base Lance dataset (latest version unless ``version`` is given)."""
+        """The base Lance dataset (latest version unless ``version`` is given).
+
+        Every version shares the table's bounded Lance session, which is renewed when the
+        latest version has moved on and the session holds more than it needs
+        (:mod:`memwal_query.format.lancecache`)."""
         if version is not None:
             with self._dataset_lock:
                 session = self._dataset.session()  # the table's bounded Lance caches
@@ -157,7 +162,12 @@ class Catalog:
         # A LanceDataset object must not be used from two threads at once (PyO3 borrow
         # panics), so every caller gets its own object, checked out under a lock.
         with self._dataset_lock:
-            return self._dataset.checkout_version(self._dataset.latest_version)
+            latest = self._dataset.latest_version
+            if self._renewal.renew(latest, self._dataset.session()):
+                # the old session's superseded entries go with its last dataset
+                self._dataset = open_dataset(self.uri, self.storage_options)
+                latest = self._dataset.version
+            return self._dataset.checkout_version(latest)
 
     def index(self, dataset: lance.LanceDataset | None = None) -> mwindex.MemWalIndex:
         """The MemWAL index of ``dataset``'s version (default: the latest version).

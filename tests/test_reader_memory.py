@@ -33,6 +33,7 @@ from helpers import basic_rows, pk_schema
 
 LANCE_BOUND_MB = 0.125  # index and metadata cache each
 BOUND = 2 * (1 << 17)
+RENEW_MB = 0.25
 
 
 def test_reader_caches_stay_bounded_over_write_flush_merge_cycles(
@@ -92,6 +93,10 @@ def test_a_bad_lance_cache_bound_is_a_typed_error(
     monkeypatch.setenv("MEMWAL_LANCE_INDEX_CACHE_MB", value)
     with pytest.raises(mq.MemWalError, match="MEMWAL_LANCE_INDEX_CACHE_MB"):
         lancecache.new_session()
+    monkeypatch.delenv("MEMWAL_LANCE_INDEX_CACHE_MB")
+    monkeypatch.setenv("MEMWAL_LANCE_RENEW_MB", value)
+    with pytest.raises(mq.MemWalError, match="MEMWAL_LANCE_RENEW_MB"):
+        lancecache.SessionRenewal()
 
 
 def _within_budget() -> bool:
@@ -181,3 +186,78 @@ def test_the_cache_budget_is_a_positive_number(monkeypatch: pytest.MonkeyPatch) 
     for bad_size in (0, -5, 1.5, True):
         with pytest.raises(ValueError, match="size_bytes"):
             set_cache_size_bytes(bad_size)  # type: ignore[arg-type]
+
+
+def test_a_reader_following_the_base_renews_its_lance_session(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Superseded entries go with a renewed session: a reader that follows many base
+    versions holds far less in its session than the same reader without renewals, and
+    every answer stays right (datasets checked out before a renewal included)."""
+    import numpy as np
+
+    uri = str(tmp_path / "t")
+    n = 20_000
+    schema = pk_schema(pa.field("v", pa.float64()))
+    rows = pa.table({"id": pa.array(np.arange(n), pa.int64()), "v": np.zeros(n)}, schema=schema)
+    lance.write_dataset(rows, uri, max_rows_per_file=4096)
+    lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")
+    t = mq.MemWalTable.initialize(
+        uri, region_spec=mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 4)
+    )
+    monkeypatch.setenv("MEMWAL_LANCE_RENEW_MB", str(RENEW_MB))
+    renewing = mq.MemWalTable.open(uri)
+    monkeypatch.setenv("MEMWAL_LANCE_RENEW_MB", "1e6")  # never
+    keeping = mq.MemWalTable.open(uri)
+    model = np.zeros(n)
+    merge = MaintenancePolicy(merge_over_generations=0, gc=False, compact_fragments=None)
+    rng = np.random.default_rng(11)
+    sessions: list[lance.Session] = []
+    peaks = {"renewing": 0, "keeping": 0}
+    pinned = []
+    for cycle in range(16):
+        ids = np.unique(rng.integers(0, n, 3000))
+        model[ids] = cycle + 1.0
+        t.write(pa.table({"id": pa.array(ids, pa.int64()), "v": model[ids]}, schema=schema))
+        t.flush()
+        # a new base version; its primary-key segments merged now and then (new pages)
+        t.maintenance.maintain(merge)
+        ds = renewing.catalog.dataset()
+        pinned.append((ds, model.copy()))
+        if not any(ds.session().is_same_as(s) for s in sessions):
+            sessions.append(ds.session())
+        keys = rng.integers(0, n, (5, 50))
+        for name, reader in (("renewing", renewing), ("keeping", keeping)):
+            for k in keys:  # lookups read B-tree pages of the index segments
+                found = reader.lookup(pa.array(k, pa.int64()), columns=["id", "v"])
+                got = dict(zip(found.column("id").to_pylist(), found.column("v").to_pylist()))
+                assert got == {int(key): float(model[key]) for key in k}
+            size = reader.catalog.dataset().session().size_bytes()
+            peaks[name] = max(peaks[name], size)
+    assert len(sessions) >= 2, peaks  # renewed as the base moved on
+    assert keeping.catalog.dataset().session().is_same_as(sessions[0]) is False
+    assert peaks["renewing"] <= 0.6 * peaks["keeping"], peaks
+    # datasets checked out before a renewal still read their own version
+    for ds, want in pinned[:: len(pinned) // 4]:
+        got = ds.to_table(columns=["id", "v"]).sort_by("id")
+        assert got.column("v").to_numpy().tolist() == want.tolist()
+    for table in (t, renewing, keeping):
+        table.close()
+
+
+def test_a_session_is_not_renewed_while_the_base_stays(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However much a session holds, the same version keeps it: the renewal only drops
+    entries when the table has moved on (queries between merges keep their warm pages)."""
+    monkeypatch.setenv("MEMWAL_LANCE_RENEW_MB", "1e-6")
+    uri = str(tmp_path / "t")
+    lance.write_dataset(basic_rows(range(1000)), uri)
+    lance.dataset(uri).create_scalar_index("id", "BTREE", name="id_idx")
+    t = mq.MemWalTable.initialize(uri)
+    first = t.catalog.dataset().session()
+    for i in range(20):
+        assert t.lookup(pa.array([i], pa.int64()), columns=["id"]).num_rows == 1
+        assert t.catalog.dataset().session().is_same_as(first)
+    assert first.size_bytes() > 1  # above the renewal size, and still kept
+    t.close()
