@@ -126,7 +126,7 @@ def test_read_caches_stay_within_the_process_budget_across_base_versions(
     model = np.zeros(n + 100_000)
     live = np.zeros(len(model), dtype=bool)
     live[:n] = True
-    budget = 1 << 20
+    budget = 1 << 19
     merge = MaintenancePolicy(merge_over_generations=0, gc=False, compact_fragments=None)
     rng = np.random.default_rng(5)
     peak = 0
@@ -261,3 +261,49 @@ def test_a_session_is_not_renewed_while_the_base_stays(
         assert t.catalog.dataset().session().is_same_as(first)
     assert first.size_bytes() > 1  # above the renewal size, and still kept
     t.close()
+
+
+def test_a_reader_keeps_two_flushed_views_per_table(tmp_path: Any) -> None:
+    """Every flush makes a new set of generations; a reader that follows them keeps the
+    views of the newest two sets per table, not one per flush until the cache's bound,
+    and answers as a cold reader."""
+    import datafusion
+    import numpy as np
+
+    from memwal_query.read import newer
+
+    clear_caches()
+    newer.FLUSHED_VIEWS.clear()
+    uris = []
+    for name in ("a", "b"):
+        uri = str(tmp_path / name)
+        lance.write_dataset(basic_rows(range(100)), uri)
+        mq.MemWalTable.initialize(
+            uri, region_spec=mq.bucket_spec(lance.dataset(uri).lance_schema, "id", 4)
+        )
+        uris.append(uri)
+    writers = [mq.MemWalTable.open(u) for u in uris]
+    readers = [mq.MemWalTable.open(u) for u in uris]
+    model = [{i: float(i) for i in range(100)} for _ in uris]
+    rng = np.random.default_rng(3)
+    for cycle in range(8):
+        for w, r, m in zip(writers, readers, model, strict=True):
+            ids = [int(i) for i in rng.integers(0, 150, 20)]
+            w.write(basic_rows(ids, val=[float(cycle)] * len(ids)))
+            m.update(dict.fromkeys(ids, float(cycle)))
+            w.flush()  # a new set of generations
+            ctx = datafusion.SessionContext()
+            ctx.register_table("t", r.provider())
+            got = ctx.sql("SELECT count(*) AS c, sum(val) AS s FROM t").to_arrow_table()
+            assert got.column("c")[0].as_py() == len(m)
+            assert got.column("s")[0].as_py() == pytest.approx(sum(m.values()))
+        for uri in uris:
+            held = [k for k, _ in newer.FLUSHED_VIEWS.items() if f"{uri}/" in repr(k)]
+            assert len(held) <= newer.FLUSHED_VIEWS_PER_TABLE, (cycle, len(held))
+    for uri in uris:  # both tables' newest views are kept: one does not push out the other
+        assert any(f"{uri}/" in repr(k) for k, _ in newer.FLUSHED_VIEWS.items())
+    for w, r, m, uri in zip(writers, readers, model, uris, strict=True):
+        got = mq.MemWalTable.open(uri).to_table(columns=["id", "val"]).sort_by("id")
+        assert dict(zip(got.column("id").to_pylist(), got.column("val").to_pylist())) == m
+        w.close()
+        r.close()

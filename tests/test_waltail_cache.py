@@ -489,3 +489,30 @@ def test_the_cache_budget_does_not_evict_wal_tails(tmp_path, monkeypatch):
     finally:
         set_cache_size_bytes(None)
         w.close()
+
+
+def test_a_flush_drops_the_cached_entries_behind_the_replay_position(tmp_path):
+    """Entries a flush put behind a region's replay position leave the entry cache when
+    a reader next reads that region's tail (each holds a slice of the old tail's
+    batches); the entries after it stay, and every answer is a cold reader's."""
+    t = _table(tmp_path)
+    w = mq.MemWalTable.open(t.uri)
+    reader = mq.MemWalTable.open(t.uri)
+    model = {i: float(i) for i in range(20)}
+    for rnd in range(3):
+        for i in range(6):  # six entries per region
+            v = rnd * 10 + i
+            w.write(_rows([2 * i, 2 * i + 1], v))
+            model.update({2 * i: float(v), 2 * i + 1: float(v)})
+        assert _answer(reader) == model
+        before = {k[1] for k in waltail.ENTRIES._items}
+        assert len(before) >= 12
+        w.flush()
+        w.write(_rows([40 + rnd], 100 + rnd))  # one entry after the flush, per round
+        model[40 + rnd] = float(100 + rnd)
+        assert _answer(reader) == model == _cold_answer(t.uri)
+        held = {k[1] for k in waltail.ENTRIES._items}
+        # the flushed entries are gone; the new one (after the replay position) is held
+        assert not held & before, sorted(held & before)
+        assert 1 <= len(held) <= 2, sorted(held)
+    w.close()

@@ -294,9 +294,15 @@ FLUSHED_VIEWS: LRUCache[tuple[Any, ...], _FlushedView] = LRUCache(
     8, max_bytes=256 << 20, sizeof=_flushed_view_nbytes, name="flushed_views"
 )
 """Row count, newest indices, key set, and region ranks, ``_gen`` and tombstone flags of
-the newest rows of a set of flushed generations, per (generation directories, schema);
-bounded by bytes (default 256 MiB: under a stream every flush and merge makes a new
-set, and a reader needs the newest one)."""
+the newest rows of a set of flushed generations, per (table, generation directories,
+schema); bounded by bytes (default 256 MiB) and by :data:`FLUSHED_VIEWS_PER_TABLE` per
+table: under a stream every flush and merge makes a new set, and a reader needs the
+newest one (the one before it for queries that pinned it)."""
+
+FLUSHED_VIEWS_PER_TABLE = 2
+"""Most sets of flushed generations of one table (and schema) whose views are kept: a
+superseded set is read again only by a query that pinned it, and each view holds every
+key of its set (at 10M rows and 32 regions of a stream, ~30 MB each)."""
 
 
 def _memtable_view_nbytes(entry: tuple[Any, ...]) -> int:
@@ -485,10 +491,28 @@ def _flushed_view(
     region's generations read before, less those merged since, plus those flushed
     since), the regions combined as they are unless a key is in two regions; otherwise
     every row at once (:func:`_flushed_view_whole`)."""
-    key = (tuple(g.uri for g in plan.generations), schema)
+    table = _table_key(plan)
+    key = (table, tuple(g.uri for g in plan.generations), schema)
     hit = FLUSHED_VIEWS.get(key)
     if hit is not None:
         return hit
+    view = _flushed_view_built(plan, schema, pk, storage_options, rows_next)
+    FLUSHED_VIEWS.put(key, view)
+    FLUSHED_VIEWS.keep_recent(
+        lambda k: k[0] == table and (k[2] is schema or k[2].equals(schema)),
+        FLUSHED_VIEWS_PER_TABLE,
+    )
+    return view
+
+
+def _flushed_view_built(
+    plan: ReadPlan,
+    schema: pa.Schema,
+    pk: list[str],
+    storage_options: dict[str, str] | None,
+    rows_next: bool,
+) -> _FlushedView:
+    """:func:`_flushed_view` without the cache."""
     ranks = _ranks(plan)
     parts: list[_RegionFlushed] = []
     if len(pk) == 1:
@@ -503,17 +527,12 @@ def _flushed_view(
                 break
             parts.append(got)
     if len(pk) != 1 or (plan.generations and not parts):
-        return FLUSHED_VIEWS.put(
-            key, _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
-        )
+        return _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
     keys = KeySet.of_ints(pk[0], [p.keys for p in parts])
     if len(parts) > 1 and keys.distinct() != len(keys):
-        return FLUSHED_VIEWS.put(
-            key, _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
-        )
+        return _flushed_view_whole(plan, schema, pk, storage_options, rows_next)
     rows = sum(p.num_rows for p in parts)
-    view = _FlushedView(rows, keys, [(ranks[p.region_id], p) for p in parts])
-    return FLUSHED_VIEWS.put(key, view)
+    return _FlushedView(rows, keys, [(ranks[p.region_id], p) for p in parts])
 
 
 def _flushed_view_whole(

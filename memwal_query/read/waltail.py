@@ -376,6 +376,8 @@ def tail(
     key = (table.lineage, region.wal_dir)
     known = TAILS.get(key)
     if known is None or not known.fits(manifest, region.schema):
+        if known is not None and known.start < start:
+            _forget_entries(table.lineage, region.wal_dir, known.start, min(known.end, start))
         known = _Tail(start, manifest.current_generation, region.schema, start, {}, 0)
     if known.end == start and probe is not None:
         first = probe.result()
@@ -396,6 +398,16 @@ def tail(
         MemTableSnapshot(region_id, gen, batches, schema)
         for gen, batches in sorted(known.by_gen.items())
     ]
+
+
+def _forget_entries(lineage: str, wal_dir: str, start: int, end: int) -> None:
+    """Drop the cached entries at positions ``start .. end - 1`` of a WAL: a flush put
+    them behind the region's replay position, so no tail read from now on reads them
+    (a query that pinned an older manifest reads them from storage again), and each
+    holds a slice of the batches of the tail that read it, which would otherwise stay
+    until the budget evicted it."""
+    for position in range(start, end):
+        ENTRIES.pop((lineage, _entry_path(wal_dir, position)))
 
 
 def tails(

@@ -157,6 +157,17 @@ class LRUCache(Generic[K, V]):
                 del self._items[k]
             return len(keys)
 
+    def keep_recent(self, belongs: Callable[[K], bool], n: int) -> int:
+        """Remove all but the ``n`` most recently used entries whose key ``belongs(key)``
+        holds; how many were removed."""
+        with self._lock:
+            keys = [k for k in self._items if belongs(k)]  # oldest first
+            for k in keys[: max(0, len(keys) - n)]:
+                self._bytes -= self._sizes.pop(k, 0)
+                self._ticks.pop(k, None)
+                del self._items[k]
+            return max(0, len(keys) - n)
+
     def clear(self) -> None:
         """Remove every entry."""
         with self._lock:
