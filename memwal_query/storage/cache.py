@@ -149,24 +149,19 @@ class LRUCache(Generic[K, V]):
 
     def discard_where(self, gone: Callable[[K], bool]) -> int:
         """Remove every entry whose key ``gone(key)`` holds; how many were removed."""
-        with self._lock:
-            keys = [k for k in self._items if gone(k)]
-            for k in keys:
-                self._bytes -= self._sizes.pop(k, 0)
-                self._ticks.pop(k, None)
-                del self._items[k]
-            return len(keys)
+        return self.keep_recent(gone, 0)
 
     def keep_recent(self, belongs: Callable[[K], bool], n: int) -> int:
         """Remove all but the ``n`` most recently used entries whose key ``belongs(key)``
         holds; how many were removed."""
         with self._lock:
-            keys = [k for k in self._items if belongs(k)]  # oldest first
-            for k in keys[: max(0, len(keys) - n)]:
+            keys = [k for k in self._items if belongs(k)]  # least recently used first
+            gone = keys[: max(0, len(keys) - n)]
+            for k in gone:
                 self._bytes -= self._sizes.pop(k, 0)
                 self._ticks.pop(k, None)
                 del self._items[k]
-            return max(0, len(keys) - n)
+            return len(gone)
 
     def clear(self) -> None:
         """Remove every entry."""
