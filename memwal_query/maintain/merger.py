@@ -548,10 +548,10 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     """
     if not len(keys):
         return np.empty(0, np.uint64)
-    lo, hi = int(keys.min()), int(keys.max())
-    if hi - lo + 1 > REWRITE_MAX_KEY_SPAN:
+    lo = int(keys.min())
+    span = int(keys.max()) - lo + 1
+    if span > REWRITE_MAX_KEY_SPAN:
         return None
-    span = hi - lo + 1
     # wanted[k - lo] for a key k of the span; the last entry (False) stands for every
     # value outside it
     wanted = np.zeros(span + 1, dtype=bool)

@@ -496,7 +496,7 @@ def _flushed_view(
     hit = FLUSHED_VIEWS.get(key)
     if hit is not None:
         return hit
-    view = _flushed_view_built(plan, schema, pk, storage_options, rows_next)
+    view = _flushed_view_built(plan, table, schema, pk, storage_options, rows_next)
     FLUSHED_VIEWS.put(key, view)
     FLUSHED_VIEWS.keep_recent(
         lambda k: k[0] == table and (k[2] is schema or k[2].equals(schema)),
@@ -507,12 +507,14 @@ def _flushed_view(
 
 def _flushed_view_built(
     plan: ReadPlan,
+    table: str,
     schema: pa.Schema,
     pk: list[str],
     storage_options: dict[str, str] | None,
     rows_next: bool,
 ) -> _FlushedView:
-    """:func:`_flushed_view` without the cache."""
+    """:func:`_flushed_view` without the cache (``table``: the plan's
+    :func:`_table_key`)."""
     ranks = _ranks(plan)
     parts: list[_RegionFlushed] = []
     if len(pk) == 1:
@@ -520,7 +522,7 @@ def _flushed_view_built(
             if not region.generations:
                 continue
             got = _region_flushed(
-                _table_key(plan), region.generations, schema, pk[0], storage_options, rows_next
+                table, region.generations, schema, pk[0], storage_options, rows_next
             )
             if got is None:
                 parts = []
