@@ -34,7 +34,7 @@ from memwal_query.exceptions import (
     ObjectNotFoundError,
 )
 from memwal_query.read import waltail
-from memwal_query.storage import paths
+from memwal_query.storage import heap, paths
 from memwal_query.storage.io import in_chunks
 from memwal_query.write.memtable import MemTableSnapshot
 
@@ -179,6 +179,7 @@ def resolve(
     BaseVersionGoneError
         The base version kept disappearing while the view was resolved.
     """
+    heap.note_read()
     if as_of is not None:
         return resolve_as_of(table, as_of, predicates)
     if consistency not in CONSISTENCY_MODES:

@@ -7,13 +7,17 @@ version) the free-but-kept part grows to as much as the part in use: 0.4-0.8 GB 
 10,000,000-row reader's resident memory (``benchmarks/scale_stream.py``). Two things
 bound it in every process that reads, with nothing for the user to configure:
 
-- on its first cache store, the read path fixes glibc's trim and mmap thresholds
-  (:data:`READ_TRIM_THRESHOLD_BYTES`, :data:`MMAP_THRESHOLD_BYTES`). glibc trims the
-  top of its per-thread arenas only when a free leaves more than the trim threshold
-  there, a threshold it raises (up to 64 MiB per arena) each time a large block is
-  freed, and ``malloc_trim`` never trims those tops: a reader whose queries run on
-  many worker threads keeps up to 64 MiB per arena. Fixed, each keeps at most the
-  threshold. ``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
+- from a process's second read on (:func:`note_read`, once per view resolved), the
+  read path fixes glibc's trim and mmap thresholds (:data:`READ_TRIM_THRESHOLD_BYTES`,
+  :data:`MMAP_THRESHOLD_BYTES`). glibc trims the top of its per-thread arenas only
+  when a free leaves more than the trim threshold there, a threshold it raises (up to
+  64 MiB per arena) each time a large block is freed, and ``malloc_trim`` never trims
+  those tops: a reader whose queries run on many worker threads keeps up to 64 MiB per
+  arena. Fixed, each keeps at most the threshold. The first read runs with glibc's own
+  rule, which maps large buffers apart until their frees raise the threshold: fixed
+  from the start, the first full read of a 10,000,000-row table peaked 90-120 MB
+  higher (its buffers kept in the arenas), and a one-off query gains nothing from
+  the fixed thresholds. ``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
   ``MALLOC_MMAP_THRESHOLD_`` in the environment leave glibc's settings alone;
 - :func:`release_free_heap` returns the free pages inside the heaps
   (``malloc_trim``); it is called after the read path's caches store an entry, at most
@@ -49,10 +53,10 @@ TRIM_THRESHOLD_BYTES = 1 << 20
 """glibc's ``M_TRIM_THRESHOLD`` set by :func:`bound_process_heap`: a free that leaves more
 than this at the top of a heap gives it back at once (fixed: not raised by large frees)."""
 READ_TRIM_THRESHOLD_BYTES = 16 << 20
-"""glibc's ``M_TRIM_THRESHOLD`` the read path fixes in every process on its first cache
-store (:func:`release_free_heap`), unless the environment or :func:`bound_process_heap`
-chose: large enough that a query's buffers, freed and allocated again by the next query,
-are not given back and faulted in again (8 MiB cost a 10,000,000-row reader 3-20% more
+"""glibc's ``M_TRIM_THRESHOLD`` the read path fixes in every process from its second read
+on (:func:`note_read`), unless the environment or :func:`bound_process_heap` chose:
+large enough that a query's buffers, freed and allocated again by the next query, are
+not given back and faulted in again (8 MiB cost a 10,000,000-row reader 3-20% more
 CPU per query, 1 MiB a fifth more on a 2,000,000-row one), small enough that a heap
 keeps at most this much at its top instead of up to 64 MiB."""
 MMAP_THRESHOLD_BYTES = 32 << 20
@@ -69,6 +73,7 @@ _LOCK = threading.Lock()
 _last = [float("-inf")]
 _trim: list[Any] = []  # [malloc_trim or None], resolved on first use
 _thresholds: list[str] = []  # who fixed glibc's thresholds in this process, once done
+_reads = [0]  # views resolved in this process, counted until the thresholds are fixed
 
 
 def _malloc_trim() -> Any:
@@ -116,18 +121,28 @@ def heap_thresholds() -> str | None:
     Returns
     -------
     str or None
-        ``"read path"`` (the default, :data:`READ_TRIM_THRESHOLD_BYTES`, fixed on the
-        first cache store), ``"bound_process_heap"`` (:data:`TRIM_THRESHOLD_BYTES`),
+        ``"read path"`` (the default, :data:`READ_TRIM_THRESHOLD_BYTES`, fixed from the
+        second read on: :func:`note_read`), ``"bound_process_heap"`` (:data:`TRIM_THRESHOLD_BYTES`),
         ``"environment"`` (``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
         ``MALLOC_MMAP_THRESHOLD_`` is set: left alone), or None (nothing read yet).
     """
     return _thresholds[0] if _thresholds else None
 
 
+def note_read() -> None:
+    """Count a read of this process (the read path calls it once per view resolved): from
+    the second on, glibc's thresholds are fixed for the read path (see the module docs),
+    unless :func:`bound_process_heap` or the environment chose them. The first read runs
+    with glibc's own rule."""
+    if _thresholds:
+        return
+    _reads[0] += 1
+    if _reads[0] >= 2:
+        _fix_thresholds(READ_TRIM_THRESHOLD_BYTES, "read path")
+
+
 def release_free_heap(force: bool = False) -> bool:
-    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim``);
-    the first call in a process also fixes glibc's thresholds for the read path (see the
-    module docs) unless :func:`bound_process_heap` or the environment chose them.
+    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim``).
 
     Parameters
     ----------
@@ -140,8 +155,6 @@ def release_free_heap(force: bool = False) -> bool:
     bool
         Whether a trim ran (False also where the C library has no ``malloc_trim``).
     """
-    if not _thresholds:
-        _fix_thresholds(READ_TRIM_THRESHOLD_BYTES, "read path")
     now = time.monotonic()
     if not force and now - _last[0] < RELEASE_EVERY_SECONDS:
         return False
