@@ -7,18 +7,20 @@ version) the free-but-kept part grows to as much as the part in use: 0.4-0.8 GB 
 10,000,000-row reader's resident memory (``benchmarks/scale_stream.py``). Two things
 bound it in every process that reads, with nothing for the user to configure:
 
-- from a process's second read on (:func:`note_read`, once per view resolved), the
-  read path fixes glibc's trim and mmap thresholds (:data:`READ_TRIM_THRESHOLD_BYTES`,
-  :data:`MMAP_THRESHOLD_BYTES`). glibc trims the top of its per-thread arenas only
-  when a free leaves more than the trim threshold there, a threshold it raises (up to
-  64 MiB per arena) each time a large block is freed, and ``malloc_trim`` never trims
-  those tops: a reader whose queries run on many worker threads keeps up to 64 MiB per
-  arena. Fixed, each keeps at most the threshold. The first read runs with glibc's own
-  rule, which maps large buffers apart until their frees raise the threshold: fixed
-  from the start, the first full read of a 10,000,000-row table peaked 90-120 MB
-  higher (its buffers kept in the arenas), and a one-off query gains nothing from
-  the fixed thresholds. ``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
-  ``MALLOC_MMAP_THRESHOLD_`` in the environment leave glibc's settings alone;
+- from a process's second read on (:func:`note_read`, once per view resolved), or on
+  the first cache store of a process that resolves no view (a Spark executor, a
+  maintainer), the read path fixes glibc's trim and mmap thresholds
+  (:data:`READ_TRIM_THRESHOLD_BYTES`, :data:`MMAP_THRESHOLD_BYTES`). glibc trims the
+  top of its per-thread arenas only when a free leaves more than the trim threshold
+  there, a threshold it raises (up to 64 MiB per arena) each time a large block is
+  freed, and ``malloc_trim`` never trims those tops: a reader whose queries run on
+  many worker threads keeps up to 64 MiB per arena. Fixed, each keeps at most the
+  threshold. A process's first read runs with glibc's own rule, which maps large
+  buffers apart until their frees raise the threshold: fixed from the start, the first
+  full read of a 10,000,000-row table peaked 60-120 MB higher (its buffers kept in the
+  arenas), and a one-off query gains nothing from the fixed thresholds.
+  ``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_MMAP_THRESHOLD_`` in the
+  environment leave glibc's settings alone;
 - :func:`release_free_heap` returns the free pages inside the heaps
   (``malloc_trim``); it is called after the read path's caches store an entry, at most
   once per :data:`RELEASE_EVERY_SECONDS`.
@@ -54,7 +56,8 @@ TRIM_THRESHOLD_BYTES = 1 << 20
 than this at the top of a heap gives it back at once (fixed: not raised by large frees)."""
 READ_TRIM_THRESHOLD_BYTES = 16 << 20
 """glibc's ``M_TRIM_THRESHOLD`` the read path fixes in every process from its second read
-on (:func:`note_read`), unless the environment or :func:`bound_process_heap` chose:
+on (:func:`note_read`; in a process that resolves no view, on its first cache store),
+unless the environment or :func:`bound_process_heap` chose:
 large enough that a query's buffers, freed and allocated again by the next query, are
 not given back and faulted in again (8 MiB cost a 10,000,000-row reader 3-20% more
 CPU per query, 1 MiB a fifth more on a 2,000,000-row one), small enough that a heap
@@ -122,7 +125,8 @@ def heap_thresholds() -> str | None:
     -------
     str or None
         ``"read path"`` (the default, :data:`READ_TRIM_THRESHOLD_BYTES`, fixed from the
-        second read on: :func:`note_read`), ``"bound_process_heap"`` (:data:`TRIM_THRESHOLD_BYTES`),
+        second read on, :func:`note_read`, or on the first cache store of a process that
+        resolves no view), ``"bound_process_heap"`` (:data:`TRIM_THRESHOLD_BYTES`),
         ``"environment"`` (``GLIBC_TUNABLES``, ``MALLOC_TRIM_THRESHOLD_`` or
         ``MALLOC_MMAP_THRESHOLD_`` is set: left alone), or None (nothing read yet).
     """
@@ -142,7 +146,11 @@ def note_read() -> None:
 
 
 def release_free_heap(force: bool = False) -> bool:
-    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim``).
+    """Return the C heap's free pages to the operating system (glibc's ``malloc_trim``);
+    in a process that has resolved no view yet, the first call also fixes glibc's
+    thresholds for the read path (see the module docs) unless :func:`bound_process_heap`
+    or the environment chose them (a process that has resolved one runs with glibc's
+    own rule until its second: :func:`note_read`).
 
     Parameters
     ----------
@@ -155,6 +163,8 @@ def release_free_heap(force: bool = False) -> bool:
     bool
         Whether a trim ran (False also where the C library has no ``malloc_trim``).
     """
+    if not _thresholds and _reads[0] != 1:
+        _fix_thresholds(READ_TRIM_THRESHOLD_BYTES, "read path")
     now = time.monotonic()
     if not force and now - _last[0] < RELEASE_EVERY_SECONDS:
         return False
