@@ -795,12 +795,16 @@ class _BaseFragment:
         return _Scanner(out_schema, self._guarded(out_schema, filter, batch_size))
 
     def _guarded(
-        self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
+        self,
+        out_schema: pa.Schema,
+        filter: pc.Expression | None,
+        batch_size: int | None,
+        whole: bool = False,
     ) -> Iterator[pa.RecordBatch]:
         # A base version cleaned up mid-query: a typed BaseVersionGoneError, not Lance's
         # bare "Not found" (the next query plans on the current version).
         with sources.reading_base(self.state.dataset.table, self.state.plan.base):
-            yield from self._batches(out_schema, filter, batch_size)
+            yield from self._batches(out_schema, filter, batch_size, whole)
 
     def whole(self, out_schema: pa.Schema) -> pa.Table | None:
         """The kept rows of an unfiltered scan as one table, or None when that does not
@@ -812,7 +816,7 @@ class _BaseFragment:
         the whole base read first: the peak memory is the answer plus a batch."""
         if not self.can_be_whole(out_schema):
             return None
-        batches = list(self._guarded(out_schema, None, BASE_BATCH_ROWS))
+        batches = list(self._guarded(out_schema, None, BASE_BATCH_ROWS, whole=True))
         return pa.Table.from_batches(batches, schema=out_schema)
 
     def can_be_whole(self, out_schema: pa.Schema) -> bool:
@@ -823,8 +827,14 @@ class _BaseFragment:
         return not (any(state.key_sets()) and state.base_rows() > ADDRESS_DEDUP_MAX_ROWS)
 
     def _batches(
-        self, out_schema: pa.Schema, filter: pc.Expression | None, batch_size: int | None
+        self,
+        out_schema: pa.Schema,
+        filter: pc.Expression | None,
+        batch_size: int | None,
+        whole: bool = False,
     ) -> Iterator[pa.RecordBatch]:
+        """The kept base rows of this part, batch by batch; ``whole``: every batch is
+        kept in one answer (:meth:`whole`)."""
         state = self.state
         pk = state.dataset.table.primary_key
         wanted = list(out_schema.names)
@@ -927,11 +937,18 @@ class _BaseFragment:
             batches = scanner.to_batches()
 
         needed = set(out_schema.names) | (set(f.columns) if local is not None else set())
-        # An unfiltered scan copies its batches even when it drops no row: the answer
-        # then holds copies in memory the scan's freed batches leave warm, not Lance's
-        # own batches, for which Lance's decoding threads take fresh pages (a clean
-        # 10M-row base read whole: 0.29-0.30 s against 0.41-0.53 s, and less CPU).
-        copy_all = f.expr is None and bool(data_cols)
+        # An unfiltered read of the whole table into one answer copies its batches even
+        # when it drops no row: the answer then holds copies in memory the scan's freed
+        # batches leave warm, not Lance's own batches, for which Lance's decoding threads
+        # take fresh pages (a clean 10M-row base of narrow columns: 0.29-0.30 s against
+        # 0.41-0.53 s, and less CPU). Not for a stream of batches (a consumer that
+        # frees them, or stops early) nor wide columns (vectors: copies cost more).
+        copy_all = (
+            whole
+            and f.expr is None
+            and bool(data_cols)
+            and _narrow(state.dataset.schema, data_cols)
+        )
 
         def kept(i: int, batch: pa.RecordBatch) -> pa.RecordBatch:
             # one mask of the rows to drop (deleted, overwritten), one copy of the rest
@@ -1029,8 +1046,9 @@ _KEPT_ROWS_POOL = pa.system_memory_pool()
 """Where the kept base rows are copied: the system allocator, the one Lance's batches
 come from, so each copy reuses the memory of the batches already dropped (Arrow's
 default pool would take fresh pages for every one: measured on a 10M-row base in a new
-process, 2.5-2.8 s against 3.6-5.7 s and 60 MB less at the peak). An unfiltered scan
-copies every batch there, dropped rows or not (:meth:`_BaseFragment._batches`)."""
+process, 2.5-2.8 s against 3.6-5.7 s and 60 MB less at the peak). An unfiltered read
+of the whole table of narrow columns (:meth:`_BaseFragment.whole`) copies every batch
+there, dropped rows or not."""
 
 
 def _either(mask: np.ndarray | None, more: np.ndarray) -> np.ndarray:
