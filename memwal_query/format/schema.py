@@ -32,6 +32,18 @@ def primary_key_columns(schema: pa.Schema) -> list[str]:
     return keys
 
 
+def cache_key(schema: pa.Schema) -> pa.Schema | bytes:
+    """``schema`` as part of a cache key: the schema itself where it hashes, else its
+    Arrow IPC serialization (a column of a Python extension type without a hash, such
+    as Lance's ``bfloat16``, makes a schema unhashable). Equal schemas give equal keys.
+    """
+    try:
+        hash(schema)
+    except TypeError:
+        return schema.serialize().to_pybytes()
+    return schema
+
+
 def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
     """Primary-key columns, or PrimaryKeyError naming ``where`` when there are none."""
     keys = primary_key_columns(schema)

@@ -16,7 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, TOMBSTONE, as_int64
+from memwal_query.format.schema import (
+    GEN_COLUMN,
+    ROWADDR_COLUMN,
+    TOMBSTONE,
+    as_int64,
+    cache_key,
+)
 from memwal_query.read.dedup import (
     _DENSE_LIMIT,
     KeySet,
@@ -390,7 +396,7 @@ def _flushed_newest(
     got: dict[str, pa.ChunkedArray] = {}
     which = "newest" if live is None else "live"
     for name in names:
-        hit = NEWEST_COLUMNS.get((uris, schema, name, which)) if cached else None
+        hit = NEWEST_COLUMNS.get((uris, cache_key(schema), name, which)) if cached else None
         if hit is not None and hit[0] is winners:
             got[name] = hit[1]
     missing = [n for n in names if n not in got]
@@ -403,7 +409,7 @@ def _flushed_newest(
             if expected is not None:
                 _check_keys(plan, col, expected if live is None else expected[live])
             got[name] = col
-            NEWEST_COLUMNS.put((uris, schema, name, which), (winners, got[name]))
+            NEWEST_COLUMNS.put((uris, cache_key(schema), name, which), (winners, got[name]))
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
     return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
@@ -492,14 +498,15 @@ def _flushed_view(
     since), the regions combined as they are unless a key is in two regions; otherwise
     every row at once (:func:`_flushed_view_whole`)."""
     table = _table_key(plan)
-    key = (table, tuple(g.uri for g in plan.generations), schema)
+    token = cache_key(schema)
+    key = (table, tuple(g.uri for g in plan.generations), token)
     hit = FLUSHED_VIEWS.get(key)
     if hit is not None:
         return hit
     view = _flushed_view_built(plan, table, schema, pk, storage_options, rows_next)
     FLUSHED_VIEWS.put(key, view)
     FLUSHED_VIEWS.keep_recent(
-        lambda k: k[0] == table and (k[2] is schema or k[2].equals(schema)),
+        lambda k: k[0] == table and type(k[2]) is type(token) and bool(k[2] == token),
         FLUSHED_VIEWS_PER_TABLE,
     )
     return view
@@ -600,7 +607,7 @@ class _RegionFlushed:
         return self.winners.nbytes + self.keys.nbytes + self.tombstones.nbytes
 
 
-_REGION_FLUSHED: LRUCache[tuple[str, str, pa.Schema], _RegionFlushed] = LRUCache(
+_REGION_FLUSHED: LRUCache[tuple[str, str, pa.Schema | bytes], _RegionFlushed] = LRUCache(
     1 << 12, max_bytes=512 << 20, sizeof=lambda r: r.nbytes, name="region_flushed"
 )
 """Per (table URI, region id, schema), the :class:`_RegionFlushed` of the generations
@@ -624,7 +631,7 @@ def _region_flushed(
     an integer column."""
     region_id = refs[0].region_id
     uris = tuple(r.uri for r in refs)
-    known = _REGION_FLUSHED.get((table_uri, region_id, schema))
+    known = _REGION_FLUSHED.get((table_uri, region_id, cache_key(schema)))
     keep = 0
     if known is not None:
         if known.uris == uris:
@@ -681,7 +688,7 @@ def _region_flushed(
         sizes = tuple(sizes) + tuple(int(c) for c in counts)
     generations = tuple(r.generation for r in refs)
     out = _RegionFlushed(region_id, uris, generations, tuple(sizes), winners, keys, tombstones)
-    return _REGION_FLUSHED.put((table_uri, region_id, schema), out)
+    return _REGION_FLUSHED.put((table_uri, region_id, cache_key(schema)), out)
 
 
 class _RegionRows:
@@ -844,7 +851,7 @@ _MemView = tuple[
 ]
 
 
-_NEWER_COMBINED: LRUCache[tuple[str, pa.Schema], tuple[Any, ...]] = LRUCache(
+_NEWER_COMBINED: LRUCache[tuple[str, pa.Schema | bytes], tuple[Any, ...]] = LRUCache(
     16, max_bytes=256 << 20, sizeof=_newer_nbytes, name="newer_combined"
 )
 """Per (table URI, schema), the newest rows (indices, tombstone flags) of the flushed
@@ -904,7 +911,11 @@ def _memtable_view_whole(
 ) -> _MemView:
     """:func:`_memtable_view` with every row deduplicated at once (cached: they only
     grow)."""
-    key = (table_uri, tuple((m.region_id, m.generation, len(m.batches)) for m in mems), schema)
+    key = (
+        table_uri,
+        tuple((m.region_id, m.generation, len(m.batches)) for m in mems),
+        cache_key(schema),
+    )
     lasts = tuple(m.batches[-1] for m in mems)
     hit = _MEMTABLE_VIEWS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], lasts)) and hit[6] == ranks:
@@ -1063,7 +1074,7 @@ def newer_view(
     memtables = _memtable_view(_table_key(plan), mems, schema, pk, _ranks(plan))
     rows_m, keys_m = memtables[0], memtables[2]
     sources = memtables[6]
-    known = _NEWER_COMBINED.get((_table_key(plan), schema))
+    known = _NEWER_COMBINED.get((_table_key(plan), cache_key(schema)))
     if (
         known is not None
         and known[0] is fv
@@ -1073,7 +1084,9 @@ def newer_view(
         winners, tombstones = known[2], known[3]
     else:
         winners, tombstones = _combined(plan, schema, pk, storage_options, fv, memtables)
-        _NEWER_COMBINED.put((_table_key(plan), schema), (fv, sources, winners, tombstones))
+        _NEWER_COMBINED.put(
+            (_table_key(plan), cache_key(schema)), (fv, sources, winners, tombstones)
+        )
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)

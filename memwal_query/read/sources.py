@@ -34,6 +34,7 @@ from memwal_query.format.schema import (
     GEN_COLUMN,
     ROWADDR_COLUMN,
     TOMBSTONE,
+    cache_key,
     primary_key_columns,
 )
 from memwal_query.read.view import GenerationRef
@@ -689,7 +690,7 @@ def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=target)
 
 
-_READ_SCHEMAS: dict[pa.Schema, pa.Schema] = {}
+_READ_SCHEMAS: dict[pa.Schema | bytes, pa.Schema] = {}
 _READ_SCHEMAS_BY_SCHEMA_ID: dict[int, tuple[pa.Schema, pa.Schema]] = {}
 
 
@@ -700,7 +701,7 @@ def read_schema(schema: pa.Schema) -> pa.Schema:
     known = _READ_SCHEMAS_BY_SCHEMA_ID.get(id(schema))
     if known is not None and known[0] is schema:
         return known[1]
-    out = _READ_SCHEMAS.get(schema)
+    out = _READ_SCHEMAS.get(cache_key(schema))
     if out is None:
         fields = [pa.field(f.name, f.type, nullable=True) for f in schema]
         fields += [
@@ -708,7 +709,7 @@ def read_schema(schema: pa.Schema) -> pa.Schema:
             pa.field(GEN_COLUMN, pa.uint64()),
             pa.field(ROWADDR_COLUMN, pa.uint64()),
         ]
-        out = _READ_SCHEMAS[schema] = pa.schema(fields)
+        out = _READ_SCHEMAS[cache_key(schema)] = pa.schema(fields)
     if len(_READ_SCHEMAS_BY_SCHEMA_ID) > 64:
         _READ_SCHEMAS_BY_SCHEMA_ID.clear()
     _READ_SCHEMAS_BY_SCHEMA_ID[id(schema)] = (schema, out)
