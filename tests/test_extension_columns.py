@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datafusion
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance.arrow import bfloat16_array
@@ -76,3 +77,35 @@ def test_a_bfloat16_column_is_read_from_every_source(tmp_path):
     t.maintenance.merge()  # the base
     check(mq.MemWalTable.open(uri))
     assert _as_dict(lance.dataset(uri).to_table())[21] == 31.0
+
+
+def test_search_over_a_table_with_a_bfloat16_column(tmp_path):
+    """Vector and full-text search, and the change feed, of a table with a bfloat16
+    column, from every level."""
+    uri = str(tmp_path / "t")
+    n = 300
+    rng = np.random.default_rng(0)
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * 8), pa.float32()), 8)
+    rows = _rows(list(range(n)), 1.0)
+    rows = rows.append_column("vec", vec).append_column(
+        "txt", pa.array([f"word{i}" for i in range(n)])
+    )
+    lance.write_dataset(rows, uri).create_scalar_index("txt", "INVERTED")
+    t = mq.MemWalTable.initialize(uri, primary_key=["id"])
+    t.write(rows.slice(0, 5))
+    t.flush()
+    t.write(rows.slice(5, 5))
+    query = rng.random(8).astype(np.float32)
+    vectors = vec.flatten().to_numpy().reshape(n, 8)
+    nearest = int(np.argmin(((vectors - query) ** 2).sum(axis=1)))
+    for table in (t, mq.MemWalTable.open(uri)):
+        found = table.vector_search("vec", query, k=3)
+        assert found.num_rows == 3 and set(found.column("id").to_pylist()) <= set(range(n))
+        assert found.column("id")[0].as_py() == nearest
+        for word, key in (("word3", 3), ("word7", 7), ("word200", 200)):
+            hit = table.fts_search("txt", word, k=3)
+            assert hit.column("id").to_pylist()[:1] == [key]
+            assert hit.column("b")[0].as_py().as_float() == _as_dict(rows.slice(key, 1))[key]
+    changed = t.changes().table
+    assert sorted(changed.column("id").to_pylist()) == list(range(10))
+    assert _as_dict(changed) == _as_dict(rows.slice(0, 10))

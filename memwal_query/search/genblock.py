@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_query.format.schema import TOMBSTONE
+from memwal_query.format.schema import TOMBSTONE, cache_key
 from memwal_query.read import sources, view
 from memwal_query.read.dedup import newest_indices
 from memwal_query.search.caches import GENERATION_BLOCKS
@@ -282,7 +282,7 @@ def _named_columns(filter: Any, names: Sequence[str], have: Sequence[str]) -> li
 def _block_key(
     members: Sequence[tuple[int, view.GenerationRef]], schema: pa.Schema, pk: list[str], column: str
 ) -> tuple[Any, ...]:
-    return (tuple((r, g.uri) for r, g in members), column, tuple(pk), schema)
+    return (tuple((r, g.uri) for r, g in members), column, tuple(pk), cache_key(schema))
 
 
 def cached_block(
