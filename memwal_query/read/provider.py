@@ -1064,6 +1064,8 @@ def _narrow(schema: pa.Schema, columns: Sequence[str]) -> bool:
     structs or binary values: what late materialization saves a selective filter)."""
     for name in columns:
         t = schema.field(name).type
+        while isinstance(t, pa.BaseExtensionType):  # a tensor, a bfloat16: as stored
+            t = t.storage_type
         if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
             return False
     return True
