@@ -32,16 +32,27 @@ def primary_key_columns(schema: pa.Schema) -> list[str]:
     return keys
 
 
+_CACHE_KEYS: dict[int, tuple[pa.Schema, pa.Schema | bytes]] = {}
+
+
 def cache_key(schema: pa.Schema) -> pa.Schema | bytes:
     """``schema`` as part of a cache key: the schema itself where it hashes, else its
     Arrow IPC serialization (a column of a Python extension type without a hash, such
     as Lance's ``bfloat16``, makes a schema unhashable). Equal schemas give equal keys.
-    """
+    Remembered per schema object (a table's schema is one object for all its reads:
+    no hash of it to try again on every read)."""
+    known = _CACHE_KEYS.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+    key: pa.Schema | bytes = schema
     try:
         hash(schema)
     except TypeError:
-        return schema.serialize().to_pybytes()
-    return schema
+        key = schema.serialize().to_pybytes()
+    if len(_CACHE_KEYS) > 64:
+        _CACHE_KEYS.clear()
+    _CACHE_KEYS[id(schema)] = (schema, key)
+    return key
 
 
 def require_primary_key(schema: pa.Schema, where: str) -> list[str]:
