@@ -395,8 +395,9 @@ def _flushed_newest(
     cached = all(u in GENERATION_CACHE for u in uris)
     got: dict[str, pa.ChunkedArray] = {}
     which = "newest" if live is None else "live"
+    token = cache_key(schema)
     for name in names:
-        hit = NEWEST_COLUMNS.get((uris, cache_key(schema), name, which)) if cached else None
+        hit = NEWEST_COLUMNS.get((uris, token, name, which)) if cached else None
         if hit is not None and hit[0] is winners:
             got[name] = hit[1]
     missing = [n for n in names if n not in got]
@@ -409,7 +410,7 @@ def _flushed_newest(
             if expected is not None:
                 _check_keys(plan, col, expected if live is None else expected[live])
             got[name] = col
-            NEWEST_COLUMNS.put((uris, cache_key(schema), name, which), (winners, got[name]))
+            NEWEST_COLUMNS.put((uris, token, name, which), (winners, got[name]))
     target = read_schema(schema)
     fields = [target.field(n) for n in names]
     return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema(fields))
@@ -631,7 +632,8 @@ def _region_flushed(
     an integer column."""
     region_id = refs[0].region_id
     uris = tuple(r.uri for r in refs)
-    known = _REGION_FLUSHED.get((table_uri, region_id, cache_key(schema)))
+    entry = (table_uri, region_id, cache_key(schema))
+    known = _REGION_FLUSHED.get(entry)
     keep = 0
     if known is not None:
         if known.uris == uris:
@@ -688,7 +690,7 @@ def _region_flushed(
         sizes = tuple(sizes) + tuple(int(c) for c in counts)
     generations = tuple(r.generation for r in refs)
     out = _RegionFlushed(region_id, uris, generations, tuple(sizes), winners, keys, tombstones)
-    return _REGION_FLUSHED.put((table_uri, region_id, cache_key(schema)), out)
+    return _REGION_FLUSHED.put(entry, out)
 
 
 class _RegionRows:
@@ -1074,7 +1076,8 @@ def newer_view(
     memtables = _memtable_view(_table_key(plan), mems, schema, pk, _ranks(plan))
     rows_m, keys_m = memtables[0], memtables[2]
     sources = memtables[6]
-    known = _NEWER_COMBINED.get((_table_key(plan), cache_key(schema)))
+    key = (_table_key(plan), cache_key(schema))
+    known = _NEWER_COMBINED.get(key)
     if (
         known is not None
         and known[0] is fv
@@ -1084,9 +1087,7 @@ def newer_view(
         winners, tombstones = known[2], known[3]
     else:
         winners, tombstones = _combined(plan, schema, pk, storage_options, fv, memtables)
-        _NEWER_COMBINED.put(
-            (_table_key(plan), cache_key(schema)), (fv, sources, winners, tombstones)
-        )
+        _NEWER_COMBINED.put(key, (fv, sources, winners, tombstones))
 
     def rows(cols: Sequence[str]) -> pa.Table:
         flushed = _flushed_rows(plan, schema, cols, storage_options)
