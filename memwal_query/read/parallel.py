@@ -29,10 +29,14 @@ class _Failed:
         self.error = error
 
 
-def concurrent_streams(streams: Sequence[Callable[[], Iterator[T]]], depth: int = 2) -> Iterator[T]:
+def concurrent_streams(
+    streams: Sequence[Callable[[], Iterator[T]]], depth: int | None = 2
+) -> Iterator[T]:
     """The items of every stream (``streams`` are called to start them), stream by
     stream in the order given, each produced by its own thread up to ``depth`` items
-    ahead of the consumer.
+    ahead of the consumer (None: without bound, for a consumer that keeps every item
+    anyway, such as one building a table: no stream then waits for the ones before
+    it to be taken).
 
     An error of a stream is raised to the consumer when it reaches that stream (the
     items before it are returned first). When the consumer stops early (``LIMIT``, an
@@ -44,7 +48,8 @@ def concurrent_streams(streams: Sequence[Callable[[], Iterator[T]]], depth: int 
             yield from make()
         return
     stop = threading.Event()
-    queues: list[queue.Queue[object]] = [queue.Queue(maxsize=max(1, depth)) for _ in streams]
+    size = 0 if depth is None else max(1, depth)  # a Queue of maxsize 0 has no bound
+    queues: list[queue.Queue[object]] = [queue.Queue(maxsize=size) for _ in streams]
 
     def hand_over(q: queue.Queue[object], item: object) -> bool:
         while not stop.is_set():

@@ -27,6 +27,7 @@ import pyarrow.dataset as pads
 
 from memwal_query.exceptions import SchemaError
 from memwal_query.format.baseindex import version_key
+from memwal_query.format.lancescan import batch_readahead
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, as_int64
 from memwal_query.read import (
@@ -710,17 +711,25 @@ def _output_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schem
 
 
 class _Scanner:
-    """What DataFusion calls ``scanner``: a projected schema and batches."""
+    """What DataFusion calls ``scanner``: a projected schema and batches (``whole``:
+    the same batches produced for a consumer that keeps them all, for ``to_table``)."""
 
-    def __init__(self, schema: pa.Schema, batches: Iterator[pa.RecordBatch] | None) -> None:
+    def __init__(
+        self,
+        schema: pa.Schema,
+        batches: Iterator[pa.RecordBatch] | None,
+        whole: Callable[[], Iterator[pa.RecordBatch]] | None = None,
+    ) -> None:
         self.projected_schema = schema
         self._batches = batches
+        self._whole = whole
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         return self._batches if self._batches is not None else iter(())
 
     def to_table(self) -> pa.Table:
-        return pa.Table.from_batches(list(self.to_batches()), schema=self.projected_schema)
+        batches = self._whole() if self._whole is not None else self.to_batches()
+        return pa.Table.from_batches(list(batches), schema=self.projected_schema)
 
     def to_reader(self) -> pa.RecordBatchReader:
         return pa.RecordBatchReader.from_batches(self.projected_schema, self.to_batches())
@@ -891,6 +900,7 @@ class _BaseFragment:
                     with_row_address=want_addr or by_address,
                     with_row_id=overwritten is not None or deleted,
                     batch_size=size,
+                    batch_readahead=batch_readahead(),
                     row_addr_blocklist=None if overwritten is not None else blocklist,
                     include_deleted_rows=deleted or None,
                     late_materialization=False if deleted and f.expr is not None else None,
@@ -931,6 +941,7 @@ class _BaseFragment:
                 with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
                 with_row_id=with_deleted,
                 batch_size=size,
+                batch_readahead=batch_readahead(),
                 row_addr_blocklist=blocklist,
                 include_deleted_rows=with_deleted or None,
             )
@@ -1202,7 +1213,8 @@ class MemWalDataset(pads.Dataset):
         Sources are resolved when batches are first requested (DataFusion calls this
         method only for the projected schema). The partitions are read concurrently, as
         DataFusion would (:func:`memwal_query.read.parallel.concurrent_streams`: a thread
-        each, a few batches ahead), and returned one after the other.
+        each, a few batches ahead, or as far ahead as they go for the scanner's
+        ``to_table()``), and returned one after the other.
 
         Parameters
         ----------
@@ -1224,11 +1236,12 @@ class MemWalDataset(pads.Dataset):
         def stream(frag: _BaseFragment | _NewerFragment) -> Callable[[], Iterator[pa.RecordBatch]]:
             return lambda: frag.scanner(self._schema, columns=columns, filter=filter).to_batches()
 
-        def batches() -> Iterator[pa.RecordBatch]:
+        def batches(depth: int | None = 2) -> Iterator[pa.RecordBatch]:
             frags = self.get_fragments(filter)
-            yield from parallel.concurrent_streams([stream(f) for f in frags])
+            yield from parallel.concurrent_streams([stream(f) for f in frags], depth)
 
-        return _Scanner(out_schema, batches())
+        # to_table keeps every batch: no partition waits for the ones before it
+        return _Scanner(out_schema, batches(), whole=lambda: batches(None))
 
     def check(self) -> view.ReadPlan:
         """Resolve the sources now and return the plan.
