@@ -53,3 +53,32 @@ def test_the_base_scans_of_a_read_ask_for_it(tmp_path, monkeypatch, flt):
     rows = dict(zip(got["id"].to_pylist(), got["v"].to_pylist(), strict=True))
     model = {i: i // 10 for i in range(1000)} | {1: 7, 2000: 8, 3: 9}
     assert rows == {k: v for k, v in model.items() if flt is None or v < 50}
+
+
+def test_a_scan_of_vectors_keeps_lances_default(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.delenv("LANCE_CPU_THREADS", raising=False)
+    uri = str(tmp_path / "t")
+    vectors = np.arange(200 * 8, dtype=np.float32).reshape(200, 8)
+    rows = pa.table(
+        {
+            "id": pa.array(range(200), pa.int64()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), 8),
+        }
+    )
+    lance.write_dataset(rows, uri)
+    t = mq.MemWalTable.initialize(uri, primary_key="id")
+    t.close()
+    asked: list[object] = []
+    real = LanceDataset.scanner
+
+    def scanner(self, *args, **kwargs):
+        if kwargs.get("columns") and "vec" in kwargs["columns"]:
+            asked.append(kwargs.get("batch_readahead", "absent"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LanceDataset, "scanner", scanner)
+    got = mq.MemWalTable.open(uri).to_table()
+    assert asked and all(a is None for a in asked), asked
+    assert got.sort_by("id").column("vec").to_pylist() == vectors.tolist()

@@ -887,6 +887,13 @@ class _BaseFragment:
                 and not deletions.point_filter(f.base, self._indexed())
             )
         ) and self._reads_deleted()
+        # several batches decoded at once (Lance's default is one on a small machine),
+        # unless they are wide: then as many as Lance's default holds in memory
+        readahead = (
+            batch_readahead()
+            if _narrow(state.dataset.schema, data_cols + key_cols + f.data_columns())
+            else None
+        )
         batches: Iterator[pa.RecordBatch] | None = None
         if f.expr is None or f.lance:
             # Fast path: Lance filters (late materialization, scalar indexes).
@@ -900,7 +907,7 @@ class _BaseFragment:
                     with_row_address=want_addr or by_address,
                     with_row_id=overwritten is not None or deleted,
                     batch_size=size,
-                    batch_readahead=batch_readahead(),
+                    batch_readahead=readahead,
                     row_addr_blocklist=None if overwritten is not None else blocklist,
                     include_deleted_rows=deleted or None,
                     late_materialization=False if deleted and f.expr is not None else None,
@@ -941,7 +948,7 @@ class _BaseFragment:
                 with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
                 with_row_id=with_deleted,
                 batch_size=size,
-                batch_readahead=batch_readahead(),
+                batch_readahead=readahead,
                 row_addr_blocklist=blocklist,
                 include_deleted_rows=with_deleted or None,
             )
