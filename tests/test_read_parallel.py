@@ -73,9 +73,9 @@ def test_one_stream_needs_no_thread():
     assert list(concurrent_streams([stream])) == ["x"]
 
 
-def _blocked_until_second_ends(second_done: threading.Event) -> Iterator[int]:
+def _blocked_until_second_ends(second_done: threading.Event, seconds: float) -> Iterator[int]:
     # the first stream waits for the second to be produced to its end
-    if not second_done.wait(2):
+    if not second_done.wait(seconds):
         raise TimeoutError("the second stream was held back")
     yield from range(3)
 
@@ -87,7 +87,9 @@ def test_without_a_bound_a_stream_runs_to_its_end_before_the_ones_before_it_are_
         yield from range(100, 110)  # more items than a bounded depth holds
         second_done.set()
 
-    out = list(concurrent_streams([lambda: _blocked_until_second_ends(second_done), second], None))
+    out = list(
+        concurrent_streams([lambda: _blocked_until_second_ends(second_done, 30), second], None)
+    )
     assert out == [*range(3), *range(100, 110)]
 
 
@@ -99,7 +101,7 @@ def test_with_a_bound_a_stream_waits_for_the_consumer():
         second_done.set()
 
     with pytest.raises(TimeoutError, match="held back"):
-        list(concurrent_streams([lambda: _blocked_until_second_ends(second_done), second], 2))
+        list(concurrent_streams([lambda: _blocked_until_second_ends(second_done, 0.5), second], 2))
 
 
 def test_a_scanners_to_table_reads_its_partitions_without_a_bound(tmp_path, monkeypatch):

@@ -712,7 +712,8 @@ def _output_schema(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schem
 
 class _Scanner:
     """What DataFusion calls ``scanner``: a projected schema and batches (``whole``:
-    the same batches produced for a consumer that keeps them all, for ``to_table``)."""
+    the same batches produced anew for a consumer that keeps them all, for
+    ``to_table``, which therefore reads the sources again even after ``to_batches``)."""
 
     def __init__(
         self,
