@@ -82,3 +82,18 @@ def test_base_addresses_at_the_int64_ends(tmp_path):
         keys = np.asarray(keys, np.int64)
         assert merger._base_addresses(ds, "id", keys).tolist() == _reference(ds, keys), keys
     assert merger._base_addresses(ds, "id", np.asarray([low, high], np.int64)) is None
+
+
+def test_base_addresses_over_many_batches_decoded_at_once(tmp_path, monkeypatch):
+    # batches of 7 rows, four decoded at once: the addresses in order, none twice
+    monkeypatch.setattr(merger, "REWRITE_SCAN_BATCH_ROWS", 7)
+    monkeypatch.setattr(merger, "batch_readahead", lambda: 4)
+    rng = np.random.default_rng(11)
+    values = rng.permutation(5_000).astype(np.int64)
+    uri = str(tmp_path / "base")
+    ds = lance.write_dataset(pa.table({"id": values}), uri, max_rows_per_file=1_000)
+    ds.delete("id % 5 = 0")
+    keys = rng.choice(6_000, 1_500, replace=False).astype(np.int64)
+    got = merger._base_addresses(ds, "id", keys)
+    assert got is not None
+    assert got.tolist() == _reference(ds, keys)

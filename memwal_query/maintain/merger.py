@@ -40,6 +40,7 @@ from lance.mem_wal import CompactedSsTable
 
 from memwal_query.exceptions import CommitConflictError, CorruptFileError, MergeFailedError
 from memwal_query.format.keyfile import KEYS_FILE
+from memwal_query.format.lancescan import batch_readahead
 from memwal_query.format.manifest import FlushedGeneration
 from memwal_query.format.schema import TOMBSTONE
 from memwal_query.maintain import mergeintent
@@ -83,7 +84,7 @@ REWRITE_MIN_BASE_ROWS = 1_000_000
 # The key span (largest minus smallest key of a batch, plus one) the join's bitmap may
 # cover: one byte per key of the span. A batch spanning more goes through merge_insert.
 REWRITE_MAX_KEY_SPAN = 64 * 1024 * 1024
-REWRITE_SCAN_BATCH_ROWS = 1 << 20
+REWRITE_SCAN_BATCH_ROWS = 1 << 18  # four decoded at once on a small machine (lancescan)
 # Lance's merge_insert can join through a scalar index on the key (index lookups per
 # source row) or by scanning the base table's key column (a hash join). The index path
 # pays ~20 us per source row and keeps the whole source in a hash table inside a fixed
@@ -558,7 +559,10 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     wanted[keys - lo] = True
     hits = []
     scan = ds.scanner(
-        columns=[key], with_row_address=True, batch_size=REWRITE_SCAN_BATCH_ROWS
+        columns=[key],
+        with_row_address=True,
+        batch_size=REWRITE_SCAN_BATCH_ROWS,
+        batch_readahead=batch_readahead(),
     ).to_batches()
     for batch in scan:
         col, addr = batch.column(0), batch.column(1)
