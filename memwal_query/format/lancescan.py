@@ -6,11 +6,12 @@ reserves for I/O (``LANCE_IO_CORE_RESERVATION``, default 2), at least one. On a 
 of one to three CPUs that is one batch at a time, so a scan of local data (in the page
 cache, where decoding is the work) runs on one core while the others wait: on 2 cores,
 Lance's own scan of a 10M-row base took 0.31 s of wall time for 0.34 s of CPU, and
-0.20 s with four batches decoded at once (the same CPU). memwal_query's scans of a base
-table's rows ask for :func:`batch_readahead` batches when their columns are narrow
-(numbers, strings): :data:`MIN_BATCH_READAHEAD` where Lance's default is fewer, Lance's
-default elsewhere. Scans of wide columns (vectors, lists, binary values: a batch of
-65,536 rows of 1,536-d vectors is 400 MB) keep Lance's default.
+0.20 s with four batches decoded at once (the same CPU). The reader's scans of a base
+table's rows, when their columns are narrow (numbers, strings), and the merger's scan
+of the base's keys ask for :func:`batch_readahead` batches: :data:`MIN_BATCH_READAHEAD`
+where Lance's default is fewer, Lance's default elsewhere. Scans of wide columns
+(vectors, lists, binary values: a batch of 65,536 rows of 1,536-d vectors is 400 MB)
+keep Lance's default.
 """
 
 from __future__ import annotations
