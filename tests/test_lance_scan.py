@@ -42,7 +42,7 @@ def test_lances_thread_count_set_by_the_user_leaves_lances_default(monkeypatch):
 def test_a_containers_cpu_limit_counts(monkeypatch, affinity, quota, expected):
     monkeypatch.setattr(lancescan.os, "sched_getaffinity", lambda _: set(range(affinity)))
     monkeypatch.setattr(lancescan, "_cgroup_cpus", lambda: quota)
-    assert lancescan.cpus() == expected
+    assert lancescan.count_cpus() == expected
 
 
 def test_the_cgroup_quota_is_read_as_the_kernel_writes_it(tmp_path, monkeypatch):
@@ -131,3 +131,16 @@ def test_a_scan_of_vectors_keeps_lances_default(tmp_path, monkeypatch):
     got = mq.MemWalTable.open(uri).to_table()
     assert asked and all(a is None for a, _ in asked), asked
     assert got.sort_by("id").column("vec").to_pylist() == vectors.tolist()
+
+
+def test_the_cpus_are_counted_once_per_process(monkeypatch):
+    counted: list[int] = []
+
+    def count() -> int:
+        counted.append(3)
+        return 3
+
+    monkeypatch.setattr(lancescan, "_CPUS", [])
+    monkeypatch.setattr(lancescan, "count_cpus", count)
+    assert [lancescan.cpus() for _ in range(5)] == [3] * 5
+    assert counted == [3]

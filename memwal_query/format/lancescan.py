@@ -48,7 +48,19 @@ def _cgroup_cpus() -> int | None:
     return None
 
 
+_CPUS: list[int] = []  # counted once per process, as Lance does
+
+
 def cpus() -> int:
+    """The CPUs this process may use (:func:`count_cpus`), counted on the first call
+    and remembered, as Lance counts them once per process (no read of the cgroup files
+    on every scan)."""
+    if not _CPUS:
+        _CPUS.append(count_cpus())
+    return _CPUS[0]
+
+
+def count_cpus() -> int:
     """The CPUs this process may use: those it may run on (its affinity), at most what
     its cgroup's CPU quota allows (a container's CPU limit), as Lance counts them."""
     try:
