@@ -8,6 +8,12 @@ durable puts, deletes, flushes, merges, index catch-ups and GC on a table with t
 regions and a maintained index, logging each operation before it starts and when it is
 acknowledged. The
 worker dies at a named crash point (``MEMWAL_CRASH_AT``) or is killed at a random time.
+Until every point has been hit (``cover``, the default), each iteration aimed at a point
+takes one not hit yet (drawn at random), and its worker ends its random operations with
+a fixed sequence that passes every point (:data:`REACH_ALL`: puts and deletes in both
+regions, flushes, a merge taking the merger's two-commit paths, an index catch-up, GC):
+each such iteration hits its point, so any run of at least ``len(POINTS)`` aimed
+iterations has hit them all, whatever the seed.
 The harness then reopens the table, recovers each region (a new writer replays the
 WAL), and compares the deduplicated view with the model of acknowledged operations: the
 one operation in flight when the worker died may or may not be visible; nothing else
@@ -40,6 +46,22 @@ POINTS = (
     "gc.mid",
 )
 KEYS = 60
+TIMER_STRATA = 4
+# Operations (op, region, keys) passing every crash point from any state of the table:
+# in each region, upserts of base keys and deletes of keys not upserted (written to the
+# WAL, committed to the region manifest), flushed; one merge of both regions, an index
+# catch-up over what it merged, and GC of the merged generations.
+REACH_ALL = (
+    ("put", 0, [0, 2]),
+    ("delete", 0, [4]),
+    ("put", 1, [1, 3]),
+    ("delete", 1, [5]),
+    ("flush", 0, []),
+    ("flush", 1, []),
+    ("merge_all", 0, []),
+    ("catch_up", 0, []),
+    ("gc", 0, []),
+)
 
 
 def _schema():
@@ -62,8 +84,14 @@ def worker(
     log_path: str,
     max_ops: int = 12,
     storage_options: dict[str, str] | None = None,
+    reach: bool = False,
 ) -> None:
-    """The workload (runs in a forked child; never returns normally when crashing)."""
+    """The workload (runs in a forked child; never returns normally when crashing).
+
+    ``reach``: after the random operations, run :data:`REACH_ALL` (each operation
+    logged like the others), which passes every crash point; aimed at a point of the
+    merger's two-commit paths, the merger takes one (its own Update, then the marker;
+    or the deletes, then the upserts)."""
     if crash_at:
         os.environ["MEMWAL_CRASH_AT"] = crash_at
     else:
@@ -85,19 +113,33 @@ def worker(
         from memwal_query.maintain import merger
 
         merger.REWRITE_MIN_BASE_ROWS = 0
+    target = (crash_at or "").partition(":")[0]
+    if reach and target in ("merge.after_update", "merge.between_commits"):
+        # points of the two-commit paths: the merger's own Update (which passes both),
+        # else (drawn above) the deletes committed first (which passes the second)
+        from memwal_query.maintain import merger
+
+        if target == "merge.after_update":
+            merger.REWRITE_MIN_BASE_ROWS = 0
+        merger.SEPARATE_DELETE_MIN_BASE_ROWS = 0
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     t = mq.MemWalTable.open(uri, storage_options=storage_options)
     writers = [
         t.writer(region_values={"p": r}, max_memtable_rows=rng.choice([5, 20, 1000]))
         for r in range(len(regions))
     ]
-    for i in range(rng.randint(3, max_ops)):
-        ops = ["put", "delete", "flush", "merge", "catch_up", "gc"]
-        op = rng.choices(ops, [6, 2, 2, 1, 1, 1])[0]
-        r = rng.randrange(len(regions))
-        keys = sorted(
-            {k for k in (rng.randrange(KEYS) for _ in range(rng.randint(1, 5))) if k % 2 == r}
-        )
+    n_random = rng.randint(3, max_ops)
+    steps = n_random + (len(REACH_ALL) if reach else 0)
+    for i in range(steps):
+        if i < n_random:
+            ops = ["put", "delete", "flush", "merge", "catch_up", "gc"]
+            op = rng.choices(ops, [6, 2, 2, 1, 1, 1])[0]
+            r = rng.randrange(len(regions))
+            keys = sorted(
+                {k for k in (rng.randrange(KEYS) for _ in range(rng.randint(1, 5))) if k % 2 == r}
+            )
+        else:
+            op, r, keys = REACH_ALL[i - n_random]
         rec = {"op": op, "region": r, "keys": keys, "v": seed * 1000 + i}
         _log(fd, {"begin": rec})
         if op == "put" and keys:
@@ -108,6 +150,8 @@ def worker(
             writers[r].flush()
         elif op == "merge":  # one region, or both (their generations share a commit)
             t.maintenance.merge(regions=[regions[r]] if i % 2 else None, max_generations=2)
+        elif op == "merge_all":  # every unmerged generation of both regions
+            t.maintenance.merge()
         elif op == "catch_up":
             t.maintenance.catch_up_indexes()
         elif op == "gc":
@@ -137,6 +181,7 @@ def run(
     timer_max: float = 1.5,
     uri: str | None = None,
     storage_options: dict[str, str] | None = None,
+    cover: bool = True,
 ) -> dict:
     """Run the harness; returns figures (iterations, crash points hit, rows checked).
 
@@ -144,7 +189,9 @@ def run(
     killed by a timer at a random time, or complete); ``max_ops``: the most operations
     a worker performs (at least 3); ``timer_max``: the latest a timer kills (seconds).
     ``uri`` (default ``{root}/t``) and ``storage_options`` place the table elsewhere,
-    for example on an object store; the operations log stays in ``root``.
+    for example on an object store; the operations log stays in ``root``. ``cover``:
+    make the aimed runs reach the points not hit yet (see the module docs); off, a run
+    of a few iterations spends no time on merges it was not drawn to make.
     """
     import lance
     import pyarrow as pa
@@ -172,23 +219,33 @@ def run(
     hits: Counter = Counter()
     rows_checked = 0
     log_path = os.path.join(root, "ops.log")
+    timed = 0  # iterations left to the timer so far
     for it in range(iterations):
-        crash_at = None
+        crash_at, reach = None, False
         if rng.random() < crash_rate:
-            # Half of the crash runs aim at a point not hit yet (at its first hit), so a
-            # run of a few dozen iterations already reaches every point, whatever the seed.
+            # Until every point was hit, an aimed run takes a point not hit yet (at its
+            # first hit) and its worker ends by passing every point: it is hit there.
+            # Without ``cover``, half of the crash runs aim at a point not hit yet, as
+            # they come (no run is made to reach it).
             unhit = [p for p in POINTS if not hits[p]]
-            if unhit and rng.random() < 0.5:
+            if unhit and cover:
+                crash_at, reach = f"{rng.choice(unhit)}:1", True
+            elif unhit and rng.random() < 0.5:
                 crash_at = f"{rng.choice(unhit)}:1"
             else:
                 crash_at = f"{rng.choice(POINTS)}:{rng.randint(1, 3)}"
         open(log_path, "w").close()
         proc = ctx.Process(
             target=worker,
-            args=(uri, regions, seed * 100_000 + it, crash_at, log_path, max_ops, so),
+            args=(uri, regions, seed * 100_000 + it, crash_at, log_path, max_ops, so, reach),
         )
         proc.start()
-        deadline = rng.uniform(0.05, timer_max)
+        # Uniform over (0.05, timer_max) in TIMER_STRATA strata taken in turn, the
+        # earliest first: every few timed runs one is killed early in its workload.
+        stratum = timed % TIMER_STRATA
+        deadline = 0.05 + (timer_max - 0.05) * (stratum + rng.random()) / TIMER_STRATA
+        if crash_at is None:
+            timed += 1
         proc.join(deadline if crash_at is None else 60)
         killed_by_timer = proc.is_alive()
         if killed_by_timer:

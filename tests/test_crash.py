@@ -1,8 +1,11 @@
 """Crash tests: SIGKILL at named crash points and random times, then recovery.
 
-CI runs 200 seeded iterations (``MEMWAL_CRASH_ITERATIONS``, ``MEMWAL_CRASH_SEED``); a
-failure message names the seed and iteration, and ``python tests/crash_harness.py
---seed S --iterations N`` replays it (``--stress`` for 2000 iterations).
+CI runs 80 seeded iterations (``MEMWAL_CRASH_ITERATIONS``, ``MEMWAL_CRASH_SEED``): the
+harness aims each crash run at a point not hit yet and makes it reach that point, until
+every point is hit (within the first dozen or so iterations); later points and hits are
+drawn at random. A failure message names the seed and iteration, and ``python
+tests/crash_harness.py --seed S --iterations N`` replays it (``--stress`` for 2000
+iterations).
 """
 
 import multiprocessing as mp
@@ -14,7 +17,10 @@ import pytest
 from memwal_query.storage import crashpoints
 
 SEED = int(os.environ.get("MEMWAL_CRASH_SEED", "20261122"))
-ITERATIONS = int(os.environ.get("MEMWAL_CRASH_ITERATIONS", "200"))
+ITERATIONS = int(os.environ.get("MEMWAL_CRASH_ITERATIONS", "80"))
+# enough iterations that at least len(POINTS) of them aim at a point, and a few are
+# left to the timer, at any seed (each is so with a probability of 0.7 and 0.3)
+COVERING = 40
 
 
 def test_harness_covers_every_crash_point():
@@ -40,9 +46,9 @@ def test_crash_harness(tmp_path, capsys):
     assert figures["iterations"] == ITERATIONS
     assert figures["rows_checked"] > 0
     # Every named crash point was reached and the process killed there.
-    if ITERATIONS >= 100:
+    if ITERATIONS >= COVERING:
         assert figures["points_missed"] == [], figures
-    assert figures["hits"].get("timer", 0) > 0 or ITERATIONS < 100, figures
+    assert figures["hits"].get("timer", 0) > 0 or ITERATIONS < COVERING, figures
 
 
 STORE_ITERATIONS = int(os.environ.get("MEMWAL_CRASH_STORE_ITERATIONS", "6"))
@@ -66,6 +72,7 @@ def test_crash_harness_on_object_stores(kind, store_pool, tmp_path, capsys):
         uri=uri,
         storage_options=server.storage_options(),
         timer_max=3.0,
+        cover=False,  # six runs: the points they happen to reach (local runs cover all)
     )
     with capsys.disabled():
         print(f"\ncrash harness on {kind} seed={SEED}: {figures}")

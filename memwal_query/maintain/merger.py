@@ -124,7 +124,8 @@ class _Prepared:
     The deleted keys are known when it is made (from the generations' keys); the upsert
     rows are built in the background (``parts``, one per region, in region order) while
     the deletes commit, and the upsert commit takes them as one table
-    (:meth:`upsert_source`). ``deletes`` holds the deleted keys plus their other-signed
+    (:meth:`upsert_source`), or the merger's own ``Update`` as a stream
+    (:meth:`upsert_stream`). ``deletes`` holds the deleted keys plus their other-signed
     float zeros, and ``unmatched_deletes`` adds the other-signed zeros of upserted keys
     (see :func:`_zero_twins`).
     """
@@ -156,6 +157,18 @@ class _Prepared:
         pylance 14, the source arriving before and while the join runs alike), more
         than the rows take to read."""
         return self.upserts
+
+    def upsert_stream(self) -> pa.RecordBatchReader:
+        """The upsert rows as a stream of ``schema``: each part's batches as soon as it
+        is built, in part order (a file writer starts on the first region's rows while
+        the next ones are read). A part that failed to build raises its error when the
+        stream reaches it."""
+
+        def batches() -> Iterable[pa.RecordBatch]:
+            for f in self.parts:
+                yield from f.result().to_batches()
+
+        return pa.RecordBatchReader.from_batches(self.schema, batches())
 
     def failure(self) -> BaseException | None:
         """The error of a part that failed to build (None: none failed so far)."""
@@ -641,29 +654,38 @@ def _commit_rewrite(
     (:func:`memwal_query.maintain.mergeintent.commit_update`).
     """
     key = pk[0]
-    # The keys are known before the rows are read: the base's rows of the batch's keys
-    # are found while the rows are still being read, and the new fragments are written
-    # while the deletion files are.
+    # The keys are known before the rows are read: the new fragments are written as the
+    # regions' rows are read, while the base's rows of the batch's keys are found and
+    # their deletion files written.
     keys = np.concatenate(
         [_int_keys(prep.upsert_keys.column(key)), _int_keys(prep.unmatched_deletes.column(key))]
     )
-    latest = _latest_unmoved(table, ds, marker)
-    addresses = _base_addresses(latest, key, keys)
-    if addresses is None:
+    if len(keys) and int(keys.max()) - int(keys.min()) >= REWRITE_MAX_KEY_SPAN:
         return False
-    source = prep.upsert_source()  # a part that failed to build raises its error here
+    latest = _latest_unmoved(table, ds, marker)
+    failed = prep.failure()  # a part that failed to build: its error, nothing written
+    if failed is not None:
+        raise failed
     so = table.storage_options or None
     # a thread of its own per batch (a shared one would make a merge started while
-    # another one writes wait for it)
+    # another one writes wait for it); the rows are written as their regions are read
     writer = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-write")
     writing = writer.submit(
-        lance.fragment.write_fragments, source, latest, schema=latest.schema, storage_options=so
+        lance.fragment.write_fragments,
+        prep.upsert_stream(),
+        latest,
+        schema=latest.schema,
+        storage_options=so,
     )
     writer.shutdown(wait=False)
     try:
+        addresses = _base_addresses(latest, key, keys)
+        assert addresses is not None  # the span is checked above
         updated, removed = _delete_rows(latest, addresses)
     finally:
-        new = writing.result()  # its error first: the rows could not be written
+        # its error first: the rows could not be written (a part that failed to build:
+        # that part's own error, which the stream passes through)
+        new = writing.result()
     # never applied twice, crash or lost lock: see mergeintent
     committed = mergeintent.commit_update(
         table, latest, new, updated, removed, marker, prep.own_versions
