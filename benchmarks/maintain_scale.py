@@ -13,10 +13,12 @@ flushed (every region gets a generation per round). Then, side by side in one ru
   does not apply the deletes), then a ``when_matched_delete`` of the deleted keys
   (Lance's cheapest way to apply them), then the key index extended over the new rows.
   Three ratios are printed: against the ``merge_insert`` alone, against it plus the
-  delete (the same rows changed), and against all three (the same work). The plain run
-  goes once just before ours and once just after on a second copy (the mean is the
-  reference: the machine's load drifts); the CPU seconds of the pass and of the
-  ``merge_insert`` (all threads) are printed too, a figure the load disturbs less;
+  delete (the same rows changed), and against all three (the same work). ``--passes``
+  passes (default 3), each on a fresh copy of the table, run in turns with the plain
+  run on a fresh copy of its base, the dirty pages of the copies written out before
+  each (``os.sync``); the figures are the medians (the machine's load drifts); the
+  CPU seconds of the pass and of the ``merge_insert`` (all threads) are printed too,
+  a figure the load disturbs less;
 - the answer: our table after the pass equals the plain Lance table, row for row;
 - single-key lookup p50 (``t.lookup``) and full read (``t.to_table()``) right before and
   right after the pass, with plain Lance's own figures on its copy for reference; the
@@ -210,8 +212,6 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     spec = mq.bucket_spec(lance.dataset(ours).lance_schema, "id", regions)
     t = mq.MemWalTable.initialize(ours, region_spec=spec)
     lance.dataset(plain).create_scalar_index("id", "BTREE")
-    spare = f"{root}/spare{regions}"  # a second plain run, after ours (load drifts)
-    shutil.copytree(plain, spare)
     rounds = stream(args.rows, args.upserts, args.deletes, args.generations, seed=7)
 
     t.configure_writers(max_memtable_rows=10**9, max_memtable_bytes=1 << 40)
@@ -243,35 +243,56 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
     shutil.copytree(ours, pre)
 
     print(f"  {regions} regions: {gens} generations written; maintain ({uptime()})", flush=True)
-    first, first_cpu = plain_merge(plain, live, dead)
-    t = mq.MemWalTable.open(ours)
-    marks: list[tuple[str, float]] = []
-    cpu, started = cpu_seconds(), time.perf_counter()
     policy = (
         MaintenancePolicy()
         if args.compact_rewrite_rows is None
         else MaintenancePolicy(compact_rewrite_rows=args.compact_rewrite_rows or None)
     )
-    report = t.maintenance.maintain(
-        policy, progress=lambda step, done, total: marks.append((step, time.perf_counter()))
-    )
-    maintain_s, maintain_cpu = time.perf_counter() - started, cpu_seconds() - cpu
-    steps: dict[str, float] = {}
-    last = started
-    for step, at in marks:  # time since the previous report, charged to the step reporting
-        steps[step] = steps.get(step, 0.0) + at - last
-        last = at
-    print("    steps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
+    # --passes passes, each on a fresh copy of the table before the pass, in turns with
+    # plain Lance on a fresh copy of its base; the page cache's dirty pages (the
+    # copies) are written out before each timed run; the last runs keep their tables
+    plain_runs: list[tuple[tuple[float, float, float], float]] = []
+    ours_runs: list[tuple[float, float]] = []
+    for i in range(args.passes):
+        last = i == args.passes - 1
+        plain_run, ours_run = (
+            (plain, ours) if last else (f"{root}/plainrun{regions}", f"{root}/oursrun{regions}")
+        )
+        if not last:
+            shutil.copytree(plain, plain_run)
+            shutil.copytree(pre, ours_run)
+        os.sync()
+        plain_runs.append(plain_merge(plain_run, live, dead))
+        os.sync()
+        t = mq.MemWalTable.open(ours_run)
+        marks: list[tuple[str, float]] = []
+        cpu, started = cpu_seconds(), time.perf_counter()
+        report = t.maintenance.maintain(
+            policy,
+            progress=lambda step, done, total, marks=marks: marks.append(
+                (step, time.perf_counter())
+            ),
+        )
+        ours_runs.append((time.perf_counter() - started, cpu_seconds() - cpu))
+        steps: dict[str, float] = {}
+        last_mark = started
+        for step, at in marks:  # time since the previous report, charged to the step
+            steps[step] = steps.get(step, 0.0) + at - last_mark
+            last_mark = at
+        print(
+            f"    pass {i + 1}: {ours_runs[-1][0]:.3f} s (CPU {ours_runs[-1][1]:.3f} s); plain "
+            f"merge_insert, delete, index (s): {plain_runs[-1][0]} ({uptime()})",
+            flush=True,
+        )
+        print("      steps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
+        if not last:
+            shutil.rmtree(plain_run)
+            shutil.rmtree(ours_run)
     print("   ", "\n    ".join(report.lines()[-6:]), flush=True)
-
-    second, second_cpu = plain_merge(spare, live, dead)
-    mi_cpu = (first_cpu + second_cpu) / 2
-    shutil.rmtree(spare)
-    print(
-        f"    plain merge_insert, delete, index (s): {first} before ours, {second} after",
-        flush=True,
-    )
-    mi_s, del_s, index_s = ((a + b) / 2 for a, b in zip(first, second, strict=True))
+    maintain_s = statistics.median(w for w, _ in ours_runs)
+    maintain_cpu = statistics.median(c for _, c in ours_runs)
+    mi_s, del_s, index_s = (statistics.median(r[0][j] for r in plain_runs) for j in range(3))
+    mi_cpu = statistics.median(c for _, c in plain_runs)
     same_work = mi_s + del_s + index_s
 
     reader = mq.MemWalTable.open(ours)
@@ -365,7 +386,7 @@ def run(root: str, base: str, args, regions: int) -> list[list[object]]:
         ["", "maintain() / (merge_insert + delete)", maintain_s, maintain_s / (mi_s + del_s)],
         ["", "maintain() / (merge_insert + delete + index)", maintain_s, maintain_s / same_work],
         ["", "CPU s: maintain() / merge_insert", maintain_cpu, maintain_cpu / mi_cpu],
-        ["", "merge_insert (live rows, mean of 2)", mi_s, 1.0],
+        ["", "merge_insert (live rows, median of the runs)", mi_s, 1.0],
         ["", "+ delete of the deleted keys", mi_s + del_s, (mi_s + del_s) / mi_s],
         ["", "+ key index extended", same_work, same_work / mi_s],
         ["", f"ingest ({len(rounds)} rounds)", ingest, float("nan")],
@@ -427,6 +448,12 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=40)
     parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=3,
+        help="timed maintain() passes, each on a fresh copy, in turns with plain Lance",
+    )
     parser.add_argument(
         "--compact-rewrite-rows",
         type=int,
