@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,9 @@ _PREPARERS = ThreadPoolExecutor(PREPARE_TASKS, thread_name_prefix="memwal-merge-
 # order they were prepared, while the keys of the next regions are reduced and the
 # deletes commit (see :class:`_Prepared`).
 _ROW_READERS = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-rows")
+# How often the merger's upsert stream, waiting for a part, checks whether the merge
+# failed beside its fragment writer.
+STREAM_STOP_POLL_SECONDS = 0.05
 BACKOFF_BASE_SECONDS = 0.01
 BACKOFF_MAX_SECONDS = 0.5
 
@@ -158,14 +162,21 @@ class _Prepared:
         than the rows take to read."""
         return self.upserts
 
-    def upsert_stream(self) -> pa.RecordBatchReader:
+    def upsert_stream(self, stop: _StreamStop | None = None) -> pa.RecordBatchReader:
         """The upsert rows as a stream of ``schema``: each part's batches as soon as it
         is built, in part order (a file writer starts on the first region's rows while
-        the next ones are read). A part that failed to build raises its error when the
-        stream reaches it."""
+        the next ones are read). A part that failed to build ends the stream with an
+        error (which Lance passes on as an ``OSError`` of its text: :meth:`failure`
+        names the part's own); so does ``stop`` once set, even while a part is still
+        being built."""
 
         def batches() -> Iterable[pa.RecordBatch]:
             for f in self.parts:
+                while stop is not None and not f.done() and not stop.is_set():
+                    wait([f], timeout=STREAM_STOP_POLL_SECONDS)
+                if stop is not None and stop.is_set():
+                    stop.honoured = True
+                    raise OSError("the merge failed beside its fragment writer")
                 yield from f.result().to_batches()
 
         return pa.RecordBatchReader.from_batches(self.schema, batches())
@@ -409,6 +420,13 @@ def _use_key_index(ds: lance.LanceDataset, source_rows: int) -> bool:
     if source_rows > INDEX_JOIN_MAX_SOURCE_ROWS:
         return False
     return ds.count_rows() > source_rows * INDEX_JOIN_BASE_ROWS_PER_SOURCE_ROW
+
+
+class _StreamStop(threading.Event):
+    """Set when the merge fails beside its fragment writer: the upsert stream ends with
+    an error (Lance then drops the files it was writing); ``honoured`` once it did."""
+
+    honoured = False
 
 
 class _BatchMoved(OSError):
@@ -670,9 +688,10 @@ def _commit_rewrite(
     # a thread of its own per batch (a shared one would make a merge started while
     # another one writes wait for it); the rows are written as their regions are read
     writer = ThreadPoolExecutor(1, thread_name_prefix="memwal-merge-write")
+    stop = _StreamStop()
     writing = writer.submit(
         lance.fragment.write_fragments,
-        prep.upsert_stream(),
+        prep.upsert_stream(stop),
         latest,
         schema=latest.schema,
         storage_options=so,
@@ -680,12 +699,18 @@ def _commit_rewrite(
     writer.shutdown(wait=False)
     try:
         addresses = _base_addresses(latest, key, keys)
-        assert addresses is not None  # the span is checked above
+        if addresses is None:  # not expected: the span is checked above
+            raise RuntimeError(f"{table.uri}: the batch's keys span over the rewrite's bound")
         updated, removed = _delete_rows(latest, addresses)
-    finally:
-        # its error first: the rows could not be written (a part that failed to build:
-        # that part's own error, which the stream passes through)
-        new = writing.result()
+    except BaseException as e:
+        stop.set()  # the writer stops at once, not once every region's rows are read
+        try:
+            _written(writing, prep)
+        except Exception:
+            if isinstance(e, Exception) and not stop.honoured:
+                raise  # the writer failed by itself: its error first, as after success
+        raise
+    new = _written(writing, prep)
     # never applied twice, crash or lost lock: see mergeintent
     committed = mergeintent.commit_update(
         table, latest, new, updated, removed, marker, prep.own_versions
@@ -693,6 +718,18 @@ def _commit_rewrite(
     crashpoints.point("merge.between_commits")
     _delete_keys(committed, pk, prep.deletes.schema.empty_table(), marker)
     return True
+
+
+def _written(writing: Future[Any], prep: _Prepared) -> Any:
+    """The fragments ``writing`` wrote from ``prep``'s upsert stream; when a part of the
+    stream failed to build, that part's own (typed) error."""
+    try:
+        return writing.result()
+    except Exception:
+        failed = prep.failure()
+        if failed is not None:
+            raise failed from None
+        raise
 
 
 def _commit_once(
