@@ -570,6 +570,13 @@ def _int_keys(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(col.cast(pa.int64()).to_numpy(), dtype=np.int64)
 
 
+def _key_span(keys: np.ndarray) -> tuple[int, int]:
+    """The smallest of ``keys`` (not empty) and their span (largest minus smallest,
+    plus one), as Python ints (no int64 overflow)."""
+    lo = int(keys.min())
+    return lo, int(keys.max()) - lo + 1
+
+
 def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.ndarray | None:
     """The row addresses (fragment id << 32 | offset) of the live rows of ``ds`` whose
     ``key`` is one of ``keys``, ascending; None when the keys span more than
@@ -580,8 +587,7 @@ def _base_addresses(ds: lance.LanceDataset, key: str, keys: np.ndarray) -> np.nd
     """
     if not len(keys):
         return np.empty(0, np.uint64)
-    lo = int(keys.min())
-    span = int(keys.max()) - lo + 1
+    lo, span = _key_span(keys)
     if span > REWRITE_MAX_KEY_SPAN:
         return None
     # wanted[k - lo] for a key k of the span; the last entry (False) stands for every
@@ -678,8 +684,8 @@ def _commit_rewrite(
     keys = np.concatenate(
         [_int_keys(prep.upsert_keys.column(key)), _int_keys(prep.unmatched_deletes.column(key))]
     )
-    if len(keys) and int(keys.max()) - int(keys.min()) >= REWRITE_MAX_KEY_SPAN:
-        return False
+    if len(keys) and _key_span(keys)[1] > REWRITE_MAX_KEY_SPAN:
+        return False  # as _base_addresses would find, before any row is written
     latest = _latest_unmoved(table, ds, marker)
     failed = prep.failure()  # a part that failed to build: its error, nothing written
     if failed is not None:
