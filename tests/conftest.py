@@ -45,6 +45,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the default, ``pyproject.toml``): one worker per CPU this process may
+    use, at most :data:`MAX_WORKERS`. Each worker starts its own object-store emulators and,
+    for the Spark tests, its own JVM, so more workers than that cost more than they give."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cpus or 1, MAX_WORKERS))
+
+
 class StorePool:
     """Object-store emulators started on first use and shared by the session's tests,
     each with the bucket :attr:`BUCKET` (see ``tests/stores.py``)."""
