@@ -765,3 +765,24 @@ def test_puts_that_arrive_while_a_wal_write_runs_share_the_next_entry(uri):
     got = sql_rows(mq.MemWalTable.open(uri))
     assert {i: got[i]["val"] for i in (1, 2, 3, 4)} == {i: 100.0 + i for i in (1, 2, 3, 4)}
     w.close()
+
+
+@pytest.mark.parametrize("composite", [False, True], ids=["one-key", "composite"])
+@pytest.mark.parametrize("sign", [0.0, -0.0], ids=["zero", "negative-zero"])
+def test_partial_update_of_a_float_key_keeps_the_values_whatever_the_zeros_sign(
+    tmp_path, composite, sign
+):
+    # The base holds the key -0.0 (as create() stores it); -0.0 and 0.0 are one key, so
+    # an update of either keeps the columns it does not give. NaN is one key too.
+    cols: dict = {"k": [-0.0, 1.0, float("nan")], "v": [10, 20, 30], "s": list("abc")}
+    update: dict = {"k": [sign, 1.0, float("nan")], "s": list("ABC")}
+    pk = ["k"]
+    if composite:
+        cols["k2"] = update["k2"] = [7, 7, 7]
+        pk = ["k", "k2"]
+    t = mq.MemWalTable.create(str(tmp_path / "t"), pa.table(cols), primary_key=pk)
+    t.write(pa.table(update), partial=True)
+    t.close()
+    rows = t.to_table().to_pylist()
+    got = {"nan" if r["k"] != r["k"] else r["k"]: (r["v"], r["s"]) for r in rows}
+    assert len(rows) == 3 and got == {0.0: (10, "A"), 1.0: (20, "B"), "nan": (30, "C")}

@@ -488,18 +488,23 @@ def fill_missing(
     """A partial update's full rows: ``missing`` columns of ``rows`` taken from
     ``current`` (the keys' newest live rows), NULL for keys it lacks.
 
+    Keys are matched as the table matches them: a float ``-0.0`` and ``0.0`` are one
+    key (:func:`normalize_keys`), whichever sign the update and the stored row carry.
     Vectorised: keys are matched with ``pc.index_in`` (one key column) or a hash join.
     Raises SchemaError when a non-nullable missing column stays NULL (a new key).
     """
     if current.num_rows == 0:
         idx = pa.nulls(rows.num_rows, pa.int64())
     elif len(pk) == 1:
-        idx = pc.index_in(rows.column(pk[0]), value_set=current.column(pk[0]))
+        wanted = normalize_keys(rows.select(pk), pk).column(0)
+        idx = pc.index_in(wanted, value_set=normalize_keys(current.select(pk), pk).column(0))
     else:
         import numpy as np
 
-        left = rows.select(pk).append_column("__l", pa.array(np.arange(rows.num_rows)))
-        right = current.select(pk).append_column("__r", pa.array(np.arange(current.num_rows)))
+        left = normalize_keys(rows.select(pk), pk)
+        left = left.append_column("__l", pa.array(np.arange(rows.num_rows)))
+        right = normalize_keys(current.select(pk), pk)
+        right = right.append_column("__r", pa.array(np.arange(current.num_rows)))
         joined = left.join(right, keys=pk, join_type="left outer", use_threads=False)
         joined = joined.sort_by("__l")
         idx = joined.column("__r")
