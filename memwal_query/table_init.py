@@ -71,13 +71,15 @@ def key_names(primary_key: str | Iterable[str]) -> list[str]:
 
 def _key_type_ok(t: pa.DataType) -> bool:
     """Whether Lance and this library accept a column of type ``t`` as (part of) the
-    primary key: integers, floats, decimals, booleans, strings, binary, dates, times and
-    timestamps; not nested, dictionary or NULL-typed columns."""
+    primary key: integers, 32- and 64-bit floats, decimals, booleans, strings, binary,
+    dates, times and timestamps; not nested, dictionary or NULL-typed columns, nor
+    16-bit floats (Arrow's kernels that match and deduplicate keys have none for them)."""
     return not (
         pa.types.is_nested(t)
         or pa.types.is_dictionary(t)
         or pa.types.is_null(t)
         or pa.types.is_fixed_size_list(t)
+        or pa.types.is_float16(t)
     )
 
 
@@ -95,7 +97,8 @@ def check_key_columns(schema: pa.Schema, keys: list[str], where: str) -> None:
         if not _key_type_ok(t):
             raise PrimaryKeyError(
                 f"{where}: column {k!r} is {t}: a primary-key column must be an integer, "
-                "float, decimal, boolean, string, binary, date, time or timestamp column"
+                "32- or 64-bit float, decimal, boolean, string, binary, date, time or "
+                "timestamp column"
             )
 
 

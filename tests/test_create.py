@@ -81,6 +81,11 @@ def test_schema_gives_an_empty_table(tmp_path):
         (pd.DataFrame({"id": [1, 2]}), [], "names no column"),
         (pd.DataFrame({"id": [1, 2]}), ["id", "id"], "twice"),
         (pa.table({"id": pa.array([[1], [2]])}), "id", "'id' is list"),
+        (
+            pa.table({"id": pa.array(np.array([0.0, 1.0], np.float16))}),
+            "id",
+            "'id' is halffloat: a primary-key column must be an integer, 32- or 64-bit float",
+        ),
         (pa.table({"id": pa.array([1, None]), "v": [1, 2]}), "id", "1 NULL"),
         (pd.DataFrame({"id": [1, 2, 1], "v": [1, 2, 3]}), "id", "value 1 occurs in 2 rows"),
         (
