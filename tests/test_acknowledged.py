@@ -253,6 +253,33 @@ def test_a_writer_whose_heartbeat_stays_paused_is_recovered(idle_writer):
     assert 100 in other.to_table(consistency="strong")["id"].to_pylist()
 
 
+def test_a_region_claimed_by_a_writer_while_it_is_recovered_is_left_to_that_writer(
+    idle_writer,
+):
+    # The recovering writer is fenced by a new writer of the region between its claim and
+    # its flush: recovery skips the region (no error), and the new writer replays the WAL.
+    from memwal_query.write.writer import RegionWriter
+
+    table, w = idle_writer
+    other, third = mq.MemWalTable.open(table.uri), mq.MemWalTable.open(table.uri)
+    claimed: list[mq.RegionWriter] = []
+
+    def open_then_lose_the_region(region_id: str) -> mq.RegionWriter:
+        recovering = RegionWriter(other.catalog, region_id)
+        claimed.append(third.writer(region_id))
+        return recovering
+
+    with _PausedHeartbeat(w) as paused:
+        _stale(paused)
+        got = recover_abandoned(other.catalog, ABANDONED_AFTER, open_then_lose_the_region)
+    assert got == [] and len(claimed) == 1
+    (new,) = claimed
+    new.put(_basic_row(table, 101))  # the region's writer now, not fenced
+    new.close()
+    ids = mq.MemWalTable.open(table.uri).to_table()["id"].to_pylist()
+    assert ids.count(100) == 1 and ids.count(101) == 1
+
+
 def test_a_table_fenced_by_recovery_claims_again_on_its_next_write(table):
     table.configure_writers(heartbeat_interval=0.02)
     table.write(_basic_row(table, 100))

@@ -21,12 +21,13 @@ policy's thresholds (nobody else will add to them).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memwal_query.exceptions import ObjectNotFoundError
+from memwal_query.exceptions import FencedError, ObjectNotFoundError
 from memwal_query.format.wal import Wal
 from memwal_query.storage import paths
 from memwal_query.write import liveness
@@ -150,11 +151,12 @@ def recover_abandoned(
     Returns
     -------
     list of Recovered
+        The regions recovered. A region that a writer claims while it is being recovered
+        (the recovering writer is fenced) is not among them and the others are still
+        recovered: that writer replays the region's WAL, so nothing waits on a gone one.
 
     Raises
     ------
-    FencedError
-        A writer claimed the region while it was being recovered (it replays the WAL).
     StorageError, WalCorruptError
         Reading or flushing failed.
     """
@@ -184,10 +186,14 @@ def recover_abandoned(
         )
         if not liveness.take_over(table.io, table.uri, region_id, seen, claim):
             continue  # its writer refreshed the heartbeat meanwhile: alive
-        w = open_writer(region_id) if open_writer is not None else RegionWriter(table, region_id)
         try:
-            gen = w.flush()
-        finally:
-            w.close(flush=False)
+            w = open_writer(region_id) if open_writer else RegionWriter(table, region_id)
+            try:
+                gen = w.flush()
+            finally:
+                with contextlib.suppress(FencedError):
+                    w.close(flush=False)
+        except FencedError:
+            continue  # claimed by a writer since the take-over: that writer replays the WAL
         out.append(Recovered(region_id, life.silent_for, gen))
     return out
