@@ -493,17 +493,16 @@ def fill_missing(
     Vectorised: keys are matched with ``pc.index_in`` (one key column) or a hash join.
     Raises SchemaError when a non-nullable missing column stays NULL (a new key).
     """
+    left = normalize_keys(rows.select(pk), pk)
+    right = normalize_keys(current.select(pk), pk)
     if current.num_rows == 0:
         idx = pa.nulls(rows.num_rows, pa.int64())
     elif len(pk) == 1:
-        wanted = normalize_keys(rows.select(pk), pk).column(0)
-        idx = pc.index_in(wanted, value_set=normalize_keys(current.select(pk), pk).column(0))
+        idx = pc.index_in(left.column(0), value_set=right.column(0))
     else:
         import numpy as np
 
-        left = normalize_keys(rows.select(pk), pk)
         left = left.append_column("__l", pa.array(np.arange(rows.num_rows)))
-        right = normalize_keys(current.select(pk), pk)
         right = right.append_column("__r", pa.array(np.arange(current.num_rows)))
         joined = left.join(right, keys=pk, join_type="left outer", use_threads=False)
         joined = joined.sort_by("__l")

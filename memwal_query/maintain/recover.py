@@ -187,7 +187,10 @@ def recover_abandoned(
         if not liveness.take_over(table.io, table.uri, region_id, seen, claim):
             continue  # its writer refreshed the heartbeat meanwhile: alive
         try:
-            w = open_writer(region_id) if open_writer else RegionWriter(table, region_id)
+            if open_writer is not None:
+                w = open_writer(region_id)
+            else:
+                w = RegionWriter(table, region_id)
             try:
                 gen = w.flush()
             finally:
