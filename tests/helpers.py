@@ -92,9 +92,11 @@ def clear_read_caches() -> None:
         provider._OVERWRITTEN_BASE_ROWS,
         provider._BASE_KEYS,
         deletions._RUNS,
+        deletions._DELETED,
         pointview.KEY_INDEXES,
     ):
         cache.clear()
+    deletions.TWINS.clear()
     waltail.forget()
     caches.clear_caches()
 

@@ -26,7 +26,7 @@ import pytest
 
 import memwal_query as mq
 from memwal_query.exceptions import CorruptFileError, ObjectNotFoundError
-from memwal_query.format.rowaddrs import _roaring32, roaring32_runs
+from memwal_query.format.rowaddrs import _roaring32, roaring32_runs, roaring32_values
 from memwal_query.read import deletions, provider
 
 from helpers import PK, clear_read_caches
@@ -312,7 +312,7 @@ def _with_runs(chunks: list[list[tuple[int, int]]]) -> bytes:
     return b"".join(out)
 
 
-def test_roaring_runs():
+def test_roaring_runs_and_values():
     """Values and runs of portable Roaring bitmaps: array and bitmap containers (as
     written by the blocklist encoder) and run containers (built by hand)."""
     rng = np.random.default_rng(4)
@@ -327,12 +327,19 @@ def test_roaring_runs():
         got_values, got_runs = roaring32_runs(_roaring32(values))
         assert got_values == len(values)
         assert starts <= got_runs <= starts + chunks - 1
-    assert roaring32_runs(_with_runs([[(0, 10), (100, 5)], [(7, 1)]])) == (16, 3)
+        assert np.array_equal(roaring32_values(_roaring32(values)), values)
+    runs = _with_runs([[(0, 10), (100, 5)], [(7, 1)]])
+    assert roaring32_runs(runs) == (16, 3)
+    want = [*range(10), *range(100, 105), 65_536 + 7]
+    assert roaring32_values(runs).tolist() == want
     many = _with_runs([[(0, 3)]] * 5)  # five containers: offsets present
     assert roaring32_runs(many) == (15, 5)
+    assert roaring32_values(many).tolist() == [k << 16 | i for k in range(5) for i in range(3)]
     for bad in [b"", b"\x00" * 12, _roaring32(cases[1])[:-100], _with_runs([[(0, 3)]])[:-2]]:
         with pytest.raises(ValueError):
             roaring32_runs(bad)
+        with pytest.raises(ValueError):
+            roaring32_values(bad)
 
 
 @pytest.mark.parametrize("kind", ["bitmap", "array"])

@@ -6,6 +6,7 @@ Roaring bitmaps per fragment), and in-memory membership (:class:`RowIdMask`).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -109,6 +110,16 @@ class RowIdMask:
         self.size = len(values)
         self.nbytes = sum(m.nbytes for m in self._maps.values())
 
+    @classmethod
+    def from_flags(cls, flags: dict[int, np.ndarray]) -> RowIdMask:
+        """The set of the values ``high << 32 | low`` for which ``flags[high][low]`` is
+        true (``flags``: a boolean array per high word, not copied)."""
+        mask = cls(np.zeros(0, dtype=np.uint64))
+        mask._maps = dict(flags)
+        mask.size = sum(int(np.count_nonzero(f)) for f in flags.values())
+        mask.nbytes = sum(f.nbytes for f in flags.values())
+        return mask
+
     def contains(self, values: np.ndarray) -> np.ndarray:
         """Boolean mask: which ``values`` (uint64, any order) are in the set."""
         values = np.asarray(values, dtype=np.uint64)
@@ -137,11 +148,11 @@ _ROARING_RUN_COOKIE = 12347  # Roaring portable format with run containers
 _ROARING_NO_OFFSET_THRESHOLD = 4  # run-cookie bitmaps with fewer containers omit offsets
 
 
-def roaring32_runs(data: bytes) -> tuple[int, int]:
-    """(values, runs) of a 32-bit Roaring bitmap in the portable serialization format
-    (the one :func:`_roaring32` writes, and Lance's bitmap deletion files): how many
-    values it holds and in how many runs of consecutive values (a run crossing a
-    65536-value chunk counts once per chunk). Vectorised per container.
+def _roaring32_containers(data: bytes) -> Iterator[tuple[int, str, np.ndarray]]:
+    """The containers of a 32-bit Roaring bitmap in the portable serialization format,
+    in order: ``(high, kind, values)`` with ``high`` the container's upper 16 bits and
+    ``values`` its ``"run"`` (start, length - 1) pairs, ``"bitmap"`` 65536 booleans, or
+    ``"array"`` sorted low 16-bit values.
 
     Raises
     ------
@@ -166,11 +177,11 @@ def roaring32_runs(data: bytes) -> tuple[int, int]:
     if len(view) < pos + 4 * n:
         raise ValueError("roaring bitmap: truncated container headers")
     header = np.frombuffer(view[pos : pos + 4 * n], dtype="<u2").reshape(n, 2)
+    keys = header[:, 0].tolist()
     counts = header[:, 1].astype(np.int64) + 1
     pos += 4 * n
     if cookie == _ROARING_NO_RUN_COOKIE or n >= _ROARING_NO_OFFSET_THRESHOLD:
         pos += 4 * n  # container offsets: the containers follow in order anyway
-    values = runs = 0
     for i in range(n):
         is_run = bool(runs_bitmap) and bool(runs_bitmap[i // 8] >> (i % 8) & 1)
         if is_run:
@@ -180,22 +191,71 @@ def roaring32_runs(data: bytes) -> tuple[int, int]:
             pairs = np.frombuffer(view[pos + 2 : pos + 2 + 4 * k], dtype="<u2")
             if len(pairs) != 2 * k:
                 raise ValueError("roaring bitmap: truncated run container")
-            values += int(pairs[1::2].astype(np.int64).sum()) + k
-            runs += k
+            yield keys[i], "run", pairs
             pos += 2 + 4 * k
         elif counts[i] > _ROARING_ARRAY_MAX:
             raw = np.frombuffer(view[pos : pos + 8192], dtype=np.uint8)
             if len(raw) != 8192:
                 raise ValueError("roaring bitmap: truncated bitmap container")
-            bits = np.unpackbits(raw, bitorder="little").astype(bool)
-            values += int(bits.sum())
-            runs += int(bits[0]) + int(np.count_nonzero(bits[1:] & ~bits[:-1]))
+            yield keys[i], "bitmap", np.unpackbits(raw, bitorder="little").astype(bool)
             pos += 8192
         else:
             low = np.frombuffer(view[pos : pos + 2 * counts[i]], dtype="<u2")
             if len(low) != counts[i]:
                 raise ValueError("roaring bitmap: truncated array container")
-            values += len(low)
-            runs += 1 + int(np.count_nonzero(np.diff(low.astype(np.int64)) != 1))
+            yield keys[i], "array", low
             pos += 2 * int(counts[i])
+
+
+def roaring32_runs(data: bytes) -> tuple[int, int]:
+    """(values, runs) of a 32-bit Roaring bitmap in the portable serialization format
+    (the one :func:`_roaring32` writes, and Lance's bitmap deletion files): how many
+    values it holds and in how many runs of consecutive values (a run crossing a
+    65536-value chunk counts once per chunk). Vectorised per container.
+
+    Raises
+    ------
+    ValueError
+        ``data`` is not such a bitmap (unknown cookie, truncated, inconsistent sizes).
+    """
+    values = runs = 0
+    for _, kind, part in _roaring32_containers(data):
+        if kind == "run":
+            values += int(part[1::2].astype(np.int64).sum()) + len(part) // 2
+            runs += len(part) // 2
+        elif kind == "bitmap":
+            values += int(part.sum())
+            runs += int(part[0]) + int(np.count_nonzero(part[1:] & ~part[:-1]))
+        else:
+            values += len(part)
+            runs += 1 + int(np.count_nonzero(np.diff(part.astype(np.int64)) != 1))
     return values, runs
+
+
+def roaring32_values(data: bytes) -> np.ndarray:
+    """The values of a 32-bit Roaring bitmap in the portable serialization format (Lance's
+    bitmap deletion files), sorted, as uint32. Vectorised per container.
+
+    Raises
+    ------
+    ValueError
+        ``data`` is not such a bitmap (unknown cookie, truncated, inconsistent sizes).
+    """
+    parts: list[np.ndarray] = []
+    for high, kind, part in _roaring32_containers(data):
+        if kind == "run":
+            starts = part[0::2].astype(np.int64)
+            lengths = part[1::2].astype(np.int64) + 1
+            # start of each value's run, plus its place within the run
+            within = np.arange(int(lengths.sum())) - np.repeat(
+                np.cumsum(lengths) - lengths, lengths
+            )
+            low = np.repeat(starts, lengths) + within
+        elif kind == "bitmap":
+            low = np.flatnonzero(part)
+        else:
+            low = part.astype(np.int64)
+        parts.append((np.int64(high) << 16) + low)
+    if not parts:
+        return np.zeros(0, dtype=np.uint32)
+    return np.concatenate(parts).astype(np.uint32)

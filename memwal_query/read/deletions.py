@@ -16,13 +16,15 @@ missing or damaged one is an error, never a longer answer. Measurements: ``docs/
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from memwal_query.format.rowaddrs import roaring32_runs
+from memwal_query.format.rowaddrs import roaring32_runs, roaring32_values
 from memwal_query.read import exprtree
 from memwal_query.storage.cache import LRUCache
 
@@ -151,6 +153,151 @@ def _runs(table: str, path: str, read: Callable[[str], bytes]) -> int | None:
             return None  # not cached: the next scan asks again
         _RUNS.put(key, hit)
     return hit
+
+
+MAX_TWIN_SOURCES = 4
+"""Most base versions whose clean fragments :data:`TWINS` keeps (each holds its
+dataset's manifest in memory); the least recently used goes first."""
+
+Signature = tuple[int, tuple[tuple[Any, ...], ...]]
+"""A fragment's physical rows and data files (path, fields, columns, format version)."""
+
+
+def signature(fragment: Any) -> Signature:
+    """What makes two Lance fragments the same rows whatever their deletion files: the
+    physical rows and every data file (its path, field ids, columns and file version).
+    Data file names are unique, so equal signatures mean the same files."""
+    md = fragment.metadata
+    files = tuple(
+        (
+            d.path,
+            tuple(d.fields),
+            tuple(d.column_indices),
+            d.file_major_version,
+            d.file_minor_version,
+            d.base_id,
+        )
+        for d in md.files
+    )
+    return int(md.physical_rows), files
+
+
+class CleanFragments:
+    """The fragments a process has seen without a deletion file, per table URI and
+    fragment id, from at most ``max_sources`` base versions: a fragment that has since
+    been given a deletion file (a merge replaced some of its rows) is scanned as its
+    clean *twin*, the same data files with no deletion file, and its deleted rows are
+    dropped by the reader (:func:`deleted_flags`). Lance then plans a filtered scan of
+    it as of a clean fragment (the filter's columns first, the other columns of the
+    matching rows only), where its own scan of a fragment with rows deleted at random
+    decodes it range by range, and a scan of its deleted rows too decodes every column
+    of every row. Only the twin's metadata is used: its data files are the current
+    fragment's, checked by :func:`signature` on every use."""
+
+    def __init__(self, max_sources: int = MAX_TWIN_SOURCES) -> None:
+        self.max_sources = max_sources
+        self._lock = threading.Lock()
+        # (table, version) -> {fragment id: (signature, fragment)}, least recently used first
+        self._sources: OrderedDict[tuple[str, int], dict[int, tuple[Signature, Any]]] = (
+            OrderedDict()
+        )
+        self._where: dict[tuple[str, int], tuple[str, int]] = {}  # (table, id) -> source
+        self._noted: LRUCache[tuple[str, int], bool] = LRUCache(256)
+
+    def note(self, table: str, version: int, fragments: Callable[[], Iterable[Any]]) -> None:
+        """Remember the fragments of version ``version`` of ``table`` that have no deletion
+        file and are not known yet (``fragments()`` is called once per version)."""
+        if self._noted.get((table, version)):
+            return
+        self._noted.put((table, version), True)
+        with self._lock:
+            new = [
+                f
+                for f in fragments()
+                if not f.num_deletions and (table, f.fragment_id) not in self._where
+            ]
+        if not new:
+            return
+        signed = [(f, signature(f)) for f in new]
+        with self._lock:
+            source = (table, version)
+            kept = self._sources.setdefault(source, {})
+            self._sources.move_to_end(source)
+            for f, sig in signed:
+                if (table, f.fragment_id) not in self._where:
+                    kept[f.fragment_id] = (sig, f)
+                    self._where[(table, f.fragment_id)] = source
+            while len(self._sources) > self.max_sources:
+                (uri, _), gone = self._sources.popitem(last=False)
+                for fragment_id in gone:
+                    self._where.pop((uri, fragment_id), None)
+
+    def twin(self, table: str, fragment: Any) -> Any | None:
+        """The clean fragment seen with the same data files as ``fragment`` (a fragment of
+        ``table``), or None."""
+        key = (table, fragment.fragment_id)
+        with self._lock:
+            source = self._where.get(key)
+            if source is None:
+                return None
+            sig, twin = self._sources[source][fragment.fragment_id]
+            self._sources.move_to_end(source)
+        if signature(fragment) == sig:
+            return twin
+        with self._lock:  # other data files now (new columns, a table made anew)
+            if self._where.get(key) == source:
+                del self._where[key]
+                self._sources[source].pop(fragment.fragment_id, None)
+        return None
+
+    def clear(self) -> None:
+        """Forget every fragment."""
+        with self._lock:
+            self._sources.clear()
+            self._where.clear()
+            self._noted.clear()
+
+
+TWINS = CleanFragments()
+"""The process's clean fragments (:class:`CleanFragments`)."""
+
+_DELETED: LRUCache[str, np.ndarray] = LRUCache(
+    4096, 1 << 30, sizeof=lambda flags: flags.nbytes, name="deleted base rows"
+)
+"""The deleted rows of each deletion file decoded (a flag per physical row of its
+fragment; deletion files are immutable: keyed by table URI and path)."""
+
+
+def deleted_flags(table: str, fragment: Any, read: Callable[[str], bytes]) -> np.ndarray | None:
+    """The deleted rows of ``fragment`` (a Lance fragment of ``table`` with a deletion
+    file): a boolean per physical row, true where deleted, read from its deletion file (a
+    Roaring bitmap or an Arrow IPC file of row offsets) with ``read`` (a path relative to
+    the table) and cached; None when the file cannot be read or decoded or disagrees with
+    the fragment's metadata (its scan is then left to Lance, which reports the file)."""
+    path = fragment.deletion_file()
+    if path is None:
+        return None
+    key = _key(table, path)
+    hit = _DELETED.get(key)
+    if hit is not None:
+        return hit
+    rows = fragment.physical_rows
+    try:
+        data = read(path)
+        if path.endswith(".arrow"):
+            column = pa.ipc.open_file(pa.BufferReader(data)).read_all().column(0)
+            offsets = column.to_numpy().astype(np.int64)
+        else:
+            offsets = roaring32_values(data).astype(np.int64)
+    except Exception:  # noqa: BLE001 - Lance's own read reports a bad file, typed
+        return None
+    if len(offsets) and (offsets.min() < 0 or offsets.max() >= rows):
+        return None
+    flags = np.zeros(rows, dtype=bool)
+    flags[offsets] = True
+    if int(np.count_nonzero(flags)) != fragment.num_deletions:
+        return None
+    return _DELETED.put(key, flags)
 
 
 # Calls that evaluate without error whatever the values of their arguments (comparisons,

@@ -785,6 +785,32 @@ class _BaseFragment:
                 found.append(d.field_names[0])
         return found
 
+    def _twin_candidates(self) -> list[tuple[Any, Any]]:
+        """This part's fragments with deletion files that have a clean twin
+        (:class:`deletions.CleanFragments`), each with its twin (no file read)."""
+        uri = self.state.dataset.table.uri
+        found = []
+        for fragment in self.fragments():
+            if fragment.num_deletions:
+                twin = deletions.TWINS.twin(uri, fragment)
+                if twin is not None:
+                    found.append((fragment, twin))
+        return found
+
+    def _twins(self, candidates: list[tuple[Any, Any]]) -> tuple[dict[int, Any], RowIdMask] | None:
+        """The twins of ``candidates`` (:meth:`_twin_candidates`) whose deletion files
+        could be read (concurrently on an object store), by fragment id, and their
+        deleted rows by address, or None when there is none."""
+        table = self.state.dataset.table
+        deleted = sources.map_reads(
+            lambda pair: deletions.deleted_flags(table.uri, pair[0], self._read_table_file),
+            candidates,
+            table.io,
+        )
+        twins = {f.fragment_id: twin for (f, twin), d in zip(candidates, deleted) if d is not None}
+        flags = {f.fragment_id: d for (f, _), d in zip(candidates, deleted) if d is not None}
+        return (twins, RowIdMask.from_flags(flags)) if twins else None
+
     def fragments(self) -> list[Any]:
         """The Lance fragments this part scans."""
         if self.lance_fragments is not None:
@@ -847,6 +873,8 @@ class _BaseFragment:
         kept in one answer (:meth:`whole`)."""
         state = self.state
         pk = state.dataset.table.primary_key
+        base = state.plan.base
+        deletions.TWINS.note(state.dataset.table.uri, base.version, base.get_fragments)
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
         f = state.filter_for(filter)
@@ -880,14 +908,21 @@ class _BaseFragment:
         # scan may take that path and their metadata does not decide.
         # A key lookup through a scalar index stays on Lance's path (it decodes the
         # matching rows only).
-        with_deleted = (
-            f.expr is None
-            or (
-                _narrow(state.dataset.schema, data_cols + f.data_columns())
-                and deletions.total_filter(f.base)  # never evaluated on deleted rows
-                and not deletions.point_filter(f.base, self._indexed())
-            )
-        ) and self._reads_deleted()
+        # A filtered scan reads the fragments with deletion files that have a clean twin
+        # (the same data files seen without one) as those twins, with Lance's own plan,
+        # and drops their deleted rows by address (:class:`deletions.CleanFragments`).
+        narrow = f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
+        candidates = []
+        may = f.expr is None or (
+            deletions.total_filter(f.base)  # never evaluated on deleted rows
+            and not deletions.point_filter(f.base, self._indexed())
+        )
+        if may and f.expr is not None and f.lance:
+            candidates = self._twin_candidates()
+        with_deleted = may and (narrow or bool(candidates)) and self._reads_deleted()
+        twins = self._twins(candidates) if with_deleted and candidates else None
+        twin_deleted = twins[1] if twins is not None else None
+        with_deleted = with_deleted and narrow
         # several batches decoded at once (Lance's default is one on a small machine),
         # unless they are wide: then as many as Lance's default holds in memory
         readahead = (
@@ -905,7 +940,7 @@ class _BaseFragment:
                     columns=list(dict.fromkeys(data_cols + key_cols)),
                     filter=f.base,
                     fragments=fragments,
-                    with_row_address=want_addr or by_address,
+                    with_row_address=want_addr or by_address or twin_deleted is not None,
                     with_row_id=overwritten is not None or deleted,
                     batch_size=size,
                     batch_readahead=readahead,
@@ -919,18 +954,17 @@ class _BaseFragment:
 
             try:
                 try:
-                    batches = (
-                        _split_scans(lance_scan, self.fragments())
-                        if with_deleted and f.expr is not None
-                        else None
-                    )
+                    if twins is not None:
+                        batches = _twin_scans(lance_scan, self.fragments(), twins[0], with_deleted)
+                    elif with_deleted and f.expr is not None:
+                        batches = _split_scans(lance_scan, self.fragments())
                     if batches is None:
                         batches = lance_scan(with_deleted)
                 except _LANCE_REFUSALS:
-                    if not (with_deleted and f.expr is not None):
+                    if not ((with_deleted or twins is not None) and f.expr is not None):
                         raise
-                    # a plan Lance does not run with deleted rows: its own way
-                    with_deleted = False
+                    # a plan Lance does not run with deleted rows or twins: its own way
+                    with_deleted, twin_deleted = False, None
                     batches = lance_scan(with_deleted)
             except _LANCE_REFUSALS:
                 if f.expr is None:
@@ -973,6 +1007,9 @@ class _BaseFragment:
             # one mask of the rows to drop (deleted, overwritten), one copy of the rest
             deleted = with_deleted and ROWID_COLUMN in batch.schema.names
             mask = deletions.deleted_rows(batch) if deleted else None
+            if twin_deleted is not None:  # a clean twin's rows deleted since
+                addr = deletions.live_values(batch, ROWADDR_COLUMN)
+                mask = _either(mask, twin_deleted.contains(addr))
             if overwritten is not None:
                 ids = deletions.live_values(batch, ROWID_COLUMN)
                 mask = _either(mask, overwritten.contains(ids))
@@ -1005,6 +1042,7 @@ class _BaseFragment:
             or int_sets
             or hashed
             or with_deleted
+            or twin_deleted is not None
             or local is not None
         ):
             yield from (kept(i, b) for i, b in enumerate(batches))  # nothing to drop or copy
@@ -1031,6 +1069,32 @@ def _split_scans(
         yield from scan(False, clean)
 
     return rest()
+
+
+def _twin_scans(
+    scan: Callable[[bool, list[Any]], Iterator[pa.RecordBatch]],
+    fragments: list[Any],
+    twins: dict[int, Any],
+    with_deleted: bool,
+) -> Iterator[pa.RecordBatch]:
+    """A filtered scan of ``fragments`` with the fragments that have a clean twin read as
+    those (``twins``, by fragment id; the caller drops their deleted rows by address):
+    in one scan of Lance's own plan, in order, unless ``with_deleted`` and some fragment
+    with a deletion file has no twin: those are scanned first with their deleted rows
+    (``scan(True, those)``, as :func:`_split_scans` does)."""
+    dirty = [f for f in fragments if f.num_deletions and f.fragment_id not in twins]
+    apart = {f.fragment_id for f in dirty} if with_deleted else set()
+    rest = [twins.get(f.fragment_id, f) for f in fragments if f.fragment_id not in apart]
+    if not (with_deleted and dirty):
+        return scan(False, rest)
+    first = scan(True, dirty)  # started here: a refusal surfaces to the caller
+
+    def both() -> Iterator[pa.RecordBatch]:
+        yield from first
+        if rest:
+            yield from scan(False, rest)
+
+    return both()
 
 
 KEEP_AHEAD = 2
