@@ -262,7 +262,11 @@ TWINS = CleanFragments()
 """The process's clean fragments (:class:`CleanFragments`)."""
 
 _DELETED: LRUCache[str, np.ndarray] = LRUCache(
-    4096, 1 << 30, sizeof=lambda flags: flags.nbytes, name="deleted base rows"
+    4096,
+    1 << 30,
+    sizeof=lambda flags: flags.nbytes,
+    name="deleted_base_rows",
+    keep_newest=False,
 )
 """The deleted rows of each deletion file decoded (a flag per physical row of its
 fragment; deletion files are immutable: keyed by table URI and path)."""

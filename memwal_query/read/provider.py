@@ -31,6 +31,7 @@ from memwal_query.format.lancescan import batch_readahead
 from memwal_query.format.rowaddrs import RowIdMask, row_address_treemap, run_starts
 from memwal_query.format.schema import GEN_COLUMN, ROWADDR_COLUMN, as_int64
 from memwal_query.read import (
+    basecache,
     deletions,
     exprtree,
     newer,
@@ -272,6 +273,13 @@ class _QueryState:
                     return None
                 self._stale_rows = _stale(base, sets)
             return self._stale_rows.blocklist
+
+    def stale_rows_mask(self) -> RowIdMask:
+        """After :meth:`blocklist` returned a list: the overwritten base rows as a
+        :class:`RowIdMask` whatever their share (rows Lance does not scan, taken from
+        memory, are tested on it)."""
+        assert self._stale_rows is not None
+        return self._stale_rows.mask
 
     def stale_mask(self) -> RowIdMask | None:
         """After :meth:`blocklist`: the overwritten base rows as a :class:`RowIdMask` when
@@ -811,6 +819,65 @@ class _BaseFragment:
         flags = {f.fragment_id: d for (f, _), d in zip(candidates, deleted) if d is not None}
         return (twins, RowIdMask.from_flags(flags)) if twins else None
 
+    def _from_cache(
+        self, f: _Filter, data_cols: list[str]
+    ) -> tuple[list[pa.Table], list[Any]] | None:
+        """The live rows of this part's fragments the cache holds (filtered by ``f``
+        later), and the fragments left to scan; or None when the cache holds none. An
+        unfiltered scan of every column decodes the new fragments it may keep first
+        (:func:`basecache.new_fragments`)."""
+        state = self.state
+        uri = state.dataset.table.uri
+        schema = state.dataset.table.schema
+        fragments = self.fragments()
+        new: set[int] = set()
+        if f.expr is None and set(schema.names) <= set(data_cols):
+            every = state.plan.base.get_fragments()  # counted over the version, not the part
+            new = {x.fragment_id for x in basecache.new_fragments(uri, every)}
+        tables: list[pa.Table] = []
+        rest: list[Any] = []
+        for fragment in fragments:
+            rows = basecache.cached(uri, fragment, schema)
+            if rows is None and fragment.fragment_id in new:
+                scanner = state.plan.base.scanner(
+                    columns=schema.names,
+                    fragments=[fragment],
+                    with_row_address=True,
+                    batch_size=BASE_BATCH_ROWS,
+                    batch_readahead=batch_readahead() if _narrow(schema, schema.names) else None,
+                )
+                rows = basecache.keep(uri, fragment, schema, scanner.to_table())
+            if rows is not None:
+                rows = basecache.live(uri, fragment, rows, self._read_table_file)
+            if rows is None:
+                rest.append(fragment)
+            else:
+                tables.append(rows)
+        return (tables, rest) if tables else None
+
+    @staticmethod
+    def _given(
+        tables: list[pa.Table],
+        f: _Filter,
+        columns: list[str],
+        addresses: bool,
+        overwritten: RowIdMask | None,
+        size: int,
+    ) -> Iterator[pa.RecordBatch]:
+        """Batches of ``tables`` (:meth:`_from_cache`) as a scan would give them: the
+        rows ``f`` keeps, ``columns``, ``_rowaddr`` when ``addresses``, and ``_rowid``
+        (the same values: no stable row ids) when ``overwritten`` is tested on it."""
+        names = list(dict.fromkeys(columns))
+        for rows in tables:
+            if f.expr is not None:
+                rows = rows.filter(f.local)
+            out = rows.select(names)
+            if addresses:
+                out = out.append_column(ROWADDR_COLUMN, rows.column(ROWADDR_COLUMN))
+            if overwritten is not None:
+                out = out.append_column(ROWID_COLUMN, rows.column(ROWADDR_COLUMN))
+            yield from out.to_batches(max_chunksize=size)
+
     def fragments(self) -> list[Any]:
         """The Lance fragments this part scans."""
         if self.lance_fragments is not None:
@@ -868,13 +935,19 @@ class _BaseFragment:
         filter: pc.Expression | None,
         batch_size: int | None,
         whole: bool = False,
+        given: list[pa.Table] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The kept base rows of this part, batch by batch; ``whole``: every batch is
-        kept in one answer (:meth:`whole`)."""
+        kept in one answer (:meth:`whole`); ``given``: the physical rows of this part's
+        fragments, decoded already (:mod:`memwal_query.read.basecache`), instead of a
+        scan (the deleted rows dropped, every column and ``_rowaddr``)."""
         state = self.state
         pk = state.dataset.table.primary_key
         base = state.plan.base
-        deletions.TWINS.note(state.dataset.table.uri, base.version, base.get_fragments)
+        uri = state.dataset.table.uri
+        if given is None:
+            deletions.TWINS.note(uri, base.version, base.get_fragments)
+            basecache.note_first(uri, base)
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
         f = state.filter_for(filter)
@@ -885,6 +958,22 @@ class _BaseFragment:
                 if self.counts:
                     yield from _no_columns(kept_rows)
                 return
+        if (
+            given is None
+            and data_cols
+            and (f.expr is None or f.lance)
+            and GEN_COLUMN not in f.columns
+            and basecache.usable(base)
+        ):
+            split = self._from_cache(f, data_cols)
+            if split is not None:  # some fragments from memory, the others scanned
+                tables, rest = split
+                if rest:
+                    part = _BaseFragment(state, rest, counts=False)
+                    yield from part._batches(out_schema, filter, batch_size, whole, [])
+                yield from self._batches(out_schema, filter, batch_size, whole, tables)
+                return
+        given = given or None  # [] : scan, without the cache
         blocklist = state.blocklist() if f.expr is None else None
         overwritten = state.stale_mask() if blocklist is not None else None
         int_sets, hashed = ([], []) if blocklist is not None else state.key_sets(f)
@@ -898,96 +987,106 @@ class _BaseFragment:
         key_cols = pk if int_sets or (hashed and not cached) else []
         want_addr = ROWADDR_COLUMN in wanted
         size = max(batch_size or 0, BASE_BATCH_ROWS)
-        # Fragments with deletion files: read their deleted rows too and drop them with
-        # the mask below (Lance's own scan of them decodes range by range, see
-        # memwal_query.read.deletions). A filtered scan then reads its columns whole
-        # (no late materialization, which Lance refuses with deleted rows), so only
-        # when they are narrow, and only with a filter that cannot fail on a value a
-        # deleted row holds.
-        # The deletion files are read (concurrently on an object store) only when the
-        # scan may take that path and their metadata does not decide.
-        # A key lookup through a scalar index stays on Lance's path (it decodes the
-        # matching rows only).
-        # A filtered scan reads the fragments with deletion files that have a clean twin
-        # (the same data files seen without one) as those twins, with Lance's own plan,
-        # and drops their deleted rows by address (:class:`deletions.CleanFragments`).
-        narrow = f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
-        candidates = []
-        may = f.expr is None or (
-            deletions.total_filter(f.base)  # never evaluated on deleted rows
-            and not deletions.point_filter(f.base, self._indexed())
-        )
-        if may and f.expr is not None and f.lance:
-            candidates = self._twin_candidates()
-        with_deleted = may and (narrow or bool(candidates)) and self._reads_deleted()
-        twins = self._twins(candidates) if with_deleted and candidates else None
-        twin_deleted = twins[1] if twins is not None else None
-        with_deleted = with_deleted and narrow
-        # several batches decoded at once (Lance's default is one on a small machine),
-        # unless they are wide: then as many as Lance's default holds in memory
-        readahead = (
-            batch_readahead()
-            if _narrow(state.dataset.schema, data_cols + key_cols + f.data_columns())
-            else None
-        )
         batches: Iterator[pa.RecordBatch] | None = None
-        if f.expr is None or f.lance:
-            # Fast path: Lance filters (late materialization, scalar indexes).
-            def lance_scan(
-                deleted: bool, fragments: list[Any] | None = self.lance_fragments
-            ) -> Iterator[pa.RecordBatch]:
-                scanner = state.plan.base.scanner(
-                    columns=list(dict.fromkeys(data_cols + key_cols)),
-                    filter=f.base,
-                    fragments=fragments,
-                    with_row_address=want_addr or by_address or twin_deleted is not None,
-                    with_row_id=overwritten is not None or deleted,
-                    batch_size=size,
-                    batch_readahead=readahead,
-                    row_addr_blocklist=None if overwritten is not None else blocklist,
-                    include_deleted_rows=deleted or None,
-                    late_materialization=False if deleted and f.expr is not None else None,
-                )
-                it = iter(scanner.to_batches())
-                first = next(it, None)
-                return it if first is None else itertools.chain([first], it)
+        if given is not None:  # rows taken from memory (basecache)
+            if blocklist is not None and overwritten is None:  # Lance does not drop them
+                overwritten = state.stale_rows_mask()
+            batches = self._given(
+                given, f, data_cols + key_cols, want_addr or by_address, overwritten, size
+            )
+            with_deleted, twin_deleted, local = False, None, None
+        else:
+            # Fragments with deletion files: read their deleted rows too and drop them with
+            # the mask below (Lance's own scan of them decodes range by range, see
+            # memwal_query.read.deletions). A filtered scan then reads its columns whole
+            # (no late materialization, which Lance refuses with deleted rows), so only
+            # when they are narrow, and only with a filter that cannot fail on a value a
+            # deleted row holds.
+            # The deletion files are read (concurrently on an object store) only when the
+            # scan may take that path and their metadata does not decide.
+            # A key lookup through a scalar index stays on Lance's path (it decodes the
+            # matching rows only).
+            # A filtered scan reads the fragments with deletion files that have a clean twin
+            # (the same data files seen without one) as those twins, with Lance's own plan,
+            # and drops their deleted rows by address (:class:`deletions.CleanFragments`).
+            narrow = f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
+            candidates = []
+            may = f.expr is None or (
+                deletions.total_filter(f.base)  # never evaluated on deleted rows
+                and not deletions.point_filter(f.base, self._indexed())
+            )
+            if may and f.expr is not None and f.lance:
+                candidates = self._twin_candidates()
+            with_deleted = may and (narrow or bool(candidates)) and self._reads_deleted()
+            twins = self._twins(candidates) if with_deleted and candidates else None
+            twin_deleted = twins[1] if twins is not None else None
+            with_deleted = with_deleted and narrow
+            # several batches decoded at once (Lance's default is one on a small machine),
+            # unless they are wide: then as many as Lance's default holds in memory
+            readahead = (
+                batch_readahead()
+                if _narrow(state.dataset.schema, data_cols + key_cols + f.data_columns())
+                else None
+            )
+            if f.expr is None or f.lance:
+                # Fast path: Lance filters (late materialization, scalar indexes).
+                def lance_scan(
+                    deleted: bool, fragments: list[Any] | None = self.lance_fragments
+                ) -> Iterator[pa.RecordBatch]:
+                    scanner = state.plan.base.scanner(
+                        columns=list(dict.fromkeys(data_cols + key_cols)),
+                        filter=f.base,
+                        fragments=fragments,
+                        with_row_address=want_addr or by_address or twin_deleted is not None,
+                        with_row_id=overwritten is not None or deleted,
+                        batch_size=size,
+                        batch_readahead=readahead,
+                        row_addr_blocklist=None if overwritten is not None else blocklist,
+                        include_deleted_rows=deleted or None,
+                        late_materialization=False if deleted and f.expr is not None else None,
+                    )
+                    it = iter(scanner.to_batches())
+                    first = next(it, None)
+                    return it if first is None else itertools.chain([first], it)
 
-            try:
                 try:
-                    if twins is not None:
-                        batches = _twin_scans(lance_scan, self.fragments(), twins[0], with_deleted)
-                    elif with_deleted and f.expr is not None:
-                        batches = _split_scans(lance_scan, self.fragments())
-                    if batches is None:
+                    try:
+                        if twins is not None:
+                            batches = _twin_scans(
+                                lance_scan, self.fragments(), twins[0], with_deleted
+                            )
+                        elif with_deleted and f.expr is not None:
+                            batches = _split_scans(lance_scan, self.fragments())
+                        if batches is None:
+                            batches = lance_scan(with_deleted)
+                    except _LANCE_REFUSALS:
+                        if not ((with_deleted or twins is not None) and f.expr is not None):
+                            raise
+                        # a plan Lance does not run with deleted rows or twins: its own way
+                        with_deleted, twin_deleted = False, None
                         batches = lance_scan(with_deleted)
                 except _LANCE_REFUSALS:
-                    if not ((with_deleted or twins is not None) and f.expr is not None):
+                    if f.expr is None:
                         raise
-                    # a plan Lance does not run with deleted rows or twins: its own way
-                    with_deleted, twin_deleted = False, None
-                    batches = lance_scan(with_deleted)
-            except _LANCE_REFUSALS:
-                if f.expr is None:
-                    raise
-                f.lance = False  # the other partitions need not ask again
-        local = None
-        if batches is None:
-            # Lance refused the filter (or it reads _rowaddr): read its columns too, and
-            # filter with pyarrow after the key check (same result: a base row is kept
-            # only if its key is in no newer source, whatever the filter).
-            local = f.local
-            with_deleted = self._reads_deleted()  # no filter in Lance: read whole anyway
-            scanner = state.plan.base.scanner(
-                columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
-                fragments=self.lance_fragments,
-                with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
-                with_row_id=with_deleted,
-                batch_size=size,
-                batch_readahead=readahead,
-                row_addr_blocklist=blocklist,
-                include_deleted_rows=with_deleted or None,
-            )
-            batches = scanner.to_batches()
+                    f.lance = False  # the other partitions need not ask again
+            local = None
+            if batches is None:
+                # Lance refused the filter (or it reads _rowaddr): read its columns too, and
+                # filter with pyarrow after the key check (same result: a base row is kept
+                # only if its key is in no newer source, whatever the filter).
+                local = f.local
+                with_deleted = self._reads_deleted()  # no filter in Lance: read whole anyway
+                scanner = state.plan.base.scanner(
+                    columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
+                    fragments=self.lance_fragments,
+                    with_row_address=want_addr or by_address or ROWADDR_COLUMN in f.columns,
+                    with_row_id=with_deleted,
+                    batch_size=size,
+                    batch_readahead=readahead,
+                    row_addr_blocklist=blocklist,
+                    include_deleted_rows=with_deleted or None,
+                )
+                batches = scanner.to_batches()
 
         needed = set(out_schema.names) | (set(f.columns) if local is not None else set())
         # An unfiltered read of the whole table into one answer copies its batches even

@@ -56,6 +56,9 @@ class LRUCache(Generic[K, V]):
     budget : bool, default True
         Whether a named cache measured in bytes counts towards (and is evicted to keep)
         :func:`cache_size_bytes`.
+    keep_newest : bool, default True
+        Whether the most recent entry is kept whatever the bounds (False: a cache whose
+        entries only save work, which the budget may empty).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class LRUCache(Generic[K, V]):
         *,
         name: str | None = None,
         budget: bool = True,
+        keep_newest: bool = True,
     ) -> None:
         if max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
@@ -82,6 +86,7 @@ class LRUCache(Generic[K, V]):
         self._lock = threading.Lock()
         self.name = name
         self._budget = budget
+        self._floor = 1 if keep_newest else 0  # entries never evicted
         if name is not None:
             _NAMED[name] = self
 
@@ -106,7 +111,7 @@ class LRUCache(Generic[K, V]):
                 size = self._sizeof(value)
                 self._sizes[key] = size
                 self._bytes += size
-            while len(self._items) > 1 and (
+            while len(self._items) > self._floor and (
                 len(self._items) > self.max_items
                 or (self.max_bytes is not None and self._bytes > self.max_bytes)
             ):
@@ -128,15 +133,15 @@ class LRUCache(Generic[K, V]):
 
     def _oldest_tick(self) -> int | None:
         """When the least recently used entry was last used; None when the cache holds
-        at most one entry (its newest is always kept)."""
+        no entry it may evict (with ``keep_newest``, its newest is always kept)."""
         with self._lock:
-            if len(self._items) <= 1:
+            if len(self._items) <= self._floor:
                 return None
             return self._ticks.get(next(iter(self._items)), 0)
 
     def _evict_oldest(self) -> None:
         with self._lock:
-            if len(self._items) > 1:
+            if len(self._items) > self._floor:
                 self._evict_oldest_locked()
                 self.budget_evictions += 1
 
