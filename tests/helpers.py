@@ -74,7 +74,7 @@ def clear_read_caches() -> None:
     """Forget every decoded generation, sidecar verdict, view, WAL entry and tail, and
     the per-region rows and winners kept between queries (as a new process would
     start)."""
-    from memwal_query.read import deletions, newer, pointview, provider, sources, waltail
+    from memwal_query.read import basecache, deletions, newer, pointview, provider, sources, waltail
     from memwal_query.search import caches
 
     for cache in (
@@ -93,6 +93,9 @@ def clear_read_caches() -> None:
         provider._BASE_KEYS,
         deletions._RUNS,
         deletions._DELETED,
+        basecache.FRAGMENTS,
+        basecache._IDS,
+        basecache._FIRST,
         pointview.KEY_INDEXES,
     ):
         cache.clear()

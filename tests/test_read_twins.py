@@ -287,3 +287,42 @@ def test_a_twins_deletion_file_that_cannot_be_decoded_is_reported(tmp_path):
     with pytest.raises(CorruptFileError) as err:
         reader.to_table(filter=flt)
     assert name in str(err.value)
+
+
+def test_a_filter_lance_refuses_met_after_the_twins_were_chosen(tmp_path, monkeypatch):
+    """One query, several partitions: the first to choose its twins waits until another
+    has found that Lance refuses the filter (a LIKE through ``pc.match_like``) and told
+    every partition so; it then reads its fragments itself, as the others do (not its
+    twins, whose deleted rows it would look up by an address its scan does not read),
+    with the same answer as plain Lance."""
+    import threading
+    import time
+
+    schema = _schema(pa.int64())
+    uri, plain = str(tmp_path / "t"), str(tmp_path / "plain")
+    for path in (uri, plain):
+        lance.write_dataset(_rows(np.arange(BASE_ROWS), schema), path, max_rows_per_file=1_000)
+    t = mq.MemWalTable.initialize(uri)
+    reader = mq.MemWalTable.open(uri)
+    reader.to_table(filter=pc.field("v") < 10)
+    _round(t, plain, schema, 1)
+    t.maintenance.merge()
+    twins_of = provider._BaseFragment._twins
+    first = threading.Lock()
+    waited: list[bool] = []
+
+    def held(self, candidates):
+        out = twins_of(self, candidates)
+        if first.acquire(blocking=False):  # the first partition here waits
+            deadline = time.monotonic() + 10
+            while self.state.filter.lance and time.monotonic() < deadline:
+                time.sleep(0.01)
+            waited.append(not self.state.filter.lance)
+        return out
+
+    monkeypatch.setattr(provider._BaseFragment, "_twins", held)
+    flt = pc.match_like(pc.field("s"), "s%3")
+    got = reader.to_table(filter=flt)
+    assert waited == [True]  # another partition found Lance refusing the filter meanwhile
+    want = lance.dataset(plain).to_table().filter(flt)
+    assert _sorted(got).equals(_sorted(want))

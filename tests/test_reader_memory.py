@@ -29,7 +29,7 @@ from memwal_query.storage.cache import (
     set_cache_size_bytes,
 )
 
-from helpers import basic_rows, pk_schema
+from helpers import basic_rows, clear_read_caches, pk_schema
 
 LANCE_BOUND_MB = 0.125  # index and metadata cache each
 BOUND = 2 * (1 << 17)
@@ -113,6 +113,7 @@ def test_read_caches_stay_within_the_process_budget_across_base_versions(
     import numpy as np
 
     clear_caches()
+    clear_read_caches()  # what earlier tests of this process left (their newest entries)
     GENERATION_CACHE.clear()
     uri = str(tmp_path / "t")
     n = 20_000

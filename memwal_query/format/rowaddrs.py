@@ -113,7 +113,8 @@ class RowIdMask:
     @classmethod
     def from_flags(cls, flags: dict[int, np.ndarray]) -> RowIdMask:
         """The set of the values ``high << 32 | low`` for which ``flags[high][low]`` is
-        true (``flags``: a boolean array per high word, not copied)."""
+        true (``flags``: a boolean array per high word, shared, not copied: they must
+        not be changed afterwards)."""
         mask = cls(np.zeros(0, dtype=np.uint64))
         mask._maps = dict(flags)
         mask.size = sum(int(np.count_nonzero(f)) for f in flags.values())

@@ -43,6 +43,10 @@ FRAGMENTS: LRUCache[tuple[Any, ...], pa.Table] = LRUCache(
 )
 """Decoded base fragments, per (table URI, fragment signature, schema)."""
 
+_IDS: LRUCache[str, set[int]] = LRUCache(1024)
+"""Per table URI: the ids of the fragments ever cached (a lookup of any other is a miss
+without computing its key)."""
+
 _FIRST: LRUCache[str, int] = LRUCache(1024)
 """Per table URI: the first fragment id not in the first base version the process read."""
 
@@ -71,6 +75,9 @@ def usable(base: Any) -> bool:
 def cached(table: str, fragment: Any, schema: pa.Schema) -> pa.Table | None:
     """The cached physical rows of ``fragment`` (all columns of ``schema`` and
     ``_rowaddr``), or None."""
+    ids = _IDS.get(table)
+    if ids is None or fragment.fragment_id not in ids:
+        return None
     return FRAGMENTS.get(_key(table, fragment, schema))
 
 
@@ -92,6 +99,10 @@ def keep(table: str, fragment: Any, schema: pa.Schema, rows: pa.Table) -> pa.Tab
     limit = cache_size_bytes() // BUDGET_SHARE
     FRAGMENTS.max_bytes = limit
     if rows.nbytes <= limit:
+        ids = _IDS.get(table)
+        if ids is None:
+            ids = _IDS.put(table, set())
+        ids.add(fragment.fragment_id)
         FRAGMENTS.put(_key(table, fragment, schema), rows)
     return rows
 

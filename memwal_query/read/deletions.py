@@ -192,7 +192,9 @@ class CleanFragments:
     matching rows only), where its own scan of a fragment with rows deleted at random
     decodes it range by range, and a scan of its deleted rows too decodes every column
     of every row. Only the twin's metadata is used: its data files are the current
-    fragment's, checked by :func:`signature` on every use."""
+    fragment's, checked by :func:`signature` on every use. A twin keeps the Lance
+    dataset object of the version it was seen in alive (its manifest, not its data),
+    hence the bound on versions."""
 
     def __init__(self, max_sources: int = MAX_TWIN_SOURCES) -> None:
         self.max_sources = max_sources
@@ -209,24 +211,24 @@ class CleanFragments:
         file and are not known yet (``fragments()`` is called once per version)."""
         if self._noted.get((table, version)):
             return
-        self._noted.put((table, version), True)
+        self._noted.put((table, version), True)  # two threads may both note: the same
+        clean = [f for f in fragments() if not f.num_deletions]
         with self._lock:
-            new = [
-                f
-                for f in fragments()
-                if not f.num_deletions and (table, f.fragment_id) not in self._where
-            ]
+            new = [f for f in clean if (table, f.fragment_id) not in self._where]
         if not new:
             return
         signed = [(f, signature(f)) for f in new]
         with self._lock:
             source = (table, version)
-            kept = self._sources.setdefault(source, {})
-            self._sources.move_to_end(source)
+            kept = self._sources.get(source, {})
             for f, sig in signed:
                 if (table, f.fragment_id) not in self._where:
                     kept[f.fragment_id] = (sig, f)
                     self._where[(table, f.fragment_id)] = source
+            if not kept:
+                return
+            self._sources[source] = kept
+            self._sources.move_to_end(source)
             while len(self._sources) > self.max_sources:
                 (uri, _), gone = self._sources.popitem(last=False)
                 for fragment_id in gone:
@@ -247,7 +249,10 @@ class CleanFragments:
         with self._lock:  # other data files now (new columns, a table made anew)
             if self._where.get(key) == source:
                 del self._where[key]
-                self._sources[source].pop(fragment.fragment_id, None)
+                kept = self._sources[source]
+                kept.pop(fragment.fragment_id, None)
+                if not kept:
+                    del self._sources[source]
         return None
 
     def clear(self) -> None:

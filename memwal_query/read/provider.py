@@ -1076,6 +1076,9 @@ class _BaseFragment:
                 # only if its key is in no newer source, whatever the filter).
                 local = f.local
                 with_deleted = self._reads_deleted()  # no filter in Lance: read whole anyway
+                # (another partition may have found Lance refusing the filter after this
+                # one chose its twins: this scan reads the fragments themselves)
+                twin_deleted = None
                 scanner = state.plan.base.scanner(
                     columns=list(dict.fromkeys(data_cols + key_cols + f.data_columns())),
                     fragments=self.lance_fragments,
