@@ -199,10 +199,8 @@ class CleanFragments:
     def __init__(self, max_sources: int = MAX_TWIN_SOURCES) -> None:
         self.max_sources = max_sources
         self._lock = threading.Lock()
-        # (table, version) -> {fragment id: (signature, fragment)}, least recently used first
-        self._sources: OrderedDict[tuple[str, int], dict[int, tuple[Signature, Any]]] = (
-            OrderedDict()
-        )
+        # (table, version) -> {fragment id: fragment}, least recently used first
+        self._sources: OrderedDict[tuple[str, int], dict[int, Any]] = OrderedDict()
         self._where: dict[tuple[str, int], tuple[str, int]] = {}  # (table, id) -> source
         self._noted: LRUCache[tuple[str, int], bool] = LRUCache(256)
 
@@ -214,16 +212,11 @@ class CleanFragments:
         self._noted.put((table, version), True)  # two threads may both note: the same
         clean = [f for f in fragments() if not f.num_deletions]
         with self._lock:
-            new = [f for f in clean if (table, f.fragment_id) not in self._where]
-        if not new:
-            return
-        signed = [(f, signature(f)) for f in new]
-        with self._lock:
             source = (table, version)
             kept = self._sources.get(source, {})
-            for f, sig in signed:
+            for f in clean:
                 if (table, f.fragment_id) not in self._where:
-                    kept[f.fragment_id] = (sig, f)
+                    kept[f.fragment_id] = f
                     self._where[(table, f.fragment_id)] = source
             if not kept:
                 return
@@ -242,9 +235,9 @@ class CleanFragments:
             source = self._where.get(key)
             if source is None:
                 return None
-            sig, twin = self._sources[source][fragment.fragment_id]
+            twin = self._sources[source][fragment.fragment_id]
             self._sources.move_to_end(source)
-        if signature(fragment) == sig:
+        if signature(fragment) == signature(twin):
             return twin
         with self._lock:  # other data files now (new columns, a table made anew)
             if self._where.get(key) == source:

@@ -946,7 +946,6 @@ class _BaseFragment:
         base = state.plan.base
         uri = state.dataset.table.uri
         if given is None:
-            deletions.TWINS.note(uri, base.version, base.get_fragments)
             basecache.note_first(uri, base)
         wanted = list(out_schema.names)
         data_cols = [c for c in wanted if c not in (GEN_COLUMN, ROWADDR_COLUMN)]
@@ -958,6 +957,8 @@ class _BaseFragment:
                 if self.counts:
                     yield from _no_columns(kept_rows)
                 return
+        if given is None:  # (a scan that reads rows: what a filtered scan may use later)
+            deletions.TWINS.note(uri, base.version, base.get_fragments)
         if (
             given is None
             and data_cols
