@@ -187,3 +187,25 @@ def test_progress_bars_silent_when_not_a_terminal(uri, tmp_path):
     assert "2 rows in" in out and "ingesting" not in out
     out = run("merge", uri).output
     assert "merging" not in out
+
+
+def test_a_rust_panic_is_a_one_line_error(tmp_path, monkeypatch):
+    """A panic of Lance's Rust side (pyo3's ``PanicException``, a ``BaseException``)
+    is reported like any error: one line, exit status 1, no traceback."""
+
+    class PanicException(BaseException):  # what pyo3 raises, by name
+        pass
+
+    uri = str(tmp_path / "t")
+    mq.MemWalTable.create(uri, pa.table({"id": [1, 2]}), primary_key="id")
+
+    def panic(self, *args, **kwargs):
+        raise PanicException("Memory pointer from external source is not aligned")
+
+    from memwal_query.table import MemWalTable
+
+    monkeypatch.setattr(MemWalTable, "open", classmethod(lambda cls, *a, **k: panic(None)))
+    result = CliRunner().invoke(main, ["status", uri])
+    assert result.exit_code == 1
+    assert "error: PanicException: Memory pointer" in result.output
+    assert "Traceback" not in result.output

@@ -77,7 +77,11 @@ def _handle_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except (click.ClickException, BrokenPipeError):
             raise
-        except (MemWalError, OSError, ValueError, RuntimeError, Exception) as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001
+            # Exceptions, and a panic of Lance's Rust side (pyo3's PanicException is a
+            # BaseException); not an interrupt or an exit
+            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                raise
             if (ctx.find_root().obj or {}).get("debug"):
                 raise
             click.echo(f"error: {error_text(e)}", err=True)

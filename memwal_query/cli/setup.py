@@ -16,6 +16,7 @@ from memwal_query.exceptions import (
     SchemaError,
     WrongRegionError,
 )
+from memwal_query.format.rowfile import aligned
 from memwal_query.write.routing import DEFAULT_BUFFER_ROWS
 
 
@@ -219,10 +220,10 @@ def _read_file(path: str, schema=None):
         if lower.endswith((".arrow", ".ipc", ".feather")):
             with pa.memory_map(path) as source:
                 try:
-                    return pa.ipc.open_file(source).read_all()
+                    return aligned(pa.ipc.open_file(source).read_all())
                 except pa.ArrowInvalid:
                     source.seek(0)
-                    return pa.ipc.open_stream(source).read_all()
+                    return aligned(pa.ipc.open_stream(source).read_all())
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # e.g. a value not of its column's type
         raise SchemaError(f"cannot read it: {e}") from e
     raise click.BadParameter(f"{path}: unknown file type (parquet, csv, jsonl, arrow)")

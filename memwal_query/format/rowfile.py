@@ -103,6 +103,49 @@ def seal(t: pa.Table, magic: bytes, owner: str | None = None) -> bytes:
     return body + _TRAILER.pack(zlib.crc32(body), magic)
 
 
+_WIDE_ALIGNMENT = 16
+"""The alignment Lance's Rust side (arrow-rs) requires of 128- and 256-bit decimal
+values; an Arrow IPC body aligns buffers to 8 bytes only."""
+
+
+def _wide(t: pa.DataType) -> bool:
+    """Whether ``t`` is or holds a 128- or 256-bit decimal."""
+    if pa.types.is_decimal128(t) or pa.types.is_decimal256(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return _wide(t.value_type)
+    return any(_wide(t.field(i).type) for i in range(t.num_fields))
+
+
+def aligned(table: pa.Table) -> pa.Table:
+    """``table`` with every column of decimals whose buffers an IPC reader left at an
+    8-byte boundary copied to aligned memory (Lance's Rust side panics on such values
+    when it is handed the rows); every other column as it was, without a copy.
+
+    Parameters
+    ----------
+    table : pyarrow.Table
+        Rows as read from Arrow IPC bytes without a copy.
+
+    Returns
+    -------
+    pyarrow.Table
+    """
+    for i, field in enumerate(table.schema):
+        if not _wide(field.type):
+            continue
+        column = table.column(i)
+        if all(
+            b is None or b.address % _WIDE_ALIGNMENT == 0
+            for chunk in column.chunks
+            for b in chunk.buffers()
+        ):
+            continue
+        copied = pa.chunked_array([pa.concat_arrays([c]) for c in column.chunks], field.type)
+        table = table.set_column(i, field, copied)
+    return table
+
+
 def unseal(data: bytes | pa.Buffer, path: str, magic: bytes, what: str) -> pa.Table:
     """The table of :func:`seal`'s bytes (decoded without a copy); ValueError naming
     ``path`` when the trailer, the magic, the CRC or the Arrow data is wrong, or when
@@ -121,6 +164,7 @@ def unseal(data: bytes | pa.Buffer, path: str, magic: bytes, what: str) -> pa.Ta
         t = pa.ipc.open_file(body).read_all()
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{path}: unreadable Arrow data: {e}") from e
+    t = aligned(t)
     meta = t.schema.metadata
     if not meta or OWNER_KEY not in meta:
         return t

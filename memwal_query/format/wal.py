@@ -34,6 +34,7 @@ from memwal_query.exceptions import (
     WalCorruptError,
 )
 from memwal_query.format.naming import WAL_SUFFIX, numbers_in, wal_entry_name
+from memwal_query.format.rowfile import aligned
 from memwal_query.storage import crashpoints
 from memwal_query.storage.io import FileIO, join
 
@@ -147,7 +148,7 @@ def decode_entry(path: str, position: int, data: bytes) -> WalEntry:
     if not data.endswith(_EOS):
         raise WalCorruptError(path, "truncated WAL entry (no end-of-stream marker)")
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        table = aligned(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
         table.validate(full=True)
         schema = table.schema
         meta = schema.metadata or {}

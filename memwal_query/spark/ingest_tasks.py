@@ -25,6 +25,7 @@ from memwal_query.exceptions import (
     PrimaryKeyError,
     SchemaError,
 )
+from memwal_query.format.rowfile import aligned
 from memwal_query.format.schema import coerce_keys, coerce_partial_rows
 from memwal_query.regions.spec import check_partial_sources
 from memwal_query.spark._common import (
@@ -235,7 +236,7 @@ def pack_batches(
 def unpack(payload: pa.Array) -> Iterator[pa.Table]:
     """The tables of a ``payload`` column (see :func:`pack_batches`)."""
     for i in range(len(payload)):
-        yield pa.ipc.open_stream(payload[i].as_buffer()).read_all()
+        yield aligned(pa.ipc.open_stream(payload[i].as_buffer()).read_all())
 
 
 # -- executor side: writing ------------------------------------------------------------
