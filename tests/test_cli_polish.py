@@ -189,6 +189,29 @@ def test_progress_bars_silent_when_not_a_terminal(uri, tmp_path):
     assert "merging" not in out
 
 
+def test_a_csv_written_by_sql_ingests_back_with_its_nulls(tmp_path):
+    """``memwal sql --format csv`` writes NULL as an empty field and the empty string as
+    ``""``; ``memwal ingest`` of that file reads them back as they were (also a NULL
+    number)."""
+    uri = str(tmp_path / "t")
+    rows = pa.table(
+        {
+            "id": pa.array([1, 2, 3, 4], pa.int64()),
+            "name": ["a", None, "", " "],
+            "n": pa.array([1, None, 3, None], pa.int32()),
+        }
+    )
+    t = mq.MemWalTable.create(uri, rows, primary_key="id")
+    out = tmp_path / "out.csv"
+    run("sql", uri, "SELECT * FROM t ORDER BY id", "--format", "csv", "--output", str(out))
+    t.delete(pa.table({"id": pa.array([1, 2, 3, 4], pa.int64())}))
+    t.flush()
+    assert t.count_rows() == 0
+    run("ingest", uri, str(out))
+    got = mq.MemWalTable.open(uri).to_table().sort_by("id")
+    assert got.select(["id", "name", "n"]).equals(rows.cast(got.select(["id", "name", "n"]).schema))
+
+
 def test_a_rust_panic_is_a_one_line_error(tmp_path, monkeypatch):
     """A panic of Lance's Rust side (pyo3's ``PanicException``, a ``BaseException``)
     is reported like any error: one line, exit status 1, no traceback."""

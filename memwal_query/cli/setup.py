@@ -208,7 +208,13 @@ def _read_file(path: str, schema=None):
         if lower.endswith(".parquet"):
             return pq.read_table(path)
         if lower.endswith(".csv"):
-            convert = pcsv.ConvertOptions(column_types=table_types(pa.types.is_binary))
+            # an empty unquoted field is NULL, a quoted one ("") the empty string: what
+            # `memwal sql --format csv` writes
+            convert = pcsv.ConvertOptions(
+                column_types=table_types(pa.types.is_binary),
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
+            )
             return pcsv.read_csv(path, convert_options=convert)
         if lower.endswith((".json", ".jsonl", ".ndjson")):
             types = table_types()
