@@ -323,3 +323,18 @@ def test_spark_read_checks_take_both_spellings(table):
         with pytest.raises(mq.MemWalError, match=f"option {name}='x'"):
             check_read(table.uri, {name: "x"})
     check_read(table.uri, {"rows_per_split": "5", "push_filters": "true"})
+
+
+def test_spark_read_columns_must_name_columns_once(table):
+    """``columns`` naming no column (a blank or a lone comma) or one twice is an error
+    naming the option; it read no column, then counted 0 rows."""
+    pytest.importorskip("pyspark")
+    from memwal_query.spark.source import check_read
+
+    for blank in (" ", ",", "", " , "):
+        with pytest.raises(mq.SchemaError, match="names no column"):
+            check_read(table.uri, {"columns": blank})
+    with pytest.raises(mq.SchemaError, match=r"\['id'\] more than once"):
+        check_read(table.uri, {"columns": "id, id"})
+    _, schema = check_read(table.uri, {"columns": " id "})
+    assert schema.names == ["id"]

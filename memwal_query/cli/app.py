@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from memwal_query.exceptions import MemWalError, without_source_locations
+from memwal_query.exceptions import without_source_locations
 
 _CAUSED_BY = re.compile(r"^\s*caused by:?\s*$", re.IGNORECASE)
 

@@ -587,8 +587,16 @@ def check_read(uri: str, options: Any) -> tuple[MemWalTable, pa.Schema]:
         as_of_moment(table.catalog, opts["as_of"])  # a bad or unknown moment: its typed error
     schema = table.schema
     cols = opts.get("columns")
-    if cols:
+    if cols is not None:
         names = [c.strip() for c in cols.split(",") if c.strip()]
+        if not names:
+            raise SchemaError(
+                f"{table.uri}: option columns={cols!r} names no column "
+                "(leave it out to read every column)"
+            )
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise SchemaError(f"{table.uri}: option columns names {twice} more than once")
         missing = [n for n in names if schema.get_field_index(n) < 0]
         if missing:
             raise SchemaError(f"{table.uri}: column(s) {missing} are not in the table")
