@@ -27,6 +27,7 @@ import os
 import threading
 import uuid as uuid_mod
 import warnings
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import lance
@@ -35,6 +36,7 @@ import pyarrow as pa
 from memwal_query.exceptions import (
     InvalidPathError,
     NotInitializedError,
+    RegionNotFoundError,
     RegionSpecError,
     StorageError,
     TableNotFoundError,
@@ -297,6 +299,32 @@ class Catalog:
     def region_ids(self) -> list[str]:
         """Ids of every region that has a directory under ``_mem_wal/``."""
         return region_dirs(self.io, self.uri)
+
+    def check_region_ids(self, ids: Iterable[str]) -> list[str]:
+        """``ids`` (region ids a caller named), each checked.
+
+        Parameters
+        ----------
+        ids : iterable of str
+
+        Returns
+        -------
+        list of str
+            The ids, in order.
+
+        Raises
+        ------
+        InvalidPathError
+            An id is malformed.
+        RegionNotFoundError
+            An id names no region of the table.
+        """
+        wanted = [paths.validate_region_id(r) for r in ids]
+        existing = set(self.region_ids())
+        missing = [r for r in wanted if r not in existing]
+        if missing:
+            raise RegionNotFoundError(f"{self.uri}: no region {', '.join(missing)}")
+        return wanted
 
     def region_manifest(self, region_id: str) -> RegionManifest | None:
         """Newest manifest of a region (None when it has none).

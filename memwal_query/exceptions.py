@@ -170,6 +170,11 @@ class InvalidPathError(MemWalError, ValueError):
     """A region id, generation path or name is malformed or escapes its directory."""
 
 
+class RegionNotFoundError(MemWalError, LookupError):
+    """A region id given by the caller (``regions=`` of a merge) names no region of the
+    table."""
+
+
 class WriterClosedError(MemWalError):
     """The writer was closed (or failed) and accepts no more writes."""
 

@@ -1088,6 +1088,10 @@ class Maintenance:
         MergeFailedError
             Some regions failed (every region is attempted; ``.results`` holds what was
             merged).
+        InvalidPathError
+            A region id of ``regions`` is malformed.
+        RegionNotFoundError
+            A region id of ``regions`` names no region of the table (nothing merged).
         """
         from memwal_query.maintain.merger import (
             DEFAULT_BATCH_ROWS,
@@ -1101,7 +1105,7 @@ class Maintenance:
         if regions is None:
             return MergeReport(merge(cat, None, max_generations, DEFAULT_MAX_RETRIES, rows))
         done = []
-        for region_id in regions:
+        for region_id in cat.check_region_ids(regions):
             done.extend(merge(cat, region_id, max_generations, DEFAULT_MAX_RETRIES, rows))
         return MergeReport(done)
 

@@ -262,9 +262,17 @@ def test_status(table):
     w.close(flush=False)
 
 
-@pytest.mark.parametrize("n", [1])
-def test_merge_unknown_region_is_noop(table, n):
-    assert table.maintenance.merge(regions=[str(uuid.uuid4())], max_generations=n).merged == []
+def test_merge_of_an_unknown_region_is_an_error_naming_it(table):
+    """A well-formed id of no region, or a malformed one, is a typed error; nothing is
+    merged (also for the regions named beside it)."""
+    known = table.catalog.region_ids()
+    before = table.catalog.index().merged_generations()
+    unknown = str(uuid.uuid4())
+    with pytest.raises(mq.RegionNotFoundError, match=unknown):
+        table.maintenance.merge(regions=[*known, unknown])
+    with pytest.raises(mq.InvalidPathError):
+        table.maintenance.merge(regions=["../nope"])
+    assert table.catalog.index().merged_generations() == before
 
 
 def test_large_generation_merges_into_a_key_indexed_base_with_vectors(tmp_path):

@@ -672,6 +672,11 @@ def test_merge_as_spark_jobs(spark, tmp_path, fault_dir):
     # nothing left: a second merge is a no-op
     again = mqs.merge(spark, t.uri)
     assert again.merged == [] and again.rounds == 0
+    # a region id of no region, or a malformed one: the Python API's typed errors
+    with pytest.raises(mq.RegionNotFoundError, match="no region 0000"):
+        mqs.merge(spark, t.uri, regions=["00000000-0000-0000-0000-000000000000"])
+    with pytest.raises(mq.InvalidPathError):
+        mqs.merge(spark, t.uri, regions=["nope/.."])
     # the base table alone holds the model now
     base = lance.dataset(t.uri).to_table().sort_by("id")
     assert base.column("id").to_pylist() == sorted(model)

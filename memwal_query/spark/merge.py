@@ -138,6 +138,13 @@ def merge(
     Returns
     -------
     MergeSummary
+
+    Raises
+    ------
+    InvalidPathError
+        A region id of ``regions`` is malformed.
+    RegionNotFoundError
+        A region id of ``regions`` names no region of the table (nothing merged).
     """
     started = time.perf_counter()
     table = open_table(uri, storage_options)
@@ -149,7 +156,7 @@ def merge(
     }
     summary = MergeSummary()
     before = table.catalog.index().merged_generations()
-    wanted = None if regions is None else set(regions)
+    wanted = None if regions is None else set(table.catalog.check_region_ids(regions))
     todo = {r: n for r, n in pending_generations(table).items() if wanted is None or r in wanted}
     touched = set(todo)
     slices = parallelism
