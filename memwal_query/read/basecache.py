@@ -7,20 +7,23 @@ read, where it took the same rows from memory before. A fragment written after t
 first version the process read of the table (by a merge, an append or a compaction),
 with no deletion file when first read, and read whole by an unfiltered scan of every
 column, is kept decoded (every physical row with its row address) in the process-wide
-cache budget, at most a quarter of it in all (:data:`FRAGMENTS`); later scans, filtered
-or not, take its rows from there. A deletion file it gets later is applied by the
-reader (:func:`memwal_query.read.deletions.deleted_flags`). Keyed by the fragment's data
-files (:func:`memwal_query.read.deletions.signature`: immutable) and the table schema's
-names and types, so a column added, renamed or retyped is a miss. Bases with stable row
-ids are never cached (their row ids are not the addresses). Rationale and figures:
+cache budget, at most a quarter of it in all (:data:`FRAGMENTS`). Later scans,
+unfiltered or with a filter that cannot fail on a value
+(:func:`memwal_query.read.deletions.total_filter`), take its rows from there, filtered
+as the newer rows are (a filter pyarrow cannot evaluate on them leaves the fragment to
+Lance's scan). A deletion file it gets later is applied by the reader
+(:func:`memwal_query.read.deletions.deleted_flags`). Keyed by the fragment's data files
+(:func:`memwal_query.read.deletions.signature`: immutable) and the table schema's names
+and types, so a column added, renamed or retyped is a miss. Bases with stable row ids
+are never cached (their row ids are not the addresses). Rationale and figures:
 ``docs/architecture.md``, "The DataFusion provider".
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from memwal_query.read import deletions
@@ -46,6 +49,8 @@ FRAGMENTS: LRUCache[tuple[Any, ...], pa.Table] = LRUCache(
 _IDS: LRUCache[str, set[int]] = LRUCache(1024)
 """Per table URI: the ids of the fragments ever cached (a lookup of any other is a miss
 without computing its key)."""
+
+_IDS_LOCK = threading.Lock()
 
 _FIRST: LRUCache[str, int] = LRUCache(1024)
 """Per table URI: the first fragment id not in the first base version the process read."""
@@ -75,6 +80,7 @@ def usable(base: Any) -> bool:
 def cached(table: str, fragment: Any, schema: pa.Schema) -> pa.Table | None:
     """The cached physical rows of ``fragment`` (all columns of ``schema`` and
     ``_rowaddr``), or None."""
+    FRAGMENTS.shrink_to(cache_size_bytes() // BUDGET_SHARE)  # the budget may be lower now
     ids = _IDS.get(table)
     if ids is None or fragment.fragment_id not in ids:
         return None
@@ -97,12 +103,13 @@ def keep(table: str, fragment: Any, schema: pa.Schema, rows: pa.Table) -> pa.Tab
     ``schema``, then ``_rowaddr``), unless larger than the cache's share of the
     budget. Returns ``rows``."""
     limit = cache_size_bytes() // BUDGET_SHARE
-    FRAGMENTS.max_bytes = limit
+    FRAGMENTS.shrink_to(limit)
     if rows.nbytes <= limit:
-        ids = _IDS.get(table)
-        if ids is None:
-            ids = _IDS.put(table, set())
-        ids.add(fragment.fragment_id)
+        with _IDS_LOCK:
+            ids = _IDS.get(table)
+            if ids is None:
+                ids = _IDS.put(table, set())
+            ids.add(fragment.fragment_id)
         FRAGMENTS.put(_key(table, fragment, schema), rows)
     return rows
 
@@ -117,9 +124,3 @@ def live(table: str, fragment: Any, rows: pa.Table, read: Any) -> pa.Table | Non
     if flags is None:
         return None
     return rows.filter(pa.array(~flags))
-
-
-def addresses(fragment_id: int, rows: int) -> pa.Array:
-    """The row addresses of a fragment's ``rows`` physical rows."""
-    start = np.uint64(fragment_id) << np.uint64(32)
-    return pa.array(np.arange(rows, dtype=np.uint64) + start)

@@ -822,10 +822,11 @@ class _BaseFragment:
     def _from_cache(
         self, f: _Filter, data_cols: list[str]
     ) -> tuple[list[pa.Table], list[Any]] | None:
-        """The live rows of this part's fragments the cache holds (filtered by ``f``
-        later), and the fragments left to scan; or None when the cache holds none. An
-        unfiltered scan of every column decodes the new fragments it may keep first
-        (:func:`basecache.new_fragments`)."""
+        """The live rows of this part's fragments the cache holds, filtered by ``f`` (as
+        the newer rows are: ``f.local``), and the fragments left to scan (also those
+        whose rows pyarrow cannot filter: Lance evaluates some filters another way); or
+        None when the cache holds none. An unfiltered scan of every column decodes the
+        new fragments it may keep first (:func:`basecache.new_fragments`)."""
         state = self.state
         uri = state.dataset.table.uri
         schema = state.dataset.table.schema
@@ -849,6 +850,11 @@ class _BaseFragment:
                 rows = basecache.keep(uri, fragment, schema, scanner.to_table())
             if rows is not None:
                 rows = basecache.live(uri, fragment, rows, self._read_table_file)
+            if rows is not None and f.expr is not None:
+                try:  # as on the newer rows; what pyarrow cannot evaluate, Lance may
+                    rows = rows.filter(f.local)
+                except (pa.ArrowException, TypeError, ValueError):
+                    rows = None
             if rows is None:
                 rest.append(fragment)
             else:
@@ -858,19 +864,16 @@ class _BaseFragment:
     @staticmethod
     def _given(
         tables: list[pa.Table],
-        f: _Filter,
         columns: list[str],
         addresses: bool,
         overwritten: RowIdMask | None,
         size: int,
     ) -> Iterator[pa.RecordBatch]:
-        """Batches of ``tables`` (:meth:`_from_cache`) as a scan would give them: the
-        rows ``f`` keeps, ``columns``, ``_rowaddr`` when ``addresses``, and ``_rowid``
-        (the same values: no stable row ids) when ``overwritten`` is tested on it."""
+        """Batches of ``tables`` (:meth:`_from_cache`: filtered already) as a scan would
+        give them: ``columns``, ``_rowaddr`` when ``addresses``, and ``_rowid`` (the
+        same values: no stable row ids) when ``overwritten`` is tested on it."""
         names = list(dict.fromkeys(columns))
         for rows in tables:
-            if f.expr is not None:
-                rows = rows.filter(f.local)
             out = rows.select(names)
             if addresses:
                 out = out.append_column(ROWADDR_COLUMN, rows.column(ROWADDR_COLUMN))
@@ -936,11 +939,13 @@ class _BaseFragment:
         batch_size: int | None,
         whole: bool = False,
         given: list[pa.Table] | None = None,
+        cache: bool = True,
     ) -> Iterator[pa.RecordBatch]:
         """The kept base rows of this part, batch by batch; ``whole``: every batch is
-        kept in one answer (:meth:`whole`); ``given``: the physical rows of this part's
-        fragments, decoded already (:mod:`memwal_query.read.basecache`), instead of a
-        scan (the deleted rows dropped, every column and ``_rowaddr``)."""
+        kept in one answer (:meth:`whole`); ``given``: the rows of this part's fragments
+        taken from memory (:mod:`memwal_query.read.basecache`: deleted rows dropped,
+        filtered, every column and ``_rowaddr``) instead of a scan; ``cache=False``: a
+        scan of every fragment of the part, none taken from memory."""
         state = self.state
         pk = state.dataset.table.primary_key
         base = state.plan.base
@@ -961,9 +966,11 @@ class _BaseFragment:
             deletions.TWINS.note(uri, base.version, base.get_fragments)
         if (
             given is None
+            and cache
             and data_cols
             and (f.expr is None or f.lance)
             and GEN_COLUMN not in f.columns
+            and (f.expr is None or deletions.total_filter(f.base))
             and basecache.usable(base)
         ):
             split = self._from_cache(f, data_cols)
@@ -971,10 +978,9 @@ class _BaseFragment:
                 tables, rest = split
                 if rest:
                     part = _BaseFragment(state, rest, counts=False)
-                    yield from part._batches(out_schema, filter, batch_size, whole, [])
+                    yield from part._batches(out_schema, filter, batch_size, whole, cache=False)
                 yield from self._batches(out_schema, filter, batch_size, whole, tables)
                 return
-        given = given or None  # [] : scan, without the cache
         blocklist = state.blocklist() if f.expr is None else None
         overwritten = state.stale_mask() if blocklist is not None else None
         int_sets, hashed = ([], []) if blocklist is not None else state.key_sets(f)
@@ -993,7 +999,7 @@ class _BaseFragment:
             if blocklist is not None and overwritten is None:  # Lance does not drop them
                 overwritten = state.stale_rows_mask()
             batches = self._given(
-                given, f, data_cols + key_cols, want_addr or by_address, overwritten, size
+                given, data_cols + key_cols, want_addr or by_address, overwritten, size
             )
             with_deleted, twin_deleted, local = False, None, None
         else:

@@ -121,6 +121,14 @@ class LRUCache(Generic[K, V]):
             release_free_heap()  # what was evicted, and what the query freed
         return value
 
+    def shrink_to(self, max_bytes: int) -> None:
+        """Bound the cache to ``max_bytes`` from now on, evicting its least recently used
+        entries beyond it (but the newest, with ``keep_newest``)."""
+        with self._lock:
+            self.max_bytes = max_bytes
+            while len(self._items) > self._floor and self._bytes > max_bytes:
+                self._evict_oldest_locked()
+
     @property
     def budgeted(self) -> bool:
         """Whether the cache counts towards :func:`cache_size_bytes` (named, by bytes)."""
