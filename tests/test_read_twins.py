@@ -1,6 +1,7 @@
 """A reader kept open across merges scans the fragments a merge gave deletion files as
-their clean twins (the same data files, seen earlier without a deletion file) and drops
-the deleted rows itself (:class:`memwal_query.read.deletions.CleanFragments`).
+their clean twins (the same data files, seen earlier without a deletion file), filtered
+or not, and drops the deleted rows itself
+(:class:`memwal_query.read.deletions.CleanFragments`).
 
 Every answer is compared with plain Lance reading the same rows (its scan applies the
 deletion vectors itself): integer and string keys, filters on narrow and wide
@@ -23,7 +24,7 @@ import pytest
 import memwal_query as mq
 from memwal_query.exceptions import CorruptFileError
 from memwal_query.format.rowaddrs import RowIdMask
-from memwal_query.read import deletions, provider
+from memwal_query.read import basecache, deletions, provider
 
 from helpers import PK
 
@@ -38,6 +39,7 @@ FILTERS = [
 ]
 
 QUERIES = [
+    "SELECT * FROM {t}",
     "SELECT id, v FROM {t} WHERE v < 100",
     "SELECT count(*) AS n, sum(v) AS v FROM {t} WHERE v >= 900",
     "SELECT id, vec FROM {t} WHERE v BETWEEN 10 AND 30",  # a wide column: late materialized
@@ -119,6 +121,10 @@ def _round(t, plain: str, schema: pa.Schema, seed: int, flush: bool = True):
 
 def _check(reader, plain: str, text: bool) -> None:
     want = lance.dataset(plain)
+    got = reader.to_table()  # unfiltered: the twins' plain scan, their deleted rows dropped
+    assert _sorted(got).equals(_sorted(want.to_table()))
+    got = reader.to_table(columns=["s", "v"])
+    assert _sorted(got).equals(_sorted(want.to_table(columns=["s", "v"])))
     for flt in FILTERS:
         got = reader.to_table(filter=flt)
         assert _sorted(got).equals(_sorted(want.to_table(filter=flt))), str(flt)
@@ -148,6 +154,8 @@ def test_a_reader_kept_across_merges_reads_clean_twins(tmp_path, monkeypatch, ke
     reader = mq.MemWalTable.open(uri)
     reader.to_table(filter=FILTERS[0])  # the fragments are seen clean
     seen = _twin_scans_spy(monkeypatch)
+    # every fragment scanned (none from memory: test_read_basecache.py covers both)
+    monkeypatch.setattr(basecache, "usable", lambda base: False)
     for seed in (1, 2):
         _round(t, plain, schema, seed)
         t.maintenance.merge()
@@ -326,3 +334,33 @@ def test_a_filter_lance_refuses_met_after_the_twins_were_chosen(tmp_path, monkey
     assert waited == [True]  # another partition found Lance refusing the filter meanwhile
     want = lance.dataset(plain).to_table().filter(flt)
     assert _sorted(got).equals(_sorted(want))
+
+
+@pytest.mark.parametrize("stable", [False, True], ids=["addresses", "stable-row-ids"])
+def test_unfiltered_twin_scans_with_newer_rows_over_them(tmp_path, stable):
+    """String keys (overwritten base rows dropped by Lance's blocklist or by row id),
+    with and without stable row ids: a reader kept across a merge reads the twins
+    whole, with newer rows over some of their rows, and equals plain Lance."""
+    schema = _schema(pa.string())
+    uri, plain = str(tmp_path / "t"), str(tmp_path / "plain")
+    for path in (uri, plain):
+        lance.write_dataset(
+            _rows(np.arange(BASE_ROWS), schema),
+            path,
+            max_rows_per_file=FRAGMENT_ROWS,
+            enable_stable_row_ids=stable,
+        )
+    t = mq.MemWalTable.initialize(uri)
+    reader = mq.MemWalTable.open(uri)
+    reader.to_table()
+    _round(t, plain, schema, 1)
+    t.maintenance.merge()
+    few = _rows(np.arange(0, BASE_ROWS, 997), schema, offset=9)  # Lance's blocklist drops
+    t.write(few)
+    lance.dataset(plain).merge_insert(
+        "id"
+    ).when_matched_update_all().when_not_matched_insert_all().execute(few)
+    assert _sorted(reader.to_table()).equals(_sorted(lance.dataset(plain).to_table()))
+    w = _round(t, plain, schema, 2, flush=False)  # many: dropped by row id
+    assert _sorted(reader.to_table()).equals(_sorted(lance.dataset(plain).to_table()))
+    w.close()

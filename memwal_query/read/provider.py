@@ -1013,16 +1013,18 @@ class _BaseFragment:
             # scan may take that path and their metadata does not decide.
             # A key lookup through a scalar index stays on Lance's path (it decodes the
             # matching rows only).
-            # A filtered scan reads the fragments with deletion files that have a clean twin
-            # (the same data files seen without one) as those twins, with Lance's own plan,
-            # and drops their deleted rows by address (:class:`deletions.CleanFragments`).
+            # A scan reads the fragments with deletion files that have a clean twin (the
+            # same data files seen without one) as those twins, with Lance's own plan (late
+            # materialization for a filter; a plain scan, cheaper than one of the deleted
+            # rows too, without one), and drops their deleted rows by address
+            # (:class:`deletions.CleanFragments`).
             narrow = f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
             candidates = []
             may = f.expr is None or (
                 deletions.total_filter(f.base)  # never evaluated on deleted rows
                 and not deletions.point_filter(f.base, self._indexed())
             )
-            if may and f.expr is not None and f.lance:
+            if may and (f.expr is None or f.lance):
                 candidates = self._twin_candidates()
             with_deleted = may and (narrow or bool(candidates)) and self._reads_deleted()
             twins = self._twins(candidates) if with_deleted and candidates else None
@@ -1107,6 +1109,7 @@ class _BaseFragment:
         # frees them, or stops early) nor wide columns (vectors: copies cost more).
         copy_all = (
             whole
+            and given is None  # rows from memory: not Lance's fresh pages, no copy needed
             and f.expr is None
             and bool(data_cols)
             and _narrow(state.dataset.schema, data_cols)
@@ -1186,7 +1189,7 @@ def _twin_scans(
     twins: dict[int, Any],
     with_deleted: bool,
 ) -> Iterator[pa.RecordBatch]:
-    """A filtered scan of ``fragments`` with the fragments that have a clean twin read as
+    """A scan of ``fragments`` with the fragments that have a clean twin read as
     those (``twins``, by fragment id; the caller drops their deleted rows by address):
     in one scan of Lance's own plan, in order, unless ``with_deleted`` and some fragment
     with a deletion file has no twin: those are scanned first with their deleted rows
