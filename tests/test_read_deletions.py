@@ -846,3 +846,38 @@ def test_the_metadata_decides_without_reading_deletion_files(tmp_path, monkeypat
     between = [Frag(100_000, 10_000, i) for i in range(3)]
     assert not deletions.reads_deleted(between, reader, "t")  # unreadable: Lance's path
     assert len(read) == 3
+
+
+def test_row_id_mask_of_flags_answers_runs_and_scattered_values_alike():
+    """``RowIdMask.from_flags`` answers a batch of consecutive addresses (a scan's, by a
+    slice of the flags) as it answers any other values: runs inside, across the end of
+    and beyond a fragment's flags, across two fragments, descending, scattered."""
+    from memwal_query.format.rowaddrs import RowIdMask
+
+    rng = np.random.default_rng(9)
+    flags = {f: rng.random(5_000) < 0.3 for f in (0, 2, 3)}
+    mask = RowIdMask.from_flags(flags)
+    members = np.concatenate(
+        [
+            (np.uint64(f) << np.uint64(32)) + np.flatnonzero(v).astype(np.uint64)
+            for f, v in flags.items()
+        ]
+    )
+    reference = RowIdMask(np.sort(members))
+
+    def addr(f: int, lo) -> np.ndarray:
+        return (np.uint64(f) << np.uint64(32)) + np.asarray(lo, dtype=np.uint64)
+
+    cases = [
+        addr(0, np.arange(0, 4_096)),
+        addr(2, np.arange(4_990, 5_000)),
+        addr(2, np.arange(4_990, 5_010)),  # past the end of the flags
+        addr(1, np.arange(0, 100)),  # a fragment without flags
+        addr(3, np.arange(100, 0, -1)),  # descending
+        np.concatenate([addr(0, np.arange(4_995, 5_000)), addr(2, np.arange(0, 5))]),
+        addr(3, rng.integers(0, 6_000, 1_000)),
+        addr(3, [7]),
+        addr(3, []),
+    ]
+    for values in cases:
+        assert np.array_equal(mask.contains(values), reference.contains(values))

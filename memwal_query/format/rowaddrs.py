@@ -124,8 +124,16 @@ class RowIdMask:
     def contains(self, values: np.ndarray) -> np.ndarray:
         """Boolean mask: which ``values`` (uint64, any order) are in the set."""
         values = np.asarray(values, dtype=np.uint64)
-        out = np.zeros(len(values), dtype=bool)
-        if not len(values) or not self._maps:
+        n = len(values)
+        if n > 1 and self._maps:  # consecutive values of one high word (a scan's batch)
+            first, last = int(values[0]), int(values[-1])
+            if first >> 32 == last >> 32 and last - first == n - 1 and (np.diff(values) == 1).all():
+                m = self._maps.get(first >> 32)
+                low = first & 0xFFFFFFFF
+                if m is not None and low + n <= len(m):
+                    return m[low : low + n].copy()
+        out = np.zeros(n, dtype=bool)
+        if not n or not self._maps:
             return out
         high = values >> np.uint64(32)
         low = (values & np.uint64(0xFFFFFFFF)).astype(np.int64)
