@@ -40,6 +40,20 @@ def _cached_ids() -> set[int]:
     }
 
 
+def _merged_and_cached(tmp_path):
+    """(uri, plain copy, table, reader): a reader that read the base, then one merge,
+    then the reader's full read (its fragment cached)."""
+    uri, plain = _base(tmp_path, pa.int64())
+    t = mq.MemWalTable.initialize(uri)
+    reader = mq.MemWalTable.open(uri)
+    reader.to_table()
+    _round(t, plain, _schema(pa.int64()), 1)
+    t.maintenance.merge()
+    reader.to_table()
+    assert _cached_ids()
+    return uri, plain, t, reader
+
+
 def _same(reader, plain: str) -> None:
     want = lance.dataset(plain)
     got = reader.to_table()
@@ -151,15 +165,7 @@ def test_a_composite_key_over_the_cached_fragment(tmp_path):
 def test_a_column_added_after_the_cache_is_read(tmp_path):
     """A column added to the table after its merge's fragment was cached: the answers
     hold it (the cached rows, without it, are not used)."""
-    uri, plain = _base(tmp_path, pa.int64())
-    schema = _schema(pa.int64())
-    t = mq.MemWalTable.initialize(uri)
-    reader = mq.MemWalTable.open(uri)
-    reader.to_table()
-    _round(t, plain, schema, 1)
-    t.maintenance.merge()
-    reader.to_table()
-    assert _cached_ids()
+    uri, plain, t, reader = _merged_and_cached(tmp_path)
     t.alter.add_columns(pa.field("extra", pa.int32()))
     got = mq.MemWalTable.open(uri).to_table()  # the same process, the new schema
     assert "extra" in got.column_names and got.column("extra").null_count == got.num_rows
@@ -287,16 +293,8 @@ def test_a_filter_pyarrow_evaluates_otherwise_is_left_to_lance(tmp_path):
 def test_the_cache_keeps_to_its_share_of_a_lowered_budget(tmp_path):
     """The cached fragments hold at most a quarter of the budget, also after the budget
     is lowered."""
-    uri, plain = _base(tmp_path, pa.int64())
-    schema = _schema(pa.int64())
-    t = mq.MemWalTable.initialize(uri)
-    reader = mq.MemWalTable.open(uri)
-    reader.to_table()
-    _round(t, plain, schema, 1)
-    t.maintenance.merge()
-    reader.to_table()
+    _, plain, _, reader = _merged_and_cached(tmp_path)
     held = basecache.FRAGMENTS.nbytes
-    assert held
     before = cache.cache_size_bytes()
     cache.set_cache_size_bytes(held * basecache.BUDGET_SHARE - 1)
     try:

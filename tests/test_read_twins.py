@@ -20,13 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from test_read_deletions import _schema
 
 import memwal_query as mq
 from memwal_query.exceptions import CorruptFileError
 from memwal_query.format.rowaddrs import RowIdMask
 from memwal_query.read import basecache, deletions, provider
-
-from helpers import PK
 
 FRAGMENT_ROWS = 5_000
 BASE_ROWS = 4 * FRAGMENT_ROWS
@@ -45,17 +44,6 @@ QUERIES = [
     "SELECT id, vec FROM {t} WHERE v BETWEEN 10 AND 30",  # a wide column: late materialized
     "SELECT s, count(*) AS n FROM {t} WHERE s LIKE 's2%' GROUP BY s",
 ]
-
-
-def _schema(key_type: pa.DataType) -> pa.Schema:
-    return pa.schema(
-        [
-            pa.field("id", key_type, False, PK),
-            pa.field("v", pa.int64()),
-            pa.field("s", pa.string()),
-            pa.field("vec", pa.list_(pa.float32(), 4)),
-        ]
-    )
 
 
 def _rows(ids: np.ndarray, schema: pa.Schema, offset: int = 0) -> pa.Table:
