@@ -10,8 +10,10 @@ range and marks the deleted rows with a null ``_rowid``; the reader drops them w
 the same boolean mask (and the same copy) that drops the base rows newer sources
 overwrote. Range deletes, which leave few runs of deleted rows, stay on Lance's path
 (:func:`reads_deleted`). Lance still reads every deletion file to mark the rows, so a
-missing or damaged one is an error, never a longer answer. Measurements: ``docs/architecture.md``
-(the DataFusion provider, deletion files).
+missing or damaged one is an error, never a longer answer. A fragment the process saw
+before it had a deletion file is scanned as that clean twin instead, and its deleted
+rows dropped by address (:class:`CleanFragments`, :func:`deleted_flags`). Measurements:
+``docs/architecture.md`` (the DataFusion provider, deletion files, clean twins).
 """
 
 from __future__ import annotations
@@ -187,11 +189,12 @@ class CleanFragments:
     fragment id, from at most ``max_sources`` base versions: a fragment that has since
     been given a deletion file (a merge replaced some of its rows) is scanned as its
     clean *twin*, the same data files with no deletion file, and its deleted rows are
-    dropped by the reader (:func:`deleted_flags`). Lance then plans a filtered scan of
-    it as of a clean fragment (the filter's columns first, the other columns of the
-    matching rows only), where its own scan of a fragment with rows deleted at random
-    decodes it range by range, and a scan of its deleted rows too decodes every column
-    of every row. Only the twin's metadata is used: its data files are the current
+    dropped by the reader (:func:`deleted_flags`). Lance then plans a scan of it as of
+    a clean fragment (a plain scan; with a filter, the filter's columns first and the
+    other columns of the matching rows only), where its own scan of a fragment with
+    rows deleted at random decodes it range by range, and a scan of its deleted rows
+    too costs more and, filtered, decodes every column of every row. Only the twin's
+    metadata is used: its data files are the current
     fragment's, checked by :func:`signature` on every use. A twin keeps the Lance
     dataset object of the version it was seen in alive (its manifest, not its data),
     hence the bound on versions."""
