@@ -77,13 +77,20 @@ def usable(base: Any) -> bool:
     return not base.has_stable_row_ids
 
 
+def cached_ids(table: str) -> frozenset[int]:
+    """The ids of the fragments of ``table`` that may be cached (none: no lookup needed),
+    once the cache holds at most its share of the budget (which may be lower now)."""
+    with _IDS_LOCK:
+        ids = _IDS.get(table)
+        found = frozenset(ids) if ids else frozenset()
+    if found:
+        FRAGMENTS.shrink_to(cache_size_bytes() // BUDGET_SHARE)
+    return found
+
+
 def cached(table: str, fragment: Any, schema: pa.Schema) -> pa.Table | None:
     """The cached physical rows of ``fragment`` (all columns of ``schema`` and
     ``_rowaddr``), or None."""
-    FRAGMENTS.shrink_to(cache_size_bytes() // BUDGET_SHARE)  # the budget may be lower now
-    ids = _IDS.get(table)
-    if ids is None or fragment.fragment_id not in ids:
-        return None
     return FRAGMENTS.get(_key(table, fragment, schema))
 
 

@@ -835,10 +835,15 @@ class _BaseFragment:
         if f.expr is None and set(schema.names) <= set(data_cols):
             every = state.plan.base.get_fragments()  # counted over the version, not the part
             new = {x.fragment_id for x in basecache.new_fragments(uri, every)}
+        known = basecache.cached_ids(uri)
+        if not known and not new:
+            return None
         tables: list[pa.Table] = []
         rest: list[Any] = []
         for fragment in fragments:
-            rows = basecache.cached(uri, fragment, schema)
+            rows = None
+            if fragment.fragment_id in known:
+                rows = basecache.cached(uri, fragment, schema)
             if rows is None and fragment.fragment_id in new:
                 scanner = state.plan.base.scanner(
                     columns=schema.names,
