@@ -78,13 +78,13 @@ def _base(tmp_path, key_type: pa.DataType) -> tuple[str, str]:
 def _twin_scans_spy(monkeypatch) -> set[int]:
     """Record the fragments the filtered base scans read as twins."""
     seen: set[int] = set()
-    scans = provider._twin_scans
+    scans = provider._split_scans
 
-    def spy(scan, fragments, twins, with_deleted):
+    def spy(scan, fragments, with_deleted, twins):
         seen.update(twins)
-        return scans(scan, fragments, twins, with_deleted)
+        return scans(scan, fragments, with_deleted, twins)
 
-    monkeypatch.setattr(provider, "_twin_scans", spy)
+    monkeypatch.setattr(provider, "_split_scans", spy)
     return seen
 
 

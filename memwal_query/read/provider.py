@@ -1024,17 +1024,17 @@ class _BaseFragment:
             # rows too, without one), and drops their deleted rows by address
             # (:class:`deletions.CleanFragments`).
             narrow = f.expr is None or _narrow(state.dataset.schema, data_cols + f.data_columns())
-            candidates = []
+            candidates: list[tuple[Any, Any]] = []
             may = f.expr is None or (
                 deletions.total_filter(f.base)  # never evaluated on deleted rows
                 and not deletions.point_filter(f.base, self._indexed())
             )
             if may and (f.expr is None or f.lance):
                 candidates = self._twin_candidates()
-            with_deleted = may and (narrow or bool(candidates)) and self._reads_deleted()
-            twins = self._twins(candidates) if with_deleted and candidates else None
+            worth = may and (narrow or bool(candidates)) and self._reads_deleted()
+            twins = self._twins(candidates) if worth and candidates else None
             twin_deleted = twins[1] if twins is not None else None
-            with_deleted = with_deleted and narrow
+            with_deleted = worth and narrow
             # several batches decoded at once (Lance's default is one on a small machine),
             # unless they are wide: then as many as Lance's default holds in memory
             readahead = (
@@ -1065,13 +1065,14 @@ class _BaseFragment:
 
                 try:
                     try:
-                        if twins is not None:
-                            batches = _twin_scans(
-                                lance_scan, self.fragments(), twins[0], with_deleted
+                        if twins is not None or (with_deleted and f.expr is not None):
+                            batches = _split_scans(
+                                lance_scan,
+                                self.fragments(),
+                                with_deleted,
+                                twins[0] if twins else {},
                             )
-                        elif with_deleted and f.expr is not None:
-                            batches = _split_scans(lance_scan, self.fragments())
-                        if batches is None:
+                        else:
                             batches = lance_scan(with_deleted)
                     except _LANCE_REFUSALS:
                         if not ((with_deleted or twins is not None) and f.expr is not None):
@@ -1168,37 +1169,18 @@ class _BaseFragment:
 
 
 def _split_scans(
-    scan: Callable[[bool, list[Any]], Iterator[pa.RecordBatch]], fragments: list[Any]
-) -> Iterator[pa.RecordBatch] | None:
-    """A filtered scan that reads the deleted rows of the fragments with deletion files
-    (``scan(True, those)``: no late materialization, which Lance refuses with deleted
-    rows) and leaves the others to Lance's own plan (``scan(False, others)``: the
-    filter's columns first, the other columns of the matching rows only), or None when
-    the fragments are all of one kind. The second scan starts when the first is done."""
-    dirty = [f for f in fragments if f.num_deletions]
-    clean = [f for f in fragments if not f.num_deletions]
-    if not (dirty and clean):
-        return None
-    first = scan(True, dirty)  # started here: a refusal surfaces to the caller
-
-    def rest() -> Iterator[pa.RecordBatch]:
-        yield from first
-        yield from scan(False, clean)
-
-    return rest()
-
-
-def _twin_scans(
     scan: Callable[[bool, list[Any]], Iterator[pa.RecordBatch]],
     fragments: list[Any],
-    twins: dict[int, Any],
     with_deleted: bool,
+    twins: dict[int, Any],
 ) -> Iterator[pa.RecordBatch]:
-    """A scan of ``fragments`` with the fragments that have a clean twin read as
-    those (``twins``, by fragment id; the caller drops their deleted rows by address):
-    in one scan of Lance's own plan, in order, unless ``with_deleted`` and some fragment
-    with a deletion file has no twin: those are scanned first with their deleted rows
-    (``scan(True, those)``, as :func:`_split_scans` does)."""
+    """A scan of ``fragments`` with those that have a clean twin read as that twin
+    (``twins``, by fragment id; the caller drops their deleted rows by address), in one
+    scan of Lance's own plan (``scan(False, ...)``: for a filter, its columns first and
+    the other columns of the matching rows only), in order; unless ``with_deleted`` and
+    some fragment with a deletion file has no twin: those are scanned first with their
+    deleted rows (``scan(True, those)``: no late materialization, which Lance refuses
+    with deleted rows), the others when that scan is done."""
     dirty = [f for f in fragments if f.num_deletions and f.fragment_id not in twins]
     apart = {f.fragment_id for f in dirty} if with_deleted else set()
     rest = [twins.get(f.fragment_id, f) for f in fragments if f.fragment_id not in apart]
