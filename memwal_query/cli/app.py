@@ -185,19 +185,15 @@ def _open(uri: str):
 def _regions(table: Any, region: str | tuple[str, ...] | None) -> list[str]:
     """Every region of ``table``, or just the ``--region`` ones (valid ids of existing
     regions; the option may be repeated)."""
-    from memwal_query.storage.paths import validate_region_id
+    from memwal_query.exceptions import RegionNotFoundError
 
-    existing = table.catalog.region_ids()
     wanted = (region,) if isinstance(region, str) else tuple(region or ())
     if not wanted:
-        return existing
-    out = []
-    for rid in wanted:
-        rid = validate_region_id(rid)
-        if rid not in existing:
-            raise click.BadParameter(f"no region {rid} in {table.uri}", param_hint="--region")
-        out.append(rid)
-    return out
+        return table.catalog.region_ids()
+    try:
+        return table.catalog.check_region_ids(wanted)
+    except RegionNotFoundError as e:  # a usage error here: exit status 2
+        raise click.BadParameter(str(e), param_hint="--region") from e
 
 
 def _progress(iterable: Any = None, **kwargs: Any) -> Any:
